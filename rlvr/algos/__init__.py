@@ -1,0 +1,21 @@
+"""Algorithms as pure tensor functions: advantages, KL estimators, policy losses, aggregation."""
+
+from __future__ import annotations
+
+from rlvr.algos.advantages import ESTIMATORS, group_advantages
+from rlvr.algos.aggregation import AGGREGATIONS, aggregate_loss
+from rlvr.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
+from rlvr.algos.losses import LOSSES, ppo_clip_loss
+
+__all__ = [
+    "AGGREGATIONS",
+    "ESTIMATORS",
+    "KL_ESTIMATORS",
+    "LOSSES",
+    "aggregate_loss",
+    "group_advantages",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "ppo_clip_loss",
+]

@@ -1,0 +1,328 @@
+"""Typed, frozen run configuration: TOML files, dotted command-line overrides, clear errors.
+
+A config is a tree of pydantic models. Each field's docstring is its `--help` text and its entry
+in the README's config reference (`rlvr config` prints them). Unknown keys are rejected with the
+nearest valid key; bad values name the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file, override or value that cannot be used; the message says what and where."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class TaskConfig(_Section):
+    source: Literal["reasoning_gym", "jsonl"] = "reasoning_gym"
+    """Where prompts come from: a reasoning-gym task by name, or a JSONL file."""
+    name: str = "chain_sum"
+    """reasoning-gym task name (`rlvr tasks` lists them)."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the reasoning-gym task (e.g. {min_terms = 2, max_digits = 1})."""
+    path: str | None = None
+    """JSONL file of prompts (source = "jsonl")."""
+    prompt_column: str = "prompt"
+    """JSONL column holding the prompt text."""
+    answer_column: str | None = "answer"
+    """JSONL column holding the gold answer (scored with math-verify by default)."""
+    size: int = Field(1000, ge=1)
+    """Number of training prompts generated (reasoning-gym) ; JSONL uses every row."""
+    eval_size: int = Field(64, ge=0)
+    """Held-out prompts scored greedily before and after training (0 = skip)."""
+    system_prompt: str | None = None
+    """System message placed before each prompt (None = the chat template's default)."""
+    instruction: str = ""
+    """Text appended to every prompt, e.g. how to format the answer."""
+
+
+class RewardConfig(_Section):
+    fn: str
+    """A built-in reward ("reasoning_gym", "math_verify", "format") or a dotted path "pkg.module:function"."""
+    weight: float = 1.0
+    """Weight of this reward in the total."""
+    name: str | None = None
+    """Name used in the metrics (default: derived from fn)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments passed to the function (e.g. {extract = "tag"})."""
+
+
+class SamplingConfig(_Section):
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature (> 0). The learner scores tokens at the same temperature."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
+    top_k: int = Field(0, ge=0)
+    """Keep only the k most likely tokens (0 = off)."""
+    max_new_tokens: int = Field(128, ge=1)
+    """Longest completion; longer ones end with finish reason "length"."""
+    stop: list[str] = Field(default_factory=list)
+    """Extra stop strings (EOS always stops). The stop string stays in the completion."""
+
+
+class EngineConfig(_Section):
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    """Rollout dtype; "auto" = bfloat16 where the CPU has native bf16 (or on GPU), else float32."""
+    max_batch_size: int = Field(64, ge=1)
+    """Most sequences decoded together; finished sequences leave the batch at once."""
+
+
+class AlgoConfig(_Section):
+    group_size: int = Field(8, ge=1)
+    """G: completions sampled per prompt."""
+    advantage: str = "grpo"
+    """Advantage estimator, by name (rlvr.algos.ESTIMATORS)."""
+    normalize_std: bool = True
+    """Divide group advantages by the group's reward std (False = Dr.GRPO)."""
+    loss: str = "ppo_clip"
+    """Policy loss, by name (rlvr.algos.LOSSES)."""
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    """Lower clip: ratios below 1 - clip_low stop the gradient for A < 0."""
+    clip_high: float = Field(0.28, ge=0)
+    """Upper clip: ratios above 1 + clip_high stop the gradient for A > 0 (DAPO's clip-higher)."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual-clip constant c > 1 bounding the loss of A < 0 tokens at c·|A| (None = off)."""
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses become one number; "seq-mean-token-sum-norm" divides by max_new_tokens (Dr.GRPO)."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL penalty to a frozen copy of the initial model (0 = no reference model)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (subtracted from the loss)."""
+
+
+class TrainConfig(_Section):
+    steps: int = Field(20, ge=0)
+    """Training steps (each: sample, score, update)."""
+    prompts_per_step: int = Field(8, ge=1)
+    """Prompts per step; each gets group_size completions."""
+    epochs: int = Field(1, ge=1)
+    """Optimisation passes over each step's rollouts."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer steps per epoch (the rollouts are split into this many parts)."""
+    micro_batch_size: int = Field(8, ge=1)
+    """Sequences per forward/backward; gradients accumulate over a mini-batch."""
+    lr: float = Field(1e-5, gt=0)
+    """Peak learning rate (AdamW)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear warmup from 0 to lr."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay after warmup."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Clip the global gradient norm to this value (0 = off)."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """"bf16" = bfloat16 weights with an fp32 master copy in the optimizer; "auto" picks bf16 where supported."""
+    logprob_chunk: int = Field(1024, ge=1)
+    """Tokens per chunk when computing log-probs from the LM head (bounds logits memory)."""
+
+
+class RunConfig(_Section):
+    name: str = "run"
+    """Run name: everything goes to <output_dir>/<name>/."""
+    output_dir: str = "runs"
+    """Parent directory of run directories."""
+    model: str = "builtin:smollm2-135m-instruct"
+    """Policy model: "builtin:smollm2-135m-instruct", a local path, or a Hugging Face id."""
+    seed: int = 0
+    """Seed for data, sampling and initialisation."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every N steps (0 = only at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Most recent checkpoints kept on disk."""
+    samples_every: int = Field(1, ge=1)
+    """Write every N-th step's prompts, completions and rewards to samples.jsonl."""
+    task: TaskConfig = TaskConfig()
+    rewards: list[RewardConfig] = Field(
+        default_factory=lambda: [RewardConfig(fn="reasoning_gym", kwargs={"extract": "tag"})]
+    )
+    """Reward functions, summed with their weights."""
+    sampling: SamplingConfig = SamplingConfig()
+    engine: EngineConfig = EngineConfig()
+    algo: AlgoConfig = AlgoConfig()
+    train: TrainConfig = TrainConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        if self.task.source == "jsonl" and not self.task.path:
+            raise ValueError("task.path is required when task.source = 'jsonl'")
+        if not self.rewards:
+            raise ValueError("rewards: at least one reward function is needed")
+        batch = self.train.prompts_per_step * self.algo.group_size
+        if batch % self.train.mini_batches:
+            raise ValueError(
+                f"train.mini_batches = {self.train.mini_batches} must divide prompts_per_step × "
+                f"group_size = {batch}"
+            )
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading, overrides and error messages
+
+
+def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            keys += _known_keys(sub, prefix + name + ".")
+    return keys
+
+
+def _check_keys(data: dict[str, Any], model: type[BaseModel], where: str, prefix: str = "") -> None:
+    """Reject unknown keys with the nearest valid one, before pydantic sees the data."""
+    for key, value in data.items():
+        full = prefix + key
+        if key not in model.model_fields:
+            near = difflib.get_close_matches(full, _known_keys(RunConfig), n=1, cutoff=0.5)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise ConfigError(f"{where}: unknown config key '{full}'{hint} (`rlvr config` lists all keys)")
+        sub = model.model_fields[key].annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: '{full}' is a section; set its keys, e.g. {full}.<key>=...")
+            _check_keys(value, sub, where, full + ".")
+        elif key == "rewards" and isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    _check_keys(item, RewardConfig, where, f"rewards[{i}].")
+
+
+def _parse_value(text: str) -> Any:
+    """A command-line value as TOML (numbers, booleans, lists, inline tables), else a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply one `dotted.key=value` to a nested dict in place."""
+    if "=" not in override:
+        raise ConfigError(f"override '{override}': expected key=value, e.g. algo.clip_high=0.28")
+    key, _, text = override.partition("=")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override '{override}': '{part}' is not a section")
+    node[parts[-1]] = _parse_value(text.strip())
+
+
+def _format_validation_error(err: ValidationError, where: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "config"
+        got = e.get("input")
+        shown = f" (got {got!r})" if not isinstance(got, dict) else ""
+        lines.append(f"{where}: {loc}: {e['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def from_dict(data: dict[str, Any], where: str = "config") -> RunConfig:
+    _check_keys(data, RunConfig, where)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, where)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read a TOML file (optional), apply `key=value` overrides, and validate."""
+    data: dict[str, Any] = {}
+    where = "command line"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{p}: invalid TOML: {err}") from None
+        where = str(p)
+    for override in overrides:
+        apply_override(data, override)
+    return from_dict(data, where if not overrides else f"{where} + overrides")
+
+
+def to_toml(cfg: BaseModel) -> str:
+    """Serialise a config as TOML (for the run directory's resolved config)."""
+    return _dump_table(cfg.model_dump(mode="json"), [])
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() else _toml_value(k)
+
+
+def _dump_table(d: dict[str, Any], path: list[str]) -> str:
+    scalars, tables, arrays = [], [], []
+    for k, v in d.items():
+        if v is None:
+            continue  # TOML has no null: an absent key means the default (None)
+        if isinstance(v, dict) and k in _SECTIONS:
+            tables.append((k, v))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v) and k == "rewards":
+            arrays.append((k, v))
+        else:
+            scalars.append(f"{_toml_key(k)} = {_toml_value(v)}")
+    out = "\n".join(scalars) + ("\n" if scalars else "")
+    for k, v in arrays:
+        for item in v:
+            out += f"\n[[{k}]]\n" + _dump_table(item, path + [k])
+    for k, v in tables:
+        out += f"\n[{'.'.join(path + [k])}]\n" + _dump_table(v, path + [k])
+    return out
+
+
+_SECTIONS = {"task", "sampling", "engine", "algo", "train"}
+
+
+def describe() -> str:
+    """Every key with its default and docstring: the text behind `rlvr config`."""
+    lines = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            sub = field.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                lines.append(f"\n[{prefix}{name}]")
+                walk(sub, prefix + name + ".")
+                continue
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, list) and default and isinstance(default[0], BaseModel):
+                default = [d.model_dump(exclude_none=True) for d in default]
+            lines.append(f"{prefix}{name} = {default!r}\n    {field.description or ''}")
+
+    walk(RunConfig, "")
+    return "\n".join(lines)

