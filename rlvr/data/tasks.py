@@ -1,0 +1,161 @@
+"""Prompt sources: reasoning-gym tasks and JSONL files, turned into Examples, then into tokens.
+
+An Example is one prompt and the fields its reward functions receive as ``**example``. Both
+sources produce the same type, so the rollout loop never asks where a prompt came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import reasoning_gym
+from reasoning_gym.factory import DATASETS
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt for the policy."""
+
+    prompt: str
+    """The user message text (question plus any instruction)."""
+    answer: str | None
+    """The gold answer, if the source has one."""
+    fields: dict[str, Any]
+    """What reward functions receive as ``**example``: task, entry, answer, or a JSONL row."""
+    id: str
+    """Stable identifier, e.g. ``chain_sum/1/0`` or ``data.jsonl:3``."""
+
+
+def list_tasks() -> list[str]:
+    """The names of all reasoning-gym tasks, sorted."""
+    return sorted(DATASETS)
+
+
+def _with_instruction(prompt: str, instruction: str) -> str:
+    return f"{prompt}\n\n{instruction}" if instruction else prompt
+
+
+def _create_dataset(task: str, size: int, seed: int, params: dict[str, Any]) -> Any:
+    """reasoning_gym.create_dataset with errors that name the task and the valid parameters."""
+    if task not in DATASETS:
+        nearest = difflib.get_close_matches(task, DATASETS, n=3)
+        hint = f" Did you mean {', '.join(map(repr, nearest))}?" if nearest else ""
+        raise ValueError(
+            f"unknown reasoning-gym task {task!r}.{hint} Run `rlvr tasks` to list all tasks."
+        )
+    clash = {"size", "seed"} & set(params)
+    if clash:
+        raise ValueError(f"task {task!r}: pass {sorted(clash)} as arguments, not in params")
+    try:
+        return reasoning_gym.create_dataset(task, size=size, seed=seed, **params)
+    except (TypeError, ValueError, AssertionError) as exc:
+        message = f"reasoning-gym task {task!r} rejected params {params}: "
+        message += f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, TypeError):  # most often a misspelt parameter name
+            config_fields = dataclasses.fields(DATASETS[task][1])
+            valid = [f.name for f in config_fields if f.name not in ("size", "seed")]
+            message += f". Valid params: {', '.join(valid)}"
+        raise ValueError(message) from exc
+
+
+def reasoning_gym_examples(
+    task: str, *, size: int, seed: int, params: dict[str, Any], instruction: str = ""
+) -> list[Example]:
+    """``size`` procedurally generated examples of a reasoning-gym ``task``.
+
+    Fields are ``task``, ``entry`` (the reasoning-gym entry, which its scorer needs),
+    ``answer`` and ``params`` (some tasks' scorers read their config, so
+    ``reasoning_gym_reward`` rebuilds the dataset with the same params to score).
+    """
+    dataset = _create_dataset(task, size, seed, params)
+    examples = []
+    for i in range(len(dataset)):
+        entry = dataset[i]
+        answer = None if entry["answer"] is None else str(entry["answer"])
+        examples.append(
+            Example(
+                prompt=_with_instruction(entry["question"], instruction),
+                answer=answer,
+                fields={"task": task, "entry": entry, "answer": answer, "params": dict(params)},
+                id=f"{task}/{seed}/{i}",
+            )
+        )
+    return examples
+
+
+def _read_row(line: str, where: str) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: invalid JSON: {exc}") from exc
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    return row
+
+
+def jsonl_examples(
+    path: str | Path,
+    *,
+    prompt_column: str = "prompt",
+    answer_column: str | None = "answer",
+    instruction: str = "",
+) -> list[Example]:
+    """One Example per non-blank line of a JSONL file; every column becomes a reward field.
+
+    ``fields["answer"]`` is the ``answer_column`` value as a string (None when
+    ``answer_column`` is None and the row has no "answer" column).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"JSONL prompt file not found: {path}")
+    examples = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            row = _read_row(line, where)
+            for column in (prompt_column, answer_column):
+                if column is not None and column not in row:
+                    raise ValueError(f"{where}: no {column!r} column; the row has {sorted(row)}")
+            if not isinstance(row[prompt_column], str):
+                raise ValueError(f"{where}: {prompt_column!r} must be a string")
+            answer = row.get(answer_column) if answer_column else row.get("answer")
+            answer = None if answer is None else str(answer)
+            examples.append(
+                Example(
+                    prompt=_with_instruction(row[prompt_column], instruction),
+                    answer=answer,
+                    fields={**row, "answer": answer},
+                    id=str(row.get("id", where)),
+                )
+            )
+    if not examples:
+        raise ValueError(f"{path}: no examples (the file is empty)")
+    return examples
+
+
+def render_prompt(tokenizer: Any, prompt: str, system_prompt: str | None = None) -> list[int]:
+    """Token ids of the chat-formatted prompt, ending with the assistant turn's header.
+
+    Renders to text and then tokenizes without special tokens, because the template already
+    writes them (and transformers 5 returns a BatchEncoding, not ids, from
+    ``apply_chat_template(tokenize=True)``). A tokenizer without a chat template (a base
+    model) gets the plain text ``system_prompt + "\\n\\n" + prompt``, tokenized with its
+    default special tokens (so a BOS is added where the tokenizer adds one).
+    """
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": prompt}]
+        if system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        text = f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
+        ids = tokenizer(text)["input_ids"]
+    return [int(i) for i in ids]

@@ -1,0 +1,121 @@
+"""Built-in reward functions.
+
+Every reward is a plain callable ``(prompt, completion, **example) -> float``. ``example`` holds
+the fields of the prompt's data row (see ``rlvr.data.Example.fields``) merged with the reward's
+own ``kwargs`` from the config; each function takes the keywords it needs and ignores the rest.
+A user reward is any callable with the same signature, named by a dotted path in the config.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import reasoning_gym
+from math_verify import parse, verify
+
+from rlvr.rewards.extract import extract_answer
+
+_Scorer = Callable[[str | None, dict[str, Any]], float]
+_SCORERS: dict[tuple[str, str], _Scorer] = {}
+
+
+def _reasoning_gym_scorer(task: str, params: dict[str, Any] | None) -> _Scorer:
+    """The ``score_answer`` of a ``task`` dataset built with ``params``, cached per (task, params).
+
+    Params matter: some tasks score with config values (decimal_arithmetic's precision,
+    puzzle24's number range), so a scorer built from the default config can disagree with the
+    dataset that produced the entry.
+    """
+    key = (task, json.dumps(params or {}, sort_keys=True, default=repr))
+    if key not in _SCORERS:
+        _SCORERS[key] = reasoning_gym.create_dataset(task, **(params or {})).score_answer
+    return _SCORERS[key]
+
+
+def reasoning_gym_reward(
+    prompt: str,
+    completion: str,
+    *,
+    task: str,
+    entry: dict[str, Any],
+    extract: str = "tag",
+    params: dict[str, Any] | None = None,
+    **_: Any,
+) -> float:
+    """reasoning-gym's own score for the extracted answer; 0.0 when nothing can be extracted.
+
+    ``entry`` is the reasoning-gym entry dict the prompt came from; ``params`` are the dataset
+    parameters it was built with (``rlvr.data.reasoning_gym_examples`` puts both in the fields).
+    Scores may be partial (between 0 and 1) for some tasks.
+    """
+    answer = extract_answer(completion, extract)
+    if answer is None:
+        return 0.0
+    return float(_reasoning_gym_scorer(task, params)(answer, entry))
+
+
+def _parse_math(text: str) -> list[Any]:
+    """math-verify's parse of ``text``, read as LaTeX first.
+
+    A bare expression such as "1+x" parsed as plain text comes back as just its first number,
+    so anything without ``$`` or ``\\boxed`` is wrapped in ``$…$``; plain text is the fallback
+    when that finds nothing.
+    """
+    stripped = text.strip()
+    if "$" not in stripped and "\\boxed" not in stripped:
+        parsed = parse(f"${stripped}$", parsing_timeout=_timeout_s())
+        if parsed:
+            return list(parsed)
+    return list(parse(stripped, parsing_timeout=_timeout_s()))
+
+
+def _timeout_s() -> int | None:
+    """math-verify's time limit: 5 s on the main thread, none elsewhere.
+
+    math-verify times out with ``signal.alarm``, which raises ValueError outside the main
+    thread, so worker threads must run without a limit. That is a real hazard: sympy can spend
+    unbounded time comparing an answer such as ``9^{9^{9^{9}}}``; a caller that scores in
+    threads and cannot afford a hang should score in a process it can kill.
+    """
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def math_verify_reward(
+    prompt: str, completion: str, *, answer: str | None, extract: str = "tag", **_: Any
+) -> float:
+    """1.0 if math-verify finds the extracted answer equal to the gold ``answer``, else 0.0.
+
+    Strict: when extraction fails the completion scores 0.0; the whole completion is never
+    searched for a matching expression, so the model is paid only for answering in the format.
+    Callable from any thread; see ``_timeout_s`` for the time limit and its hazard.
+    """
+    if answer is None:
+        raise ValueError("math_verify reward needs a gold 'answer' field; the example has None")
+    predicted = extract_answer(completion, extract)
+    if not predicted:
+        return 0.0
+    gold = _parse_math(str(answer))
+    target = _parse_math(predicted)
+    if not gold or not target:
+        return 0.0
+    return 1.0 if verify(gold, target, timeout_seconds=_timeout_s()) else 0.0
+
+
+def format_reward(prompt: str, completion: str, *, tag: str = "answer", **_: Any) -> float:
+    """1.0 if the completion has exactly one ``<tag>…</tag>`` pair with non-blank content."""
+    open_tag, close_tag = f"<{tag}>", f"</{tag}>"
+    if completion.count(open_tag) != 1 or completion.count(close_tag) != 1:
+        return 0.0
+    start = completion.index(open_tag) + len(open_tag)
+    end = completion.index(close_tag)
+    return 1.0 if start <= end and completion[start:end].strip() else 0.0
+
+
+REWARDS: dict[str, Callable[..., float]] = {
+    "reasoning_gym": reasoning_gym_reward,
+    "math_verify": math_verify_reward,
+    "format": format_reward,
+}

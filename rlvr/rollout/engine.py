@@ -1,0 +1,155 @@
+"""The rollout engine protocol and the embedded engine: batched sampling with a KV cache in PyTorch.
+
+The embedded engine runs any Hugging Face causal LM on CPU or one GPU:
+- prompts are left-padded and prefilled once; the KV cache is then repeated for the G samples of
+  each prompt, so a group costs one prefill, not G;
+- each decode step feeds one token per running sequence; a sequence that stops (EOS, a stop
+  string, or max_new_tokens) leaves the running batch at once, so finished sequences cost nothing;
+- token ids are returned exactly as sampled, with the log-probability of each under the sampling
+  distribution (rlvr.rollout.sampling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from rlvr.rollout.sampling import sample_tokens
+from rlvr.types import Completion, FinishReason, SamplingParams
+
+
+class Engine(Protocol):
+    """What the training loop needs from a rollout engine."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """`params.n` completions for each prompt (token ids), in prompt order."""
+        ...
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load new policy weights (a no-op when the engine shares the learner's model)."""
+        ...
+
+
+class EmbeddedEngine:
+    """Batched sampling with a KV cache on the local device (see module docstring)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        eos_token_ids: Iterable[int],
+        max_batch_size: int = 64,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = sorted(set(eos_token_ids))
+        self.max_batch_size = max_batch_size
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, param in self.model.state_dict().items():
+                param.copy_(state_dict[name])
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[Completion]]:
+        """Sample `params.n` completions per prompt; `progress(k)` is called as prompts finish."""
+        per_chunk = max(1, self.max_batch_size // params.n)
+        out: list[list[Completion]] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(prompts), per_chunk):
+                chunk = prompts[start : start + per_chunk]
+                out += self._generate_chunk(chunk, params)
+                if progress:
+                    progress(len(chunk))
+        finally:
+            self.model.train(was_training)
+        return out
+
+    @torch.no_grad()
+    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("cannot generate from an empty prompt")
+        n, eos = params.n, torch.tensor(self.eos_token_ids, device=self.device)
+        # Left-pad the prompts; positions count real tokens only, as in the learner's right-padded rows.
+        width = max(len(p) for p in prompts)
+        ids_PT = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask_PT = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids_PT[i, width - len(p) :] = torch.tensor(p)
+            mask_PT[i, width - len(p) :] = 1
+        ids_PT, mask_PT = ids_PT.to(self.device), mask_PT.to(self.device)
+        pos_PT = (mask_PT.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=ids_PT, attention_mask=mask_PT, position_ids=pos_PT,
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1]
+        # One prefill per prompt, then G copies of its cache.
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, 0)
+            mask_PT = mask_PT.repeat_interleave(n, 0)
+        mask_BT, next_pos_B = mask_PT, mask_PT.sum(-1)
+        rows = torch.arange(len(prompts) * n, device=self.device)  # which sample each running row is
+        tokens: list[list[int]] = [[] for _ in range(len(prompts) * n)]
+        logps: list[list[float]] = [[] for _ in range(len(prompts) * n)]
+        reasons: list[FinishReason] = ["length"] * (len(prompts) * n)
+        max_stop = max((len(s) for s in params.stop), default=0)
+        for step in range(params.max_new_tokens):
+            tok_B, lp_B = sample_tokens(
+                logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                generator=self.generator,
+            )
+            done_B = torch.isin(tok_B, eos)
+            for r, t, lp in zip(rows.tolist(), tok_B.tolist(), lp_B.tolist()):
+                tokens[r].append(t)
+                logps[r].append(lp)
+            if max_stop:
+                done_B |= self._hit_stop(rows, tokens, params.stop, max_stop)
+            for r in rows[done_B].tolist():
+                reasons[r] = "stop"
+            if step == params.max_new_tokens - 1:
+                break
+            keep_B = ~done_B
+            if not keep_B.any():
+                break
+            if not keep_B.all():  # finished sequences leave the running batch
+                idx = keep_B.nonzero().squeeze(-1)
+                cache.batch_select_indices(idx)
+                rows, tok_B, mask_BT, next_pos_B = rows[idx], tok_B[idx], mask_BT[idx], next_pos_B[idx]
+            mask_BT = torch.cat([mask_BT, mask_BT.new_ones(len(rows), 1)], dim=-1)
+            logits = self.model(
+                input_ids=tok_B[:, None], attention_mask=mask_BT, position_ids=next_pos_B[:, None],
+                past_key_values=cache, use_cache=True,
+            ).logits[:, -1]
+            next_pos_B = next_pos_B + 1
+        return [
+            [self._completion(tokens[i * n + j], logps[i * n + j], reasons[i * n + j]) for j in range(n)]
+            for i in range(len(prompts))
+        ]
+
+    def _hit_stop(self, rows: torch.Tensor, tokens: list[list[int]], stop: tuple[str, ...], max_stop: int) -> torch.Tensor:
+        # A token decodes to at least one character, so the last max_stop tokens hold any stop
+        # string that the newest token completed.
+        hits = [any(s in self.tokenizer.decode(tokens[r][-max_stop:]) for s in stop) for r in rows.tolist()]
+        return torch.tensor(hits, device=self.device)
+
+    def _completion(self, ids: list[int], logps: list[float], reason: FinishReason) -> Completion:
+        return Completion(
+            token_ids=tuple(ids), logprobs=tuple(logps), finish_reason=reason,
+            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+        )

@@ -1,0 +1,71 @@
+"""The data that flows through a step: completions from the engine, scored samples, groups.
+
+Shape suffixes used across rlvr: `_B` batch (sequences), `_G` group, `_P` prompts, `_T` tokens,
+`_V` vocabulary, `_N` flattened selected tokens. `logprobs_BT[b, t]` is the log-probability of
+token `t` of sequence `b` given the tokens before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the engine samples. temperature = 0 means greedy decoding."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    """Completions per prompt (the group size G)."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion, exactly as the engine produced it."""
+
+    token_ids: tuple[int, ...]
+    """Completion token ids as sampled (never decoded and re-encoded)."""
+    logprobs: tuple[float, ...]
+    """Log-probability of each sampled token under the distribution it was sampled from
+    (after temperature, top-k and top-p)."""
+    finish_reason: FinishReason
+    text: str
+    """The decoded completion, for rewards and logs."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A completion of one prompt, scored."""
+
+    prompt_ids: tuple[int, ...]
+    completion: Completion
+    reward: float
+    """Weighted total of the reward functions."""
+    reward_parts: dict[str, float]
+    """Each reward function's raw value, by name."""
+    prompt_index: int
+    """Index of the prompt in its source (for logs and samplers)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion.token_ids)
+
+
+@dataclass(frozen=True)
+class Group:
+    """The G samples of one prompt, with the prompt text."""
+
+    prompt: str
+    samples: tuple[Sample, ...]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]

@@ -1,0 +1,239 @@
+"""Answer extraction, built-in rewards, reward loading and weighted scoring."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import reasoning_gym
+
+from rlvr.rewards import (
+    EXTRACTORS,
+    build_rewards,
+    extract_answer,
+    format_reward,
+    load_callable,
+    math_verify_reward,
+    reasoning_gym_reward,
+    score,
+)
+from rlvr.rewards.combine import RewardFn
+
+# --- extraction -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so <answer> 42 </answer>", "42"),
+        ("<answer>1</answer> wait, no: <answer>2</answer>", "2"),
+        ("<answer>multi\nline</answer>", "multi\nline"),
+        ("<answer></answer>", ""),
+        ("no tags at all", None),
+        ("<answer>unclosed", None),
+        ("</answer> close before open", None),
+    ],
+)
+def test_extract_tag(text: str, expected: str | None) -> None:
+    assert extract_answer(text, "tag") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"thus \boxed{7}.", "7"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        (r"\boxed{1} then \boxed{x^{2}+\sqrt{y}}", r"x^{2}+\sqrt{y}"),
+        (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),  # escaped braces do not close the box
+        (r"\boxed{\frac{1}{2}", None),  # truncated: the last box never closes
+        ("no box", None),
+    ],
+)
+def test_extract_boxed(text: str, expected: str | None) -> None:
+    assert extract_answer(text, "boxed") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("3 apples and 4 pears make 7.", "7"),
+        ("the result is -12", "-12"),
+        ("x = -0.25 or so", "-0.25"),
+        ("about 3.14159", "3.14159"),
+        ("total: $1,234,567.89", "1234567.89"),
+        ("the list 1,2,3", "3"),  # not a thousands separator
+        ("pages 10-15", "15"),  # subtraction, not a negative number
+        ("no digits", None),
+    ],
+)
+def test_extract_last_number(text: str, expected: str | None) -> None:
+    assert extract_answer(text, "last_number") == expected
+
+
+def test_extract_tag_or_last_number() -> None:
+    assert extract_answer("<answer>5</answer> 6", "tag_or_last_number") == "5"
+    assert extract_answer("it is 6", "tag_or_last_number") == "6"
+    assert extract_answer("nothing", "tag_or_last_number") is None
+
+
+def test_extract_unknown_format_lists_valid_ones() -> None:
+    with pytest.raises(ValueError, match="xml") as info:
+        extract_answer("x", "xml")
+    assert all(name in str(info.value) for name in EXTRACTORS)
+
+
+# --- built-in rewards -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chain_sum_entry() -> dict[str, Any]:
+    dataset = reasoning_gym.create_dataset(
+        "chain_sum", size=1, seed=1, min_terms=2, max_terms=2, min_digits=1, max_digits=1
+    )
+    return dataset[0]
+
+
+def test_reasoning_gym_reward(chain_sum_entry: dict[str, Any]) -> None:
+    gold = chain_sum_entry["answer"]
+    wrong = str(int(gold) + 1)
+    fields: dict[str, Any] = {"task": "chain_sum", "entry": chain_sum_entry}
+    assert reasoning_gym_reward("q", f"think <answer>{gold}</answer>", **fields) == 1.0
+    assert reasoning_gym_reward("q", f"<answer>{wrong}</answer>", **fields) == 0.0
+    assert reasoning_gym_reward("q", f"the answer is {gold}", **fields) == 0.0  # no tag
+    untagged = f"the answer is {gold}"
+    assert reasoning_gym_reward("q", untagged, extract="last_number", **fields) == 1.0
+
+
+def test_math_verify_reward() -> None:
+    assert math_verify_reward("q", r"<answer>\frac{1}{2}</answer>", answer="0.5") == 1.0
+    assert math_verify_reward("q", "<answer>0.6</answer>", answer="0.5") == 0.0
+    assert math_verify_reward("q", "<answer>1+x</answer>", answer="x+1") == 1.0
+    assert math_verify_reward("q", "<answer>1</answer>", answer="x+1") == 0.0
+    assert math_verify_reward("q", r"so \boxed{1,000}", answer="1000", extract="boxed") == 1.0
+    # Strict: a correct value outside the expected format earns nothing.
+    assert math_verify_reward("q", "it is 0.5", answer="0.5") == 0.0
+
+
+def test_math_verify_reward_off_the_main_thread() -> None:
+    # math-verify's default timeouts use signal.alarm, which raises in a worker thread.
+    results: list[float] = []
+    thread = threading.Thread(
+        target=lambda: results.append(
+            math_verify_reward("q", r"<answer>\frac{1}{2}</answer>", answer="0.5")
+        )
+    )
+    thread.start()
+    thread.join()
+    assert results == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("reasoning <answer>4</answer>", 1.0),
+        ("<answer>  </answer>", 0.0),
+        ("<answer>4</answer><answer>5</answer>", 0.0),
+        ("</answer>4<answer>", 0.0),
+        ("4", 0.0),
+    ],
+)
+def test_format_reward(completion: str, expected: float) -> None:
+    assert format_reward("q", completion) == expected
+
+
+# --- loading and combining --------------------------------------------------------------
+
+
+def length_reward(prompt: str, completion: str, **_: Any) -> float:
+    return float(len(completion))
+
+
+def test_load_callable_builtin_and_dotted_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "my_rewards.py").write_text(
+        "def shout(prompt, completion, **_):\n    return float(completion.isupper())\n"
+        "NOT_CALLABLE = 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_callable("format") is format_reward
+    assert load_callable("my_rewards:shout")("q", "HI") == 1.0
+    assert load_callable("my_rewards.shout")("q", "hi") == 0.0
+    with pytest.raises(ValueError, match="not callable"):
+        load_callable("my_rewards:NOT_CALLABLE")
+    with pytest.raises(ValueError, match="has no attribute 'shuot'.*'shout'"):
+        load_callable("my_rewards:shuot")
+    with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
+        load_callable("no_such_module:fn")
+
+
+def test_load_callable_unknown_builtin_suggests_nearest() -> None:
+    with pytest.raises(ValueError, match="Did you mean 'math_verify'") as info:
+        load_callable("math_verfy")
+    assert "reasoning_gym" in str(info.value)  # lists the built-ins
+
+
+def test_build_rewards_names_and_errors() -> None:
+    rewards = build_rewards(
+        [{"fn": "format"}, {"fn": f"{__name__}:length_reward", "weight": 0.5, "kwargs": {"x": 1}}]
+    )
+    assert [(r.name, r.weight, r.kwargs) for r in rewards] == [
+        ("format", 1.0, {}),
+        ("length_reward", 0.5, {"x": 1}),
+    ]
+    with pytest.raises(ValueError, match="named 'format'"):
+        build_rewards([{"fn": "format"}, {"fn": "format"}])
+    with pytest.raises(ValueError, match="needs 'fn'"):
+        build_rewards([{"fn": "format", "wieght": 2.0}])
+
+
+def test_score_weighted_sum_and_per_reward_values() -> None:
+    rewards = build_rewards(
+        [{"fn": "format", "weight": 0.2}, {"fn": f"{__name__}:length_reward", "weight": 0.5}]
+    )
+    completion = "<answer>7</answer>"  # 18 characters, well formatted
+    total, values = score(rewards, "q", completion, {"answer": "7"})
+    assert values == {"format": 1.0, "length_reward": 18.0}
+    assert total == pytest.approx(0.2 * 1.0 + 0.5 * 18.0)  # = 9.2
+
+
+def test_score_passes_example_fields_and_kwargs_override_them() -> None:
+    seen: dict[str, Any] = {}
+
+    def spy(prompt: str, completion: str, **example: Any) -> float:
+        seen.update(example)
+        return True  # a bool counts as a number
+
+    rewards = [RewardFn("spy", spy, 2.0, {"tag": "b"})]
+    total, values = score(rewards, "q", "c", {"answer": "7", "tag": "a"})
+    assert seen == {"answer": "7", "tag": "b"}
+    assert (total, values) == (2.0, {"spy": 1.0})
+
+
+def test_score_contains_failing_rewards(caplog: pytest.LogCaptureFixture) -> None:
+    def boom(prompt: str, completion: str, **_: Any) -> float:
+        raise KeyError("missing field")
+
+    rewards = [
+        RewardFn("ok", lambda p, c, **_: 1.0, 1.0, {}),
+        RewardFn("boom", boom, 1.0, {}),
+        RewardFn("nan", lambda p, c, **_: math.nan, 1.0, {}),
+        RewardFn("text", lambda p, c, **_: "1.0", 1.0, {}),
+    ]
+    with caplog.at_level(logging.WARNING, logger="rlvr.rewards"):
+        for _ in range(3):
+            total, values = score(rewards, "q", "c", {})
+    assert total == 1.0
+    assert values == {
+        "ok": 1.0,
+        "boom": 0.0, "boom/error": 1.0,
+        "nan": 0.0, "nan/error": 1.0,
+        "text": 0.0, "text/error": 1.0,
+    }  # fmt: skip
+    # One warning per (reward, failure kind), not one per call.
+    assert len(caplog.records) == 3
+    assert "KeyError" in caplog.text and "missing field" in caplog.text

@@ -1,0 +1,133 @@
+"""Prompt sources (reasoning-gym, JSONL) and chat rendering."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlvr.data import (
+    Example,
+    jsonl_examples,
+    list_tasks,
+    reasoning_gym_examples,
+    render_prompt,
+)
+from rlvr.rewards import reasoning_gym_reward
+
+CHAIN_SUM = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+
+
+def test_list_tasks_is_sorted_and_has_chain_sum() -> None:
+    tasks = list_tasks()
+    assert tasks == sorted(tasks) and "chain_sum" in tasks and len(tasks) > 50
+
+
+def test_reasoning_gym_examples_are_deterministic_and_scoreable() -> None:
+    examples = reasoning_gym_examples(
+        "chain_sum", size=4, seed=1, params=CHAIN_SUM, instruction="Answer in <answer></answer>."
+    )
+    again = reasoning_gym_examples("chain_sum", size=4, seed=1, params=CHAIN_SUM)
+    assert len(examples) == 4
+    assert [e.answer for e in examples] == [e.answer for e in again]
+    first = examples[0]
+    assert first.id == "chain_sum/1/0"
+    assert first.prompt == first.fields["entry"]["question"] + "\n\nAnswer in <answer></answer>."
+    assert first.fields["task"] == "chain_sum" and first.fields["answer"] == first.answer
+    # The fields are exactly what the reasoning_gym reward needs.
+    completion = f"<answer>{first.answer}</answer>"
+    assert reasoning_gym_reward(first.prompt, completion, **first.fields) == 1.0
+
+
+def test_reasoning_gym_unknown_task_suggests_nearest() -> None:
+    with pytest.raises(ValueError, match="'chain_sum'.*rlvr tasks"):
+        reasoning_gym_examples("chain_summ", size=1, seed=0, params={})
+
+
+def test_reasoning_gym_bad_params_name_the_task() -> None:
+    with pytest.raises(ValueError, match="'chain_sum'.*max_term.*Valid params: .*max_terms"):
+        reasoning_gym_examples("chain_sum", size=1, seed=0, params={"max_term": 3})
+    with pytest.raises(ValueError, match="'chain_sum'.*max_terms must be >= min_terms"):
+        reasoning_gym_examples("chain_sum", size=1, seed=0, params={"min_terms": 5, "max_terms": 2})
+
+
+def _write_jsonl(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_jsonl_examples_keep_every_column(tmp_path: Path) -> None:
+    rows: list[dict[str, Any]] = [
+        {"prompt": "1+1?", "answer": 2, "level": "easy"},
+        {"prompt": "2+2?", "answer": "4", "id": "q2"},
+    ]
+    lines = [json.dumps(rows[0]), "", json.dumps(rows[1])]  # blank lines are skipped
+    path = _write_jsonl(tmp_path / "data.jsonl", lines)
+    examples = jsonl_examples(path, instruction="Be brief.")
+    assert examples == [
+        Example("1+1?\n\nBe brief.", "2", {**rows[0], "answer": "2"}, f"{path}:1"),
+        Example("2+2?\n\nBe brief.", "4", {"prompt": "2+2?", "answer": "4", "id": "q2"}, "q2"),
+    ]
+
+
+def test_jsonl_examples_custom_columns(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "d.jsonl", [json.dumps({"question": "q", "solution": 5})])
+    (example,) = jsonl_examples(path, prompt_column="question", answer_column="solution")
+    assert (example.prompt, example.answer, example.fields["answer"]) == ("q", "5", "5")
+    (example,) = jsonl_examples(path, prompt_column="question", answer_column=None)
+    assert example.answer is None
+
+
+def test_jsonl_errors_point_at_the_line(tmp_path: Path) -> None:
+    good = json.dumps({"prompt": "p", "answer": "a"})
+    bad_json = _write_jsonl(tmp_path / "bad.jsonl", [good, '{"prompt": "p", '])
+    with pytest.raises(ValueError, match=rf"bad\.jsonl:2: invalid JSON"):
+        jsonl_examples(bad_json)
+    other_columns = json.dumps({"question": "p", "answer": "a"})
+    missing = _write_jsonl(tmp_path / "missing.jsonl", [good, other_columns])
+    expected = r"missing\.jsonl:2: no 'prompt' column; the row has \['answer', 'question'\]"
+    with pytest.raises(ValueError, match=expected):
+        jsonl_examples(missing)
+    no_answer = _write_jsonl(tmp_path / "no_answer.jsonl", [json.dumps({"prompt": "p"})])
+    with pytest.raises(ValueError, match=r"no_answer\.jsonl:1: no 'answer' column"):
+        jsonl_examples(no_answer)
+    not_object = _write_jsonl(tmp_path / "list.jsonl", ["[1, 2]"])
+    with pytest.raises(ValueError, match=r"list\.jsonl:1: expected a JSON object"):
+        jsonl_examples(not_object)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        jsonl_examples(empty)
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        jsonl_examples(tmp_path / "nope.jsonl")
+
+
+def test_render_prompt_uses_chat_template(tiny_tokenizer: Any) -> None:
+    ids = render_prompt(tiny_tokenizer, "What is 2+2?", system_prompt="Be brief.")
+    assert isinstance(ids, list) and all(type(i) is int for i in ids)
+    assert tiny_tokenizer.decode(ids) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    # Special tokens in the template are single tokens, not spelt out byte by byte.
+    assert ids[0] == tiny_tokenizer.bos_token_id
+    assert ids.count(tiny_tokenizer.eos_token_id) == 2
+    no_system = tiny_tokenizer.decode(render_prompt(tiny_tokenizer, "hi"))
+    assert no_system == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_render_prompt_without_chat_template_uses_plain_text(tiny_tokenizer: Any) -> None:
+    tiny_tokenizer.chat_template = None
+    ids = render_prompt(tiny_tokenizer, "What is 2+2?", system_prompt="Be brief.")
+    assert tiny_tokenizer.decode(ids) == "Be brief.\n\nWhat is 2+2?"
+
+
+def test_tiny_tokenizer_round_trips_any_text(tiny_tokenizer: Any) -> None:
+    text = "Hello, wörld! {x}^2 = -1.5\t<answer>7</answer>\n"
+    ids = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tiny_tokenizer.decode(ids) == text
+    assert len(tiny_tokenizer) <= 512
+    assert (tiny_tokenizer.pad_token, tiny_tokenizer.eos_token) == ("<|pad|>", "<|im_end|>")
