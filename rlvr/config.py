@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -102,6 +102,19 @@ class AlgoConfig(_Section):
     """Entropy bonus weight (subtracted from the loss)."""
 
 
+    @field_validator("advantage", "loss")
+    @classmethod
+    def _registered(cls, value: str, info: ValidationInfo) -> str:
+        from rlvr.algos import ESTIMATORS, LOSSES  # registries of named functions
+
+        names = ESTIMATORS if info.field_name == "advantage" else LOSSES
+        if value not in names:
+            near = difflib.get_close_matches(value, list(names), n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise ValueError(f"unknown {info.field_name} {value!r}{hint} (available: {', '.join(sorted(names))})")
+        return value
+
+
 class TrainConfig(_Section):
     steps: int = Field(20, ge=0)
     """Training steps (each: sample, score, update)."""
@@ -147,21 +160,29 @@ class RunConfig(_Section):
     samples_every: int = Field(1, ge=1)
     """Write every N-th step's prompts, completions and rewards to samples.jsonl."""
     task: TaskConfig = TaskConfig()
-    rewards: list[RewardConfig] = Field(
-        default_factory=lambda: [RewardConfig(fn="reasoning_gym", kwargs={"extract": "tag"})]
-    )
-    """Reward functions, summed with their weights."""
+    rewards: list[RewardConfig] = Field(default_factory=list)
+    """Reward functions, summed with their weights; the first is the correctness reward behind
+    "accuracy". Default: the task's own verifier (reasoning-gym's score_answer on the answer in
+    <answer> tags, or math-verify against the JSONL answer column)."""
     sampling: SamplingConfig = SamplingConfig()
     engine: EngineConfig = EngineConfig()
     algo: AlgoConfig = AlgoConfig()
     train: TrainConfig = TrainConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_rewards(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("rewards"):
+            task = data.get("task")
+            source = task.get("source", "reasoning_gym") if isinstance(task, dict) else "reasoning_gym"
+            fn = "math_verify" if source == "jsonl" else "reasoning_gym"
+            data = {**data, "rewards": [{"fn": fn, "kwargs": {"extract": "tag"}}]}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         if self.task.source == "jsonl" and not self.task.path:
             raise ValueError("task.path is required when task.source = 'jsonl'")
-        if not self.rewards:
-            raise ValueError("rewards: at least one reward function is needed")
         batch = self.train.prompts_per_step * self.algo.group_size
         if batch % self.train.mini_batches:
             raise ValueError(

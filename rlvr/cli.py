@@ -1,0 +1,122 @@
+"""The `rlvr` command: train, sample, tasks, config. Each subcommand is a thin call into the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from rlvr.config import ConfigError, describe, load_config
+
+EXAMPLES = """examples:
+  rlvr train --config configs/demo.toml
+  rlvr train --config configs/demo.toml train.steps=5 algo.clip_high=0.28 name=quick
+  rlvr train --resume runs/demo
+  rlvr sample --model runs/demo/checkpoints/step_000030 "What is 3 + 4?"
+  rlvr tasks
+  rlvr config            # every config key with its default and meaning
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlvr", description="RL post-training of language models.",
+                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a policy (GRPO by default)")
+    t.add_argument("--config", help="TOML config file")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. algo.clip_high=0.28")
+    s = sub.add_parser("sample", help="generate completions from a model or checkpoint")
+    s.add_argument("prompts", nargs="*", help="prompts (default: read one per line from stdin)")
+    s.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model, checkpoint folder or run dir")
+    s.add_argument("-n", type=int, default=1, help="completions per prompt")
+    s.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=0)
+    s.add_argument("--max-new-tokens", type=int, default=128)
+    s.add_argument("--system", default=None, help="system prompt")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", action="store_true", help="print JSON lines with token ids and logprobs")
+    sub.add_parser("tasks", help="list the reasoning-gym tasks")
+    sub.add_parser("config", help="list every config key with its default and meaning")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return _COMMANDS[args.command](args)
+    except (ConfigError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rlvr.train.loop import RunDirError, train
+
+    try:
+        if args.resume:
+            if args.config:
+                raise ConfigError("--resume uses the run's own config.toml; pass changes as key=value overrides")
+            train(resume=args.resume, overrides=tuple(args.overrides))
+        else:
+            train(load_config(args.config, args.overrides))
+    except RunDirError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from rlvr.data import render_prompt
+    from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.train.checkpoint import latest_checkpoint
+    from rlvr.types import SamplingParams
+
+    model_spec = args.model
+    if (Path(model_spec) / "config.toml").is_file():  # a run directory: use its latest checkpoint
+        last = latest_checkpoint(Path(model_spec))
+        if last is None:
+            raise FileNotFoundError(f"{model_spec} has no checkpoint yet")
+        model_spec = str(last)
+    prompts = args.prompts or [line.strip() for line in sys.stdin if line.strip()]
+    if not prompts:
+        raise ValueError("no prompts given (pass them as arguments or one per line on stdin)")
+    tokenizer = load_tokenizer(model_spec)
+    model = load_model(model_spec, resolve_dtype("auto"))
+    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=args.seed)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_new_tokens=args.max_new_tokens, n=args.n)
+    ids = [render_prompt(tokenizer, p, args.system) for p in prompts]
+    for prompt, group in zip(prompts, engine.generate(ids, params)):
+        for c in group:
+            if args.json:
+                print(json.dumps({"prompt": prompt, "completion": c.text, "token_ids": c.token_ids,
+                                  "logprobs": c.logprobs, "finish_reason": c.finish_reason}))
+            else:
+                print(f"### {prompt}\n{c.text}\n[{c.finish_reason}, {len(c.token_ids)} tokens]\n")
+    return 0
+
+
+def _tasks(args: argparse.Namespace) -> int:
+    from rlvr.data import list_tasks
+
+    print("\n".join(list_tasks()))
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    print(describe())
+    return 0
+
+
+_COMMANDS = {"train": _train, "sample": _sample, "tasks": _tasks, "config": _config}
+
+if __name__ == "__main__":
+    sys.exit(main())

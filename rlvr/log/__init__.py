@@ -1,0 +1,5 @@
+"""Where metrics and samples go: JSONL files in the run directory and the terminal."""
+
+from rlvr.log.sinks import ConsoleProgress, JsonlSink
+
+__all__ = ["ConsoleProgress", "JsonlSink"]

@@ -1,0 +1,71 @@
+"""Metric sinks: an append-only JSONL file (flushed per row) and a rich progress display."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/inf; None marks a non-finite value
+    return value
+
+
+class JsonlSink:
+    """Appends one JSON object per line and flushes it, so a crash loses nothing written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._file.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+# metric key → (label, format) shown live in the terminal
+LIVE = {"reward": ("reward", "{:.3f}"), "accuracy": ("acc", "{:.2f}"), "response_length": ("len", "{:.0f}"),
+        "zero_std_fraction": ("0-std", "{:.2f}"), "step_seconds": ("s/step", "{:.1f}")}
+
+
+class ConsoleProgress:
+    """A progress bar over training steps with live key metrics; plain lines when not a terminal."""
+
+    def __init__(self, total: int, start: int = 0, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.live = self.console.is_terminal
+        self.progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+            console=self.console, disable=not self.live,
+        )
+        self.task = self.progress.add_task("train", total=total, completed=start, status="")
+
+    def __enter__(self) -> ConsoleProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def status(self, text: str) -> None:
+        self.progress.update(self.task, status=text)
+
+    def step(self, step: int, metrics: dict[str, Any]) -> None:
+        shown = "  ".join(label + " " + fmt.format(metrics[k]) for k, (label, fmt) in LIVE.items() if k in metrics)
+        self.progress.update(self.task, completed=step, status=shown)
+        if not self.live:
+            self.console.print(f"step {step}  {shown}", highlight=False)
+
+    def print(self, text: str) -> None:
+        self.console.print(text, highlight=False)

@@ -1,0 +1,102 @@
+"""The learner: owns the policy's weights, the optimizer and the learning-rate schedule.
+
+Precision "bf16" keeps the model's weights in bfloat16 (fast matrix products on CPUs with
+AVX512-BF16 and on GPUs) and an fp32 master copy inside AdamW: after backward, bf16 gradients are
+copied to the fp32 masters, clipped and stepped there, and the masters are rounded back into the
+model. Updates smaller than bf16's resolution therefore accumulate instead of vanishing, which is
+the instability of plain bf16 training. Precision "fp32" trains the model's own fp32 weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import PreTrainedModel
+
+
+def lr_lambda(step: int, *, warmup_steps: int, total_steps: int, schedule: str) -> float:
+    """Multiplier of the peak learning rate at optimizer step `step` (0-based)."""
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown schedule {schedule!r}; use constant, linear or cosine")
+
+
+class Learner:
+    """Gradient steps on a causal LM; see the module docstring for the precision scheme."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+        warmup_steps: int = 0,
+        total_steps: int = 1,
+        schedule: str = "constant",
+    ) -> None:
+        self.model = model
+        self.grad_clip = grad_clip
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.mixed = any(p.dtype != torch.float32 for p in self.params)
+        # fp32 masters for low-precision weights; plain fp32 weights are their own masters
+        self.masters = (
+            [p.detach().float().clone().requires_grad_(True) for p in self.params] if self.mixed else self.params
+        )
+        self.optimizer = torch.optim.AdamW(self.masters, lr=lr, betas=betas, weight_decay=weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_lambda(s, warmup_steps=warmup_steps, total_steps=total_steps, schedule=schedule),
+        )
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> float:
+        """Clip, apply one optimizer step and advance the schedule; returns the pre-clip grad norm."""
+        if self.mixed:
+            for p, m in zip(self.params, self.masters):
+                m.grad = None if p.grad is None else p.grad.float()
+                p.grad = None
+        grads = [m for m in self.masters if m.grad is not None]
+        if self.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(grads, self.grad_clip)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([m.grad.norm() for m in grads])) if grads else torch.zeros(())
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.mixed:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters):
+                    p.copy_(m)
+        self.zero_grad()
+        return float(norm)
+
+    def state_dict(self) -> dict:
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        if self.mixed:
+            state["masters"] = [m.detach().clone() for m in self.masters]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.mixed:
+            with torch.no_grad():
+                for p, m, saved in zip(self.params, self.masters, state["masters"]):
+                    m.copy_(saved)
+                    p.copy_(saved)

@@ -1,0 +1,326 @@
+"""The training loop, as plain functions: set up a run, then sample → score → update, step by step.
+
+    for step in steps:
+        prompts   = sampler.next_batch(prompts_per_step)
+        groups    = engine samples G completions per prompt; reward functions score them
+        sampler.observe(groups)
+        learner   = advantages (by name) → policy loss (by name) over epochs × mini-batches
+        engine    ← new weights (nothing to copy when engine and learner share the model)
+        log metrics and samples; checkpoint every N steps
+
+Departures from the GRPO paper (arXiv:2402.03300), all configurable: clip-higher by default
+(clip_high = 0.28, DAPO), token-mean loss aggregation (DAPO), no KL term unless kl_coef > 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr.config import RunConfig, load_config, to_toml
+from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
+from rlvr.data.sampler import UniformSampler
+from rlvr.log import ConsoleProgress, JsonlSink
+from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+from rlvr.rewards import RewardFn, build_rewards
+from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.train import checkpoint as ckpt
+from rlvr.train.learner import Learner
+from rlvr.train.rollouts import generate_groups, group_metrics
+from rlvr.train.update import UpdateSettings, compute_advantages, update_policy
+from rlvr.types import Group, SamplingParams
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used as asked (exists already, or nothing to resume)."""
+
+
+@dataclass
+class Run:
+    """Everything a running training job holds."""
+
+    cfg: RunConfig
+    dir: Path
+    tokenizer: Any
+    engine: EmbeddedEngine
+    learner: Learner
+    ref_model: Any
+    rewards: list[RewardFn]
+    examples: list[Example]
+    prompt_ids: list[list[int]]
+    eval_examples: list[Example]
+    eval_ids: list[list[int]]
+    sampler: UniformSampler
+    update_generator: torch.Generator
+    settings: UpdateSettings
+    params: SamplingParams
+    shared_weights: bool
+
+
+def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
+    """Training and held-out examples; no held-out prompt text appears in training."""
+    t = cfg.task
+    if t.source == "reasoning_gym":
+        pool = reasoning_gym_examples(t.name, size=t.size + t.eval_size, seed=cfg.seed, params=t.params,
+                                      instruction=t.instruction)
+    else:
+        assert t.path is not None
+        pool = jsonl_examples(t.path, prompt_column=t.prompt_column, answer_column=t.answer_column,
+                              instruction=t.instruction)
+    held, seen = [], set()
+    for ex in pool:
+        if len(held) >= t.eval_size:
+            break
+        if ex.prompt not in seen:
+            held.append(ex)
+            seen.add(ex.prompt)
+    train = [ex for ex in pool if ex.prompt not in seen]
+    if not train:
+        raise ValueError(f"no training prompts left after holding out {len(held)} for evaluation; "
+                         "raise task.size, lower task.eval_size, or widen the task's parameters")
+    return train, held
+
+
+def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
+    """Load model, tokenizer, data and rewards; build the engine and the learner."""
+    torch.manual_seed(cfg.seed)
+    spec = model_spec or cfg.model
+    tokenizer = load_tokenizer(spec)
+    train_dtype = resolve_dtype(cfg.train.precision)
+    engine_dtype = resolve_dtype(cfg.engine.dtype)
+    model = load_model(spec, train_dtype)
+    # Same dtype: the engine samples from the learner's own weights, so updates need no copy.
+    shared = engine_dtype == train_dtype
+    engine_model = model if shared else copy.deepcopy(model).to(engine_dtype)
+    engine = EmbeddedEngine(engine_model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
+                            max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed)
+    ref_model = None
+    if cfg.algo.kl_coef > 0:
+        ref_model = load_model(cfg.model, train_dtype).eval().requires_grad_(False)
+    tr = cfg.train
+    optimizer_steps = tr.steps * tr.epochs * tr.mini_batches
+    learner = Learner(model, lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
+                      warmup_steps=tr.warmup_steps, total_steps=optimizer_steps, schedule=tr.schedule)
+    examples, held = load_examples(cfg)
+    encode = lambda exs: [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in exs]  # noqa: E731
+    a, s = cfg.algo, cfg.sampling
+    settings = UpdateSettings(
+        advantage=a.advantage, advantage_kwargs={"normalize_std": a.normalize_std},
+        loss=a.loss, loss_kwargs={"clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip": a.dual_clip},
+        aggregation=a.aggregation, max_tokens=s.max_new_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
+        entropy_coef=a.entropy_coef, epochs=tr.epochs, mini_batches=tr.mini_batches,
+        micro_batch_size=tr.micro_batch_size, temperature=s.temperature, logprob_chunk=tr.logprob_chunk,
+    )
+    params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                            max_new_tokens=s.max_new_tokens, stop=tuple(s.stop), n=a.group_size)
+    return Run(cfg, run_dir, tokenizer, engine, learner, ref_model, build_rewards([r.model_dump() for r in cfg.rewards]),
+               examples, encode(examples), held, encode(held), UniformSampler(len(examples), cfg.seed),
+               torch.Generator().manual_seed(cfg.seed), settings, params, shared)
+
+
+def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> tuple[dict[str, Any], list[Group]]:
+    """One step: sample, score, update. Returns the step's metrics and its groups."""
+    t0 = time.perf_counter()
+    indices = run.sampler.next_batch(run.cfg.train.prompts_per_step)
+    if progress:
+        progress.status("generating")
+    groups = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards, run.params)
+    run.sampler.observe(groups)
+    t1 = time.perf_counter()
+    if progress:
+        progress.status("training")
+    update = update_policy(run.learner, groups, run.settings, pad_token_id=run.engine.pad_token_id,
+                           ref_model=run.ref_model, generator=run.update_generator)
+    if not run.shared_weights:
+        run.engine.update_weights(run.learner.model.state_dict())
+    t2 = time.perf_counter()
+    metrics = {"step": step, **group_metrics(groups, run.rewards[0].name), **update,
+               "lr": run.learner.lr, "epoch": run.sampler.epoch}
+    metrics |= {"generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0,
+                "tokens_per_second": metrics["tokens_generated"] / (t2 - t0)}
+    return metrics, groups
+
+
+def evaluate(run: Run) -> dict[str, float]:
+    """Greedy decoding on the held-out prompts: accuracy and mean reward."""
+    if not run.eval_examples:
+        return {}
+    params = SamplingParams(temperature=0.0, max_new_tokens=run.params.max_new_tokens, stop=run.params.stop, n=1)
+    groups = generate_groups(run.engine, run.eval_examples, run.eval_ids, list(range(len(run.eval_examples))),
+                             run.rewards, params)
+    m = group_metrics(groups, run.rewards[0].name)
+    return {"eval/accuracy": m["accuracy"], "eval/reward": m["reward"], "eval/response_length": m["response_length"]}
+
+
+def sample_rows(step: int, groups: list[Group], advantages_PG: torch.Tensor) -> list[dict[str, Any]]:
+    return [
+        {"step": step, "prompt_id": g.metadata.get("id"), "prompt": g.prompt, "completion": s.completion.text,
+         "reward": s.reward, "rewards": s.reward_parts, "advantage": float(advantages_PG[p, k]),
+         "finish_reason": s.completion.finish_reason, "completion_tokens": len(s.completion.token_ids)}
+        for p, g in enumerate(groups) for k, s in enumerate(g.samples)
+    ]
+
+
+def _state(run: Run) -> dict[str, Any]:
+    return {"learner": run.learner.state_dict(), "sampler": run.sampler.state_dict(),
+            "engine_rng": run.engine.generator.get_state(), "update_rng": run.update_generator.get_state()}
+
+
+def _restore(run: Run, state: dict[str, Any]) -> None:
+    run.learner.load_state_dict(state["learner"])
+    run.sampler.load_state_dict(state["sampler"])
+    run.engine.generator.set_state(state["engine_rng"])
+    run.update_generator.set_state(state["update_rng"])
+    ckpt.restore_rng(state["rng"])
+    if not run.shared_weights:
+        run.engine.update_weights(run.learner.model.state_dict())
+
+
+def save(run: Run, step: int) -> Path:
+    return ckpt.save_checkpoint(run.dir, step, run.learner.model, run.tokenizer, _state(run),
+                                keep=run.cfg.keep_checkpoints)
+
+
+def create_run_dir(cfg: RunConfig) -> Path:
+    run_dir = Path(cfg.output_dir) / cfg.name
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise RunDirError(f"run directory {run_dir} already exists; resume it with `rlvr train --resume {run_dir}` "
+                          "or choose another name (name=...)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(to_toml(cfg))
+    return run_dir
+
+
+def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overrides: tuple[str, ...] = (),
+          quiet: bool = False) -> dict[str, Any]:
+    """Run (or resume) a training job; returns the summary also written to summary.json."""
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.toml").is_file():
+            raise RunDirError(f"{run_dir} is not a run directory (no config.toml)")
+        cfg = load_config(run_dir / "config.toml", overrides)
+        if overrides:  # e.g. train.steps=40 to extend a finished run
+            (run_dir / "config.toml").write_text(to_toml(cfg))
+        last = ckpt.latest_checkpoint(run_dir)
+        if last is None:
+            raise RunDirError(f"{run_dir} has no complete checkpoint to resume from")
+        run = setup(cfg, run_dir, model_spec=str(last))
+        state = ckpt.load_state(last)
+        _restore(run, state)
+        start = int(state["step"])
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            ckpt.truncate_jsonl(run_dir / name, start)
+    else:
+        if cfg is None:
+            raise ValueError("train() needs a config or resume=<run dir>")
+        run_dir = create_run_dir(cfg)
+        try:
+            run = setup(cfg, run_dir)
+        except BaseException:
+            shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-made is left behind
+            raise
+        start = 0
+    return _train_loop(run, start, quiet)
+
+
+class GracefulStop:
+    """The first Ctrl-C asks the loop to stop after the current step and save a checkpoint (a step
+    is never cut in half, so the saved state resumes exactly); a second Ctrl-C aborts at once."""
+
+    def __init__(self, progress: ConsoleProgress) -> None:
+        self.requested, self.progress, self._previous = False, progress, None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.progress.print("stopping after this step and saving a checkpoint (Ctrl-C again to abort now)")
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped on request after a checkpoint was saved."""
+
+
+def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
+    cfg = run.cfg
+    summary_path = run.dir / "summary.json"
+    summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    progress = ConsoleProgress(cfg.train.steps, start)
+    if quiet:
+        progress.console.quiet = True
+    if start >= cfg.train.steps:
+        progress.print(f"{run.dir} is complete at step {start}; raise train.steps to continue it")
+        return summary
+    metrics_sink, samples_sink = JsonlSink(run.dir / "metrics.jsonl"), JsonlSink(run.dir / "samples.jsonl")
+    try:
+        with progress, GracefulStop(progress) as stop:
+            if start == 0 and "eval_before" not in summary:
+                progress.status("evaluating (before)")
+                summary["eval_before"] = evaluate(run)
+                summary_path.write_text(json.dumps(summary, indent=2))
+            for step in range(start + 1, cfg.train.steps + 1):
+                metrics, groups = train_step(run, step, progress)
+                metrics_sink.write(metrics)
+                if step % cfg.samples_every == 0:
+                    for row in sample_rows(step, groups, compute_advantages(groups, run.settings)):
+                        samples_sink.write(row)
+                progress.step(step, metrics)
+                if stop.requested:
+                    save(run, step)
+                    progress.print(f"stopped: saved step {step}; resume with `rlvr train --resume {run.dir}`")
+                    raise Interrupted
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.train.steps:
+                    progress.status("checkpointing")
+                    save(run, step)
+            save(run, cfg.train.steps)
+            progress.status("evaluating (after)")
+            summary["eval_after"] = evaluate(run)
+    finally:
+        metrics_sink.close()
+        samples_sink.close()
+    summary |= _summarise(run.dir / "metrics.jsonl", run.dir)
+    summary_path.write_text(json.dumps(summary, indent=2))
+    progress.print(summary_line(summary))
+    return summary
+
+
+def _summarise(metrics_path: Path, run_dir: Path) -> dict[str, Any]:
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    if not rows:
+        return {"run_dir": str(run_dir), "steps": 0}
+    k = max(1, min(3, len(rows) // 3))  # compare the mean of the first and last k steps
+    mean = lambda rs, key: sum(r[key] for r in rs) / len(rs)  # noqa: E731
+    return {"run_dir": str(run_dir), "steps": rows[-1]["step"],
+            "reward_start": mean(rows[:k], "reward"), "reward_end": mean(rows[-k:], "reward"),
+            "seconds": sum(r["step_seconds"] for r in rows)}
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """The one-line result: reward at start → end, held-out accuracy before → after, where the run is."""
+    parts = []
+    if "reward_start" in summary:
+        parts.append(f"reward {summary['reward_start']:.3f} → {summary['reward_end']:.3f}")
+    before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
+    if "eval/accuracy" in before and "eval/accuracy" in after:
+        parts.append(f"held-out accuracy {before['eval/accuracy']:.1%} → {after['eval/accuracy']:.1%}")
+    parts.append(f"{summary.get('steps', 0)} steps in {summary.get('seconds', 0):.0f}s")
+    parts.append(f"run: {summary.get('run_dir')}")
+    return "done: " + " | ".join(parts)

@@ -1,0 +1,60 @@
+"""Sample groups of completions, score them, and summarise them as metrics."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from rlvr.data import Example
+from rlvr.rewards import RewardFn, score
+from rlvr.rollout.engine import Engine
+from rlvr.types import Group, Sample, SamplingParams
+
+
+def generate_groups(
+    engine: Engine,
+    examples: list[Example],
+    prompt_ids: list[list[int]],
+    indices: list[int],
+    rewards: list[RewardFn],
+    params: SamplingParams,
+    progress: Callable[[int], None] | None = None,
+) -> list[Group]:
+    """`params.n` scored completions for each prompt index, one Group per prompt."""
+    prompts = [prompt_ids[i] for i in indices]
+    completions = engine.generate(prompts, params, progress) if progress else engine.generate(prompts, params)
+    groups = []
+    for i, group in zip(indices, completions):
+        ex = examples[i]
+        samples = []
+        for c in group:
+            total, parts = score(rewards, ex.prompt, c.text, ex.fields)
+            samples.append(Sample(tuple(prompt_ids[i]), c, total, parts, i))
+        groups.append(Group(ex.prompt, tuple(samples), {"id": ex.id, "answer": ex.answer}))
+    return groups
+
+
+def is_correct(sample: Sample, primary: str) -> bool:
+    """A sample is correct when the first (correctness) reward gives full marks."""
+    return sample.reward_parts.get(primary, 0.0) >= 1.0 - 1e-6
+
+
+def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
+    """Reward, accuracy, length and group statistics of one step's rollouts."""
+    samples = [s for g in groups for s in g.samples]
+    rewards = [s.reward for s in samples]
+    lengths = [len(s.completion.token_ids) for s in samples]
+    names = sorted({k for s in samples for k in s.reward_parts})
+    metrics = {
+        "reward": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards),
+        "accuracy": statistics.fmean(is_correct(s, primary) for s in samples),
+        "response_length": statistics.fmean(lengths),
+        "response_length_max": float(max(lengths)),
+        "truncated_fraction": statistics.fmean(s.completion.finish_reason == "length" for s in samples),
+        "zero_std_fraction": statistics.fmean(len(set(g.rewards)) == 1 for g in groups),
+        "tokens_generated": float(sum(lengths)),
+    }
+    for name in names:  # an absent key (e.g. "<name>/error") counts as 0
+        metrics[f"rewards/{name}"] = statistics.fmean(s.reward_parts.get(name, 0.0) for s in samples)
+    return metrics

@@ -1,0 +1,128 @@
+"""End-to-end: a few GRPO steps on a tiny randomly initialised Llama, checkpoints, exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvr.config import load_config
+from rlvr.train.loop import Interrupted, RunDirError, train
+from tests.tiny import make_tiny_model, make_tiny_tokenizer
+
+TIMING = {"generate_seconds", "train_seconds", "step_seconds", "tokens_per_second"}
+
+
+def distinct_chars(prompt: str, completion: str, **_: object) -> float:
+    """A reward a random model gets different values of, so every group has signal."""
+    return len(set(completion)) / 8.0
+
+
+_calls = {"n": 0}
+
+
+def interrupt_on_call_40(prompt: str, completion: str, **_: object) -> float:
+    """Sends Ctrl-C to this process in the middle of step 3 (calls 33-48 with 4 × 4 samples)."""
+    _calls["n"] += 1
+    if _calls["n"] == 40:
+        os.kill(os.getpid(), signal.SIGINT)
+    return distinct_chars(prompt, completion)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny")
+    make_tiny_model().save_pretrained(path)
+    make_tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+def overrides(tiny_dir: Path, out: Path, name: str, reward: str = "distinct_chars", **extra: object) -> list[str]:
+    base = {
+        "model": f'"{tiny_dir}"', "output_dir": f'"{out}"', "name": name, "seed": 3,
+        "task.size": 40, "task.eval_size": 4, "task.params": "{min_terms = 2, max_terms = 2, max_digits = 1}",
+        "rewards": f'[{{fn = "tests.test_train:{reward}", name = "chars"}}]',
+        "train.steps": 2, "train.prompts_per_step": 4, "train.micro_batch_size": 8, "train.lr": 1e-3,
+        "algo.group_size": 4, "sampling.max_new_tokens": 8,
+    }
+    base.update({k.replace("__", "."): v for k, v in extra.items()})
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_steps_change_parameters_and_write_the_run(tiny_dir: Path, tmp_path: Path) -> None:
+    summary = train(load_config(None, overrides(tiny_dir, tmp_path, "e2e")), quiet=True)
+    run = tmp_path / "e2e"
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        for key in ("reward", "reward_std", "accuracy", "response_length", "entropy", "clip_fraction",
+                    "grad_norm", "lr", "zero_std_fraction", "truncated_fraction", "tokens_per_second"):
+            assert math.isfinite(r[key]), key
+        assert r["grad_norm"] > 0  # the reward varied, so there was a gradient
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 * 4 * 4
+    assert {"prompt", "completion", "reward", "advantage", "finish_reason"} <= samples[0].keys()
+    before = make_tiny_model().state_dict()
+    after = load_file(run / "checkpoints" / "step_000002" / "model.safetensors")
+    changed = [k for k, v in after.items() if not torch.equal(v.float(), before[k].float())]
+    assert changed, "training did not change any parameter"
+    assert (run / "config.toml").is_file() and summary["steps"] == 2
+    assert "eval/accuracy" in summary["eval_before"] and "eval/accuracy" in summary["eval_after"]
+    # a plain transformers user can load the checkpoint
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000002")
+
+
+def test_interrupted_and_resumed_run_matches_uninterrupted(tiny_dir: Path, tmp_path: Path) -> None:
+    extra = {"train__steps": 4}
+    train(load_config(None, overrides(tiny_dir, tmp_path, "straight", **extra)), quiet=True)
+    _calls["n"] = 0
+    with pytest.raises(Interrupted):  # Ctrl-C during step 3: the loop finishes step 3, saves, stops
+        train(load_config(None, overrides(tiny_dir, tmp_path, "stopped", reward="interrupt_on_call_40", **extra)),
+              quiet=True)
+    stopped = tmp_path / "stopped"
+    assert [r["step"] for r in read_metrics(stopped)] == [1, 2, 3]
+    _calls["n"] = 10_000  # no more interrupts
+    train(resume=stopped, quiet=True)
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(stopped)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        assert {k: v for k, v in ra.items() if k not in TIMING} == {k: v for k, v in rb.items() if k not in TIMING}
+
+
+def test_resume_extends_a_finished_run(tiny_dir: Path, tmp_path: Path) -> None:
+    train(load_config(None, overrides(tiny_dir, tmp_path, "short")), quiet=True)
+    train(resume=tmp_path / "short", overrides=("train.steps=3",), quiet=True)
+    assert [r["step"] for r in read_metrics(tmp_path / "short")] == [1, 2, 3]
+
+
+def test_existing_run_dir_is_not_overwritten(tiny_dir: Path, tmp_path: Path) -> None:
+    cfg = load_config(None, overrides(tiny_dir, tmp_path, "twice"))
+    train(cfg, quiet=True)
+    marker = (tmp_path / "twice" / "metrics.jsonl").read_text()
+    with pytest.raises(RunDirError, match="already exists"):
+        train(cfg, quiet=True)
+    assert (tmp_path / "twice" / "metrics.jsonl").read_text() == marker
+
+
+def test_failed_setup_leaves_nothing_behind(tmp_path: Path) -> None:
+    cfg = load_config(None, [f'output_dir="{tmp_path}"', "name=broken", f'model="{tmp_path / "no-such-model"}"'])
+    with pytest.raises(FileNotFoundError, match="no-such-model"):
+        train(cfg, quiet=True)
+    assert not (tmp_path / "broken").exists()
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(RunDirError, match="not a run directory"):
+        train(resume=tmp_path)
