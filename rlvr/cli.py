@@ -47,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command in ("train", "sample"):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # weight-loading bars would bury rlvr's own progress
     try:
         return _COMMANDS[args.command](args)
     except (ConfigError, FileNotFoundError, ValueError) as err:

@@ -8,11 +8,15 @@ The bundled default, `builtin:smollm2-135m-instruct`, is SmolLM2-135M-Instruct a
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
 import logging
 import os
+import platform
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -41,10 +45,58 @@ def bf16_supported(device: torch.device | str = "cpu") -> bool:
         return False
 
 
+def _bf16_speedup() -> float:
+    """Measured bf16/fp32 throughput ratio of a matrix product of the shapes small LMs use."""
+    a32, b32 = torch.randn(256, 576), torch.randn(576, 1536)
+    times = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = a32.to(dtype), b32.to(dtype)
+        for _ in range(3):
+            a @ b
+        start = time.perf_counter()
+        for _ in range(20):
+            a @ b
+        times[dtype] = time.perf_counter() - start
+    return times[torch.float32] / times[torch.bfloat16]
+
+
+def fast_bf16(device: torch.device | str = "cpu") -> bool:
+    """Whether bfloat16 is worth using: always on a bf16 GPU; on a CPU only where measured faster.
+
+    A CPU may have bf16 instructions and still multiply bf16 matrices slower than fp32 (seen on
+    an Intel Xeon with AVX512-BF16 but no AMX: 151 vs 249 GFLOP/s), so the choice is measured
+    once per CPU model and torch version and cached in $RLVR_CACHE/dtype.json.
+    """
+    if torch.device(device).type != "cpu":
+        return bf16_supported(device)
+    if not bf16_supported("cpu"):
+        return False
+    key = f"{platform.processor() or platform.machine()}|{_cpu_model()}|torch {torch.__version__}"
+    path = cache_dir() / "dtype.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known[key] = round(_bf16_speedup(), 3)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(known, indent=1))
+    return known[key] >= 1.2
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
-    """"auto" | "bf16" | "bfloat16" | "fp32" | "float32" → a torch dtype."""
+    """"auto" | "bf16" | "bfloat16" | "fp32" | "float32" → a torch dtype ("auto": see fast_bf16)."""
     if name == "auto":
-        return torch.bfloat16 if bf16_supported(device) else torch.float32
+        return torch.bfloat16 if fast_bf16(device) else torch.float32
     table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
     if name not in table:
         raise ValueError(f"unknown dtype {name!r}; use one of auto, {', '.join(table)}")
@@ -112,7 +164,10 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> PreTrainedModel:
+def load_model(spec: str, dtype: torch.dtype | str = "auto", device: str = "cpu") -> PreTrainedModel:
+    """A causal LM in `dtype` ("auto" = bfloat16 where the device supports it natively, else float32)."""
+    if isinstance(dtype, str):
+        dtype = resolve_dtype(dtype, device)
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(spec), dtype=dtype)
     return model.to(device)
 

@@ -108,7 +108,7 @@ class EmbeddedEngine:
         tokens: list[list[int]] = [[] for _ in range(len(prompts) * n)]
         logps: list[list[float]] = [[] for _ in range(len(prompts) * n)]
         reasons: list[FinishReason] = ["length"] * (len(prompts) * n)
-        max_stop = max((len(s) for s in params.stop), default=0)
+        max_stop = max((len(s.encode("utf-8")) for s in params.stop), default=0)
         for step in range(params.max_new_tokens):
             tok_B, lp_B = sample_tokens(
                 logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
@@ -143,8 +143,9 @@ class EmbeddedEngine:
         ]
 
     def _hit_stop(self, rows: torch.Tensor, tokens: list[list[int]], stop: tuple[str, ...], max_stop: int) -> torch.Tensor:
-        # A token decodes to at least one character, so the last max_stop tokens hold any stop
-        # string that the newest token completed.
+        # A token holds at least one byte of text (byte-level BPE splits a character across
+        # tokens), so the last max_stop tokens, max_stop the longest stop string's UTF-8 length,
+        # hold any stop string that the newest token completed.
         hits = [any(s in self.tokenizer.decode(tokens[r][-max_stop:]) for s in stop) for r in rows.tolist()]
         return torch.tensor(hits, device=self.device)
 

@@ -1,0 +1,245 @@
+"""rlvr.rollout.engine.EmbeddedEngine on a tiny fp32 Llama: shapes, logprobs, finish reasons, determinism.
+
+The central check recomputes every sampled token's log-probability from one full-sequence
+forward pass without cache or padding; it fails if left padding, positions, the KV-cache repeat
+for the n samples, or the removal of finished rows were wrong. `steer` fakes a model that
+prefers chosen continuations, to make EOS and stop strings happen on cue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+
+from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.rollout.sampling import process_logits
+from rlvr.types import Completion, SamplingParams
+from tests.tiny import EOS_ID, make_tiny_model
+
+Model = LlamaForCausalLM
+Tokenizer = PreTrainedTokenizerFast
+
+PROMPTS = ["hi", "The quick brown fox", "a, b"]  # different lengths: left padding matters
+
+
+@contextmanager
+def steer(model: PreTrainedModel, follow: dict[int, int], bonus: float = 100.0) -> Iterator[None]:
+    """Add `bonus` to the logit of token follow[t] at every position whose input token is t.
+
+    The change depends only on the current input token, so cached decoding and a full forward
+    pass see the same model.
+    """
+    table_V = torch.full((model.config.vocab_size,), -1, dtype=torch.long)
+    for current, nxt in follow.items():
+        table_V[current] = nxt
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        ids_BT = kwargs["input_ids"]
+        logits = output.logits
+        nxt_BT = table_V[ids_BT[:, ids_BT.shape[1] - logits.shape[1] :]]  # logits_to_keep may cut T
+        b, t = (nxt_BT >= 0).nonzero(as_tuple=True)
+        bias = torch.zeros_like(logits)
+        bias[b, t, nxt_BT[b, t]] = bonus
+        output.logits = logits + bias
+        return output
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def everything_to(token: int, vocab_size: int = 259) -> dict[int, int]:
+    return {t: token for t in range(vocab_size)}
+
+
+def encode(tokenizer: Tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@torch.no_grad()
+def recompute_logprobs(model: PreTrainedModel, prompt: list[int], c: Completion, params: SamplingParams) -> torch.Tensor:
+    """Log-probs of c.token_ids from one forward pass over prompt + completion (no cache, no padding)."""
+    ids = torch.tensor([prompt + list(c.token_ids)])
+    logits_TV = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    lp_TV = process_logits(logits_TV, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    return lp_TV.gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def reference_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy decoding the slow way: a full forward pass over the whole sequence per token."""
+    ids = list(prompt)
+    for _ in range(max_new_tokens):
+        nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(nxt)
+        if nxt == EOS_ID:
+            break
+    return ids[len(prompt) :]
+
+
+def test_output_shape_and_prompt_order(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], max_batch_size=4)
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    tiny_model.train()
+    out = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=4, n=3))
+    assert tiny_model.training  # generate restores the mode
+    assert [len(g) for g in out] == [3, 3, 3]
+    for group in out:
+        for c in group:
+            assert len(c.token_ids) == len(c.logprobs) and 1 <= len(c.token_ids) <= 4
+            assert c.text == tiny_tokenizer.decode(list(c.token_ids), skip_special_tokens=True)
+    # prompt order: greedy completions of the batch equal those of each prompt alone
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
+    batch = engine.generate(prompts, greedy)
+    assert [g[0].token_ids for g in batch] == [engine.generate([p], greedy)[0][0].token_ids for p in prompts]
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.generate([[]], greedy)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, max_new_tokens=6, n=3),
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.9, max_new_tokens=6, n=3),
+    ],
+    ids=["plain", "T0.7-topk-topp"],
+)
+@pytest.mark.parametrize("early_eos", [False, True], ids=["full-length", "early-eos"])
+def test_logprobs_equal_full_sequence_recompute(
+    tiny_model: Model, tiny_tokenizer: Tokenizer, params: SamplingParams, early_eos: bool
+) -> None:
+    # max_batch_size 6 with n = 3 puts two prompts in a chunk, so chunking is exercised too.
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], max_batch_size=6, seed=3)
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    # early_eos: +4 on EOS everywhere makes p(EOS) ~ 0.2 per step, so rows leave the batch at different steps
+    with steer(tiny_model, everything_to(EOS_ID), bonus=4.0 if early_eos else 0.0):
+        out = engine.generate(prompts, params)
+        for prompt, group in zip(prompts, out):
+            for c in group:
+                expected = recompute_logprobs(tiny_model, prompt, c, params)
+                torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
+    lengths = [len(c.token_ids) for g in out for c in g]
+    if early_eos:  # the case is only meaningful if some rows stopped while others ran on
+        assert min(lengths) < params.max_new_tokens and max(lengths) == params.max_new_tokens
+        for c in (c for g in out for c in g):
+            assert (c.finish_reason == "stop") == (c.token_ids[-1] == EOS_ID)
+    else:
+        assert lengths == [params.max_new_tokens] * 9
+
+
+def test_length_finish_when_eos_never_comes(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+    with steer(tiny_model, everything_to(EOS_ID), bonus=-1e4):
+        out = engine.generate([encode(tiny_tokenizer, p) for p in PROMPTS], SamplingParams(max_new_tokens=5, n=2))
+    for c in (c for g in out for c in g):
+        assert c.finish_reason == "length" and len(c.token_ids) == 5 and EOS_ID not in c.token_ids
+
+
+def test_eos_stops_and_is_kept_as_last_token(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+    x, a = encode(tiny_tokenizer, "xa")
+    # prompt "...x" → "a" → EOS
+    with steer(tiny_model, {x: a, a: EOS_ID}):
+        out = engine.generate([encode(tiny_tokenizer, "say x")], SamplingParams(max_new_tokens=10, n=3))
+    for c in out[0]:
+        assert c.token_ids == (a, EOS_ID) and c.finish_reason == "stop"
+        assert c.text == "a"  # special tokens are left out of the text
+        assert c.logprobs == pytest.approx([0.0, 0.0], abs=1e-6)  # a +100 bonus makes both certain
+
+
+def test_any_of_several_eos_ids_stops(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID, 1])
+    with steer(tiny_model, everything_to(1)):
+        out = engine.generate([encode(tiny_tokenizer, "hi")], SamplingParams(max_new_tokens=10))
+    assert out[0][0].token_ids == (1,) and out[0][0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("stop", "text"),
+    [
+        (("zz",), "aézz"),  # ASCII, two tokens
+        (("é",), "aé"),  # one character, two byte tokens
+        (("éz",), "aéz"),  # a stop string whose first character spans two tokens
+        (("q", "é"), "aé"),  # the first stop string to appear wins
+        (("q",), "aézzz"),  # never appears: max_new_tokens ends it
+    ],
+)
+def test_stop_strings(
+    tiny_model: Model, tiny_tokenizer: Tokenizer, stop: tuple[str, ...], text: str
+) -> None:
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+    x, a, z = encode(tiny_tokenizer, "xaz")
+    e1, e2 = encode(tiny_tokenizer, "é")
+    # prompt "...x" → a, é (two byte tokens), z, z, z, ...; the prompt itself contains "é zz"
+    follow = {x: a, a: e1, e1: e2, e2: z, z: z}
+    with steer(tiny_model, follow):
+        out = engine.generate([encode(tiny_tokenizer, "é zz x")], SamplingParams(max_new_tokens=6, stop=stop, n=2))
+    for c in out[0]:
+        assert c.text == text
+        assert c.finish_reason == ("length" if stop == ("q",) else "stop")
+        assert len(c.token_ids) == len(text.encode())
+
+
+def test_greedy_equals_reference_loop(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    out = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8, n=2))
+    for prompt, group in zip(prompts, out):
+        expected = reference_greedy(tiny_model, prompt, 8)
+        assert len(set(expected)) > 2  # the tiny model does not just repeat a token
+        assert [list(c.token_ids) for c in group] == [expected, expected]
+
+
+def test_same_seed_same_samples_different_seed_different(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    params = SamplingParams(temperature=1.0, max_new_tokens=5, n=2)
+
+    def run(seed: int) -> list[list[Completion]]:
+        return EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=seed).generate(prompts, params)
+
+    assert run(0) == run(0)
+    assert run(0) != run(1)
+    # one engine advances its generator: the next call samples afresh
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=0)
+    assert engine.generate(prompts, params) != engine.generate(prompts, params)
+
+
+def test_finished_rows_do_not_change_the_others(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    """Greedy: a batch where the middle row stops early gives each row what it gives alone."""
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    prompts = [encode(tiny_tokenizer, p) for p in ["The quick brown fox", "hi", "a, b"]]
+    free = [engine.generate([p], params)[0][0].token_ids for p in prompts]
+    # Make EOS follow the 2nd token of row 1's greedy continuation, a token the other rows never feed.
+    others = {t for i in (0, 2) for t in (*free[i], prompts[i][-1])}
+    trigger = free[1][1]
+    assert trigger not in others and trigger not in free[1][:1]
+    with steer(tiny_model, {trigger: EOS_ID}):
+        batch = engine.generate(prompts, params)
+        alone = [engine.generate([p], params)[0][0] for p in prompts]
+    rows = [g[0] for g in batch]
+    assert rows[1].token_ids == (*free[1][:2], EOS_ID) and rows[1].finish_reason == "stop"
+    assert [r.finish_reason for r in rows] == ["length", "stop", "length"]
+    for r, single in zip(rows, alone):
+        assert r.token_ids == single.token_ids
+        torch.testing.assert_close(torch.tensor(r.logprobs), torch.tensor(single.logprobs), atol=1e-5, rtol=0)
+    assert rows[0].token_ids == free[0] and rows[2].token_ids == free[2]
+
+
+def test_update_weights_changes_outputs(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+    before = engine.generate(prompts, params)
+    other = make_tiny_model(seed=1)
+    engine.update_weights(other.state_dict())
+    after = engine.generate(prompts, params)
+    assert after != before
+    assert after == EmbeddedEngine(other, tiny_tokenizer, eos_token_ids=[EOS_ID]).generate(prompts, params)

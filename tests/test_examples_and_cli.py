@@ -1,0 +1,91 @@
+"""The example script and the command line, run as a user would, on the tiny model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvr.cli import main
+from tests.tiny import make_tiny_model, make_tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny")
+    make_tiny_model().save_pretrained(path)
+    make_tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_minimal_grpo_example_runs(tiny_dir: Path) -> None:
+    script = ROOT / "examples" / "minimal_grpo.py"
+    assert len(script.read_text().splitlines()) < 300
+    out = subprocess.run(
+        [sys.executable, str(script), "--model", str(tiny_dir), "--steps", "2", "--prompts-per-step", "2",
+         "--group-size", "4", "--max-new-tokens", "8"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "step 2: reward" in out.stdout
+
+
+def test_unknown_key_names_the_nearest(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "algo.clip_hihg=0.3"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config key 'algo.clip_hihg'" in err and "did you mean 'algo.clip_high'" in err
+
+
+def test_bad_value_names_the_key_and_what_is_allowed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "algo.aggregation=mean"]) == 2
+    err = capsys.readouterr().err
+    assert "algo.aggregation" in err and "'token-mean'" in err and "'mean'" in err
+    assert main(["train", "train.lr=-1"]) == 2
+    assert "train.lr" in capsys.readouterr().err
+
+
+def test_missing_config_file_names_the_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.toml"
+    assert main(["train", "--config", str(missing)]) == 2
+    assert str(missing) in capsys.readouterr().err
+
+
+def test_bad_toml_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nsteps = 3\n")
+    assert main(["train", "--config", str(bad)]) == 2
+    assert "bad.toml: invalid TOML" in capsys.readouterr().err
+
+
+def test_unknown_algorithm_suggests_the_registered_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "algo.loss=ppo_clp"]) == 2
+    assert "did you mean 'ppo_clip'" in capsys.readouterr().err
+
+
+def test_cli_train_writes_a_run_and_refuses_to_overwrite_it(
+    tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["train", f"model={tiny_dir}", f"output_dir={tmp_path}", "name=cli", "train.steps=1",
+            "train.prompts_per_step=2", "algo.group_size=2", "sampling.max_new_tokens=4",
+            "task.size=10", "task.eval_size=2"]
+    assert main(args) == 0
+    assert (tmp_path / "cli" / "checkpoints" / "step_000001" / "model.safetensors").is_file()
+    assert main(args) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_sample_prints_completions(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sample", "--model", str(tiny_dir), "--max-new-tokens", "4", "-n", "2", "--json", "2 + 2 ="]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and '"token_ids"' in lines[0]
+
+
+def test_tasks_and_config_listings(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tasks"]) == 0
+    assert "chain_sum" in capsys.readouterr().out.split()
+    assert main(["config"]) == 0
+    assert "algo.clip_high = 0.28" in capsys.readouterr().out

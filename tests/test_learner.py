@@ -1,0 +1,340 @@
+"""rlvr.train: token_logprobs against the naive full-logits computation, the Learner's optimizer
+step, precision and schedule, and update_policy's gradient properties (micro-batching, zero
+advantages, masking) against a plain reference loop. Tiny fp32 model unless stated."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from rlvr.train.learner import Learner, lr_lambda
+from rlvr.train.logprobs import token_logprobs
+from rlvr.train.update import UpdateSettings, update_policy
+from rlvr.types import Completion, Group, Sample
+from tests.tiny import EOS_ID, make_tiny_model
+
+# --- token_logprobs --------------------------------------------------------------------------
+
+
+def right_padded_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Three rows of lengths 9, 6, 4 (pad id 0); the target mask marks a "completion" in each."""
+    gen = torch.Generator().manual_seed(0)
+    lengths, prompt_lengths = [9, 6, 4], [3, 4, 1]
+    ids = torch.zeros(3, 9, dtype=torch.long)
+    attention = torch.zeros(3, 9, dtype=torch.long)
+    target = torch.zeros(3, 9, dtype=torch.bool)
+    for b, (n, p) in enumerate(zip(lengths, prompt_lengths)):
+        ids[b, :n] = torch.randint(3, 259, (n,), generator=gen)
+        attention[b, :n] = 1
+        target[b, p:n] = True
+    return ids, attention, target  # 6 + 2 + 3 = 11 target tokens
+
+
+def naive_logprobs(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor, target: torch.Tensor,
+                   temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full [B, T, V] logits, log-softmax, gather: the computation token_logprobs avoids."""
+    logp_BTV = (model(input_ids=ids, attention_mask=attention).logits.float() / temperature).log_softmax(-1)
+    lp_BT = torch.zeros(ids.shape)
+    ent_BT = torch.zeros(ids.shape)
+    lp_BT[:, 1:] = logp_BTV[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    ent_BT[:, 1:] = -(logp_BTV[:, :-1].exp() * logp_BTV[:, :-1]).sum(-1)
+    return lp_BT * target, ent_BT * target
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 1024])  # 11 target tokens: 11 chunks, 3 uneven, 1
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_equal_naive(chunk_size: int, temperature: float) -> None:
+    model = make_tiny_model()
+    ids, attention, target = right_padded_batch()
+    lp, ent = token_logprobs(model, ids, attention, target, temperature=temperature, chunk_size=chunk_size)
+    ref_lp, ref_ent = naive_logprobs(model, ids, attention, target, temperature)
+    assert lp.dtype == torch.float32 and lp.shape == ids.shape
+    assert (lp[~target] == 0).all() and (ent[~target] == 0).all()
+    assert (lp[target] < 0).all() and (ent[target] > 0).all()
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
+
+    # gradients of an arbitrary weighted sum of both outputs, wrt every parameter
+    w_lp, w_ent = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1)), 0.3
+    ref_model = copy.deepcopy(model)
+    (lp * w_lp).sum().add((ent * w_ent).sum()).backward()
+    ref_lp, ref_ent = naive_logprobs(ref_model, ids, attention, target, temperature)
+    (ref_lp * w_lp).sum().add((ref_ent * w_ent).sum()).backward()
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_token_logprobs_rejects_target_at_column_zero() -> None:
+    model = make_tiny_model()
+    ids, attention, target = right_padded_batch()
+    target[1, 0] = True
+    with pytest.raises(ValueError, match="target_mask"):
+        token_logprobs(model, ids, attention, target)
+
+
+# --- learning-rate schedule ------------------------------------------------------------------
+
+
+def test_lr_lambda_by_hand() -> None:
+    # warmup 2 of 6 steps: (s + 1) / 3 for s = 0, 1; then progress = (s - 2) / 4
+    def f(step: int, schedule: str) -> float:
+        return lr_lambda(step, warmup_steps=2, total_steps=6, schedule=schedule)
+
+    for schedule in ("constant", "linear", "cosine"):
+        assert [f(s, schedule) for s in (0, 1)] == pytest.approx([1 / 3, 2 / 3])
+        assert f(2, schedule) == pytest.approx(1.0)
+    assert [f(s, "constant") for s in (3, 6, 50)] == [1.0, 1.0, 1.0]
+    assert [f(s, "linear") for s in (3, 4, 5, 6, 9)] == pytest.approx([0.75, 0.5, 0.25, 0.0, 0.0])
+    # cosine: 0.5 (1 + cos(pi * progress)); progress 1/4 → 0.85355, 1/2 → 0.5, 3/4 → 0.14645, ≥ 1 → 0
+    assert [f(s, "cosine") for s in (3, 4, 5, 6, 9)] == pytest.approx(
+        [0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 - math.cos(math.pi / 4)), 0.0, 0.0]
+    )
+    assert lr_lambda(0, warmup_steps=0, total_steps=4, schedule="linear") == 1.0
+    with pytest.raises(ValueError, match="schedule"):
+        f(3, "exponential")
+
+
+def test_learner_follows_schedule() -> None:
+    learner = Learner(make_tiny_model(), lr=0.1, warmup_steps=1, total_steps=3, schedule="linear")
+    lrs = []
+    for _ in range(4):
+        lrs.append(learner.lr)
+        learner.step()  # no gradients: nothing moves, but the schedule advances
+    # step 0: warmup 1/2; steps 1, 2, 3: 1 - (s - 1) / 2 = 1, 0.5, 0
+    assert lrs == pytest.approx([0.05, 0.1, 0.05, 0.0])
+
+
+# --- Learner ---------------------------------------------------------------------------------
+
+
+def lm_loss(model: PreTrainedModel) -> torch.Tensor:
+    """A fixed differentiable loss: mean negative log-likelihood of a fixed batch's targets."""
+    ids, attention, target = right_padded_batch()
+    lp, _ = token_logprobs(model, ids, attention, target)
+    return -lp.sum() / target.sum()
+
+
+@pytest.mark.parametrize("grad_clip", [0.0, 0.05])
+def test_fp32_step_equals_torch_adamw(grad_clip: float) -> None:
+    model = make_tiny_model()
+    manual = copy.deepcopy(model)
+    learner = Learner(model, lr=1e-2, betas=(0.8, 0.95), weight_decay=0.1, grad_clip=grad_clip)
+    assert learner.masters is learner.params  # fp32: the weights are their own masters
+    optimizer = torch.optim.AdamW(manual.parameters(), lr=1e-2, betas=(0.8, 0.95), weight_decay=0.1)
+    for _ in range(2):
+        lm_loss(model).backward()
+        norm = learner.step()
+        lm_loss(manual).backward()
+        expected_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in manual.parameters() if p.grad is not None]))
+        if grad_clip:
+            assert expected_norm > grad_clip  # clipping is exercised
+            torch.nn.utils.clip_grad_norm_(list(manual.parameters()), grad_clip)
+        optimizer.step()
+        optimizer.zero_grad()
+        assert norm == pytest.approx(float(expected_norm), rel=1e-5)
+    assert all(p.grad is None for p in model.parameters())
+    changed = False
+    for (name, p), q, p0 in zip(model.named_parameters(), manual.parameters(), make_tiny_model().parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=name)
+        changed |= not torch.equal(p, p0)
+    assert changed
+
+
+def test_bf16_master_accumulates_updates_below_bf16_resolution() -> None:
+    """RMSNorm weights start at exactly 1.0, where bf16's spacing is 2^-7 (below 1: 2^-8).
+
+    One AdamW step at lr = 1.5e-3 moves a weight by ~1.5e-3 (Adam's first step is lr·sign(g)),
+    which rounds back to 1.0 in bf16 (half-spacings 3.9e-3 above, 1.95e-3 below): the bf16
+    weights stay put but the fp32 master moves. Five steps move the master ~7.5e-3, past the
+    rounding threshold, so the bf16 weights change. Without the master, AdamW on the bf16
+    weights themselves never moves them (the control below).
+    """
+    model = make_tiny_model(dtype=torch.bfloat16)
+    control = copy.deepcopy(model)
+    learner = Learner(model, lr=1.5e-3, weight_decay=0.0, grad_clip=0.0)
+    assert learner.mixed and all(m.dtype == torch.float32 for m in learner.masters)
+    norm_index = [i for i, (n, _) in enumerate(model.named_parameters()) if "norm" in n]
+    assert norm_index and all(torch.equal(learner.params[i], torch.ones_like(learner.params[i])) for i in norm_index)
+
+    lm_loss(model).backward()
+    learner.step()
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    for i in norm_index:
+        assert torch.equal(learner.params[i], torch.ones_like(learner.params[i]))  # rounded away in bf16 ...
+        moved = (learner.masters[i] - 1).abs()
+        assert ((moved > 1e-3) & (moved < 1.6e-3)).float().mean() > 0.9  # ... but kept in the master
+    for p, m in zip(learner.params, learner.masters):
+        assert torch.equal(p, m.to(torch.bfloat16))  # the weights are the rounded masters
+    for _ in range(4):
+        lm_loss(model).backward()
+        learner.step()
+    assert any((learner.params[i] != 1).any() for i in norm_index)
+
+    plain = torch.optim.AdamW(control.parameters(), lr=1.5e-3, weight_decay=0.0)
+    for _ in range(5):
+        lm_loss(control).backward()
+        plain.step()
+        plain.zero_grad()
+    assert all(torch.equal(p, torch.ones_like(p)) for n, p in control.named_parameters() if "norm" in n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_state_dict_round_trip_continues_identically(dtype: torch.dtype) -> None:
+    def make(model: PreTrainedModel) -> Learner:
+        return Learner(model, lr=1e-2, weight_decay=0.1, warmup_steps=2, total_steps=6, schedule="cosine")
+
+    def steps(learner: Learner, k: int) -> None:
+        for _ in range(k):
+            lm_loss(learner.model).backward()
+            learner.step()
+
+    learner = make(make_tiny_model(dtype=dtype))
+    steps(learner, 2)
+    buffer = io.BytesIO()
+    torch.save({"model": learner.model.state_dict(), "learner": learner.state_dict()}, buffer)
+    steps(learner, 2)
+
+    buffer.seek(0)
+    saved = torch.load(buffer)
+    resumed = make(make_tiny_model(seed=5, dtype=dtype))  # different weights, overwritten below
+    resumed.model.load_state_dict(saved["model"])
+    resumed.load_state_dict(saved["learner"])
+    steps(resumed, 2)
+    assert resumed.lr == learner.lr
+    for (name, p), q in zip(learner.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q), name
+    for m, n in zip(learner.masters, resumed.masters):
+        assert torch.equal(m, n)
+
+
+# --- update_policy ---------------------------------------------------------------------------
+
+
+class GradRecorder:
+    """A Learner stand-in for update_policy: each step records the accumulated gradients, applies nothing."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.grads: list[dict[str, torch.Tensor]] = []
+
+    def step(self) -> float:
+        self.grads.append({n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None})
+        self.model.zero_grad(set_to_none=True)
+        return 0.0
+
+
+def make_groups(rewards_PG: list[list[float]], seed: int = 0) -> list[Group]:
+    """Random prompts (3-6 tokens) and completions (1-7 tokens, some ending in EOS)."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = []
+    for p, rewards in enumerate(rewards_PG):
+        prompt = tuple(torch.randint(3, 259, (int(torch.randint(3, 7, (1,), generator=gen)),), generator=gen).tolist())
+        samples = []
+        for r in rewards:
+            ids = torch.randint(3, 259, (int(torch.randint(1, 8, (1,), generator=gen)),), generator=gen).tolist()
+            if r > 0:
+                ids[-1] = EOS_ID
+            c = Completion(token_ids=tuple(ids), logprobs=(-1.0,) * len(ids), finish_reason="stop", text="")
+            samples.append(Sample(prompt_ids=prompt, completion=c, reward=r, reward_parts={"r": r}, prompt_index=p))
+        groups.append(Group(prompt=f"prompt {p}", samples=tuple(samples)))
+    return groups
+
+
+GROUPS = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.5]]
+
+
+def recorded_grads(groups: list[Group], settings: UpdateSettings, pad_token_id: int = 0) -> list[dict[str, torch.Tensor]]:
+    recorder = GradRecorder(make_tiny_model())
+    metrics = update_policy(recorder, groups, settings, pad_token_id=pad_token_id,  # type: ignore[arg-type]
+                            generator=torch.Generator().manual_seed(0))
+    assert all(math.isfinite(v) for v in metrics.values())
+    return recorder.grads
+
+
+def assert_grads_close(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> None:
+    assert len(a) == len(b)
+    for step_a, step_b in zip(a, b):
+        for name in step_a:
+            assert step_a[name].abs().max() > 0, name
+            torch.testing.assert_close(step_a[name], step_b[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_micro_batch_size_does_not_change_the_gradient(aggregation: str, mini_batches: int) -> None:
+    def grads(micro: int) -> list[dict[str, torch.Tensor]]:
+        settings = UpdateSettings(aggregation=aggregation, max_tokens=8, micro_batch_size=micro,
+                                  mini_batches=mini_batches, entropy_coef=0.01)
+        return recorded_grads(make_groups(GROUPS), settings)
+
+    whole = grads(6)
+    assert len(whole) == mini_batches
+    assert_grads_close(grads(1), whole)
+    assert_grads_close(grads(4), whole)
+
+
+def test_micro_batching_gives_the_same_parameters_after_a_learner_step() -> None:
+    def params_after(micro: int) -> list[torch.Tensor]:
+        learner = Learner(make_tiny_model(), lr=1e-5, weight_decay=0.0, grad_clip=0.0)
+        update_policy(learner, make_groups(GROUPS), UpdateSettings(micro_batch_size=micro), pad_token_id=0)
+        return [p.detach().clone() for p in learner.model.parameters()]
+
+    start = list(make_tiny_model().parameters())
+    for p, q, p0 in zip(params_after(1), params_after(4), start):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0)  # 1e-6 is a tenth of one Adam step
+    assert any(not torch.equal(p, p0) for p, p0 in zip(params_after(4), start))
+
+
+def test_equal_rewards_leave_parameters_unchanged() -> None:
+    learner = Learner(make_tiny_model(), lr=1e-2, weight_decay=0.0, grad_clip=0.0)
+    metrics = update_policy(learner, make_groups([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
+                            UpdateSettings(micro_batch_size=2), pad_token_id=0)
+    assert metrics["advantage_abs_mean"] == 0.0 and metrics["grad_norm"] == 0.0
+    for p, p0 in zip(learner.model.parameters(), make_tiny_model().parameters()):
+        assert torch.equal(p, p0)
+
+
+def test_constant_group_adds_no_gradient() -> None:
+    """Under seq-mean-token-sum-norm the weights are fixed per token, so adding a constant group
+    changes only the 1 / total_seqs factor: grad(both) = grad(varied alone) * 3 / 6."""
+    settings = UpdateSettings(aggregation="seq-mean-token-sum-norm", max_tokens=8, micro_batch_size=4)
+    varied = make_groups([GROUPS[1]], seed=1)
+    both = make_groups([[0.5, 0.5, 0.5]], seed=2) + varied
+    g_varied, g_both = recorded_grads(varied, settings), recorded_grads(both, settings)
+    assert_grads_close([{n: g * 0.5 for n, g in g_varied[0].items()}], g_both)
+
+
+def test_padding_and_prompt_positions_do_not_contribute() -> None:
+    """The gradient equals a plain per-sample reference loop over completion tokens only, and
+    does not depend on the pad token id.
+
+    With one optimizer step the old log-probs equal the current ones, so ppo_clip's per-token
+    gradient is -A ∇logp; the entropy bonus adds -entropy_coef ∇H; token-mean divides the sum by
+    the total number of completion tokens. (The entropy term matters here: the samples of a group
+    share their prompt and GRPO's advantages sum to zero over a group, so a policy term leaking
+    onto prompt positions would cancel out.)
+    """
+    groups = make_groups(GROUPS)
+    settings = UpdateSettings(micro_batch_size=3, entropy_coef=0.1)
+    got = recorded_grads(groups, settings, pad_token_id=0)
+    assert_grads_close(recorded_grads(groups, settings, pad_token_id=200), got)
+
+    model = make_tiny_model()
+    samples = [s for g in groups for s in g.samples]
+    rewards_PG = torch.tensor(GROUPS)
+    advantages = ((rewards_PG - rewards_PG.mean(1, keepdim=True)) / (rewards_PG.std(1, keepdim=True) + 1e-6)).flatten()
+    total_tokens = sum(len(s.completion.token_ids) for s in samples)
+    for s, a in zip(samples, advantages.tolist()):
+        ids = torch.tensor([s.prompt_ids + s.completion.token_ids])
+        logp_TV = model(input_ids=ids).logits[0, :-1].log_softmax(-1)
+        completion = slice(len(s.prompt_ids) - 1, None)  # logits at t score token t + 1
+        lp_T = logp_TV.gather(-1, ids[0, 1:, None]).squeeze(-1)[completion]
+        entropy_T = -(logp_TV.exp() * logp_TV).sum(-1)[completion]
+        ((-a * lp_T.sum() - 0.1 * entropy_T.sum()) / total_tokens).backward()
+    assert_grads_close(got, [{n: p.grad for n, p in model.named_parameters() if p.grad is not None}])

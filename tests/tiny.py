@@ -1,0 +1,70 @@
+"""Tiny tokenizer and model built in code, for tests and CI runs of the examples. No downloads.
+
+Plain functions (not fixtures) so that scripts can import them too; tests/conftest.py wraps
+them in fixtures.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+PAD, BOS, EOS = "<|pad|>", "<|im_start|>", "<|im_end|>"
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+VOCAB_SIZE = 259
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A 259-token byte-level tokenizer with a ChatML chat template, built in code.
+
+    The vocabulary is the three special tokens (ids 0-2: pad, <|im_start|>, <|im_end|>)
+    followed by the 256 byte-level symbols, with no merges: one token per byte, so any text,
+    non-ASCII included, round-trips through encode and decode.
+    """
+    byte_symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: i for i, token in enumerate([PAD, BOS, EOS, *byte_symbols])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def make_tiny_model(
+    vocab_size: int = VOCAB_SIZE, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> LlamaForCausalLM:
+    """A random 2-layer Llama (hidden 32, 4 query / 2 KV heads, tied embeddings), ~27k parameters.
+
+    The same seed gives the same weights. Weights are drawn with std 0.2 (transformers' default
+    is 0.02, whose near-uniform next-token distributions make greedy decoding repeat the last
+    token); at 0.2 the continuations depend on the context, and EOS stays unlikely (p ~ 0.004).
+    """
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        tie_word_embeddings=True,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.to(dtype).eval()
