@@ -141,7 +141,7 @@ def _convert_gguf(gguf_dir: Path, filename: str, target: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
     # transformers keeps a GGUF "quantizer" attached although the weights are now plain floats,
     # and refuses to save until it is detached.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -169,7 +169,7 @@ def load_model(spec: str, dtype: torch.dtype | str = "auto", device: str = "cpu"
     if isinstance(dtype, str):
         dtype = resolve_dtype(dtype, device)
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(spec), dtype=dtype)
-    return model.to(device)
+    return model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is narrower
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:

@@ -126,3 +126,29 @@ def test_failed_setup_leaves_nothing_behind(tmp_path: Path) -> None:
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match="not a run directory"):
         train(resume=tmp_path)
+
+
+def test_kl_epochs_and_mini_batches_path(tiny_dir: Path, tmp_path: Path) -> None:
+    """A reference model (KL), several epochs and mini-batches: old log-probs are recomputed."""
+    cfg = load_config(None, overrides(tiny_dir, tmp_path, "kl", algo__kl_coef=0.1, train__epochs=2,
+                                      train__mini_batches=2, train__micro_batch_size=3,
+                                      algo__aggregation='"seq-mean-token-sum-norm"', algo__dual_clip=3.0))
+    train(cfg, quiet=True)
+    rows = read_metrics(tmp_path / "kl")
+    assert all(r["kl"] >= 0 and math.isfinite(r["kl"]) for r in rows)
+    assert rows[-1]["kl"] > 1e-4  # after updates the policy has moved away from the reference
+    assert any(r["ratio_mean"] != 1.0 for r in rows)  # later mini-batches see a moved policy
+
+
+def test_jsonl_prompts_scored_with_math_verify(tiny_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n"
+                            for i in range(12)))
+    cfg = load_config(None, [f'model="{tiny_dir}"', f'output_dir="{tmp_path}"', "name=jsonl", "task.source=jsonl",
+                             f'task.path="{data}"', "task.prompt_column=question", "task.answer_column=solution",
+                             "task.eval_size=2", "train.steps=1", "train.prompts_per_step=2", "algo.group_size=2",
+                             "sampling.max_new_tokens=4"])
+    assert cfg.rewards[0].fn == "math_verify"
+    train(cfg, quiet=True)
+    samples = [json.loads(line) for line in (tmp_path / "jsonl" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and all("math_verify" in s["rewards"] for s in samples)

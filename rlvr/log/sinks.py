@@ -55,7 +55,7 @@ class ConsoleProgress:
         self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
 
     def status(self, text: str) -> None:
@@ -68,4 +68,4 @@ class ConsoleProgress:
             self.console.print(f"step {step}  {shown}", highlight=False)
 
     def print(self, text: str) -> None:
-        self.console.print(text, highlight=False)
+        self.console.print(text, highlight=False, soft_wrap=True)

@@ -24,8 +24,11 @@ from rlvr.types import Completion, FinishReason, SamplingParams
 class Engine(Protocol):
     """What the training loop needs from a rollout engine."""
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """`params.n` completions for each prompt (token ids), in prompt order."""
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, progress: Callable[[int], None] | None = None
+    ) -> list[list[Completion]]:
+        """`params.n` completions for each prompt (token ids), in prompt order; `progress(k)` is
+        called as k more prompts finish."""
         ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -152,5 +155,5 @@ class EmbeddedEngine:
     def _completion(self, ids: list[int], logps: list[float], reason: FinishReason) -> Completion:
         return Completion(
             token_ids=tuple(ids), logprobs=tuple(logps), finish_reason=reason,
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            text=str(self.tokenizer.decode(ids, skip_special_tokens=True)),
         )

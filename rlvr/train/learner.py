@@ -10,6 +10,7 @@ the instability of plain bf16 training. Precision "fp32" trains the model's own 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -73,10 +74,8 @@ class Learner:
                 m.grad = None if p.grad is None else p.grad.float()
                 p.grad = None
         grads = [m for m in self.masters if m.grad is not None]
-        if self.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(grads, self.grad_clip)
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([m.grad.norm() for m in grads])) if grads else torch.zeros(())
+        # max_norm = inf measures the norm without clipping
+        norm = torch.nn.utils.clip_grad_norm_(grads, self.grad_clip if self.grad_clip > 0 else float("inf"))
         self.optimizer.step()
         self.scheduler.step()
         if self.mixed:
@@ -86,13 +85,13 @@ class Learner:
         self.zero_grad()
         return float(norm)
 
-    def state_dict(self) -> dict:
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
         if self.mixed:
             state["masters"] = [m.detach().clone() for m in self.masters]
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.mixed:

@@ -76,7 +76,8 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
         assert t.path is not None
         pool = jsonl_examples(t.path, prompt_column=t.prompt_column, answer_column=t.answer_column,
                               instruction=t.instruction)
-    held, seen = [], set()
+    held: list[Example] = []
+    seen: set[str] = set()
     for ex in pool:
         if len(held) >= t.eval_size:
             break
@@ -100,7 +101,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
     model = load_model(spec, train_dtype)
     # Same dtype: the engine samples from the learner's own weights, so updates need no copy.
     shared = engine_dtype == train_dtype
-    engine_model = model if shared else copy.deepcopy(model).to(engine_dtype)
+    engine_model = model if shared else copy.deepcopy(model).to(engine_dtype)  # type: ignore[arg-type]
     engine = EmbeddedEngine(engine_model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
                             max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed)
     ref_model = None
@@ -237,7 +238,8 @@ class GracefulStop:
     is never cut in half, so the saved state resumes exactly); a second Ctrl-C aborts at once."""
 
     def __init__(self, progress: ConsoleProgress) -> None:
-        self.requested, self.progress, self._previous = False, progress, None
+        self.requested, self.progress = False, progress
+        self._previous: Any = None
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:

