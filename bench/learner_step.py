@@ -56,20 +56,27 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--naive", action="store_true")
+    ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    ap.add_argument("--steps", type=int, default=2, help="timed: the last one (the first primes allocators)")
     args = ap.parse_args()
     model = load_model("builtin:smollm2-135m-instruct", args.precision)
     learner = Learner(model, lr=1e-6)
     groups = fake_groups(args.batch, args.group, args.prompt, args.completion, model.config.vocab_size)
     settings = UpdateSettings(micro_batch_size=args.micro_batch, max_tokens=args.completion)
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    start = time.perf_counter()
-    if args.naive:
-        naive_step(model, learner, groups)
-    else:
-        update_policy(learner, groups, settings, pad_token_id=0)
-    seconds = time.perf_counter() - start
+    if args.checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        if args.naive:
+            naive_step(model, learner, groups)
+        else:
+            update_policy(learner, groups, settings, pad_token_id=0)
+        seconds = time.perf_counter() - start
     tokens = args.batch * (args.prompt + args.completion)
     print(json.dumps({"mode": "naive" if args.naive else "rlvr", "precision": args.precision, "batch": args.batch,
+                      "micro_batch": args.batch if args.naive else args.micro_batch,
+                      "checkpointing": args.checkpointing,
                       "tokens": tokens, "seconds": round(seconds, 1), "tokens_per_s": round(tokens / seconds, 1),
                       "rss_after_load_gb": round(base_rss, 2),
                       "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}))

@@ -72,7 +72,7 @@ class SamplingConfig(_Section):
 
 class EngineConfig(_Section):
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
-    """Rollout dtype; "auto" = bfloat16 where the CPU has native bf16 (or on GPU), else float32."""
+    """Rollout dtype; "auto" = bfloat16 on a bf16 GPU, or on a CPU where bf16 is measured faster than fp32."""
     max_batch_size: int = Field(64, ge=1)
     """Most sequences decoded together; finished sequences leave the batch at once."""
 
@@ -139,7 +139,10 @@ class TrainConfig(_Section):
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this value (0 = off)."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """"bf16" = bfloat16 weights with an fp32 master copy in the optimizer; "auto" picks bf16 where supported."""
+    """"bf16" = bfloat16 weights with an fp32 master copy in the optimizer; "auto" = bf16 where measured faster."""
+    activation_checkpointing: bool = False
+    """Recompute each layer's activations in backward instead of storing them: much less memory
+    for long sequences, about a third more compute."""
     logprob_chunk: int = Field(1024, ge=1)
     """Tokens per chunk when computing log-probs from the LM head (bounds logits memory)."""
 

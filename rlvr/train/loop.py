@@ -99,6 +99,8 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
     train_dtype = resolve_dtype(cfg.train.precision)
     engine_dtype = resolve_dtype(cfg.engine.dtype)
     model = load_model(spec, train_dtype)
+    if cfg.train.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Same dtype: the engine samples from the learner's own weights, so updates need no copy.
     shared = engine_dtype == train_dtype
     engine_model = model if shared else copy.deepcopy(model).to(engine_dtype)  # type: ignore[arg-type]
