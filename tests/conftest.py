@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -18,3 +20,12 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 def tiny_model() -> LlamaForCausalLM:
     """A fresh fp32 tiny Llama (seed 0); see tiny.make_tiny_model."""
     return make_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model and tokenizer saved as a Hugging Face folder, for `model = <path>` runs."""
+    path = tmp_path_factory.mktemp("tiny")
+    make_tiny_model().save_pretrained(path)
+    make_tiny_tokenizer().save_pretrained(path)
+    return path

@@ -9,17 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlvr.cli import main
-from tests.tiny import make_tiny_model, make_tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny")
-    make_tiny_model().save_pretrained(path)
-    make_tiny_tokenizer().save_pretrained(path)
-    return path
 
 
 def test_minimal_grpo_example_runs(tiny_dir: Path) -> None:

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from rlvr.config import load_config
 from rlvr.train.loop import Interrupted, RunDirError, train
-from tests.tiny import make_tiny_model, make_tiny_tokenizer
+from tests.tiny import make_tiny_model
 
 TIMING = {"generate_seconds", "train_seconds", "step_seconds", "tokens_per_second"}
 
@@ -33,14 +33,6 @@ def interrupt_on_call_40(prompt: str, completion: str, **_: object) -> float:
     if _calls["n"] == 40:
         os.kill(os.getpid(), signal.SIGINT)
     return distinct_chars(prompt, completion)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny")
-    make_tiny_model().save_pretrained(path)
-    make_tiny_tokenizer().save_pretrained(path)
-    return path
 
 
 def overrides(tiny_dir: Path, out: Path, name: str, reward: str = "distinct_chars", **extra: object) -> list[str]:

@@ -87,26 +87,8 @@ class EmbeddedEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
         n, eos = params.n, torch.tensor(self.eos_token_ids, device=self.device)
-        # Left-pad the prompts; positions count real tokens only, as in the learner's right-padded rows.
-        width = max(len(p) for p in prompts)
-        ids_PT = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        mask_PT = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids_PT[i, width - len(p) :] = torch.tensor(p)
-            mask_PT[i, width - len(p) :] = 1
-        ids_PT, mask_PT = ids_PT.to(self.device), mask_PT.to(self.device)
-        pos_PT = (mask_PT.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        logits = self.model(
-            input_ids=ids_PT, attention_mask=mask_PT, position_ids=pos_PT,
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
-        ).logits[:, -1]
-        # One prefill per prompt, then G copies of its cache.
-        if n > 1:
-            cache.batch_repeat_interleave(n)
-            logits = logits.repeat_interleave(n, 0)
-            mask_PT = mask_PT.repeat_interleave(n, 0)
-        mask_BT, next_pos_B = mask_PT, mask_PT.sum(-1)
+        cache, logits, mask_BT = self._prefill(prompts, n)
+        next_pos_B = mask_BT.sum(-1)
         rows = torch.arange(len(prompts) * n, device=self.device)  # which sample each running row is
         tokens: list[list[int]] = [[] for _ in range(len(prompts) * n)]
         logps: list[list[float]] = [[] for _ in range(len(prompts) * n)]
@@ -144,6 +126,30 @@ class EmbeddedEngine:
             [self._completion(tokens[i * n + j], logps[i * n + j], reasons[i * n + j]) for j in range(n)]
             for i in range(len(prompts))
         ]
+
+    def _prefill(self, prompts: list[list[int]], n: int) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """Prefill each prompt once, then repeat its KV cache for its n samples.
+
+        Returns (cache, next-token logits_BV, attention mask_BT) with B = len(prompts) · n. Prompts
+        are left-padded; positions count real tokens only, as in the learner's right-padded rows.
+        """
+        width = max(len(p) for p in prompts)
+        ids_PT = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask_PT = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids_PT[i, width - len(p) :] = torch.tensor(p)
+            mask_PT[i, width - len(p) :] = 1
+        ids_PT, mask_PT = ids_PT.to(self.device), mask_PT.to(self.device)
+        pos_PT = (mask_PT.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=ids_PT, attention_mask=mask_PT, position_ids=pos_PT,
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1]
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits, mask_PT = logits.repeat_interleave(n, 0), mask_PT.repeat_interleave(n, 0)
+        return cache, logits, mask_PT
 
     def _hit_stop(self, rows: torch.Tensor, tokens: list[list[int]], stop: tuple[str, ...], max_stop: int) -> torch.Tensor:
         # A token holds at least one byte of text (byte-level BPE splits a character across
