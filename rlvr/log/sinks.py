@@ -46,10 +46,11 @@ class ConsoleProgress:
         self.live = self.console.is_terminal
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"),
+            TextColumn("[dim]{task.fields[status]}"),
             console=self.console, disable=not self.live,
         )
-        self.task = self.progress.add_task("train", total=total, completed=start, status="")
+        self.task = self.progress.add_task("train", total=total, completed=start, metrics="", status="")
 
     def __enter__(self) -> ConsoleProgress:
         self.progress.__enter__()
@@ -63,7 +64,7 @@ class ConsoleProgress:
 
     def step(self, step: int, metrics: dict[str, Any]) -> None:
         shown = "  ".join(label + " " + fmt.format(metrics[k]) for k, (label, fmt) in LIVE.items() if k in metrics)
-        self.progress.update(self.task, completed=step, status=shown)
+        self.progress.update(self.task, completed=step, metrics=shown, status="")
         if not self.live:
             self.console.print(f"step {step}  {shown}", highlight=False)
 
