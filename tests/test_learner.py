@@ -338,3 +338,34 @@ def test_padding_and_prompt_positions_do_not_contribute() -> None:
         entropy_T = -(logp_TV.exp() * logp_TV).sum(-1)[completion]
         ((-a * lp_T.sum() - 0.1 * entropy_T.sum()) / total_tokens).backward()
     assert_grads_close(got, [{n: p.grad for n, p in model.named_parameters() if p.grad is not None}])
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_zero_advantage_samples_are_skipped_without_changing_the_gradient(aggregation: str) -> None:
+    """Samples of a constant group are not run (their policy-loss gradient is exactly zero); the
+    gradient equals the one computed over every sample. A negligible entropy bonus (1e-30) forces
+    the run over every sample for the reference."""
+    groups = make_groups([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.0, 1.0, 0.5]])
+    skip = UpdateSettings(aggregation=aggregation, max_tokens=8, micro_batch_size=2)
+    every = UpdateSettings(aggregation=aggregation, max_tokens=8, micro_batch_size=2, entropy_coef=1e-30)
+    assert_grads_close(recorded_grads(groups, skip), recorded_grads(groups, every))
+    metrics = update_policy(GradRecorder(make_tiny_model()), groups, skip, pad_token_id=0)  # type: ignore[arg-type]
+    # the constant group (3 samples) and the 0.5 of [0, 1, 0.5] (its group mean) have A = 0
+    assert metrics["trained_fraction"] == pytest.approx(5 / 9)
+
+
+def test_a_step_without_gradients_is_a_step_with_zero_gradients() -> None:
+    """AdamW keeps moving on momentum with a zero gradient; a skipped (all-zero) mini-batch must too."""
+    def run(second_grad_zero: bool) -> list[torch.Tensor]:
+        learner = Learner(make_tiny_model(), lr=1e-2, weight_decay=0.1, grad_clip=0.0)
+        for p in learner.model.parameters():
+            p.grad = torch.ones_like(p)
+        learner.step()
+        if second_grad_zero:
+            for p in learner.model.parameters():
+                p.grad = torch.zeros_like(p)
+        learner.step()  # otherwise: no gradient at all
+        return [p.detach().clone() for p in learner.model.parameters()]
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)

@@ -68,7 +68,15 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
 
     def step(self) -> float:
-        """Clip, apply one optimizer step and advance the schedule; returns the pre-clip grad norm."""
+        """Clip, apply one optimizer step and advance the schedule; returns the pre-clip grad norm.
+
+        With no gradient at all (every sample of the mini-batch was skipped for having zero
+        advantage), the step uses a zero gradient, so AdamW's momentum and weight decay still
+        apply exactly as if the zero gradient had been computed.
+        """
+        if all(p.grad is None for p in self.params):
+            for p in self.params:
+                p.grad = torch.zeros_like(p)
         if self.mixed:
             for p, m in zip(self.params, self.masters):
                 m.grad = None if p.grad is None else p.grad.float()

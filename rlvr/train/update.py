@@ -40,6 +40,11 @@ class UpdateSettings:
     logprob_chunk: int = 1024
 
 
+# per-token metrics of the update (means over trained tokens)
+_TOKEN_METRICS = ("entropy", "kl", "clip_fraction", "clip_fraction_low", "clip_fraction_high", "dual_clip_fraction",
+                  "ratio_mean")
+
+
 def collate(samples: list[Sample], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Right-padded prompt+completion rows; loss_mask marks the completion tokens."""
     width = max(s.num_tokens for s in samples)
@@ -62,11 +67,14 @@ def _micro_batches(indices: list[int], samples: list[Sample], size: int) -> list
 
 
 @torch.no_grad()
-def _score_all(model: PreTrainedModel, samples: list[Sample], s: UpdateSettings, pad: int) -> list[torch.Tensor]:
-    """Per-sample log-probs of the completion tokens under `model` (old policy or reference)."""
-    out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+def _score_all(
+    model: PreTrainedModel, samples: list[Sample], s: UpdateSettings, pad: int, which: set[int]
+) -> list[torch.Tensor]:
+    """Per-sample log-probs of the completion tokens under `model` (old policy or reference);
+    samples outside `which` are not scored (zeros: they are never trained on)."""
+    out: list[torch.Tensor] = [torch.zeros(len(smp.completion.token_ids)) for smp in samples]
     device = next(model.parameters()).device
-    for micro in _micro_batches(list(range(len(samples))), samples, s.micro_batch_size):
+    for micro in _micro_batches(sorted(which), samples, s.micro_batch_size):
         batch = collate([samples[i] for i in micro], pad, device)
         lp_BT, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"],
                                   temperature=s.temperature, chunk_size=s.logprob_chunk)
@@ -104,8 +112,13 @@ def update_policy(
     # With one optimizer step per rollout batch the policy has not moved yet, so the old
     # log-probs equal the current ones (detached) and the extra forward pass is skipped.
     reuse_current = s.epochs * s.mini_batches == 1
-    old = None if reuse_current else _score_all(model, samples, s, pad_token_id)
-    ref = _score_all(ref_model, samples, s, pad_token_id) if (s.kl_coef > 0 and ref_model is not None) else None
+    # A sample with zero advantage adds exactly zero to the policy loss and its gradient, so it is
+    # not run at all unless a KL or entropy term gives it a gradient of its own. (GRPO groups whose
+    # rewards are all equal are common: 30-90% of groups late in a run.)
+    needs_all = s.kl_coef > 0 or s.entropy_coef != 0
+    trained = {i for i in range(len(samples)) if needs_all or advantages_B[i] != 0}
+    old = None if reuse_current else _score_all(model, samples, s, pad_token_id, trained)
+    ref = _score_all(ref_model, samples, s, pad_token_id, trained) if (s.kl_coef > 0 and ref_model is not None) else None
 
     sums: dict[str, float] = defaultdict(float)
     grad_norms = []
@@ -117,14 +130,20 @@ def update_policy(
             mini = order[k * size : (k + 1) * size]
             totals = {"total_tokens": float(sum(len(samples[i].completion.token_ids) for i in mini)),
                       "total_seqs": float(len(mini))}
-            for micro in _micro_batches(mini, samples, s.micro_batch_size):
+            # The totals count every sample of the mini-batch, skipped or not: the gradient is
+            # the one of the full mini-batch.
+            run = [i for i in mini if i in trained]
+            for micro in _micro_batches(run, samples, s.micro_batch_size):
                 _accumulate(learner, samples, micro, advantages_B, old, ref, s, totals, pad_token_id, device, sums)
             grad_norms.append(learner.step())
-    tokens, loss_sum = max(sums.pop("_tokens"), 1.0), sums.pop("loss")
-    metrics = {k: v / tokens for k, v in sums.items()}
+    tokens, loss_sum = sums.pop("_tokens", 0.0), sums.pop("loss", 0.0)
+    # token-weighted means over the trained tokens; NaN (null in metrics.jsonl) when none was trained
+    names = set(sums) | {k for k in _TOKEN_METRICS if k != "kl" or ref is not None}
+    metrics = {k: sums[k] / tokens if tokens else float("nan") for k in sorted(names)}
     metrics["loss"] = loss_sum / len(grad_norms)  # mean over optimizer steps
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
     metrics["advantage_abs_mean"] = float(advantages_B.abs().mean())
+    metrics["trained_fraction"] = len(trained) / len(samples)
     return metrics
 
 
