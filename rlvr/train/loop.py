@@ -211,11 +211,12 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
         if not (run_dir / "config.toml").is_file():
             raise RunDirError(f"{run_dir} is not a run directory (no config.toml)")
         cfg = load_config(run_dir / "config.toml", overrides)
-        if overrides:  # e.g. train.steps=40 to extend a finished run
-            (run_dir / "config.toml").write_text(to_toml(cfg))
         last = ckpt.latest_checkpoint(run_dir)
         if last is None:
-            raise RunDirError(f"{run_dir} has no complete checkpoint to resume from")
+            raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped before the "
+                              "first one); start a new run, or delete this directory to reuse its name")
+        if overrides:  # e.g. train.steps=40 to extend a finished run
+            (run_dir / "config.toml").write_text(to_toml(cfg))
         run = setup(cfg, run_dir, model_spec=str(last))
         state = ckpt.load_state(last)
         _restore(run, state)
