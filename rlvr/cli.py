@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
     if args.command in ("train", "sample"):
         from transformers.utils import logging as hf_logging
 

@@ -136,7 +136,7 @@ def _builtin_path(name: str) -> Path:
 
 def _convert_gguf(gguf_dir: Path, filename: str, target: Path) -> None:
     """Dequantise a GGUF file into a safetensors folder, atomically (no half-written cache)."""
-    log.info("converting %s to safetensors in %s (once)", filename, target)
+    log.info("converting the bundled model %s to safetensors in %s (once, ~30 s)", filename, target)
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
     # transformers keeps a GGUF "quantizer" attached although the weights are now plain floats,
