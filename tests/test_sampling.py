@@ -1,4 +1,4 @@
-"""rlvr.rollout.sampling: the processed distribution by hand, and Gumbel-max draws against it."""
+"""rlvr.rollout.sampling: the processed distribution by hand, and sampled draws against it."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_sample_tokens_returns_logprob_under_processed_distribution() -> None:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
-def test_gumbel_max_frequencies_match_softmax(temperature: float) -> None:
+def test_draw_frequencies_match_softmax(temperature: float) -> None:
     n = 20_000
     logits = torch.tensor([1.0, 0.0, -1.0])
     gen = torch.Generator().manual_seed(1234)
@@ -111,6 +111,18 @@ def test_gumbel_max_frequencies_match_softmax(temperature: float) -> None:
     p = (logits.double() / temperature).softmax(-1)  # T=1: [.665, .245, .090]; T=2: [.506, .307, .186]
     sigma = (p * (1 - p) / n).sqrt()  # ≈ 0.0033: 4σ ≈ 0.013, far below any wrong noise formula's error
     assert ((freq - p).abs() < 4 * sigma).all(), (freq, p)
+
+
+def test_zero_probability_tokens_between_others_are_never_drawn() -> None:
+    # p = [.25, 0, .5, 0, .25]: cumulative [.25, .25, .75, .75, 1]; an off-by-one in the inverse
+    # CDF would draw the zero-probability tokens at the cumulative boundaries
+    n = 20_000
+    logits = torch.tensor([0.0, float("-inf"), 0.6931471805599453, float("-inf"), 0.0]).repeat(n, 1)
+    tokens, logprobs = sample_tokens(logits, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    freq = torch.bincount(tokens, minlength=5).double() / n
+    assert freq[1] == 0 and freq[3] == 0
+    assert (freq - torch.tensor([0.25, 0, 0.5, 0, 0.25], dtype=torch.float64)).abs().max() < 0.015  # 4σ ≈ 0.014
+    assert torch.isfinite(logprobs).all()
 
 
 def test_tokens_outside_top_k_and_top_p_are_never_drawn() -> None:
