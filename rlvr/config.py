@@ -42,8 +42,8 @@ class TaskConfig(_Section):
     """Held-out prompts scored greedily before and after training (0 = skip)."""
     system_prompt: str | None = None
     """System message placed before each prompt (None = the chat template's default)."""
-    instruction: str = ""
-    """Text appended to every prompt, e.g. how to format the answer."""
+    instruction: str = "Put the final answer inside <answer></answer> tags."
+    """Text appended to every prompt, e.g. how to format the answer (the default reward reads the tags)."""
 
 
 class RewardConfig(_Section):
@@ -116,7 +116,7 @@ class AlgoConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(20, ge=0)
+    steps: int = Field(20, ge=1)
     """Training steps (each: sample, score, update)."""
     prompts_per_step: int = Field(8, ge=1)
     """Prompts per step; each gets group_size completions."""
@@ -172,6 +172,13 @@ class RunConfig(_Section):
     algo: AlgoConfig = AlgoConfig()
     train: TrainConfig = TrainConfig()
 
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not value or "/" in value or "\\" in value or value in (".", ".."):
+            raise ValueError(f"{value!r} is not a plain directory name (no slashes; it goes under output_dir)")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _default_rewards(cls, data: Any) -> Any:
@@ -214,7 +221,8 @@ def _check_keys(data: dict[str, Any], model: type[BaseModel], where: str, prefix
     for key, value in data.items():
         full = prefix + key
         if key not in model.model_fields:
-            near = difflib.get_close_matches(full, _known_keys(RunConfig), n=1, cutoff=0.5)
+            candidates = [prefix + k for k in model.model_fields] + _known_keys(RunConfig)
+            near = difflib.get_close_matches(full, candidates, n=1, cutoff=0.5)
             hint = f"; did you mean '{near[0]}'?" if near else ""
             raise ConfigError(f"{where}: unknown config key '{full}'{hint} (`rlvr config` lists all keys)")
         sub = model.model_fields[key].annotation

@@ -157,8 +157,18 @@ def _convert_gguf(gguf_dir: Path, filename: str, target: Path) -> None:
         raise
 
 
+def _not_loadable(spec: str, err: OSError) -> ValueError:
+    return ValueError(f"cannot load model {spec!r}: it is not a local folder, and not available from the "
+                      f"Hugging Face Hub ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})")
+
+
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(spec))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(spec))
+    except OSError as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise _not_loadable(spec, err) from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -168,7 +178,12 @@ def load_model(spec: str, dtype: torch.dtype | str = "auto", device: str = "cpu"
     """A causal LM in `dtype` ("auto" = bfloat16 where the device supports it natively, else float32)."""
     if isinstance(dtype, str):
         dtype = resolve_dtype(dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(spec), dtype=dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(spec), dtype=dtype)
+    except OSError as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise _not_loadable(spec, err) from err
     return model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is narrower
 
 

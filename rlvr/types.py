@@ -25,6 +25,13 @@ class SamplingParams:
     n: int = 1
     """Completions per prompt (the group size G)."""
 
+    def __post_init__(self) -> None:
+        checks = {"temperature >= 0": self.temperature >= 0, "0 < top_p <= 1": 0 < self.top_p <= 1,
+                  "top_k >= 0": self.top_k >= 0, "max_new_tokens >= 1": self.max_new_tokens >= 1, "n >= 1": self.n >= 1}
+        broken = [rule for rule, ok in checks.items() if not ok]
+        if broken:
+            raise ValueError(f"sampling parameters: need {', '.join(broken)} (got {self})")
+
 
 @dataclass(frozen=True)
 class Completion:

@@ -80,3 +80,41 @@ def test_tasks_and_config_listings(capsys: pytest.CaptureFixture[str]) -> None:
     assert "chain_sum" in capsys.readouterr().out.split()
     assert main(["config"]) == 0
     assert "algo.clip_high = 0.28" in capsys.readouterr().out
+
+
+def test_reward_keyword_mistakes_are_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", 'rewards=[{fn="reasoning_gym", kwargs={extract="tags"}}]']) == 2
+    assert "extract='tags' is not an answer format" in capsys.readouterr().err
+    assert main(["train", 'rewards=[{fn="reasoning_gym", kwargs={extrct="tag"}}]']) == 2
+    assert "did you mean 'extract'" in capsys.readouterr().err
+
+
+def test_unknown_reward_key_names_the_nearest(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", 'rewards=[{fnn="format"}]']) == 2
+    assert "did you mean 'rewards[0].fn'" in capsys.readouterr().err
+
+
+def test_run_name_must_be_a_plain_directory_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "name=../../elsewhere"]) == 2
+    assert "not a plain directory name" in capsys.readouterr().err
+    assert main(["train", "train.steps=0"]) == 2
+    assert "train.steps" in capsys.readouterr().err
+
+
+def test_model_that_cannot_be_found_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail at once, no network retries
+    assert main(["train", "model=no-such-org/no-such-model", f"output_dir={tmp_path}", "task.size=10"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load model 'no-such-org/no-such-model'" in err
+    assert not any(tmp_path.iterdir())  # nothing half-made
+
+
+def test_bad_sampling_arguments_are_errors(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sample", "--model", str(tiny_dir), "-n", "0", "hi"]) == 2
+    assert "n >= 1" in capsys.readouterr().err
+    assert main(["sample", "--model", str(tiny_dir), "--top-p", "0", "hi"]) == 2
+    assert "0 < top_p <= 1" in capsys.readouterr().err

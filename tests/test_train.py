@@ -144,3 +144,34 @@ def test_jsonl_prompts_scored_with_math_verify(tiny_dir: Path, tmp_path: Path) -
     train(cfg, quiet=True)
     samples = [json.loads(line) for line in (tmp_path / "jsonl" / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and all("math_verify" in s["rewards"] for s in samples)
+
+
+def test_extended_run_follows_the_schedule_of_a_straight_run(tiny_dir: Path, tmp_path: Path) -> None:
+    """Resume with more steps: a linear schedule is stretched to the new length, so the resumed
+    run logs (and trains with) the same learning rates and metrics as a run that was 4 steps long
+    from the start, except steps 1-2, which ran under the 2-step schedule."""
+    linear = {"train__schedule": '"linear"'}
+    train(load_config(None, overrides(tiny_dir, tmp_path, "straight4", train__steps=4, **linear)), quiet=True)
+    straight = read_metrics(tmp_path / "straight4")
+    assert [r["lr"] for r in straight] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])  # the lr each step used
+    train(load_config(None, overrides(tiny_dir, tmp_path, "grown", **linear)), quiet=True)
+    assert [r["lr"] for r in read_metrics(tmp_path / "grown")] == pytest.approx([1e-3, 5e-4])
+    train(resume=tmp_path / "grown", overrides=("train.steps=4",), quiet=True)
+    grown = read_metrics(tmp_path / "grown")
+    # 2 of 4 optimizer steps done → factor 1 - 2/4 = 0.5, then 0.25
+    assert [r["lr"] for r in grown[2:]] == pytest.approx([5e-4, 2.5e-4])
+
+
+def test_resume_with_a_new_learning_rate_uses_it(tiny_dir: Path, tmp_path: Path) -> None:
+    train(load_config(None, overrides(tiny_dir, tmp_path, "relr")), quiet=True)
+    train(resume=tmp_path / "relr", overrides=("train.steps=3", "train.lr=5e-2"), quiet=True)
+    assert read_metrics(tmp_path / "relr")[-1]["lr"] == pytest.approx(5e-2)
+    assert load_config(tmp_path / "relr" / "config.toml").train.lr == pytest.approx(5e-2)
+
+
+def test_resume_refuses_to_change_the_model(tiny_dir: Path, tmp_path: Path) -> None:
+    train(load_config(None, overrides(tiny_dir, tmp_path, "keep")), quiet=True)
+    before = (tmp_path / "keep" / "config.toml").read_text()
+    with pytest.raises(RunDirError, match="cannot change on resume"):
+        train(resume=tmp_path / "keep", overrides=("model=/elsewhere", "train.steps=3"), quiet=True)
+    assert (tmp_path / "keep" / "config.toml").read_text() == before

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import logging
 import math
 import numbers
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.rewards.builtin import REWARDS
+from rlvr.rewards.extract import EXTRACTORS
 
 logger = logging.getLogger("rlvr.rewards")
 
@@ -92,8 +94,26 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
             raise ValueError(f"reward {name!r}: weight must be finite, got {weight}")
         if any(r.name == name for r in rewards):
             raise ValueError(f"two rewards are named {name!r}; give one a distinct 'name'")
-        rewards.append(RewardFn(name, load_callable(fn_spec), weight, dict(spec.get("kwargs", {}))))
+        fn, kwargs = load_callable(fn_spec), dict(spec.get("kwargs", {}))
+        _check_kwargs(name, fn, kwargs)
+        rewards.append(RewardFn(name, fn, weight, kwargs))
     return rewards
+
+
+def _check_kwargs(name: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """A misspelt keyword or answer format is an error now, not a silent zero reward later."""
+    if "extract" in kwargs and kwargs["extract"] not in EXTRACTORS:
+        raise ValueError(f"reward {name!r}: extract={kwargs['extract']!r} is not an answer format; "
+                         f"use one of {', '.join(EXTRACTORS)}")
+    if fn not in REWARDS.values():
+        return  # a user's function may take anything through **example
+    accepted = [p.name for p in inspect.signature(fn).parameters.values()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    for key in kwargs:
+        if key not in accepted:
+            near = difflib.get_close_matches(key, accepted, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ValueError(f"reward {name!r}: unknown keyword {key!r}{hint} (it takes {', '.join(accepted)})")
 
 
 def _warn_once(name: str, kind: str, message: str) -> None:

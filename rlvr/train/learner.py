@@ -47,6 +47,8 @@ class Learner:
     ) -> None:
         self.model = model
         self.grad_clip = grad_clip
+        self.base_lr, self.betas, self.weight_decay = lr, betas, weight_decay
+        self.applied_lr = lr  # the learning rate of the last optimizer step
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.mixed = any(p.dtype != torch.float32 for p in self.params)
         # fp32 masters for low-precision weights; plain fp32 weights are their own masters
@@ -74,6 +76,7 @@ class Learner:
         advantage), the step uses a zero gradient, so AdamW's momentum and weight decay still
         apply exactly as if the zero gradient had been computed.
         """
+        self.applied_lr = self.lr
         if all(p.grad is None for p in self.params):
             for p in self.params:
                 p.grad = torch.zeros_like(p)
@@ -102,6 +105,12 @@ class Learner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # The saved state carries the old run's hyperparameters; this learner's (e.g. a resumed run
+        # given a new lr, or more steps, which stretch a linear or cosine schedule) take over.
+        self.scheduler.base_lrs = [self.base_lr] * len(self.optimizer.param_groups)
+        for group, factor in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
+            group.update(initial_lr=self.base_lr, betas=self.betas, weight_decay=self.weight_decay,
+                         lr=self.base_lr * factor(self.scheduler.last_epoch))
         if self.mixed:
             with torch.no_grad():
                 for p, m, saved in zip(self.params, self.masters, state["masters"]):

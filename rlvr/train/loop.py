@@ -147,7 +147,7 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
         run.engine.update_weights(run.learner.model.state_dict())
     t2 = time.perf_counter()
     metrics = {"step": step, **group_metrics(groups, run.rewards[0].name), **update,
-               "lr": run.learner.lr, "epoch": run.sampler.epoch}
+               "lr": run.learner.applied_lr, "epoch": run.sampler.epoch}
     metrics |= {"generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0,
                 "tokens_per_second": metrics["tokens_generated"] / (t2 - t0)}
     return metrics, groups
@@ -210,16 +210,18 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
         run_dir = Path(resume)
         if not (run_dir / "config.toml").is_file():
             raise RunDirError(f"{run_dir} is not a run directory (no config.toml)")
+        if any(o.split("=", 1)[0].strip() in ("model", "name", "output_dir") for o in overrides):
+            raise RunDirError("model, name and output_dir belong to the run and cannot change on resume")
         cfg = load_config(run_dir / "config.toml", overrides)
         last = ckpt.latest_checkpoint(run_dir)
         if last is None:
             raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped before the "
                               "first one); start a new run, or delete this directory to reuse its name")
-        if overrides:  # e.g. train.steps=40 to extend a finished run
-            (run_dir / "config.toml").write_text(to_toml(cfg))
         run = setup(cfg, run_dir, model_spec=str(last))
         state = ckpt.load_state(last)
         _restore(run, state)
+        if overrides:  # e.g. train.steps=40 to extend a finished run; written once setup has worked
+            (run_dir / "config.toml").write_text(to_toml(cfg))
         start = int(state["step"])
         for name in ("metrics.jsonl", "samples.jsonl"):
             ckpt.truncate_jsonl(run_dir / name, start)
