@@ -175,3 +175,21 @@ def test_resume_refuses_to_change_the_model(tiny_dir: Path, tmp_path: Path) -> N
     with pytest.raises(RunDirError, match="cannot change on resume"):
         train(resume=tmp_path / "keep", overrides=("model=/elsewhere", "train.steps=3"), quiet=True)
     assert (tmp_path / "keep" / "config.toml").read_text() == before
+
+
+def test_a_run_killed_before_its_first_step_can_be_resumed(tiny_dir: Path, tmp_path: Path) -> None:
+    """The step-0 checkpoint is written before anything else runs; a run killed during step 1
+    (simulated: its later checkpoints and logs removed) resumes from it and matches a straight run."""
+    import shutil
+
+    train(load_config(None, overrides(tiny_dir, tmp_path, "straight")), quiet=True)
+    train(load_config(None, overrides(tiny_dir, tmp_path, "killed")), quiet=True)
+    killed = tmp_path / "killed"
+    for path in (killed / "checkpoints").glob("step_*"):
+        if path.name != "step_000000":
+            shutil.rmtree(path)
+    (killed / "metrics.jsonl").write_text("")
+    train(resume=killed, quiet=True)
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(killed)
+    assert [{k: v for k, v in r.items() if k not in TIMING} for r in a] == \
+        [{k: v for k, v in r.items() if k not in TIMING} for r in b]

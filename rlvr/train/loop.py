@@ -215,8 +215,8 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
         cfg = load_config(run_dir / "config.toml", overrides)
         last = ckpt.latest_checkpoint(run_dir)
         if last is None:
-            raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped before the "
-                              "first one); start a new run, or delete this directory to reuse its name")
+            raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped while being "
+                              "set up); start a new run, or delete this directory to reuse its name")
         run = setup(cfg, run_dir, model_spec=str(last))
         state = ckpt.load_state(last)
         _restore(run, state)
@@ -279,6 +279,8 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
     metrics_sink, samples_sink = JsonlSink(run.dir / "metrics.jsonl"), JsonlSink(run.dir / "samples.jsonl")
     try:
         with progress, GracefulStop(progress) as stop:
+            if start == 0 and ckpt.latest_checkpoint(run.dir) is None:
+                save(run, 0)  # a run that dies before its first checkpoint can still be resumed
             if start == 0 and "eval_before" not in summary:
                 progress.status("evaluating (before)")
                 summary["eval_before"] = evaluate(run)
