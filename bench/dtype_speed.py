@@ -10,17 +10,8 @@ import time
 import torch
 from transformers import DynamicCache
 
+from rlvr.bench import matmul_gflops
 from rlvr.models import load_model
-
-
-def gflops(m: int, k: int, n: int, dtype: torch.dtype, reps: int = 10) -> float:
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    start = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9
 
 
 def decode_step_seconds(dtype: torch.dtype, batch: int = 64, prompt: int = 60, steps: int = 5) -> float:
@@ -41,6 +32,6 @@ def decode_step_seconds(dtype: torch.dtype, batch: int = 64, prompt: int = 60, s
 
 if __name__ == "__main__":
     for dtype in (torch.float32, torch.bfloat16):
-        print(f"{str(dtype):15s} 2048^3 {gflops(2048, 2048, 2048, dtype):6.0f} GFLOP/s   "
-              f"1280x576x1536 {gflops(1280, 576, 1536, dtype):6.0f} GFLOP/s   "
+        print(f"{str(dtype):15s} 2048^3 {matmul_gflops(dtype, 2048, 2048, 2048, reps=10):6.0f} GFLOP/s   "
+              f"1280x576x1536 {matmul_gflops(dtype, 1280, 576, 1536, reps=10):6.0f} GFLOP/s   "
               f"decode step B=64 {decode_step_seconds(dtype):.3f} s")

@@ -15,24 +15,11 @@ import time
 
 import torch
 
+from rlvr.bench import fake_groups
 from rlvr.models import load_model
 from rlvr.train.learner import Learner
 from rlvr.train.update import UpdateSettings, update_policy
-from rlvr.types import Completion, Group, Sample
-
-
-def fake_groups(batch: int, group: int, prompt: int, completion: int, vocab: int) -> list[Group]:
-    g = torch.Generator().manual_seed(0)
-    groups = []
-    for p in range(batch // group):
-        prompt_ids = tuple(torch.randint(100, vocab, (prompt,), generator=g).tolist())
-        samples = []
-        for k in range(group):
-            ids = tuple(torch.randint(100, vocab, (completion,), generator=g).tolist())
-            c = Completion(ids, tuple([-1.0] * completion), "length", "")
-            samples.append(Sample(prompt_ids, c, float(k % 2), {}, p))
-        groups.append(Group("", tuple(samples)))
-    return groups
+from rlvr.types import Group
 
 
 def naive_step(model: torch.nn.Module, learner: Learner, groups: list[Group]) -> None:
