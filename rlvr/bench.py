@@ -42,7 +42,7 @@ def matmul_gflops(dtype: torch.dtype, m: int = 1024, k: int = 576, n: int = 1536
     return 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9
 
 
-def _prompts(tokenizer: Any, count: int) -> list[list[int]]:
+def prompt_ids(tokenizer: Any, count: int) -> list[list[int]]:
     from rlvr.data import reasoning_gym_examples, render_prompt
 
     examples = reasoning_gym_examples("chain_sum", size=count, seed=0, params=TASK, instruction=INSTRUCTION)
@@ -58,7 +58,7 @@ def part_generate(batch_sizes: list[int], new_tokens: int) -> dict[str, Any]:
     rows = []
     for batch in batch_sizes:
         group = min(8, batch)  # G samples per prompt, as in GRPO
-        ids = _prompts(tokenizer, max(1, batch // group))
+        ids = prompt_ids(tokenizer, max(1, batch // group))
         engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch)  # no EOS: full length
         engine.generate(ids[:1], SamplingParams(max_new_tokens=2, n=1))
         start = time.perf_counter()

@@ -1,7 +1,7 @@
 """The learner: owns the policy's weights, the optimizer and the learning-rate schedule.
 
-Precision "bf16" keeps the model's weights in bfloat16 (fast matrix products on CPUs with
-AVX512-BF16 and on GPUs) and an fp32 master copy inside AdamW: after backward, bf16 gradients are
+Precision "bf16" keeps the model's weights in bfloat16 (faster matrix products on GPUs and on
+CPUs where bf16 is measured faster, see rlvr.models.fast_bf16) and an fp32 master copy inside AdamW: after backward, bf16 gradients are
 copied to the fp32 masters, clipped and stepped there, and the masters are rounded back into the
 model. Updates smaller than bf16's resolution therefore accumulate instead of vanishing, which is
 the instability of plain bf16 training. Precision "fp32" trains the model's own fp32 weights.
