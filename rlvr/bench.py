@@ -3,8 +3,9 @@ shared, noisy machine. Each part runs in its own subprocess (a clean peak-memory
 allocator state carried over) and prints one JSON line; the parent prints the table.
 
 Parts:
-  generate  rlvr's engine vs HF `generate` (and llama.cpp when llama-cpp-python is installed) on
-            the bundled model, every row forced to the same length, at several batch sizes
+  generate  rlvr's engine (both decoders) vs HF `generate` and llama.cpp (when llama-cpp-python
+            is installed) on the bundled model, every row forced to the same length, at several
+            batch sizes
   learner   one GRPO update: tokens/s, achieved GFLOP/s (6 × parameters per token) against a
             matrix product of the model's shapes measured in the same process, and peak RSS
   grpo      one GRPO step end to end, rlvr vs TRL's GRPOTrainer at identical settings (needs `trl`)
@@ -12,6 +13,7 @@ Parts:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import resource
 import subprocess
@@ -49,7 +51,7 @@ def prompt_ids(tokenizer: Any, count: int) -> list[list[int]]:
     return [render_prompt(tokenizer, ex.prompt) for ex in examples]
 
 
-def part_generate(batch_sizes: list[int], new_tokens: int) -> dict[str, Any]:
+def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = True) -> dict[str, Any]:
     from rlvr.models import load_model, load_tokenizer
     from rlvr.rollout.engine import EmbeddedEngine
     from rlvr.types import SamplingParams
@@ -59,22 +61,38 @@ def part_generate(batch_sizes: list[int], new_tokens: int) -> dict[str, Any]:
     for batch in batch_sizes:
         group = min(8, batch)  # G samples per prompt, as in GRPO
         ids = prompt_ids(tokenizer, max(1, batch // group))
-        engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch)  # no EOS: full length
-        engine.generate(ids[:1], SamplingParams(max_new_tokens=2, n=1))
-        start = time.perf_counter()
-        engine.generate(ids, SamplingParams(max_new_tokens=new_tokens, n=group))
-        ours = batch * new_tokens / (time.perf_counter() - start)
+        params = SamplingParams(max_new_tokens=new_tokens, n=group)
+        row: dict[str, Any] = {"batch": batch}
+        for decoder in ("static", "hf"):
+            engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch,  # no EOS: full length
+                                    decoder=decoder)  # type: ignore[arg-type]
+            engine.generate(ids[:1], SamplingParams(max_new_tokens=2, n=1))
+            start = time.perf_counter()
+            engine.generate(ids, params)
+            row[f"rlvr_{decoder}_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
         tokenizer.padding_side = "left"
         padded = tokenizer.pad({"input_ids": [i for i in ids for _ in range(group)]}, return_tensors="pt")
         start = time.perf_counter()
         model.generate(**padded,  # type: ignore[operator]
                        do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens, top_k=0,
                        top_p=1.0, temperature=1.0, pad_token_id=tokenizer.pad_token_id)
-        hf = batch * new_tokens / (time.perf_counter() - start)
-        rows.append({"batch": batch, "rlvr_tok_s": round(ours, 1), "hf_generate_tok_s": round(hf, 1),
-                     "ratio_vs_hf": round(ours / hf, 2)})
-    return {"part": "generate", "dtype": str(model.dtype), "new_tokens": new_tokens, "rows": rows,
-            "llama_cpp": "not measured: `rlvr bench` does not drive llama-cpp-python yet"}
+        row["hf_generate_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
+        row["llama_cpp_tok_s"] = _llama_cpp(ids, group, new_tokens) if llama_cpp else "skipped"
+        row["rlvr_vs_hf"] = round(row["rlvr_static_tok_s"] / row["hf_generate_tok_s"], 2)
+        if isinstance(row["llama_cpp_tok_s"], float):
+            row["rlvr_vs_llama_cpp"] = round(row["rlvr_static_tok_s"] / row["llama_cpp_tok_s"], 2)
+        rows.append(row)
+    return {"part": "generate", "dtype": str(model.dtype), "new_tokens": new_tokens, "rows": rows}
+
+
+def _llama_cpp(ids: list[list[int]], group: int, new_tokens: int) -> float | str:
+    """llama.cpp tokens/s, or why it was not measured."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "not installed (pip install llama-cpp-python)"
+    from rlvr.bench_llama_cpp import llama_cpp_tok_s
+
+    llama_cpp_tok_s(ids[:1], 1, 2, threads=torch.get_num_threads())  # warm-up
+    return round(llama_cpp_tok_s(ids, group, new_tokens, threads=torch.get_num_threads())["tok_s"], 1)
 
 
 def part_learner(batch: int, prompt: int, completion: int, micro_batch: int) -> dict[str, Any]:

@@ -5,8 +5,9 @@ the demo's instruction), G completions per prompt, the same maximum length, temp
 top-k/top-p, learning rate 1e-6, no KL term, one optimizer step per batch, and the same reward
 (reasoning-gym's score of the tag-or-last-number answer). Each side runs in its best CPU
 configuration: rlvr with "auto" precision (measured per CPU), TRL in fp32 without gradient
-checkpointing (its `bf16=True` autocast was no faster on CPU; see ../shared/reference). The
-first step of each warms up and is not counted.
+checkpointing (its `bf16=True` autocast was no faster on CPU; see ../shared/reference), both
+with micro-batches of min(16, P·G) sequences accumulated into one optimizer step (a single
+64-sequence batch made TRL run out of 24 GB). The first step of each warms up and is not counted.
 """
 
 from __future__ import annotations
@@ -84,13 +85,16 @@ def trl_steps(prompts: int, group: int, max_new_tokens: int, steps: int) -> dict
             if logs and "completions/mean_length" in logs:
                 lengths.append(float(logs["completions/mean_length"]))
 
+    micro = min(16, prompts * group)
     path = resolve_model_path(MODEL)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
             output_dir=out, use_cpu=True, bf16=False, use_vllm=False, num_generations=group,
-            per_device_train_batch_size=prompts * group, gradient_accumulation_steps=1,
+            # rlvr's micro-batch (min(16, P·G)) with gradient accumulation to one optimizer step
+            # per P·G completions; TRL generates the whole P·G batch at once either way
+            per_device_train_batch_size=micro, gradient_accumulation_steps=prompts * group // micro,
             max_completion_length=max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, learning_rate=1e-6,
             beta=0.0, max_steps=steps, logging_steps=1, save_strategy="no", report_to="none",
             gradient_checkpointing=False, dataloader_num_workers=0, seed=0,

@@ -32,27 +32,40 @@ def steer(model: PreTrainedModel, follow: dict[int, int], bonus: float = 100.0) 
     """Add `bonus` to the logit of token follow[t] at every position whose input token is t.
 
     The change depends only on the current input token, so cached decoding and a full forward
-    pass see the same model.
+    pass see the same model. It hooks the embedding (to see the input ids) and the LM head (to
+    change the logits), which both decoders call, so it steers either.
     """
     table_V = torch.full((model.config.vocab_size,), -1, dtype=torch.long)
     for current, nxt in follow.items():
         table_V[current] = nxt
+    seen: list[torch.Tensor] = []
 
-    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        ids_BT = kwargs["input_ids"]
-        logits = output.logits
+    def remember_ids(module: torch.nn.Module, args: tuple, output: Any) -> None:
+        seen[:] = [args[0]]
+
+    def add_bonus(module: torch.nn.Module, args: tuple, logits: torch.Tensor) -> torch.Tensor:
+        ids_BT = seen[0]
         nxt_BT = table_V[ids_BT[:, ids_BT.shape[1] - logits.shape[1] :]]  # logits_to_keep may cut T
         b, t = (nxt_BT >= 0).nonzero(as_tuple=True)
         bias = torch.zeros_like(logits)
         bias[b, t, nxt_BT[b, t]] = bonus
-        output.logits = logits + bias
-        return output
+        return logits + bias
 
-    handle = model.register_forward_hook(hook, with_kwargs=True)
+    handles = [
+        model.get_input_embeddings().register_forward_hook(remember_ids),
+        model.lm_head.register_forward_hook(add_bonus),
+    ]
     try:
         yield
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
+
+
+@pytest.fixture(params=["static", "hf"])
+def decoder(request: pytest.FixtureRequest) -> str:
+    """Every engine test runs with both decoders."""
+    return str(request.param)
 
 
 def everything_to(token: int, vocab_size: int = 259) -> dict[int, int]:
@@ -84,8 +97,8 @@ def reference_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: 
     return ids[len(prompt) :]
 
 
-def test_output_shape_and_prompt_order(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], max_batch_size=4)
+def test_output_shape_and_prompt_order(tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str) -> None:
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], max_batch_size=4, decoder=decoder)
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     tiny_model.train()
     out = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=4, n=3))
@@ -113,10 +126,10 @@ def test_output_shape_and_prompt_order(tiny_model: Model, tiny_tokenizer: Tokeni
 )
 @pytest.mark.parametrize("early_eos", [False, True], ids=["full-length", "early-eos"])
 def test_logprobs_equal_full_sequence_recompute(
-    tiny_model: Model, tiny_tokenizer: Tokenizer, params: SamplingParams, early_eos: bool
+    tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str, params: SamplingParams, early_eos: bool
 ) -> None:
     # max_batch_size 6 with n = 3 puts two prompts in a chunk, so chunking is exercised too.
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], max_batch_size=6, seed=3)
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], max_batch_size=6, seed=3, decoder=decoder)
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     # early_eos: +4 on EOS everywhere makes p(EOS) ~ 0.2 per step, so rows leave the batch at different steps
     with steer(tiny_model, everything_to(EOS_ID), bonus=4.0 if early_eos else 0.0):
@@ -134,16 +147,16 @@ def test_logprobs_equal_full_sequence_recompute(
         assert lengths == [params.max_new_tokens] * 9
 
 
-def test_length_finish_when_eos_never_comes(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+def test_length_finish_when_eos_never_comes(tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str) -> None:
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder=decoder)
     with steer(tiny_model, everything_to(EOS_ID), bonus=-1e4):
         out = engine.generate([encode(tiny_tokenizer, p) for p in PROMPTS], SamplingParams(max_new_tokens=5, n=2))
     for c in (c for g in out for c in g):
         assert c.finish_reason == "length" and len(c.token_ids) == 5 and EOS_ID not in c.token_ids
 
 
-def test_eos_stops_and_is_kept_as_last_token(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+def test_eos_stops_and_is_kept_as_last_token(tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str) -> None:
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder=decoder)
     x, a = encode(tiny_tokenizer, "xa")
     # prompt "...x" → "a" → EOS
     with steer(tiny_model, {x: a, a: EOS_ID}):
@@ -154,8 +167,8 @@ def test_eos_stops_and_is_kept_as_last_token(tiny_model: Model, tiny_tokenizer: 
         assert c.logprobs == pytest.approx([0.0, 0.0], abs=1e-6)  # a +100 bonus makes both certain
 
 
-def test_any_of_several_eos_ids_stops(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID, 1])
+def test_any_of_several_eos_ids_stops(tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str) -> None:
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID, 1], decoder=decoder)
     with steer(tiny_model, everything_to(1)):
         out = engine.generate([encode(tiny_tokenizer, "hi")], SamplingParams(max_new_tokens=10))
     assert out[0][0].token_ids == (1,) and out[0][0].finish_reason == "stop"
@@ -172,9 +185,9 @@ def test_any_of_several_eos_ids_stops(tiny_model: Model, tiny_tokenizer: Tokeniz
     ],
 )
 def test_stop_strings(
-    tiny_model: Model, tiny_tokenizer: Tokenizer, stop: tuple[str, ...], text: str
+    tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str, stop: tuple[str, ...], text: str
 ) -> None:
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder=decoder)
     x, a, z = encode(tiny_tokenizer, "xaz")
     e1, e2 = encode(tiny_tokenizer, "é")
     # prompt "...x" → a, é (two byte tokens), z, z, z, ...; the prompt itself contains "é zz"
@@ -187,8 +200,8 @@ def test_stop_strings(
         assert len(c.token_ids) == len(text.encode())
 
 
-def test_greedy_equals_reference_loop(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+def test_greedy_equals_reference_loop(tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str) -> None:
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder=decoder)
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     out = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8, n=2))
     for prompt, group in zip(prompts, out):
@@ -197,23 +210,23 @@ def test_greedy_equals_reference_loop(tiny_model: Model, tiny_tokenizer: Tokeniz
         assert [list(c.token_ids) for c in group] == [expected, expected]
 
 
-def test_same_seed_same_samples_different_seed_different(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+def test_same_seed_same_samples_different_seed_different(tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str) -> None:
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     params = SamplingParams(temperature=1.0, max_new_tokens=5, n=2)
 
     def run(seed: int) -> list[list[Completion]]:
-        return EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=seed).generate(prompts, params)
+        return EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=seed, decoder=decoder).generate(prompts, params)
 
     assert run(0) == run(0)
     assert run(0) != run(1)
     # one engine advances its generator: the next call samples afresh
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=0)
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=0, decoder=decoder)
     assert engine.generate(prompts, params) != engine.generate(prompts, params)
 
 
-def test_finished_rows_do_not_change_the_others(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+def test_finished_rows_do_not_change_the_others(tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str) -> None:
     """Greedy: a batch where the middle row stops early gives each row what it gives alone."""
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder=decoder)
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
     prompts = [encode(tiny_tokenizer, p) for p in ["The quick brown fox", "hi", "a, b"]]
     free = [engine.generate([p], params)[0][0].token_ids for p in prompts]
@@ -233,13 +246,68 @@ def test_finished_rows_do_not_change_the_others(tiny_model: Model, tiny_tokenize
     assert rows[0].token_ids == free[0] and rows[2].token_ids == free[2]
 
 
-def test_update_weights_changes_outputs(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+def test_update_weights_changes_outputs(tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str) -> None:
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder=decoder)
     before = engine.generate(prompts, params)
     other = make_tiny_model(seed=1)
     engine.update_weights(other.state_dict())
     after = engine.generate(prompts, params)
     assert after != before
-    assert after == EmbeddedEngine(other, tiny_tokenizer, eos_token_ids=[EOS_ID]).generate(prompts, params)
+    assert after == EmbeddedEngine(other, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder=decoder).generate(prompts, params)
+
+
+@torch.no_grad()
+def test_static_decoder_matches_hf_past_buffer_growth_and_compaction(
+    tiny_model: Model, tiny_tokenizer: Tokenizer
+) -> None:
+    """70 new tokens outgrow the first key/value block (64 columns); EOS steered in at different
+    steps makes the static decoder compact its buffers. Both decoders must agree token for token."""
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    params = SamplingParams(temperature=1.0, max_new_tokens=70, n=4)
+    outs = {}
+    with steer(tiny_model, everything_to(EOS_ID), bonus=2.5):  # p(EOS) ~ 0.05 per step
+        for decoder in ("static", "hf"):
+            engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=5, decoder=decoder)
+            outs[decoder] = engine.generate(prompts, params)
+    static, hf = ([c for g in outs[d] for c in g] for d in ("static", "hf"))
+    lengths = sorted(len(c.token_ids) for c in static)
+    # a quarter of the 12 rows stopped early (so the buffers were compacted), and some ran on
+    assert lengths[3] < 70 and lengths[-1] == 70, lengths
+    assert [c.token_ids for c in static] == [c.token_ids for c in hf]
+    for s, h in zip(static, hf):
+        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(h.logprobs), atol=1e-4, rtol=0)
+
+
+def test_static_decoder_handles_qkv_bias(tiny_tokenizer: Tokenizer) -> None:
+    """Qwen2 has biases on the query/key/value projections; the fused projection must add them."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, use_sliding_window=False,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.k_proj.bias.normal_(std=0.5)
+            layer.self_attn.q_proj.bias.normal_(std=0.5)
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    static = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static").generate(prompts, params)
+    for prompt, group in zip(prompts, static):
+        assert list(group[0].token_ids) == reference_greedy(model, prompt, 8)
+
+
+def test_unsupported_architecture_falls_back_to_hf(tiny_tokenizer: Tokenizer) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=259, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
+    engine = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID])
+    assert engine.decoder == "hf"
+    out = engine.generate([encode(tiny_tokenizer, "hi")], SamplingParams(temperature=0.0, max_new_tokens=3))
+    assert list(out[0][0].token_ids) == reference_greedy(model, encode(tiny_tokenizer, "hi"), 3)
+    with pytest.raises(ValueError, match="'gpt2' is not one of"):
+        EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")

@@ -7,17 +7,22 @@ The embedded engine runs any Hugging Face causal LM on CPU or one GPU:
   string, or max_new_tokens) leaves the running batch at once, so finished sequences cost nothing;
 - token ids are returned exactly as sampled, with the log-probability of each under the sampling
   distribution (rlvr.rollout.sampling).
+
+Two decoders run the steps after the prefill: `"static"` (rlvr.rollout.static_decode: a
+preallocated cache and fused projections, for Llama-family models) and `"hf"` (the model's own
+forward with a `DynamicCache`, for any causal LM). `decoder="auto"` picks static where it applies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr.rollout.sampling import sample_tokens
+from rlvr.rollout.static_decode import FusedWeights, StaticDecoder, unsupported_reason
 from rlvr.types import Completion, FinishReason, SamplingParams
 
 
@@ -47,7 +52,14 @@ class EmbeddedEngine:
         eos_token_ids: Iterable[int],
         max_batch_size: int = 64,
         seed: int = 0,
+        decoder: Literal["auto", "static", "hf"] = "auto",
     ) -> None:
+        reason = unsupported_reason(model)
+        if decoder == "static" and reason:
+            raise ValueError(f"decoder='static' cannot run this model: {reason}; use decoder='hf'")
+        if decoder not in ("auto", "static", "hf"):
+            raise ValueError(f"decoder must be 'auto', 'static' or 'hf', not {decoder!r}")
+        self.decoder = "static" if decoder == "static" or (decoder == "auto" and reason is None) else "hf"
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(set(eos_token_ids))
@@ -73,9 +85,11 @@ class EmbeddedEngine:
         was_training = self.model.training
         self.model.eval()
         try:
+            with torch.no_grad():  # fused once per call, so the learner's latest weights are used
+                weights = FusedWeights(self.model) if self.decoder == "static" else None
             for start in range(0, len(prompts), per_chunk):
                 chunk = prompts[start : start + per_chunk]
-                out += self._generate_chunk(chunk, params)
+                out += self._generate_chunk(chunk, params, weights)
                 if progress:
                     progress(len(chunk))
         finally:
@@ -83,12 +97,16 @@ class EmbeddedEngine:
         return out
 
     @torch.no_grad()
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def _generate_chunk(
+        self, prompts: list[list[int]], params: SamplingParams, weights: FusedWeights | None
+    ) -> list[list[Completion]]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
         n, eos = params.n, torch.tensor(self.eos_token_ids, device=self.device)
-        cache, logits, mask_BT = self._prefill(prompts, n)
-        next_pos_B = mask_BT.sum(-1)
+        cache, logits_PV, mask_PT = self._prefill(prompts)
+        logits = logits_PV.repeat_interleave(n, 0)
+        decoder = StaticDecoder(self.model, weights, cache, mask_PT, n) if weights else HFDecoder(self.model, cache, mask_PT, n)
+        del cache
         rows = torch.arange(len(prompts) * n, device=self.device)  # which sample each running row is
         tokens: list[list[int]] = [[] for _ in range(len(prompts) * n)]
         logps: list[list[float]] = [[] for _ in range(len(prompts) * n)]
@@ -114,24 +132,19 @@ class EmbeddedEngine:
                 break
             if not keep_B.all():  # finished sequences leave the running batch
                 idx = keep_B.nonzero().squeeze(-1)
-                cache.batch_select_indices(idx)
-                rows, tok_B, mask_BT, next_pos_B = rows[idx], tok_B[idx], mask_BT[idx], next_pos_B[idx]
-            mask_BT = torch.cat([mask_BT, mask_BT.new_ones(len(rows), 1)], dim=-1)
-            logits = self.model(
-                input_ids=tok_B[:, None], attention_mask=mask_BT, position_ids=next_pos_B[:, None],
-                past_key_values=cache, use_cache=True,
-            ).logits[:, -1]
-            next_pos_B = next_pos_B + 1
+                decoder.keep(idx)
+                rows, tok_B = rows[idx], tok_B[idx]
+            logits = decoder.step(tok_B)
         return [
             [self._completion(tokens[i * n + j], logps[i * n + j], reasons[i * n + j]) for j in range(n)]
             for i in range(len(prompts))
         ]
 
-    def _prefill(self, prompts: list[list[int]], n: int) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
-        """Prefill each prompt once, then repeat its KV cache for its n samples.
+    def _prefill(self, prompts: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """Prefill each prompt once (the decoders repeat the cache for the n samples).
 
-        Returns (cache, next-token logits_BV, attention mask_BT) with B = len(prompts) · n. Prompts
-        are left-padded; positions count real tokens only, as in the learner's right-padded rows.
+        Returns (cache, next-token logits_PV, attention mask_PT). Prompts are left-padded;
+        positions count real tokens only, as in the learner's right-padded rows.
         """
         width = max(len(p) for p in prompts)
         ids_PT = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -146,9 +159,6 @@ class EmbeddedEngine:
             input_ids=ids_PT, attention_mask=mask_PT, position_ids=pos_PT,
             past_key_values=cache, use_cache=True, logits_to_keep=1,
         ).logits[:, -1]
-        if n > 1:
-            cache.batch_repeat_interleave(n)
-            logits, mask_PT = logits.repeat_interleave(n, 0), mask_PT.repeat_interleave(n, 0)
         return cache, logits, mask_PT
 
     def _hit_stop(self, rows: torch.Tensor, tokens: list[list[int]], stop: tuple[str, ...], max_stop: int) -> torch.Tensor:
@@ -163,3 +173,29 @@ class EmbeddedEngine:
             token_ids=tuple(ids), logprobs=tuple(logps), finish_reason=reason,
             text=str(self.tokenizer.decode(ids, skip_special_tokens=True)),
         )
+
+
+class HFDecoder:
+    """Decode steps through the model's own forward and a `DynamicCache`: works for any causal LM."""
+
+    def __init__(self, model: PreTrainedModel, cache: DynamicCache, mask_PT: torch.Tensor, n: int) -> None:
+        """`cache` and `mask_PT` hold one row per prompt; each is repeated for its n samples."""
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+        self.model, self.cache, self.mask_BT = model, cache, mask_PT.repeat_interleave(n, 0)
+        self.next_pos_B = self.mask_BT.sum(-1)
+
+    def keep(self, idx: torch.Tensor) -> None:
+        """Keep only running rows `idx`."""
+        self.cache.batch_select_indices(idx)
+        self.mask_BT, self.next_pos_B = self.mask_BT[idx], self.next_pos_B[idx]
+
+    def step(self, tok_B: torch.Tensor) -> torch.Tensor:
+        """Feed one token per running row; return the next-token logits."""
+        self.mask_BT = torch.cat([self.mask_BT, self.mask_BT.new_ones(len(tok_B), 1)], dim=-1)
+        logits = self.model(
+            input_ids=tok_B[:, None], attention_mask=self.mask_BT, position_ids=self.next_pos_B[:, None],
+            past_key_values=self.cache, use_cache=True,
+        ).logits[:, -1]
+        self.next_pos_B = self.next_pos_B + 1
+        return logits

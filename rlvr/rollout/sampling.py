@@ -16,7 +16,7 @@ def process_logits(
     sampled token is exactly that of the sampling distribution.
     """
     logits_BV = logits_BV.float()
-    if temperature > 0:
+    if temperature > 0 and temperature != 1:
         logits_BV = logits_BV / temperature
     if 0 < top_k < logits_BV.shape[-1]:
         kth_B1 = torch.topk(logits_BV, top_k, dim=-1).values[:, -1:]
