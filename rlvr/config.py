@@ -75,6 +75,8 @@ class EngineConfig(_Section):
     """Rollout dtype; "auto" = bfloat16 on a bf16 GPU, or on a CPU where bf16 is measured faster than fp32."""
     max_batch_size: int = Field(64, ge=1)
     """Most sequences decoded together; finished sequences leave the batch at once."""
+    decoder: Literal["auto", "static", "hf"] = "auto"
+    """Decode steps: "static" (preallocated KV cache, fused projections; Llama/Mistral/Qwen2), "hf" (the model's own forward; any causal LM), "auto" = static where it applies."""
 
 
 class AlgoConfig(_Section):

@@ -311,3 +311,19 @@ def test_unsupported_architecture_falls_back_to_hf(tiny_tokenizer: Tokenizer) ->
     assert list(out[0][0].token_ids) == reference_greedy(model, encode(tiny_tokenizer, "hi"), 3)
     with pytest.raises(ValueError, match="'gpt2' is not one of"):
         EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+
+
+def test_static_decoder_sees_in_place_parameter_changes(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    """The fused weight copies are cached between calls; an optimizer-style in-place update to a
+    parameter must invalidate them."""
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+    before = engine.generate(prompts, params)
+    assert engine.generate(prompts, params) == before  # cached copies, same weights
+    with torch.no_grad():
+        tiny_model.model.layers[1].mlp.down_proj.weight.mul_(-3.0)
+    after = engine.generate(prompts, params)
+    assert after != before
+    for prompt, group in zip(prompts, after):
+        assert list(group[0].token_ids) == reference_greedy(tiny_model, prompt, 6)

@@ -67,6 +67,7 @@ class EmbeddedEngine:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._fused: tuple[tuple[tuple[int, int], ...], FusedWeights] | None = None
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -85,8 +86,7 @@ class EmbeddedEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():  # fused once per call, so the learner's latest weights are used
-                weights = FusedWeights(self.model) if self.decoder == "static" else None
+            weights = self._fused_weights() if self.decoder == "static" else None
             for start in range(0, len(prompts), per_chunk):
                 chunk = prompts[start : start + per_chunk]
                 out += self._generate_chunk(chunk, params, weights)
@@ -160,6 +160,19 @@ class EmbeddedEngine:
             past_key_values=cache, use_cache=True, logits_to_keep=1,
         ).logits[:, -1]
         return cache, logits, mask_PT
+
+    @torch.no_grad()
+    def _fused_weights(self) -> FusedWeights:
+        """The static decoder's weight copies, rebuilt only when a parameter has changed.
+
+        Every in-place change to a tensor (an optimizer step, `load_state_dict`, `copy_`) bumps
+        its version counter, so comparing versions tells whether the copies are stale.
+        """
+        versions = tuple((id(p), p._version) for p in self.model.parameters())
+        if self._fused is None or self._fused[0] != versions:
+            self._fused = None  # free the old copies before making new ones
+            self._fused = (versions, FusedWeights(self.model))
+        return self._fused[1]
 
     def _hit_stop(self, rows: torch.Tensor, tokens: list[list[int]], stop: tuple[str, ...], max_stop: int) -> torch.Tensor:
         # A token holds at least one byte of text (byte-level BPE splits a character across

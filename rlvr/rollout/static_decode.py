@@ -8,8 +8,9 @@ module runs the same weights with
 - one preallocated key/value buffer per layer, written in place one column per step (grown in
   blocks when full);
 - the query, key and value projections fused into one matrix product, and the MLP's gate and up
-  projections into another (the fused weights are copied from the model at the start of every
-  `generate` call, so learner updates are always seen);
+  projections into another, all stored as contiguous [in, out] matrices (a copy of the layer
+  weights, ~0.8× the model's size; the engine rebuilds it when a parameter's version counter
+  shows a change, so learner updates are always seen);
 - attention for the single new token as two batched matrix products over the key/value heads,
   with the query heads of each group stacked, so nothing is repeated;
 - finished rows kept in the buffers until a quarter of them are dead, then removed in one

@@ -105,7 +105,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
     shared = engine_dtype == train_dtype
     engine_model = model if shared else copy.deepcopy(model).to(engine_dtype)  # type: ignore[arg-type]
     engine = EmbeddedEngine(engine_model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
-                            max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed)
+                            max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed, decoder=cfg.engine.decoder)
     ref_model = None
     if cfg.algo.kl_coef > 0:
         ref_model = load_model(cfg.model, train_dtype).eval().requires_grad_(False)
