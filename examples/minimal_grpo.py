@@ -23,6 +23,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--lr", type=float, default=2e-5)
     args = p.parse_args()
+    rlvr.keep_freed_memory()  # glibc malloc: reuse freed memory, don't page-fault it back (~1.4x learner speed)
 
     # The policy, sampled by the embedded engine and trained by the learner: one set of weights.
     tokenizer = rlvr.load_tokenizer(args.model)

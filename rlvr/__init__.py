@@ -12,6 +12,7 @@ The public API, importable from `rlvr` directly (loaded on first use, so `import
     generate_groups, group_metrics              rollouts + scoring (rlvr.train.rollouts)
     Learner, UpdateSettings, update_policy, compute_advantages         learning (rlvr.train)
     ESTIMATORS, LOSSES, KL_ESTIMATORS, aggregate_loss                  algorithms (rlvr.algos)
+    keep_freed_memory                           CPU malloc tuning for training processes (rlvr.runtime)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _EXPORTS = {
     "rlvr.train.learner": ["Learner"],
     "rlvr.train.update": ["UpdateSettings", "update_policy", "compute_advantages"],
     "rlvr.algos": ["ESTIMATORS", "LOSSES", "KL_ESTIMATORS", "aggregate_loss"],
+    "rlvr.runtime": ["keep_freed_memory"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -95,12 +95,17 @@ def _llama_cpp(ids: list[list[int]], group: int, new_tokens: int) -> float | str
     return round(llama_cpp_tok_s(ids, group, new_tokens, threads=torch.get_num_threads())["tok_s"], 1)
 
 
-def part_learner(batch: int, prompt: int, completion: int, micro_batch: int) -> dict[str, Any]:
+def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, checkpointing: bool = False) -> dict[str, Any]:
     from rlvr.models import load_model
     from rlvr.train.learner import Learner
     from rlvr.train.update import UpdateSettings, update_policy
 
+    from rlvr.runtime import keep_freed_memory
+
+    keep_freed_memory()  # as `rlvr train` does
     model = load_model(MODEL, "auto")
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = sum(p.numel() for p in model.parameters())
     learner = Learner(model, lr=1e-6)
     groups = fake_groups(batch, min(8, batch), prompt, completion, model.config.vocab_size)
@@ -112,7 +117,8 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int) -> 
     tokens = batch * (prompt + completion)
     achieved = 6 * params * tokens / seconds / 1e9
     ceiling = matmul_gflops(model.dtype)
-    return {"part": "learner", "dtype": str(model.dtype), "batch": batch, "tokens": tokens,
+    return {"part": "learner", "dtype": str(model.dtype), "batch": batch, "micro_batch": micro_batch,
+            "activation_checkpointing": checkpointing, "tokens": tokens,
             "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1), "gflops": round(achieved, 1),
             "matmul_gflops": round(ceiling, 1), "fraction_of_matmul": round(achieved / ceiling, 3),
             "peak_rss_gb": round(peak_rss_gb(), 2)}
@@ -152,6 +158,20 @@ def _part_grpo(**kwargs: Any) -> dict[str, Any]:
     from rlvr.bench_grpo import part_grpo
 
     return part_grpo(**kwargs)
+
+
+def compare_grpo(prompts: int, group: int, max_new_tokens: int, steps: int) -> dict[str, Any]:
+    """One GRPO step, rlvr vs TRL, each side in its own fresh process."""
+    shape = {"prompts": prompts, "group": group, "max_new_tokens": max_new_tokens, "steps": steps}
+    ours, theirs = (run_part("grpo", side=side, **shape) for side in ("rlvr", "trl"))
+    result: dict[str, Any] = {"part": "grpo", **shape, "rlvr": ours, "trl": theirs}
+    if "error" in ours or "error" in theirs:
+        return result
+    result["speedup"] = round(theirs["s_per_step"] / ours["s_per_step"], 2)
+    rates = [side["completion_tokens_per_step"] / side["s_per_step"] for side in (ours, theirs)]
+    result["rlvr_tokens_per_s"], result["trl_tokens_per_s"] = round(rates[0], 1), round(rates[1], 1)
+    result["speedup_per_token"] = round(rates[0] / rates[1], 2)
+    return result
 
 
 def run_part(part: str, **kwargs: Any) -> dict[str, Any]:

@@ -107,14 +107,13 @@ def trl_steps(prompts: int, group: int, max_new_tokens: int, steps: int) -> dict
             "steps": times}
 
 
-def part_grpo(prompts: int, group: int, max_new_tokens: int, steps: int) -> dict[str, Any]:
+def part_grpo(side: str, prompts: int, group: int, max_new_tokens: int, steps: int) -> dict[str, Any]:
+    """One side of the comparison; each side runs in its own process (rlvr.bench.compare_grpo),
+    so TRL's process has neither rlvr's malloc tuning nor rlvr's allocator state."""
+    if side == "rlvr":
+        return {"part": "grpo", "side": side, **rlvr_steps(prompts, group, max_new_tokens, steps)}
     try:
         import trl  # noqa: F401
     except ImportError:
         return {"part": "grpo", "error": "TRL is not installed: pip install 'rlvr[bench]'"}
-    ours = rlvr_steps(prompts, group, max_new_tokens, steps)
-    theirs = trl_steps(prompts, group, max_new_tokens, steps)
-    return {"part": "grpo", "prompts": prompts, "group": group, "max_new_tokens": max_new_tokens,
-            "rlvr": ours, "trl": theirs, "speedup": theirs["s_per_step"] / ours["s_per_step"],
-            "rlvr_tokens_per_s": ours["completion_tokens_per_step"] / ours["s_per_step"],
-            "trl_tokens_per_s": theirs["completion_tokens_per_step"] / theirs["s_per_step"]}
+    return {"part": "grpo", "side": side, **trl_steps(prompts, group, max_new_tokens, steps)}

@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     # Like `python -m`: modules in the current directory can be named by dotted paths (rewards).
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    from rlvr.runtime import keep_freed_memory
+
+    keep_freed_memory()  # malloc reuses freed memory instead of page-faulting it back in; see rlvr.runtime
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
     if args.command in ("train", "sample"):
@@ -123,25 +126,26 @@ def _sample(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import platform
 
-    from rlvr.bench import run_part
+    from rlvr.bench import compare_grpo, run_part
 
     print(f"# rlvr bench, {time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs", flush=True)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in ("generate", "learner", "grpo")]
+    if unknown:
+        raise ValueError(f"unknown bench part {unknown[0]!r}; use generate, learner, grpo")
     for part in parts:
         if part == "generate":
             sizes = [int(b) for b in args.batch_sizes.split(",")]
-            results = [run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens)]
+            print(json.dumps(run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens)), flush=True)
         elif part == "learner":
-            results = [run_part("learner", batch=16, prompt=64, completion=192, micro_batch=8)]
-        elif part == "grpo":
-            shapes = [tuple(int(x) for x in s.split("x")) for s in args.grpo_shapes.split(",")]
-            results = [run_part("grpo", prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps)
-                       for p, g in shapes]
+            for micro, checkpointing in ((8, False), (4, True)):  # fastest, and smallest memory
+                print(json.dumps(run_part("learner", batch=16, prompt=64, completion=192, micro_batch=micro,
+                                          checkpointing=checkpointing)), flush=True)
         else:
-            raise ValueError(f"unknown bench part {part!r}; use generate, learner, grpo")
-        for result in results:
-            print(json.dumps(result), flush=True)
+            for p, g in [tuple(int(x) for x in s.split("x")) for s in args.grpo_shapes.split(",")]:
+                print(json.dumps(compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps)),
+                      flush=True)
     return 0
 
 

@@ -145,7 +145,7 @@ class TrainConfig(_Section):
     activation_checkpointing: bool = False
     """Recompute each layer's activations in backward instead of storing them: much less memory
     for long sequences, about a third more compute."""
-    logprob_chunk: int = Field(1024, ge=1)
+    logprob_chunk: int = Field(256, ge=1)
     """Tokens per chunk when computing log-probs from the LM head (bounds logits memory)."""
 
 

@@ -131,4 +131,7 @@ def test_bench_rejects_an_unknown_part(capsys: pytest.CaptureFixture[str]) -> No
 def test_bench_generate_prints_the_ratio_to_hf(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--parts", "generate", "--batch-sizes", "2", "--new-tokens", "2"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["part"] == "generate" and result["rows"][0]["ratio_vs_hf"] > 0
+    row = result["rows"][0]
+    assert result["part"] == "generate" and row["rlvr_vs_hf"] > 0
+    assert row["rlvr_static_tok_s"] > 0 and row["rlvr_hf_tok_s"] > 0
+    assert isinstance(row["llama_cpp_tok_s"], float) or "not installed" in row["llama_cpp_tok_s"]

@@ -48,7 +48,8 @@ def naive_logprobs(model: PreTrainedModel, ids: torch.Tensor, attention: torch.T
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 1024])  # 11 target tokens: 11 chunks, 3 uneven, 1
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_token_logprobs_equal_naive(chunk_size: int, temperature: float) -> None:
+@pytest.mark.parametrize("entropy_weight", [0.0, 0.3])  # 0: the entropy gets no gradient
+def test_token_logprobs_equal_naive(chunk_size: int, temperature: float, entropy_weight: float) -> None:
     model = make_tiny_model()
     ids, attention, target = right_padded_batch()
     lp, ent = token_logprobs(model, ids, attention, target, temperature=temperature, chunk_size=chunk_size)
@@ -60,7 +61,7 @@ def test_token_logprobs_equal_naive(chunk_size: int, temperature: float) -> None
     torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
 
     # gradients of an arbitrary weighted sum of both outputs, wrt every parameter
-    w_lp, w_ent = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1)), 0.3
+    w_lp, w_ent = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1)), entropy_weight
     ref_model = copy.deepcopy(model)
     (lp * w_lp).sum().add((ent * w_ent).sum()).backward()
     ref_lp, ref_ent = naive_logprobs(ref_model, ids, attention, target, temperature)

@@ -3,26 +3,81 @@
 A naive `model(ids).logits.log_softmax(-1)` holds [B, T, V] floats several times over (logits,
 log-softmax, their gradients): on SmolLM2 (V = 49,152) at 16 × 256 tokens that is ~0.8 GB per
 copy in fp32. Here the decoder's hidden states are taken at the positions whose next token is
-trained, and the LM head and log-softmax run over chunks of those positions under activation
-checkpointing, so at most one chunk of [chunk, V] logits exists at a time, forward or backward.
+trained, and the LM head and log-softmax run over chunks of those positions with a hand-written
+backward that recomputes the chunk's logits, so at most one chunk of [chunk, V] logits (and one
+of probabilities) exists at a time, forward or backward.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 
-def _chunk_logprobs(
-    hidden_NH: torch.Tensor, weight_VH: torch.Tensor, targets_N: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logits_NV = (hidden_NH @ weight_VH.T).float() / temperature
-    logz_N = logits_NV.logsumexp(-1)
-    logprobs_N = logits_NV.gather(-1, targets_N[:, None]).squeeze(-1) - logz_N
-    # entropy = logZ - Σ p·logit
-    entropy_N = logz_N - (logits_NV.softmax(-1) * logits_NV).sum(-1)
-    return logprobs_N, entropy_N
+class _HeadLogprobs(torch.autograd.Function):
+    """Log-probability of each target token and the entropy of each row of softmax(h Wᵀ / τ),
+    for one chunk of positions, with a hand-written backward.
+
+    Autograd through `logsumexp`, `gather` and an entropy term keeps several [N, V] tensors
+    alive and makes as many passes over them (the gather's backward alone fills an [N, V] zero
+    tensor); on SmolLM2's 49,152-token vocabulary those memory-bound passes took about a quarter
+    of a learner step (docs/LOG.md). Here the forward saves only h, the targets and two numbers
+    per row (log Z and E_p[z]); the backward recomputes the logits once and forms the gradient
+    in place:
+
+        d logp_n / d z_n = onehot(target_n) - p_n
+        d H_n    / d z_n = -p_n ⊙ (z_n - E_p[z_n])
+
+    with z = h Wᵀ / τ, p = softmax(z), H = log Z - E_p[z]. Gradients reach h and W (through
+    the 1/τ scaling).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, hidden_NH: torch.Tensor, weight_VH: torch.Tensor,
+        targets_N: torch.Tensor, temperature: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        z_NV = (hidden_NH @ weight_VH.T).float()
+        if temperature != 1.0:
+            z_NV /= temperature
+        logz_N = torch.logsumexp(z_NV, dim=-1)
+        logprobs_N = z_NV.gather(-1, targets_N[:, None]).squeeze(-1) - logz_N
+        p_NV = torch.exp(z_NV - logz_N[:, None])
+        mean_z_N = (p_NV * z_NV).sum(-1)  # E_p[z]
+        entropy_N = logz_N - mean_z_N
+        ctx.save_for_backward(hidden_NH, weight_VH, targets_N, logz_N, mean_z_N)
+        ctx.temperature = temperature
+        return logprobs_N, entropy_N
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad_logprobs_N: torch.Tensor | None,
+        grad_entropy_N: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        hidden_NH, weight_VH, targets_N, logz_N, mean_z_N = ctx.saved_tensors  # type: ignore[attr-defined]
+        temperature: float = ctx.temperature  # type: ignore[attr-defined]
+        z_NV = (hidden_NH @ weight_VH.T).float()
+        if temperature != 1.0:
+            z_NV /= temperature
+        grad_NV = torch.exp(z_NV - logz_N[:, None])  # p
+        if grad_entropy_N is not None and bool(grad_entropy_N.any()):
+            # -g_H · p ⊙ (z - E[z]), computed into z's buffer
+            z_NV.sub_(mean_z_N[:, None]).mul_(grad_NV).mul_(-grad_entropy_N[:, None])
+        else:
+            z_NV = None  # type: ignore[assignment]
+        if grad_logprobs_N is not None:
+            grad_NV.mul_(-grad_logprobs_N[:, None])  # -g · p
+            grad_NV.scatter_add_(-1, targets_N[:, None], grad_logprobs_N[:, None])  # + g · onehot
+        else:
+            grad_NV.zero_()
+        if z_NV is not None:
+            grad_NV += z_NV
+        if temperature != 1.0:
+            grad_NV /= temperature
+        grad_NV = grad_NV.to(hidden_NH.dtype)
+        grad_hidden = grad_NV @ weight_VH if ctx.needs_input_grad[0] else None  # type: ignore[attr-defined]
+        grad_weight = grad_NV.T @ hidden_NH if ctx.needs_input_grad[1] else None  # type: ignore[attr-defined]
+        return grad_hidden, grad_weight, None, None
 
 
 def token_logprobs(
@@ -32,7 +87,7 @@ def token_logprobs(
     target_mask_BT: torch.Tensor,
     *,
     temperature: float = 1.0,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprobs_BT, entropy_BT) of each token where target_mask_BT is set, 0 elsewhere.
 
@@ -51,8 +106,7 @@ def token_logprobs(
     if getattr(head, "bias", None) is not None:
         raise NotImplementedError("LM heads with a bias are not supported yet")
     pieces = [
-        checkpoint(_chunk_logprobs, hidden_NH[i : i + chunk_size], head.weight, targets_N[i : i + chunk_size],
-                   temperature, use_reentrant=False)
+        _HeadLogprobs.apply(hidden_NH[i : i + chunk_size], head.weight, targets_N[i : i + chunk_size], temperature)
         for i in range(0, hidden_NH.shape[0], chunk_size)
     ]
     logprobs_N = torch.cat([p[0] for p in pieces]) if pieces else hidden_NH.new_zeros(0, dtype=torch.float32)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from rlvr.runtime import keep_freed_memory
 from rlvr.config import RunConfig, load_config, to_toml
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
 from rlvr.data.sampler import UniformSampler
@@ -93,6 +94,7 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
 
 def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
     """Load model, tokenizer, data and rewards; build the engine and the learner."""
+    keep_freed_memory()  # ~1.4x faster learner steps on CPU; see rlvr.runtime
     torch.manual_seed(cfg.seed)
     spec = model_spec or cfg.model
     tokenizer = load_tokenizer(spec)

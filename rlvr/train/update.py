@@ -37,7 +37,7 @@ class UpdateSettings:
     mini_batches: int = 1
     micro_batch_size: int = 8
     temperature: float = 1.0
-    logprob_chunk: int = 1024
+    logprob_chunk: int = 256
 
 
 # per-token metrics of the update (means over trained tokens)
