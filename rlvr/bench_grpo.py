@@ -44,12 +44,15 @@ def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int) -> dic
             f"sampling.max_new_tokens={max_new_tokens}", "train.lr=1e-6", f"train.steps={steps}",
         ])
         run = setup(cfg, Path(out))
-        times, tokens = [], []
+        times, tokens, generate, learn = [], [], [], []
         for step in range(1, steps + 1):
             metrics, _ = train_step(run, step)
             times.append(metrics["step_seconds"])
             tokens.append(metrics["tokens_generated"])
+            generate.append(metrics["generate_seconds"])
+            learn.append(metrics["train_seconds"])
     return {"s_per_step": statistics.fmean(times[1:]), "completion_tokens_per_step": statistics.fmean(tokens[1:]),
+            "generate_s_per_step": statistics.fmean(generate[1:]), "train_s_per_step": statistics.fmean(learn[1:]),
             "steps": times}
 
 

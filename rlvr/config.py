@@ -83,11 +83,13 @@ class AlgoConfig(_Section):
     group_size: int = Field(8, ge=1)
     """G: completions sampled per prompt."""
     advantage: str = "grpo"
-    """Advantage estimator, by name (rlvr.algos.ESTIMATORS)."""
-    normalize_std: bool = True
-    """Divide group advantages by the group's reward std (False = Dr.GRPO)."""
+    """Advantage estimator, by name (rlvr.algos.ESTIMATORS; docs/algorithms.md)."""
+    advantage_kwargs: dict[str, Any] = {}
+    """Keyword arguments of the estimator, e.g. {normalize_std = false} for grpo."""
     loss: str = "ppo_clip"
-    """Policy loss, by name (rlvr.algos.LOSSES)."""
+    """Policy loss, by name (rlvr.algos.LOSSES; docs/algorithms.md)."""
+    loss_kwargs: dict[str, Any] = {}
+    """Keyword arguments of the loss beyond the clip settings below (which go to every loss that takes them)."""
     clip_low: float = Field(0.2, ge=0, lt=1)
     """Lower clip: ratios below 1 - clip_low stop the gradient for A < 0."""
     clip_high: float = Field(0.28, ge=0)
@@ -115,6 +117,28 @@ class AlgoConfig(_Section):
             hint = f"; did you mean '{near[0]}'?" if near else ""
             raise ValueError(f"unknown {info.field_name} {value!r}{hint} (available: {', '.join(sorted(names))})")
         return value
+
+    @model_validator(mode="after")
+    def _known_kwargs(self) -> AlgoConfig:
+        from rlvr.algos import ESTIMATORS, LOSSES
+        from rlvr.algos.registry import check_keywords
+
+        check_keywords(f"algo.advantage_kwargs for {self.advantage!r}", ESTIMATORS[self.advantage],
+                       self.advantage_kwargs)
+        check_keywords(f"algo.loss_kwargs for {self.loss!r}", LOSSES[self.loss], self.loss_kwargs)
+        return self
+
+    def estimator_kwargs(self) -> dict[str, Any]:
+        return dict(self.advantage_kwargs)
+
+    def policy_loss_kwargs(self) -> dict[str, Any]:
+        """The clip settings the loss takes, then `loss_kwargs` on top."""
+        from rlvr.algos import LOSSES
+        from rlvr.algos.registry import keyword_options
+
+        shared = {"clip_low": self.clip_low, "clip_high": self.clip_high, "dual_clip": self.dual_clip}
+        takes = keyword_options(LOSSES[self.loss])
+        return {k: v for k, v in shared.items() if k in takes} | self.loss_kwargs
 
 
 class TrainConfig(_Section):

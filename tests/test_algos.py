@@ -30,7 +30,8 @@ def close(actual: torch.Tensor, expected: object, atol: float = 1e-9) -> None:
 
 
 def test_registries() -> None:
-    assert ESTIMATORS == {"grpo": group_advantages}
+    assert ESTIMATORS["grpo"] is group_advantages
+    assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
     assert LOSSES == {"ppo_clip": ppo_clip_loss}
     assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import inspect
 import logging
 import math
 import numbers
@@ -20,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlvr.algos.registry import check_keywords
 from rlvr.rewards.builtin import REWARDS
 from rlvr.rewards.extract import EXTRACTORS
 
@@ -107,13 +107,7 @@ def _check_kwargs(name: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> 
                          f"use one of {', '.join(EXTRACTORS)}")
     if fn not in REWARDS.values():
         return  # a user's function may take anything through **example
-    accepted = [p.name for p in inspect.signature(fn).parameters.values()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    for key in kwargs:
-        if key not in accepted:
-            near = difflib.get_close_matches(key, accepted, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            raise ValueError(f"reward {name!r}: unknown keyword {key!r}{hint} (it takes {', '.join(accepted)})")
+    check_keywords(f"reward {name!r}", fn, kwargs)
 
 
 def _warn_once(name: str, kind: str, message: str) -> None:

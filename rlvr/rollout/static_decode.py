@@ -92,11 +92,14 @@ class StaticDecoder:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         for layer in cache.layers:
-            k = layer.keys.new_empty((batch, self.n_kv, width + GROW, self.head_dim))
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+                raise TypeError(f"expected a key/value cache layer, got {type(layer).__name__}")
+            k = keys.new_empty((batch, self.n_kv, width + GROW, self.head_dim))
             v = torch.empty_like(k)
             # sample rows i·n … i·n + n - 1 get prompt i's cache (a broadcast copy, no repeat tensor)
-            k.view(prompts, n, *k.shape[1:])[:, :, :, :width] = layer.keys[:, None]
-            v.view(prompts, n, *v.shape[1:])[:, :, :, :width] = layer.values[:, None]
+            k.view(prompts, n, *k.shape[1:])[:, :, :, :width] = keys[:, None]
+            v.view(prompts, n, *v.shape[1:])[:, :, :, :width] = values[:, None]
             self.keys.append(k)
             self.values.append(v)
         self.valid_BT = torch.zeros((batch, width + GROW), dtype=torch.bool, device=mask_BT.device)

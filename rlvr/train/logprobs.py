@@ -46,7 +46,7 @@ class _HeadLogprobs(torch.autograd.Function):
         mean_z_N = (p_NV * z_NV).sum(-1)  # E_p[z]
         entropy_N = logz_N - mean_z_N
         ctx.save_for_backward(hidden_NH, weight_VH, targets_N, logz_N, mean_z_N)
-        ctx.temperature = temperature
+        ctx.temperature = temperature  # type: ignore[attr-defined]
         return logprobs_N, entropy_N
 
     @staticmethod
