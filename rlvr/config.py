@@ -90,12 +90,12 @@ class AlgoConfig(_Section):
     """Policy loss, by name (rlvr.algos.LOSSES; docs/algorithms.md)."""
     loss_kwargs: dict[str, Any] = {}
     """Keyword arguments of the loss beyond the clip settings below (which go to every loss that takes them)."""
-    clip_low: float = Field(0.2, ge=0, lt=1)
-    """Lower clip: ratios below 1 - clip_low stop the gradient for A < 0."""
-    clip_high: float = Field(0.28, ge=0)
-    """Upper clip: ratios above 1 + clip_high stop the gradient for A > 0 (DAPO's clip-higher)."""
+    clip_low: float | None = Field(None, ge=0, lt=1)
+    """Lower clip for every loss that clips (ratios below 1 - clip_low); unset = the loss's own default (ppo_clip 0.2, gspo 3e-4)."""
+    clip_high: float | None = Field(None, ge=0)
+    """Upper clip (ratios above 1 + clip_high); unset = the loss's own default (ppo_clip 0.28, DAPO's clip-higher; gspo 4e-4)."""
     dual_clip: float | None = Field(None, gt=1)
-    """Dual-clip constant c > 1 bounding the loss of A < 0 tokens at c·|A| (None = off)."""
+    """Dual-clip constant c > 1 bounding the loss of A < 0 tokens at c·|A| (ppo_clip; unset = off)."""
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     """How per-token losses become one number; "seq-mean-token-sum-norm" divides by max_new_tokens (Dr.GRPO)."""
     kl_coef: float = Field(0.0, ge=0)
@@ -138,7 +138,7 @@ class AlgoConfig(_Section):
 
         shared = {"clip_low": self.clip_low, "clip_high": self.clip_high, "dual_clip": self.dual_clip}
         takes = keyword_options(LOSSES[self.loss])
-        return {k: v for k, v in shared.items() if k in takes} | self.loss_kwargs
+        return {k: v for k, v in shared.items() if k in takes and v is not None} | self.loss_kwargs
 
 
 class TrainConfig(_Section):

@@ -136,7 +136,10 @@ def test_estimator_keywords_are_checked_against_the_function() -> None:
 
 
 def test_loss_gets_the_clip_settings_it_takes() -> None:
+    assert load_config(None, []).algo.policy_loss_kwargs() == {}  # the loss's own defaults
     cfg = load_config(None, ["algo.clip_high=0.3", "algo.dual_clip=3.0"])
-    assert cfg.algo.policy_loss_kwargs() == {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": 3.0}
+    assert cfg.algo.policy_loss_kwargs() == {"clip_high": 0.3, "dual_clip": 3.0}
+    cfg = load_config(None, ['algo.loss="gspo"', "algo.clip_high=5e-4", "algo.dual_clip=3.0"])
+    assert cfg.algo.policy_loss_kwargs() == {"clip_high": 5e-4}  # gspo takes no dual_clip
     with pytest.raises(ConfigError, match="did you mean 'clip_high'"):
         load_config(None, ["algo.loss_kwargs={clip_hgh = 0.3}"])

@@ -32,8 +32,8 @@ def close(actual: torch.Tensor, expected: object, atol: float = 1e-9) -> None:
 def test_registries() -> None:
     assert ESTIMATORS["grpo"] is group_advantages
     assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo"}
+    assert LOSSES["ppo_clip"] is ppo_clip_loss and set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
-    assert LOSSES == {"ppo_clip": ppo_clip_loss}
     assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -127,7 +127,9 @@ def test_kl_gradients_flow_through_logprobs() -> None:
 def ppo_on_ratios(
     ratios: list[float], advantages: list[float], mask: list[bool] | None = None, **kwargs: float
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """One sequence with old_logprobs = 0, so ratio = exp(logprobs); returns loss, grad, metrics."""
+    """One sequence with old_logprobs = 0, so ratio = exp(logprobs); returns loss, grad, metrics.
+    The clip range is PPO's symmetric 0.2 unless a test says otherwise."""
+    kwargs.setdefault("clip_high", 0.2)
     logprobs_BT = torch.log(t([ratios])).requires_grad_()
     mask_BT = torch.tensor([mask if mask is not None else [True] * len(ratios)])
     loss_BT, metrics = ppo_clip_loss(
@@ -216,7 +218,7 @@ def hand_batch(
 
 
 def test_ppo_metrics_on_hand_batch() -> None:
-    loss_BT, metrics = ppo_clip_loss(*hand_batch(), dual_clip=3.0)
+    loss_BT, metrics = ppo_clip_loss(*hand_batch(), clip_high=0.2, dual_clip=3.0)
     # losses: -1.2 | 0.8 | -1.0 ; min(5, 3) = 3 | -1.1 | 0 (masked)
     close(loss_BT, [[-1.2, 0.8, -1.0], [3.0, -1.1, 0.0]])
     # 5 unmasked tokens: one high clip, one low clip, one dual clip

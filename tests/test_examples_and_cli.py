@@ -81,7 +81,8 @@ def test_tasks_and_config_listings(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tasks"]) == 0
     assert "chain_sum" in capsys.readouterr().out.split()
     assert main(["config"]) == 0
-    assert "algo.clip_high = 0.28" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "algo.group_size = 8" in out and "algo.advantage_kwargs = {}" in out
 
 
 def test_reward_keyword_mistakes_are_errors(capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,10 +18,10 @@ def ppo_clip_loss(
     mask_BT: Tensor,
     *,
     clip_low: float = 0.2,
-    clip_high: float = 0.2,
+    clip_high: float = 0.28,
     dual_clip: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO clipped surrogate, per token, as a loss to minimise.
+    """PPO clipped surrogate, per token, as a loss to minimise (default range [0.8, 1.28]).
 
     ratio = exp(logprobs - old_logprobs)
     loss  = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
@@ -29,7 +29,8 @@ def ppo_clip_loss(
 
     PPO: Schulman et al., "Proximal Policy Optimization Algorithms", arXiv:1707.06347.
     Separate ``clip_low``/``clip_high`` is DAPO's clip-higher (Yu et al., "DAPO: An Open-Source
-    LLM Reinforcement Learning System at Scale", arXiv:2503.14476; they use 0.2/0.28).
+    LLM Reinforcement Learning System at Scale", arXiv:2503.14476; they use 0.2/0.28, rlvr's
+    default; 0.2/0.2 is the original PPO).
     Dual-clip caps the loss of negative-advantage tokens whose ratio has grown past
     ``dual_clip`` (Ye et al., "Mastering Complex Control in MOBA Games with Deep Reinforcement
     Learning", arXiv:1912.09729; c = 3 there).
@@ -101,6 +102,118 @@ def ppo_clip_loss(
     return loss_BT, metrics
 
 
+def pg_loss(
+    logprobs_BT: Tensor, old_logprobs_BT: Tensor, advantages_BT: Tensor, mask_BT: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Plain policy gradient (REINFORCE with the given advantages): loss = -A · log π_θ.
+
+    Williams, "Simple Statistical Gradient-Following Algorithms for Connectionist Reinforcement
+    Learning", Machine Learning 8 (1992). No ratio and no clipping: the gradient is -A ∇log π_θ,
+    which equals PPO's at ratio 1, i.e. on-policy. ``old_logprobs_BT`` only feeds the
+    ``ratio_mean`` metric (how far off-policy the data is).
+    """
+    mask_BT = mask_BT.bool()
+    zeros_BT = torch.zeros_like(logprobs_BT)
+    logprobs_BT = torch.where(mask_BT, logprobs_BT, zeros_BT)
+    advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
+    loss_BT = -advantages_BT * logprobs_BT
+    ratio_BT = torch.exp(torch.where(mask_BT, logprobs_BT.detach() - old_logprobs_BT, zeros_BT))
+    return loss_BT, {"ratio_mean": _masked_mean(ratio_BT, mask_BT)}
+
+
+def cispo_loss(
+    logprobs_BT: Tensor,
+    old_logprobs_BT: Tensor,
+    advantages_BT: Tensor,
+    mask_BT: Tensor,
+    *,
+    min_weight: float = 0.0,
+    max_weight: float = 2.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO: REINFORCE weighted by the clipped, detached importance ratio.
+
+    w = sg(clip(π_θ / π_old, min_weight, max_weight));   loss = -w · A · log π_θ
+
+    MiniMax, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention",
+    arXiv:2506.13585, eq. 4-5 (there written with 1 - ε_low and 1 + ε_high). Unlike PPO, a token
+    whose ratio leaves the range keeps its gradient (only its weight is capped), so rare
+    "fork" tokens are never dropped from the update. MiniMax-M1 sets no lower bound
+    (``min_weight = 0``) and tunes only the upper one; ``max_weight = 2`` here is rlvr's default
+    choice, not a value from the paper. On-policy (ratio 1) this is ``pg``.
+
+    Metrics: ``weight_clip_fraction`` (tokens whose weight was capped), ``ratio_mean``.
+    """
+    if not 0.0 <= min_weight <= 1.0 <= max_weight:
+        raise ValueError(f"need 0 <= min_weight <= 1 <= max_weight, got {min_weight}, {max_weight}")
+    mask_BT = mask_BT.bool()
+    zeros_BT = torch.zeros_like(logprobs_BT)
+    logprobs_BT = torch.where(mask_BT, logprobs_BT, zeros_BT)
+    advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
+    ratio_BT = torch.exp(torch.where(mask_BT, logprobs_BT.detach() - old_logprobs_BT, zeros_BT))
+    weight_BT = ratio_BT.clamp(min_weight, max_weight)
+    loss_BT = -weight_BT * advantages_BT * logprobs_BT
+    metrics = {
+        "weight_clip_fraction": _masked_mean(((ratio_BT < min_weight) | (ratio_BT > max_weight)).to(ratio_BT.dtype), mask_BT),
+        "ratio_mean": _masked_mean(ratio_BT, mask_BT),
+    }
+    return loss_BT, metrics
+
+
+def gspo_loss(
+    logprobs_BT: Tensor,
+    old_logprobs_BT: Tensor,
+    advantages_BT: Tensor,
+    mask_BT: Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO: PPO's clipped surrogate on a length-normalised sequence-level ratio.
+
+    s_b  = exp(1/|y_b| Σ_t (log π_θ - log π_old))        (the geometric mean of token ratios)
+    loss = -min(s_b A_b, clip(s_b, 1 - clip_low, 1 + clip_high) A_b), on every token of row b
+
+    Zheng et al., "Group Sequence Policy Optimization", arXiv:2507.18071 (their clip range is
+    3e-4 / 4e-4, much narrower than PPO's, because s is a per-token average). The advantage is
+    read from the first trained token of each row (outcome advantages are constant along a row).
+    The per-token loss repeats the row's value, so aggregate with "seq-mean-token-mean" to get
+    the paper's sequence mean; the gradient of s_b spreads over the row's tokens as
+    s_b/|y_b| ∇log π_θ(y_t). Rows with no trained token get 0.
+
+    Metrics: ``clip_fraction`` (share of sequences clipped), ``ratio_mean`` (mean s_b).
+    """
+    if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
+        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    mask_BT = mask_BT.bool()
+    zeros_BT = torch.zeros_like(logprobs_BT)
+    log_ratio_BT = torch.where(mask_BT, logprobs_BT - old_logprobs_BT, zeros_BT)
+    lengths_B = mask_BT.sum(-1)
+    has_tokens_B = lengths_B > 0
+    seq_ratio_B = torch.exp(log_ratio_BT.sum(-1) / lengths_B.clamp(min=1))
+    first_B = mask_BT.float().argmax(-1)
+    advantages_B = torch.where(has_tokens_B, advantages_BT.gather(-1, first_B[:, None]).squeeze(-1),
+                               torch.zeros_like(seq_ratio_B))
+    surrogate_B = seq_ratio_B * advantages_B
+    clipped_B = seq_ratio_B.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages_B
+    loss_B = torch.where(has_tokens_B, -torch.minimum(surrogate_B, clipped_B), torch.zeros_like(surrogate_B))
+    loss_BT = torch.where(mask_BT, loss_B[:, None].expand_as(logprobs_BT), zeros_BT)
+    with torch.no_grad():
+        ratio_B = seq_ratio_B.detach()
+        clipped = ((advantages_B > 0) & (ratio_B > 1 + clip_high)) | ((advantages_B < 0) & (ratio_B < 1 - clip_low))
+        rows = has_tokens_B.sum().clamp(min=1).to(ratio_B.dtype)
+        metrics = {"clip_fraction": (clipped & has_tokens_B).sum() / rows,
+                   "ratio_mean": torch.where(has_tokens_B, ratio_B, 0.0).sum() / rows}
+    return loss_BT, metrics
+
+
+def _masked_mean(x_BT: Tensor, mask_BT: Tensor) -> Tensor:
+    with torch.no_grad():
+        return torch.where(mask_BT, x_BT.detach(), 0.0).sum() / mask_BT.sum().clamp(min=1)
+
+
 LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "ppo_clip": ppo_clip_loss,
+    "pg": pg_loss,
+    "cispo": cispo_loss,
+    "gspo": gspo_loss,
 }
