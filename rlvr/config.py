@@ -90,6 +90,10 @@ class AlgoConfig(_Section):
     """Policy loss, by name (rlvr.algos.LOSSES; docs/algorithms.md)."""
     loss_kwargs: dict[str, Any] = {}
     """Keyword arguments of the loss beyond the clip settings below (which go to every loss that takes them)."""
+    offpolicy: str = "none"
+    """Correction for the engine/learner log-prob mismatch, by name (rlvr.algos.CORRECTIONS): "none", "tis", "mis"."""
+    offpolicy_kwargs: dict[str, Any] = {}
+    """Keyword arguments of the correction, e.g. {cap = 2.0, level = "sequence"} for tis."""
     clip_low: float | None = Field(None, ge=0, lt=1)
     """Lower clip for every loss that clips (ratios below 1 - clip_low); unset = the loss's own default (ppo_clip 0.2, gspo 3e-4)."""
     clip_high: float | None = Field(None, ge=0)
@@ -106,12 +110,13 @@ class AlgoConfig(_Section):
     """Entropy bonus weight (subtracted from the loss)."""
 
 
-    @field_validator("advantage", "loss")
+    @field_validator("advantage", "loss", "offpolicy")
     @classmethod
     def _registered(cls, value: str, info: ValidationInfo) -> str:
-        from rlvr.algos import ESTIMATORS, LOSSES  # registries of named functions
+        from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES  # registries of named functions
 
-        names = ESTIMATORS if info.field_name == "advantage" else LOSSES
+        registries: dict[str, dict[str, Any]] = {"advantage": ESTIMATORS, "loss": LOSSES, "offpolicy": CORRECTIONS}
+        names = list(registries[str(info.field_name)])
         if value not in names:
             near = difflib.get_close_matches(value, list(names), n=1)
             hint = f"; did you mean '{near[0]}'?" if near else ""
@@ -120,12 +125,14 @@ class AlgoConfig(_Section):
 
     @model_validator(mode="after")
     def _known_kwargs(self) -> AlgoConfig:
-        from rlvr.algos import ESTIMATORS, LOSSES
+        from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES
         from rlvr.algos.registry import check_keywords
 
         check_keywords(f"algo.advantage_kwargs for {self.advantage!r}", ESTIMATORS[self.advantage],
                        self.advantage_kwargs)
         check_keywords(f"algo.loss_kwargs for {self.loss!r}", LOSSES[self.loss], self.loss_kwargs)
+        check_keywords(f"algo.offpolicy_kwargs for {self.offpolicy!r}", CORRECTIONS[self.offpolicy],
+                       self.offpolicy_kwargs)
         return self
 
     def estimator_kwargs(self) -> dict[str, Any]:

@@ -6,9 +6,11 @@ from rlvr.algos.advantages import ESTIMATORS, group_advantages
 from rlvr.algos.aggregation import AGGREGATIONS, aggregate_loss
 from rlvr.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from rlvr.algos.losses import LOSSES, ppo_clip_loss
+from rlvr.algos.offpolicy import CORRECTIONS, mismatch_metrics
 
 __all__ = [
     "AGGREGATIONS",
+    "CORRECTIONS",
     "ESTIMATORS",
     "KL_ESTIMATORS",
     "LOSSES",
@@ -17,5 +19,6 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "mismatch_metrics",
     "ppo_clip_loss",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from rlvr.algos import ESTIMATORS, KL_ESTIMATORS, LOSSES, aggregate_loss
+from rlvr.algos import CORRECTIONS, ESTIMATORS, KL_ESTIMATORS, LOSSES, aggregate_loss, mismatch_metrics
 from rlvr.train.learner import Learner
 from rlvr.train.logprobs import token_logprobs
 from rlvr.types import Group, Sample
@@ -27,6 +27,9 @@ class UpdateSettings:
     advantage_kwargs: dict[str, Any] = field(default_factory=dict)
     loss: str = "ppo_clip"
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    offpolicy: str = "none"
+    """Correction between the engine's sampling log-probs and the learner's (rlvr.algos.CORRECTIONS)."""
+    offpolicy_kwargs: dict[str, Any] = field(default_factory=dict)
     aggregation: str = "token-mean"
     max_tokens: int = 128
     """Constant normaliser for "seq-mean-token-sum-norm" (the generation budget)."""
@@ -137,6 +140,7 @@ def update_policy(
                 _accumulate(learner, samples, micro, advantages_B, old, ref, s, totals, pad_token_id, device, sums)
             grad_norms.append(learner.step())
     tokens, loss_sum = sums.pop("_tokens", 0.0), sums.pop("loss", 0.0)
+    maxima = {k.removeprefix("_max/"): sums.pop(k) for k in [k for k in sums if k.startswith("_max/")]}
     # token-weighted means over the trained tokens; NaN (null in metrics.jsonl) when none was trained
     names = set(sums) | {k for k in _TOKEN_METRICS if k != "kl" or ref is not None}
     metrics = {k: sums[k] / tokens if tokens else float("nan") for k in sorted(names)}
@@ -144,7 +148,7 @@ def update_policy(
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
     metrics["advantage_abs_mean"] = float(advantages_B.abs().mean())
     metrics["trained_fraction"] = len(trained) / len(samples)
-    return metrics
+    return metrics | {k: v for k, v in maxima.items() if k != "ratio_max"}
 
 
 def _accumulate(
@@ -168,6 +172,12 @@ def _accumulate(
     old_BT = logprobs_BT.detach() if old is None else _rows(old, micro, mask_BT)
     adv_BT = advantages_B[micro].to(device)[:, None].expand_as(logprobs_BT)
     loss_BT, loss_metrics = LOSSES[s.loss](logprobs_BT, old_BT, adv_BT, mask_BT, **s.loss_kwargs)
+    # The engine's own log-probs of what it sampled, against the learner's before this update.
+    sampler_BT = _rows([torch.tensor(samples[i].completion.logprobs, dtype=torch.float32) for i in micro],
+                       list(range(len(micro))), mask_BT)
+    weights_BT, is_metrics = CORRECTIONS[s.offpolicy](old_BT, sampler_BT, mask_BT, **s.offpolicy_kwargs)
+    loss_BT = loss_BT * weights_BT
+    loss_metrics = {**loss_metrics, **is_metrics, **mismatch_metrics(old_BT, sampler_BT, mask_BT)}
     if ref is not None:
         kl_BT = KL_ESTIMATORS[s.kl_estimator](logprobs_BT, _rows(ref, micro, mask_BT))
         loss_BT = loss_BT + s.kl_coef * kl_BT
@@ -181,5 +191,7 @@ def _accumulate(
     sums["loss"] += float(loss.detach())  # micro-batch aggregates sum to the mini-batch loss
     sums["entropy"] += float(entropy_BT.detach()[mask_BT].sum())
     for key, value in loss_metrics.items():
-        if key != "ratio_max":
+        if key.endswith("_max"):  # maxima over the update, kept apart from the token-weighted sums
+            sums["_max/" + key] = max(sums.get("_max/" + key, float("-inf")), float(value))
+        else:
             sums[key] += float(value) * n
