@@ -79,6 +79,25 @@ class EngineConfig(_Section):
     """Decode steps: "static" (preallocated KV cache, fused projections; Llama/Mistral/Qwen2), "hf" (the model's own forward; any causal LM), "auto" = static where it applies."""
 
 
+class ShapingSpec(_Section):
+    fn: str
+    """Shaping function by name (rlvr.algos.SHAPING)."""
+    kwargs: dict[str, Any] = {}
+    """Its keyword arguments."""
+
+    @model_validator(mode="after")
+    def _known(self) -> ShapingSpec:
+        from rlvr.algos import SHAPING
+        from rlvr.algos.registry import check_keywords
+
+        if self.fn not in SHAPING:
+            near = difflib.get_close_matches(self.fn, list(SHAPING), n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise ValueError(f"unknown shaping {self.fn!r}{hint} (available: {', '.join(sorted(SHAPING))})")
+        check_keywords(f"algo.shaping {self.fn!r}", SHAPING[self.fn], self.kwargs)
+        return self
+
+
 class AlgoConfig(_Section):
     group_size: int = Field(8, ge=1)
     """G: completions sampled per prompt."""
@@ -93,6 +112,8 @@ class AlgoConfig(_Section):
     offpolicy: str = "none"
     """Correction for the engine/learner log-prob mismatch, by name (rlvr.algos.CORRECTIONS): "none", "tis", "mis"."""
     offpolicy_kwargs: dict[str, Any] = {}
+    shaping: list[ShapingSpec] = []
+    """Length-based reward shaping applied in order before the advantages, e.g. [{fn = "overlong", kwargs = {cache = 16}}] (rlvr.algos.SHAPING: overlong, kimi_length)."""
     """Keyword arguments of the correction, e.g. {cap = 2.0, level = "sequence"} for tis."""
     clip_low: float | None = Field(None, ge=0, lt=1)
     """Lower clip for every loss that clips (ratios below 1 - clip_low); unset = the loss's own default (ppo_clip 0.2, gspo 3e-4)."""

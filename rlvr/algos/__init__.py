@@ -7,6 +7,7 @@ from rlvr.algos.aggregation import AGGREGATIONS, aggregate_loss
 from rlvr.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from rlvr.algos.losses import LOSSES, ppo_clip_loss
 from rlvr.algos.offpolicy import CORRECTIONS, mismatch_metrics
+from rlvr.algos.shaping import SHAPING
 
 __all__ = [
     "AGGREGATIONS",
@@ -14,6 +15,7 @@ __all__ = [
     "ESTIMATORS",
     "KL_ESTIMATORS",
     "LOSSES",
+    "SHAPING",
     "aggregate_loss",
     "group_advantages",
     "kl_k1",

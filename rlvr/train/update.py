@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from rlvr.algos import CORRECTIONS, ESTIMATORS, KL_ESTIMATORS, LOSSES, aggregate_loss, mismatch_metrics
+from rlvr.algos import CORRECTIONS, ESTIMATORS, KL_ESTIMATORS, LOSSES, SHAPING, aggregate_loss, mismatch_metrics
 from rlvr.train.learner import Learner
 from rlvr.train.logprobs import token_logprobs
 from rlvr.types import Group, Sample
@@ -30,6 +30,8 @@ class UpdateSettings:
     offpolicy: str = "none"
     """Correction between the engine's sampling log-probs and the learner's (rlvr.algos.CORRECTIONS)."""
     offpolicy_kwargs: dict[str, Any] = field(default_factory=dict)
+    shaping: tuple[tuple[str, dict[str, Any]], ...] = ()
+    """Length-based reward shaping, (name, kwargs) applied in order before the advantages."""
     aggregation: str = "token-mean"
     max_tokens: int = 128
     """Constant normaliser for "seq-mean-token-sum-norm" (the generation budget)."""
@@ -92,9 +94,26 @@ def _rows(per_sample: list[torch.Tensor], micro: list[int], mask_BT: torch.Tenso
     return out.masked_scatter(mask_BT, torch.cat([per_sample[i] for i in micro]))
 
 
-def compute_advantages(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
-    """advantages_PG from the groups' rewards with the configured estimator."""
+def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor, dict[str, float]]:
+    """rewards_PG after the configured shaping functions, and their metrics."""
     rewards_PG = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+    metrics: dict[str, float] = {}
+    if not s.shaping:
+        return rewards_PG, metrics
+    lengths_PG = torch.tensor([[len(x.completion.token_ids) for x in g.samples] for g in groups])
+    # correct: the first (correctness) reward function gave full marks, as in the accuracy metric
+    correct_PG = torch.tensor([[next(iter(x.reward_parts.values()), 0.0) >= 1.0 - 1e-6 for x in g.samples]
+                               for g in groups])
+    for name, kwargs in s.shaping:
+        rewards_PG, m = SHAPING[name](rewards_PG, lengths_PG, correct_PG, s.max_tokens, **kwargs)
+        metrics |= m
+    metrics["shaping/reward_mean"] = float(rewards_PG.mean())
+    return rewards_PG, metrics
+
+
+def compute_advantages(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
+    """advantages_PG from the groups' (shaped) rewards with the configured estimator."""
+    rewards_PG, _ = shaped_rewards(groups, s)
     return ESTIMATORS[s.advantage](rewards_PG, **s.advantage_kwargs)
 
 
@@ -148,7 +167,7 @@ def update_policy(
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
     metrics["advantage_abs_mean"] = float(advantages_B.abs().mean())
     metrics["trained_fraction"] = len(trained) / len(samples)
-    return metrics | {k: v for k, v in maxima.items() if k != "ratio_max"}
+    return metrics | {k: v for k, v in maxima.items() if k != "ratio_max"} | shaped_rewards(groups, s)[1]
 
 
 def _accumulate(
