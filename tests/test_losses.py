@@ -75,7 +75,7 @@ def test_gspo_uses_the_geometric_mean_ratio_of_each_sequence() -> None:
     close(metrics["clip_fraction"], 1.0)
 
 
-@pytest.mark.parametrize("name", ["pg", "cispo", "gspo"])
+@pytest.mark.parametrize("name", ["pg", "cispo", "gspo", "topr", "opmd"])
 def test_masked_positions_do_not_matter(name: str) -> None:
     base = dict(logprobs=[[-1.0, -2.0, -0.5]], old=[[-1.1, -2.0, -0.4]], adv=[[1.5, 1.5, 1.5]], mask=[[1, 1, 0]])
     loss, grad, _ = run(name, **base)  # type: ignore[arg-type]
@@ -86,7 +86,7 @@ def test_masked_positions_do_not_matter(name: str) -> None:
     assert loss[0, 2] == 0 and grad[0, 2] == 0
 
 
-@pytest.mark.parametrize("name", ["pg", "cispo", "gspo", "ppo_clip"])
+@pytest.mark.parametrize("name", ["pg", "cispo", "gspo", "ppo_clip", "topr", "opmd"])
 def test_on_policy_gradient_is_the_policy_gradient(name: str) -> None:
     """At ratio 1 the summed loss has gradient -A on every token for all of them; they differ
     only off-policy. (gspo: -A·s/|y| per token from each of the |y| repeated sequence losses.)"""
@@ -95,7 +95,7 @@ def test_on_policy_gradient_is_the_policy_gradient(name: str) -> None:
     close(grad, [[-0.7, -0.7]])
 
 
-@pytest.mark.parametrize("name", ["pg", "cispo", "gspo"])
+@pytest.mark.parametrize("name", ["pg", "cispo", "gspo", "topr", "opmd"])
 def test_two_training_steps_with_every_loss(name: str, tiny_dir: Path, tmp_path: Path) -> None:
     aggregation = '"seq-mean-token-mean"' if name == "gspo" else '"token-mean"'
     train(load_config(None, overrides(tiny_dir, tmp_path, f"loss-{name}", algo__loss=f'"{name}"',
@@ -105,3 +105,26 @@ def test_two_training_steps_with_every_loss(name: str, tiny_dir: Path, tmp_path:
     assert all(r["grad_norm"] > 0 for r in rows)
     if name == "cispo":
         assert "weight_clip_fraction" in rows[0]
+
+
+def test_topr_tapers_only_negatives() -> None:
+    # token 1: A = 2 > 0, ratio 3 -> α = 1: loss -2·(-0.5) = 1, grad -2 (no IS on positives)
+    # token 2: A = -1, ratio 3 -> α = 1 (clamped): loss -(1)(-1)(-1) = -1, grad +1
+    # token 3: A = -1, ratio 0.5 -> α = 0.5: loss -0.5·(-1)·(-2) = -1, grad +0.5
+    lp = [[-0.5, -1.0, -2.0]]
+    old = [[-0.5 - math.log(3.0), -1.0 - math.log(3.0), -2.0 - math.log(0.5)]]
+    loss, grad, metrics = run("topr", lp, old, [[2.0, -1.0, -1.0]], [[1, 1, 1]])
+    close(loss, [[1.0, -1.0, -1.0]])
+    close(grad, [[-2.0, 1.0, 0.5]])
+    close(metrics["topr_clamped_fraction"], 0.5)
+    # sequence level: the row's ratio is 3·3·0.5 = 4.5 -> α = 1 on both negatives
+    _, grad, _ = run("topr", lp, old, [[2.0, -1.0, -1.0]], [[1, 1, 1]], level="sequence")
+    close(grad, [[-2.0, 1.0, 1.0]])
+
+
+def test_opmd_adds_a_squared_log_ratio_penalty() -> None:
+    # A = 1, log π = -1, log π_old = -1.5: loss = 1 + τ/2·0.25; grad = -1 + τ·0.5
+    loss, grad, metrics = run("opmd", [[-1.0]], [[-1.5]], [[1.0]], [[1]], tau=2.0)
+    close(loss, [[1.0 + 0.25]])
+    close(grad, [[-1.0 + 1.0]])
+    close(metrics["opmd_penalty"], 0.125)

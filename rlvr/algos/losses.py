@@ -206,6 +206,77 @@ def gspo_loss(
     return loss_BT, metrics
 
 
+def topr_loss(
+    logprobs_BT: Tensor,
+    old_logprobs_BT: Tensor,
+    advantages_BT: Tensor,
+    mask_BT: Tensor,
+    *,
+    level: str = "token",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """TOPR, tapered off-policy REINFORCE: positives like SFT, negatives with a ratio capped at 1.
+
+    loss = -sg(α) · A · log π_θ,   α = 1 if A >= 0,   α = clamp(ρ, 0, 1) if A < 0
+
+    Le Roux et al., "Tapered Off-Policy REINFORCE: Stable and efficient reinforcement learning for
+    LLMs", arXiv:2503.14286 (written there with the reward R; rlvr passes the advantage, i.e. the
+    reward minus a baseline, which the paper's baseline discussion covers). The paper's ratio is
+    per sequence, π_θ(y)/π_old(y) (``level = "sequence"``: the product of the row's token
+    ratios); ``level = "token"`` uses each token's own ratio, as some implementations do.
+    Metric ``topr_clamped_fraction``: negative-advantage tokens whose ratio exceeded 1.
+    """
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
+    mask_BT = mask_BT.bool()
+    zeros_BT = torch.zeros_like(logprobs_BT)
+    logprobs_BT = torch.where(mask_BT, logprobs_BT, zeros_BT)
+    advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
+    log_ratio_BT = torch.where(mask_BT, logprobs_BT.detach() - old_logprobs_BT, zeros_BT)
+    if level == "sequence":
+        log_ratio_BT = torch.where(mask_BT, log_ratio_BT.sum(-1, keepdim=True).expand_as(log_ratio_BT), zeros_BT)
+    ratio_BT = torch.exp(log_ratio_BT)
+    negative_BT = advantages_BT < 0
+    alpha_BT = torch.where(negative_BT, ratio_BT.clamp(0.0, 1.0), torch.ones_like(ratio_BT))
+    loss_BT = -alpha_BT * advantages_BT * logprobs_BT
+    clamped = mask_BT & negative_BT & (ratio_BT > 1.0)
+    negatives = (mask_BT & negative_BT).sum().clamp(min=1).to(ratio_BT.dtype)
+    return loss_BT, {"topr_clamped_fraction": clamped.sum().to(ratio_BT.dtype) / negatives,
+                     "ratio_mean": _masked_mean(ratio_BT, mask_BT)}
+
+
+def opmd_loss(
+    logprobs_BT: Tensor,
+    old_logprobs_BT: Tensor,
+    advantages_BT: Tensor,
+    mask_BT: Tensor,
+    *,
+    tau: float = 1.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Online policy mirror descent (Kimi k1.5): REINFORCE plus a squared log-ratio penalty.
+
+    loss = -A · log π_θ + τ/2 · (log π_θ - log π_old)²
+
+    Kimi Team, "Kimi k1.5: Scaling Reinforcement Learning with LLMs", arXiv:2501.12599, §2.3.2:
+    the gradient of their surrogate is Σ_j [∇log π(y_j)(r_j - r̄) - τ/2 ∇(log π(y_j)/π_old(y_j))²]
+    over whole responses. This is the per-token form of that penalty (the REP/OPMD regulariser of
+    "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm", arXiv:2509.24203): at π_θ =
+    π_old it adds nothing, and it pulls tokens that moved back toward the sampling policy.
+    Pair it with ``dr_grpo`` (the paper's baseline is the mean reward, without std division).
+    Metric ``opmd_penalty``: mean of (log π_θ - log π_old)² / 2.
+    """
+    if tau < 0:
+        raise ValueError(f"tau must be >= 0, got {tau}")
+    mask_BT = mask_BT.bool()
+    zeros_BT = torch.zeros_like(logprobs_BT)
+    logprobs_BT = torch.where(mask_BT, logprobs_BT, zeros_BT)
+    advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
+    log_ratio_BT = torch.where(mask_BT, logprobs_BT - old_logprobs_BT, zeros_BT)
+    penalty_BT = 0.5 * log_ratio_BT**2
+    loss_BT = -advantages_BT * logprobs_BT + tau * penalty_BT
+    return loss_BT, {"opmd_penalty": _masked_mean(penalty_BT, mask_BT),
+                     "ratio_mean": _masked_mean(torch.exp(log_ratio_BT), mask_BT)}
+
+
 def _masked_mean(x_BT: Tensor, mask_BT: Tensor) -> Tensor:
     with torch.no_grad():
         return torch.where(mask_BT, x_BT.detach(), 0.0).sum() / mask_BT.sum().clamp(min=1)
@@ -216,4 +287,6 @@ LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "pg": pg_loss,
     "cispo": cispo_loss,
     "gspo": gspo_loss,
+    "topr": topr_loss,
+    "opmd": opmd_loss,
 }
