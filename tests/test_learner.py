@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
+from rlvr.algos import LOSSES
 from rlvr.train.learner import Learner, lr_lambda
 from rlvr.train.logprobs import token_logprobs
 from rlvr.train.update import UpdateSettings, update_policy
@@ -370,3 +371,33 @@ def test_a_step_without_gradients_is_a_step_with_zero_gradients() -> None:
 
     for a, b in zip(run(True), run(False)):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+@pytest.mark.parametrize("offpolicy", ["none", "tis"])
+def test_micro_batch_size_does_not_change_the_gradient_of_any_loss(loss: str, offpolicy: str) -> None:
+    """Two mini-batches with a large SGD step between them: the second is off-policy, so ratios,
+    clipping and importance weights are exercised (the engine log-probs in make_groups are all
+    -1, far from the model's, so tis truncates too)."""
+    def grads(micro: int) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
+        recorder = SGDRecorder(make_tiny_model())
+        settings = UpdateSettings(loss=loss, micro_batch_size=micro, mini_batches=2, offpolicy=offpolicy)
+        metrics = update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
+                                generator=torch.Generator().manual_seed(0))
+        return recorder.grads, metrics
+
+    whole, metrics = grads(6)
+    assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-3)  # the second mini-batch was off-policy
+    assert_grads_close(grads(1)[0], whole)
+    assert_grads_close(grads(4)[0], whole)
+
+
+class SGDRecorder(GradRecorder):
+    """Records the gradients, then moves the weights by a plain SGD step of size 1."""
+
+    def step(self) -> float:
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p -= p.grad
+        return super().step()
