@@ -24,6 +24,19 @@ def test_rloo_by_hand() -> None:
     assert (ESTIMATORS["rloo"](torch.tensor([[3.0], [5.0]])) == 0).all()  # G = 1: no other sample
 
 
+def test_remax_subtracts_the_greedy_reward() -> None:
+    baseline = torch.tensor([1.0, 0.5])
+    expected = torch.tensor([[0.0, -1.0, -1.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    torch.testing.assert_close(ESTIMATORS["remax"](R, baseline_P=baseline), expected)
+    with pytest.raises(ValueError, match="baseline_P"):
+        ESTIMATORS["remax"](R, baseline_P=torch.tensor([1.0]))
+
+
+def test_remax_baseline_is_not_a_config_setting() -> None:
+    with pytest.raises(ConfigError, match="it takes no keywords"):
+        load_config(None, ['algo.advantage="remax"', "algo.advantage_kwargs={baseline_P = 1.0}"])
+
+
 def test_dr_grpo_is_mean_only() -> None:
     expected = torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.0, 0.0, 0.0, 0.0]])
     torch.testing.assert_close(ESTIMATORS["dr_grpo"](R), expected)
@@ -75,7 +88,7 @@ def test_bnpo_rejects_rewards_outside_its_range() -> None:
     )
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo"])
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo"])  # remax: by design not
 def test_equal_rewards_give_zero_advantage(name: str) -> None:
     rewards = torch.tensor([[0.3, 0.3, 0.3], [1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
     out = ESTIMATORS[name](rewards)
@@ -124,6 +137,8 @@ def test_two_training_steps_with_every_estimator(name: str, tiny_dir: Path, tmp_
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["advantage_abs_mean"] > 0 and r["trained_fraction"] > 0 for r in rows)
     assert summary["steps"] == 2
+    if name == "remax":  # the loop sampled and scored one greedy completion per prompt
+        assert all(0 < r["greedy_reward"] <= 1 for r in rows)
 
 
 def test_estimator_keywords_are_checked_against_the_function() -> None:

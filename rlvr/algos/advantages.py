@@ -160,6 +160,24 @@ def bnpo_advantages(
     return advantages_PG.to(rewards_PG.dtype)
 
 
+def remax_advantages(rewards_PG: Tensor, *, baseline_P: Tensor) -> Tensor:
+    """ReMax: each prompt's baseline is the reward of its greedy completion.
+
+    A_pg = r_pg - r(x_p, ŷ_p),   ŷ_p = the greedy (temperature 0) completion of prompt p
+
+    Li et al., "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for
+    Aligning Large Language Models", arXiv:2310.10505. The training loop samples and scores the
+    greedy completion itself whenever this estimator is selected (one extra greedy sample per
+    prompt, logged as ``greedy_reward``); ``baseline_P`` is not a config setting. Unlike the group
+    baselines, a group whose samples all differ from the greedy answer's reward has signal,
+    which is what makes ReMax work with G = 1.
+    """
+    _check_PG(rewards_PG)
+    if baseline_P.shape != rewards_PG.shape[:1]:
+        raise ValueError(f"baseline_P must be [P] = [{rewards_PG.shape[0]}], got {tuple(baseline_P.shape)}")
+    return rewards_PG - baseline_P.to(rewards_PG.dtype)[:, None]
+
+
 def _check_PG(rewards_PG: Tensor) -> None:
     if rewards_PG.ndim != 2:
         raise ValueError(f"rewards_PG must be [P, G], got shape {tuple(rewards_PG.shape)}")
@@ -177,4 +195,9 @@ ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "reinforce_pp": reinforce_pp_advantages,
     "lite_ppo": lite_ppo_advantages,
     "bnpo": bnpo_advantages,
+    "remax": remax_advantages,
 }
+
+LOOP_INPUTS = ("baseline_P",)
+"""Estimator keywords the training loop fills in (never set from the config):
+baseline_P = the reward of each prompt's greedy completion (Group.metadata["greedy_reward"])."""

@@ -9,8 +9,10 @@ from typing import Any
 
 
 def keyword_options(fn: Callable[..., Any]) -> list[str]:
-    """Names of `fn`'s keyword-only parameters: the knobs a config may set."""
-    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    """Names of `fn`'s keyword-only parameters with defaults: the knobs a config may set
+    (a keyword without a default, like ReMax's baseline_P, is an input the loop supplies)."""
+    return [p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty]
 
 
 def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str]) -> None:

@@ -15,9 +15,11 @@ Departures from the GRPO paper (arXiv:2402.03300), all configurable: clip-higher
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import shutil
 import signal
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -26,7 +28,6 @@ from typing import Any
 
 import torch
 
-from rlvr.runtime import keep_freed_memory
 from rlvr.config import RunConfig, load_config, to_toml
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
 from rlvr.data.sampler import UniformSampler
@@ -34,10 +35,11 @@ from rlvr.log import ConsoleProgress, JsonlSink
 from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from rlvr.rewards import RewardFn, build_rewards
 from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.learner import Learner
 from rlvr.train.rollouts import generate_groups, group_metrics
-from rlvr.train.update import UpdateSettings, compute_advantages, update_policy
+from rlvr.train.update import UpdateSettings, compute_advantages, needs_greedy_baseline, update_policy
 from rlvr.types import Group, SamplingParams
 
 
@@ -141,6 +143,11 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     if progress:
         progress.status("generating")
     groups = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards, run.params)
+    if needs_greedy_baseline(run.settings.advantage):  # ReMax: one greedy completion per prompt as baseline
+        greedy = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards,
+                                 dataclasses.replace(run.params, temperature=0.0, top_k=0, top_p=1.0, n=1))
+        groups = [dataclasses.replace(g, metadata={**g.metadata, "greedy_reward": b.samples[0].reward})
+                  for g, b in zip(groups, greedy)]
     run.sampler.observe(groups)
     t1 = time.perf_counter()
     if progress:
@@ -150,6 +157,8 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     if not run.shared_weights:
         run.engine.update_weights(run.learner.model.state_dict())
     t2 = time.perf_counter()
+    if needs_greedy_baseline(run.settings.advantage):
+        update["greedy_reward"] = statistics.fmean(g.metadata["greedy_reward"] for g in groups)
     metrics = {"step": step, **group_metrics(groups, run.rewards[0].name), **update,
                "lr": run.learner.applied_lr, "epoch": run.sampler.epoch}
     metrics |= {"generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0,

@@ -6,6 +6,7 @@ estimator and the loss aggregation are all looked up by name; nothing here is a 
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,10 +112,22 @@ def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor
     return rewards_PG, metrics
 
 
+def needs_greedy_baseline(advantage: str) -> bool:
+    """Whether the estimator takes the reward of each prompt's greedy completion (ReMax)."""
+    return "baseline_P" in inspect.signature(ESTIMATORS[advantage]).parameters
+
+
 def compute_advantages(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
     """advantages_PG from the groups' (shaped) rewards with the configured estimator."""
     rewards_PG, _ = shaped_rewards(groups, s)
-    return ESTIMATORS[s.advantage](rewards_PG, **s.advantage_kwargs)
+    kwargs = dict(s.advantage_kwargs)
+    if needs_greedy_baseline(s.advantage):
+        missing = [g.prompt[:40] for g in groups if "greedy_reward" not in g.metadata]
+        if missing:
+            raise ValueError(f"advantage {s.advantage!r} needs each group's metadata['greedy_reward'] (the "
+                             f"reward of a greedy completion; `rlvr train` adds it); missing for {missing[0]!r}")
+        kwargs["baseline_P"] = torch.tensor([float(g.metadata["greedy_reward"]) for g in groups])
+    return ESTIMATORS[s.advantage](rewards_PG, **kwargs)
 
 
 def update_policy(
