@@ -112,13 +112,9 @@ def pg_loss(
     which equals PPO's at ratio 1, i.e. on-policy. ``old_logprobs_BT`` only feeds the
     ``ratio_mean`` metric (how far off-policy the data is).
     """
-    mask_BT = mask_BT.bool()
-    zeros_BT = torch.zeros_like(logprobs_BT)
-    logprobs_BT = torch.where(mask_BT, logprobs_BT, zeros_BT)
-    advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     loss_BT = -advantages_BT * logprobs_BT
-    ratio_BT = torch.exp(torch.where(mask_BT, logprobs_BT.detach() - old_logprobs_BT, zeros_BT))
-    return loss_BT, {"ratio_mean": _masked_mean(ratio_BT, mask_BT)}
+    return loss_BT, {"ratio_mean": _masked_mean(torch.exp(log_ratio_BT), mask_BT)}
 
 
 def cispo_loss(
@@ -145,11 +141,8 @@ def cispo_loss(
     """
     if not 0.0 <= min_weight <= 1.0 <= max_weight:
         raise ValueError(f"need 0 <= min_weight <= 1 <= max_weight, got {min_weight}, {max_weight}")
-    mask_BT = mask_BT.bool()
-    zeros_BT = torch.zeros_like(logprobs_BT)
-    logprobs_BT = torch.where(mask_BT, logprobs_BT, zeros_BT)
-    advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
-    ratio_BT = torch.exp(torch.where(mask_BT, logprobs_BT.detach() - old_logprobs_BT, zeros_BT))
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    ratio_BT = torch.exp(log_ratio_BT.detach())
     weight_BT = ratio_BT.clamp(min_weight, max_weight)
     loss_BT = -weight_BT * advantages_BT * logprobs_BT
     metrics = {
@@ -227,13 +220,10 @@ def topr_loss(
     """
     if level not in ("token", "sequence"):
         raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
-    mask_BT = mask_BT.bool()
-    zeros_BT = torch.zeros_like(logprobs_BT)
-    logprobs_BT = torch.where(mask_BT, logprobs_BT, zeros_BT)
-    advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
-    log_ratio_BT = torch.where(mask_BT, logprobs_BT.detach() - old_logprobs_BT, zeros_BT)
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    log_ratio_BT = log_ratio_BT.detach()
     if level == "sequence":
-        log_ratio_BT = torch.where(mask_BT, log_ratio_BT.sum(-1, keepdim=True).expand_as(log_ratio_BT), zeros_BT)
+        log_ratio_BT = torch.where(mask_BT, log_ratio_BT.sum(-1, keepdim=True).expand_as(log_ratio_BT), 0.0)
     ratio_BT = torch.exp(log_ratio_BT)
     negative_BT = advantages_BT < 0
     alpha_BT = torch.where(negative_BT, ratio_BT.clamp(0.0, 1.0), torch.ones_like(ratio_BT))
@@ -266,15 +256,28 @@ def opmd_loss(
     """
     if tau < 0:
         raise ValueError(f"tau must be >= 0, got {tau}")
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    penalty_BT = 0.5 * log_ratio_BT**2
+    loss_BT = -advantages_BT * logprobs_BT + tau * penalty_BT
+    return loss_BT, {"opmd_penalty": _masked_mean(penalty_BT, mask_BT),
+                     "ratio_mean": _masked_mean(torch.exp(log_ratio_BT), mask_BT)}
+
+
+def _masked(
+    logprobs_BT: Tensor, old_logprobs_BT: Tensor, advantages_BT: Tensor, mask_BT: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(bool mask, logprobs, advantages, log π_θ - log π_old), each 0 at masked positions.
+
+    `torch.where`, not multiplication, so a NaN or inf at a masked position reaches neither the
+    loss nor the gradient (0 · NaN = NaN). The log-ratio keeps its gradient; detach it for
+    weights that must not carry one.
+    """
     mask_BT = mask_BT.bool()
     zeros_BT = torch.zeros_like(logprobs_BT)
     logprobs_BT = torch.where(mask_BT, logprobs_BT, zeros_BT)
     advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
     log_ratio_BT = torch.where(mask_BT, logprobs_BT - old_logprobs_BT, zeros_BT)
-    penalty_BT = 0.5 * log_ratio_BT**2
-    loss_BT = -advantages_BT * logprobs_BT + tau * penalty_BT
-    return loss_BT, {"opmd_penalty": _masked_mean(penalty_BT, mask_BT),
-                     "ratio_mean": _masked_mean(torch.exp(log_ratio_BT), mask_BT)}
+    return mask_BT, logprobs_BT, advantages_BT, log_ratio_BT
 
 
 def _masked_mean(x_BT: Tensor, mask_BT: Tensor) -> Tensor:
