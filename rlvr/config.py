@@ -112,6 +112,8 @@ class AlgoConfig(_Section):
     offpolicy: str = "none"
     """Correction for the engine/learner log-prob mismatch, by name (rlvr.algos.CORRECTIONS): "none", "tis", "mis"."""
     offpolicy_kwargs: dict[str, Any] = {}
+    mask_truncated: bool = False
+    """Leave completions cut off at max_new_tokens out of the loss entirely (DAPO's overlong filtering)."""
     shaping: list[ShapingSpec] = []
     """Length-based reward shaping applied in order before the advantages, e.g. [{fn = "overlong", kwargs = {cache = 16}}] (rlvr.algos.SHAPING: overlong, kimi_length)."""
     """Keyword arguments of the correction, e.g. {cap = 2.0, level = "sequence"} for tis."""

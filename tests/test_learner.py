@@ -4,6 +4,7 @@ advantages, masking) against a plain reference loop. Tiny fp32 model unless stat
 
 from __future__ import annotations
 
+import dataclasses
 import copy
 import io
 import math
@@ -401,3 +402,27 @@ class SGDRecorder(GradRecorder):
                 if p.grad is not None:
                     p -= p.grad
         return super().step()
+
+
+def truncate(groups: list[Group], which: set[tuple[int, int]]) -> list[Group]:
+    """Mark samples (group, index) as cut off by the token budget."""
+    return [Group(g.prompt, tuple(dataclasses.replace(s, completion=dataclasses.replace(s.completion, finish_reason="length"))
+                                  if (p, k) in which else s for k, s in enumerate(g.samples)), g.metadata)
+            for p, g in enumerate(groups)]
+
+
+def test_mask_truncated_leaves_cut_off_samples_out_of_the_loss() -> None:
+    groups = truncate(make_groups(GROUPS), {(0, 0), (1, 2)})
+    masked = UpdateSettings(micro_batch_size=6, mask_truncated=True)
+    metrics = update_policy(GradRecorder(make_tiny_model()), groups, masked, pad_token_id=0)  # type: ignore[arg-type]
+    assert metrics["masked_truncated_fraction"] == pytest.approx(2 / 6)
+    assert metrics["trained_fraction"] == pytest.approx(4 / 6)
+    # it changes the gradient, and micro-batching still does not
+    whole = recorded_grads(groups, masked)
+    unmasked = recorded_grads(groups, UpdateSettings(micro_batch_size=6))
+    assert any(not torch.allclose(whole[0][n], unmasked[0][n]) for n in whole[0])
+    assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=1, mask_truncated=True)), whole)
+    # every sample cut off: nothing to train on
+    everything = truncate(make_groups(GROUPS), {(p, k) for p in range(2) for k in range(3)})
+    metrics = update_policy(GradRecorder(make_tiny_model()), everything, masked, pad_token_id=0)  # type: ignore[arg-type]
+    assert metrics["trained_fraction"] == 0.0 and metrics["masked_truncated_fraction"] == 1.0

@@ -124,7 +124,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
         advantage=a.advantage, advantage_kwargs=a.estimator_kwargs(),
         loss=a.loss, loss_kwargs=a.policy_loss_kwargs(), offpolicy=a.offpolicy,
         offpolicy_kwargs=dict(a.offpolicy_kwargs),
-        shaping=tuple((spec.fn, dict(spec.kwargs)) for spec in a.shaping),
+        shaping=tuple((spec.fn, dict(spec.kwargs)) for spec in a.shaping), mask_truncated=a.mask_truncated,
         aggregation=a.aggregation, max_tokens=s.max_new_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
         entropy_coef=a.entropy_coef, epochs=tr.epochs, mini_batches=tr.mini_batches,
         micro_batch_size=tr.micro_batch_size, temperature=s.temperature, logprob_chunk=tr.logprob_chunk,

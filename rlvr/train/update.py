@@ -32,6 +32,8 @@ class UpdateSettings:
     """Correction between the engine's sampling log-probs and the learner's (rlvr.algos.CORRECTIONS)."""
     offpolicy_kwargs: dict[str, Any] = field(default_factory=dict)
     shaping: tuple[tuple[str, dict[str, Any]], ...] = ()
+    mask_truncated: bool = False
+    """DAPO's overlong filtering: leave completions cut off at max_tokens out of the loss."""
     """Length-based reward shaping, (name, kwargs) applied in order before the advantages."""
     aggregation: str = "token-mean"
     max_tokens: int = 128
@@ -151,7 +153,10 @@ def update_policy(
     # not run at all unless a KL or entropy term gives it a gradient of its own. (GRPO groups whose
     # rewards are all equal are common: 30-90% of groups late in a run.)
     needs_all = s.kl_coef > 0 or s.entropy_coef != 0
-    trained = {i for i in range(len(samples)) if needs_all or advantages_B[i] != 0}
+    # DAPO's overlong filtering: a completion cut off by the token budget is left out of the
+    # loss altogether (numerator and the token/sequence counts), not treated as a failure.
+    dropped = {i for i, smp in enumerate(samples) if s.mask_truncated and smp.completion.finish_reason == "length"}
+    trained = {i for i in range(len(samples)) if (needs_all or advantages_B[i] != 0) and i not in dropped}
     old = None if reuse_current else _score_all(model, samples, s, pad_token_id, trained)
     ref = _score_all(ref_model, samples, s, pad_token_id, trained) if (s.kl_coef > 0 and ref_model is not None) else None
 
@@ -162,11 +167,11 @@ def update_policy(
         order = torch.randperm(len(samples), generator=generator).tolist()
         size = len(samples) // s.mini_batches
         for k in range(s.mini_batches):
-            mini = order[k * size : (k + 1) * size]
+            mini = [i for i in order[k * size : (k + 1) * size] if i not in dropped]
             totals = {"total_tokens": float(sum(len(samples[i].completion.token_ids) for i in mini)),
                       "total_seqs": float(len(mini))}
-            # The totals count every sample of the mini-batch, skipped or not: the gradient is
-            # the one of the full mini-batch.
+            # The totals count every sample of the mini-batch, skipped for zero advantage or
+            # not: the gradient is the one of the full mini-batch.
             run = [i for i in mini if i in trained]
             for micro in _micro_batches(run, samples, s.micro_batch_size):
                 _accumulate(learner, samples, micro, advantages_B, old, ref, s, totals, pad_token_id, device, sums)
@@ -180,6 +185,8 @@ def update_policy(
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
     metrics["advantage_abs_mean"] = float(advantages_B.abs().mean())
     metrics["trained_fraction"] = len(trained) / len(samples)
+    if s.mask_truncated:
+        metrics["masked_truncated_fraction"] = len(dropped) / len(samples)
     return metrics | {k: v for k, v in maxima.items() if k != "ratio_max"} | shaped_rewards(groups, s)[1]
 
 
