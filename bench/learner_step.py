@@ -2,6 +2,7 @@
 
     python bench/learner_step.py --batch 16 --prompt 64 --completion 192 --precision fp32
     python bench/learner_step.py --naive ...   # full-vocabulary logits, for comparison
+    python bench/learner_step.py --chunk 1024 --no-malloc-tuning --profile   # the variants in docs/LOG.md
 
 Prints one JSON line: seconds, tokens/s and peak RSS of the process (ru_maxrss).
 """
@@ -17,6 +18,7 @@ import torch
 
 from rlvr.bench import fake_groups
 from rlvr.models import load_model
+from rlvr.runtime import keep_freed_memory
 from rlvr.train.learner import Learner
 from rlvr.train.update import UpdateSettings, update_policy
 from rlvr.types import Group
@@ -45,21 +47,32 @@ def main() -> None:
     ap.add_argument("--naive", action="store_true")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     ap.add_argument("--steps", type=int, default=2, help="timed: the last one (the first primes allocators)")
+    ap.add_argument("--chunk", type=int, default=256, help="LM-head chunk (train.logprob_chunk)")
+    ap.add_argument("--no-malloc-tuning", action="store_true", help="skip rlvr.runtime.keep_freed_memory()")
+    ap.add_argument("--profile", action="store_true", help="print the top ops of the last update")
     args = ap.parse_args()
+    if not args.no_malloc_tuning:
+        keep_freed_memory()
     model = load_model("builtin:smollm2-135m-instruct", args.precision)
     learner = Learner(model, lr=1e-6)
     groups = fake_groups(args.batch, args.group, args.prompt, args.completion, model.config.vocab_size)
-    settings = UpdateSettings(micro_batch_size=args.micro_batch, max_tokens=args.completion)
+    settings = UpdateSettings(micro_batch_size=args.micro_batch, max_tokens=args.completion, logprob_chunk=args.chunk)
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     if args.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    for _ in range(args.steps):
+    for step in range(args.steps):
+        profiler = torch.profiler.profile() if args.profile and step == args.steps - 1 else None
+        if profiler:
+            profiler.start()
         start = time.perf_counter()
         if args.naive:
             naive_step(model, learner, groups)
         else:
             update_policy(learner, groups, settings, pad_token_id=0)
         seconds = time.perf_counter() - start
+        if profiler:
+            profiler.stop()
+            print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
     tokens = args.batch * (args.prompt + args.completion)
     print(json.dumps({"mode": "naive" if args.naive else "rlvr", "precision": args.precision, "batch": args.batch,
                       "micro_batch": args.batch if args.naive else args.micro_batch,
