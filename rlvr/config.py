@@ -79,6 +79,14 @@ class EngineConfig(_Section):
     """Decode steps: "static" (preallocated KV cache, fused projections; Llama/Mistral/Qwen2), "hf" (the model's own forward; any causal LM), "auto" = static where it applies."""
 
 
+def _check_registered(kind: str, value: str, registry: dict[str, Any]) -> None:
+    """Raise a ValueError naming the nearest registered name when `value` is not one."""
+    if value not in registry:
+        near = difflib.get_close_matches(value, list(registry), n=1)
+        hint = f"; did you mean '{near[0]}'?" if near else ""
+        raise ValueError(f"unknown {kind} {value!r}{hint} (available: {', '.join(sorted(registry))})")
+
+
 class ShapingSpec(_Section):
     fn: str
     """Shaping function by name (rlvr.algos.SHAPING)."""
@@ -90,10 +98,7 @@ class ShapingSpec(_Section):
         from rlvr.algos import SHAPING
         from rlvr.algos.registry import check_keywords
 
-        if self.fn not in SHAPING:
-            near = difflib.get_close_matches(self.fn, list(SHAPING), n=1)
-            hint = f"; did you mean '{near[0]}'?" if near else ""
-            raise ValueError(f"unknown shaping {self.fn!r}{hint} (available: {', '.join(sorted(SHAPING))})")
+        _check_registered("shaping", self.fn, SHAPING)
         check_keywords(f"algo.shaping {self.fn!r}", SHAPING[self.fn], self.kwargs)
         return self
 
@@ -112,11 +117,11 @@ class AlgoConfig(_Section):
     offpolicy: str = "none"
     """Correction for the engine/learner log-prob mismatch, by name (rlvr.algos.CORRECTIONS): "none", "tis", "mis"."""
     offpolicy_kwargs: dict[str, Any] = {}
+    """Keyword arguments of the correction, e.g. {cap = 2.0, level = "sequence"} for tis."""
     mask_truncated: bool = False
     """Leave completions cut off at max_new_tokens out of the loss entirely (DAPO's overlong filtering)."""
     shaping: list[ShapingSpec] = []
     """Length-based reward shaping applied in order before the advantages, e.g. [{fn = "overlong", kwargs = {cache = 16}}] (rlvr.algos.SHAPING: overlong, kimi_length)."""
-    """Keyword arguments of the correction, e.g. {cap = 2.0, level = "sequence"} for tis."""
     clip_low: float | None = Field(None, ge=0, lt=1)
     """Lower clip for every loss that clips (ratios below 1 - clip_low); unset = the loss's own default (ppo_clip 0.2, gspo 3e-4)."""
     clip_high: float | None = Field(None, ge=0)
@@ -139,11 +144,7 @@ class AlgoConfig(_Section):
         from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES  # registries of named functions
 
         registries: dict[str, dict[str, Any]] = {"advantage": ESTIMATORS, "loss": LOSSES, "offpolicy": CORRECTIONS}
-        names = list(registries[str(info.field_name)])
-        if value not in names:
-            near = difflib.get_close_matches(value, list(names), n=1)
-            hint = f"; did you mean '{near[0]}'?" if near else ""
-            raise ValueError(f"unknown {info.field_name} {value!r}{hint} (available: {', '.join(sorted(names))})")
+        _check_registered(str(info.field_name), value, registries[str(info.field_name)])
         return value
 
     @model_validator(mode="after")
@@ -157,9 +158,6 @@ class AlgoConfig(_Section):
         check_keywords(f"algo.offpolicy_kwargs for {self.offpolicy!r}", CORRECTIONS[self.offpolicy],
                        self.offpolicy_kwargs)
         return self
-
-    def estimator_kwargs(self) -> dict[str, Any]:
-        return dict(self.advantage_kwargs)
 
     def policy_loss_kwargs(self) -> dict[str, Any]:
         """The clip settings the loss takes, then `loss_kwargs` on top."""

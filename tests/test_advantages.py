@@ -147,7 +147,7 @@ def test_estimator_keywords_are_checked_against_the_function() -> None:
     with pytest.raises(ConfigError, match="'rloo'.*it takes no keywords"):
         load_config(None, ['algo.advantage="rloo"', "algo.advantage_kwargs={normalize_std = false}"])
     cfg = load_config(None, ['algo.advantage="bnpo"', "algo.advantage_kwargs={max_reward = 2.0}"])
-    assert cfg.algo.estimator_kwargs() == {"max_reward": 2.0}
+    assert cfg.algo.advantage_kwargs == {"max_reward": 2.0}
 
 
 def test_loss_gets_the_clip_settings_it_takes() -> None:

@@ -121,7 +121,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
     encode = lambda exs: [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in exs]  # noqa: E731
     a, s = cfg.algo, cfg.sampling
     settings = UpdateSettings(
-        advantage=a.advantage, advantage_kwargs=a.estimator_kwargs(),
+        advantage=a.advantage, advantage_kwargs=dict(a.advantage_kwargs),
         loss=a.loss, loss_kwargs=a.policy_loss_kwargs(), offpolicy=a.offpolicy,
         offpolicy_kwargs=dict(a.offpolicy_kwargs),
         shaping=tuple((spec.fn, dict(spec.kwargs)) for spec in a.shaping), mask_truncated=a.mask_truncated,
@@ -143,7 +143,8 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     if progress:
         progress.status("generating")
     groups = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards, run.params)
-    if needs_greedy_baseline(run.settings.advantage):  # ReMax: one greedy completion per prompt as baseline
+    greedy_baseline = needs_greedy_baseline(run.settings.advantage)
+    if greedy_baseline:  # ReMax: one greedy completion per prompt as baseline
         greedy = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards,
                                  dataclasses.replace(run.params, temperature=0.0, top_k=0, top_p=1.0, n=1))
         groups = [dataclasses.replace(g, metadata={**g.metadata, "greedy_reward": b.samples[0].reward})
@@ -157,7 +158,7 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     if not run.shared_weights:
         run.engine.update_weights(run.learner.model.state_dict())
     t2 = time.perf_counter()
-    if needs_greedy_baseline(run.settings.advantage):
+    if greedy_baseline:
         update["greedy_reward"] = statistics.fmean(g.metadata["greedy_reward"] for g in groups)
     metrics = {"step": step, **group_metrics(groups, run.rewards[0].name), **update,
                "lr": run.learner.applied_lr, "epoch": run.sampler.epoch}

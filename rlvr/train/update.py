@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 from rlvr.algos import CORRECTIONS, ESTIMATORS, KL_ESTIMATORS, LOSSES, SHAPING, aggregate_loss, mismatch_metrics
 from rlvr.train.learner import Learner
+from rlvr.train.rollouts import is_correct
 from rlvr.train.logprobs import token_logprobs
 from rlvr.types import Group, Sample
 
@@ -105,8 +106,7 @@ def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor
         return rewards_PG, metrics
     lengths_PG = torch.tensor([[len(x.completion.token_ids) for x in g.samples] for g in groups])
     # correct: the first (correctness) reward function gave full marks, as in the accuracy metric
-    correct_PG = torch.tensor([[next(iter(x.reward_parts.values()), 0.0) >= 1.0 - 1e-6 for x in g.samples]
-                               for g in groups])
+    correct_PG = torch.tensor([[is_correct(x, next(iter(x.reward_parts), "")) for x in g.samples] for g in groups])
     for name, kwargs in s.shaping:
         rewards_PG, m = SHAPING[name](rewards_PG, lengths_PG, correct_PG, s.max_tokens, **kwargs)
         metrics |= m
@@ -121,7 +121,11 @@ def needs_greedy_baseline(advantage: str) -> bool:
 
 def compute_advantages(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
     """advantages_PG from the groups' (shaped) rewards with the configured estimator."""
-    rewards_PG, _ = shaped_rewards(groups, s)
+    return _advantages_and_shaping(groups, s)[0]
+
+
+def _advantages_and_shaping(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor, dict[str, float]]:
+    rewards_PG, shaping_metrics = shaped_rewards(groups, s)
     kwargs = dict(s.advantage_kwargs)
     if needs_greedy_baseline(s.advantage):
         missing = [g.prompt[:40] for g in groups if "greedy_reward" not in g.metadata]
@@ -129,7 +133,7 @@ def compute_advantages(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
             raise ValueError(f"advantage {s.advantage!r} needs each group's metadata['greedy_reward'] (the "
                              f"reward of a greedy completion; `rlvr train` adds it); missing for {missing[0]!r}")
         kwargs["baseline_P"] = torch.tensor([float(g.metadata["greedy_reward"]) for g in groups])
-    return ESTIMATORS[s.advantage](rewards_PG, **kwargs)
+    return ESTIMATORS[s.advantage](rewards_PG, **kwargs), shaping_metrics
 
 
 def update_policy(
@@ -142,7 +146,7 @@ def update_policy(
     generator: torch.Generator | None = None,
 ) -> dict[str, float]:
     """Advantages from the groups' rewards, then the policy-gradient update; returns metrics."""
-    advantages_PG = compute_advantages(groups, s)
+    advantages_PG, shaping_metrics = _advantages_and_shaping(groups, s)
     samples = [smp for g in groups for smp in g.samples]
     advantages_B = advantages_PG.flatten()
     model, device = learner.model, next(learner.model.parameters()).device
@@ -187,7 +191,7 @@ def update_policy(
     metrics["trained_fraction"] = len(trained) / len(samples)
     if s.mask_truncated:
         metrics["masked_truncated_fraction"] = len(dropped) / len(samples)
-    return metrics | {k: v for k, v in maxima.items() if k != "ratio_max"} | shaped_rewards(groups, s)[1]
+    return metrics | {k: v for k, v in maxima.items() if k != "ratio_max"} | shaping_metrics
 
 
 def _accumulate(
