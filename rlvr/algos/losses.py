@@ -10,6 +10,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from rlvr.algos.masked import log_ratio, masked_mean
+
 
 def ppo_clip_loss(
     logprobs_BT: Tensor,
@@ -87,15 +89,15 @@ def ppo_clip_loss(
         )
         num_tokens = mask_BT.sum().clamp(min=1).to(ratio.dtype)
 
-        def masked_mean(x_BT: Tensor) -> Tensor:
+        def token_mean(x_BT: Tensor) -> Tensor:
             return torch.where(mask_BT, x_BT.to(ratio.dtype), 0.0).sum() / num_tokens
 
         metrics = {
-            "clip_fraction": masked_mean(clipped_high_BT | clipped_low_BT),
-            "clip_fraction_low": masked_mean(clipped_low_BT),
-            "clip_fraction_high": masked_mean(clipped_high_BT),
-            "dual_clip_fraction": masked_mean(dual_clipped_BT),
-            "ratio_mean": masked_mean(ratio),
+            "clip_fraction": token_mean(clipped_high_BT | clipped_low_BT),
+            "clip_fraction_low": token_mean(clipped_low_BT),
+            "clip_fraction_high": token_mean(clipped_high_BT),
+            "dual_clip_fraction": token_mean(dual_clipped_BT),
+            "ratio_mean": token_mean(ratio),
             # ratio > 0, so 0 at masked positions never wins unless every token is masked.
             "ratio_max": torch.where(mask_BT, ratio, 0.0).max(),
         }
@@ -114,7 +116,7 @@ def pg_loss(
     """
     mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     loss_BT = -advantages_BT * logprobs_BT
-    return loss_BT, {"ratio_mean": _masked_mean(torch.exp(log_ratio_BT), mask_BT)}
+    return loss_BT, {"ratio_mean": masked_mean(torch.exp(log_ratio_BT), mask_BT)}
 
 
 def cispo_loss(
@@ -146,8 +148,8 @@ def cispo_loss(
     weight_BT = ratio_BT.clamp(min_weight, max_weight)
     loss_BT = -weight_BT * advantages_BT * logprobs_BT
     metrics = {
-        "weight_clip_fraction": _masked_mean(((ratio_BT < min_weight) | (ratio_BT > max_weight)).to(ratio_BT.dtype), mask_BT),
-        "ratio_mean": _masked_mean(ratio_BT, mask_BT),
+        "weight_clip_fraction": masked_mean(((ratio_BT < min_weight) | (ratio_BT > max_weight)).to(ratio_BT.dtype), mask_BT),
+        "ratio_mean": masked_mean(ratio_BT, mask_BT),
     }
     return loss_BT, metrics
 
@@ -218,20 +220,15 @@ def topr_loss(
     ratios); ``level = "token"`` uses each token's own ratio, as some implementations do.
     Metric ``topr_clamped_fraction``: negative-advantage tokens whose ratio exceeded 1.
     """
-    if level not in ("token", "sequence"):
-        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
-    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
-    log_ratio_BT = log_ratio_BT.detach()
-    if level == "sequence":
-        log_ratio_BT = torch.where(mask_BT, log_ratio_BT.sum(-1, keepdim=True).expand_as(log_ratio_BT), 0.0)
-    ratio_BT = torch.exp(log_ratio_BT)
+    mask_BT, logprobs_BT, advantages_BT, _ = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    ratio_BT = torch.exp(log_ratio(logprobs_BT, old_logprobs_BT, mask_BT, level))
     negative_BT = advantages_BT < 0
     alpha_BT = torch.where(negative_BT, ratio_BT.clamp(0.0, 1.0), torch.ones_like(ratio_BT))
     loss_BT = -alpha_BT * advantages_BT * logprobs_BT
     clamped = mask_BT & negative_BT & (ratio_BT > 1.0)
     negatives = (mask_BT & negative_BT).sum().clamp(min=1).to(ratio_BT.dtype)
     return loss_BT, {"topr_clamped_fraction": clamped.sum().to(ratio_BT.dtype) / negatives,
-                     "ratio_mean": _masked_mean(ratio_BT, mask_BT)}
+                     "ratio_mean": masked_mean(ratio_BT, mask_BT)}
 
 
 def opmd_loss(
@@ -259,8 +256,8 @@ def opmd_loss(
     mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     penalty_BT = 0.5 * log_ratio_BT**2
     loss_BT = -advantages_BT * logprobs_BT + tau * penalty_BT
-    return loss_BT, {"opmd_penalty": _masked_mean(penalty_BT, mask_BT),
-                     "ratio_mean": _masked_mean(torch.exp(log_ratio_BT), mask_BT)}
+    return loss_BT, {"opmd_penalty": masked_mean(penalty_BT, mask_BT),
+                     "ratio_mean": masked_mean(torch.exp(log_ratio_BT), mask_BT)}
 
 
 def _masked(
@@ -278,11 +275,6 @@ def _masked(
     advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
     log_ratio_BT = torch.where(mask_BT, logprobs_BT - old_logprobs_BT, zeros_BT)
     return mask_BT, logprobs_BT, advantages_BT, log_ratio_BT
-
-
-def _masked_mean(x_BT: Tensor, mask_BT: Tensor) -> Tensor:
-    with torch.no_grad():
-        return torch.where(mask_BT, x_BT.detach(), 0.0).sum() / mask_BT.sum().clamp(min=1)
 
 
 LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {

@@ -18,16 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-
-def _log_ratio(old_BT: Tensor, sampler_BT: Tensor, mask_BT: Tensor, level: str) -> Tensor:
-    """log ρ per token, or the row's summed log ρ broadcast to its tokens (level "sequence")."""
-    if level not in ("token", "sequence"):
-        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
-    log_ratio_BT = torch.where(mask_BT, old_BT.detach() - sampler_BT, torch.zeros_like(old_BT))
-    if level == "sequence":
-        log_ratio_BT = torch.where(mask_BT, log_ratio_BT.sum(-1, keepdim=True).expand_as(log_ratio_BT),
-                                   torch.zeros_like(log_ratio_BT))
-    return log_ratio_BT
+from rlvr.algos.masked import log_ratio, masked_mean
 
 
 def no_correction(old_logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, mask_BT: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
@@ -48,10 +39,10 @@ def truncated_is(
     if cap < 1.0:
         raise ValueError(f"cap must be >= 1, got {cap}")
     mask_BT = mask_BT.bool()
-    ratio_BT = torch.exp(_log_ratio(old_logprobs_BT, sampler_logprobs_BT, mask_BT, level))
+    ratio_BT = torch.exp(log_ratio(old_logprobs_BT, sampler_logprobs_BT, mask_BT, level))
     weights_BT = torch.where(mask_BT, ratio_BT.clamp(max=cap), torch.zeros_like(ratio_BT))
-    return weights_BT, {"is_truncated_fraction": _mean(ratio_BT > cap, mask_BT),
-                        "is_weight_mean": _mean(weights_BT, mask_BT)}
+    return weights_BT, {"is_truncated_fraction": masked_mean(ratio_BT > cap, mask_BT),
+                        "is_weight_mean": masked_mean(weights_BT, mask_BT)}
 
 
 def masked_is(
@@ -67,24 +58,19 @@ def masked_is(
     if not 0.0 <= low <= 1.0 <= high:
         raise ValueError(f"need 0 <= low <= 1 <= high, got {low}, {high}")
     mask_BT = mask_BT.bool()
-    ratio_BT = torch.exp(_log_ratio(old_logprobs_BT, sampler_logprobs_BT, mask_BT, level))
+    ratio_BT = torch.exp(log_ratio(old_logprobs_BT, sampler_logprobs_BT, mask_BT, level))
     inside_BT = (ratio_BT >= low) & (ratio_BT <= high)
     weights_BT = torch.where(mask_BT & inside_BT, ratio_BT, torch.zeros_like(ratio_BT))
-    return weights_BT, {"is_masked_fraction": _mean(~inside_BT, mask_BT),
-                        "is_weight_mean": _mean(weights_BT, mask_BT)}
+    return weights_BT, {"is_masked_fraction": masked_mean(~inside_BT, mask_BT),
+                        "is_weight_mean": masked_mean(weights_BT, mask_BT)}
 
 
 def mismatch_metrics(old_logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, mask_BT: Tensor) -> dict[str, Tensor]:
     """How far the learner's log-probs are from the engine's: logged every step, corrected or not."""
     mask_BT = mask_BT.bool()
-    log_ratio_BT = _log_ratio(old_logprobs_BT, sampler_logprobs_BT, mask_BT, "token")
-    return {"mismatch_logratio_abs": _mean(log_ratio_BT.abs(), mask_BT),
+    log_ratio_BT = log_ratio(old_logprobs_BT, sampler_logprobs_BT, mask_BT)
+    return {"mismatch_logratio_abs": masked_mean(log_ratio_BT.abs(), mask_BT),
             "mismatch_ratio_max": torch.where(mask_BT, log_ratio_BT.exp(), 0.0).max()}
-
-
-def _mean(x_BT: Tensor, mask_BT: Tensor) -> Tensor:
-    x_BT = x_BT.detach().to(torch.float32)
-    return torch.where(mask_BT, x_BT, 0.0).sum() / mask_BT.sum().clamp(min=1)
 
 
 CORRECTIONS: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
