@@ -122,6 +122,8 @@ class AlgoConfig(_Section):
     """Leave completions cut off at max_new_tokens out of the loss entirely (DAPO's overlong filtering)."""
     shaping: list[ShapingSpec] = []
     """Length-based reward shaping applied in order before the advantages, e.g. [{fn = "overlong", kwargs = {cache = 16}}] (rlvr.algos.SHAPING: overlong, kimi_length)."""
+    stratum_key: str | None = None
+    """For advantage = "stratified": the reward function whose value is each sample's stratum (give it weight 0)."""
     clip_low: float | None = Field(None, ge=0, lt=1)
     """Lower clip for every loss that clips (ratios below 1 - clip_low); unset = the loss's own default (ppo_clip 0.2, gspo 3e-4)."""
     clip_high: float | None = Field(None, ge=0)
@@ -134,6 +136,16 @@ class AlgoConfig(_Section):
     """Weight of the KL penalty to a frozen copy of the initial model (0 = no reference model)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator."""
+    kl_placement: Literal["loss", "reward"] = "loss"
+    """Where the KL goes: "loss" adds kl_coef·KL per token to the loss (GRPO); "reward" subtracts kl_coef·(summed KL) from each completion's reward before the advantages (PPO-RLHF; per token with gae)."""
+    kl_target: float | None = Field(None, gt=0)
+    """With kl_placement = "reward": adapt kl_coef toward this per-sample KL (Ziegler et al.'s controller); unset = fixed."""
+    kl_horizon: int = Field(10000, ge=1)
+    """Horizon of the adaptive KL controller (samples)."""
+    critic_lr: float = Field(1e-5, gt=0)
+    """Learning rate of the critic's AdamW (advantage = "gae" only)."""
+    value_clip: float | None = Field(0.2, gt=0)
+    """Clip of the critic's value loss around its old values (gae only; unset = plain squared error)."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (subtracted from the loss)."""
 
@@ -157,6 +169,12 @@ class AlgoConfig(_Section):
         check_keywords(f"algo.loss_kwargs for {self.loss!r}", LOSSES[self.loss], self.loss_kwargs)
         check_keywords(f"algo.offpolicy_kwargs for {self.offpolicy!r}", CORRECTIONS[self.offpolicy],
                        self.offpolicy_kwargs)
+        if self.kl_target is not None and (self.kl_placement != "reward" or self.kl_coef == 0):
+            raise ValueError("algo.kl_target adapts a KL penalty in the reward: set algo.kl_placement = \"reward\" "
+                             "and an initial algo.kl_coef > 0")
+        if self.advantage == "stratified" and self.stratum_key is None:
+            raise ValueError("algo.advantage = 'stratified' needs algo.stratum_key: the name of a reward function "
+                             "whose value is each sample's stratum (e.g. a count of tool calls, with weight 0)")
         return self
 
     def policy_loss_kwargs(self) -> dict[str, Any]:

@@ -11,6 +11,8 @@ import torch
 from rlvr.algos import ESTIMATORS
 from rlvr.config import ConfigError, load_config
 from rlvr.train.loop import train
+from rlvr.train.update import UpdateSettings, compute_advantages
+from rlvr.types import Completion, Group, Sample
 from tests.test_train import overrides, read_metrics
 
 # Two groups of four: a mixed one and a constant one (no signal).
@@ -88,6 +90,90 @@ def test_bnpo_rejects_rewards_outside_its_range() -> None:
     )
 
 
+def test_bnpo_decomposition_averages_one_fit_per_reward_part() -> None:
+    correct = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    fmt = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    parts = torch.stack([correct, fmt])
+    out = ESTIMATORS["bnpo"](correct + fmt, decompose=True, reward_parts_KPG=parts)
+    expected = (ESTIMATORS["bnpo"](correct) + ESTIMATORS["bnpo"](fmt)) / 2
+    torch.testing.assert_close(out, expected)
+    assert (out[2, :3] == out[2, 0]).all() and out[2, 3] < 0  # the format part is constant there: no signal
+    with pytest.raises(ValueError, match="reward_parts_KPG"):
+        ESTIMATORS["bnpo"](correct, decompose=True)
+
+
+def test_stratified_by_hand() -> None:
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0, 1.0, 1.0]])
+    strata = torch.tensor([[0, 0, 0, 1, 1, 1]])
+    # stratum 0: [1, 0, 1], mean 2/3, unbiased std sqrt(1/3); stratum 1: [0, 1, 1], the same
+    hi, lo = (1 / 3) / (math.sqrt(1 / 3) + 1e-6), (-2 / 3) / (math.sqrt(1 / 3) + 1e-6)
+    san = torch.tensor([[hi, lo, hi, lo, hi, hi]])
+    torch.testing.assert_close(ESTIMATORS["stratified"](rewards, strata_PG=strata, alpha=1.0), san)
+    # blended half-half with GRPO: mean 2/3, unbiased std over six sqrt(4/15)
+    g_hi, g_lo = (1 / 3) / (math.sqrt(4 / 15) + 1e-6), (-2 / 3) / (math.sqrt(4 / 15) + 1e-6)
+    grpo = torch.tensor([[g_hi, g_lo, g_hi, g_lo, g_hi, g_hi]])
+    torch.testing.assert_close(ESTIMATORS["stratified"](rewards, strata_PG=strata), (san + grpo) / 2)
+    torch.testing.assert_close(ESTIMATORS["stratified"](rewards, strata_PG=strata, alpha=0.0), ESTIMATORS["grpo"](rewards))
+
+
+def test_stratified_removes_the_cross_stratum_offset() -> None:
+    # stratum 1 scores higher across the board: within-stratum ranking is all that SAN sees
+    rewards = torch.tensor([[0.0, 0.2, 0.8, 1.0]])
+    strata = torch.tensor([[0, 0, 1, 1]])
+    out = ESTIMATORS["stratified"](rewards, strata_PG=strata, alpha=1.0)
+    torch.testing.assert_close(out[0, :2], out[0, 2:])
+    # singletons and equal-reward strata carry no signal; ids only compare within a prompt
+    out = ESTIMATORS["stratified"](torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]),
+                                   strata_PG=torch.tensor([[0, 1, 1], [0, 0, 1]]), alpha=1.0)
+    assert (out == 0).all()
+
+
+def test_global_pool_by_hand() -> None:
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    out = ESTIMATORS["global_pool"](rewards, pool_mean_P=torch.tensor([0.25, 1.0]), pool_std_P=torch.tensor([0.5, 0.0]))
+    torch.testing.assert_close(out, torch.tensor([[0.75 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6)], [0.0, 0.0]]))
+    # an equal-reward group still has signal against a pool that was not all equal
+    out = ESTIMATORS["global_pool"](torch.tensor([[1.0, 1.0]]), pool_mean_P=torch.tensor([0.5]),
+                                    pool_std_P=torch.tensor([0.5]), normalize_std=False)
+    torch.testing.assert_close(out, torch.tensor([[0.5, 0.5]]))
+
+
+def test_global_pool_reads_the_groups_pool_and_falls_back_to_the_group() -> None:
+    def sample(r: float) -> Sample:
+        return Sample((1,), Completion((2,), (-0.1,), "stop", "x"), r, {"chars": r}, 0)
+
+    pooled = Group("p", (sample(1.0), sample(0.0)), {"pool_rewards": [1.0, 0.0, 0.0, 0.0]})
+    plain = Group("q", (sample(1.0), sample(0.0)))
+    s = UpdateSettings(advantage="global_pool")
+    out = compute_advantages([pooled, plain], s)
+    std = math.sqrt(0.25) + 1e-6  # pool [1, 0, 0, 0]: mean 0.25, unbiased std 0.5
+    torch.testing.assert_close(out[0], torch.tensor([0.75 / std, -0.25 / std]))
+    torch.testing.assert_close(out[1], ESTIMATORS["grpo"](torch.tensor([[1.0, 0.0]]))[0])
+
+
+def test_stratified_reads_the_strata_from_a_reward_part() -> None:
+    def sample(r: float, calls: float) -> Sample:
+        return Sample((1,), Completion((2,), (-0.1,), "stop", "x"), r, {"acc": r, "calls": calls}, 0)
+
+    group = Group("p", (sample(1.0, 0), sample(0.0, 0), sample(1.0, 2), sample(0.5, 2)))
+    out = compute_advantages([group], UpdateSettings(advantage="stratified", stratum_key="calls",
+                                                     advantage_kwargs={"alpha": 1.0}))
+    expected = ESTIMATORS["stratified"](torch.tensor([[1.0, 0.0, 1.0, 0.5]]), strata_PG=torch.tensor([[0, 0, 2, 2]]),
+                                        alpha=1.0)
+    torch.testing.assert_close(out, expected)
+    with pytest.raises(ValueError, match="not a reward of this run"):
+        compute_advantages([group], UpdateSettings(advantage="stratified", stratum_key="tools"))
+    with pytest.raises(ConfigError, match="needs algo.stratum_key"):
+        load_config(None, ['algo.advantage="stratified"'])
+
+
+def test_loop_inputs_are_not_config_settings() -> None:
+    with pytest.raises(ConfigError, match="unknown keyword 'strata_PG'"):
+        load_config(None, ['algo.advantage="stratified"', 'algo.stratum_key="x"', "algo.advantage_kwargs={strata_PG = 1}"])
+    with pytest.raises(ConfigError, match="unknown keyword 'reward_parts_KPG'"):
+        load_config(None, ['algo.advantage="bnpo"', "algo.advantage_kwargs={reward_parts_KPG = 1}"])
+
+
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo"])  # remax: by design not
 def test_equal_rewards_give_zero_advantage(name: str) -> None:
     rewards = torch.tensor([[0.3, 0.3, 0.3], [1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
@@ -128,11 +214,25 @@ def test_vectorised_equals_a_plain_loop(name: str) -> None:
         assert out.flatten().tolist() == pytest.approx(expected_all, rel=1e-5, abs=1e-6)
 
 
+def parity(prompt: str, completion: str, **_: object) -> float:
+    """A stratum for the end-to-end test: completions of even and odd length."""
+    return float(len(completion) % 2)
+
+
+# what an estimator needs besides its name, end to end
+_NEEDS = {
+    "stratified": {"algo__stratum_key": '"parity"',
+                   "rewards": '[{fn = "tests.test_train:distinct_chars", name = "chars"}, '
+                              '{fn = "tests.test_advantages:parity", name = "parity", weight = 0.0}]'},
+    "gae": {"algo__critic_lr": 1e-3},
+}
+
+
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
 def test_two_training_steps_with_every_estimator(name: str, tiny_dir: Path, tmp_path: Path) -> None:
     """Every registered estimator drives real updates end to end (ppo_clip loss)."""
-    summary = train(load_config(None, overrides(tiny_dir, tmp_path, f"adv-{name}", algo__advantage=f'"{name}"')),
-                    quiet=True)
+    summary = train(load_config(None, overrides(tiny_dir, tmp_path, f"adv-{name}", algo__advantage=f'"{name}"',
+                                                **_NEEDS.get(name, {}))), quiet=True)
     rows = read_metrics(tmp_path / f"adv-{name}")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["advantage_abs_mean"] > 0 and r["trained_fraction"] > 0 for r in rows)

@@ -31,7 +31,8 @@ def close(actual: torch.Tensor, expected: object, atol: float = 1e-9) -> None:
 
 def test_registries() -> None:
     assert ESTIMATORS["grpo"] is group_advantages
-    assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo", "remax"}
+    assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo", "remax", "stratified",
+                               "global_pool", "gae"}
     assert LOSSES["ppo_clip"] is ppo_clip_loss
     assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}

@@ -1,4 +1,4 @@
-"""Outcome advantage estimators: one reward per completion, one advantage per completion.
+"""Advantage estimators: outcome estimators (one reward and one advantage per completion) and GAE.
 
 Shapes: ``_P`` prompts, ``_G`` completions sampled per prompt (the group).
 """
@@ -6,6 +6,7 @@ Shapes: ``_P`` prompts, ``_G`` completions sampled per prompt (the group).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -115,7 +116,13 @@ def lite_ppo_advantages(rewards_PG: Tensor, *, eps: float = 1e-6) -> Tensor:
 
 
 def bnpo_advantages(
-    rewards_PG: Tensor, *, min_reward: float = 0.0, max_reward: float = 1.0, max_weight: float = 1e6
+    rewards_PG: Tensor,
+    *,
+    min_reward: float = 0.0,
+    max_reward: float = 1.0,
+    max_weight: float = 1e6,
+    decompose: bool = False,
+    reward_parts_KPG: Tensor | None = None,
 ) -> Tensor:
     """BNPO: the group-mean baseline, scaled by the inverse of a Beta density fitted to the batch.
 
@@ -132,14 +139,32 @@ def bnpo_advantages(
     weights by 1/√(p(1-p)) like GRPO. With one prompt, or prompts that all have the same mean
     (v = 0), there is nothing to fit and α = β = 1 is used. Name clash: TRL's and ms-swift's
     ``loss_type="bnpo"`` is a loss aggregation, unrelated to this estimator.
+
+    ``decompose = True`` is the paper's advantage decomposition for rewards made of several
+    (binary) parts, e.g. correctness and format: each reward function's raw values
+    (``reward_parts_KPG``, filled in by the loop, one slice per reward name) get their own fit
+    and advantage, and the advantage is their mean over the K parts. The weighted total reward is
+    then not used; every part must lie in [min_reward, max_reward].
     """
     _check_PG(rewards_PG)
     if max_reward <= min_reward:
         raise ValueError(f"max_reward must exceed min_reward, got [{min_reward}, {max_reward}]")
+    if not decompose:
+        return _bnpo_one(rewards_PG, min_reward, max_reward, max_weight, "reward")
+    if reward_parts_KPG is None or reward_parts_KPG.ndim != 3 or reward_parts_KPG.shape[1:] != rewards_PG.shape:
+        shape = None if reward_parts_KPG is None else tuple(reward_parts_KPG.shape)
+        raise ValueError(f"bnpo decompose=True needs reward_parts_KPG of shape [K, {rewards_PG.shape[0]}, "
+                         f"{rewards_PG.shape[1]}], got {shape}")
+    parts = [_bnpo_one(part_PG, min_reward, max_reward, max_weight, f"reward part {k}")
+             for k, part_PG in enumerate(reward_parts_KPG)]
+    return torch.stack(parts).mean(0)
+
+
+def _bnpo_one(rewards_PG: Tensor, min_reward: float, max_reward: float, max_weight: float, what: str) -> Tensor:
     scores_PG = (rewards_PG.double() - min_reward) / (max_reward - min_reward)
     if scores_PG.min() < 0 or scores_PG.max() > 1:
         raise ValueError(
-            f"BNPO needs rewards inside [min_reward, max_reward] = [{min_reward}, {max_reward}]; "
+            f"BNPO needs each {what} inside [min_reward, max_reward] = [{min_reward}, {max_reward}]; "
             f"got [{float(rewards_PG.min())}, {float(rewards_PG.max())}]; set algo.advantage_kwargs"
         )
     if scores_PG.shape[1] > 1:
@@ -178,6 +203,112 @@ def remax_advantages(rewards_PG: Tensor, *, baseline_P: Tensor) -> Tensor:
     return rewards_PG - baseline_P.to(rewards_PG.dtype)[:, None]
 
 
+def stratified_advantages(rewards_PG: Tensor, *, strata_PG: Tensor, alpha: float = 0.5, eps: float = 1e-6) -> Tensor:
+    """Stratified Advantage Normalization (SAN), blended with GRPO's group normalisation.
+
+    Within prompt p, the samples of stratum k (those with strata_PG[p, g] = k) are compared only
+    with each other:
+        A_SAN(pg) = (r_pg - mean_k r) / (std_k r + eps)          over the stratum's samples
+        A_pg      = alpha · A_SAN(pg) + (1 - alpha) · A_GRPO(pg)
+
+    Zhu et al., "Stratified GRPO: Handling Structural Heterogeneity in Reinforcement Learning of
+    LLM Search Agents", arXiv:2510.06214. A search agent's trajectories differ in structure (how
+    many searches it made); comparing a one-search answer with a five-search one against a single
+    baseline adds the "cross-stratum bias" (mean_k r - mean r) to every advantage of the stratum.
+    The paper blends SAN with the global estimator for finite-sample stability; its default
+    alpha was not found in public text, so alpha = 0.5 is rlvr's choice (alpha = 1 is pure SAN,
+    alpha = 0 is grpo). std is the unbiased sample std, as in ``grpo``; a stratum of one sample, or
+    one whose rewards are equal, has A_SAN = 0. Strata are per prompt: equal ids in different
+    prompts are unrelated. In training, strata_PG comes from the reward part named by
+    ``algo.stratum_key`` (a weight-0 reward function can compute e.g. the number of tool calls).
+    """
+    _check_PG(rewards_PG)
+    if strata_PG.shape != rewards_PG.shape:
+        raise ValueError(f"strata_PG must match rewards_PG {tuple(rewards_PG.shape)}, got {tuple(strata_PG.shape)}")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    same_GG = strata_PG[:, :, None] == strata_PG[:, None, :]  # [P, G, G]: g and h share a stratum
+    count_PG = same_GG.sum(-1).to(rewards_PG.dtype)
+    mean_PG = (same_GG * rewards_PG[:, None, :]).sum(-1) / count_PG
+    sq_dev_PG = (same_GG * (rewards_PG[:, None, :] - mean_PG[:, :, None]) ** 2).sum(-1)
+    std_PG = torch.sqrt(sq_dev_PG / (count_PG - 1).clamp(min=1))
+    san_PG = (rewards_PG - mean_PG) / (std_PG + eps)
+    # a stratum whose rewards are all equal (including one of a single sample) has no signal
+    equal_PG = (same_GG & (rewards_PG[:, :, None] != rewards_PG[:, None, :])).sum(-1) == 0
+    san_PG = torch.where(equal_PG, torch.zeros_like(san_PG), san_PG)
+    return alpha * san_PG + (1.0 - alpha) * group_advantages(rewards_PG, eps=eps)
+
+
+def global_pool_advantages(
+    rewards_PG: Tensor, *, pool_mean_P: Tensor, pool_std_P: Tensor, normalize_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Baseline (and scale) from every response generated for the prompt, not only the kept group.
+
+    A_pg = (r_pg - mean_pool(p)) / (std_pool(p) + eps)    (without the division if not normalize_std)
+
+    Reinforce-Ada (Xiong et al., "Reinforce-Ada: An Adaptive Sampling Framework for
+    Reinforce-Style LLM Training", arXiv:2510.04996; ``global_stat_est`` in RLHFlow/Reinforce-Ada):
+    an adaptive sampler draws responses in rounds until a prompt has enough signal, then
+    down-samples to a fixed group with both rewards present. The group's own mean is then a
+    biased estimate of the prompt's pass rate (it was chosen to be balanced); the pool of all
+    rounds is not. ``pool_mean_P`` / ``pool_std_P`` come from each group's
+    ``metadata["pool_rewards"]`` (set by a pooling sampler); a group without it is its own pool,
+    which makes this estimator ``grpo``. A pool of one response has std 0; a pool whose rewards
+    are all equal gives exactly zero advantage to every sample.
+    """
+    _check_PG(rewards_PG)
+    for name, t in (("pool_mean_P", pool_mean_P), ("pool_std_P", pool_std_P)):
+        if t.shape != rewards_PG.shape[:1]:
+            raise ValueError(f"{name} must be [P] = [{rewards_PG.shape[0]}], got {tuple(t.shape)}")
+    advantages_PG = rewards_PG - pool_mean_P.to(rewards_PG.dtype)[:, None]
+    if normalize_std:
+        advantages_PG = advantages_PG / (pool_std_P.to(rewards_PG.dtype)[:, None] + eps)
+    flat_P1 = (pool_std_P == 0)[:, None] & (rewards_PG == pool_mean_P.to(rewards_PG.dtype)[:, None])
+    return torch.where(flat_P1, torch.zeros_like(advantages_PG), advantages_PG)
+
+
+def gae_advantages(
+    token_rewards_BT: Tensor, mask_BT: Tensor, *, values_BT: Tensor, gamma: float = 1.0, lam: float = 0.95,
+    whiten: bool = True, eps: float = 1e-8,
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over completion tokens, for PPO with a learned critic.
+
+    δ_t = r_t + γ V_{t'} - V_t,   A_t = δ_t + γλ A_{t'},   returns_t = A_t + V_t
+
+    where t' is the next trained token of the row (V and A are 0 after the last one). Schulman et
+    al., "High-Dimensional Continuous Control Using Generalized Advantage Estimation",
+    arXiv:1506.02438; as used for LMs in Ouyang et al., arXiv:2203.02155 (γ = 1, λ = 0.95 is the
+    usual RLHF setting). Positions where ``mask_BT`` is False (padding, tokens an environment
+    injected) are skipped: their reward is ignored and the recursion runs straight across them.
+    ``whiten`` then shifts and scales the advantages to mean 0, std 1 over all trained tokens of
+    the batch (the returns, the critic's targets, are not whitened).
+
+    Returns (advantages_BT, returns_BT), both 0 at masked positions. ``values_BT`` is the critic's
+    estimate, filled in by the loop; ``token_rewards_BT`` carries the outcome reward on each
+    row's last token (and -β·KL on every token when the KL sits in the reward).
+    """
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"need gamma and lam in [0, 1], got {gamma}, {lam}")
+    mask_BT = mask_BT.bool()
+    rewards_BT = torch.where(mask_BT, token_rewards_BT, torch.zeros_like(token_rewards_BT))
+    values_BT = torch.where(mask_BT, values_BT.detach(), torch.zeros_like(rewards_BT))
+    advantages_BT = torch.zeros_like(rewards_BT)
+    next_value_B = torch.zeros_like(rewards_BT[:, 0])
+    running_B = torch.zeros_like(next_value_B)
+    for t in reversed(range(rewards_BT.shape[1])):
+        m_B = mask_BT[:, t]
+        gae_B = rewards_BT[:, t] + gamma * next_value_B - values_BT[:, t] + gamma * lam * running_B
+        running_B = torch.where(m_B, gae_B, running_B)
+        next_value_B = torch.where(m_B, values_BT[:, t], next_value_B)
+        advantages_BT[:, t] = torch.where(m_B, gae_B, torch.zeros_like(gae_B))
+    returns_BT = advantages_BT + values_BT
+    if whiten and mask_BT.sum() > 1:
+        picked = advantages_BT[mask_BT]
+        advantages_BT = torch.where(mask_BT, (advantages_BT - picked.mean()) / (picked.std() + eps),
+                                    torch.zeros_like(advantages_BT))
+    return advantages_BT, returns_BT
+
+
 def _check_PG(rewards_PG: Tensor) -> None:
     if rewards_PG.ndim != 2:
         raise ValueError(f"rewards_PG must be [P, G], got shape {tuple(rewards_PG.shape)}")
@@ -188,7 +319,7 @@ def _constant_groups(rewards_PG: Tensor) -> Tensor:
     return (rewards_PG == rewards_PG[:, :1]).all(dim=1, keepdim=True)
 
 
-ESTIMATORS: dict[str, Callable[..., Tensor]] = {
+ESTIMATORS: dict[str, Callable[..., Any]] = {
     "grpo": group_advantages,
     "dr_grpo": dr_grpo_advantages,
     "rloo": rloo_advantages,
@@ -196,8 +327,9 @@ ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "lite_ppo": lite_ppo_advantages,
     "bnpo": bnpo_advantages,
     "remax": remax_advantages,
+    "stratified": stratified_advantages,
+    "global_pool": global_pool_advantages,
+    "gae": gae_advantages,
 }
-
-LOOP_INPUTS = ("baseline_P",)
-"""Estimator keywords the training loop fills in (never set from the config):
-baseline_P = the reward of each prompt's greedy completion (Group.metadata["greedy_reward"])."""
+"""Outcome estimators map rewards_PG to advantages_PG; ``gae`` is per token (see its docstring).
+Keywords named in ``rlvr.algos.registry.LOOP_INPUTS`` are filled in by the training loop."""

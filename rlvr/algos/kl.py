@@ -44,3 +44,32 @@ KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "k2": kl_k2,
     "k3": kl_k3,
 }
+
+
+class KLController:
+    """The KL coefficient β, fixed or adapted toward a target KL (Ziegler et al.).
+
+    With ``target`` set, after each step with observed KL ``kl`` over ``n`` samples:
+        e = clip(kl / target - 1, -0.2, 0.2),   β ← β · (1 + e · n / horizon)
+    Ziegler et al., "Fine-Tuning Language Models from Human Preferences", arXiv:1909.08593, §2.2
+    (a proportional controller; the ±0.2 clip and horizon 10000 are the defaults TRL's legacy
+    PPO and verl's AdaptiveKLController use). ``kl`` is the mean per-sample (summed over tokens)
+    KL of the step. Without a target, β stays at its initial value.
+    """
+
+    def __init__(self, coef: float, target: float | None = None, horizon: int = 10000) -> None:
+        if coef < 0 or (target is not None and target <= 0) or horizon < 1:
+            raise ValueError(f"need coef >= 0, target > 0 or None, horizon >= 1; got {coef}, {target}, {horizon}")
+        self.value, self.target, self.horizon = coef, target, horizon
+
+    def update(self, kl: float, n: int) -> None:
+        if self.target is None or kl != kl:  # fixed, or no KL measured this step (NaN)
+            return
+        error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])

@@ -8,11 +8,28 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 
+LOOP_INPUTS: dict[str, str] = {
+    "baseline_P": "the reward of each prompt's greedy completion (ReMax; Group.metadata['greedy_reward'])",
+    "strata_PG": "each sample's stratum id (SAN; the reward part named by algo.stratum_key)",
+    "pool_mean_P": "mean reward over every response generated for the prompt (Group.metadata['pool_rewards'])",
+    "pool_std_P": "std of the same pool (unbiased)",
+    "reward_parts_KPG": "each reward function's raw value, stacked by reward name (BNPO decomposition)",
+    "values_BT": "the critic's value of each completion token (GAE)",
+}
+"""Keywords of the algorithm functions that the training loop fills in, never a config setting."""
+
+
 def keyword_options(fn: Callable[..., Any]) -> list[str]:
     """Names of `fn`'s keyword-only parameters with defaults: the knobs a config may set
-    (a keyword without a default, like ReMax's baseline_P, is an input the loop supplies)."""
+    (a keyword without a default, or one named in LOOP_INPUTS, is an input the loop supplies)."""
     return [p.name for p in inspect.signature(fn).parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty]
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
+            and p.name not in LOOP_INPUTS]
+
+
+def loop_inputs(fn: Callable[..., Any]) -> list[str]:
+    """The LOOP_INPUTS that `fn` takes."""
+    return [name for name in inspect.signature(fn).parameters if name in LOOP_INPUTS]
 
 
 def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str]) -> None:

@@ -13,7 +13,6 @@ import math
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
 
 
 def lr_lambda(step: int, *, warmup_steps: int, total_steps: int, schedule: str) -> float:
@@ -31,11 +30,12 @@ def lr_lambda(step: int, *, warmup_steps: int, total_steps: int, schedule: str) 
 
 
 class Learner:
-    """Gradient steps on a causal LM; see the module docstring for the precision scheme."""
+    """Gradient steps on a causal LM, or on the critic (any torch module); see the module docstring
+    for the precision scheme."""
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: Any,
         *,
         lr: float,
         betas: tuple[float, float] = (0.9, 0.999),

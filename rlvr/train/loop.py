@@ -28,6 +28,9 @@ from typing import Any
 
 import torch
 
+from rlvr.algos import ESTIMATORS
+from rlvr.algos.kl import KLController
+from rlvr.algos.registry import loop_inputs
 from rlvr.config import RunConfig, load_config, to_toml
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
 from rlvr.data.sampler import UniformSampler
@@ -37,9 +40,10 @@ from rlvr.rewards import RewardFn, build_rewards
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
+from rlvr.train.critic import Critic
 from rlvr.train.learner import Learner
 from rlvr.train.rollouts import generate_groups, group_metrics
-from rlvr.train.update import UpdateSettings, compute_advantages, needs_greedy_baseline, update_policy
+from rlvr.train.update import UpdateSettings, needs_greedy_baseline, update_policy
 from rlvr.types import Group, SamplingParams
 
 
@@ -67,6 +71,10 @@ class Run:
     settings: UpdateSettings
     params: SamplingParams
     shared_weights: bool
+    critic: Learner | None = None
+    """The value model's learner (advantage = "gae" only)."""
+    kl: KLController | None = None
+    """The KL coefficient, fixed or adaptive (kl_placement = "reward" with kl_target)."""
 
 
 def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
@@ -125,15 +133,23 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
         loss=a.loss, loss_kwargs=a.policy_loss_kwargs(), offpolicy=a.offpolicy,
         offpolicy_kwargs=dict(a.offpolicy_kwargs),
         shaping=tuple((spec.fn, dict(spec.kwargs)) for spec in a.shaping), mask_truncated=a.mask_truncated,
+        stratum_key=a.stratum_key,
         aggregation=a.aggregation, max_tokens=s.max_new_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
+        kl_placement=a.kl_placement, value_clip=a.value_clip,
         entropy_coef=a.entropy_coef, epochs=tr.epochs, mini_batches=tr.mini_batches,
         micro_batch_size=tr.micro_batch_size, temperature=s.temperature, logprob_chunk=tr.logprob_chunk,
     )
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                             max_new_tokens=s.max_new_tokens, stop=tuple(s.stop), n=a.group_size)
+    critic = None
+    if "values_BT" in loop_inputs(ESTIMATORS[a.advantage]):  # PPO with GAE: a learned value model
+        critic = Learner(Critic(model), lr=a.critic_lr, betas=tr.betas, weight_decay=tr.weight_decay,
+                         grad_clip=tr.grad_clip, warmup_steps=tr.warmup_steps, total_steps=optimizer_steps,
+                         schedule=tr.schedule)
     return Run(cfg, run_dir, tokenizer, engine, learner, ref_model, build_rewards([r.model_dump() for r in cfg.rewards]),
                examples, encode(examples), held, encode(held), UniformSampler(len(examples), cfg.seed),
-               torch.Generator().manual_seed(cfg.seed), settings, params, shared)
+               torch.Generator().manual_seed(cfg.seed), settings, params, shared, critic,
+               KLController(a.kl_coef, a.kl_target, a.kl_horizon))
 
 
 def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> tuple[dict[str, Any], list[Group]]:
@@ -153,8 +169,13 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     t1 = time.perf_counter()
     if progress:
         progress.status("training")
-    update = update_policy(run.learner, groups, run.settings, pad_token_id=run.engine.pad_token_id,
-                           ref_model=run.ref_model, generator=run.update_generator)
+    settings = run.settings
+    if run.kl is not None and run.kl.target is not None:  # the adaptive coefficient of this step
+        settings = dataclasses.replace(settings, kl_coef=run.kl.value)
+    update = update_policy(run.learner, groups, settings, pad_token_id=run.engine.pad_token_id,
+                           ref_model=run.ref_model, generator=run.update_generator, critic=run.critic)
+    if run.kl is not None and "kl_reward" in update:
+        run.kl.update(update["kl_reward"], n=sum(len(g.samples) for g in groups))
     if not run.shared_weights:
         run.engine.update_weights(run.learner.model.state_dict())
     t2 = time.perf_counter()
@@ -178,18 +199,25 @@ def evaluate(run: Run) -> dict[str, float]:
     return {"eval/accuracy": m["accuracy"], "eval/reward": m["reward"], "eval/response_length": m["response_length"]}
 
 
-def sample_rows(step: int, groups: list[Group], advantages_PG: torch.Tensor) -> list[dict[str, Any]]:
+def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
+    """One row per sample; "advantage" is what update_policy used (the token mean for gae)."""
     return [
         {"step": step, "prompt_id": g.metadata.get("id"), "prompt": g.prompt, "completion": s.completion.text,
-         "reward": s.reward, "rewards": s.reward_parts, "advantage": float(advantages_PG[p, k]),
+         "reward": s.reward, "rewards": s.reward_parts,
+         "advantage": g.metadata["advantages"][k] if "advantages" in g.metadata else None,
          "finish_reason": s.completion.finish_reason, "completion_tokens": len(s.completion.token_ids)}
         for p, g in enumerate(groups) for k, s in enumerate(g.samples)
     ]
 
 
 def _state(run: Run) -> dict[str, Any]:
-    return {"learner": run.learner.state_dict(), "sampler": run.sampler.state_dict(),
-            "engine_rng": run.engine.generator.get_state(), "update_rng": run.update_generator.get_state()}
+    state = {"learner": run.learner.state_dict(), "sampler": run.sampler.state_dict(),
+             "engine_rng": run.engine.generator.get_state(), "update_rng": run.update_generator.get_state()}
+    if run.kl is not None:
+        state["kl"] = run.kl.state_dict()
+    if run.critic is not None:
+        state["critic"] = {"model": run.critic.model.state_dict(), "learner": run.critic.state_dict()}
+    return state
 
 
 def _restore(run: Run, state: dict[str, Any]) -> None:
@@ -197,6 +225,13 @@ def _restore(run: Run, state: dict[str, Any]) -> None:
     run.sampler.load_state_dict(state["sampler"])
     run.engine.generator.set_state(state["engine_rng"])
     run.update_generator.set_state(state["update_rng"])
+    if run.kl is not None and "kl" in state:
+        run.kl.load_state_dict(state["kl"])
+    if run.critic is not None:
+        if "critic" not in state:
+            raise RunDirError("this checkpoint has no critic (it was saved by a run without advantage = \"gae\")")
+        run.critic.model.load_state_dict(state["critic"]["model"])
+        run.critic.load_state_dict(state["critic"]["learner"])
     ckpt.restore_rng(state["rng"])
     if not run.shared_weights:
         run.engine.update_weights(run.learner.model.state_dict())
@@ -303,7 +338,7 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
                 metrics, groups = train_step(run, step, progress)
                 metrics_sink.write(metrics)
                 if step % cfg.samples_every == 0:
-                    for row in sample_rows(step, groups, compute_advantages(groups, run.settings)):
+                    for row in sample_rows(step, groups):
                         samples_sink.write(row)
                 progress.step(step, metrics)
                 if stop.requested:

@@ -6,8 +6,9 @@ estimator and the loss aggregation are all looked up by name; nothing here is a 
 
 from __future__ import annotations
 
-import inspect
+import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,8 @@ import torch
 from transformers import PreTrainedModel
 
 from rlvr.algos import CORRECTIONS, ESTIMATORS, KL_ESTIMATORS, LOSSES, SHAPING, aggregate_loss, mismatch_metrics
+from rlvr.algos.registry import loop_inputs
+from rlvr.train.critic import value_loss
 from rlvr.train.learner import Learner
 from rlvr.train.rollouts import is_correct
 from rlvr.train.logprobs import token_logprobs
@@ -33,14 +36,20 @@ class UpdateSettings:
     """Correction between the engine's sampling log-probs and the learner's (rlvr.algos.CORRECTIONS)."""
     offpolicy_kwargs: dict[str, Any] = field(default_factory=dict)
     shaping: tuple[tuple[str, dict[str, Any]], ...] = ()
+    """Length-based reward shaping, (name, kwargs) applied in order before the advantages."""
     mask_truncated: bool = False
     """DAPO's overlong filtering: leave completions cut off at max_tokens out of the loss."""
-    """Length-based reward shaping, (name, kwargs) applied in order before the advantages."""
+    stratum_key: str | None = None
+    """The reward part whose value is each sample's stratum (the "stratified" estimator)."""
     aggregation: str = "token-mean"
     max_tokens: int = 128
     """Constant normaliser for "seq-mean-token-sum-norm" (the generation budget)."""
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    kl_placement: str = "loss"
+    """"loss": β·KL per token in the loss (GRPO); "reward": -β·KL subtracted from the reward (PPO-RLHF)."""
+    value_clip: float | None = 0.2
+    """Clip of the critic's value loss (GAE only); None = plain squared error."""
     entropy_coef: float = 0.0
     epochs: int = 1
     mini_batches: int = 1
@@ -116,24 +125,66 @@ def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor
 
 def needs_greedy_baseline(advantage: str) -> bool:
     """Whether the estimator takes the reward of each prompt's greedy completion (ReMax)."""
-    return "baseline_P" in inspect.signature(ESTIMATORS[advantage]).parameters
+    return "baseline_P" in loop_inputs(ESTIMATORS[advantage])
 
 
 def compute_advantages(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
-    """advantages_PG from the groups' (shaped) rewards with the configured estimator."""
-    return _advantages_and_shaping(groups, s)[0]
+    """advantages_PG from the groups' (shaped) rewards with the configured outcome estimator
+    (without a KL in the reward, which needs the models; ``update_policy`` applies it)."""
+    estimator = ESTIMATORS[s.advantage]
+    if "values_BT" in loop_inputs(estimator):
+        raise ValueError(f"advantage {s.advantage!r} is per token and needs a critic: use update_policy")
+    inputs = {name: _PROVIDERS[name](groups, s) for name in loop_inputs(estimator)}
+    return estimator(shaped_rewards(groups, s)[0], **s.advantage_kwargs, **inputs)
 
 
-def _advantages_and_shaping(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor, dict[str, float]]:
-    rewards_PG, shaping_metrics = shaped_rewards(groups, s)
-    kwargs = dict(s.advantage_kwargs)
-    if needs_greedy_baseline(s.advantage):
-        missing = [g.prompt[:40] for g in groups if "greedy_reward" not in g.metadata]
-        if missing:
-            raise ValueError(f"advantage {s.advantage!r} needs each group's metadata['greedy_reward'] (the "
-                             f"reward of a greedy completion; `rlvr train` adds it); missing for {missing[0]!r}")
-        kwargs["baseline_P"] = torch.tensor([float(g.metadata["greedy_reward"]) for g in groups])
-    return ESTIMATORS[s.advantage](rewards_PG, **kwargs), shaping_metrics
+def _greedy_baseline(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
+    missing = [g.prompt[:40] for g in groups if "greedy_reward" not in g.metadata]
+    if missing:
+        raise ValueError(f"advantage {s.advantage!r} needs each group's metadata['greedy_reward'] (the "
+                         f"reward of a greedy completion; `rlvr train` adds it); missing for {missing[0]!r}")
+    return torch.tensor([float(g.metadata["greedy_reward"]) for g in groups])
+
+
+def _strata(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
+    if s.stratum_key is None:
+        raise ValueError(f"advantage {s.advantage!r} needs algo.stratum_key: the name of the reward function "
+                         "whose value is each sample's stratum (give it weight 0 to keep it out of the reward)")
+    for g in groups:
+        for x in g.samples:
+            if s.stratum_key not in x.reward_parts:
+                raise ValueError(f"algo.stratum_key {s.stratum_key!r} is not a reward of this run "
+                                 f"(rewards: {', '.join(sorted(x.reward_parts))})")
+    return torch.tensor([[x.reward_parts[s.stratum_key] for x in g.samples] for g in groups])
+
+
+def _pools(groups: list[Group]) -> list[list[float]]:
+    """Every reward generated for each prompt: a pooling sampler's metadata['pool_rewards'], else the group."""
+    return [list(g.metadata.get("pool_rewards", g.rewards)) for g in groups]
+
+
+def _pool_mean(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
+    return torch.tensor([statistics.fmean(p) for p in _pools(groups)])
+
+
+def _pool_std(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
+    return torch.tensor([statistics.stdev(p) if len(p) > 1 else 0.0 for p in _pools(groups)])
+
+
+def _reward_parts(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
+    # one slice per reward function, by name; "<name>/error" flags are not rewards
+    names = sorted({k for g in groups for x in g.samples for k in x.reward_parts if not k.endswith("/error")})
+    return torch.tensor([[[x.reward_parts.get(k, 0.0) for x in g.samples] for g in groups] for k in names])
+
+
+_PROVIDERS: dict[str, Callable[[list[Group], UpdateSettings], torch.Tensor]] = {
+    "baseline_P": _greedy_baseline,
+    "strata_PG": _strata,
+    "pool_mean_P": _pool_mean,
+    "pool_std_P": _pool_std,
+    "reward_parts_KPG": _reward_parts,
+}
+"""How the loop fills in each outcome estimator input of rlvr.algos.registry.LOOP_INPUTS."""
 
 
 def update_policy(
@@ -144,28 +195,70 @@ def update_policy(
     pad_token_id: int,
     ref_model: PreTrainedModel | None = None,
     generator: torch.Generator | None = None,
+    critic: Learner | None = None,
 ) -> dict[str, float]:
-    """Advantages from the groups' rewards, then the policy-gradient update; returns metrics."""
-    advantages_PG, shaping_metrics = _advantages_and_shaping(groups, s)
+    """Advantages from the groups' rewards, then the policy-gradient update; returns metrics.
+
+    Each group's ``metadata["advantages"]`` receives its samples' advantages (the token mean for
+    per-token estimators), for the samples log. ``critic`` (a Learner around a
+    ``rlvr.train.critic.Critic``) is needed by GAE and trained alongside the policy.
+    """
     samples = [smp for g in groups for smp in g.samples]
-    advantages_B = advantages_PG.flatten()
     model, device = learner.model, next(learner.model.parameters()).device
+    estimator = ESTIMATORS[s.advantage]
+    token_level = "values_BT" in loop_inputs(estimator)
+    if token_level and critic is None:
+        raise ValueError(f"advantage {s.advantage!r} needs a critic (rlvr train builds one; pass critic=...)")
+    kl_in_reward = s.kl_coef > 0 and s.kl_placement == "reward" and ref_model is not None
+    kl_in_loss = s.kl_coef > 0 and s.kl_placement == "loss" and ref_model is not None
     # With one optimizer step per rollout batch the policy has not moved yet, so the old
     # log-probs equal the current ones (detached) and the extra forward pass is skipped.
     reuse_current = s.epochs * s.mini_batches == 1
     # A sample with zero advantage adds exactly zero to the policy loss and its gradient, so it is
-    # not run at all unless a KL or entropy term gives it a gradient of its own. (GRPO groups whose
-    # rewards are all equal are common: 30-90% of groups late in a run.)
-    needs_all = s.kl_coef > 0 or s.entropy_coef != 0
+    # not run at all unless a KL or entropy term (or the critic) gives it a gradient of its own.
+    # (GRPO groups whose rewards are all equal are common: 30-90% of groups late in a run.)
+    needs_all = kl_in_loss or s.entropy_coef != 0 or token_level
     # DAPO's overlong filtering: a completion cut off by the token budget is left out of the
     # loss altogether (numerator and the token/sequence counts), not treated as a failure.
     dropped = {i for i, smp in enumerate(samples) if s.mask_truncated and smp.completion.finish_reason == "length"}
-    trained = {i for i in range(len(samples)) if (needs_all or advantages_B[i] != 0) and i not in dropped}
-    old = None if reuse_current else _score_all(model, samples, s, pad_token_id, trained)
-    ref = _score_all(ref_model, samples, s, pad_token_id, trained) if (s.kl_coef > 0 and ref_model is not None) else None
+    kept = {i for i in range(len(samples)) if i not in dropped}
 
+    rewards_PG, metrics = shaped_rewards(groups, s)
+    old = ref = None
+    if kl_in_reward or token_level:  # the advantages need log-probs (or values) first
+        old = _score_all(model, samples, s, pad_token_id, kept)
+        ref = _score_all(ref_model, samples, s, pad_token_id, kept) if ref_model is not None and s.kl_coef else None
+    kl_N: list[torch.Tensor] = [torch.zeros(len(x.completion.token_ids)) for x in samples]
+    if kl_in_reward:
+        assert old is not None and ref is not None
+        kl_N = [KL_ESTIMATORS[s.kl_estimator](old[i], ref[i]) if i in kept else kl_N[i] for i in range(len(samples))]
+        seq_kl_PG = torch.tensor([float(k.sum()) for k in kl_N]).view_as(rewards_PG)
+        metrics["kl_reward"] = float(seq_kl_PG.flatten()[sorted(kept)].mean()) if kept else float("nan")
+        metrics["kl_coef"] = s.kl_coef
+    values = returns = None
+    if token_level:
+        assert critic is not None and old is not None
+        values = _score_values(critic.model, samples, s, pad_token_id, kept)
+        advantages, returns = _token_advantages(samples, rewards_PG, kl_N, values, kept, s)
+    else:
+        if kl_in_reward:
+            rewards_PG = rewards_PG - s.kl_coef * seq_kl_PG
+        inputs = {name: _PROVIDERS[name](groups, s) for name in loop_inputs(estimator)}
+        advantages_B = estimator(rewards_PG, **s.advantage_kwargs, **inputs).flatten()
+        advantages = [torch.full((len(x.completion.token_ids),), float(a)) for x, a in zip(samples, advantages_B)]
+    per_sample = iter([float(a.mean()) if len(a) else 0.0 for a in advantages])
+    for g in groups:
+        g.metadata["advantages"] = [next(per_sample) for _ in g.samples]
+
+    trained = {i for i in kept if needs_all or bool(advantages[i].any())}
+    if old is None and not reuse_current:
+        old = _score_all(model, samples, s, pad_token_id, trained)
+    if kl_in_loss and ref is None:
+        ref = _score_all(ref_model, samples, s, pad_token_id, trained)  # type: ignore[arg-type]
+
+    batch = _Batch(samples, advantages, old, ref if kl_in_loss else None, values, returns)
     sums: dict[str, float] = defaultdict(float)
-    grad_norms = []
+    grad_norms, critic_norms = [], []
     model.train()
     for _ in range(s.epochs):
         order = torch.randperm(len(samples), generator=generator).tolist()
@@ -178,29 +271,87 @@ def update_policy(
             # not: the gradient is the one of the full mini-batch.
             run = [i for i in mini if i in trained]
             for micro in _micro_batches(run, samples, s.micro_batch_size):
-                _accumulate(learner, samples, micro, advantages_B, old, ref, s, totals, pad_token_id, device, sums)
+                _accumulate(learner, critic, batch, micro, s, totals, pad_token_id, device, sums)
             grad_norms.append(learner.step())
+            if critic is not None:
+                critic_norms.append(critic.step())
     tokens, loss_sum = sums.pop("_tokens", 0.0), sums.pop("loss", 0.0)
+    value_loss_sum = sums.pop("value_loss", None)
     maxima = {k.removeprefix("_max/"): sums.pop(k) for k in [k for k in sums if k.startswith("_max/")]}
     # token-weighted means over the trained tokens; NaN (null in metrics.jsonl) when none was trained
-    names = set(sums) | {k for k in _TOKEN_METRICS if k != "kl" or ref is not None}
-    metrics = {k: sums[k] / tokens if tokens else float("nan") for k in sorted(names)}
+    names = set(sums) | {k for k in _TOKEN_METRICS if k != "kl" or kl_in_loss}
+    metrics |= {k: sums[k] / tokens if tokens else float("nan") for k in sorted(names)}
     metrics["loss"] = loss_sum / len(grad_norms)  # mean over optimizer steps
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-    metrics["advantage_abs_mean"] = float(advantages_B.abs().mean())
+    if critic is not None:
+        metrics["value_loss"] = (value_loss_sum or 0.0) / len(critic_norms)
+        metrics["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
+    metrics["advantage_abs_mean"] = float(torch.cat(advantages).abs().mean()) if samples else 0.0
     metrics["trained_fraction"] = len(trained) / len(samples)
     if s.mask_truncated:
         metrics["masked_truncated_fraction"] = len(dropped) / len(samples)
-    return metrics | {k: v for k, v in maxima.items() if k != "ratio_max"} | shaping_metrics
+    return metrics | {k: v for k, v in maxima.items() if k != "ratio_max"}
+
+
+@dataclass
+class _Batch:
+    """Per-sample completion-token tensors of one update (None where not used)."""
+
+    samples: list[Sample]
+    advantages: list[torch.Tensor]
+    old: list[torch.Tensor] | None
+    ref: list[torch.Tensor] | None
+    values: list[torch.Tensor] | None
+    returns: list[torch.Tensor] | None
+
+
+@torch.no_grad()
+def _score_values(
+    critic: torch.nn.Module, samples: list[Sample], s: UpdateSettings, pad: int, which: set[int]
+) -> list[torch.Tensor]:
+    """The critic's values of each sample's completion tokens (zeros outside `which`)."""
+    out: list[torch.Tensor] = [torch.zeros(len(smp.completion.token_ids)) for smp in samples]
+    device = next(critic.parameters()).device
+    for micro in _micro_batches(sorted(which), samples, s.micro_batch_size):
+        batch = collate([samples[i] for i in micro], pad, device)
+        values_BT = critic(batch["input_ids"], batch["attention_mask"])
+        for row, i in enumerate(micro):
+            out[i] = values_BT[row][batch["loss_mask"][row]].float().cpu()
+    return out
+
+
+def _token_advantages(
+    samples: list[Sample], rewards_PG: torch.Tensor, kl_N: list[torch.Tensor], values: list[torch.Tensor],
+    kept: set[int], s: UpdateSettings,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """GAE over the kept samples: the outcome reward on the last token, -β·KL on every token."""
+    rewards_B = rewards_PG.flatten()
+    rows = sorted(kept)
+    width = max((len(samples[i].completion.token_ids) for i in rows), default=0)
+    mask_BT = torch.zeros((len(rows), width), dtype=torch.bool)
+    rewards_BT = torch.zeros((len(rows), width))
+    values_BT = torch.zeros((len(rows), width))
+    for r, i in enumerate(rows):
+        n = len(samples[i].completion.token_ids)
+        mask_BT[r, :n] = True
+        rewards_BT[r, :n] = -s.kl_coef * kl_N[i] if s.kl_placement == "reward" else 0.0
+        if n:
+            rewards_BT[r, n - 1] += rewards_B[i]
+        values_BT[r, :n] = values[i]
+    advantages = [torch.zeros(len(x.completion.token_ids)) for x in samples]
+    returns = [torch.zeros(len(x.completion.token_ids)) for x in samples]
+    if rows:
+        adv_BT, ret_BT = ESTIMATORS[s.advantage](rewards_BT, mask_BT, values_BT=values_BT, **s.advantage_kwargs)
+        for r, i in enumerate(rows):
+            advantages[i], returns[i] = adv_BT[r][mask_BT[r]], ret_BT[r][mask_BT[r]]
+    return advantages, returns
 
 
 def _accumulate(
     learner: Learner,
-    samples: list[Sample],
+    critic: Learner | None,
+    b: _Batch,
     micro: list[int],
-    advantages_B: torch.Tensor,
-    old: list[torch.Tensor] | None,
-    ref: list[torch.Tensor] | None,
     s: UpdateSettings,
     totals: dict[str, float],
     pad_token_id: int,
@@ -208,21 +359,21 @@ def _accumulate(
     sums: dict[str, float],
 ) -> None:
     """Forward and backward one micro-batch; add its token-weighted metrics to `sums`."""
-    batch = collate([samples[i] for i in micro], pad_token_id, device)
+    batch = collate([b.samples[i] for i in micro], pad_token_id, device)
     mask_BT = batch["loss_mask"]
     logprobs_BT, entropy_BT = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"], mask_BT,
                                              temperature=s.temperature, chunk_size=s.logprob_chunk)
-    old_BT = logprobs_BT.detach() if old is None else _rows(old, micro, mask_BT)
-    adv_BT = advantages_B[micro].to(device)[:, None].expand_as(logprobs_BT)
+    old_BT = logprobs_BT.detach() if b.old is None else _rows(b.old, micro, mask_BT)
+    adv_BT = _rows(b.advantages, micro, mask_BT)
     loss_BT, loss_metrics = LOSSES[s.loss](logprobs_BT, old_BT, adv_BT, mask_BT, **s.loss_kwargs)
     # The engine's own log-probs of what it sampled, against the learner's before this update.
-    sampler_BT = _rows([torch.tensor(samples[i].completion.logprobs, dtype=torch.float32) for i in micro],
+    sampler_BT = _rows([torch.tensor(b.samples[i].completion.logprobs, dtype=torch.float32) for i in micro],
                        list(range(len(micro))), mask_BT)
     weights_BT, is_metrics = CORRECTIONS[s.offpolicy](old_BT, sampler_BT, mask_BT, **s.offpolicy_kwargs)
     loss_BT = loss_BT * weights_BT
     loss_metrics = {**loss_metrics, **is_metrics, **mismatch_metrics(old_BT, sampler_BT, mask_BT)}
-    if ref is not None:
-        kl_BT = KL_ESTIMATORS[s.kl_estimator](logprobs_BT, _rows(ref, micro, mask_BT))
+    if b.ref is not None:
+        kl_BT = KL_ESTIMATORS[s.kl_estimator](logprobs_BT, _rows(b.ref, micro, mask_BT))
         loss_BT = loss_BT + s.kl_coef * kl_BT
         sums["kl"] += float(kl_BT.detach()[mask_BT].sum())
     if s.entropy_coef:
@@ -230,6 +381,14 @@ def _accumulate(
     loss = aggregate_loss(loss_BT, mask_BT, mode=s.aggregation, max_tokens=s.max_tokens, **totals)
     loss.backward()
     n = float(mask_BT.sum())
+    if critic is not None and b.values is not None and b.returns is not None:
+        values_BT = critic.model(batch["input_ids"], batch["attention_mask"])
+        v_loss_BT, v_metrics = value_loss(values_BT, _rows(b.values, micro, mask_BT), _rows(b.returns, micro, mask_BT),
+                                          mask_BT, clip=s.value_clip)
+        v_loss = aggregate_loss(v_loss_BT, mask_BT, mode=s.aggregation, max_tokens=s.max_tokens, **totals)
+        v_loss.backward()
+        sums["value_loss"] += float(v_loss.detach())
+        loss_metrics |= v_metrics
     sums["_tokens"] += n
     sums["loss"] += float(loss.detach())  # micro-batch aggregates sum to the mini-batch loss
     sums["entropy"] += float(entropy_BT.detach()[mask_BT].sum())
