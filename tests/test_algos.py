@@ -34,7 +34,7 @@ def test_registries() -> None:
     assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo", "remax", "stratified",
                                "global_pool", "gae"}
     assert LOSSES["ppo_clip"] is ppo_clip_loss
-    assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd"}
+    assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd", "bapo", "rec", "r2vpo", "nft"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
     assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 

@@ -260,6 +260,251 @@ def opmd_loss(
                      "ratio_mean": masked_mean(torch.exp(log_ratio_BT), mask_BT)}
 
 
+def bapo_loss(
+    logprobs_BT: Tensor,
+    old_logprobs_BT: Tensor,
+    advantages_BT: Tensor,
+    mask_BT: Tensor,
+    *,
+    target_share: float = 0.5,
+    low_start: float = 0.6,
+    low_max: float = 0.9,
+    low_step: float = 0.05,
+    high_start: float = 1.2,
+    high_max: float = 3.0,
+    high_step: float = 0.05,
+    dual_clip: float | None = 3.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """BAPO: PPO-clip whose bounds [c_low, c_high] are searched per batch until the tokens with a
+    positive advantage carry a target share of the update.
+
+    Over the batch's tokens, with ρ the (detached) ratio, the tokens whose gradient survives PPO's
+    clip under bounds (c_low, c_high) contribute
+        pos = Σ_{A > 0, ρ <= c_high} A·ρ        neg = Σ_{A < 0, ρ >= c_low} |A|·ρ
+    and the positive share is pos / (pos + neg). Starting from (low_start, high_start), c_low is
+    raised by low_step up to low_max, then c_high by high_step up to high_max, stopping at the
+    first bounds whose share reaches ``target_share`` (the last bounds if none does). The loss is
+    then ``ppo_clip`` with clip_low = 1 - c_low, clip_high = c_high - 1 and ``dual_clip``.
+
+    Xi et al., "BAPO: Stabilizing Off-Policy Reinforcement Learning for LLMs via Balanced Policy
+    Optimization with Adaptive Clipping", arXiv:2510.18927; WooooDyy/BAPO. Conventions chosen here:
+    (1) the target is a *share* (the README's ρ0 = 0.5); the released code compares the ratio
+    pos/neg, for which share 0.5 is ratio 1 (its yaml default), while its example script's 0.5
+    would be a share of 1/3. (2) The code sums the clipped surrogate of every token, under which
+    raising c_low *adds* negative mass; here only tokens whose gradient survives the clip count,
+    so raising c_low (dropping stale low-probability negatives) and raising c_high (admitting
+    positives) both raise the share, the mechanism the paper describes. (3) Lower bound first,
+    as in the code. Ranges and steps are the README's ([0.6, 0.9], [1.2, 3.0]); dual-clip c = 3
+    as in the code. The search runs on the batch the loss is given, i.e. per micro-batch (the
+    reference runs it per micro-batch too, all-reduced only across data-parallel ranks), so unlike
+    the other losses the result depends on micro_batch_size once the data is off-policy.
+
+    Metrics: ``bapo_clip_low`` / ``bapo_clip_high`` (the chosen ratio bounds), ``bapo_positive_share``
+    (the share at those bounds), and ppo_clip's clip fractions.
+    """
+    if not (0.0 < target_share <= 1.0 and 0.0 < low_start <= low_max < 1.0 and 1.0 < high_start <= high_max
+            and low_step > 0 and high_step > 0):
+        raise ValueError("BAPO needs 0 < target_share <= 1, 0 < low_start <= low_max < 1, "
+                         "1 < high_start <= high_max and positive steps")
+    mask_BT = mask_BT.bool()
+    with torch.no_grad():
+        ratio_N = torch.exp(torch.where(mask_BT, logprobs_BT.detach() - old_logprobs_BT, 0.0))[mask_BT]
+        adv_N = advantages_BT.detach()[mask_BT]
+        lows = [low_start + k * low_step for k in range(int((low_max - low_start) / low_step + 1e-9) + 1)]
+        highs = [high_start + k * high_step for k in range(int((high_max - high_start) / high_step + 1e-9) + 1)]
+        candidates = [(lo, high_start) for lo in lows] + [(lows[-1], hi) for hi in highs[1:]]
+        lo_C = torch.tensor([c[0] for c in candidates], dtype=ratio_N.dtype)[:, None]
+        hi_C = torch.tensor([c[1] for c in candidates], dtype=ratio_N.dtype)[:, None]
+        pos_C = torch.where((adv_N > 0) & (ratio_N <= hi_C), adv_N * ratio_N, 0.0).sum(-1)
+        neg_C = torch.where((adv_N < 0) & (ratio_N >= lo_C), -adv_N * ratio_N, 0.0).sum(-1)
+        share_C = torch.where(pos_C + neg_C > 0, pos_C / (pos_C + neg_C).clamp(min=1e-30), torch.ones_like(pos_C))
+        reached = (share_C >= target_share).nonzero()
+        k = int(reached[0, 0]) if len(reached) else len(candidates) - 1
+    c_low, c_high = candidates[k]
+    loss_BT, metrics = ppo_clip_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT,
+                                     clip_low=1.0 - c_low, clip_high=c_high - 1.0, dual_clip=dual_clip)
+    metrics |= {"bapo_clip_low": torch.tensor(c_low), "bapo_clip_high": torch.tensor(c_high),
+                "bapo_positive_share": share_C[k]}
+    return loss_BT, metrics
+
+
+_REC_CLIPS = ("none", "one-side", "two-side", "ring")
+_REC_WEIGHTS = ("none", "ratio", "advantage")
+_REC_REGULARIZERS = ("none", "asymre", "opmd")
+
+
+def rec_loss(
+    logprobs_BT: Tensor,
+    old_logprobs_BT: Tensor,
+    advantages_BT: Tensor,
+    mask_BT: Tensor,
+    *,
+    clip: str = "one-side",
+    weight: str = "none",
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    eps_low_prime: float = 0.6,
+    eps_high_prime: float = 2.0,
+    temperature: float = 1.0,
+    regularizer: str = "none",
+    reg_coef: float = 0.1,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """REC: group-relative REINFORCE with clipping used as a regulariser (a token mask), not a surrogate.
+
+    loss = -A · w · log π_θ · 1[keep]   (+ the regulariser), with ρ = π_θ/π_old detached:
+      keep, clip = "none":     every token
+               "two-side":     1 - eps_low <= ρ <= 1 + eps_high
+               "one-side":     ρ <= 1 + eps_high if A >= 0;  ρ >= 1 - eps_low if A <= 0
+               "ring":         two-side, or far outside on the side that cannot grow:
+                               (A >= 0 and ρ <= 1 - eps_low_prime) or (A <= 0 and ρ >= 1 + eps_high_prime)
+      w,    weight = "none": 1;   "ratio": ρ (importance sampling);   "advantage": exp(A / temperature)
+      regulariser = "asymre": -reg_coef · log π_θ on every token (AsymRE: a lowered baseline,
+                               forward KL to the behaviour data);
+                    "opmd":   +reg_coef · (log π_θ - log π_old)² on every token (the k2 / mirror-descent
+                               penalty, without a ½)
+
+    Yao et al., "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm: Demystifying Some
+    Myths About GRPO and Its Friends", arXiv:2509.24203; the options and their meaning follow the
+    authors' Trinity-RFT ``rec_policy_loss`` (clip_mode, weight = importance_sampling / advantage,
+    regularizer = forward-kl / k2), renamed here. Recipes: REC-OneSide-NoIS = one-side + none;
+    REC-OneSide-IS = one-side + ratio (with std-normalised advantages, this is GRPO's gradient);
+    REC-Ring-NoIS = ring with eps' = 0.6 / 2.0; RED-Weight = clip none + weight advantage
+    (unnormalised, as in the code); AsymRE and OPMD = clip none + their regulariser at 0.1.
+    The ring's eps_high_prime = 2.0 keeps negatives whose ratio passed 3.
+
+    Metrics: ``rec_dropped_fraction`` (tokens outside the kept region), ``ratio_mean``.
+    """
+    for name, value, allowed in (("clip", clip, _REC_CLIPS), ("weight", weight, _REC_WEIGHTS),
+                                 ("regularizer", regularizer, _REC_REGULARIZERS)):
+        if value not in allowed:
+            raise ValueError(f"rec: {name} must be one of {', '.join(allowed)}; got {value!r}")
+    if temperature <= 0:
+        raise ValueError(f"rec: temperature must be > 0, got {temperature}")
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    ratio_BT = torch.exp(log_ratio_BT.detach())
+    inside_BT = (ratio_BT >= 1 - eps_low) & (ratio_BT <= 1 + eps_high)
+    up_BT, down_BT = advantages_BT >= 0, advantages_BT <= 0
+    keep_BT = {
+        "none": torch.ones_like(mask_BT),
+        "two-side": inside_BT,
+        "one-side": (up_BT & (ratio_BT <= 1 + eps_high)) | (down_BT & (ratio_BT >= 1 - eps_low)),
+        "ring": inside_BT | (up_BT & (ratio_BT <= 1 - eps_low_prime)) | (down_BT & (ratio_BT >= 1 + eps_high_prime)),
+    }[clip]
+    w_BT = {"none": torch.ones_like(ratio_BT), "ratio": ratio_BT,
+            "advantage": torch.exp(advantages_BT.detach() / temperature)}[weight]
+    loss_BT = torch.where(keep_BT, -advantages_BT * w_BT * logprobs_BT, torch.zeros_like(logprobs_BT))
+    if regularizer == "asymre":
+        loss_BT = loss_BT - reg_coef * logprobs_BT
+    elif regularizer == "opmd":
+        loss_BT = loss_BT + reg_coef * log_ratio_BT**2
+    return loss_BT, {"rec_dropped_fraction": masked_mean(~keep_BT, mask_BT), "ratio_mean": masked_mean(ratio_BT, mask_BT)}
+
+
+def r2vpo_loss(
+    logprobs_BT: Tensor,
+    old_logprobs_BT: Tensor,
+    advantages_BT: Tensor,
+    mask_BT: Tensor,
+    *,
+    loss_state: dict[str, float],
+    delta: float = 0.01,
+    eta: float = 1.0,
+    lam_init: float = 1.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """R²VPO: the importance-weighted surrogate with a penalty on the ratio's spread instead of a clip.
+
+    loss = -ρ · A + λ · (ρ - 1)²,   ρ = π_θ / π_old (with gradient), λ from ``loss_state``
+    after each optimizer step:  λ ← max(0, λ + eta · (V - delta)),   V = token mean of (ρ - 1)²
+
+    "Ratio-Variance Regularized Policy Optimization", arXiv:2601.03320 (and arXiv:2605.26784).
+    What the public text pins down: a constraint on the second central moment of the policy ratio
+    replaces hard clipping, solved primal-dual. What it does not (only the abstracts are public):
+    the ratio's level, the estimator of the moment, and δ, η, λ0. This implementation's reading:
+    the ratio is per token; the moment is taken about 1, E[(ρ - 1)²], which equals the central
+    moment in expectation because E_{π_old}[ρ] = 1, and which keeps the loss a per-token sum (so
+    micro-batching does not change it); the dual variable takes one projected gradient-ascent
+    step per optimizer step. delta = 0.01, eta = 1, lam_init = 1 are rlvr's choices, not the
+    paper's. The paper's down-weighting of stale replayed samples is not implemented here (pair
+    with ``algo.offpolicy`` for replay).
+
+    Metrics: ``r2vpo_lambda`` (λ used for this batch), ``r2vpo_variance`` (the token mean of (ρ-1)²).
+    """
+    if delta < 0 or eta < 0 or lam_init < 0:
+        raise ValueError(f"r2vpo: need delta, eta, lam_init >= 0; got {delta}, {eta}, {lam_init}")
+    lam = float(loss_state.setdefault("lam", lam_init))
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    ratio_BT = torch.exp(log_ratio_BT)
+    spread_BT = (ratio_BT - 1.0) ** 2
+    loss_BT = torch.where(mask_BT, -ratio_BT * advantages_BT + lam * spread_BT, torch.zeros_like(ratio_BT))
+    # float64: the dual step reads this mean, and float32 sums would make λ depend on micro-batching
+    return loss_BT, {"r2vpo_lambda": torch.tensor(lam), "r2vpo_variance": masked_mean(spread_BT.double(), mask_BT),
+                     "ratio_mean": masked_mean(ratio_BT, mask_BT)}
+
+
+def r2vpo_dual_step(loss_state: dict[str, float], metrics: dict[str, float], *, delta: float = 0.01,
+                    eta: float = 1.0, lam_init: float = 1.0) -> None:
+    """R²VPO's dual ascent after an optimizer step, from the step's token-mean metrics."""
+    lam = float(loss_state.get("lam", lam_init))
+    loss_state["lam"] = max(0.0, lam + eta * (metrics["r2vpo_variance"] - delta))
+
+
+def nft_loss(
+    logprobs_BT: Tensor,
+    old_logprobs_BT: Tensor,
+    advantages_BT: Tensor,
+    mask_BT: Tensor,
+    *,
+    correct_BT: Tensor,
+    group_accuracy_BT: Tensor,
+    accuracy_clamp: float = 0.02,
+    negative_clamp: float = 1.0,
+    prompt_weight: str = "dr_grpo",
+    max_log_ratio: float = 10.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """NFT, negative-aware fine-tuning: likelihood on correct answers, and on wrong ones the
+    likelihood of an implicit negative policy.
+
+    r = the group's accuracy clamped to [accuracy_clamp, 1 - accuracy_clamp]; ρ = π_θ / π_old per token
+    correct tokens:  loss = -log ρ
+    wrong tokens:    loss = -log max_v((1 - r·ρ) / (1 - r), negative_clamp)
+                     (π⁻ = (π_old - r·π_θ)/(1 - r) is the negative policy the model implies; max_v
+                     clamps the value but passes the gradient through unchanged)
+    times the prompt weight (1 - r) ("dr_grpo"), sqrt((1 - r)/r) ("grpo") or 1 ("none").
+
+    Chen et al., "Bridging Supervised Learning and Reinforcement Learning in Math Reasoning",
+    arXiv:2505.18116; the formula and defaults follow the authors' code (NVlabs/NFT,
+    ``dp_actor.py``: token-level ratio with log ρ capped at 10, clamp_negative = 1.0,
+    normalize = 1, r clamped to [0.02, 0.98]). On-policy (ρ = 1) the gradient is Dr.GRPO's with
+    A = correct - r: correct tokens get -(1 - r)∇log π, wrong ones +r∇log π. The advantages
+    argument is not used: NFT's signal is correctness and the group's accuracy (filled in by the
+    loop from the first reward function). NFT trains only on groups with both outcomes (the paper
+    filters the rest with dynamic sampling); groups that are all correct or all wrong get zero
+    loss here. NFT's code sums the loss over tokens with a constant divisor: use
+    ``algo.aggregation = "seq-mean-token-sum-norm"`` for that reduction.
+
+    Metrics: ``nft_negative_clamped_fraction`` (wrong-answer tokens whose value was clamped).
+    """
+    if not 0.0 < accuracy_clamp < 0.5:
+        raise ValueError(f"nft: accuracy_clamp must be in (0, 0.5), got {accuracy_clamp}")
+    if prompt_weight not in ("dr_grpo", "grpo", "none"):
+        raise ValueError(f"nft: prompt_weight must be dr_grpo, grpo or none; got {prompt_weight!r}")
+    mixed_BT = (group_accuracy_BT > 0) & (group_accuracy_BT < 1)
+    mask_BT, logprobs_BT, _, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT,
+                                                    mask_BT.bool() & mixed_BT)
+    r_BT = group_accuracy_BT.clamp(accuracy_clamp, 1 - accuracy_clamp).to(logprobs_BT.dtype)
+    log_ratio_BT = log_ratio_BT.clamp(max=max_log_ratio)
+    negative_BT = (1 - r_BT * torch.exp(log_ratio_BT)) / (1 - r_BT)
+    floored_BT = negative_BT + (negative_BT.clamp(min=negative_clamp) - negative_BT).detach()
+    correct = correct_BT.bool()
+    loss_BT = torch.where(correct, -log_ratio_BT, -torch.log(torch.where(correct, 1.0, floored_BT)))
+    weight_BT = {"dr_grpo": 1 - r_BT, "grpo": torch.sqrt((1 - r_BT) / r_BT), "none": torch.ones_like(r_BT)}[prompt_weight]
+    loss_BT = torch.where(mask_BT, weight_BT * loss_BT, torch.zeros_like(loss_BT))
+    wrong = mask_BT & ~correct
+    clamped = wrong & (negative_BT.detach() < negative_clamp)
+    return loss_BT, {"nft_negative_clamped_fraction": clamped.sum() / wrong.sum().clamp(min=1),
+                     "ratio_mean": masked_mean(torch.exp(log_ratio_BT), mask_BT)}
+
+
 def _masked(
     logprobs_BT: Tensor, old_logprobs_BT: Tensor, advantages_BT: Tensor, mask_BT: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -284,4 +529,13 @@ LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "gspo": gspo_loss,
     "topr": topr_loss,
     "opmd": opmd_loss,
+    "bapo": bapo_loss,
+    "rec": rec_loss,
+    "r2vpo": r2vpo_loss,
+    "nft": nft_loss,
 }
+"""Keywords named in ``rlvr.algos.registry.LOOP_INPUTS`` are filled in by the training loop."""
+
+STATE_UPDATES: dict[str, Callable[..., None]] = {"r2vpo": r2vpo_dual_step}
+"""Per-loss updates of ``loss_state`` after each optimizer step, called with the loss's keyword
+arguments and the step's token-mean metrics."""

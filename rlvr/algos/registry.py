@@ -15,6 +15,9 @@ LOOP_INPUTS: dict[str, str] = {
     "pool_std_P": "std of the same pool (unbiased)",
     "reward_parts_KPG": "each reward function's raw value, stacked by reward name (BNPO decomposition)",
     "values_BT": "the critic's value of each completion token (GAE)",
+    "correct_BT": "1 on every token of a sample whose first (correctness) reward gave full marks (NFT)",
+    "group_accuracy_BT": "the share of correct samples in the sample's group, on every token (NFT)",
+    "loss_state": "a dict the loss keeps across steps, saved in checkpoints (R²VPO's dual variable)",
 }
 """Keywords of the algorithm functions that the training loop fills in, never a config setting."""
 

@@ -75,6 +75,8 @@ class Run:
     """The value model's learner (advantage = "gae" only)."""
     kl: KLController | None = None
     """The KL coefficient, fixed or adaptive (kl_placement = "reward" with kl_target)."""
+    loss_state: dict[str, float] = dataclasses.field(default_factory=dict)
+    """What a stateful loss keeps across steps (R²VPO's λ)."""
 
 
 def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
@@ -173,7 +175,8 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     if run.kl is not None and run.kl.target is not None:  # the adaptive coefficient of this step
         settings = dataclasses.replace(settings, kl_coef=run.kl.value)
     update = update_policy(run.learner, groups, settings, pad_token_id=run.engine.pad_token_id,
-                           ref_model=run.ref_model, generator=run.update_generator, critic=run.critic)
+                           ref_model=run.ref_model, generator=run.update_generator, critic=run.critic,
+                           loss_state=run.loss_state)
     if run.kl is not None and "kl_reward" in update:
         run.kl.update(update["kl_reward"], n=sum(len(g.samples) for g in groups))
     if not run.shared_weights:
@@ -215,6 +218,8 @@ def _state(run: Run) -> dict[str, Any]:
              "engine_rng": run.engine.generator.get_state(), "update_rng": run.update_generator.get_state()}
     if run.kl is not None:
         state["kl"] = run.kl.state_dict()
+    if run.loss_state:
+        state["loss_state"] = dict(run.loss_state)
     if run.critic is not None:
         state["critic"] = {"model": run.critic.model.state_dict(), "learner": run.critic.state_dict()}
     return state
@@ -227,6 +232,7 @@ def _restore(run: Run, state: dict[str, Any]) -> None:
     run.update_generator.set_state(state["update_rng"])
     if run.kl is not None and "kl" in state:
         run.kl.load_state_dict(state["kl"])
+    run.loss_state.update(state.get("loss_state", {}))
     if run.critic is not None:
         if "critic" not in state:
             raise RunDirError("this checkpoint has no critic (it was saved by a run without advantage = \"gae\")")

@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from rlvr.algos import CORRECTIONS, ESTIMATORS, KL_ESTIMATORS, LOSSES, SHAPING, aggregate_loss, mismatch_metrics
+from rlvr.algos.losses import STATE_UPDATES
 from rlvr.algos.registry import loop_inputs
 from rlvr.train.critic import value_loss
 from rlvr.train.learner import Learner
@@ -196,12 +197,15 @@ def update_policy(
     ref_model: PreTrainedModel | None = None,
     generator: torch.Generator | None = None,
     critic: Learner | None = None,
+    loss_state: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Advantages from the groups' rewards, then the policy-gradient update; returns metrics.
 
     Each group's ``metadata["advantages"]`` receives its samples' advantages (the token mean for
     per-token estimators), for the samples log. ``critic`` (a Learner around a
     ``rlvr.train.critic.Critic``) is needed by GAE and trained alongside the policy.
+    ``loss_state`` is the dict a stateful loss (R²VPO's λ) keeps across steps; the caller owns it
+    (and checkpoints it); None gives the loss a fresh one.
     """
     samples = [smp for g in groups for smp in g.samples]
     model, device = learner.model, next(learner.model.parameters()).device
@@ -256,7 +260,9 @@ def update_policy(
     if kl_in_loss and ref is None:
         ref = _score_all(ref_model, samples, s, pad_token_id, trained)  # type: ignore[arg-type]
 
-    batch = _Batch(samples, advantages, old, ref if kl_in_loss else None, values, returns)
+    loss_fn = LOSSES[s.loss]
+    batch = _Batch(samples, advantages, old, ref if kl_in_loss else None, values, returns,
+                   _loss_rows(groups, loop_inputs(loss_fn)), {} if loss_state is None else loss_state)
     sums: dict[str, float] = defaultdict(float)
     grad_norms, critic_norms = [], []
     model.train()
@@ -270,11 +276,17 @@ def update_policy(
             # The totals count every sample of the mini-batch, skipped for zero advantage or
             # not: the gradient is the one of the full mini-batch.
             run = [i for i in mini if i in trained]
+            step_sums: dict[str, float] = defaultdict(float)
             for micro in _micro_batches(run, samples, s.micro_batch_size):
-                _accumulate(learner, critic, batch, micro, s, totals, pad_token_id, device, sums)
+                _accumulate(learner, critic, batch, micro, s, totals, pad_token_id, device, step_sums)
             grad_norms.append(learner.step())
             if critic is not None:
                 critic_norms.append(critic.step())
+            if s.loss in STATE_UPDATES and step_sums.get("_tokens"):  # e.g. R²VPO's dual ascent on λ
+                means = {k: v / step_sums["_tokens"] for k, v in step_sums.items() if not k.startswith("_")}
+                STATE_UPDATES[s.loss](batch.loss_state, means, **s.loss_kwargs)
+            for key, value in step_sums.items():
+                sums[key] = max(sums.get(key, float("-inf")), value) if key.startswith("_max/") else sums[key] + value
     tokens, loss_sum = sums.pop("_tokens", 0.0), sums.pop("loss", 0.0)
     value_loss_sum = sums.pop("value_loss", None)
     maxima = {k.removeprefix("_max/"): sums.pop(k) for k in [k for k in sums if k.startswith("_max/")]}
@@ -303,6 +315,23 @@ class _Batch:
     ref: list[torch.Tensor] | None
     values: list[torch.Tensor] | None
     returns: list[torch.Tensor] | None
+    loss_rows: dict[str, list[torch.Tensor]]
+    """Per-token loss inputs the loop fills in (rlvr.algos.registry.LOOP_INPUTS), per sample."""
+    loss_state: dict[str, float]
+
+
+def _loss_rows(groups: list[Group], names: list[str]) -> dict[str, list[torch.Tensor]]:
+    """The per-sample values behind a loss's loop inputs, repeated over each completion token."""
+    rows: dict[str, list[torch.Tensor]] = {}
+    wanted = {"correct_BT", "group_accuracy_BT"} & set(names)
+    if wanted:
+        correct = [[float(is_correct(x, next(iter(x.reward_parts), ""))) for x in g.samples] for g in groups]
+        per_sample = {"correct_BT": [c for row in correct for c in row],
+                      "group_accuracy_BT": [statistics.fmean(row) for row in correct for _ in row]}
+        lengths = [len(x.completion.token_ids) for g in groups for x in g.samples]
+        for name in wanted:
+            rows[name] = [torch.full((n,), v) for n, v in zip(lengths, per_sample[name])]
+    return rows
 
 
 @torch.no_grad()
@@ -365,7 +394,10 @@ def _accumulate(
                                              temperature=s.temperature, chunk_size=s.logprob_chunk)
     old_BT = logprobs_BT.detach() if b.old is None else _rows(b.old, micro, mask_BT)
     adv_BT = _rows(b.advantages, micro, mask_BT)
-    loss_BT, loss_metrics = LOSSES[s.loss](logprobs_BT, old_BT, adv_BT, mask_BT, **s.loss_kwargs)
+    inputs: dict[str, Any] = {name: _rows(rows, micro, mask_BT) for name, rows in b.loss_rows.items()}
+    if "loss_state" in loop_inputs(LOSSES[s.loss]):
+        inputs["loss_state"] = b.loss_state
+    loss_BT, loss_metrics = LOSSES[s.loss](logprobs_BT, old_BT, adv_BT, mask_BT, **s.loss_kwargs, **inputs)
     # The engine's own log-probs of what it sampled, against the learner's before this update.
     sampler_BT = _rows([torch.tensor(b.samples[i].completion.logprobs, dtype=torch.float32) for i in micro],
                        list(range(len(micro))), mask_BT)
