@@ -142,6 +142,18 @@ class AlgoConfig(_Section):
     """With kl_placement = "reward": adapt kl_coef toward this per-sample KL (Ziegler et al.'s controller); unset = fixed."""
     kl_horizon: int = Field(10000, ge=1)
     """Horizon of the adaptive KL controller (samples)."""
+    divergence: Literal["none", "forward_kl", "js"] = "none"
+    """DPH-RL: a mass-covering divergence to the initial policy on its own stored samples (rlvr.algos.DIVERGENCES)."""
+    divergence_coef: float = Field(0.05, ge=0)
+    """Weight of the divergence term (token mean over the rehearsal batch)."""
+    rehearsal_prompts: int = Field(256, ge=0)
+    """Training prompts the initial policy is screened on for the divergence's stored samples (0 = all)."""
+    rehearsal_k: int = Field(4, ge=1)
+    """Samples per screened prompt; a prompt joins the rehearsal set when all of them are correct."""
+    rehearsal_batch: int = Field(16, ge=1)
+    """Stored samples in each update's divergence term."""
+    rehearsal_exclude: bool = True
+    """RL samples only the prompts that did not join the rehearsal set (as DPH-RL does)."""
     critic_lr: float = Field(1e-5, gt=0)
     """Learning rate of the critic's AdamW (advantage = "gae" only)."""
     value_clip: float | None = Field(0.2, gt=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rlvr.algos.advantages import ESTIMATORS, group_advantages
 from rlvr.algos.aggregation import AGGREGATIONS, aggregate_loss
+from rlvr.algos.divergence import DIVERGENCES
 from rlvr.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from rlvr.algos.losses import LOSSES, ppo_clip_loss
 from rlvr.algos.offpolicy import CORRECTIONS, mismatch_metrics
@@ -12,6 +13,7 @@ from rlvr.algos.shaping import SHAPING
 __all__ = [
     "AGGREGATIONS",
     "CORRECTIONS",
+    "DIVERGENCES",
     "ESTIMATORS",
     "KL_ESTIMATORS",
     "LOSSES",

@@ -42,8 +42,10 @@ from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.critic import Critic
 from rlvr.train.learner import Learner
-from rlvr.train.rollouts import generate_groups, group_metrics
-from rlvr.train.update import UpdateSettings, needs_greedy_baseline, update_policy
+from rlvr.train.rehearsal import FILE as REHEARSAL_FILE
+from rlvr.train.rehearsal import Rehearsal, screen_order
+from rlvr.train.rollouts import generate_groups, group_metrics, is_correct
+from rlvr.train.update import UpdateSettings, needs_greedy_baseline, score_logprobs, update_policy
 from rlvr.types import Group, SamplingParams
 
 
@@ -77,6 +79,8 @@ class Run:
     """The KL coefficient, fixed or adaptive (kl_placement = "reward" with kl_target)."""
     loss_state: dict[str, float] = dataclasses.field(default_factory=dict)
     """What a stateful loss keeps across steps (R²VPO's λ)."""
+    rehearsal: Rehearsal | None = None
+    """Stored samples of the initial policy for algo.divergence (DPH-RL)."""
 
 
 def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
@@ -137,7 +141,8 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
         shaping=tuple((spec.fn, dict(spec.kwargs)) for spec in a.shaping), mask_truncated=a.mask_truncated,
         stratum_key=a.stratum_key,
         aggregation=a.aggregation, max_tokens=s.max_new_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
-        kl_placement=a.kl_placement, value_clip=a.value_clip,
+        kl_placement=a.kl_placement, value_clip=a.value_clip, divergence=a.divergence,
+        divergence_coef=a.divergence_coef,
         entropy_coef=a.entropy_coef, epochs=tr.epochs, mini_batches=tr.mini_batches,
         micro_batch_size=tr.micro_batch_size, temperature=s.temperature, logprob_chunk=tr.logprob_chunk,
     )
@@ -148,10 +153,47 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
         critic = Learner(Critic(model), lr=a.critic_lr, betas=tr.betas, weight_decay=tr.weight_decay,
                          grad_clip=tr.grad_clip, warmup_steps=tr.warmup_steps, total_steps=optimizer_steps,
                          schedule=tr.schedule)
-    return Run(cfg, run_dir, tokenizer, engine, learner, ref_model, build_rewards([r.model_dump() for r in cfg.rewards]),
-               examples, encode(examples), held, encode(held), UniformSampler(len(examples), cfg.seed),
+    rewards = build_rewards([r.model_dump() for r in cfg.rewards])
+    prompt_ids = encode(examples)
+    rehearsal = None
+    if a.divergence != "none":
+        rehearsal = _rehearsal(cfg, run_dir, engine, model, examples, prompt_ids, rewards, params, settings,
+                               resuming=model_spec is not None)
+        if a.rehearsal_exclude:  # RL trains on what the initial policy could not already solve
+            solved = rehearsal.prompt_indices
+            examples = [ex for i, ex in enumerate(examples) if i not in solved]
+            prompt_ids = [ids for i, ids in enumerate(prompt_ids) if i not in solved]
+            if not examples:
+                raise ValueError(f"the initial policy solved all {rehearsal.screened} screened prompts every time, "
+                                 "so none is left for RL; raise task.size or set algo.rehearsal_exclude = false")
+    return Run(cfg, run_dir, tokenizer, engine, learner, ref_model, rewards,
+               examples, prompt_ids, held, encode(held), UniformSampler(len(examples), cfg.seed),
                torch.Generator().manual_seed(cfg.seed), settings, params, shared, critic,
-               KLController(a.kl_coef, a.kl_target, a.kl_horizon))
+               KLController(a.kl_coef, a.kl_target, a.kl_horizon), rehearsal=rehearsal)
+
+
+def _rehearsal(cfg: RunConfig, run_dir: Path, engine: EmbeddedEngine, model: Any, examples: list[Example],
+               prompt_ids: list[list[int]], rewards: list[RewardFn], params: SamplingParams,
+               settings: UpdateSettings, resuming: bool) -> Rehearsal:
+    """The run's rehearsal set: read back from the run directory, or screened now with the initial policy."""
+    if (run_dir / REHEARSAL_FILE).is_file():
+        return Rehearsal.load(run_dir)
+    if resuming:
+        raise RunDirError(f"{run_dir} has no {REHEARSAL_FILE}: algo.divergence needs samples of the initial "
+                          "policy, which a resumed run no longer has; start a new run to use it")
+    a = cfg.algo
+    order = screen_order(len(examples), a.rehearsal_prompts, cfg.seed)
+    groups = generate_groups(engine, examples, prompt_ids, order, rewards, dataclasses.replace(params, n=a.rehearsal_k))
+    primary = rewards[0].name
+    keep = [next(x for x in g.samples if is_correct(x, primary)) for g in groups
+            if all(is_correct(x, primary) for x in g.samples)]
+    # log π_0 as the learner computes it (the engine's are after top-k/top-p, and in its dtype)
+    init = score_logprobs(model, keep, settings, engine.pad_token_id, set(range(len(keep))))
+    samples = [dataclasses.replace(x, completion=dataclasses.replace(x.completion, logprobs=tuple(lp.tolist())))
+               for x, lp in zip(keep, init)]
+    rehearsal = Rehearsal(samples, screened=len(order))
+    rehearsal.save(run_dir)
+    return rehearsal
 
 
 def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> tuple[dict[str, Any], list[Group]]:
@@ -176,7 +218,8 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
         settings = dataclasses.replace(settings, kl_coef=run.kl.value)
     update = update_policy(run.learner, groups, settings, pad_token_id=run.engine.pad_token_id,
                            ref_model=run.ref_model, generator=run.update_generator, critic=run.critic,
-                           loss_state=run.loss_state)
+                           loss_state=run.loss_state,
+                           rehearsal=run.rehearsal.next_batch(run.cfg.algo.rehearsal_batch) if run.rehearsal else None)
     if run.kl is not None and "kl_reward" in update:
         run.kl.update(update["kl_reward"], n=sum(len(g.samples) for g in groups))
     if not run.shared_weights:
@@ -186,6 +229,8 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
         update["greedy_reward"] = statistics.fmean(g.metadata["greedy_reward"] for g in groups)
     metrics = {"step": step, **group_metrics(groups, run.rewards[0].name), **update,
                "lr": run.learner.applied_lr, "epoch": run.sampler.epoch}
+    if run.rehearsal is not None:
+        metrics["rehearsal_size"] = len(run.rehearsal.samples)
     metrics |= {"generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0,
                 "tokens_per_second": metrics["tokens_generated"] / (t2 - t0)}
     return metrics, groups
@@ -220,6 +265,8 @@ def _state(run: Run) -> dict[str, Any]:
         state["kl"] = run.kl.state_dict()
     if run.loss_state:
         state["loss_state"] = dict(run.loss_state)
+    if run.rehearsal is not None:
+        state["rehearsal"] = run.rehearsal.state_dict()
     if run.critic is not None:
         state["critic"] = {"model": run.critic.model.state_dict(), "learner": run.critic.state_dict()}
     return state
@@ -233,6 +280,8 @@ def _restore(run: Run, state: dict[str, Any]) -> None:
     if run.kl is not None and "kl" in state:
         run.kl.load_state_dict(state["kl"])
     run.loss_state.update(state.get("loss_state", {}))
+    if run.rehearsal is not None and "rehearsal" in state:
+        run.rehearsal.load_state_dict(state["rehearsal"])
     if run.critic is not None:
         if "critic" not in state:
             raise RunDirError("this checkpoint has no critic (it was saved by a run without advantage = \"gae\")")

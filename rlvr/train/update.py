@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from rlvr.algos import CORRECTIONS, ESTIMATORS, KL_ESTIMATORS, LOSSES, SHAPING, aggregate_loss, mismatch_metrics
+from rlvr.algos import CORRECTIONS, DIVERGENCES, ESTIMATORS, KL_ESTIMATORS, LOSSES, SHAPING, aggregate_loss, mismatch_metrics
 from rlvr.algos.losses import STATE_UPDATES
 from rlvr.algos.registry import loop_inputs
 from rlvr.train.critic import value_loss
@@ -51,6 +51,9 @@ class UpdateSettings:
     """"loss": β·KL per token in the loss (GRPO); "reward": -β·KL subtracted from the reward (PPO-RLHF)."""
     value_clip: float | None = 0.2
     """Clip of the critic's value loss (GAE only); None = plain squared error."""
+    divergence: str = "none"
+    """DPH-RL's divergence to the initial policy on stored samples (rlvr.algos.DIVERGENCES)."""
+    divergence_coef: float = 0.05
     entropy_coef: float = 0.0
     epochs: int = 1
     mini_batches: int = 1
@@ -86,7 +89,7 @@ def _micro_batches(indices: list[int], samples: list[Sample], size: int) -> list
 
 
 @torch.no_grad()
-def _score_all(
+def score_logprobs(
     model: PreTrainedModel, samples: list[Sample], s: UpdateSettings, pad: int, which: set[int]
 ) -> list[torch.Tensor]:
     """Per-sample log-probs of the completion tokens under `model` (old policy or reference);
@@ -198,6 +201,7 @@ def update_policy(
     generator: torch.Generator | None = None,
     critic: Learner | None = None,
     loss_state: dict[str, float] | None = None,
+    rehearsal: list[Sample] | None = None,
 ) -> dict[str, float]:
     """Advantages from the groups' rewards, then the policy-gradient update; returns metrics.
 
@@ -205,7 +209,9 @@ def update_policy(
     per-token estimators), for the samples log. ``critic`` (a Learner around a
     ``rlvr.train.critic.Critic``) is needed by GAE and trained alongside the policy.
     ``loss_state`` is the dict a stateful loss (R²VPO's λ) keeps across steps; the caller owns it
-    (and checkpoints it); None gives the loss a fresh one.
+    (and checkpoints it); None gives the loss a fresh one. ``rehearsal``: stored samples of the
+    initial policy (``completion.logprobs`` = log π_0) for ``s.divergence``, added to every
+    optimizer step's gradient.
     """
     samples = [smp for g in groups for smp in g.samples]
     model, device = learner.model, next(learner.model.parameters()).device
@@ -230,8 +236,8 @@ def update_policy(
     rewards_PG, metrics = shaped_rewards(groups, s)
     old = ref = None
     if kl_in_reward or token_level:  # the advantages need log-probs (or values) first
-        old = _score_all(model, samples, s, pad_token_id, kept)
-        ref = _score_all(ref_model, samples, s, pad_token_id, kept) if ref_model is not None and s.kl_coef else None
+        old = score_logprobs(model, samples, s, pad_token_id, kept)
+        ref = score_logprobs(ref_model, samples, s, pad_token_id, kept) if ref_model is not None and s.kl_coef else None
     kl_N: list[torch.Tensor] = [torch.zeros(len(x.completion.token_ids)) for x in samples]
     if kl_in_reward:
         assert old is not None and ref is not None
@@ -256,9 +262,9 @@ def update_policy(
 
     trained = {i for i in kept if needs_all or bool(advantages[i].any())}
     if old is None and not reuse_current:
-        old = _score_all(model, samples, s, pad_token_id, trained)
+        old = score_logprobs(model, samples, s, pad_token_id, trained)
     if kl_in_loss and ref is None:
-        ref = _score_all(ref_model, samples, s, pad_token_id, trained)  # type: ignore[arg-type]
+        ref = score_logprobs(ref_model, samples, s, pad_token_id, trained)  # type: ignore[arg-type]
 
     loss_fn = LOSSES[s.loss]
     batch = _Batch(samples, advantages, old, ref if kl_in_loss else None, values, returns,
@@ -279,6 +285,8 @@ def update_policy(
             step_sums: dict[str, float] = defaultdict(float)
             for micro in _micro_batches(run, samples, s.micro_batch_size):
                 _accumulate(learner, critic, batch, micro, s, totals, pad_token_id, device, step_sums)
+            if rehearsal and s.divergence != "none":
+                _rehearse(learner, rehearsal, s, pad_token_id, device, step_sums)
             grad_norms.append(learner.step())
             if critic is not None:
                 critic_norms.append(critic.step())
@@ -288,6 +296,8 @@ def update_policy(
             for key, value in step_sums.items():
                 sums[key] = max(sums.get(key, float("-inf")), value) if key.startswith("_max/") else sums[key] + value
     tokens, loss_sum = sums.pop("_tokens", 0.0), sums.pop("loss", 0.0)
+    div_tokens = sums.pop("_divergence_tokens", 0.0)
+    metrics |= {k: sums.pop(k) / div_tokens for k in [k for k in sums if k.startswith("divergence")] if div_tokens}
     value_loss_sum = sums.pop("value_loss", None)
     maxima = {k.removeprefix("_max/"): sums.pop(k) for k in [k for k in sums if k.startswith("_max/")]}
     # token-weighted means over the trained tokens; NaN (null in metrics.jsonl) when none was trained
@@ -374,6 +384,27 @@ def _token_advantages(
         for r, i in enumerate(rows):
             advantages[i], returns[i] = adv_BT[r][mask_BT[r]], ret_BT[r][mask_BT[r]]
     return advantages, returns
+
+
+def _rehearse(learner: Learner, rehearsal: list[Sample], s: UpdateSettings, pad_token_id: int,
+              device: torch.device, sums: dict[str, float]) -> None:
+    """Add divergence_coef · (token mean of the divergence over the rehearsal samples) to the gradient."""
+    total = float(sum(len(x.completion.token_ids) for x in rehearsal))
+    for micro in _micro_batches(list(range(len(rehearsal))), rehearsal, s.micro_batch_size):
+        batch = collate([rehearsal[i] for i in micro], pad_token_id, device)
+        mask_BT = batch["loss_mask"]
+        logprobs_BT, _ = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"], mask_BT,
+                                        temperature=s.temperature, chunk_size=s.logprob_chunk)
+        init_BT = _rows([torch.tensor(rehearsal[i].completion.logprobs, dtype=torch.float32) for i in micro],
+                        list(range(len(micro))), mask_BT)
+        div_BT, div_metrics = DIVERGENCES[s.divergence](logprobs_BT, init_BT, mask_BT)
+        div = aggregate_loss(div_BT, mask_BT, mode="token-mean", total_tokens=total)
+        (s.divergence_coef * div).backward()
+        n = float(mask_BT.sum())
+        sums["_divergence_tokens"] += n
+        sums["divergence"] += float(div.detach()) * total  # the micro-batch's share of the token sum
+        for key, value in div_metrics.items():
+            sums[key] += float(value) * n
 
 
 def _accumulate(
