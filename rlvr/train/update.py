@@ -215,60 +215,32 @@ def update_policy(
     """
     samples = [smp for g in groups for smp in g.samples]
     model, device = learner.model, next(learner.model.parameters()).device
-    estimator = ESTIMATORS[s.advantage]
-    token_level = "values_BT" in loop_inputs(estimator)
-    if token_level and critic is None:
-        raise ValueError(f"advantage {s.advantage!r} needs a critic (rlvr train builds one; pass critic=...)")
-    kl_in_reward = s.kl_coef > 0 and s.kl_placement == "reward" and ref_model is not None
     kl_in_loss = s.kl_coef > 0 and s.kl_placement == "loss" and ref_model is not None
-    # With one optimizer step per rollout batch the policy has not moved yet, so the old
-    # log-probs equal the current ones (detached) and the extra forward pass is skipped.
-    reuse_current = s.epochs * s.mini_batches == 1
-    # A sample with zero advantage adds exactly zero to the policy loss and its gradient, so it is
-    # not run at all unless a KL or entropy term (or the critic) gives it a gradient of its own.
-    # (GRPO groups whose rewards are all equal are common: 30-90% of groups late in a run.)
-    needs_all = kl_in_loss or s.entropy_coef != 0 or token_level
     # DAPO's overlong filtering: a completion cut off by the token budget is left out of the
     # loss altogether (numerator and the token/sequence counts), not treated as a failure.
     dropped = {i for i, smp in enumerate(samples) if s.mask_truncated and smp.completion.finish_reason == "length"}
     kept = {i for i in range(len(samples)) if i not in dropped}
-
-    rewards_PG, metrics = shaped_rewards(groups, s)
-    old = ref = None
-    if kl_in_reward or token_level:  # the advantages need log-probs (or values) first
-        old = score_logprobs(model, samples, s, pad_token_id, kept)
-        ref = score_logprobs(ref_model, samples, s, pad_token_id, kept) if ref_model is not None and s.kl_coef else None
-    kl_N: list[torch.Tensor] = [torch.zeros(len(x.completion.token_ids)) for x in samples]
-    if kl_in_reward:
-        assert old is not None and ref is not None
-        kl_N = [KL_ESTIMATORS[s.kl_estimator](old[i], ref[i]) if i in kept else kl_N[i] for i in range(len(samples))]
-        seq_kl_PG = torch.tensor([float(k.sum()) for k in kl_N]).view_as(rewards_PG)
-        metrics["kl_reward"] = float(seq_kl_PG.flatten()[sorted(kept)].mean()) if kept else float("nan")
-        metrics["kl_coef"] = s.kl_coef
-    values = returns = None
-    if token_level:
-        assert critic is not None and old is not None
-        values = _score_values(critic.model, samples, s, pad_token_id, kept)
-        advantages, returns = _token_advantages(samples, rewards_PG, kl_N, values, kept, s)
-    else:
-        if kl_in_reward:
-            rewards_PG = rewards_PG - s.kl_coef * seq_kl_PG
-        inputs = {name: _PROVIDERS[name](groups, s) for name in loop_inputs(estimator)}
-        advantages_B = estimator(rewards_PG, **s.advantage_kwargs, **inputs).flatten()
-        advantages = [torch.full((len(x.completion.token_ids),), float(a)) for x, a in zip(samples, advantages_B)]
-    per_sample = iter([float(a.mean()) if len(a) else 0.0 for a in advantages])
+    batch, metrics = _advantages(learner, groups, samples, kept, s, pad_token_id, ref_model, critic)
+    per_sample = iter([float(a.mean()) if len(a) else 0.0 for a in batch.advantages])
     for g in groups:
         g.metadata["advantages"] = [next(per_sample) for _ in g.samples]
 
-    trained = {i for i in kept if needs_all or bool(advantages[i].any())}
-    if old is None and not reuse_current:
-        old = score_logprobs(model, samples, s, pad_token_id, trained)
-    if kl_in_loss and ref is None:
-        ref = score_logprobs(ref_model, samples, s, pad_token_id, trained)  # type: ignore[arg-type]
+    # A sample with zero advantage adds exactly zero to the policy loss and its gradient, so it is
+    # not run at all unless a KL or entropy term (or the critic) gives it a gradient of its own.
+    # (GRPO groups whose rewards are all equal are common: 30-90% of groups late in a run.)
+    needs_all = kl_in_loss or s.entropy_coef != 0 or batch.values is not None
+    trained = {i for i in kept if needs_all or bool(batch.advantages[i].any())}
+    # With one optimizer step per rollout batch the policy has not moved yet, so the old
+    # log-probs equal the current ones (detached) and the extra forward pass is skipped.
+    if batch.old is None and s.epochs * s.mini_batches > 1:
+        batch.old = score_logprobs(model, samples, s, pad_token_id, trained)
+    if kl_in_loss and batch.ref is None:
+        batch.ref = score_logprobs(ref_model, samples, s, pad_token_id, trained)  # type: ignore[arg-type]
+    elif not kl_in_loss:
+        batch.ref = None  # scored for a KL in the reward: not a loss term
+    batch.loss_rows = _loss_rows(groups, loop_inputs(LOSSES[s.loss]))
+    batch.loss_state = {} if loss_state is None else loss_state
 
-    loss_fn = LOSSES[s.loss]
-    batch = _Batch(samples, advantages, old, ref if kl_in_loss else None, values, returns,
-                   _loss_rows(groups, loop_inputs(loss_fn)), {} if loss_state is None else loss_state)
     sums: dict[str, float] = defaultdict(float)
     grad_norms, critic_norms = [], []
     model.train()
@@ -295,23 +267,73 @@ def update_policy(
                 STATE_UPDATES[s.loss](batch.loss_state, means, **s.loss_kwargs)
             for key, value in step_sums.items():
                 sums[key] = max(sums.get(key, float("-inf")), value) if key.startswith("_max/") else sums[key] + value
+    metrics |= _summary(sums, grad_norms, critic_norms, kl_in_loss)
+    metrics["advantage_abs_mean"] = statistics.fmean(float(a.abs().mean()) if len(a) else 0.0
+                                                     for a in batch.advantages) if samples else 0.0
+    metrics["trained_fraction"] = len(trained) / len(samples)
+    if s.mask_truncated:
+        metrics["masked_truncated_fraction"] = len(dropped) / len(samples)
+    return metrics
+
+
+def _advantages(
+    learner: Learner, groups: list[Group], samples: list[Sample], kept: set[int], s: UpdateSettings,
+    pad_token_id: int, ref_model: PreTrainedModel | None, critic: Learner | None,
+) -> tuple[_Batch, dict[str, float]]:
+    """Each kept sample's per-token advantages, from its (shaped, possibly KL-penalised) reward.
+
+    A KL in the reward, and GAE's critic, need the samples scored first: those log-probs (and the
+    reference's) are then kept in the batch so the update does not score them again.
+    """
+    estimator = ESTIMATORS[s.advantage]
+    token_level = "values_BT" in loop_inputs(estimator)
+    if token_level and critic is None:
+        raise ValueError(f"advantage {s.advantage!r} needs a critic (rlvr train builds one; pass critic=...)")
+    kl_in_reward = s.kl_coef > 0 and s.kl_placement == "reward" and ref_model is not None
+    rewards_PG, metrics = shaped_rewards(groups, s)
+    old = ref = values = returns = None
+    if kl_in_reward or token_level:
+        old = score_logprobs(learner.model, samples, s, pad_token_id, kept)
+        if ref_model is not None and s.kl_coef > 0:
+            ref = score_logprobs(ref_model, samples, s, pad_token_id, kept)
+    kl_N = [torch.zeros(len(x.completion.token_ids)) for x in samples]
+    if kl_in_reward:
+        assert old is not None and ref is not None
+        kl_N = [KL_ESTIMATORS[s.kl_estimator](old[i], ref[i]) if i in kept else kl_N[i] for i in range(len(samples))]
+        seq_kl_PG = torch.tensor([float(k.sum()) for k in kl_N]).view_as(rewards_PG)
+        metrics["kl_reward"] = float(seq_kl_PG.flatten()[sorted(kept)].mean()) if kept else float("nan")
+        metrics["kl_coef"] = s.kl_coef
+        if not token_level:
+            rewards_PG = rewards_PG - s.kl_coef * seq_kl_PG
+    if token_level:
+        assert critic is not None
+        values = _score_values(critic.model, samples, s, pad_token_id, kept)
+        advantages, returns = _token_advantages(samples, rewards_PG, kl_N, values, kept, s)
+    else:
+        inputs = {name: _PROVIDERS[name](groups, s) for name in loop_inputs(estimator)}
+        advantages_B = estimator(rewards_PG, **s.advantage_kwargs, **inputs).flatten()
+        advantages = [torch.full((len(x.completion.token_ids),), float(a)) for x, a in zip(samples, advantages_B)]
+    return _Batch(samples, advantages, old, ref, values, returns), metrics
+
+
+def _summary(sums: dict[str, float], grad_norms: list[float], critic_norms: list[float],
+             kl_in_loss: bool) -> dict[str, float]:
+    """The update's metrics from the summed per-micro-batch values."""
+    metrics: dict[str, float] = {}
     tokens, loss_sum = sums.pop("_tokens", 0.0), sums.pop("loss", 0.0)
     div_tokens = sums.pop("_divergence_tokens", 0.0)
-    metrics |= {k: sums.pop(k) / div_tokens for k in [k for k in sums if k.startswith("divergence")] if div_tokens}
-    value_loss_sum = sums.pop("value_loss", None)
+    for key in [k for k in sums if k.startswith("divergence")]:  # means over the rehearsal tokens
+        metrics[key] = sums.pop(key) / div_tokens
+    value_loss_sum = sums.pop("value_loss", 0.0)
     maxima = {k.removeprefix("_max/"): sums.pop(k) for k in [k for k in sums if k.startswith("_max/")]}
     # token-weighted means over the trained tokens; NaN (null in metrics.jsonl) when none was trained
     names = set(sums) | {k for k in _TOKEN_METRICS if k != "kl" or kl_in_loss}
     metrics |= {k: sums[k] / tokens if tokens else float("nan") for k in sorted(names)}
     metrics["loss"] = loss_sum / len(grad_norms)  # mean over optimizer steps
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-    if critic is not None:
-        metrics["value_loss"] = (value_loss_sum or 0.0) / len(critic_norms)
+    if critic_norms:
+        metrics["value_loss"] = value_loss_sum / len(critic_norms)
         metrics["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
-    metrics["advantage_abs_mean"] = float(torch.cat(advantages).abs().mean()) if samples else 0.0
-    metrics["trained_fraction"] = len(trained) / len(samples)
-    if s.mask_truncated:
-        metrics["masked_truncated_fraction"] = len(dropped) / len(samples)
     return metrics | {k: v for k, v in maxima.items() if k != "ratio_max"}
 
 
@@ -325,9 +347,9 @@ class _Batch:
     ref: list[torch.Tensor] | None
     values: list[torch.Tensor] | None
     returns: list[torch.Tensor] | None
-    loss_rows: dict[str, list[torch.Tensor]]
+    loss_rows: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     """Per-token loss inputs the loop fills in (rlvr.algos.registry.LOOP_INPUTS), per sample."""
-    loss_state: dict[str, float]
+    loss_state: dict[str, float] = field(default_factory=dict)
 
 
 def _loss_rows(groups: list[Group], names: list[str]) -> dict[str, list[torch.Tensor]]:
