@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlvr.algos import ESTIMATORS
+from rlvr.algos.registry import loop_inputs
 from rlvr.config import ConfigError, load_config
 from rlvr.train.loop import train
 from rlvr.train.update import UpdateSettings, compute_advantages
@@ -174,13 +175,58 @@ def test_loop_inputs_are_not_config_settings() -> None:
         load_config(None, ['algo.advantage="bnpo"', "algo.advantage_kwargs={reward_parts_KPG = 1}"])
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo"])  # remax: by design not
+def loop_inputs_for(rewards: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the loop would pass: two strata per group, and each group as its own pool."""
+    return {"strata_PG": torch.arange(rewards.shape[1]).remainder(2).expand_as(rewards),
+            "pool_mean_P": rewards.mean(1), "pool_std_P": rewards.std(1)}
+
+
+def call(name: str, rewards: torch.Tensor, **kwargs: object) -> torch.Tensor:
+    inputs = {k: v for k, v in loop_inputs_for(rewards).items() if k in loop_inputs(ESTIMATORS[name])}
+    return ESTIMATORS[name](rewards, **inputs, **kwargs)
+
+
+# remax: by design not (its baseline is the greedy answer's reward); gae: per token
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo", "stratified",
+                                  "global_pool"])
 def test_equal_rewards_give_zero_advantage(name: str) -> None:
     rewards = torch.tensor([[0.3, 0.3, 0.3], [1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
-    out = ESTIMATORS[name](rewards)
+    out = call(name, rewards)
     assert out.shape == rewards.shape
     assert (out[0] == 0).all() and (out[2] == 0).all()
     assert (out[1] != 0).all()
+
+
+def test_stratified_and_global_pool_equal_a_plain_loop() -> None:
+    rewards = torch.tensor([[1.0, 0.0, 0.5, 0.0, 1.0], [0.2, 0.9, 0.4, 0.4, 0.7]])
+    strata = torch.tensor([[0, 0, 1, 1, 1], [2, 2, 2, 5, 5]])
+    san = ESTIMATORS["stratified"](rewards, strata_PG=strata, alpha=1.0)
+    pool_mean, pool_std = torch.tensor([0.3, 0.6]), torch.tensor([0.4, 0.2])
+    pooled = ESTIMATORS["global_pool"](rewards, pool_mean_P=pool_mean, pool_std_P=pool_std)
+    for p, row in enumerate(rewards.tolist()):
+        for g, r in enumerate(row):
+            peers = [x for x, k in zip(row, strata[p].tolist()) if k == strata[p, g]]
+            mean = sum(peers) / len(peers)
+            std = math.sqrt(sum((x - mean) ** 2 for x in peers) / (len(peers) - 1)) if len(peers) > 1 else 0.0
+            expected = 0.0 if len(set(peers)) == 1 else (r - mean) / (std + 1e-6)
+            assert float(san[p, g]) == pytest.approx(expected, rel=1e-5, abs=1e-6)
+            assert float(pooled[p, g]) == pytest.approx((r - float(pool_mean[p])) / (float(pool_std[p]) + 1e-6), rel=1e-5)
+
+
+def test_gae_equals_a_plain_loop() -> None:
+    gen = torch.Generator().manual_seed(0)
+    rewards, values = torch.randn(3, 6, generator=gen), torch.randn(3, 6, generator=gen)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 1, 1, 0, 1]], dtype=torch.bool)
+    adv, ret = ESTIMATORS["gae"](rewards, mask, values_BT=values, gamma=0.9, lam=0.8, whiten=False)
+    for b in range(3):
+        idx = [t for t in range(6) if mask[b, t]]
+        running, following = 0.0, 0.0
+        for t in reversed(idx):
+            delta = float(rewards[b, t]) + 0.9 * following - float(values[b, t])
+            running = delta + 0.9 * 0.8 * running
+            following = float(values[b, t])
+            assert float(adv[b, t]) == pytest.approx(running, rel=1e-5, abs=1e-6)
+            assert float(ret[b, t]) == pytest.approx(running + float(values[b, t]), rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -13,6 +14,7 @@ from rlvr.algos import DIVERGENCES
 from rlvr.config import load_config
 from rlvr.train.loop import train
 from rlvr.train.rehearsal import FILE
+from rlvr.train.update import UpdateSettings, update_policy
 from tests.test_train import TIMING, read_metrics
 
 F64 = torch.float64
@@ -96,3 +98,27 @@ def test_rehearsal_resumes_exactly(tiny_dir: Path, tmp_path: Path) -> None:
     train(resume=tmp_path / "split", overrides=("train.steps=3",), quiet=True)
     a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "split")
     assert {k: v for k, v in a[2].items() if k not in TIMING} == {k: v for k, v in b[2].items() if k not in TIMING}
+
+
+@pytest.mark.parametrize("divergence", sorted(DIVERGENCES))
+def test_micro_batching_does_not_change_the_divergence_gradient(divergence: str) -> None:
+    """The rehearsal term is a token mean over the whole rehearsal batch, whatever the micro-batch."""
+    from tests.test_learner import GROUPS, SGDRecorder, assert_grads_close, make_groups
+    from tests.tiny import make_tiny_model
+
+    stored = [x for g in make_groups([[1.0, 1.0, 1.0], [1.0, 1.0]], seed=5) for x in g.samples]
+    stored = [dataclasses.replace(x, completion=dataclasses.replace(x.completion,
+                                                                    logprobs=(-3.0,) * len(x.completion.token_ids)))
+              for x in stored]
+
+    def grads(micro: int) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
+        recorder = SGDRecorder(make_tiny_model(), lr=0.1)
+        settings = UpdateSettings(micro_batch_size=micro, mini_batches=2, divergence=divergence, divergence_coef=1.0)
+        metrics = update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
+                                generator=torch.Generator().manual_seed(0), rehearsal=stored)
+        return recorder.grads, metrics
+
+    whole, metrics = grads(6)
+    assert metrics["divergence"] > 0 and metrics["divergence_ratio_mean"] != 1.0
+    assert_grads_close(grads(1)[0], whole)
+    assert_grads_close(grads(4)[0], whole)
