@@ -10,6 +10,7 @@ import torch
 
 from rlvr.algos import (
     AGGREGATIONS,
+    DIVERGENCES,
     ESTIMATORS,
     KL_ESTIMATORS,
     LOSSES,
@@ -36,6 +37,7 @@ def test_registries() -> None:
     assert LOSSES["ppo_clip"] is ppo_clip_loss
     assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd", "bapo", "rec", "r2vpo", "nft"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
+    assert set(DIVERGENCES) == {"forward_kl", "js"}
     assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 

@@ -282,8 +282,8 @@ def _advantages(
 ) -> tuple[_Batch, dict[str, float]]:
     """Each kept sample's per-token advantages, from its (shaped, possibly KL-penalised) reward.
 
-    A KL in the reward, and GAE's critic, need the samples scored first: those log-probs (and the
-    reference's) are then kept in the batch so the update does not score them again.
+    A KL in the reward needs the samples scored first (old policy and reference), and GAE the
+    critic's values; those are kept in the batch so the update does not compute them again.
     """
     estimator = ESTIMATORS[s.advantage]
     token_level = "values_BT" in loop_inputs(estimator)
@@ -292,10 +292,9 @@ def _advantages(
     kl_in_reward = s.kl_coef > 0 and s.kl_placement == "reward" and ref_model is not None
     rewards_PG, metrics = shaped_rewards(groups, s)
     old = ref = values = returns = None
-    if kl_in_reward or token_level:
+    if kl_in_reward:  # the penalty is the old policy's KL to the reference, before any update
         old = score_logprobs(learner.model, samples, s, pad_token_id, kept)
-        if ref_model is not None and s.kl_coef > 0:
-            ref = score_logprobs(ref_model, samples, s, pad_token_id, kept)
+        ref = score_logprobs(ref_model, samples, s, pad_token_id, kept)  # type: ignore[arg-type]
     kl_N = [torch.zeros(len(x.completion.token_ids)) for x in samples]
     if kl_in_reward:
         assert old is not None and ref is not None
