@@ -70,3 +70,32 @@ class ConsoleProgress:
 
     def print(self, text: str) -> None:
         self.console.print(text, highlight=False, soft_wrap=True)
+
+
+class ScreeningProgress:
+    """A progress bar over the prompts the initial policy is screened on (algo.divergence's
+    rehearsal set); a start and an end line when not a terminal; nothing when disabled."""
+
+    def __init__(self, prompts: int, k: int, disable: bool = False, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.disable, self.prompts, self.k = disable, prompts, k
+        self.progress = Progress(TextColumn("[bold]screening"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TimeRemainingColumn(), console=self.console,
+                                 disable=disable or not self.console.is_terminal)
+        self.task = self.progress.add_task("screening", total=prompts)
+
+    def advance(self, n: int) -> None:
+        self.progress.advance(self.task, n)
+
+    def report(self, kept: int) -> None:
+        if not self.disable:
+            self.console.print(f"rehearsal set: {kept} of {self.prompts} prompts solved {self.k}/{self.k} times")
+
+    def __enter__(self) -> ScreeningProgress:
+        if not self.disable:
+            self.console.print(f"rehearsal set: sampling {self.prompts} prompts × {self.k} with the initial policy")
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)

@@ -34,7 +34,7 @@ from rlvr.algos.registry import loop_inputs
 from rlvr.config import RunConfig, load_config, to_toml
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
 from rlvr.data.sampler import UniformSampler
-from rlvr.log import ConsoleProgress, JsonlSink
+from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress
 from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from rlvr.rewards import RewardFn, build_rewards
 from rlvr.rollout.engine import EmbeddedEngine
@@ -108,8 +108,9 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
     return train, held
 
 
-def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
-    """Load model, tokenizer, data and rewards; build the engine and the learner."""
+def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: bool = True) -> Run:
+    """Load model, tokenizer, data and rewards; build the engine and the learner (and, for
+    algo.divergence, screen the initial policy for its rehearsal set, with a progress bar unless quiet)."""
     keep_freed_memory()  # ~1.4x faster learner steps on CPU; see rlvr.runtime
     torch.manual_seed(cfg.seed)
     spec = model_spec or cfg.model
@@ -158,7 +159,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
     rehearsal = None
     if a.divergence != "none":
         rehearsal = _rehearsal(cfg, run_dir, engine, model, examples, prompt_ids, rewards, params, settings,
-                               resuming=model_spec is not None)
+                               resuming=model_spec is not None, quiet=quiet)
         if a.rehearsal_exclude:  # RL trains on what the initial policy could not already solve
             solved = rehearsal.prompt_indices
             examples = [ex for i, ex in enumerate(examples) if i not in solved]
@@ -174,7 +175,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None) -> Run:
 
 def _rehearsal(cfg: RunConfig, run_dir: Path, engine: EmbeddedEngine, model: Any, examples: list[Example],
                prompt_ids: list[list[int]], rewards: list[RewardFn], params: SamplingParams,
-               settings: UpdateSettings, resuming: bool) -> Rehearsal:
+               settings: UpdateSettings, resuming: bool, quiet: bool) -> Rehearsal:
     """The run's rehearsal set: read back from the run directory, or screened now with the initial policy."""
     if (run_dir / REHEARSAL_FILE).is_file():
         return Rehearsal.load(run_dir)
@@ -183,10 +184,13 @@ def _rehearsal(cfg: RunConfig, run_dir: Path, engine: EmbeddedEngine, model: Any
                           "policy, which a resumed run no longer has; start a new run to use it")
     a = cfg.algo
     order = screen_order(len(examples), a.rehearsal_prompts, cfg.seed)
-    groups = generate_groups(engine, examples, prompt_ids, order, rewards, dataclasses.replace(params, n=a.rehearsal_k))
-    primary = rewards[0].name
-    keep = [next(x for x in g.samples if is_correct(x, primary)) for g in groups
-            if all(is_correct(x, primary) for x in g.samples)]
+    with ScreeningProgress(len(order), a.rehearsal_k, disable=quiet) as progress:
+        groups = generate_groups(engine, examples, prompt_ids, order, rewards,
+                                 dataclasses.replace(params, n=a.rehearsal_k), progress=progress.advance)
+        primary = rewards[0].name
+        keep = [next(x for x in g.samples if is_correct(x, primary)) for g in groups
+                if all(is_correct(x, primary) for x in g.samples)]
+        progress.report(len(keep))
     # log π_0 as the learner computes it (the engine's are after top-k/top-p, and in its dtype)
     init = score_logprobs(model, keep, settings, engine.pad_token_id, set(range(len(keep))))
     samples = [dataclasses.replace(x, completion=dataclasses.replace(x.completion, logprobs=tuple(lp.tolist())))
@@ -321,7 +325,7 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
         if last is None:
             raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped while being "
                               "set up); start a new run, or delete this directory to reuse its name")
-        run = setup(cfg, run_dir, model_spec=str(last))
+        run = setup(cfg, run_dir, model_spec=str(last), quiet=quiet)
         state = ckpt.load_state(last)
         _restore(run, state)
         if overrides:  # e.g. train.steps=40 to extend a finished run; written once setup has worked
@@ -334,7 +338,7 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
             raise ValueError("train() needs a config or resume=<run dir>")
         run_dir = create_run_dir(cfg)
         try:
-            run = setup(cfg, run_dir)
+            run = setup(cfg, run_dir, quiet=quiet)
         except BaseException:
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-made is left behind
             raise
