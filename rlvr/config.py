@@ -150,6 +150,8 @@ class AlgoConfig(_Section):
     """Training prompts the initial policy is screened on for the divergence's stored samples (0 = all)."""
     rehearsal_k: int = Field(4, ge=1)
     """Samples per screened prompt; a prompt joins the rehearsal set when all of them are correct."""
+    rehearsal_min_correct: int | None = Field(None, ge=1)
+    """Correct samples (of rehearsal_k) a prompt needs to join the set; unset = all k (DPH-RL). Lower it for a weak model."""
     rehearsal_batch: int = Field(16, ge=1)
     """Stored samples in each update's divergence term."""
     rehearsal_exclude: bool = True
@@ -184,6 +186,9 @@ class AlgoConfig(_Section):
         if self.kl_target is not None and (self.kl_placement != "reward" or self.kl_coef == 0):
             raise ValueError("algo.kl_target adapts a KL penalty in the reward: set algo.kl_placement = \"reward\" "
                              "and an initial algo.kl_coef > 0")
+        if self.rehearsal_min_correct is not None and self.rehearsal_min_correct > self.rehearsal_k:
+            raise ValueError(f"algo.rehearsal_min_correct ({self.rehearsal_min_correct}) cannot exceed "
+                             f"algo.rehearsal_k ({self.rehearsal_k})")
         if self.advantage == "stratified" and self.stratum_key is None:
             raise ValueError("algo.advantage = 'stratified' needs algo.stratum_key: the name of a reward function "
                              "whose value is each sample's stratum (e.g. a count of tool calls, with weight 0)")

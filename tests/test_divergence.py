@@ -122,3 +122,32 @@ def test_micro_batching_does_not_change_the_divergence_gradient(divergence: str)
     assert metrics["divergence"] > 0 and metrics["divergence_ratio_mean"] != 1.0
     assert_grads_close(grads(1)[0], whole)
     assert_grads_close(grads(4)[0], whole)
+
+
+def test_rehearsal_batches_cycle_without_repeating_a_sample() -> None:
+    from rlvr.train.rehearsal import Rehearsal
+    from tests.test_learner import make_groups
+
+    stored = [x for g in make_groups([[1.0, 1.0, 1.0]]) for x in g.samples]
+    r = Rehearsal(stored, screened=5)
+    assert r.next_batch(2) == stored[:2] and r.next_batch(2) == [stored[2], stored[0]]
+    assert r.next_batch(16) == [stored[1], stored[2], stored[0]]  # the whole set, once
+    assert Rehearsal([], screened=5).next_batch(4) == []
+
+
+def sometimes_right(prompt: str, completion: str, **_: object) -> float:
+    """Right on "even" prompts, and on the others when the completion happens to be varied."""
+    return 1.0 if even(prompt) or len(set(completion)) >= 6 else 0.0
+
+
+def test_rehearsal_min_correct_admits_prompts_a_weak_model_sometimes_solves(tiny_dir: Path, tmp_path: Path) -> None:
+    reward = 'rewards=[{fn = "tests.test_divergence:sometimes_right"}]'
+    base = [*config(tiny_dir, tmp_path, "all", 1), reward, "algo.rehearsal_exclude=false"]
+    train(load_config(None, base), quiet=True)
+    train(load_config(None, [*config(tiny_dir, tmp_path, "one", 1), reward, "algo.rehearsal_exclude=false",
+                             "algo.rehearsal_min_correct=1"]), quiet=True)
+    strict = [json.loads(line) for line in (tmp_path / "all" / FILE).read_text().splitlines()[1:]]
+    loose = [json.loads(line) for line in (tmp_path / "one" / FILE).read_text().splitlines()[1:]]
+    assert len(loose) > len(strict) > 0 and all(r["reward"] == 1.0 for r in loose)
+    with pytest.raises(Exception, match="cannot exceed"):
+        load_config(None, [*base, "algo.rehearsal_min_correct=3"])

@@ -87,9 +87,9 @@ class ScreeningProgress:
     def advance(self, n: int) -> None:
         self.progress.advance(self.task, n)
 
-    def report(self, kept: int) -> None:
+    def report(self, kept: int, needed: int) -> None:
         if not self.disable:
-            self.console.print(f"rehearsal set: {kept} of {self.prompts} prompts solved {self.k}/{self.k} times")
+            self.console.print(f"rehearsal set: {kept} of {self.prompts} prompts solved at least {needed}/{self.k} times")
 
     def __enter__(self) -> ScreeningProgress:
         if not self.disable:

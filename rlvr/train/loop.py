@@ -165,8 +165,9 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
             examples = [ex for i, ex in enumerate(examples) if i not in solved]
             prompt_ids = [ids for i, ids in enumerate(prompt_ids) if i not in solved]
             if not examples:
-                raise ValueError(f"the initial policy solved all {rehearsal.screened} screened prompts every time, "
-                                 "so none is left for RL; raise task.size or set algo.rehearsal_exclude = false")
+                raise ValueError(f"every training prompt joined the rehearsal set ({rehearsal.screened} screened), "
+                                 "so none is left for RL; raise task.size or algo.rehearsal_min_correct, or set "
+                                 "algo.rehearsal_exclude = false")
     return Run(cfg, run_dir, tokenizer, engine, learner, ref_model, rewards,
                examples, prompt_ids, held, encode(held), UniformSampler(len(examples), cfg.seed),
                torch.Generator().manual_seed(cfg.seed), settings, params, shared, critic,
@@ -188,9 +189,10 @@ def _rehearsal(cfg: RunConfig, run_dir: Path, engine: EmbeddedEngine, model: Any
         groups = generate_groups(engine, examples, prompt_ids, order, rewards,
                                  dataclasses.replace(params, n=a.rehearsal_k), progress=progress.advance)
         primary = rewards[0].name
+        needed = a.rehearsal_min_correct or a.rehearsal_k
         keep = [next(x for x in g.samples if is_correct(x, primary)) for g in groups
-                if all(is_correct(x, primary) for x in g.samples)]
-        progress.report(len(keep))
+                if sum(is_correct(x, primary) for x in g.samples) >= needed]
+        progress.report(len(keep), needed)
     # log π_0 as the learner computes it (the engine's are after top-k/top-p, and in its dtype)
     init = score_logprobs(model, keep, settings, engine.pad_token_id, set(range(len(keep))))
     samples = [dataclasses.replace(x, completion=dataclasses.replace(x.completion, logprobs=tuple(lp.tolist())))

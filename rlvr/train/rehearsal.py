@@ -1,9 +1,10 @@
 """Stored samples of the initial policy, for the divergence terms of DPH-RL (rlvr.algos.divergence).
 
 Before the first update, the initial policy answers each screened training prompt `k` times. A
-prompt it answers correctly every time goes to the rehearsal set (DPH-RL's "perfect" set D_pef),
-with one of its correct completions and that completion's log-probs under the initial policy; the
-rest (D_exp) are what RL trains on when `exclude` is set, as in the paper. Each update then adds
+prompt it answers correctly every time (or at least `min_correct` times) goes to the rehearsal
+set (DPH-RL's "perfect" set D_pef), with one of its correct completions and that completion's
+log-probs under the initial policy; the rest (D_exp) are what RL trains on when `exclude` is set,
+as in the paper. Each update then adds
 `coef · D(π_0 ‖ π_θ)` estimated on a batch of the stored samples. No reference model is kept.
 
 Li et al., "The Choice of Divergence: A Neglected Key to Mitigating Diversity Collapse in
@@ -42,9 +43,9 @@ class Rehearsal:
         return {s.prompt_index for s in self.samples}
 
     def next_batch(self, n: int) -> list[Sample]:
-        """The next `n` stored samples, cycling through the set (empty if the set is)."""
-        if not self.samples:
-            return []
+        """The next `n` stored samples, cycling through the set; never the same one twice in a
+        batch (a set smaller than `n` is returned whole)."""
+        n = min(n, len(self.samples))
         out = [self.samples[(self.position + k) % len(self.samples)] for k in range(n)]
         self.position += n
         return out
