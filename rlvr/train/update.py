@@ -214,7 +214,7 @@ def update_policy(
     optimizer step's gradient.
     """
     samples = [smp for g in groups for smp in g.samples]
-    model, device = learner.model, next(learner.model.parameters()).device
+    model = learner.model
     kl_in_loss = s.kl_coef > 0 and s.kl_placement == "loss" and ref_model is not None
     # DAPO's overlong filtering: a completion cut off by the token budget is left out of the
     # loss altogether (numerator and the token/sequence counts), not treated as a failure.
@@ -241,9 +241,26 @@ def update_policy(
     batch.loss_rows = _loss_rows(groups, loop_inputs(LOSSES[s.loss]))
     batch.loss_state = {} if loss_state is None else loss_state
 
+    sums, grad_norms, critic_norms = _optimise(learner, critic, batch, trained, dropped, s, pad_token_id,
+                                               generator, rehearsal)
+    metrics |= _summary(sums, grad_norms, critic_norms, kl_in_loss)
+    metrics["advantage_abs_mean"] = statistics.fmean(float(a.abs().mean()) if len(a) else 0.0
+                                                     for a in batch.advantages) if samples else 0.0
+    metrics["trained_fraction"] = len(trained) / len(samples)
+    if s.mask_truncated:
+        metrics["masked_truncated_fraction"] = len(dropped) / len(samples)
+    return metrics
+
+
+def _optimise(
+    learner: Learner, critic: Learner | None, batch: _Batch, trained: set[int], dropped: set[int],
+    s: UpdateSettings, pad_token_id: int, generator: torch.Generator | None, rehearsal: list[Sample] | None,
+) -> tuple[dict[str, float], list[float], list[float]]:
+    """epochs × mini-batches of optimizer steps; returns the summed metrics and the grad norms."""
+    samples, device = batch.samples, next(learner.model.parameters()).device
     sums: dict[str, float] = defaultdict(float)
     grad_norms, critic_norms = [], []
-    model.train()
+    learner.model.train()
     for _ in range(s.epochs):
         order = torch.randperm(len(samples), generator=generator).tolist()
         size = len(samples) // s.mini_batches
@@ -267,13 +284,7 @@ def update_policy(
                 STATE_UPDATES[s.loss](batch.loss_state, means, **s.loss_kwargs)
             for key, value in step_sums.items():
                 sums[key] = max(sums.get(key, float("-inf")), value) if key.startswith("_max/") else sums[key] + value
-    metrics |= _summary(sums, grad_norms, critic_norms, kl_in_loss)
-    metrics["advantage_abs_mean"] = statistics.fmean(float(a.abs().mean()) if len(a) else 0.0
-                                                     for a in batch.advantages) if samples else 0.0
-    metrics["trained_fraction"] = len(trained) / len(samples)
-    if s.mask_truncated:
-        metrics["masked_truncated_fraction"] = len(dropped) / len(samples)
-    return metrics
+    return sums, grad_norms, critic_norms
 
 
 def _advantages(
