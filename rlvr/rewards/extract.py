@@ -71,11 +71,28 @@ def extract_tag_or_last_number(text: str) -> str | None:
     return tagged if tagged is not None else extract_last_number(text)
 
 
+def extract_hash(text: str) -> str | None:
+    """GSM8K's format: what follows the last ``####`` on its line ("#### 1,234" → "1234")."""
+    at = text.rfind("####")
+    if at < 0:
+        return None
+    answer = text[at + 4 :].strip().split("\n", 1)[0].strip()
+    return answer.replace(",", "") or None
+
+
+def extract_boxed_or_last_number(text: str) -> str | None:
+    """The last ``\\boxed{}`` content if the completion has one, else the last number."""
+    boxed = extract_boxed(text)
+    return boxed if boxed is not None else extract_last_number(text)
+
+
 EXTRACTORS: dict[str, Callable[[str], str | None]] = {
     "tag": extract_tag,
     "boxed": extract_boxed,
+    "hash": extract_hash,
     "last_number": extract_last_number,
     "tag_or_last_number": extract_tag_or_last_number,
+    "boxed_or_last_number": extract_boxed_or_last_number,
 }
 
 

@@ -33,11 +33,13 @@ from rlvr.algos.kl import KLController
 from rlvr.algos.registry import loop_inputs
 from rlvr.config import RunConfig, load_config, to_toml
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
+from rlvr.data.tasks import CODE_INSTRUCTION, humaneval_examples
 from rlvr.data.sampler import UniformSampler
 from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress
 from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from rlvr.rewards import RewardFn, build_rewards
 from rlvr.rollout.engine import EmbeddedEngine
+from rlvr import sandbox
 from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.critic import Critic
@@ -86,13 +88,16 @@ class Run:
 def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
     """Training and held-out examples; no held-out prompt text appears in training."""
     t = cfg.task
+    tags = "Put the final answer inside <answer></answer> tags."
     if t.source == "reasoning_gym":
         pool = reasoning_gym_examples(t.name, size=t.size + t.eval_size, seed=cfg.seed, params=t.params,
-                                      instruction=t.instruction)
+                                      instruction=tags if t.instruction is None else t.instruction)
+    elif t.source == "humaneval":
+        pool = humaneval_examples(instruction=CODE_INSTRUCTION if t.instruction is None else t.instruction)
     else:
         assert t.path is not None
         pool = jsonl_examples(t.path, prompt_column=t.prompt_column, answer_column=t.answer_column,
-                              instruction=t.instruction)
+                              instruction=tags if t.instruction is None else t.instruction)
     held: list[Example] = []
     seen: set[str] = set()
     for ex in pool:
@@ -113,6 +118,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     algo.divergence, screen the initial policy for its rehearsal set, with a progress bar unless quiet)."""
     keep_freed_memory()  # ~1.4x faster learner steps on CPU; see rlvr.runtime
     torch.manual_seed(cfg.seed)
+    sandbox.configure(cfg.sandbox.isolation, cfg.sandbox.limits())  # where code rewards run model-written code
     spec = model_spec or cfg.model
     tokenizer = load_tokenizer(spec)
     train_dtype = resolve_dtype(cfg.train.precision)
