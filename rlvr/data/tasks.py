@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import reasoning_gym
 from reasoning_gym.factory import DATASETS
 
@@ -86,6 +87,27 @@ def reasoning_gym_examples(
             )
         )
     return examples
+
+
+def reasoning_gym_mixture(
+    entries: list[tuple[str, float, dict[str, Any]]], *, size: int, seed: int, instruction: str = ""
+) -> list[Example]:
+    """``size`` examples from several reasoning-gym tasks, (name, weight, params) each, in
+    proportion to the weights (largest remainders get the rounding), shuffled together by ``seed``.
+    Each example keeps its own task in its fields, so ``reasoning_gym_reward`` scores it with it."""
+    if not entries:
+        raise ValueError("a task mixture needs at least one task")
+    total = sum(w for _, w, _ in entries)
+    exact = [size * w / total for _, w, _ in entries]
+    counts = [int(x) for x in exact]
+    for i in sorted(range(len(entries)), key=lambda i: counts[i] - exact[i])[: size - sum(counts)]:
+        counts[i] += 1
+    pool: list[Example] = []
+    for k, ((name, _, params), n) in enumerate(zip(entries, counts)):
+        if n:
+            pool += reasoning_gym_examples(name, size=n, seed=seed + k, params=params, instruction=instruction)
+    order = np.random.default_rng([seed, 11]).permutation(len(pool))
+    return [pool[i] for i in order]
 
 
 def _read_row(line: str, where: str) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from rlvr.algos.kl import KLController
 from rlvr.algos.registry import loop_inputs
 from rlvr.config import RunConfig, load_config, to_toml
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
-from rlvr.data.tasks import CODE_INSTRUCTION, humaneval_examples
+from rlvr.data.tasks import CODE_INSTRUCTION, humaneval_examples, reasoning_gym_mixture
 from rlvr.data.sampler import UniformSampler
 from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress
 from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
@@ -89,7 +89,10 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
     """Training and held-out examples; no held-out prompt text appears in training."""
     t = cfg.task
     tags = "Put the final answer inside <answer></answer> tags."
-    if t.source == "reasoning_gym":
+    if t.source == "reasoning_gym" and t.mixture:
+        pool = reasoning_gym_mixture([(m.name, m.weight, m.params) for m in t.mixture], size=t.size + t.eval_size,
+                                     seed=cfg.seed, instruction=tags if t.instruction is None else t.instruction)
+    elif t.source == "reasoning_gym":
         pool = reasoning_gym_examples(t.name, size=t.size + t.eval_size, seed=cfg.seed, params=t.params,
                                       instruction=tags if t.instruction is None else t.instruction)
     elif t.source == "humaneval":
