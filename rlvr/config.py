@@ -59,13 +59,15 @@ class TaskConfig(_Section):
 
 class RewardConfig(_Section):
     fn: str
-    """A built-in reward ("reasoning_gym", "math_verify", "format") or a dotted path "pkg.module:function"."""
+    """A built-in reward ("reasoning_gym", "math_verify", "format", "unit_tests") or a dotted path "pkg.module:function"."""
     weight: float = 1.0
     """Weight of this reward in the total."""
     name: str | None = None
     """Name used in the metrics (default: derived from fn)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments passed to the function (e.g. {extract = "tag"})."""
+    timeout_s: float | None = Field(None, gt=0)
+    """Time limit of one call; unset: 60 s for your own functions, none for built-ins (they bound their own time)."""
 
 
 class SamplingConfig(_Section):
@@ -285,6 +287,8 @@ class RunConfig(_Section):
     samples_every: int = Field(1, ge=1)
     """Write every N-th step's prompts, completions and rewards to samples.jsonl."""
     task: TaskConfig = TaskConfig()
+    on_reward_error: Literal["zero", "stop"] = "zero"
+    """A reward that raises, times out or returns a non-number: "zero" scores 0 and counts it (<name>/error); "stop" ends the run with the traceback and the completion."""
     rewards: list[RewardConfig] = Field(default_factory=list)
     """Reward functions, summed with their weights; the first is the correctness reward behind
     "accuracy". Default: the task's own verifier (reasoning-gym's score_answer on the answer in

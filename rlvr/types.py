@@ -64,6 +64,11 @@ class Sample:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.completion.token_ids)
 
+    @property
+    def excluded(self) -> bool:
+        """A reward function returned None ("no verdict"): the sample stays out of the update."""
+        return any(k.endswith("/excluded") for k in self.reward_parts)
+
 
 @dataclass(frozen=True)
 class Group:

@@ -237,3 +237,66 @@ def test_score_contains_failing_rewards(caplog: pytest.LogCaptureFixture) -> Non
     # One warning per (reward, failure kind), not one per call.
     assert len(caplog.records) == 3
     assert "KeyError" in caplog.text and "missing field" in caplog.text
+
+
+def no_verdict_on_x(prompt: str, completion: str, **_: Any) -> float | None:
+    return None if "x" in completion else 1.0
+
+
+def sleepy(prompt: str, completion: str, **_: Any) -> float:
+    import time
+
+    time.sleep(3)
+    return 1.0
+
+
+def broken(prompt: str, completion: str, **_: Any) -> float:
+    raise RuntimeError("reward exploded")
+
+
+def test_none_excludes_the_sample_and_failures_follow_the_policy() -> None:
+    from rlvr.rewards.combine import RewardError, build_rewards, score
+
+    rewards = build_rewards([{"fn": "tests.test_rewards:no_verdict_on_x"}])
+    total, parts = score(rewards, "p", "has x", {})
+    assert total == 0.0 and parts == {"no_verdict_on_x": 0.0, "no_verdict_on_x/excluded": 1.0}
+    assert score(rewards, "p", "fine", {}) == (1.0, {"no_verdict_on_x": 1.0})
+    bad = build_rewards([{"fn": "tests.test_rewards:broken"}])
+    assert score(bad, "p", "c", {})[1] == {"broken": 0.0, "broken/error": 1.0}
+    with pytest.raises(RewardError, match="(?s)reward 'broken' failed.*'the completion'.*reward exploded"):
+        score(bad, "p", "the completion", {}, on_error="stop")
+
+
+def test_a_reward_past_its_timeout_is_a_failure_and_nothing_hangs() -> None:
+    import time
+
+    from rlvr.rewards.combine import USER_TIMEOUT_S, build_rewards, score
+
+    slow = build_rewards([{"fn": "tests.test_rewards:sleepy", "timeout_s": 0.2}])
+    start = time.monotonic()
+    assert score(slow, "p", "c", {})[1] == {"sleepy": 0.0, "sleepy/error": 1.0}
+    assert time.monotonic() - start < 2.5  # returned at the timeout, not after the 3 s sleep
+    assert build_rewards([{"fn": "tests.test_rewards:sleepy"}])[0].timeout_s == USER_TIMEOUT_S
+    assert build_rewards([{"fn": "math_verify"}])[0].timeout_s is None  # built-ins bound their own time
+
+
+def test_excluded_samples_stay_out_of_the_update(tiny_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    from rlvr.config import load_config
+    from rlvr.train.loop import train
+
+    cfg = load_config(None, [
+        f'model="{tiny_dir}"', f'output_dir="{tmp_path}"', "name=ex", "train.steps=2", "train.prompts_per_step=4",
+        "algo.group_size=4", "sampling.max_new_tokens=8", "train.lr=1e-3", "task.eval_size=2", "seed=3",
+        'task.params={min_terms = 2, max_terms = 2, max_digits = 1}',
+        'rewards=[{fn = "tests.test_train:distinct_chars"}, {fn = "tests.test_rewards:no_verdict_on_x", weight = 0}]'])
+    train(cfg, quiet=True)
+    rows = [json.loads(line) for line in (tmp_path / "ex" / "metrics.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for line in (tmp_path / "ex" / "samples.jsonl").read_text().splitlines()]
+    excluded = [s for s in samples if "no_verdict_on_x/excluded" in s["rewards"]]
+    assert 0 < len(excluded) < len(samples)
+    assert sum(r["excluded_fraction"] for r in rows) * 16 == pytest.approx(len(excluded))
+    for r, step in zip(rows, (1, 2)):  # excluded samples are never trained
+        n_excl = sum(1 for s in excluded if s["step"] == step)
+        assert r["trained_fraction"] <= 1 - n_excl / 16 + 1e-9

@@ -2,9 +2,17 @@
 
 A config names each reward by a built-in name ("math_verify") or a dotted import path
 ("mypkg.rewards:score"), with a weight and keyword arguments. The total reward of a completion
-is ``sum_i weight_i * fn_i(prompt, completion, **example, **kwargs_i)``. A reward function that
-fails scores 0.0 for that completion instead of stopping the run; the failure is counted in
-the returned per-function values and logged once per (reward, error type).
+is ``sum_i weight_i * fn_i(prompt, completion, **example, **kwargs_i)``.
+
+- A function may return None: "no verdict" for this completion. The sample is then excluded
+  from the update (flagged ``<name>/excluded``; see ``Sample.excluded``) and counted.
+- A function that raises, returns a non-number or a non-finite number, or runs past its
+  ``timeout_s`` (user functions, 60 s by default, run in a worker thread for that; built-ins
+  bound their own time) is a failure. With ``on_error = "zero"`` (the default) it scores 0.0
+  for that completion, is counted as ``<name>/error`` and logged once per (reward, kind of
+  failure); with ``"stop"`` the run stops with a ``RewardError`` that carries the traceback
+  and the completion. A timed-out call keeps running in its thread: the run goes on, and a
+  reward that can hang for good should run its work in a process it can kill (the sandbox does).
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ import math
 import numbers
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +35,8 @@ from rlvr.rewards.extract import EXTRACTORS
 
 logger = logging.getLogger("rlvr.rewards")
 
-_SPEC_KEYS = {"fn", "weight", "name", "kwargs"}
+_SPEC_KEYS = {"fn", "weight", "name", "kwargs", "timeout_s"}
+USER_TIMEOUT_S = 60.0
 _WARNED: set[tuple[str, str]] = set()
 
 
@@ -37,6 +48,12 @@ class RewardFn:
     fn: Callable[..., Any]
     weight: float
     kwargs: dict[str, Any]
+    timeout_s: float | None = None
+    """Wall-clock limit of one call, enforced from a worker thread; None = none (built-ins)."""
+
+
+class RewardError(ValueError):
+    """A reward failed and the config says to stop (on_error = "stop")."""
 
 
 def _split_path(spec: str) -> tuple[str, str]:
@@ -96,7 +113,12 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
             raise ValueError(f"two rewards are named {name!r}; give one a distinct 'name'")
         fn, kwargs = load_callable(fn_spec), dict(spec.get("kwargs", {}))
         _check_kwargs(name, fn, kwargs)
-        rewards.append(RewardFn(name, fn, weight, kwargs))
+        timeout = spec.get("timeout_s")
+        if timeout is None and fn not in REWARDS.values():
+            timeout = USER_TIMEOUT_S
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"reward {name!r}: timeout_s must be > 0, got {timeout}")
+        rewards.append(RewardFn(name, fn, weight, kwargs, None if timeout is None else float(timeout)))
     return rewards
 
 
@@ -120,41 +142,73 @@ def _warn_once(name: str, kind: str, message: str) -> None:
         )
 
 
-def _call(reward: RewardFn, prompt: str, completion: str, example: dict[str, Any]) -> float | None:
-    """The reward's value as a finite float, or None (after a warning) if it failed."""
+_EXCLUDED = "excluded"
+_POOL: dict[str, ThreadPoolExecutor] = {}
+
+
+def _invoke(reward: RewardFn, prompt: str, completion: str, fields: dict[str, Any]) -> Any:
+    args = {**fields, **reward.kwargs}
+    if reward.timeout_s is None:
+        return reward.fn(prompt, completion, **args)
+    pool = _POOL.setdefault("pool", ThreadPoolExecutor(max_workers=8, thread_name_prefix="rlvr-reward"))
+    future = pool.submit(reward.fn, prompt, completion, **args)
     try:
-        # a data row's own "prompt" column (JSONL's default) is the prompt already passed
-        fields = {k: v for k, v in example.items() if k not in ("prompt", "completion")}
-        value = reward.fn(prompt, completion, **{**fields, **reward.kwargs})
-    except Exception as exc:  # a user reward must not stop training; see module docstring
+        return future.result(timeout=reward.timeout_s)
+    except FuturesTimeout:
+        raise TimeoutError(f"no result after {reward.timeout_s:g} s (timeout_s)") from None
+
+
+def _call(reward: RewardFn, prompt: str, completion: str, example: dict[str, Any],
+          on_error: str) -> float | str | None:
+    """The reward's value as a finite float, _EXCLUDED if it returned None, or None (after a
+    warning) if it failed; with on_error = "stop", a failure raises RewardError instead."""
+    # a data row's own "prompt" column (JSONL's default) is the prompt already passed
+    fields = {k: v for k, v in example.items() if k not in ("prompt", "completion")}
+    try:
+        value = _invoke(reward, prompt, completion, fields)
+    except Exception as exc:  # a user reward must not stop training unless asked; see module docstring
         summary = "".join(traceback.format_exception(exc, limit=-3))
-        _warn_once(reward.name, type(exc).__name__, summary)
+        _failed(reward, type(exc).__name__, summary, completion, on_error)
         return None
+    if value is None:
+        return _EXCLUDED
     if not isinstance(value, numbers.Real):  # bool is a Real: True → 1.0
-        _warn_once(reward.name, "non-number", f"returned {type(value).__name__}: {value!r:.200}")
+        _failed(reward, "non-number", f"returned {type(value).__name__}: {value!r:.200}", completion, on_error)
         return None
     if not math.isfinite(value):
-        _warn_once(reward.name, "non-finite", f"returned {value!r}")
+        _failed(reward, "non-finite", f"returned {value!r}", completion, on_error)
         return None
     return float(value)
 
 
+def _failed(reward: RewardFn, kind: str, message: str, completion: str, on_error: str) -> None:
+    if on_error == "stop":
+        raise RewardError(f"reward {reward.name!r} failed ({kind}) on this completion, and on_error = \"stop\":\n"
+                          f"{completion[:2000]!r}\n{message}")
+    _warn_once(reward.name, kind, message)
+    return None
+
+
 def score(
-    rewards: list[RewardFn], prompt: str, completion: str, example: dict[str, Any]
+    rewards: list[RewardFn], prompt: str, completion: str, example: dict[str, Any], on_error: str = "zero"
 ) -> tuple[float, dict[str, float]]:
     """The weighted total reward and each reward's raw value, keyed by name.
 
-    A reward that raises or returns a non-finite or non-numeric value contributes 0.0, and the
-    dict gains ``f"{name}/error": 1.0`` (the key is absent when the reward succeeded).
+    A reward that fails contributes 0.0, and the dict gains ``f"{name}/error": 1.0``; one that
+    returns None contributes 0.0 and the dict gains ``f"{name}/excluded": 1.0`` (each key is
+    absent otherwise). ``on_error = "stop"`` raises RewardError on a failure instead.
     """
+    if on_error not in ("zero", "stop"):
+        raise ValueError(f"on_error must be 'zero' or 'stop', got {on_error!r}")
     total = 0.0
     values: dict[str, float] = {}
     for reward in rewards:
-        value = _call(reward, prompt, completion, example)
-        if value is None:
+        value = _call(reward, prompt, completion, example, on_error)
+        if value is None or value == _EXCLUDED:
             values[reward.name] = 0.0
-            values[f"{reward.name}/error"] = 1.0
+            values[f"{reward.name}/{'error' if value is None else 'excluded'}"] = 1.0
             continue
+        assert isinstance(value, float)
         values[reward.name] = value
         total += reward.weight * value
     return total, values

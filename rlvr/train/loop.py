@@ -217,7 +217,8 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     indices = run.sampler.next_batch(run.cfg.train.prompts_per_step)
     if progress:
         progress.status("generating")
-    groups = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards, run.params)
+    groups = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards, run.params,
+                             on_error=run.cfg.on_reward_error)
     greedy_baseline = needs_greedy_baseline(run.settings.advantage)
     if greedy_baseline:  # ReMax: one greedy completion per prompt as baseline
         greedy = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards,

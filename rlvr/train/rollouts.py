@@ -19,6 +19,7 @@ def generate_groups(
     rewards: list[RewardFn],
     params: SamplingParams,
     progress: Callable[[int], None] | None = None,
+    on_error: str = "zero",
 ) -> list[Group]:
     """`params.n` scored completions for each prompt index, one Group per prompt."""
     prompts = [prompt_ids[i] for i in indices]
@@ -28,7 +29,7 @@ def generate_groups(
         ex = examples[i]
         samples = []
         for c in group:
-            total, parts = score(rewards, ex.prompt, c.text, ex.fields)
+            total, parts = score(rewards, ex.prompt, c.text, ex.fields, on_error)
             samples.append(Sample(tuple(prompt_ids[i]), c, total, parts, i))
         groups.append(Group(ex.prompt, tuple(samples), {"id": ex.id, "answer": ex.answer}))
     return groups
@@ -53,6 +54,7 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
         "response_length_max": float(max(lengths)),
         "truncated_fraction": statistics.fmean(s.completion.finish_reason == "length" for s in samples),
         "zero_std_fraction": statistics.fmean(len(set(g.rewards)) == 1 for g in groups),
+        "excluded_fraction": statistics.fmean(s.excluded for s in samples),
         "tokens_generated": float(sum(lengths)),
     }
     for name in names:  # an absent key (e.g. "<name>/error") counts as 0

@@ -112,8 +112,17 @@ def _rows(per_sample: list[torch.Tensor], micro: list[int], mask_BT: torch.Tenso
 
 
 def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor, dict[str, float]]:
-    """rewards_PG after the configured shaping functions, and their metrics."""
+    """rewards_PG after the configured shaping functions, and their metrics.
+
+    A sample excluded by a reward (it returned None) takes the mean reward of the rest of its
+    group, so it moves neither the group's baseline nor, in expectation, its spread; it is then
+    left out of the loss (update_policy)."""
     rewards_PG = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+    excluded_PG = torch.tensor([[x.excluded for x in g.samples] for g in groups], dtype=torch.bool)
+    if excluded_PG.any():
+        kept_PG = (~excluded_PG).float()
+        fill_P1 = (rewards_PG * kept_PG).sum(1, keepdim=True) / kept_PG.sum(1, keepdim=True).clamp(min=1)
+        rewards_PG = torch.where(excluded_PG, fill_P1, rewards_PG)
     metrics: dict[str, float] = {}
     if not s.shaping:
         return rewards_PG, metrics
@@ -217,8 +226,10 @@ def update_policy(
     model = learner.model
     kl_in_loss = s.kl_coef > 0 and s.kl_placement == "loss" and ref_model is not None
     # DAPO's overlong filtering: a completion cut off by the token budget is left out of the
-    # loss altogether (numerator and the token/sequence counts), not treated as a failure.
-    dropped = {i for i, smp in enumerate(samples) if s.mask_truncated and smp.completion.finish_reason == "length"}
+    # loss altogether (numerator and the token/sequence counts), not treated as a failure;
+    # so is a sample a reward excluded (returned None for).
+    dropped = {i for i, smp in enumerate(samples)
+               if smp.excluded or (s.mask_truncated and smp.completion.finish_reason == "length")}
     kept = {i for i in range(len(samples)) if i not in dropped}
     batch, metrics = _advantages(learner, groups, samples, kept, s, pad_token_id, ref_model, critic)
     per_sample = iter([float(a.mean()) if len(a) else 0.0 for a in batch.advantages])
