@@ -81,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        from rlvr.sandbox import SandboxUnavailable
+
+        if not isinstance(err, SandboxUnavailable):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

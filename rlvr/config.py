@@ -260,8 +260,6 @@ class SandboxConfig(_Section):
     """Address-space limit of one execution."""
     max_processes: int = Field(32, ge=1)
     """Processes and threads one execution may have."""
-    parallelism: int = Field(2, ge=1)
-    """Executions run at once."""
 
     def limits(self) -> Any:
         """These settings as rlvr.sandbox.Limits."""

@@ -131,3 +131,12 @@ def test_example_configs_train_on_the_tiny_model(config: str, tiny_dir: Path, tm
     assert summary["steps"] == 1
     name = "math_verify" if "math" in config else "unit_tests"
     assert f"rewards/{name}" in read_metrics(tmp_path / cfg.name)[0]
+
+
+def test_a_missing_sandbox_stops_the_reward_instead_of_scoring_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlvr.rewards.combine import build_rewards, score
+
+    monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
+    monkeypatch.setattr(sandbox, "_checked", {})
+    with pytest.raises(sandbox.SandboxUnavailable, match="bubblewrap"):
+        score(build_rewards([{"fn": "unit_tests"}]), "p", fenced("x = 1"), {"tests": ["assert x == 1"]})

@@ -32,6 +32,7 @@ from typing import Any
 from rlvr.algos.registry import check_keywords
 from rlvr.rewards.builtin import REWARDS
 from rlvr.rewards.extract import EXTRACTORS
+from rlvr.sandbox import SandboxUnavailable
 
 logger = logging.getLogger("rlvr.rewards")
 
@@ -166,6 +167,8 @@ def _call(reward: RewardFn, prompt: str, completion: str, example: dict[str, Any
     fields = {k: v for k, v in example.items() if k not in ("prompt", "completion")}
     try:
         value = _invoke(reward, prompt, completion, fields)
+    except SandboxUnavailable:
+        raise  # not this completion's fault: no code reward can work, so stop and say how to fix it
     except Exception as exc:  # a user reward must not stop training unless asked; see module docstring
         summary = "".join(traceback.format_exception(exc, limit=-3))
         _failed(reward, type(exc).__name__, summary, completion, on_error)
