@@ -82,7 +82,8 @@ class Result:
     """The outcome of one run, JSON-ready (`dataclasses.asdict`)."""
 
     exit_code: int | None
-    """The program's exit status; negative: killed by that signal; None if it never started."""
+    """The program's exit status; killed by signal n: 128 + n (isolated: bwrap reports it so) or
+    -n (unisolated); None if it never started."""
     stdout: str
     stderr: str
     timed_out: bool
