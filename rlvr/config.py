@@ -59,7 +59,7 @@ class TaskConfig(_Section):
 
 class RewardConfig(_Section):
     fn: str
-    """A built-in reward ("reasoning_gym", "math_verify", "format", "unit_tests") or a dotted path "pkg.module:function"."""
+    """A built-in reward ("reasoning_gym", "math_verify", "format", "unit_tests", "majority_vote") or a dotted path "pkg.module:function"."""
     weight: float = 1.0
     """Weight of this reward in the total."""
     name: str | None = None
@@ -68,6 +68,8 @@ class RewardConfig(_Section):
     """Extra keyword arguments passed to the function (e.g. {extract = "tag"})."""
     timeout_s: float | None = Field(None, gt=0)
     """Time limit of one call; unset: 60 s for your own functions, none for built-ins (they bound their own time)."""
+    group: bool = False
+    """Call the function once per prompt with the list of its completions; it returns one value each (built-in majority_vote is one)."""
 
 
 class SamplingConfig(_Section):

@@ -300,3 +300,43 @@ def test_excluded_samples_stay_out_of_the_update(tiny_dir: Path, tmp_path: Path)
     for r, step in zip(rows, (1, 2)):  # excluded samples are never trained
         n_excl = sum(1 for s in excluded if s["step"] == step)
         assert r["trained_fraction"] <= 1 - n_excl / 16 + 1e-9
+
+
+def test_majority_vote_by_hand() -> None:
+    from rlvr.rewards.builtin import majority_vote_reward
+
+    group = ["<answer>7</answer>", "it is 7", "<answer> 8 </answer>", "no idea", "<answer>7</answer>"]
+    assert majority_vote_reward("p", group) == [1.0, 1.0, 0.0, 0.0, 1.0]
+    assert majority_vote_reward("p", ["<answer>3</answer>", "<answer>4</answer>"]) == [1.0, 0.0]  # tie: first seen
+    assert majority_vote_reward("p", ["nothing", "at all"]) == [0.0, 0.0]
+
+
+def bad_group(prompt: str, completions: list[str], **_: Any) -> list[float]:
+    return [1.0]  # one value for several completions
+
+
+def test_group_rewards_are_called_once_per_group_and_checked() -> None:
+    from rlvr.rewards.combine import build_rewards, score_group
+
+    rewards = build_rewards([{"fn": "majority_vote"}, {"fn": "format", "weight": 0.5}])
+    assert rewards[0].group and not rewards[1].group
+    out = score_group(rewards, "p", ["<answer>1</answer>", "1", "<answer>2</answer>"], {})
+    assert [t for t, _ in out] == [1.5, 1.0, 0.5]
+    assert out[2][1] == {"majority_vote": 0.0, "format": 1.0}
+    wrong = build_rewards([{"fn": "tests.test_rewards:bad_group", "group": True}])
+    assert [p for _, p in score_group(wrong, "p", ["a", "b"], {})] == [{"bad_group": 0.0, "bad_group/error": 1.0}] * 2
+
+
+def test_training_with_majority_vote_logs_the_collapse_monitor(tiny_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    from rlvr.config import load_config
+    from rlvr.train.loop import train
+
+    cfg = load_config(None, [
+        f'model="{tiny_dir}"', f'output_dir="{tmp_path}"', "name=ttrl", "train.steps=2", "train.prompts_per_step=2",
+        "algo.group_size=4", "sampling.max_new_tokens=8", "task.eval_size=2",
+        'rewards=[{fn = "majority_vote", kwargs = {extract = "last_number"}}]'])
+    train(cfg, quiet=True)
+    rows = [json.loads(line) for line in (tmp_path / "ttrl" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < r["distinct_completion_fraction"] <= 1 and "rewards/majority_vote" in r for r in rows)

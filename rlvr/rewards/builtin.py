@@ -115,9 +115,38 @@ def format_reward(prompt: str, completion: str, *, tag: str = "answer", **_: Any
     return 1.0 if start <= end and completion[start:end].strip() else 0.0
 
 
-REWARDS: dict[str, Callable[..., float]] = {
+def majority_vote_reward(
+    prompt: str, completions: list[str], *, extract: str = "tag_or_last_number", **_: Any
+) -> list[float]:
+    """Label-free: 1 for each completion whose answer is the group's most common answer, else 0.
+
+    Test-time RL (Zuo et al., "TTRL: Test-Time Reinforcement Learning", arXiv:2504.16084): the
+    majority answer of the sampled group stands in for the missing label. Answers are compared
+    as extracted strings with surrounding spaces removed; ties go to the answer seen first; a
+    completion without an answer scores 0. Called once per group (a group reward). Without a
+    check on diversity it rewards agreeing with oneself: watch ``distinct_completion_fraction``
+    (logged every step) for collapse.
+    """
+    answers = [extract_answer(c, extract) for c in completions]
+    answers = [a.strip() if a else None for a in answers]
+    counts: dict[str, int] = {}
+    for a in answers:
+        if a:
+            counts[a] = counts.get(a, 0) + 1
+    if not counts:
+        return [0.0] * len(completions)
+    majority = max(counts, key=lambda a: (counts[a], -answers.index(a)))
+    return [1.0 if a == majority else 0.0 for a in answers]
+
+
+GROUP_REWARDS: dict[str, Callable[..., list[float]]] = {"majority_vote": majority_vote_reward}
+"""Rewards called once per group with all its completions."""
+
+
+REWARDS: dict[str, Callable[..., Any]] = {
     "reasoning_gym": reasoning_gym_reward,
     "math_verify": math_verify_reward,
     "format": format_reward,
     "unit_tests": unit_tests_reward,
+    "majority_vote": majority_vote_reward,
 }

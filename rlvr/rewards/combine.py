@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.algos.registry import check_keywords
-from rlvr.rewards.builtin import REWARDS
+from rlvr.rewards.builtin import GROUP_REWARDS, REWARDS
 from rlvr.rewards.extract import EXTRACTORS
 from rlvr.sandbox import SandboxUnavailable
 
 logger = logging.getLogger("rlvr.rewards")
 
-_SPEC_KEYS = {"fn", "weight", "name", "kwargs", "timeout_s"}
+_SPEC_KEYS = {"fn", "weight", "name", "kwargs", "timeout_s", "group"}
 USER_TIMEOUT_S = 60.0
 _WARNED: set[tuple[str, str]] = set()
 
@@ -51,6 +51,9 @@ class RewardFn:
     kwargs: dict[str, Any]
     timeout_s: float | None = None
     """Wall-clock limit of one call, enforced from a worker thread; None = none (built-ins)."""
+    group: bool = False
+    """Called once per prompt with the list of its completions, returning one value each
+    (e.g. majority vote); otherwise once per completion."""
 
 
 class RewardError(ValueError):
@@ -119,7 +122,8 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
             timeout = USER_TIMEOUT_S
         if timeout is not None and not timeout > 0:
             raise ValueError(f"reward {name!r}: timeout_s must be > 0, got {timeout}")
-        rewards.append(RewardFn(name, fn, weight, kwargs, None if timeout is None else float(timeout)))
+        group = bool(spec.get("group", False)) or fn in GROUP_REWARDS.values()
+        rewards.append(RewardFn(name, fn, weight, kwargs, None if timeout is None else float(timeout), group))
     return rewards
 
 
@@ -147,7 +151,7 @@ _EXCLUDED = "excluded"
 _POOL: dict[str, ThreadPoolExecutor] = {}
 
 
-def _invoke(reward: RewardFn, prompt: str, completion: str, fields: dict[str, Any]) -> Any:
+def _invoke(reward: RewardFn, prompt: str, completion: str | list[str], fields: dict[str, Any]) -> Any:
     args = {**fields, **reward.kwargs}
     if reward.timeout_s is None:
         return reward.fn(prompt, completion, **args)
@@ -159,12 +163,30 @@ def _invoke(reward: RewardFn, prompt: str, completion: str, fields: dict[str, An
         raise TimeoutError(f"no result after {reward.timeout_s:g} s (timeout_s)") from None
 
 
-def _call(reward: RewardFn, prompt: str, completion: str, example: dict[str, Any],
-          on_error: str) -> float | str | None:
-    """The reward's value as a finite float, _EXCLUDED if it returned None, or None (after a
-    warning) if it failed; with on_error = "stop", a failure raises RewardError instead."""
+def _call(reward: RewardFn, prompt: str, completions: list[str], example: dict[str, Any],
+          on_error: str) -> list[float | str | None]:
+    """Each completion's value as a finite float, _EXCLUDED where the reward returned None, or
+    None (after a warning) where it failed; with on_error = "stop", a failure raises RewardError.
+    A group reward is called once with all the completions; any other once per completion."""
     # a data row's own "prompt" column (JSONL's default) is the prompt already passed
     fields = {k: v for k, v in example.items() if k not in ("prompt", "completion")}
+    if not reward.group:
+        return [_one(reward, prompt, c, fields, on_error) for c in completions]
+    try:
+        values = _invoke(reward, prompt, completions, fields)
+    except SandboxUnavailable:
+        raise
+    except Exception as exc:
+        _failed(reward, type(exc).__name__, "".join(traceback.format_exception(exc, limit=-3)), completions[0], on_error)
+        return [None] * len(completions)
+    if not isinstance(values, (list, tuple)) or len(values) != len(completions):
+        _failed(reward, "wrong length", f"a group reward must return one value per completion ({len(completions)}); "
+                f"got {values!r:.200}", completions[0], on_error)
+        return [None] * len(completions)
+    return [_checked_value(reward, v, c, on_error) for v, c in zip(values, completions)]
+
+
+def _one(reward: RewardFn, prompt: str, completion: str, fields: dict[str, Any], on_error: str) -> float | str | None:
     try:
         value = _invoke(reward, prompt, completion, fields)
     except SandboxUnavailable:
@@ -173,6 +195,10 @@ def _call(reward: RewardFn, prompt: str, completion: str, example: dict[str, Any
         summary = "".join(traceback.format_exception(exc, limit=-3))
         _failed(reward, type(exc).__name__, summary, completion, on_error)
         return None
+    return _checked_value(reward, value, completion, on_error)
+
+
+def _checked_value(reward: RewardFn, value: Any, completion: str, on_error: str) -> float | str | None:
     if value is None:
         return _EXCLUDED
     if not isinstance(value, numbers.Real):  # bool is a Real: True → 1.0
@@ -195,7 +221,14 @@ def _failed(reward: RewardFn, kind: str, message: str, completion: str, on_error
 def score(
     rewards: list[RewardFn], prompt: str, completion: str, example: dict[str, Any], on_error: str = "zero"
 ) -> tuple[float, dict[str, float]]:
-    """The weighted total reward and each reward's raw value, keyed by name.
+    """The weighted total reward and each reward's raw value, keyed by name (see score_group)."""
+    return score_group(rewards, prompt, [completion], example, on_error)[0]
+
+
+def score_group(
+    rewards: list[RewardFn], prompt: str, completions: list[str], example: dict[str, Any], on_error: str = "zero"
+) -> list[tuple[float, dict[str, float]]]:
+    """For each completion of one prompt: the weighted total reward and each reward's raw value.
 
     A reward that fails contributes 0.0, and the dict gains ``f"{name}/error": 1.0``; one that
     returns None contributes 0.0 and the dict gains ``f"{name}/excluded": 1.0`` (each key is
@@ -203,15 +236,19 @@ def score(
     """
     if on_error not in ("zero", "stop"):
         raise ValueError(f"on_error must be 'zero' or 'stop', got {on_error!r}")
-    total = 0.0
-    values: dict[str, float] = {}
-    for reward in rewards:
-        value = _call(reward, prompt, completion, example, on_error)
-        if value is None or value == _EXCLUDED:
-            values[reward.name] = 0.0
-            values[f"{reward.name}/{'error' if value is None else 'excluded'}"] = 1.0
-            continue
-        assert isinstance(value, float)
-        values[reward.name] = value
-        total += reward.weight * value
-    return total, values
+    per_reward = [_call(reward, prompt, completions, example, on_error) for reward in rewards]
+    out = []
+    for k in range(len(completions)):
+        total = 0.0
+        values: dict[str, float] = {}
+        for reward, results in zip(rewards, per_reward):
+            value = results[k]
+            if value is None or value == _EXCLUDED:
+                values[reward.name] = 0.0
+                values[f"{reward.name}/{'error' if value is None else 'excluded'}"] = 1.0
+                continue
+            assert isinstance(value, float)
+            values[reward.name] = value
+            total += reward.weight * value
+        out.append((total, values))
+    return out

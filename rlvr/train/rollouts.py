@@ -6,7 +6,8 @@ import statistics
 from collections.abc import Callable
 
 from rlvr.data import Example
-from rlvr.rewards import RewardFn, score
+from rlvr.rewards import RewardFn
+from rlvr.rewards.combine import score_group
 from rlvr.rollout.engine import Engine
 from rlvr.types import Group, Sample, SamplingParams
 
@@ -27,10 +28,8 @@ def generate_groups(
     groups = []
     for i, group in zip(indices, completions):
         ex = examples[i]
-        samples = []
-        for c in group:
-            total, parts = score(rewards, ex.prompt, c.text, ex.fields, on_error)
-            samples.append(Sample(tuple(prompt_ids[i]), c, total, parts, i))
+        scored = score_group(rewards, ex.prompt, [c.text for c in group], ex.fields, on_error)
+        samples = [Sample(tuple(prompt_ids[i]), c, total, parts, i) for c, (total, parts) in zip(group, scored)]
         groups.append(Group(ex.prompt, tuple(samples), {"id": ex.id, "answer": ex.answer}))
     return groups
 
@@ -55,6 +54,9 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
         "truncated_fraction": statistics.fmean(s.completion.finish_reason == "length" for s in samples),
         "zero_std_fraction": statistics.fmean(len(set(g.rewards)) == 1 for g in groups),
         "excluded_fraction": statistics.fmean(s.excluded for s in samples),
+        # collapse monitor: the share of distinct completions within a group (1 = all differ)
+        "distinct_completion_fraction": statistics.fmean(len({s.completion.text for s in g.samples}) / len(g.samples)
+                                                         for g in groups),
         "tokens_generated": float(sum(lengths)),
     }
     for name in names:  # an absent key (e.g. "<name>/error") counts as 0
