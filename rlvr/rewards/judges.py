@@ -1,0 +1,124 @@
+"""Learned rewards: a Hugging Face reward model, and an LLM judge behind an OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import urllib.error
+import urllib.request
+from typing import Any
+
+import torch
+
+DEFAULT_RUBRIC = (
+    "You grade a response to a question. Judge whether it is correct, complete and clearly "
+    "reasoned. Reply with a short justification, then a final line 'Score: N' with N an integer "
+    "from 0 (worthless) to 10 (perfect)."
+)
+
+_MODELS: dict[str, tuple[Any, Any]] = {}
+_LOCK = threading.Lock()
+
+
+def _load_reward_model(path: str) -> tuple[Any, Any]:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    with _LOCK:
+        if path not in _MODELS:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token
+            model.config.pad_token_id = tokenizer.pad_token_id
+            _MODELS[path] = (model, tokenizer)
+    return _MODELS[path]
+
+
+def reward_model_reward(
+    prompt: str, completions: list[str], *, model: str | None = None, max_length: int = 2048, batch_size: int = 8,
+    label: int | None = None, **_: Any,
+) -> list[float]:
+    """Scores of a sequence-classification reward model for each (prompt, completion), in batches.
+
+    The pair is rendered with the reward model's chat template (user: prompt, assistant:
+    completion) when it has one, else as "prompt\\n\\ncompletion". A model with one output
+    (the usual Bradley-Terry reward model) gives its logit; with several, the probability of
+    class ``label`` (default: the last). A group reward: called once per prompt with all of its
+    completions, so they are scored together. ``model`` is a local path or a hub id; it is
+    loaded once per process and kept.
+    """
+    if not model:
+        raise ValueError('reward_model needs kwargs = {model = "<path or hub id of a sequence-classification model>"}')
+    rm, tokenizer = _load_reward_model(model)
+    if getattr(tokenizer, "chat_template", None):
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": prompt},
+                                                {"role": "assistant", "content": c}], tokenize=False)
+                 for c in completions]
+    else:
+        texts = [f"{prompt}\n\n{c}" for c in completions]
+    scores: list[float] = []
+    with torch.no_grad():
+        for i in range(0, len(texts), batch_size):
+            batch = tokenizer(texts[i : i + batch_size], return_tensors="pt", padding=True, truncation=True,
+                              max_length=max_length)
+            logits = rm(**batch).logits.float()
+            if logits.shape[-1] == 1:
+                scores += logits[:, 0].tolist()
+            else:
+                scores += logits.softmax(-1)[:, -1 if label is None else label].tolist()
+    return scores
+
+
+def _post_json(url: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float) -> dict[str, Any]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (the user's endpoint)
+            result: dict[str, Any] = json.loads(response.read().decode())
+            return result
+    except urllib.error.HTTPError as err:
+        detail = err.read().decode(errors="replace")[:500]
+        raise RuntimeError(f"judge endpoint {url} answered HTTP {err.code}: {detail}") from None
+
+
+_SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.I)
+
+
+def llm_judge_reward(
+    prompt: str, completion: str, *, base_url: str | None = None, model: str | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    max_score: float = 10.0, api_key_env: str | None = "OPENAI_API_KEY", temperature: float = 0.0,
+    request_timeout_s: float = 60.0, answer: str | None = None, **_: Any,
+) -> float | None:
+    """An LLM's grade of the completion, in [0, 1], from any OpenAI-compatible chat endpoint.
+
+    Sends the rubric as the system message and the question, the reference answer (when the
+    row has one) and the response as the user message to ``{base_url}/chat/completions``; reads
+    the last "Score: N" of the reply and returns N / max_score, clamped to [0, 1]. A reply with
+    no score is "no verdict" (None: the sample is excluded and counted, not scored 0). The API
+    key is read from the environment variable ``api_key_env`` (never from the config); a
+    local server (vLLM, llama.cpp's server, Ollama) needs none.
+    """
+    if not base_url or not model:
+        raise ValueError('llm_judge needs kwargs = {base_url = "http://host:port/v1", model = "<served model name>"}')
+    user = f"Question:\n{prompt}\n\n"
+    if answer is not None:
+        user += f"Reference answer:\n{answer}\n\n"
+    user += f"Response:\n{completion}"
+    body = {"model": model, "temperature": temperature,
+            "messages": [{"role": "system", "content": rubric}, {"role": "user", "content": user}]}
+    headers = {}
+    key = os.environ.get(api_key_env) if api_key_env else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    reply = _post_json(base_url.rstrip("/") + "/chat/completions", body, headers, request_timeout_s)
+    try:
+        text = reply["choices"][0]["message"]["content"] or ""
+    except (KeyError, IndexError, TypeError):
+        raise RuntimeError(f"judge reply is not a chat completion: {json.dumps(reply)[:300]}") from None
+    found = _SCORE.findall(text)
+    if not found:
+        return None
+    return min(1.0, max(0.0, float(found[-1]) / max_score))

@@ -1,0 +1,99 @@
+"""Learned rewards: a sequence-classification reward model and an LLM judge (against a local fake server)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlvr.rewards.combine import build_rewards, score, score_group
+from rlvr.rewards.judges import llm_judge_reward, reward_model_reward
+
+
+@pytest.fixture(scope="module")
+def tiny_reward_model(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> str:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=0)
+    out = tmp_path_factory.mktemp("rm")
+    LlamaForSequenceClassification(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(out)
+    return str(out)
+
+
+def test_reward_model_scores_each_completion_the_same_alone_or_in_a_batch(tiny_reward_model: str) -> None:
+    completions = ["short", "a somewhat longer answer", "7", "another one"]
+    batched = reward_model_reward("What is 3 + 4?", completions, model=tiny_reward_model, batch_size=3)
+    alone = [reward_model_reward("What is 3 + 4?", [c], model=tiny_reward_model)[0] for c in completions]
+    assert len(set(batched)) == len(completions)  # a real score per completion
+    assert batched == pytest.approx(alone, abs=1e-4)  # padding does not change a score
+    rewards = build_rewards([{"fn": "reward_model", "kwargs": {"model": tiny_reward_model}}])
+    assert rewards[0].group and [t for t, _ in score_group(rewards, "What is 3 + 4?", completions, {})] == \
+        pytest.approx(batched, abs=1e-4)
+    with pytest.raises(ValueError, match="needs kwargs"):
+        reward_model_reward("p", ["c"])
+
+
+class _Judge(BaseHTTPRequestHandler):
+    replies: list[str] = []
+    seen: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+        if body["model"] == "broken":
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"model crashed")
+            return
+        reply = {"choices": [{"message": {"role": "assistant", "content": type(self).replies.pop(0)}}]}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture()
+def judge_url() -> Iterator[str]:
+    server = HTTPServer(("127.0.0.1", 0), _Judge)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Judge.seen.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def test_llm_judge_sends_rubric_question_and_response_and_reads_the_score(
+        judge_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUDGE_KEY", "sk-test")
+    _Judge.replies[:] = ["Correct and clear.\nScore: 8", "Score: 3 at first... final Score: 12", "I cannot grade this."]
+    kw = {"base_url": judge_url, "model": "judge-1", "api_key_env": "JUDGE_KEY", "rubric": "Grade strictly."}
+    assert llm_judge_reward("What is 3 + 4?", "7, because 3 + 4 = 7.", answer="7", **kw) == pytest.approx(0.8)
+    request = _Judge.seen[0]
+    assert request["path"] == "/v1/chat/completions" and request["auth"] == "Bearer sk-test"
+    messages = request["body"]["messages"]
+    assert messages[0] == {"role": "system", "content": "Grade strictly."}
+    assert "What is 3 + 4?" in messages[1]["content"] and "Reference answer:\n7" in messages[1]["content"]
+    assert "7, because" in messages[1]["content"] and request["body"]["temperature"] == 0.0
+    assert llm_judge_reward("q", "r", **kw) == 1.0  # the last score, clamped to [0, 1]
+    assert llm_judge_reward("q", "r", **kw) is None  # no score: no verdict (the sample is excluded)
+
+
+def test_a_failing_judge_is_a_counted_reward_failure(judge_url: str) -> None:
+    rewards = build_rewards([{"fn": "llm_judge", "kwargs": {"base_url": judge_url, "model": "broken"}}])
+    assert score(rewards, "q", "r", {})[1] == {"llm_judge": 0.0, "llm_judge/error": 1.0}
+    with pytest.raises(ValueError, match="needs kwargs"):
+        llm_judge_reward("q", "r")
