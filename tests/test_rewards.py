@@ -340,3 +340,19 @@ def test_training_with_majority_vote_logs_the_collapse_monitor(tiny_dir: Path, t
     train(cfg, quiet=True)
     rows = [json.loads(line) for line in (tmp_path / "ttrl" / "metrics.jsonl").read_text().splitlines()]
     assert all(0 < r["distinct_completion_fraction"] <= 1 and "rewards/majority_vote" in r for r in rows)
+
+
+async def async_length(prompt: str, completion: str, **_: Any) -> float:
+    import asyncio
+
+    await asyncio.sleep(0)
+    return float(len(completion))
+
+
+def test_async_rewards_are_awaited() -> None:
+    from rlvr.rewards.combine import build_rewards, score
+
+    assert score(build_rewards([{"fn": "tests.test_rewards:async_length"}]), "p", "abcd", {}) == \
+        (4.0, {"async_length": 4.0})
+    with_timeout = build_rewards([{"fn": "tests.test_rewards:async_length", "timeout_s": 5}])
+    assert score(with_timeout, "p", "ab", {})[0] == 2.0

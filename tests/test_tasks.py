@@ -157,3 +157,31 @@ def test_mixture_in_the_config(tmp_path: Path) -> None:
                              "task.size=12", "task.eval_size=4"])
     train, held = load_examples(cfg)
     assert len(train) + len(held) == 16 and {ex.fields["task"] for ex in train + held} == {"chain_sum", "leg_counting"}
+
+
+ROWS = [{"question": f"What is {i} + 1?", "answer": i + 1, "level": i % 3} for i in range(10)]
+
+
+def test_parquet_and_hf_dataset_sources_read_the_configured_columns(tmp_path: Path) -> None:
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlvr.config import load_config
+    from rlvr.train.loop import load_examples
+
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path / "hf"))
+    common = ['task.prompt_column="question"', "task.eval_size=2", 'task.instruction=""']
+    for source, extra in (("parquet", [f'task.path="{tmp_path / "d.parquet"}"']),
+                          ("hf", [f'task.path="{tmp_path / "hf"}"', 'task.split="test"'])):
+        cfg = load_config(None, [f'task.source="{source}"', *extra, *common])
+        assert cfg.rewards[0].fn == "math_verify"
+        train, held = load_examples(cfg)
+        assert len(train) == 8 and len(held) == 2
+        ex = held[0]
+        assert ex.prompt == "What is 0 + 1?" and ex.answer == "1" and ex.fields["level"] == 0
+    with pytest.raises(ValueError, match="no 'prompt' column"):
+        load_examples(load_config(None, ['task.source="parquet"', f'task.path="{tmp_path / "d.parquet"}"']))
+    with pytest.raises(Exception, match="task.path is required"):
+        load_config(None, ['task.source="hf"'])

@@ -135,30 +135,60 @@ def jsonl_examples(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"JSONL prompt file not found: {path}")
-    examples = []
     with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            row = _read_row(line, where)
-            for column in (prompt_column, answer_column):
-                if column is not None and column not in row:
-                    raise ValueError(f"{where}: no {column!r} column; the row has {sorted(row)}")
-            if not isinstance(row[prompt_column], str):
-                raise ValueError(f"{where}: {prompt_column!r} must be a string")
-            answer = row.get(answer_column) if answer_column else row.get("answer")
-            answer = None if answer is None else str(answer)
-            examples.append(
-                Example(
-                    prompt=_with_instruction(row[prompt_column], instruction),
-                    answer=answer,
-                    fields={**row, "answer": answer},
-                    id=str(row.get("id", where)),
-                )
-            )
+        rows = [(f"{path}:{n}", _read_row(line, f"{path}:{n}")) for n, line in enumerate(f, start=1) if line.strip()]
+    return _examples(rows, str(path), prompt_column, answer_column, instruction)
+
+
+def parquet_examples(
+    path: str | Path, *, prompt_column: str = "prompt", answer_column: str | None = "answer", instruction: str = "",
+) -> list[Example]:
+    """One Example per row of a Parquet file (read with pyarrow); columns as in ``jsonl_examples``."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Parquet prompt file not found: {path}")
+    rows = pq.read_table(path).to_pylist()
+    return _examples([(f"{path}:row {i}", row) for i, row in enumerate(rows)], str(path), prompt_column,
+                     answer_column, instruction)
+
+
+def hf_examples(
+    name: str, *, split: str = "train", prompt_column: str = "prompt", answer_column: str | None = "answer",
+    instruction: str = "",
+) -> list[Example]:
+    """One Example per row of a Hugging Face dataset: a directory written by ``save_to_disk``, or a
+    name ``load_dataset`` knows (a hub id, fetched and cached by `datasets`); ``split`` picks the split."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("task.source = 'hf' needs the datasets package: pip install -e '.[data]'") from None
+    if Path(name).is_dir():
+        loaded = datasets.load_from_disk(name)
+        table = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+    else:
+        table = datasets.load_dataset(name, split=split)
+    return _examples([(f"{name}[{split}]:row {i}", dict(row)) for i, row in enumerate(table)], f"{name}[{split}]",
+                     prompt_column, answer_column, instruction)
+
+
+def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column: str, answer_column: str | None,
+              instruction: str) -> list[Example]:
+    """Examples from (where, row) pairs: every column becomes a reward field."""
+    examples = []
+    for where, row in rows:
+        for column in (prompt_column, answer_column):
+            if column is not None and column not in row:
+                raise ValueError(f"{where}: no {column!r} column; the row has {sorted(row)}")
+        if not isinstance(row[prompt_column], str):
+            raise ValueError(f"{where}: {prompt_column!r} must be a string")
+        answer = row.get(answer_column) if answer_column else row.get("answer")
+        answer = None if answer is None else str(answer)
+        examples.append(Example(prompt=_with_instruction(row[prompt_column], instruction), answer=answer,
+                                fields={**row, "answer": answer}, id=str(row.get("id", where))))
     if not examples:
-        raise ValueError(f"{path}: no examples (the file is empty)")
+        raise ValueError(f"{source}: no examples (it is empty)")
     return examples
 
 

@@ -4,6 +4,7 @@ A config names each reward by a built-in name ("math_verify") or a dotted import
 ("mypkg.rewards:score"), with a weight and keyword arguments. The total reward of a completion
 is ``sum_i weight_i * fn_i(prompt, completion, **example, **kwargs_i)``.
 
+- A function may be ``async def``; it is run to completion on its own event loop.
 - A function may return None: "no verdict" for this completion. The sample is then excluded
   from the update (flagged ``<name>/excluded``; see ``Sample.excluded``) and counted.
 - A function that raises, returns a non-number or a non-finite number, or runs past its
@@ -17,8 +18,10 @@ is ``sum_i weight_i * fn_i(prompt, completion, **example, **kwargs_i)``.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import importlib
+import inspect
 import logging
 import math
 import numbers
@@ -151,12 +154,18 @@ _EXCLUDED = "excluded"
 _POOL: dict[str, ThreadPoolExecutor] = {}
 
 
+def _run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a reward; an async one (``async def``) is run to completion on its own event loop."""
+    value = fn(*args, **kwargs)
+    return asyncio.run(value) if inspect.iscoroutine(value) else value
+
+
 def _invoke(reward: RewardFn, prompt: str, completion: str | list[str], fields: dict[str, Any]) -> Any:
     args = {**fields, **reward.kwargs}
     if reward.timeout_s is None:
-        return reward.fn(prompt, completion, **args)
+        return _run(reward.fn, prompt, completion, **args)
     pool = _POOL.setdefault("pool", ThreadPoolExecutor(max_workers=8, thread_name_prefix="rlvr-reward"))
-    future = pool.submit(reward.fn, prompt, completion, **args)
+    future = pool.submit(_run, reward.fn, prompt, completion, **args)
     try:
         return future.result(timeout=reward.timeout_s)
     except FuturesTimeout:

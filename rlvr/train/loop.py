@@ -33,7 +33,13 @@ from rlvr.algos.kl import KLController
 from rlvr.algos.registry import loop_inputs
 from rlvr.config import RunConfig, load_config, to_toml
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
-from rlvr.data.tasks import CODE_INSTRUCTION, humaneval_examples, reasoning_gym_mixture
+from rlvr.data.tasks import (
+    CODE_INSTRUCTION,
+    hf_examples,
+    humaneval_examples,
+    parquet_examples,
+    reasoning_gym_mixture,
+)
 from rlvr.data.sampler import UniformSampler
 from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress
 from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
@@ -99,8 +105,12 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
         pool = humaneval_examples(instruction=CODE_INSTRUCTION if t.instruction is None else t.instruction)
     else:
         assert t.path is not None
-        pool = jsonl_examples(t.path, prompt_column=t.prompt_column, answer_column=t.answer_column,
-                              instruction=tags if t.instruction is None else t.instruction)
+        columns = {"prompt_column": t.prompt_column, "answer_column": t.answer_column,
+                   "instruction": tags if t.instruction is None else t.instruction}
+        if t.source == "hf":
+            pool = hf_examples(t.path, split=t.split, **columns)  # type: ignore[arg-type]
+        else:
+            pool = (parquet_examples if t.source == "parquet" else jsonl_examples)(t.path, **columns)  # type: ignore[arg-type]
     held: list[Example] = []
     seen: set[str] = set()
     for ex in pool:
