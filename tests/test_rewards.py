@@ -356,3 +356,46 @@ def test_async_rewards_are_awaited() -> None:
         (4.0, {"async_length": 4.0})
     with_timeout = build_rewards([{"fn": "tests.test_rewards:async_length", "timeout_s": 5}])
     assert score(with_timeout, "p", "ab", {})[0] == 2.0
+
+
+def test_intrinsic_certainty_equals_the_naive_computation() -> None:
+    import torch
+
+    from rlvr.rewards.intrinsic import token_certainty
+    from tests.tiny import make_tiny_model
+
+    model = make_tiny_model().eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 10, 0, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    target = torch.tensor([[0, 0, 1, 1, 1], [0, 0, 1, 0, 0]], dtype=torch.bool)
+    cert, neg_ent = token_certainty(model, ids, attention, target, temperature=0.7, chunk_size=2)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits.float() / 0.7, -1)
+    vocab = logp.shape[-1]
+    for b, positions in ((0, [1, 2, 3]), (1, [1])):  # position t-1 predicts target token t
+        kl_uniform = [float(-logp[b, t].mean() - math.log(vocab)) for t in positions]
+        entropy = [float(-(logp[b, t].exp() * logp[b, t]).sum()) for t in positions]
+        assert float(cert[b]) == pytest.approx(sum(kl_uniform) / len(positions), abs=1e-4)
+        assert float(neg_ent[b]) == pytest.approx(-sum(entropy) / len(positions), abs=1e-4)
+    assert (cert >= 0).all() and (neg_ent <= 0).all()
+
+
+def test_training_on_self_certainty_alone(tiny_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    from rlvr.config import load_config
+    from rlvr.rewards.combine import build_rewards
+    from rlvr.train.loop import train
+
+    with pytest.raises(ValueError, match="takes no kwargs"):
+        build_rewards([{"fn": "self_certainty", "kwargs": {"x": 1}}])
+    cfg = load_config(None, [
+        f'model="{tiny_dir}"', f'output_dir="{tmp_path}"', "name=rlif", "train.steps=2", "train.prompts_per_step=2",
+        "algo.group_size=4", "sampling.max_new_tokens=8", "task.eval_size=2", "train.lr=1e-3",
+        'rewards=[{fn = "self_certainty"}, {fn = "negative_entropy", weight = 0.0}]'])
+    train(cfg, quiet=True)
+    rows = [json.loads(line) for line in (tmp_path / "rlif" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["rewards/self_certainty"] > 0 and r["rewards/negative_entropy"] < 0 for r in rows)
+    assert all(r["grad_norm"] > 0 for r in rows)  # the rewards vary within groups: there is a gradient
+    samples = [json.loads(line) for line in (tmp_path / "rlif" / "samples.jsonl").read_text().splitlines()]
+    assert all(s["reward"] == pytest.approx(s["rewards"]["self_certainty"]) for s in samples)

@@ -35,6 +35,7 @@ from typing import Any
 from rlvr.algos.registry import check_keywords
 from rlvr.rewards.builtin import GROUP_REWARDS, REWARDS
 from rlvr.rewards.extract import EXTRACTORS
+from rlvr.rewards.intrinsic import INTRINSIC
 from rlvr.sandbox import SandboxUnavailable
 
 logger = logging.getLogger("rlvr.rewards")
@@ -57,6 +58,9 @@ class RewardFn:
     group: bool = False
     """Called once per prompt with the list of its completions, returning one value each
     (e.g. majority vote); otherwise once per completion."""
+    intrinsic: bool = False
+    """Computed from the policy's own distributions after sampling (rlvr.rewards.intrinsic), not
+    by score(): the loop fills it in."""
 
 
 class RewardError(ValueError):
@@ -82,7 +86,7 @@ def load_callable(spec: str) -> Callable[..., Any]:
         nearest = difflib.get_close_matches(spec, REWARDS, n=1)
         hint = f" Did you mean {nearest[0]!r}?" if nearest else ""
         raise ValueError(
-            f"unknown reward {spec!r}.{hint} Built-in rewards: {', '.join(REWARDS)}; "
+            f"unknown reward {spec!r}.{hint} Built-in rewards: {', '.join([*REWARDS, *INTRINSIC])}; "
             "a user reward is a dotted path such as 'mypkg.rewards:score'"
         )
     module_name, attr_path = _split_path(spec)
@@ -118,7 +122,13 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
             raise ValueError(f"reward {name!r}: weight must be finite, got {weight}")
         if any(r.name == name for r in rewards):
             raise ValueError(f"two rewards are named {name!r}; give one a distinct 'name'")
-        fn, kwargs = load_callable(fn_spec), dict(spec.get("kwargs", {}))
+        kwargs = dict(spec.get("kwargs", {}))
+        if fn_spec in INTRINSIC:
+            if kwargs:
+                raise ValueError(f"reward {name!r}: {fn_spec} takes no kwargs")
+            rewards.append(RewardFn(name, INTRINSIC[fn_spec], weight, {}, intrinsic=True))
+            continue
+        fn = load_callable(fn_spec)
         _check_kwargs(name, fn, kwargs)
         timeout = spec.get("timeout_s")
         if timeout is None and fn not in REWARDS.values():
@@ -245,6 +255,7 @@ def score_group(
     """
     if on_error not in ("zero", "stop"):
         raise ValueError(f"on_error must be 'zero' or 'stop', got {on_error!r}")
+    rewards = [r for r in rewards if not r.intrinsic]  # filled in later, from the policy
     per_reward = [_call(reward, prompt, completions, example, on_error) for reward in rewards]
     out = []
     for k in range(len(completions)):

@@ -53,7 +53,8 @@ from rlvr.train.learner import Learner
 from rlvr.train.rehearsal import FILE as REHEARSAL_FILE
 from rlvr.train.rehearsal import Rehearsal, screen_order
 from rlvr.train.rollouts import generate_groups, group_metrics, is_correct
-from rlvr.train.update import UpdateSettings, needs_greedy_baseline, score_logprobs, update_policy
+from rlvr.rewards.intrinsic import token_certainty
+from rlvr.train.update import UpdateSettings, collate, needs_greedy_baseline, score_logprobs, update_policy
 from rlvr.types import Group, SamplingParams
 
 
@@ -229,6 +230,8 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
         progress.status("generating")
     groups = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards, run.params,
                              on_error=run.cfg.on_reward_error)
+    if any(r.intrinsic for r in run.rewards):  # self-certainty, negative entropy: from the policy itself
+        groups = score_intrinsic(run.learner.model, groups, run.rewards, run.settings, run.engine.pad_token_id)
     greedy_baseline = needs_greedy_baseline(run.settings.advantage)
     if greedy_baseline:  # ReMax: one greedy completion per prompt as baseline
         greedy = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards,
@@ -260,6 +263,36 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     metrics |= {"generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0,
                 "tokens_per_second": metrics["tokens_generated"] / (t2 - t0)}
     return metrics, groups
+
+
+def score_intrinsic(model: Any, groups: list[Group], rewards: list[RewardFn], s: UpdateSettings,
+                    pad_token_id: int) -> list[Group]:
+    """Fill in the intrinsic rewards (rlvr.rewards.intrinsic) with one no-gradient pass of the
+    policy over the completions, and add them to each sample's total."""
+    samples = [x for g in groups for x in g.samples]
+    device = next(model.parameters()).device
+    certainty, negative_entropy = torch.zeros(len(samples)), torch.zeros(len(samples))
+    order = sorted(range(len(samples)), key=lambda i: samples[i].num_tokens)
+    for start in range(0, len(order), s.micro_batch_size):
+        micro = order[start : start + s.micro_batch_size]
+        batch = collate([samples[i] for i in micro], pad_token_id, device)
+        c_B, h_B = token_certainty(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"],
+                                   temperature=s.temperature, chunk_size=s.logprob_chunk)
+        certainty[micro], negative_entropy[micro] = c_B, h_B
+    intrinsic = [r for r in rewards if r.intrinsic]
+    out, k = [], 0
+    for g in groups:
+        scored = []
+        for x in g.samples:
+            parts = dict(x.reward_parts)
+            total = x.reward
+            for r in intrinsic:
+                parts[r.name] = r.fn(float(certainty[k]), float(negative_entropy[k]))
+                total += r.weight * parts[r.name]
+            scored.append(dataclasses.replace(x, reward=total, reward_parts=parts))
+            k += 1
+        out.append(dataclasses.replace(g, samples=tuple(scored)))
+    return out
 
 
 def evaluate(run: Run) -> dict[str, float]:
