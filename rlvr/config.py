@@ -264,6 +264,8 @@ class SandboxConfig(_Section):
     """Address-space limit of one execution."""
     max_processes: int = Field(32, ge=1)
     """Processes and threads one execution may have."""
+    parallelism: int = Field(2, ge=1)
+    """Executions run side by side (a code reward runs a prompt's group through this many workers)."""
 
     def limits(self) -> Any:
         """These settings as rlvr.sandbox.Limits."""

@@ -333,20 +333,6 @@ class _Capture:
         return b"".join(self.chunks).decode(errors="replace")
 
 
-_default: dict[str, Sandbox] = {}
-
-
-def configure(isolation: Isolation = "auto", limits: Limits | None = None) -> Sandbox:
-    """Set the sandbox that rewards use (`rlvr train` does this from the config's `sandbox` section)."""
-    _default["sandbox"] = Sandbox(isolation, limits)
-    return _default["sandbox"]
-
-
-def default_sandbox() -> Sandbox:
-    """The configured sandbox, or one with the default settings."""
-    return _default.get("sandbox") or configure()
-
-
 class SandboxPool:
     """Runs many programs at once, at most `parallelism` at a time, each in its own slot (its own
     host user, so one run's process limit does not starve another's)."""
@@ -374,3 +360,21 @@ class SandboxPool:
 
         with ThreadPoolExecutor(self.parallelism) as pool:
             return list(pool.map(one, range(len(programs))))
+
+
+_default: dict[str, SandboxPool] = {}
+
+
+def configure(isolation: Isolation = "auto", limits: Limits | None = None, parallelism: int = 2) -> SandboxPool:
+    """Set the sandbox pool that rewards use (`rlvr train` does this from the config's `sandbox` section)."""
+    _default["pool"] = SandboxPool(Sandbox(isolation, limits), parallelism)
+    return _default["pool"]
+
+
+def default_pool() -> SandboxPool:
+    """The configured pool, or one with the default settings."""
+    return _default.get("pool") or configure()
+
+
+def default_sandbox() -> Sandbox:
+    return default_pool().sandbox

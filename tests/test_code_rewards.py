@@ -22,7 +22,7 @@ ADD_TESTS = ["assert add(1, 2) == 3", "assert add(0, 5) == 5", "assert add(-1, 1
 def quick_sandbox() -> Iterator[None]:
     sandbox.configure("auto", sandbox.Limits(timeout_s=3, cpu_s=2, memory_mb=256))
     yield
-    sandbox._default.clear()
+    sandbox._default.clear()  # back to the defaults
 
 
 def fenced(code: str, lang: str = "python") -> str:
@@ -140,3 +140,15 @@ def test_a_missing_sandbox_stops_the_reward_instead_of_scoring_zero(monkeypatch:
     monkeypatch.setattr(sandbox, "_checked", {})
     with pytest.raises(sandbox.SandboxUnavailable, match="bubblewrap"):
         score(build_rewards([{"fn": "unit_tests"}]), "p", fenced("x = 1"), {"tests": ["assert x == 1"]})
+
+
+def test_the_unit_tests_reward_scores_a_group_through_the_pool() -> None:
+    from rlvr.rewards.combine import build_rewards, score_group
+
+    group = [fenced("def add(a, b):\n    return a + b"), "no code", fenced("def add(a, b):\n    return a + b if a >= 0 else 9"),
+             fenced("def add(a, b):\n    return b + a"), fenced("import os\nos._exit(0)")]
+    rewards = build_rewards([{"fn": "unit_tests", "kwargs": {"mode": "fraction"}}])
+    assert rewards[0].group
+    scored = [total for total, _ in score_group(rewards, "p", group, {"tests": ADD_TESTS})]
+    assert scored == [unit_tests_reward("p", c, tests=ADD_TESTS, mode="fraction") for c in group]
+    assert scored == [1.0, 0.0, pytest.approx(2 / 3), 1.0, 0.0]

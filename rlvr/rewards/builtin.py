@@ -16,7 +16,7 @@ from typing import Any
 import reasoning_gym
 from math_verify import parse, verify
 
-from rlvr.rewards.code import unit_tests_reward
+from rlvr.rewards.code import unit_tests_group_reward
 from rlvr.rewards.extract import extract_answer
 from rlvr.rewards.judges import llm_judge_reward, reward_model_reward
 
@@ -141,7 +141,8 @@ def majority_vote_reward(
 
 
 GROUP_REWARDS: dict[str, Callable[..., list[float]]] = {"majority_vote": majority_vote_reward,
-                                                        "reward_model": reward_model_reward}
+                                                        "reward_model": reward_model_reward,
+                                                        "unit_tests": unit_tests_group_reward}
 """Rewards called once per group with all its completions."""
 
 
@@ -149,7 +150,7 @@ REWARDS: dict[str, Callable[..., Any]] = {
     "reasoning_gym": reasoning_gym_reward,
     "math_verify": math_verify_reward,
     "format": format_reward,
-    "unit_tests": unit_tests_reward,
+    "unit_tests": unit_tests_group_reward,
     "majority_vote": majority_vote_reward,
     "reward_model": reward_model_reward,
     "llm_judge": llm_judge_reward,

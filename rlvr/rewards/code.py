@@ -26,7 +26,7 @@ import re
 import secrets
 from typing import Any
 
-from rlvr.sandbox import default_sandbox
+from rlvr.sandbox import default_pool
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON = {"", "python", "py", "python3"}
@@ -76,34 +76,73 @@ def unit_tests_reward(
     **_: Any,
 ) -> float:
     """1 if the completion's code passes the row's unit tests (or the fraction passed); see the module docstring."""
+    return unit_tests_group_reward(prompt, [completion], tests=tests, test=test, entry_point=entry_point,
+                                   code_prompt=code_prompt, test_setup_code=test_setup_code, mode=mode)[0]
+
+
+def unit_tests_group_reward(
+    prompt: str,
+    completions: list[str],
+    *,
+    tests: list[str] | None = None,
+    test: str | None = None,
+    entry_point: str | None = None,
+    code_prompt: str | None = None,
+    test_setup_code: str = "",
+    mode: str = "all",
+    **_: Any,
+) -> list[float]:
+    """``unit_tests_reward`` for a prompt's whole group at once: the programs run side by side in
+    the sandbox pool (``sandbox.parallelism`` at a time). This is what the built-in
+    ``unit_tests`` reward is."""
     if mode not in ("all", "fraction"):
         raise ValueError(f"unit_tests reward: mode must be 'all' or 'fraction', got {mode!r}")
+    suite = _suite(tests, test, entry_point)
+    runs: dict[int, tuple[str, str]] = {}
+    for k, completion in enumerate(completions):
+        code = extract_code(completion)
+        if code is not None:
+            runs[k] = (_program(_with_prompt(code, test, entry_point, code_prompt), suite, test_setup_code),
+                       secrets.token_hex(16))
+    scores = [0.0] * len(completions)
+    if not runs:
+        return scores
+    results = default_pool().run_python([(program, token + "\n") for program, token in runs.values()])
+    for (k, (_program_text, token)), result in zip(runs.items(), results):
+        scores[k] = _verdict(result.stdout, token, len(suite), mode)
+    return scores
+
+
+def _suite(tests: list[str] | None, test: str | None, entry_point: str | None) -> list[str]:
     if tests is None and test is None:
         raise ValueError("unit_tests reward: the data row needs 'tests' (a list of asserts) or 'test' and "
                          "'entry_point' (HumanEval's check function)")
-    code = extract_code(completion)
-    if code is None:
-        return 0.0
     if test is not None:
         if not entry_point:
             raise ValueError("unit_tests reward: a HumanEval-style 'test' needs the row's 'entry_point'")
-        if code_prompt and not re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.M):
-            code = code_prompt + code
-        elif code_prompt:  # a whole function: keep the prompt's imports (HumanEval's `from typing import List`)
-            imports = [line for line in code_prompt.splitlines() if line.startswith(("import ", "from "))]
-            code = "\n".join([*imports, code])
-        suite = [test + f"\ncheck({entry_point})\n"]
-    else:
-        if isinstance(tests, str) or not tests:
-            raise ValueError(f"unit_tests reward: 'tests' must be a non-empty list of statements, got {tests!r}")
-        suite = list(tests)
-    token = secrets.token_hex(16)
-    result = default_sandbox().run_python(_program(code, suite, test_setup_code), token + "\n")
-    for line in reversed(result.stdout.splitlines()):
+        return [test + f"\ncheck({entry_point})\n"]
+    if isinstance(tests, str) or not tests:
+        raise ValueError(f"unit_tests reward: 'tests' must be a non-empty list of statements, got {tests!r}")
+    return list(tests)
+
+
+def _with_prompt(code: str, test: str | None, entry_point: str | None, code_prompt: str | None) -> str:
+    """HumanEval: the prompt's header in front of a bare body, or its imports in front of a whole function."""
+    if test is None or not code_prompt or not entry_point:
+        return code
+    if not re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.M):
+        return code_prompt + code
+    imports = [line for line in code_prompt.splitlines() if line.startswith(("import ", "from "))]
+    return "\n".join([*imports, code])
+
+
+def _verdict(stdout: str, token: str, suite_size: int, mode: str) -> float:
+    """The score from the harness's last line carrying this run's token (0 without one)."""
+    for line in reversed(stdout.splitlines()):
         parts = line.split()
         if len(parts) == 3 and parts[0] == token:
             passed, total = int(parts[1]), int(parts[2])
-            if total != len(suite):
+            if total != suite_size:
                 return 0.0
             return passed / total if mode == "fraction" else float(passed == total)
     return 0.0

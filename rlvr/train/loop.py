@@ -132,7 +132,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     algo.divergence, screen the initial policy for its rehearsal set, with a progress bar unless quiet)."""
     keep_freed_memory()  # ~1.4x faster learner steps on CPU; see rlvr.runtime
     torch.manual_seed(cfg.seed)
-    sandbox.configure(cfg.sandbox.isolation, cfg.sandbox.limits())  # where code rewards run model-written code
+    sandbox.configure(cfg.sandbox.isolation, cfg.sandbox.limits(), cfg.sandbox.parallelism)  # for code rewards
     spec = model_spec or cfg.model
     tokenizer = load_tokenizer(spec)
     train_dtype = resolve_dtype(cfg.train.precision)
