@@ -97,3 +97,15 @@ def test_a_failing_judge_is_a_counted_reward_failure(judge_url: str) -> None:
     assert score(rewards, "q", "r", {})[1] == {"llm_judge": 0.0, "llm_judge/error": 1.0}
     with pytest.raises(ValueError, match="needs kwargs"):
         llm_judge_reward("q", "r")
+
+
+def test_local_judge_runs_a_local_model_over_the_group(tiny_dir: Path) -> None:
+    from rlvr.rewards.judges import _grade, local_judge_reward
+
+    grades = local_judge_reward("What is 3 + 4?", ["7", "8", "seven"], model=str(tiny_dir), max_new_tokens=6)
+    assert len(grades) == 3 and all(g is None or 0.0 <= g <= 1.0 for g in grades)  # a random model: mostly no score
+    assert _grade("fine work.\nScore: 9", 10) == pytest.approx(0.9) and _grade("SCORE=4/10", 10) == pytest.approx(0.4)
+    assert _grade("no grade here", 10) is None and _grade("Score: -3", 10) == 0.0
+    assert build_rewards([{"fn": "local_judge", "kwargs": {"model": str(tiny_dir)}}])[0].group
+    with pytest.raises(ValueError, match="needs kwargs"):
+        local_judge_reward("q", ["r"])

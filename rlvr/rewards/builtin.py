@@ -18,7 +18,7 @@ from math_verify import parse, verify
 
 from rlvr.rewards.code import unit_tests_group_reward
 from rlvr.rewards.extract import extract_answer
-from rlvr.rewards.judges import llm_judge_reward, reward_model_reward
+from rlvr.rewards.judges import llm_judge_reward, local_judge_reward, reward_model_reward
 
 _Scorer = Callable[[str | None, dict[str, Any]], float]
 _SCORERS: dict[tuple[str, str], _Scorer] = {}
@@ -140,9 +140,10 @@ def majority_vote_reward(
     return [1.0 if a == majority else 0.0 for a in answers]
 
 
-GROUP_REWARDS: dict[str, Callable[..., list[float]]] = {"majority_vote": majority_vote_reward,
+GROUP_REWARDS: dict[str, Callable[..., list[Any]]] = {"majority_vote": majority_vote_reward,
                                                         "reward_model": reward_model_reward,
-                                                        "unit_tests": unit_tests_group_reward}
+                                                        "unit_tests": unit_tests_group_reward,
+                                                        "local_judge": local_judge_reward}
 """Rewards called once per group with all its completions."""
 
 
@@ -154,4 +155,5 @@ REWARDS: dict[str, Callable[..., Any]] = {
     "majority_vote": majority_vote_reward,
     "reward_model": reward_model_reward,
     "llm_judge": llm_judge_reward,
+    "local_judge": local_judge_reward,
 }

@@ -86,6 +86,46 @@ def _post_json(url: str, body: dict[str, Any], headers: dict[str, str], timeout_
 _SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.I)
 
 
+def _judge_message(prompt: str, completion: str, answer: str | None) -> str:
+    text = f"Question:\n{prompt}\n\n"
+    if answer is not None:
+        text += f"Reference answer:\n{answer}\n\n"
+    return text + f"Response:\n{completion}"
+
+
+def _grade(text: str, max_score: float) -> float | None:
+    """The last "Score: N" of a judge's reply as N / max_score in [0, 1]; None without one."""
+    found = _SCORE.findall(text)
+    return None if not found else min(1.0, max(0.0, float(found[-1]) / max_score))
+
+
+_ENGINES: dict[str, Any] = {}
+
+
+def local_judge_reward(
+    prompt: str, completions: list[str], *, model: str | None = None, rubric: str = DEFAULT_RUBRIC,
+    max_score: float = 10.0, max_new_tokens: int = 128, answer: str | None = None, **_: Any,
+) -> list[float | None]:
+    """``llm_judge`` with a local causal LM (a path, a hub id or "builtin:..."), greedy, one
+    prompt's group per batch; the same message, rubric and score parsing. A group reward."""
+    if not model:
+        raise ValueError('local_judge needs kwargs = {model = "<path, hub id or builtin:...>"}')
+    from rlvr.data import render_prompt
+    from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.types import SamplingParams
+
+    with _LOCK:
+        if model not in _ENGINES:
+            tokenizer = load_tokenizer(model)
+            lm = load_model(model, resolve_dtype("auto")).eval()
+            _ENGINES[model] = (EmbeddedEngine(lm, tokenizer, eos_token_ids=eos_token_ids(lm, tokenizer)), tokenizer)
+    engine, tokenizer = _ENGINES[model]
+    ids = [render_prompt(tokenizer, _judge_message(prompt, c, answer), rubric) for c in completions]
+    replies = engine.generate(ids, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
+    return [_grade(group[0].text, max_score) for group in replies]
+
+
 def llm_judge_reward(
     prompt: str, completion: str, *, base_url: str | None = None, model: str | None = None,
     rubric: str = DEFAULT_RUBRIC,
@@ -103,10 +143,7 @@ def llm_judge_reward(
     """
     if not base_url or not model:
         raise ValueError('llm_judge needs kwargs = {base_url = "http://host:port/v1", model = "<served model name>"}')
-    user = f"Question:\n{prompt}\n\n"
-    if answer is not None:
-        user += f"Reference answer:\n{answer}\n\n"
-    user += f"Response:\n{completion}"
+    user = _judge_message(prompt, completion, answer)
     body = {"model": model, "temperature": temperature,
             "messages": [{"role": "system", "content": rubric}, {"role": "user", "content": user}]}
     headers = {}
@@ -118,7 +155,4 @@ def llm_judge_reward(
         text = reply["choices"][0]["message"]["content"] or ""
     except (KeyError, IndexError, TypeError):
         raise RuntimeError(f"judge reply is not a chat completion: {json.dumps(reply)[:300]}") from None
-    found = _SCORE.findall(text)
-    if not found:
-        return None
-    return min(1.0, max(0.0, float(found[-1]) / max_score))
+    return _grade(text, max_score)
