@@ -340,6 +340,7 @@ def test_training_with_majority_vote_logs_the_collapse_monitor(tiny_dir: Path, t
     train(cfg, quiet=True)
     rows = [json.loads(line) for line in (tmp_path / "ttrl" / "metrics.jsonl").read_text().splitlines()]
     assert all(0 < r["distinct_completion_fraction"] <= 1 and "rewards/majority_vote" in r for r in rows)
+    assert all(0 < r["distinct_answer_fraction"] <= r["distinct_completion_fraction"] for r in rows)
 
 
 async def async_length(prompt: str, completion: str, **_: Any) -> float:
@@ -399,3 +400,16 @@ def test_training_on_self_certainty_alone(tiny_dir: Path, tmp_path: Path) -> Non
     assert all(r["grad_norm"] > 0 for r in rows)  # the rewards vary within groups: there is a gradient
     samples = [json.loads(line) for line in (tmp_path / "rlif" / "samples.jsonl").read_text().splitlines()]
     assert all(s["reward"] == pytest.approx(s["rewards"]["self_certainty"]) for s in samples)
+
+
+def test_distinct_answer_fraction_by_hand() -> None:
+    from rlvr.train.rollouts import group_metrics
+    from rlvr.types import Completion, Group, Sample
+
+    def group(texts: list[str]) -> Group:
+        return Group("p", tuple(Sample((1,), Completion((2,), (-0.1,), "stop", t), 0.0, {"r": 0.0}, 0) for t in texts))
+
+    # answers 7, 7, 8 | None, None, 5, 5 -> 2/3 and 2/4
+    m = group_metrics([group(["<answer>7</answer>", "so 7", "it is 8"]), group(["hm", "eh", "5", "5"])], "r")
+    assert m["distinct_answer_fraction"] == pytest.approx((2 / 3 + 2 / 4) / 2)
+    assert m["distinct_completion_fraction"] == pytest.approx((3 / 3 + 3 / 4) / 2)

@@ -125,7 +125,7 @@ def majority_vote_reward(
     majority answer of the sampled group stands in for the missing label. Answers are compared
     as extracted strings with surrounding spaces removed; ties go to the answer seen first; a
     completion without an answer scores 0. Called once per group (a group reward). Without a
-    check on diversity it rewards agreeing with oneself: watch ``distinct_completion_fraction``
+    check on diversity it rewards agreeing with oneself: watch ``distinct_answer_fraction``
     (logged every step) for collapse.
     """
     answers = [extract_answer(c, extract) for c in completions]

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Callable
 
 from rlvr.data import Example
-from rlvr.rewards import RewardFn
+from rlvr.rewards import RewardFn, extract_answer
 from rlvr.rewards.combine import score_group
 from rlvr.rollout.engine import Engine
 from rlvr.types import Group, Sample, SamplingParams
@@ -54,9 +54,13 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
         "truncated_fraction": statistics.fmean(s.completion.finish_reason == "length" for s in samples),
         "zero_std_fraction": statistics.fmean(len(set(g.rewards)) == 1 for g in groups),
         "excluded_fraction": statistics.fmean(s.excluded for s in samples),
-        # collapse monitor: the share of distinct completions within a group (1 = all differ)
+        # collapse monitors: the share of distinct completions, and of distinct final answers (the
+        # <answer> tag or else the last number; completions with neither count together as one answer)
         "distinct_completion_fraction": statistics.fmean(len({s.completion.text for s in g.samples}) / len(g.samples)
                                                          for g in groups),
+        "distinct_answer_fraction": statistics.fmean(
+            len({extract_answer(s.completion.text, "tag_or_last_number") for s in g.samples}) / len(g.samples)
+            for g in groups),
         "tokens_generated": float(sum(lengths)),
     }
     for name in names:  # an absent key (e.g. "<name>/error") counts as 0
