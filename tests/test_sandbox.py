@@ -152,3 +152,15 @@ def _leftover_processes() -> list[str]:
     out = subprocess.run(["ps", "-eo", "uid=,stat=,args="], capture_output=True, text=True).stdout
     return [line for line in out.splitlines()
             if line.split() and int(line.split()[0]) >= 60000 and not line.split()[1].startswith("Z")]
+
+
+def test_shell_commands_run_isolated_too() -> None:
+    r = box.run_shell("cat /sandbox/notes.txt; ls /; (getent hosts example.com || echo no-dns) 2>&1",
+                      files={"notes.txt": "hello from the host"})
+    assert r.ok and r.stdout.startswith("hello from the host")
+    assert "root" not in r.stdout.split() and "home" not in r.stdout.split() and "no-dns" in r.stdout
+
+
+def test_open_files_are_limited() -> None:
+    r = run("handles = [open('/tmp/f%d' % i, 'w') for i in range(500)]")
+    assert r.exit_code == 1 and "Too many open files" in r.stderr
