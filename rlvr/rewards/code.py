@@ -63,21 +63,10 @@ def _program(solution: str, tests: list[str], setup: str) -> str:
     return f"SOLUTION = {solution!r}\nTESTS = {tests!r}\nSETUP = {setup!r}\n" + _HARNESS
 
 
-def unit_tests_reward(
-    prompt: str,
-    completion: str,
-    *,
-    tests: list[str] | None = None,
-    test: str | None = None,
-    entry_point: str | None = None,
-    code_prompt: str | None = None,
-    test_setup_code: str = "",
-    mode: str = "all",
-    **_: Any,
-) -> float:
-    """1 if the completion's code passes the row's unit tests (or the fraction passed); see the module docstring."""
-    return unit_tests_group_reward(prompt, [completion], tests=tests, test=test, entry_point=entry_point,
-                                   code_prompt=code_prompt, test_setup_code=test_setup_code, mode=mode)[0]
+def unit_tests_reward(prompt: str, completion: str, **row: Any) -> float:
+    """One completion's score (see ``unit_tests_group_reward`` for the keywords and the module
+    docstring for how a pass is recognised)."""
+    return unit_tests_group_reward(prompt, [completion], **row)[0]
 
 
 def unit_tests_group_reward(
