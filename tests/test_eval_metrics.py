@@ -1,0 +1,54 @@
+"""pass@k, maj@k, avg@k and distinct-n against hand-computed cases."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from rlvr.eval import avg_at_k, distinct_n, maj_at_k, pass_at_k
+
+
+def test_pass_at_k_by_hand() -> None:
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # C(3,2)/C(4,2): both picks wrong
+    assert pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)  # C(3,3)/C(5,3)
+    assert pass_at_k(4, 0, 2) == 0.0
+    assert pass_at_k(4, 3, 2) == 1.0  # one wrong sample cannot fill a pair
+    assert pass_at_k(3, 1, 3) == 1.0  # n = k: any correct sample means pass
+    assert pass_at_k(3, 0, 3) == 0.0
+
+
+def test_pass_at_k_equals_enumerating_every_subset() -> None:
+    for n, c, k in [(6, 2, 3), (8, 3, 4), (7, 1, 5), (10, 4, 1)]:
+        outcomes = [True] * c + [False] * (n - c)
+        subsets = list(itertools.combinations(outcomes, k))
+        assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+        assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
+
+
+def test_pass_at_k_needs_k_samples() -> None:
+    with pytest.raises(ValueError, match="at least k samples"):
+        pass_at_k(2, 1, 4)
+
+
+def test_maj_at_k_by_hand() -> None:
+    answers = ["7", "8", "7", None, "8", "8"]
+    correct = [True, False, True, False, False, False]
+    assert maj_at_k(answers, correct, 3) == pytest.approx((1 + 0) / 2)  # blocks [7,8,7] -> 7 right; [-,8,8] -> 8 wrong
+    assert maj_at_k(answers, correct, 6) == 0.0  # 8 has 3 votes, 7 has 2
+    assert maj_at_k(["8", "7"], [False, True], 2) == 0.0  # tie: the first seen, 8, wins
+    assert maj_at_k([None, None], [False, False], 2) == 0.0  # nobody answered
+    assert maj_at_k(["5"], [True], 1) == 1.0
+    # k larger than the number of correct samples: the majority can still be right
+    assert maj_at_k(["1", "2", "3", "1"], [True, False, False, True], 4) == 1.0
+    with pytest.raises(ValueError, match="at least k samples"):
+        maj_at_k(["1"], [True], 2)
+
+
+def test_avg_and_distinct_n_by_hand() -> None:
+    assert avg_at_k([True, False, False, True]) == 0.5
+    # bigrams: "a b", "b c" | "a b", "b d" -> 3 unique of 4
+    assert distinct_n(["a b c", "a b d"], 2) == pytest.approx(3 / 4)
+    assert distinct_n(["x"], 2) == 0.0 and distinct_n(["a a a"], 1) == pytest.approx(1 / 3)
