@@ -1,4 +1,4 @@
-"""The `rlvr` command: train, sample, bench, sandbox, tasks, config. Each subcommand is a thin call into the library."""
+"""The `rlvr` command: train, sample, eval, bench, sandbox, tasks, config. Each subcommand is a thin call into the library."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ EXAMPLES = """examples:
   rlvr tasks
   rlvr config            # every config key with its default and meaning
   rlvr sandbox run solution.py --stdin input.txt --timeout 5
+  rlvr eval --config configs/demo.toml --model builtin:smollm2-135m-instruct --model runs/demo --k 1,4 --n 8
 """
 
 
@@ -48,6 +49,19 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--new-tokens", type=int, default=64, help="generate: tokens per row")
     b.add_argument("--grpo-shapes", default="1x8,8x8", help="grpo: prompts x group per step")
     b.add_argument("--grpo-steps", type=int, default=3, help="grpo: steps per side (the first is warm-up)")
+    e = sub.add_parser("eval", help="pass@k, maj@k, avg, length, entropy, diversity of models on held-out prompts")
+    e.add_argument("--model", action="append", required=True,
+                   help="model, checkpoint folder or run dir (repeat to compare several)")
+    e.add_argument("--config", help="TOML config whose task, rewards and held-out prompts to use (default: the demo's defaults)")
+    e.add_argument("--task", help="reasoning-gym task name (overrides the config's)")
+    e.add_argument("--k", default="1,4", help="comma-separated k for pass@k and maj@k")
+    e.add_argument("--n", type=int, default=8, help="samples per prompt (n >= max k)")
+    e.add_argument("--prompts", type=int, default=64, help="held-out prompts to use")
+    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--max-new-tokens", type=int, default=None, help="default: the config's sampling.max_new_tokens")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--out", default="eval.json", help="JSON results; the Markdown table goes beside it (.md)")
+    e.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. task.eval_size=128")
     sb = sub.add_parser("sandbox", help="run untrusted code the way code rewards do (to debug a task)")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)
     r = sbs.add_parser("run", help="run a Python file in the sandbox and print the JSON result")
@@ -72,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # malloc reuses freed memory instead of page-faulting it back in; see rlvr.runtime
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
-    if args.command in ("train", "sample"):
+    if args.command in ("train", "sample", "eval"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars would bury rlvr's own progress
@@ -166,6 +180,21 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from rlvr.eval.run import evaluate_model, markdown_table, write_results
+
+    overrides = list(args.overrides) + ([f'task.name="{args.task}"'] if args.task else [])
+    cfg = load_config(args.config, overrides)
+    ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
+    max_new = args.max_new_tokens or cfg.sampling.max_new_tokens
+    results = [evaluate_model(m, cfg, n=args.n, ks=ks, prompts=args.prompts, temperature=args.temperature,
+                              max_new_tokens=max_new, seed=args.seed) for m in args.model]
+    json_path, md_path = write_results(results, ks, Path(args.out))
+    print(markdown_table(results, ks), end="")
+    print(f"written: {json_path}, {md_path}", file=sys.stderr)
+    return 0
+
+
 def _sandbox(args: argparse.Namespace) -> int:
     from rlvr.sandbox import Limits, Sandbox, SandboxUnavailable
 
@@ -193,8 +222,8 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"train": _train, "sample": _sample, "bench": _bench, "sandbox": _sandbox, "tasks": _tasks,
-             "config": _config}
+_COMMANDS = {"train": _train, "sample": _sample, "bench": _bench, "eval": _eval, "sandbox": _sandbox,
+             "tasks": _tasks, "config": _config}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +54,26 @@ def test_avg_and_distinct_n_by_hand() -> None:
     # bigrams: "a b", "b c" | "a b", "b d" -> 3 unique of 4
     assert distinct_n(["a b c", "a b d"], 2) == pytest.approx(3 / 4)
     assert distinct_n(["x"], 2) == 0.0 and distinct_n(["a a a"], 1) == pytest.approx(1 / 3)
+
+
+def test_rlvr_eval_compares_models_on_the_same_prompts(tiny_dir: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from rlvr.cli import main
+
+    out = tmp_path / "eval.json"
+    overrides = ['rewards=[{fn = "tests.test_losses:four_distinct"}]', "task.eval_size=6",
+                 "task.params={min_terms = 2, max_terms = 2, max_digits = 1}"]
+    code = main(["eval", "--model", str(tiny_dir), "--model", str(tiny_dir), "--k", "1,2,4", "--n", "4",
+                 "--prompts", "5", "--max-new-tokens", "8", "--out", str(out), *overrides])
+    assert code == 0
+    results = json.loads(out.read_text())
+    assert len(results) == 2 and results[0]["prompts"] == 5 and results[0]["n"] == 4
+    r = results[0]
+    assert r["pass@1"] == pytest.approx(r["avg"])  # unbiased pass@1 is the mean accuracy
+    assert r["pass@1"] <= r["pass@2"] <= r["pass@4"] <= 1
+    assert r["response_length"] > 0 and r["token_entropy"] > 0 and 0 <= r["distinct_2"] <= 1
+    assert {k: v for k, v in results[0].items() if k != "model"} == {k: v for k, v in results[1].items() if k != "model"}
+    table = out.with_suffix(".md").read_text()
+    assert table.startswith("| model | pass@1 | pass@2 | pass@4 | maj@1 |") and table.count("\n") == 4
+    assert capsys.readouterr().out == table
+    assert main(["eval", "--model", str(tiny_dir), "--k", "8", "--n", "4", *overrides]) == 2  # k > n: a clear error

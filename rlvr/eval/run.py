@@ -1,0 +1,100 @@
+"""`rlvr eval`: sample n completions per held-out prompt from each model, with the same prompts,
+rewards and sampling settings, and report pass@k, maj@k, avg@k, length, entropy and diversity."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr.config import RunConfig
+from rlvr.eval.metrics import avg_at_k, distinct_n, maj_at_k, pass_at_k
+from rlvr.rewards import build_rewards, extract_answer
+from rlvr.types import SamplingParams
+
+
+def resolve_model(spec: str) -> str:
+    """A run directory means its latest checkpoint; anything else is loaded as given."""
+    from rlvr.train.checkpoint import latest_checkpoint
+
+    if (Path(spec) / "config.toml").is_file():
+        last = latest_checkpoint(Path(spec))
+        if last is None:
+            raise FileNotFoundError(f"{spec} has no checkpoint yet")
+        return str(last)
+    return spec
+
+
+def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], prompts: int,
+                   temperature: float, max_new_tokens: int, seed: int = 0) -> dict[str, Any]:
+    """Metrics of one model on the config's held-out prompts (the first `prompts` of them)."""
+    from rlvr.data import render_prompt
+    from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+    from rlvr.rewards.intrinsic import token_certainty
+    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.train.loop import load_examples
+    from rlvr.train.rollouts import generate_groups, is_correct
+    from rlvr.train.update import collate
+
+    bad = [k for k in ks if not 1 <= k <= n]
+    if bad:
+        raise ValueError(f"k = {bad[0]} needs n >= k samples per prompt (n = {n})")
+    path = resolve_model(model_spec)
+    tokenizer = load_tokenizer(path)
+    model = load_model(path, resolve_dtype("auto")).eval()
+    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed)
+    _, held = load_examples(cfg)
+    held = held[:prompts]
+    if not held:
+        raise ValueError("no held-out prompts: set task.eval_size > 0")
+    ids = [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in held]
+    rewards = build_rewards([r.model_dump() for r in cfg.rewards])
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=n, top_p=cfg.sampling.top_p,
+                            top_k=cfg.sampling.top_k, stop=tuple(cfg.sampling.stop))
+    groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params)
+    fmt = str(rewards[0].kwargs.get("extract", "tag_or_last_number"))
+    names = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "distinct_2"]
+    per_prompt: dict[str, list[float]] = {name: [] for name in names}
+    for g in groups:
+        correct = [is_correct(x, rewards[0].name) for x in g.samples]
+        answers = [extract_answer(x.completion.text, fmt) for x in g.samples]
+        for k in ks:
+            per_prompt[f"pass@{k}"].append(pass_at_k(n, sum(correct), k))
+            per_prompt[f"maj@{k}"].append(maj_at_k(answers, correct, k))
+        per_prompt["avg"].append(avg_at_k(correct))
+        per_prompt["distinct_2"].append(distinct_n([x.completion.text for x in g.samples], 2))
+    samples = [x for g in groups for x in g.samples]
+    entropies = []
+    with torch.no_grad():
+        for start in range(0, len(samples), 16):
+            batch = collate(samples[start : start + 16], engine.pad_token_id, next(model.parameters()).device)
+            _, neg_entropy = token_certainty(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"],
+                                             temperature=temperature if temperature > 0 else 1.0)
+            entropies += (-neg_entropy).tolist()
+    result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n}
+    result |= {name: statistics.fmean(values) for name, values in per_prompt.items()}
+    result["response_length"] = statistics.fmean(len(x.completion.token_ids) for x in samples)
+    result["token_entropy"] = statistics.fmean(entropies)
+    return result
+
+
+def markdown_table(results: list[dict[str, Any]], ks: list[int]) -> str:
+    columns = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "response_length", "token_entropy",
+               "distinct_2"]
+    lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for r in results:
+        cells = [f"{r[c]:.3f}" if c not in ("response_length",) else f"{r[c]:.1f}" for c in columns]
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(results: list[dict[str, Any]], ks: list[int], out: Path) -> tuple[Path, Path]:
+    """`out` as JSON and `out` with suffix .md as the Markdown table."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    md = out.with_suffix(".md")
+    md.write_text(markdown_table(results, ks))
+    return out, md
