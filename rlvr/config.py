@@ -249,6 +249,8 @@ class TrainConfig(_Section):
     activation_checkpointing: bool = False
     """Recompute each layer's activations in backward instead of storing them: much less memory
     for long sequences, about a third more compute."""
+    eval_every: int = Field(0, ge=0)
+    """Evaluate greedily on the held-out prompts every N steps, logged as eval/accuracy, eval/reward and eval/response_length in that step's metrics row (0 = only before and after training)."""
     logprob_chunk: int = Field(256, ge=1)
     """Tokens per chunk when computing log-probs from the LM head (bounds logits memory)."""
 

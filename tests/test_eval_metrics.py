@@ -77,3 +77,14 @@ def test_rlvr_eval_compares_models_on_the_same_prompts(tiny_dir: Path, tmp_path:
     assert table.startswith("| model | pass@1 | pass@2 | pass@4 | maj@1 |") and table.count("\n") == 4
     assert capsys.readouterr().out == table
     assert main(["eval", "--model", str(tiny_dir), "--k", "8", "--n", "4", *overrides]) == 2  # k > n: a clear error
+
+
+def test_evaluation_during_training_lands_in_the_metrics(tiny_dir: Path, tmp_path: Path) -> None:
+    from rlvr.config import load_config
+    from rlvr.train.loop import train
+    from tests.test_train import overrides, read_metrics
+
+    train(load_config(None, overrides(tiny_dir, tmp_path, "ev", train__steps=3, train__eval_every=2)), quiet=True)
+    rows = read_metrics(tmp_path / "ev")
+    assert ["eval/accuracy" in r for r in rows] == [False, True, False]
+    assert 0 <= rows[1]["eval/accuracy"] <= 1 and rows[1]["eval/response_length"] > 0

@@ -450,6 +450,9 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
                 summary_path.write_text(json.dumps(summary, indent=2))
             for step in range(start + 1, cfg.train.steps + 1):
                 metrics, groups = train_step(run, step, progress)
+                if cfg.train.eval_every and step % cfg.train.eval_every == 0:
+                    progress.status("evaluating")
+                    metrics |= evaluate(run)  # greedy on the held-out prompts, in this step's row
                 metrics_sink.write(metrics)
                 if step % cfg.samples_every == 0:
                     for row in sample_rows(step, groups):
