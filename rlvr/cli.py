@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--max-new-tokens", type=int, default=None, help="default: the config's sampling.max_new_tokens")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", default="eval.json", help="JSON results; the Markdown table goes beside it (.md)")
+    e.add_argument("--cot-judge", metavar="FN", help="adds CoT-pass@k: a reward that judges the reasoning of correct "
+                   "samples (>= 0.5 = sound), e.g. llm_judge, local_judge or mypkg.judges:check")
+    e.add_argument("--cot-judge-kwargs", default="{}", metavar="JSON", help="the judge's kwargs as JSON")
     e.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. task.eval_size=128")
     sb = sub.add_parser("sandbox", help="run untrusted code the way code rewards do (to debug a task)")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)
@@ -187,8 +190,9 @@ def _eval(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
     max_new = args.max_new_tokens or cfg.sampling.max_new_tokens
+    judge = {"fn": args.cot_judge, "kwargs": json.loads(args.cot_judge_kwargs)} if args.cot_judge else None
     results = [evaluate_model(m, cfg, n=args.n, ks=ks, prompts=args.prompts, temperature=args.temperature,
-                              max_new_tokens=max_new, seed=args.seed) for m in args.model]
+                              max_new_tokens=max_new, seed=args.seed, cot_judge=judge) for m in args.model]
     json_path, md_path = write_results(results, ks, Path(args.out))
     print(markdown_table(results, ks), end="")
     print(f"written: {json_path}, {md_path}", file=sys.stderr)

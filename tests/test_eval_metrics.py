@@ -88,3 +88,35 @@ def test_evaluation_during_training_lands_in_the_metrics(tiny_dir: Path, tmp_pat
     rows = read_metrics(tmp_path / "ev")
     assert ["eval/accuracy" in r for r in rows] == [False, True, False]
     assert 0 <= rows[1]["eval/accuracy"] <= 1 and rows[1]["eval/response_length"] > 0
+
+
+def always_sound(prompt: str, completion: str, **_: object) -> float:
+    return 1.0
+
+
+def never_sound(prompt: str, completion: str, **_: object) -> float:
+    return 0.0
+
+
+def sound_if_even(prompt: str, completion: str, **_: object) -> float:
+    return float(len(completion) % 2 == 0)
+
+
+def test_cot_pass_at_k_counts_only_judged_sound_reasoning(tiny_dir: Path, tmp_path: Path) -> None:
+    from rlvr.cli import main
+
+    overrides = ['rewards=[{fn = "tests.test_losses:four_distinct"}]', "task.eval_size=6",
+                 "task.params={min_terms = 2, max_terms = 2, max_digits = 1}"]
+    results = {}
+    for judge in ("always_sound", "never_sound", "sound_if_even"):
+        out = tmp_path / f"{judge}.json"
+        assert main(["eval", "--model", str(tiny_dir), "--k", "1,4", "--n", "4", "--prompts", "6",
+                     "--max-new-tokens", "8", "--out", str(out), "--cot-judge", f"tests.test_eval_metrics:{judge}",
+                     *overrides]) == 0
+        results[judge] = json.loads(out.read_text())[0]
+        assert "cot_pass@4" in out.with_suffix(".md").read_text()
+    r = results["always_sound"]
+    assert r["pass@1"] > 0  # some samples are correct, so the judge is asked
+    assert r["cot_pass@1"] == r["pass@1"] and r["cot_pass@4"] == r["pass@4"]
+    assert results["never_sound"]["cot_pass@1"] == 0 == results["never_sound"]["cot_pass@4"]
+    assert 0 <= results["sound_if_even"]["cot_pass@1"] <= r["pass@1"]

@@ -13,6 +13,7 @@ import torch
 from rlvr.config import RunConfig
 from rlvr.eval.metrics import avg_at_k, distinct_n, maj_at_k, pass_at_k
 from rlvr.rewards import build_rewards, extract_answer
+from rlvr.rewards.combine import score_group
 from rlvr.types import SamplingParams
 
 
@@ -29,8 +30,15 @@ def resolve_model(spec: str) -> str:
 
 
 def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], prompts: int,
-                   temperature: float, max_new_tokens: int, seed: int = 0) -> dict[str, Any]:
-    """Metrics of one model on the config's held-out prompts (the first `prompts` of them)."""
+                   temperature: float, max_new_tokens: int, seed: int = 0,
+                   cot_judge: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Metrics of one model on the config's held-out prompts (the first `prompts` of them).
+
+    ``cot_judge`` (a reward spec, e.g. {"fn": "llm_judge", "kwargs": {...}} or {"fn":
+    "mypkg:judge"}) adds CoT-pass@k: pass@k where a sample counts only if its answer is correct
+    and the judge also scores its reasoning >= 0.5 (Wen et al., "Reinforcement Learning with
+    Verifiable Rewards Implicitly Incentivizes Correct Reasoning in Base LLMs", arXiv:2506.14245).
+    Only samples with a correct answer are sent to the judge."""
     from rlvr.data import render_prompt
     from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
     from rlvr.rewards.intrinsic import token_certainty
@@ -56,15 +64,23 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
                             top_k=cfg.sampling.top_k, stop=tuple(cfg.sampling.stop))
     groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params)
     fmt = str(rewards[0].kwargs.get("extract", "tag_or_last_number"))
+    judge = build_rewards([cot_judge])[0] if cot_judge else None
     names = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "distinct_2"]
+    names += [f"cot_pass@{k}" for k in ks] if judge else []
     per_prompt: dict[str, list[float]] = {name: [] for name in names}
-    for g in groups:
+    for i, g in enumerate(groups):
         correct = [is_correct(x, rewards[0].name) for x in g.samples]
         answers = [extract_answer(x.completion.text, fmt) for x in g.samples]
         for k in ks:
             per_prompt[f"pass@{k}"].append(pass_at_k(n, sum(correct), k))
             per_prompt[f"maj@{k}"].append(maj_at_k(answers, correct, k))
         per_prompt["avg"].append(avg_at_k(correct))
+        if judge is not None:
+            right = [x for x, ok in zip(g.samples, correct) if ok]
+            verdicts = score_group([judge], g.prompt, [x.completion.text for x in right], held[i].fields)
+            sound = sum(1 for _, parts in verdicts if parts.get(judge.name, 0.0) >= 0.5 and len(parts) == 1)
+            for k in ks:
+                per_prompt[f"cot_pass@{k}"].append(pass_at_k(n, sound, k))
         per_prompt["distinct_2"].append(distinct_n([x.completion.text for x in g.samples], 2))
     samples = [x for g in groups for x in g.samples]
     entropies = []
@@ -84,6 +100,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
 def markdown_table(results: list[dict[str, Any]], ks: list[int]) -> str:
     columns = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "response_length", "token_entropy",
                "distinct_2"]
+    columns += [f"cot_pass@{k}" for k in ks if f"cot_pass@{k}" in results[0]]
     lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for r in results:
         cells = [f"{r[c]:.3f}" if c not in ("response_length",) else f"{r[c]:.1f}" for c in columns]
