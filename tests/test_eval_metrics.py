@@ -120,3 +120,32 @@ def test_cot_pass_at_k_counts_only_judged_sound_reasoning(tiny_dir: Path, tmp_pa
     assert r["cot_pass@1"] == r["pass@1"] and r["cot_pass@4"] == r["pass@4"]
     assert results["never_sound"]["cot_pass@1"] == 0 == results["never_sound"]["cot_pass@4"]
     assert 0 <= results["sound_if_even"]["cot_pass@1"] <= r["pass@1"]
+
+
+def test_auc_by_hand() -> None:
+    from rlvr.eval.contamination import auc
+
+    assert auc([0.9, 0.8, 0.3, 0.1], [True, True, False, False]) == 1.0
+    assert auc([0.1, 0.9], [True, False]) == 0.0
+    assert auc([0.5, 0.5, 0.2], [True, False, False]) == pytest.approx((0.5 + 1) / 2)
+    with pytest.raises(ValueError, match="one positive and one negative"):
+        auc([1.0], [True])
+
+
+def test_min_k_percent_is_the_mean_of_the_lowest_token_logprobs(tiny_dir: Path) -> None:
+    import torch
+
+    from rlvr.eval.contamination import min_k_percent
+    from rlvr.models import load_model, load_tokenizer
+
+    model, tokenizer = load_model(str(tiny_dir), torch.float32).eval(), load_tokenizer(str(tiny_dir))
+    tokenizer.padding_side = "right"
+    texts = ["the cat sat on the mat", "a b"]
+    scores = min_k_percent(model, tokenizer, texts, k=0.5)
+    for text, score in zip(texts, scores):
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+        lowest = logp.sort().values[: max(1, math.ceil(0.5 * len(logp)))]
+        assert score == pytest.approx(float(lowest.mean()), abs=1e-4)
+    assert min_k_percent(model, tokenizer, texts, k=1.0)[0] <= 0
