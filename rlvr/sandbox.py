@@ -122,8 +122,8 @@ def check_isolation(isolation: Isolation) -> str:
     if not os.path.exists(_RUNTIME_PYTHON):
         raise SandboxUnavailable(f"no sandbox: the sandbox runs {_RUNTIME_PYTHON}, which this system lacks "
                                  "(install the distribution's python3)")
-    probe = Sandbox("bwrap")._command(["/bin/true"], slot=0, isolated=True)
-    done = subprocess.run(probe, capture_output=True, text=True, preexec_fn=_preexec(Limits(), slot=0, demote=True),
+    done = subprocess.run(_bwrap_command(["/bin/true"], Limits(), {}), capture_output=True, text=True,
+                          preexec_fn=_preexec(Limits(), slot=0),
                           env={}, timeout=30)
     if done.returncode != 0:
         raise SandboxUnavailable(
@@ -135,7 +135,7 @@ def check_isolation(isolation: Isolation) -> str:
     return "bwrap"
 
 
-def _preexec(limits: Limits, slot: int, demote: bool) -> Callable[[], None]:
+def _preexec(limits: Limits, slot: int) -> Callable[[], None]:
     """Runs in the child between fork and exec: its own session (so the whole group can be
     killed), the rlimits, and (as root) a dedicated unprivileged user."""
 
@@ -147,7 +147,7 @@ def _preexec(limits: Limits, slot: int, demote: bool) -> Callable[[], None]:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb))
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if demote and os.geteuid() == 0:
+        if os.geteuid() == 0:
             uid = _BASE_UID + slot
             os.setgroups([])
             os.setgid(uid)
@@ -156,6 +156,19 @@ def _preexec(limits: Limits, slot: int, demote: bool) -> Callable[[], None]:
         resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
 
     return setup
+
+
+def _bwrap_command(argv: list[str], limits: Limits, fds: dict[str, int]) -> list[str]:
+    """bubblewrap around `argv`: see the module docstring; `fds` are memfds mounted read-only in /sandbox."""
+    cmd = [bwrap_path() or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+           "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+           "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
+           "--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
+           "--hostname", "sandbox", "--dir", "/sandbox", "--chdir", "/tmp",
+           "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
+    for name, fd in fds.items():
+        cmd += ["--perms", "0444", "--ro-bind-data", str(fd), f"/sandbox/{name}"]
+    return cmd + ["--", *argv]
 
 
 class Sandbox:
@@ -176,21 +189,6 @@ class Sandbox:
         """Run `command` with /bin/sh -c (the runtime's tools only), files in /sandbox."""
         return self._run(["/bin/sh", "-c", command], files or {}, stdin, limits or self.limits, slot)
 
-    def _command(self, argv: list[str], slot: int, isolated: bool, fds: dict[str, int] | None = None,
-                 limits: Limits | None = None) -> list[str]:
-        if not isolated:
-            return argv
-        lim = limits or self.limits
-        cmd = [bwrap_path() or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-               "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-               "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
-               "--proc", "/proc", "--dev", "/dev", "--size", str(lim.tmp_mb << 20), "--tmpfs", "/tmp",
-               "--hostname", "sandbox", "--dir", "/sandbox", "--chdir", "/tmp",
-               "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
-        for name, fd in (fds or {}).items():
-            cmd += ["--perms", "0444", "--ro-bind-data", str(fd), f"/sandbox/{name}"]
-        return cmd + ["--", *argv]
-
     def _run(self, argv: list[str], files: dict[str, str], stdin: str, limits: Limits, slot: int) -> Result:
         mode = check_isolation(self.isolation)
         isolated = mode == "bwrap"
@@ -206,7 +204,7 @@ class Sandbox:
                     os.write(fd, text.encode())
                     os.lseek(fd, 0, os.SEEK_SET)
                     fds[name] = fd
-                cmd = self._command(argv, slot, True, fds, limits)
+                cmd = _bwrap_command(argv, limits, fds)
                 env = None
                 cwd = None
             else:
@@ -220,7 +218,7 @@ class Sandbox:
                 cmd = [a.replace("/sandbox/", workdir + "/") for a in argv]
                 env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
                 cwd = workdir
-            return _execute(cmd, stdin, limits, slot, isolated, fds, env, cwd, mode)
+            return _execute(cmd, stdin, limits, slot, fds, env, cwd, mode)
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -228,13 +226,13 @@ class Sandbox:
                 shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _execute(cmd: list[str], stdin: str, limits: Limits, slot: int, isolated: bool, fds: dict[str, int],
+def _execute(cmd: list[str], stdin: str, limits: Limits, slot: int, fds: dict[str, int],
              env: dict[str, str] | None, cwd: str | None, mode: str) -> Result:
     start = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 pass_fds=tuple(fds.values()), env=env if env is not None else {}, cwd=cwd,
-                                preexec_fn=_preexec(limits, slot, demote=True))
+                                preexec_fn=_preexec(limits, slot))
     except OSError as exc:
         return Result(None, "", f"could not start: {exc}", False, None, time.monotonic() - start, mode)
     overflow = threading.Event()
@@ -252,7 +250,7 @@ def _execute(cmd: list[str], stdin: str, limits: Limits, slot: int, isolated: bo
             break
         time.sleep(0.01)
     if proc.poll() is None:
-        _kill_tree(proc, isolated)
+        _kill_tree(proc, isolated=mode == "bwrap")
     proc.wait()
     for t in (out.thread, err.thread):
         t.join(timeout=5)

@@ -8,8 +8,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rlvr.config import RunConfig
 from rlvr.eval.metrics import avg_at_k, distinct_n, maj_at_k, pass_at_k
 from rlvr.rewards import build_rewards, extract_answer
@@ -41,11 +39,10 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     Only samples with a correct answer are sent to the judge."""
     from rlvr.data import render_prompt
     from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
-    from rlvr.rewards.intrinsic import token_certainty
     from rlvr.rollout.engine import EmbeddedEngine
     from rlvr.train.loop import load_examples
     from rlvr.train.rollouts import generate_groups, is_correct
-    from rlvr.train.update import collate
+    from rlvr.train.update import score_certainty
 
     bad = [k for k in ks if not 1 <= k <= n]
     if bad:
@@ -83,17 +80,12 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
                 per_prompt[f"cot_pass@{k}"].append(pass_at_k(n, sound, k))
         per_prompt["distinct_2"].append(distinct_n([x.completion.text for x in g.samples], 2))
     samples = [x for g in groups for x in g.samples]
-    entropies = []
-    with torch.no_grad():
-        for start in range(0, len(samples), 16):
-            batch = collate(samples[start : start + 16], engine.pad_token_id, next(model.parameters()).device)
-            _, neg_entropy = token_certainty(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"],
-                                             temperature=temperature if temperature > 0 else 1.0)
-            entropies += (-neg_entropy).tolist()
+    _, negative_entropy = score_certainty(model, samples, engine.pad_token_id,
+                                          temperature=temperature if temperature > 0 else 1.0, micro_batch_size=16)
     result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n}
     result |= {name: statistics.fmean(values) for name, values in per_prompt.items()}
     result["response_length"] = statistics.fmean(len(x.completion.token_ids) for x in samples)
-    result["token_entropy"] = statistics.fmean(entropies)
+    result["token_entropy"] = -float(negative_entropy.mean())
     return result
 
 

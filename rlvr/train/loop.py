@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rlvr import sandbox
 from rlvr.algos import ESTIMATORS
 from rlvr.algos.kl import KLController
 from rlvr.algos.registry import loop_inputs
@@ -45,7 +46,6 @@ from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress
 from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from rlvr.rewards import RewardFn, build_rewards
 from rlvr.rollout.engine import EmbeddedEngine
-from rlvr import sandbox
 from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.critic import Critic
@@ -53,8 +53,13 @@ from rlvr.train.learner import Learner
 from rlvr.train.rehearsal import FILE as REHEARSAL_FILE
 from rlvr.train.rehearsal import Rehearsal, screen_order
 from rlvr.train.rollouts import generate_groups, group_metrics, is_correct
-from rlvr.rewards.intrinsic import token_certainty
-from rlvr.train.update import UpdateSettings, collate, needs_greedy_baseline, score_logprobs, update_policy
+from rlvr.train.update import (
+    UpdateSettings,
+    needs_greedy_baseline,
+    score_certainty,
+    score_logprobs,
+    update_policy,
+)
 from rlvr.types import Group, SamplingParams
 
 
@@ -95,23 +100,24 @@ class Run:
 def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
     """Training and held-out examples; no held-out prompt text appears in training."""
     t = cfg.task
-    tags = "Put the final answer inside <answer></answer> tags."
+    default = CODE_INSTRUCTION if t.source == "humaneval" else "Put the final answer inside <answer></answer> tags."
+    instruction = default if t.instruction is None else t.instruction
     if t.source == "reasoning_gym" and t.mixture:
         pool = reasoning_gym_mixture([(m.name, m.weight, m.params) for m in t.mixture], size=t.size + t.eval_size,
-                                     seed=cfg.seed, instruction=tags if t.instruction is None else t.instruction)
+                                     seed=cfg.seed, instruction=instruction)
     elif t.source == "reasoning_gym":
         pool = reasoning_gym_examples(t.name, size=t.size + t.eval_size, seed=cfg.seed, params=t.params,
-                                      instruction=tags if t.instruction is None else t.instruction)
+                                      instruction=instruction)
     elif t.source == "humaneval":
-        pool = humaneval_examples(instruction=CODE_INSTRUCTION if t.instruction is None else t.instruction)
+        pool = humaneval_examples(instruction=instruction)
+    elif t.source == "hf":
+        assert t.path is not None
+        pool = hf_examples(t.path, split=t.split, prompt_column=t.prompt_column, answer_column=t.answer_column,
+                           instruction=instruction)
     else:
         assert t.path is not None
-        columns = {"prompt_column": t.prompt_column, "answer_column": t.answer_column,
-                   "instruction": tags if t.instruction is None else t.instruction}
-        if t.source == "hf":
-            pool = hf_examples(t.path, split=t.split, **columns)  # type: ignore[arg-type]
-        else:
-            pool = (parquet_examples if t.source == "parquet" else jsonl_examples)(t.path, **columns)  # type: ignore[arg-type]
+        read = parquet_examples if t.source == "parquet" else jsonl_examples
+        pool = read(t.path, prompt_column=t.prompt_column, answer_column=t.answer_column, instruction=instruction)
     held: list[Example] = []
     seen: set[str] = set()
     for ex in pool:
@@ -270,15 +276,8 @@ def score_intrinsic(model: Any, groups: list[Group], rewards: list[RewardFn], s:
     """Fill in the intrinsic rewards (rlvr.rewards.intrinsic) with one no-gradient pass of the
     policy over the completions, and add them to each sample's total."""
     samples = [x for g in groups for x in g.samples]
-    device = next(model.parameters()).device
-    certainty, negative_entropy = torch.zeros(len(samples)), torch.zeros(len(samples))
-    order = sorted(range(len(samples)), key=lambda i: samples[i].num_tokens)
-    for start in range(0, len(order), s.micro_batch_size):
-        micro = order[start : start + s.micro_batch_size]
-        batch = collate([samples[i] for i in micro], pad_token_id, device)
-        c_B, h_B = token_certainty(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"],
-                                   temperature=s.temperature, chunk_size=s.logprob_chunk)
-        certainty[micro], negative_entropy[micro] = c_B, h_B
+    certainty, negative_entropy = score_certainty(model, samples, pad_token_id, temperature=s.temperature,
+                                                  micro_batch_size=s.micro_batch_size, chunk_size=s.logprob_chunk)
     intrinsic = [r for r in rewards if r.intrinsic]
     out, k = [], 0
     for g in groups:
@@ -313,7 +312,7 @@ def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
          "reward": s.reward, "rewards": s.reward_parts,
          "advantage": g.metadata["advantages"][k] if "advantages" in g.metadata else None,
          "finish_reason": s.completion.finish_reason, "completion_tokens": len(s.completion.token_ids)}
-        for p, g in enumerate(groups) for k, s in enumerate(g.samples)
+        for g in groups for k, s in enumerate(g.samples)
     ]
 
 

@@ -19,6 +19,7 @@ from rlvr.algos import CORRECTIONS, DIVERGENCES, ESTIMATORS, KL_ESTIMATORS, LOSS
 from rlvr.algos.losses import STATE_UPDATES
 from rlvr.algos.registry import loop_inputs
 from rlvr.train.critic import value_loss
+from rlvr.rewards.intrinsic import token_certainty
 from rlvr.train.learner import Learner
 from rlvr.train.rollouts import is_correct
 from rlvr.train.logprobs import token_logprobs
@@ -103,6 +104,23 @@ def score_logprobs(
         for row, i in enumerate(micro):
             out[i] = lp_BT[row][batch["loss_mask"][row]]
     return out
+
+
+@torch.no_grad()
+def score_certainty(
+    model: PreTrainedModel, samples: list[Sample], pad: int, *, temperature: float = 1.0, micro_batch_size: int = 8,
+    chunk_size: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(self_certainty_N, negative_entropy_N): each sample's token means under `model`
+    (rlvr.rewards.intrinsic.token_certainty), micro-batched like score_logprobs."""
+    certainty, negative_entropy = torch.zeros(len(samples)), torch.zeros(len(samples))
+    device = next(model.parameters()).device
+    for micro in _micro_batches(list(range(len(samples))), samples, micro_batch_size):
+        batch = collate([samples[i] for i in micro], pad, device)
+        certainty[micro], negative_entropy[micro] = token_certainty(
+            model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"], temperature=temperature,
+            chunk_size=chunk_size)
+    return certainty, negative_entropy
 
 
 def _rows(per_sample: list[torch.Tensor], micro: list[int], mask_BT: torch.Tensor) -> torch.Tensor:
