@@ -372,7 +372,3 @@ def configure(isolation: Isolation = "auto", limits: Limits | None = None, paral
 def default_pool() -> SandboxPool:
     """The configured pool, or one with the default settings."""
     return _default.get("pool") or configure()
-
-
-def default_sandbox() -> Sandbox:
-    return default_pool().sandbox

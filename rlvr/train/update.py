@@ -162,11 +162,16 @@ def needs_greedy_baseline(advantage: str) -> bool:
 def compute_advantages(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
     """advantages_PG from the groups' (shaped) rewards with the configured outcome estimator
     (without a KL in the reward, which needs the models; ``update_policy`` applies it)."""
-    estimator = ESTIMATORS[s.advantage]
-    if "values_BT" in loop_inputs(estimator):
+    if "values_BT" in loop_inputs(ESTIMATORS[s.advantage]):
         raise ValueError(f"advantage {s.advantage!r} is per token and needs a critic: use update_policy")
+    return _outcome_advantages(groups, shaped_rewards(groups, s)[0], s)
+
+
+def _outcome_advantages(groups: list[Group], rewards_PG: torch.Tensor, s: UpdateSettings) -> torch.Tensor:
+    """The outcome estimator on rewards_PG, with the inputs only the loop has filled in by name."""
+    estimator = ESTIMATORS[s.advantage]
     inputs = {name: _PROVIDERS[name](groups, s) for name in loop_inputs(estimator)}
-    return estimator(shaped_rewards(groups, s)[0], **s.advantage_kwargs, **inputs)
+    return estimator(rewards_PG, **s.advantage_kwargs, **inputs)
 
 
 def _greedy_baseline(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
@@ -349,8 +354,7 @@ def _advantages(
         values = _score_values(critic.model, samples, s, pad_token_id, kept)
         advantages, returns = _token_advantages(samples, rewards_PG, kl_N, values, kept, s)
     else:
-        inputs = {name: _PROVIDERS[name](groups, s) for name in loop_inputs(estimator)}
-        advantages_B = estimator(rewards_PG, **s.advantage_kwargs, **inputs).flatten()
+        advantages_B = _outcome_advantages(groups, rewards_PG, s).flatten()
         advantages = [torch.full((len(x.completion.token_ids),), float(a)) for x, a in zip(samples, advantages_B)]
     return _Batch(samples, advantages, old, ref, values, returns), metrics
 
