@@ -277,6 +277,21 @@ class SandboxConfig(_Section):
                       max_processes=self.max_processes)
 
 
+class LogConfig(_Section):
+    sinks: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=list)
+    """Experiment trackers fed every metrics row beside metrics.jsonl, e.g. ["tensorboard"]; each needs its extra (pip install 'rlvr[tensorboard]')."""
+    wandb_project: str = "rlvr"
+    """W&B project of the run."""
+    wandb_mode: Literal["online", "offline", "disabled"] | None = None
+    """W&B mode; unset = W&B's own setting (WANDB_MODE, wandb login). "offline" writes to <run>/wandb for a later `wandb sync`."""
+    mlflow_uri: str | None = None
+    """MLflow tracking URI (a server http://host:5000 or a database); unset = a local file store in <run>/mlruns."""
+    mlflow_experiment: str = "rlvr"
+    """MLflow experiment the run goes to."""
+    report: bool = True
+    """Write report.html and curves.png in the run directory when training ends (`rlvr report` makes them on demand)."""
+
+
 class RunConfig(_Section):
     name: str = "run"
     """Run name: everything goes to <output_dir>/<name>/."""
@@ -304,6 +319,7 @@ class RunConfig(_Section):
     algo: AlgoConfig = AlgoConfig()
     train: TrainConfig = TrainConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    log: LogConfig = LogConfig()
 
     @field_validator("name")
     @classmethod
@@ -473,7 +489,7 @@ def _dump_table(d: dict[str, Any], path: list[str]) -> str:
     return out
 
 
-_SECTIONS = {"task", "sampling", "engine", "algo", "train"}
+_SECTIONS = {"task", "sampling", "engine", "algo", "train", "sandbox", "log"}
 
 
 def describe() -> str:

@@ -43,6 +43,7 @@ from rlvr.data.tasks import (
 )
 from rlvr.data.sampler import UniformSampler
 from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress
+from rlvr.log import tracking
 from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from rlvr.rewards import RewardFn, build_rewards
 from rlvr.rollout.engine import EmbeddedEngine
@@ -375,6 +376,7 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
         if any(o.split("=", 1)[0].strip() in ("model", "name", "output_dir") for o in overrides):
             raise RunDirError("model, name and output_dir belong to the run and cannot change on resume")
         cfg = load_config(run_dir / "config.toml", overrides)
+        _require_sinks(cfg)
         last = ckpt.latest_checkpoint(run_dir)
         if last is None:
             raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped while being "
@@ -390,6 +392,7 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
     else:
         if cfg is None:
             raise ValueError("train() needs a config or resume=<run dir>")
+        _require_sinks(cfg)
         run_dir = create_run_dir(cfg)
         try:
             run = setup(cfg, run_dir, quiet=quiet)
@@ -398,6 +401,12 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
             raise
         start = 0
     return _train_loop(run, start, quiet)
+
+
+def _require_sinks(cfg: RunConfig) -> None:
+    """Fail before any compute is spent when a configured tracker's package is missing."""
+    for sink in cfg.log.sinks:
+        tracking.require(sink)
 
 
 class GracefulStop:
@@ -438,6 +447,10 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
     if start >= cfg.train.steps:
         progress.print(f"{run.dir} is complete at step {start}; raise train.steps to continue it")
         return summary
+    trackers = tracking.open_trackers(cfg.log.sinks, run.dir, name=run.dir.name, config=cfg.model_dump(), start_step=start,
+                             wandb_project=cfg.log.wandb_project, wandb_mode=cfg.log.wandb_mode,
+                             mlflow_uri=cfg.log.mlflow_uri, mlflow_experiment=cfg.log.mlflow_experiment,
+                             warn=progress.print)
     metrics_sink, samples_sink = JsonlSink(run.dir / "metrics.jsonl"), JsonlSink(run.dir / "samples.jsonl")
     try:
         with progress, GracefulStop(progress) as stop:
@@ -447,12 +460,14 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
                 progress.status("evaluating (before)")
                 summary["eval_before"] = evaluate(run)
                 summary_path.write_text(json.dumps(summary, indent=2))
+                trackers.log(0, summary["eval_before"])
             for step in range(start + 1, cfg.train.steps + 1):
                 metrics, groups = train_step(run, step, progress)
                 if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                     progress.status("evaluating")
                     metrics |= evaluate(run)  # greedy on the held-out prompts, in this step's row
                 metrics_sink.write(metrics)
+                trackers.log(step, metrics)
                 if step % cfg.samples_every == 0:
                     for row in sample_rows(step, groups):
                         samples_sink.write(row)
@@ -467,9 +482,11 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
             save(run, cfg.train.steps)
             progress.status("evaluating (after)")
             summary["eval_after"] = evaluate(run)
+            trackers.log(cfg.train.steps, summary["eval_after"])
     finally:
         metrics_sink.close()
         samples_sink.close()
+        trackers.close()
     summary |= _summarise(run.dir / "metrics.jsonl", run.dir)
     summary_path.write_text(json.dumps(summary, indent=2))
     progress.print(summary_line(summary))

@@ -1,0 +1,205 @@
+"""Experiment trackers beside metrics.jsonl: TensorBoard, Weights & Biases, MLflow.
+
+Chosen with ``log.sinks = ["tensorboard", "wandb", "mlflow"]``; each is an optional extra
+(``pip install 'rlvr[tensorboard]'`` ...), checked when the run starts so that a missing package
+fails before any compute is spent. metrics.jsonl stays the record: a tracker that fails mid-run
+(a network error, a full disk) is reported once and switched off, and training goes on.
+
+Resuming a run continues the same tracker run: TensorBoard purges events after the resumed
+step, W&B and MLflow reuse the run id kept in ``<run>/trackers.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import uuid
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from importlib import import_module
+from pathlib import Path
+from typing import Any, Protocol
+
+SINKS = ("tensorboard", "wandb", "mlflow")
+# sink → (module that must import, the extra that installs it)
+_REQUIRES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
+             "mlflow": ("mlflow", "mlflow")}
+STATE_FILE = "trackers.json"
+
+
+class MissingExtra(ImportError):
+    """A configured sink's package is not installed; the message names the extra."""
+
+
+class Tracker(Protocol):
+    def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def require(name: str) -> None:
+    """Raise MissingExtra naming the extra to install when a sink's package is missing."""
+    if name not in _REQUIRES:
+        raise ValueError(f"unknown log sink {name!r}; choose from {', '.join(SINKS)}")
+    module, extra = _REQUIRES[name]
+    try:
+        import_module(module)
+    except ImportError as e:
+        raise MissingExtra(f"log.sinks includes {name!r} but the {module} package is not installed: "
+                          f"pip install 'rlvr[{extra}]'") from e
+
+
+def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of a metrics row (trackers take floats; strings and NaN are left to JSONL)."""
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if math.isfinite(value):
+            out[key] = float(value)
+    return out
+
+
+class TensorBoard:
+    """Scalars under ``<run>/tensorboard``; ``tensorboard --logdir runs`` shows every run."""
+
+    def __init__(self, run_dir: Path, start_step: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step drops events a crashed run wrote after its last checkpoint
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandB:
+    """One W&B run per rlvr run (the id is kept for resuming). ``log.wandb_mode = "offline"``
+    writes to ``<run>/wandb`` for a later ``wandb sync``; unset, W&B's own setting
+    (``WANDB_MODE``, ``wandb login``) decides."""
+
+    def __init__(self, run_dir: Path, name: str, config: dict[str, Any], state: dict[str, Any],
+                 project: str, mode: str | None) -> None:
+        import wandb
+
+        state.setdefault("wandb_id", uuid.uuid4().hex[:12])
+        self.run = wandb.init(project=project, name=name, id=state["wandb_id"], resume="allow", dir=str(run_dir),
+                              config=config, mode=mode, settings=wandb.Settings(silent=True))  # type: ignore[arg-type]
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+_MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. :/]")
+
+
+def mlflow_key(key: str) -> str:
+    """MLflow metric names allow letters, digits and ``_-. :/``: pass@4 → pass_at_4."""
+    return _MLFLOW_BAD.sub("_", key.replace("@", "_at_"))
+
+
+class MLflow:
+    """One MLflow run per rlvr run, in experiment ``log.mlflow_experiment``. ``log.mlflow_uri``
+    unset means a local file store in ``<run>/mlruns`` (``mlflow ui --backend-store-uri
+    <run>/mlruns``); set it to a tracking server (``http://host:5000``) or a database URI."""
+
+    def __init__(self, run_dir: Path, name: str, config: dict[str, Any], state: dict[str, Any],
+                 uri: str | None, experiment: str) -> None:
+        if uri is None:
+            uri = (run_dir / "mlruns").resolve().as_uri()
+            # MLflow 3 keeps the file store for local use but asks for an explicit opt-in
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow import MlflowClient
+        from mlflow.entities import Param
+
+        self.client = MlflowClient(tracking_uri=uri)
+        if "mlflow_run_id" not in state:
+            found = self.client.get_experiment_by_name(experiment)
+            experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+            run = self.client.create_run(experiment_id, run_name=name)
+            state["mlflow_run_id"] = run.info.run_id
+            params = [Param(k, str(v)[:6000]) for k, v in _flatten(config).items()]
+            for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+                self.client.log_batch(run.info.run_id, params=params[i : i + 100])
+        self.run_id = state["mlflow_run_id"]
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(mlflow_key(k), v, now, step) for k, v in metrics.items()]
+        for i in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out |= _flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+class Trackers:
+    """Fans a metrics row out to the configured trackers. A tracker that raises is reported
+    (``warn``) and dropped; metrics.jsonl has every row regardless."""
+
+    def __init__(self, trackers: dict[str, Tracker], warn: Callable[[str], None] | None = None) -> None:
+        self.trackers, self.warn = trackers, warn or (lambda text: warnings.warn(text, stacklevel=2))
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        values = numeric(metrics)
+        for name, tracker in list(self.trackers.items()):
+            try:
+                tracker.log(step, values)
+            except Exception as e:  # noqa: BLE001 - a tracker must not stop training
+                self.warn(f"log sink {name} failed and is switched off ({type(e).__name__}: {e}); "
+                          "metrics.jsonl keeps every row")
+                self.trackers.pop(name)
+
+    def close(self) -> None:
+        for name, tracker in self.trackers.items():
+            try:
+                tracker.close()
+            except Exception as e:  # noqa: BLE001
+                self.warn(f"log sink {name} failed to close ({type(e).__name__}: {e})")
+        self.trackers = {}
+
+
+def open_trackers(sinks: Sequence[str], run_dir: Path, *, name: str, config: dict[str, Any], start_step: int,
+                  wandb_project: str = "rlvr", wandb_mode: str | None = None, mlflow_uri: str | None = None,
+                  mlflow_experiment: str = "rlvr", warn: Callable[[str], None] | None = None) -> Trackers:
+    """Start the trackers named in ``sinks`` for the run in ``run_dir`` (MissingExtra naming the
+    extra when a package is missing)."""
+    for sink in sinks:
+        require(sink)
+    state_path = run_dir / STATE_FILE
+    state: dict[str, Any] = json.loads(state_path.read_text()) if state_path.exists() else {}
+    opened: dict[str, Tracker] = {}
+    for sink in dict.fromkeys(sinks):
+        if sink == "tensorboard":
+            opened[sink] = TensorBoard(run_dir, start_step)
+        elif sink == "wandb":
+            opened[sink] = WandB(run_dir, name, config, state, wandb_project, wandb_mode)
+        elif sink == "mlflow":
+            opened[sink] = MLflow(run_dir, name, config, state, mlflow_uri, mlflow_experiment)
+    if state:
+        state_path.write_text(json.dumps(state, indent=2))
+    return Trackers(opened, warn)
