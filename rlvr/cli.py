@@ -1,4 +1,5 @@
-"""The `rlvr` command: train, sample, eval, bench, sandbox, tasks, config. Each subcommand is a thin call into the library."""
+"""The `rlvr` command: train, sample, eval, contamination, report, bench, sandbox, tasks, config. Each subcommand is a
+thin call into the library."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlvr.config import ConfigError, describe, load_config
+from rlvr.config import ConfigError, RunConfig, describe, load_config
 
 EXAMPLES = """examples:
   rlvr train --config configs/demo.toml
@@ -21,6 +22,8 @@ EXAMPLES = """examples:
   rlvr config            # every config key with its default and meaning
   rlvr sandbox run solution.py --stdin input.txt --timeout 5
   rlvr eval --config configs/demo.toml --model builtin:smollm2-135m-instruct --model runs/demo --k 1,4 --n 8
+  rlvr contamination --config configs/demo.toml --model runs/demo --prompts 32
+  rlvr report runs/demo   # runs/demo/report.html and curves.png
 """
 
 
@@ -65,6 +68,39 @@ def _parser() -> argparse.ArgumentParser:
                    "samples (>= 0.5 = sound), e.g. llm_judge, local_judge or mypkg.judges:check")
     e.add_argument("--cot-judge-kwargs", default="{}", metavar="JSON", help="the judge's kwargs as JSON")
     e.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. task.eval_size=128")
+    c = sub.add_parser(
+        "contamination", help="was a model trained on these prompts? Self-Critique and Min-K%% scores, with their AUC",
+        description="Score member prompts (trained on) and non-member prompts with each method and report how well "
+        "the scores tell them apart (ROC AUC; 0.5 = not at all). Without --members/--non-members, the members are "
+        "the first N prompts a training run of the config draws (a run that has drawn N prompts has trained on "
+        "them all) and the non-members its held-out prompts, which no run of the config trains on.")
+    c.add_argument("--model", required=True, help="model, checkpoint folder or run dir")
+    c.add_argument("--config", help="TOML config for the default prompts, the system prompt and the response "
+                   "length (default: the demo's defaults)")
+    c.add_argument("--method", choices=["self_critique", "min_k", "both"], default="both",
+                   help="self_critique: Tao et al., arXiv:2510.09259; min_k: Min-K%% Prob, Shi et al., "
+                   "arXiv:2310.16789 (default: both)")
+    c.add_argument("--members", metavar="FILE.jsonl", help='prompts known to be trained on, one JSON object with a '
+                   '"prompt" field per line (default: from the config, see above)')
+    c.add_argument("--non-members", metavar="FILE.jsonl", help="prompts known not to be trained on, same format "
+                   "(default: the config's held-out prompts)")
+    c.add_argument("--prompts", type=int, default=64,
+                   help="use at most this many members and as many non-members (default 64)")
+    c.add_argument("--max-new-tokens", type=int, default=None,
+                   help="self_critique's response length (default: the config's sampling.max_new_tokens)")
+    c.add_argument("--k", type=float, default=0.2, help="min_k: the fraction of least likely tokens averaged")
+    c.add_argument("--batch-size", type=int, default=32, help="prompts per generation and scoring batch")
+    c.add_argument("--out", default="contamination.json", help="JSON with every prompt's scores and each method's AUC")
+    c.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. task.eval_size=128")
+    rp = sub.add_parser("report", help="a run as one self-contained HTML page (curves, rollout browser) and a PNG",
+                        description="Writes <run>/report.html (no network needed to view it) and <run>/curves.png "
+                        "from the run's metrics.jsonl, samples.jsonl, summary.json and config.toml. Works while "
+                        "the run is still going.")
+    rp.add_argument("run_dir", metavar="RUN_DIR", help="the run directory, e.g. runs/demo-20261122-040710")
+    rp.add_argument("--out", help="HTML path (default: <run>/report.html)")
+    rp.add_argument("--max-steps", type=int, default=60,
+                    help="steps in the rollout browser, evenly spaced incl. first and last (default 60)")
+    rp.add_argument("--no-png", action="store_true", help="skip curves.png")
     sb = sub.add_parser("sandbox", help="run untrusted code the way code rewards do (to debug a task)")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)
     r = sbs.add_parser("run", help="run a Python file in the sandbox and print the JSON result")
@@ -89,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # malloc reuses freed memory instead of page-faulting it back in; see rlvr.runtime
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
-    if args.command in ("train", "sample", "eval"):
+    if args.command in ("train", "sample", "eval", "contamination"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars would bury rlvr's own progress
@@ -110,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rlvr.log.tracking import MissingExtra
     from rlvr.train.loop import RunDirError, train
 
     try:
@@ -119,7 +156,7 @@ def _train(args: argparse.Namespace) -> int:
             train(resume=args.resume, overrides=tuple(args.overrides))
         else:
             train(load_config(args.config, args.overrides))
-    except RunDirError as err:
+    except (RunDirError, MissingExtra) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
@@ -199,6 +236,92 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from rlvr.report import write_html, write_png
+
+    print(write_html(args.run_dir, args.out, max_steps=args.max_steps))
+    if not args.no_png:
+        print(write_png(args.run_dir))
+    return 0
+
+
+def _contamination(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rlvr.eval.contamination import METHODS, contamination_report
+    from rlvr.eval.run import resolve_model
+    from rlvr.models import load_model, load_tokenizer, resolve_dtype
+
+    cfg = load_config(args.config, args.overrides)
+    members, non_members = _contamination_prompts(args, cfg)
+    methods = list(METHODS) if args.method == "both" else [args.method]
+    path = resolve_model(args.model)
+    tokenizer = load_tokenizer(path)
+    model = load_model(path, resolve_dtype("auto")).eval()
+    console = Console(stderr=True)
+    console.print(f"contamination: {len(members)} members, {len(non_members)} non-members, {', '.join(methods)}")
+    totals = {m: (2 if m == "self_critique" else 1) * (len(members) + len(non_members)) for m in methods}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, disable=not console.is_terminal) as bar:
+        tasks = {m: bar.add_task(m, total=totals[m]) for m in methods}
+
+        def advance(method: str, n: int) -> None:
+            bar.advance(tasks[method], n)
+            if not console.is_terminal:  # a log file: one line per batch instead of a bar
+                done = int(bar.tasks[tasks[method]].completed)
+                print(f"{method}: {done}/{totals[method]}", file=sys.stderr, flush=True)
+
+        report = contamination_report(
+            model, tokenizer, members, non_members, methods=methods, k=args.k,
+            max_new_tokens=args.max_new_tokens or cfg.sampling.max_new_tokens, system_prompt=cfg.task.system_prompt,
+            batch_size=args.batch_size, progress=advance)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": args.model, "checkpoint": path, "members": len(members),
+                               "non_members": len(non_members), **report}, indent=2) + "\n")
+    print("| method | AUC | mean (members) | mean (non-members) |\n|---|---|---|---|")
+    for m in methods:
+        mean = report["mean"][m]
+        print(f"| {m} | {report['auc'][m]:.3f} | {mean['members']:.4f} | {mean['non_members']:.4f} |")
+    print(f"written: {out}", file=sys.stderr)
+    return 0
+
+
+def _contamination_prompts(args: argparse.Namespace, cfg: RunConfig) -> tuple[list[str], list[str]]:
+    """(members, non-members): from the JSONL files where given, else from the config (see the help)."""
+    n = args.prompts
+    if n < 1:
+        raise ValueError("--prompts must be at least 1")
+    if args.members and args.non_members:
+        return _read_prompts(Path(args.members))[:n], _read_prompts(Path(args.non_members))[:n]
+    from rlvr.data.sampler import UniformSampler
+    from rlvr.train.loop import load_examples
+
+    train, held = load_examples(cfg)
+    # the training loop draws prompts with this sampler and seed, so these are the first it trains on
+    drawn = UniformSampler(len(train), cfg.seed).next_batch(min(n, len(train)))
+    members = _read_prompts(Path(args.members))[:n] if args.members else [train[i].prompt for i in drawn]
+    non_members = _read_prompts(Path(args.non_members))[:n] if args.non_members else [ex.prompt for ex in held[:n]]
+    return members, non_members
+
+
+def _read_prompts(path: Path) -> list[str]:
+    """The "prompt" field of each non-blank line of a JSONL file."""
+    prompts = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {number}: not JSON ({err.msg})") from err
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ValueError(f'{path}, line {number}: expected an object with a string "prompt" field')
+        prompts.append(row["prompt"])
+    return prompts
+
+
 def _sandbox(args: argparse.Namespace) -> int:
     from rlvr.sandbox import Limits, Sandbox, SandboxUnavailable
 
@@ -226,8 +349,8 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"train": _train, "sample": _sample, "bench": _bench, "eval": _eval, "sandbox": _sandbox,
-             "tasks": _tasks, "config": _config}
+_COMMANDS = {"train": _train, "sample": _sample, "bench": _bench, "eval": _eval, "contamination": _contamination,
+             "report": _report, "sandbox": _sandbox, "tasks": _tasks, "config": _config}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -251,6 +251,8 @@ class TrainConfig(_Section):
     for long sequences, about a third more compute."""
     eval_every: int = Field(0, ge=0)
     """Evaluate greedily on the held-out prompts every N steps, logged as eval/accuracy, eval/reward and eval/response_length in that step's metrics row (0 = only before and after training)."""
+    eval_samples: int = Field(0, ge=0)
+    """With N > 0, every evaluation also samples N completions per held-out prompt at the training temperature and logs eval/pass@k for k = 1, 2, 4, ..., N (unbiased estimator)."""
     logprob_chunk: int = Field(256, ge=1)
     """Tokens per chunk when computing log-probs from the LM head (bounds logits memory)."""
 

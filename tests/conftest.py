@@ -29,3 +29,19 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_tiny_model().save_pretrained(path)
     make_tiny_tokenizer().save_pretrained(path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _skip_png_drawing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training ends by drawing curves.png (~1 s of matplotlib); tests outside test_report.py
+    don't look at it, so they get a placeholder file instead. test_report.py draws for real."""
+    if request.module.__name__.endswith("test_report"):
+        return
+    import rlvr.report
+
+    def placeholder(run_dir: str | Path, out: str | Path | None = None) -> Path:
+        path = Path(out) if out else Path(run_dir) / "curves.png"
+        path.write_bytes(b"")
+        return path
+
+    monkeypatch.setattr(rlvr.report, "write_png", placeholder)

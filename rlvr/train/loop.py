@@ -42,6 +42,7 @@ from rlvr.data.tasks import (
     reasoning_gym_mixture,
 )
 from rlvr.data.sampler import UniformSampler
+from rlvr.eval.metrics import pass_at_k
 from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress
 from rlvr.log import tracking
 from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
@@ -295,26 +296,50 @@ def score_intrinsic(model: Any, groups: list[Group], rewards: list[RewardFn], s:
     return out
 
 
-def evaluate(run: Run) -> dict[str, float]:
-    """Greedy decoding on the held-out prompts: accuracy and mean reward."""
+def evaluate(run: Run, step: int = 0) -> dict[str, float]:
+    """Greedy decoding on the held-out prompts: accuracy and mean reward. With
+    train.eval_samples = n, also n samples per prompt at the training temperature: eval/pass@k
+    (unbiased estimator) for k = 1, 2, 4, ... and n, from a generator seeded by the step, so the
+    training stream of random numbers is untouched and resume stays exact."""
     if not run.eval_examples:
         return {}
+    everything = list(range(len(run.eval_examples)))
     params = SamplingParams(temperature=0.0, max_new_tokens=run.params.max_new_tokens, stop=run.params.stop, n=1)
-    groups = generate_groups(run.engine, run.eval_examples, run.eval_ids, list(range(len(run.eval_examples))),
-                             run.rewards, params)
+    groups = generate_groups(run.engine, run.eval_examples, run.eval_ids, everything, run.rewards, params)
     m = group_metrics(groups, run.rewards[0].name)
-    return {"eval/accuracy": m["accuracy"], "eval/reward": m["reward"], "eval/response_length": m["response_length"]}
+    out = {"eval/accuracy": m["accuracy"], "eval/reward": m["reward"], "eval/response_length": m["response_length"]}
+    n = run.cfg.train.eval_samples
+    if n:
+        generator = run.engine.generator
+        saved = generator.get_state()
+        generator.manual_seed(run.cfg.seed * 1_000_003 + step)
+        try:
+            sampled = generate_groups(run.engine, run.eval_examples, run.eval_ids, everything, run.rewards,
+                                      dataclasses.replace(run.params, n=n))
+        finally:
+            generator.set_state(saved)
+        correct = [sum(is_correct(x, run.rewards[0].name) for x in g.samples) for g in sampled]
+        for k in sorted({*(2**i for i in range(n.bit_length()) if 2**i <= n), n}):
+            out[f"eval/pass@{k}"] = statistics.fmean(pass_at_k(n, c, k) for c in correct)
+    return out
 
 
 def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
-    """One row per sample; "advantage" is what update_policy used (the token mean for gae)."""
-    return [
-        {"step": step, "prompt_id": g.metadata.get("id"), "prompt": g.prompt, "completion": s.completion.text,
-         "reward": s.reward, "rewards": s.reward_parts,
-         "advantage": g.metadata["advantages"][k] if "advantages" in g.metadata else None,
-         "finish_reason": s.completion.finish_reason, "completion_tokens": len(s.completion.token_ids)}
-        for g in groups for k, s in enumerate(g.samples)
-    ]
+    """One row per sample; "advantage" is what update_policy used (the token mean for gae).
+    "masked" lists [start, end, reason] character spans of the completion whose tokens had loss
+    mask 0 (today a whole completion: a reward excluded it, or it was truncated under
+    algo.mask_truncated); the report's rollout browser marks them."""
+    rows = []
+    for g in groups:
+        reasons = g.metadata.get("masked") or [None] * len(g.samples)
+        for k, s in enumerate(g.samples):
+            rows.append({
+                "step": step, "prompt_id": g.metadata.get("id"), "prompt": g.prompt, "completion": s.completion.text,
+                "reward": s.reward, "rewards": s.reward_parts,
+                "advantage": g.metadata["advantages"][k] if "advantages" in g.metadata else None,
+                "finish_reason": s.completion.finish_reason, "completion_tokens": len(s.completion.token_ids),
+                "masked": [[0, len(s.completion.text), reasons[k]]] if reasons[k] else []})
+    return rows
 
 
 def _state(run: Run) -> dict[str, Any]:
@@ -465,7 +490,7 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
                 metrics, groups = train_step(run, step, progress)
                 if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                     progress.status("evaluating")
-                    metrics |= evaluate(run)  # greedy on the held-out prompts, in this step's row
+                    metrics |= evaluate(run, step)  # greedy on the held-out prompts, in this step's row
                 metrics_sink.write(metrics)
                 trackers.log(step, metrics)
                 if step % cfg.samples_every == 0:
@@ -481,7 +506,7 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
                     save(run, step)
             save(run, cfg.train.steps)
             progress.status("evaluating (after)")
-            summary["eval_after"] = evaluate(run)
+            summary["eval_after"] = evaluate(run, cfg.train.steps)
             trackers.log(cfg.train.steps, summary["eval_after"])
     finally:
         metrics_sink.close()
@@ -490,7 +515,21 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
     summary |= _summarise(run.dir / "metrics.jsonl", run.dir)
     summary_path.write_text(json.dumps(summary, indent=2))
     progress.print(summary_line(summary))
+    if cfg.log.report:
+        _write_report(run.dir, progress)
     return summary
+
+
+def _write_report(run_dir: Path, progress: ConsoleProgress) -> None:
+    """report.html and curves.png; a failure is reported, never fatal (the run's files are complete)."""
+    from rlvr.report import write_report
+
+    try:
+        paths = write_report(run_dir)
+    except Exception as e:  # noqa: BLE001 - the run itself succeeded
+        progress.print(f"could not write the report ({type(e).__name__}: {e}); try `rlvr report {run_dir}`")
+        return
+    progress.print("report: " + "  ".join(str(p) for p in paths))
 
 
 def _summarise(metrics_path: Path, run_dir: Path) -> dict[str, Any]:

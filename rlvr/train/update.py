@@ -256,8 +256,11 @@ def update_policy(
     kept = {i for i in range(len(samples)) if i not in dropped}
     batch, metrics = _advantages(learner, groups, samples, kept, s, pad_token_id, ref_model, critic)
     per_sample = iter([float(a.mean()) if len(a) else 0.0 for a in batch.advantages])
+    mask_reasons = iter([("excluded" if smp.excluded else "truncated") if i in dropped else None
+                         for i, smp in enumerate(samples)])
     for g in groups:
         g.metadata["advantages"] = [next(per_sample) for _ in g.samples]
+        g.metadata["masked"] = [next(mask_reasons) for _ in g.samples]  # why a sample had loss mask 0
 
     # A sample with zero advantage adds exactly zero to the policy loss and its gradient, so it is
     # not run at all unless a KL or entropy term (or the critic) gives it a gradient of its own.
