@@ -72,6 +72,8 @@ class RewardConfig(_Section):
     """Time limit of one call; unset: 60 s for your own functions, none for built-ins (they bound their own time)."""
     group: bool = False
     """Call the function once per prompt with the list of its completions; it returns one value each (built-in majority_vote is one)."""
+    sources: list[str] = Field(default_factory=list)
+    """Score only prompts from these sources (the example field sampler.source_field, e.g. the reasoning-gym task); empty = every prompt. Routes each source of a mixture to its own verifier."""
 
 
 class SamplingConfig(_Section):
@@ -251,6 +253,8 @@ class TrainConfig(_Section):
     for long sequences, about a third more compute."""
     eval_every: int = Field(0, ge=0)
     """Evaluate greedily on the held-out prompts every N steps, logged as eval/accuracy, eval/reward and eval/response_length in that step's metrics row (0 = only before and after training)."""
+    max_minutes: float | None = Field(None, gt=0)
+    """Wall-clock budget: stop after the step that brings the summed step time past it (evaluations excluded), save and evaluate as at the end. For comparing methods at equal time."""
     eval_samples: int = Field(0, ge=0)
     """With N > 0, every evaluation also samples N completions per held-out prompt at the training temperature and logs eval/pass@k for k = 1, 2, 4, ..., N (unbiased estimator)."""
     logprob_chunk: int = Field(256, ge=1)
@@ -277,6 +281,39 @@ class SandboxConfig(_Section):
 
         return Limits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
                       max_processes=self.max_processes)
+
+
+class SamplerConfig(_Section):
+    name: str = "uniform"
+    """Which prompts each step trains on (rlvr.data.curricula): "uniform", "weighted", "prioritized", "schedule", "mopps", "dots", "pcl", "dump", "sec"."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """The sampler's keyword arguments, e.g. {target = 0.5} for "mopps" (docs/sampling.md)."""
+    source_field: str = "task"
+    """The example field naming each prompt's source or category (reasoning-gym: the task), for "weighted", "dump" and "sec"; prompts without it are "default"."""
+    difficulty_field: str | None = None
+    """The example field holding a numeric difficulty (higher = harder), for "schedule"."""
+    rollouts: Literal["plain", "dynamic", "reinforce_ada", "roc"] = "plain"
+    """How each prompt's group is gathered (rlvr.train.collect): "dynamic" = DAPO's dynamic sampling; "reinforce_ada" = adaptive rounds per prompt; "roc" = GRPO-RoC down-sampling."""
+    rollouts_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """The strategy's keyword arguments, e.g. {max_rounds = 3} for "dynamic"."""
+    replay_fraction: float = Field(0.0, ge=0, lt=1)
+    """Share of each step's groups taken from recent rollouts (DOTS's rollout replay), importance-weighted by their sampling log-probs."""
+    replay_capacity: int = Field(256, ge=1)
+    """Groups the replay buffer holds (oldest dropped first)."""
+    replay_max_age: int = Field(4, ge=1)
+    """Steps after which a group is too stale to replay."""
+    templates: list[str] = Field(default_factory=list)
+    """Prompt augmentation: each rollout's prompt is one of these templates, drawn at random, with {prompt} replaced by the prompt."""
+
+    @model_validator(mode="after")
+    def _known(self) -> SamplerConfig:
+        from rlvr.train.collect import check_rollouts
+
+        check_rollouts(self.rollouts, self.rollouts_kwargs)
+        for t in self.templates:
+            if "{prompt}" not in t:
+                raise ValueError(f"sampler.templates: {t!r} has no {{prompt}}")
+        return self
 
 
 class LogConfig(_Section):
@@ -321,7 +358,12 @@ class RunConfig(_Section):
     algo: AlgoConfig = AlgoConfig()
     train: TrainConfig = TrainConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    sampler: SamplerConfig = SamplerConfig()
     log: LogConfig = LogConfig()
+
+    def reward_specs(self) -> list[dict[str, Any]]:
+        """The reward specs for rlvr.rewards.build_rewards, with the source field for routing."""
+        return [{**r.model_dump(), "source_field": self.sampler.source_field} for r in self.rewards]
 
     @field_validator("name")
     @classmethod
@@ -491,7 +533,7 @@ def _dump_table(d: dict[str, Any], path: list[str]) -> str:
     return out
 
 
-_SECTIONS = {"task", "sampling", "engine", "algo", "train", "sandbox", "log"}
+_SECTIONS = {"task", "sampling", "engine", "algo", "train", "sandbox", "sampler", "log"}
 
 
 def describe() -> str:

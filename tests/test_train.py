@@ -193,3 +193,13 @@ def test_a_run_killed_before_its_first_step_can_be_resumed(tiny_dir: Path, tmp_p
     a, b = read_metrics(tmp_path / "straight"), read_metrics(killed)
     assert [{k: v for k, v in r.items() if k not in TIMING} for r in a] == \
         [{k: v for k, v in r.items() if k not in TIMING} for r in b]
+
+
+def test_a_time_budget_ends_the_run_early_with_a_checkpoint_and_the_final_evaluation(tiny_dir: Path,
+                                                                                     tmp_path: Path) -> None:
+    summary = train(load_config(None, [*overrides(tiny_dir, tmp_path, "budget"), "train.steps=5",
+                                       "train.max_minutes=1e-6"]), quiet=True)
+    run = tmp_path / "budget"
+    assert [r["step"] for r in read_metrics(run)] == [1]
+    assert summary["stopped_by_budget"]["step"] == 1 and "eval/accuracy" in summary["eval_after"]
+    assert (run / "checkpoints" / "step_000001").is_dir()

@@ -56,7 +56,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     if not held:
         raise ValueError("no held-out prompts: set task.eval_size > 0")
     ids = [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in held]
-    rewards = build_rewards([r.model_dump() for r in cfg.rewards])
+    rewards = build_rewards(cfg.reward_specs())
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=n, top_p=cfg.sampling.top_p,
                             top_k=cfg.sampling.top_k, stop=tuple(cfg.sampling.stop))
     groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params)

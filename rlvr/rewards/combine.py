@@ -40,7 +40,7 @@ from rlvr.sandbox import SandboxUnavailable
 
 logger = logging.getLogger("rlvr.rewards")
 
-_SPEC_KEYS = {"fn", "weight", "name", "kwargs", "timeout_s", "group"}
+_SPEC_KEYS = {"fn", "weight", "name", "kwargs", "timeout_s", "group", "sources", "source_field"}
 USER_TIMEOUT_S = 60.0
 _WARNED: set[tuple[str, str]] = set()
 
@@ -61,6 +61,13 @@ class RewardFn:
     intrinsic: bool = False
     """Computed from the policy's own distributions after sampling (rlvr.rewards.intrinsic), not
     by score(): the loop fills it in."""
+    sources: tuple[str, ...] = ()
+    """Per-source routing: only examples whose ``source_field`` is one of these are scored by it
+    (the others get no value for it, not a zero); empty = all."""
+    source_field: str = "task"
+
+    def applies(self, example: dict[str, Any]) -> bool:
+        return not self.sources or str(example.get(self.source_field, "default")) in self.sources
 
 
 class RewardError(ValueError):
@@ -123,10 +130,12 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
         if any(r.name == name for r in rewards):
             raise ValueError(f"two rewards are named {name!r}; give one a distinct 'name'")
         kwargs = dict(spec.get("kwargs", {}))
+        routing: dict[str, Any] = {"sources": tuple(str(x) for x in spec.get("sources") or ()),
+                                   "source_field": str(spec.get("source_field") or "task")}
         if fn_spec in INTRINSIC:
             if kwargs:
                 raise ValueError(f"reward {name!r}: {fn_spec} takes no kwargs")
-            rewards.append(RewardFn(name, INTRINSIC[fn_spec], weight, {}, intrinsic=True))
+            rewards.append(RewardFn(name, INTRINSIC[fn_spec], weight, {}, intrinsic=True, **routing))
             continue
         fn = load_callable(fn_spec)
         _check_kwargs(name, fn, kwargs)
@@ -136,7 +145,8 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"reward {name!r}: timeout_s must be > 0, got {timeout}")
         group = bool(spec.get("group", False)) or fn in GROUP_REWARDS.values()
-        rewards.append(RewardFn(name, fn, weight, kwargs, None if timeout is None else float(timeout), group))
+        rewards.append(RewardFn(name, fn, weight, kwargs, None if timeout is None else float(timeout), group,
+                                **routing))
     return rewards
 
 
@@ -251,11 +261,12 @@ def score_group(
 
     A reward that fails contributes 0.0, and the dict gains ``f"{name}/error": 1.0``; one that
     returns None contributes 0.0 and the dict gains ``f"{name}/excluded": 1.0`` (each key is
-    absent otherwise). ``on_error = "stop"`` raises RewardError on a failure instead.
+    absent otherwise). A reward routed to other sources has no key at all. ``on_error = "stop"`` raises RewardError on a failure instead.
     """
     if on_error not in ("zero", "stop"):
         raise ValueError(f"on_error must be 'zero' or 'stop', got {on_error!r}")
-    rewards = [r for r in rewards if not r.intrinsic]  # filled in later, from the policy
+    # intrinsic rewards are filled in later, from the policy; routed ones only score their sources
+    rewards = [r for r in rewards if not r.intrinsic and r.applies(example)]
     per_reward = [_call(reward, prompt, completions, example, on_error) for reward in rewards]
     out = []
     for k in range(len(completions)):

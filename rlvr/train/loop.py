@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlvr import sandbox
@@ -41,7 +42,7 @@ from rlvr.data.tasks import (
     parquet_examples,
     reasoning_gym_mixture,
 )
-from rlvr.data.sampler import UniformSampler
+from rlvr.data.sampler import Sampler, UniformSampler
 from rlvr.eval.metrics import pass_at_k
 from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress
 from rlvr.log import tracking
@@ -54,6 +55,7 @@ from rlvr.train.critic import Critic
 from rlvr.train.learner import Learner
 from rlvr.train.rehearsal import FILE as REHEARSAL_FILE
 from rlvr.train.rehearsal import Rehearsal, screen_order
+from rlvr.train.collect import ROLLOUTS, Gathered, ReplayBuffer, Source, template_variants
 from rlvr.train.rollouts import generate_groups, group_metrics, is_correct
 from rlvr.train.update import (
     UpdateSettings,
@@ -84,7 +86,7 @@ class Run:
     prompt_ids: list[list[int]]
     eval_examples: list[Example]
     eval_ids: list[list[int]]
-    sampler: UniformSampler
+    sampler: Sampler
     update_generator: torch.Generator
     settings: UpdateSettings
     params: SamplingParams
@@ -97,6 +99,10 @@ class Run:
     """What a stateful loss keeps across steps (R²VPO's λ)."""
     rehearsal: Rehearsal | None = None
     """Stored samples of the initial policy for algo.divergence (DPH-RL)."""
+    replay: ReplayBuffer | None = None
+    """Recent groups replayed into later steps (sampler.replay_fraction > 0)."""
+    variants: Any = None
+    """Prompt augmentation: the per-rollout prompts of an index (sampler.templates)."""
 
 
 def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
@@ -182,7 +188,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
         critic = Learner(Critic(model), lr=a.critic_lr, betas=tr.betas, weight_decay=tr.weight_decay,
                          grad_clip=tr.grad_clip, warmup_steps=tr.warmup_steps, total_steps=optimizer_steps,
                          schedule=tr.schedule)
-    rewards = build_rewards([r.model_dump() for r in cfg.rewards])
+    rewards = build_rewards(cfg.reward_specs())
     prompt_ids = encode(examples)
     rehearsal = None
     if a.divergence != "none":
@@ -196,10 +202,37 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
                 raise ValueError(f"every training prompt joined the rehearsal set ({rehearsal.screened} screened), "
                                  "so none is left for RL; raise task.size or algo.rehearsal_min_correct, or set "
                                  "algo.rehearsal_exclude = false")
+    sc = cfg.sampler
+    replay = ReplayBuffer(sc.replay_capacity, sc.replay_fraction, sc.replay_max_age) if sc.replay_fraction else None
+    variants = None
+    if sc.templates:
+        variants = template_variants(sc.templates, lambda text: render_prompt(tokenizer, text, cfg.task.system_prompt),
+                                     examples)
     return Run(cfg, run_dir, tokenizer, engine, learner, ref_model, rewards,
-               examples, prompt_ids, held, encode(held), UniformSampler(len(examples), cfg.seed),
+               examples, prompt_ids, held, encode(held), make_sampler(cfg, examples),
                torch.Generator().manual_seed(cfg.seed), settings, params, shared, critic,
-               KLController(a.kl_coef, a.kl_target, a.kl_horizon), rehearsal=rehearsal)
+               KLController(a.kl_coef, a.kl_target, a.kl_horizon), rehearsal=rehearsal, replay=replay,
+               variants=variants)
+
+
+def make_sampler(cfg: RunConfig, examples: list[Example]) -> Sampler:
+    """The configured prompt sampler over the training examples (rlvr.data.curricula)."""
+    sc = cfg.sampler
+    if sc.name == "uniform" and not sc.kwargs:
+        return UniformSampler(len(examples), cfg.seed)
+    from rlvr.data.curricula import SamplerContext, build_sampler
+
+    difficulty = None
+    if sc.difficulty_field is not None:
+        missing = [ex.id for ex in examples if not isinstance(ex.fields.get(sc.difficulty_field), int | float)]
+        if missing:
+            raise ValueError(f"sampler.difficulty_field = {sc.difficulty_field!r}: example {missing[0]} has no "
+                             f"numeric {sc.difficulty_field!r} ({len(missing)} of {len(examples)} lack it)")
+        difficulty = [float(ex.fields[sc.difficulty_field]) for ex in examples]
+    ctx = SamplerContext(texts=[ex.prompt for ex in examples],
+                         sources=[str(ex.fields.get(sc.source_field, "default")) for ex in examples],
+                         seed=cfg.seed, difficulty=difficulty)
+    return build_sampler(sc.name, ctx, dict(sc.kwargs))
 
 
 def _rehearsal(cfg: RunConfig, run_dir: Path, engine: EmbeddedEngine, model: Any, examples: list[Example],
@@ -233,11 +266,20 @@ def _rehearsal(cfg: RunConfig, run_dir: Path, engine: EmbeddedEngine, model: Any
 def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> tuple[dict[str, Any], list[Group]]:
     """One step: sample, score, update. Returns the step's metrics and its groups."""
     t0 = time.perf_counter()
-    indices = run.sampler.next_batch(run.cfg.train.prompts_per_step)
+    cfg = run.cfg
     if progress:
         progress.status("generating")
-    groups = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards, run.params,
-                             on_error=run.cfg.on_reward_error)
+    n = cfg.train.prompts_per_step
+    rng = np.random.default_rng([cfg.seed, step, 7])
+    replayed = run.replay.take(n, step, rng) if run.replay is not None else []
+    source = Source(run.engine, run.examples, run.prompt_ids, run.rewards, run.params, run.sampler, rng,
+                    on_error=cfg.on_reward_error, variants=run.variants)
+    gathered = ROLLOUTS[cfg.sampler.rollouts](source, n - len(replayed), **cfg.sampler.rollouts_kwargs)
+    fresh = gathered.train
+    groups = fresh + replayed
+    if not groups:  # e.g. dynamic sampling found no group with differing rewards: nothing to learn
+        return _skipped_step(run, step, gathered, t0), []
+    indices = [g.samples[0].prompt_index for g in groups]
     if any(r.intrinsic for r in run.rewards):  # self-certainty, negative entropy: from the policy itself
         groups = score_intrinsic(run.learner.model, groups, run.rewards, run.settings, run.engine.pad_token_id)
     greedy_baseline = needs_greedy_baseline(run.settings.advantage)
@@ -246,7 +288,6 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
                                  dataclasses.replace(run.params, temperature=0.0, top_k=0, top_p=1.0, n=1))
         groups = [dataclasses.replace(g, metadata={**g.metadata, "greedy_reward": b.samples[0].reward})
                   for g, b in zip(groups, greedy)]
-    run.sampler.observe(groups)
     t1 = time.perf_counter()
     if progress:
         progress.status("training")
@@ -261,16 +302,49 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
         run.kl.update(update["kl_reward"], n=sum(len(g.samples) for g in groups))
     if not run.shared_weights:
         run.engine.update_weights(run.learner.model.state_dict())
+    _observe(run, fresh, gathered.aside, step)
     t2 = time.perf_counter()
     if greedy_baseline:
         update["greedy_reward"] = statistics.fmean(g.metadata["greedy_reward"] for g in groups)
-    metrics = {"step": step, **group_metrics(groups, run.rewards[0].name), **update,
-               "lr": run.learner.applied_lr, "epoch": run.sampler.epoch}
+    metrics = {"step": step, **group_metrics(fresh + gathered.aside or groups, run.rewards[0].name), **update,
+               **_sampling_metrics(run, gathered, replayed), "lr": run.learner.applied_lr}
     if run.rehearsal is not None:
         metrics["rehearsal_size"] = len(run.rehearsal.samples)
     metrics |= {"generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0,
                 "tokens_per_second": metrics["tokens_generated"] / (t2 - t0)}
     return metrics, groups
+
+
+def _observe(run: Run, fresh: list[Group], aside: list[Group], step: int) -> None:
+    """The sampler learns from every group generated this step (set-aside ones have zero
+    advantage); the replay buffer keeps the fresh ones."""
+    for g in aside:
+        g.metadata.setdefault("advantages", [0.0] * len(g.samples))
+    run.sampler.observe(fresh + aside)
+    if run.replay is not None:
+        run.replay.add(fresh, step)
+
+
+def _sampling_metrics(run: Run, gathered: Gathered, replayed: list[Group]) -> dict[str, float]:
+    out = {"epoch": float(getattr(run.sampler, "epoch", 0.0)), **gathered.metrics}
+    if hasattr(run.sampler, "metrics"):
+        out |= {f"sampler/{k}": float(v) for k, v in run.sampler.metrics().items()}
+    if run.replay is not None:
+        out["replay/groups"] = float(len(replayed))
+        out["replay/age_mean"] = statistics.fmean(g.metadata["age"] for g in replayed) if replayed else 0.0
+        out["replay/buffer_size"] = float(len(run.replay.items))
+    return out
+
+
+def _skipped_step(run: Run, step: int, gathered: Gathered, t0: float) -> dict[str, Any]:
+    """A step with no group to train on: its rollouts are observed and logged, the policy is unchanged."""
+    _observe(run, [], gathered.aside, step)
+    seconds = time.perf_counter() - t0
+    metrics = {"step": step, **group_metrics(gathered.aside, run.rewards[0].name),
+               **_sampling_metrics(run, gathered, []), "lr": run.learner.applied_lr, "skipped_update": 1.0,
+               "generate_seconds": seconds, "train_seconds": 0.0, "step_seconds": seconds}
+    metrics["tokens_per_second"] = metrics["tokens_generated"] / seconds
+    return metrics
 
 
 def score_intrinsic(model: Any, groups: list[Group], rewards: list[RewardFn], s: UpdateSettings,
@@ -353,6 +427,8 @@ def _state(run: Run) -> dict[str, Any]:
         state["rehearsal"] = run.rehearsal.state_dict()
     if run.critic is not None:
         state["critic"] = {"model": run.critic.model.state_dict(), "learner": run.critic.state_dict()}
+    if run.replay is not None:
+        state["replay"] = run.replay.state_dict()
     return state
 
 
@@ -366,6 +442,8 @@ def _restore(run: Run, state: dict[str, Any]) -> None:
     run.loss_state.update(state.get("loss_state", {}))
     if run.rehearsal is not None and "rehearsal" in state:
         run.rehearsal.load_state_dict(state["rehearsal"])
+    if run.replay is not None and "replay" in state:
+        run.replay.load_state_dict(state["replay"])
     if run.critic is not None:
         if "critic" not in state:
             raise RunDirError("this checkpoint has no critic (it was saved by a run without advantage = \"gae\")")
@@ -486,8 +564,12 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
                 summary["eval_before"] = evaluate(run)
                 summary_path.write_text(json.dumps(summary, indent=2))
                 trackers.log(0, summary["eval_before"])
+            budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
+            spent = sum(r.get("step_seconds") or 0.0 for r in _read_rows(run.dir / "metrics.jsonl"))
+            last = cfg.train.steps
             for step in range(start + 1, cfg.train.steps + 1):
                 metrics, groups = train_step(run, step, progress)
+                spent += metrics["step_seconds"]
                 if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                     progress.status("evaluating")
                     metrics |= evaluate(run, step)  # greedy on the held-out prompts, in this step's row
@@ -501,13 +583,18 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
                     save(run, step)
                     progress.print(f"stopped: saved step {step}; resume with `rlvr train --resume {run.dir}`")
                     raise Interrupted
+                if budget is not None and spent >= budget and step < cfg.train.steps:
+                    last = step
+                    summary["stopped_by_budget"] = {"step": step, "minutes": spent / 60}
+                    progress.print(f"train.max_minutes = {cfg.train.max_minutes} reached after step {step}")
+                    break
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.train.steps:
                     progress.status("checkpointing")
                     save(run, step)
-            save(run, cfg.train.steps)
+            save(run, last)
             progress.status("evaluating (after)")
-            summary["eval_after"] = evaluate(run, cfg.train.steps)
-            trackers.log(cfg.train.steps, summary["eval_after"])
+            summary["eval_after"] = evaluate(run, last)
+            trackers.log(last, summary["eval_after"])
     finally:
         metrics_sink.close()
         samples_sink.close()
@@ -532,8 +619,12 @@ def _write_report(run_dir: Path, progress: ConsoleProgress) -> None:
     progress.print("report: " + "  ".join(str(p) for p in paths))
 
 
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
 def _summarise(metrics_path: Path, run_dir: Path) -> dict[str, Any]:
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    rows = _read_rows(metrics_path)
     if not rows:
         return {"run_dir": str(run_dir), "steps": 0}
     k = max(1, min(3, len(rows) // 3))  # compare the mean of the first and last k steps

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable
 
@@ -21,22 +22,35 @@ def generate_groups(
     params: SamplingParams,
     progress: Callable[[int], None] | None = None,
     on_error: str = "zero",
+    per_sample_prompts: list[list[list[int]]] | None = None,
 ) -> list[Group]:
-    """`params.n` scored completions for each prompt index, one Group per prompt."""
-    prompts = [prompt_ids[i] for i in indices]
-    completions = engine.generate(prompts, params, progress)
+    """`params.n` scored completions for each prompt index, one Group per prompt.
+
+    ``per_sample_prompts[k]`` (prompt augmentation) gives the n prompts the samples of the k-th
+    index are drawn from, in place of its own; rewards still see the example's prompt."""
+    if per_sample_prompts is None:
+        completions = engine.generate([prompt_ids[i] for i in indices], params, progress)
+        sample_prompts = [[prompt_ids[i]] * params.n for i in indices]
+    else:
+        flat = engine.generate([p for row in per_sample_prompts for p in row], dataclasses.replace(params, n=1),
+                               progress)
+        completions = [[flat[k * params.n + j][0] for j in range(params.n)] for k in range(len(indices))]
+        sample_prompts = per_sample_prompts
     groups = []
-    for i, group in zip(indices, completions):
+    for i, group, prompts in zip(indices, completions, sample_prompts):
         ex = examples[i]
         scored = score_group(rewards, ex.prompt, [c.text for c in group], ex.fields, on_error)
-        samples = [Sample(tuple(prompt_ids[i]), c, total, parts, i) for c, (total, parts) in zip(group, scored)]
+        samples = [Sample(tuple(p), c, total, parts, i) for p, c, (total, parts) in zip(prompts, group, scored)]
         groups.append(Group(ex.prompt, tuple(samples), {"id": ex.id, "answer": ex.answer}))
     return groups
 
 
 def is_correct(sample: Sample, primary: str) -> bool:
-    """A sample is correct when the first (correctness) reward gives full marks."""
-    return sample.reward_parts.get(primary, 0.0) >= 1.0 - 1e-6
+    """A sample is correct when the first (correctness) reward gives full marks; where rewards
+    are routed per source and ``primary`` does not score this sample, the first one that does."""
+    parts = sample.reward_parts
+    key = primary if primary in parts else next(iter(parts), primary)
+    return parts.get(key, 0.0) >= 1.0 - 1e-6
 
 
 def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
@@ -63,6 +77,10 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
             for g in groups),
         "tokens_generated": float(sum(lengths)),
     }
-    for name in names:  # an absent key (e.g. "<name>/error") counts as 0
-        metrics[f"rewards/{name}"] = statistics.fmean(s.reward_parts.get(name, 0.0) for s in samples)
+    for name in names:
+        if "/" in name:  # "<name>/error", "<name>/excluded": an absent key counts as 0
+            metrics[f"rewards/{name}"] = statistics.fmean(s.reward_parts.get(name, 0.0) for s in samples)
+        else:  # a reward's mean over the samples it scores (all of them unless routed)
+            metrics[f"rewards/{name}"] = statistics.fmean(s.reward_parts[name] for s in samples
+                                                          if name in s.reward_parts)
     return metrics

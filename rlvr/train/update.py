@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +121,14 @@ def score_certainty(
             model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"], temperature=temperature,
             chunk_size=chunk_size)
     return certainty, negative_entropy
+
+
+def _old_rows(old: Sequence[torch.Tensor | None], micro: list[int], current_BT: torch.Tensor,
+              mask_BT: torch.Tensor) -> torch.Tensor:
+    """The old policy's log-probs of a micro-batch; a sample without stored ones (None) takes the
+    current policy's, detached (its first optimizer step on a fresh rollout)."""
+    rows = {i: old[i] if old[i] is not None else current_BT[r][mask_BT[r]] for r, i in enumerate(micro)}
+    return _rows(rows, micro, mask_BT)  # type: ignore[arg-type]
 
 
 def _rows(per_sample: list[torch.Tensor], micro: list[int], mask_BT: torch.Tensor) -> torch.Tensor:
@@ -271,6 +279,14 @@ def update_policy(
     # log-probs equal the current ones (detached) and the extra forward pass is skipped.
     if batch.old is None and s.epochs * s.mini_batches > 1:
         batch.old = score_logprobs(model, samples, s, pad_token_id, trained)
+    # A replayed group (rollout replay) was sampled by an older policy: the PPO ratio is taken
+    # against its sampling log-probs, which importance-weights and clips its update.
+    replayed = [i for i, g in enumerate(g for g in groups for _ in g.samples) if g.metadata.get("replayed")]
+    if replayed:
+        old: list[torch.Tensor | None] = list(batch.old) if batch.old is not None else [None] * len(samples)
+        for i in replayed:
+            old[i] = torch.tensor(samples[i].completion.logprobs, dtype=torch.float32)
+        batch.old = old
     if kl_in_loss and batch.ref is None:
         batch.ref = score_logprobs(ref_model, samples, s, pad_token_id, trained)  # type: ignore[arg-type]
     elif not kl_in_loss:
@@ -389,7 +405,8 @@ class _Batch:
 
     samples: list[Sample]
     advantages: list[torch.Tensor]
-    old: list[torch.Tensor] | None
+    old: Sequence[torch.Tensor | None] | None
+    """Old-policy log-probs; None (all, or one sample's) = the current policy's, detached."""
     ref: list[torch.Tensor] | None
     values: list[torch.Tensor] | None
     returns: list[torch.Tensor] | None
@@ -491,7 +508,7 @@ def _accumulate(
     mask_BT = batch["loss_mask"]
     logprobs_BT, entropy_BT = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"], mask_BT,
                                              temperature=s.temperature, chunk_size=s.logprob_chunk)
-    old_BT = logprobs_BT.detach() if b.old is None else _rows(b.old, micro, mask_BT)
+    old_BT = logprobs_BT.detach() if b.old is None else _old_rows(b.old, micro, logprobs_BT.detach(), mask_BT)
     adv_BT = _rows(b.advantages, micro, mask_BT)
     inputs: dict[str, Any] = {name: _rows(rows, micro, mask_BT) for name, rows in b.loss_rows.items()}
     if "loss_state" in loop_inputs(LOSSES[s.loss]):

@@ -1,0 +1,308 @@
+"""How a step's groups are gathered (``sampler.rollouts``): the sampler picks prompts, the engine
+samples, and a strategy may filter, re-sample or down-sample before the update sees them.
+
+    plain          next_batch(n), G completions each
+    dynamic        DAPO: set aside groups whose rewards are all equal and sample more prompts
+    reinforce_ada  Reinforce-Ada: sample each prompt in rounds until its exit rule holds, then
+                   down-sample to G with both outcomes kept; the pool feeds the baseline
+    roc            GRPO-RoC: over-sample, then down-sample to G: failures uniformly, successes by quality
+
+Each strategy returns the groups to train on, the groups it generated and set aside (the sampler
+observes both), and its metrics under ``rollouts/``. All randomness comes from a generator seeded
+by (seed, step), so a resumed run makes the same choices. ``ReplayBuffer`` (DOTS's rollout
+replay) and prompt templates (prompt augmentation) work with every strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlvr.algos.registry import check_keywords
+from rlvr.data import Example
+from rlvr.data.sampler import Sampler
+from rlvr.rewards import RewardFn
+from rlvr.rollout.engine import Engine
+from rlvr.train.rollouts import generate_groups, is_correct
+from rlvr.types import Completion, Group, Sample, SamplingParams
+
+
+@dataclass
+class Source:
+    """What a strategy draws on: the sampler for prompts, the engine and rewards for groups."""
+
+    engine: Engine
+    examples: list[Example]
+    prompt_ids: list[list[int]]
+    rewards: list[RewardFn]
+    params: SamplingParams
+    sampler: Sampler
+    rng: np.random.Generator
+    on_error: str = "zero"
+    variants: Callable[[int, int, np.random.Generator], list[list[int]]] | None = None
+    """Prompt augmentation: (prompt index, n, rng) → the n prompts (token ids) its samples get."""
+    generated: int = 0
+    """Completions sampled so far this step."""
+
+    @property
+    def group_size(self) -> int:
+        return self.params.n
+
+    def generate(self, indices: list[int], n: int | None = None) -> list[Group]:
+        """``n`` (default G) scored completions for each prompt index; group metadata gains "accuracy"."""
+        n = self.params.n if n is None else n
+        if not indices:
+            return []
+        per_sample = [self.variants(i, n, self.rng) for i in indices] if self.variants else None
+        groups = generate_groups(self.engine, self.examples, self.prompt_ids, indices, self.rewards,
+                                 dataclasses.replace(self.params, n=n), on_error=self.on_error,
+                                 per_sample_prompts=per_sample)
+        self.generated += n * len(indices)
+        return [with_accuracy(g, self.primary) for g in groups]
+
+    @property
+    def primary(self) -> str:
+        return self.rewards[0].name
+
+
+def with_accuracy(group: Group, primary: str) -> Group:
+    group.metadata["accuracy"] = statistics.fmean(is_correct(x, primary) for x in group.samples)
+    return group
+
+
+def has_spread(group: Group) -> bool:
+    """Rewards that differ: the group carries a GRPO gradient."""
+    rewards = group.rewards
+    return max(rewards) - min(rewards) > 1e-9
+
+
+@dataclass
+class Gathered:
+    train: list[Group]
+    aside: list[Group] = field(default_factory=list)
+    """Generated but not trained on (the sampler still observes them)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def plain(src: Source, n: int) -> Gathered:
+    """The sampler's next n prompts, G completions each."""
+    return Gathered(src.generate(src.sampler.next_batch(n)))
+
+
+def dynamic(src: Source, n: int, *, max_rounds: int = 3, oversample: float = 1.0) -> Gathered:
+    """DAPO's dynamic sampling (Yu et al., arXiv:2503.14476, §3.2): a group whose rewards are all
+    equal has zero advantage under group normalisation and teaches nothing, so it is set aside
+    and more prompts are sampled until n groups with differing rewards are in hand.
+
+    Each round asks the sampler for ceil((n − kept) × oversample) prompts; after ``max_rounds``
+    rounds the step trains on the groups it has (fewer than n; DAPO keeps sampling, a bound keeps a
+    step's time predictable). Groups beyond n are set aside too. Never trains on a zero-spread group.
+    """
+    if max_rounds < 1 or oversample < 1.0:
+        raise ValueError("dynamic sampling needs max_rounds >= 1 and oversample >= 1")
+    kept: list[Group] = []
+    aside: list[Group] = []
+    rounds = 0
+    while len(kept) < n and rounds < max_rounds:
+        rounds += 1
+        for group in src.generate(src.sampler.next_batch(math.ceil((n - len(kept)) * oversample))):
+            (kept if has_spread(group) and len(kept) < n else aside).append(group)
+    generated = len(kept) + len(aside)
+    return Gathered(kept, aside, {
+        "rollouts/rounds": float(rounds), "rollouts/groups_generated": float(generated),
+        "rollouts/zero_spread_fraction": sum(not has_spread(g) for g in aside) / generated,
+        "rollouts/filled_fraction": len(kept) / n})
+
+
+def reinforce_ada(src: Source, n: int, *, round_size: int | None = None, max_rounds: int = 4,
+                  exit: str = "balanced", min_positives: int = 1) -> Gathered:
+    """Reinforce-Ada (Xiong et al., arXiv:2510.08899): adaptive sampling with successive
+    elimination. Each of the n prompts is sampled ``round_size`` (default G) at a time; after a
+    round a prompt leaves the active set once its exit rule holds, so later rounds spend the budget
+    on prompts still unresolved. Exit rules:
+
+      balanced          ≥ G//2 correct and ≥ G − G//2 incorrect samples collected
+      positive-focused  ≥ ``min_positives`` correct samples collected
+
+    Then each prompt's pool is down-sampled to G: up to G//2 correct samples (drawn at random),
+    the rest incorrect, topped up from whichever side has more, so both outcomes are present
+    whenever the pool has both. ``metadata["pool_rewards"]`` keeps every reward of the pool:
+    ``algo.advantage = "global_pool"`` then takes the baseline and scale from all of them, as the
+    paper does. "Correct" means full marks from the first reward function.
+    """
+    if exit not in ("balanced", "positive-focused"):
+        raise ValueError(f"reinforce_ada exit must be 'balanced' or 'positive-focused', got {exit!r}")
+    g_size = src.group_size
+    size = round_size or g_size
+    if size < 1 or max_rounds < 1:
+        raise ValueError("reinforce_ada needs round_size >= 1 and max_rounds >= 1")
+    indices = src.sampler.next_batch(n)
+    pools: dict[int, list[Sample]] = {i: [] for i in indices}
+    heads: dict[int, Group] = {}
+    want_pos, want_neg = g_size // 2, g_size - g_size // 2
+
+    def done(pool: list[Sample]) -> bool:
+        pos = sum(is_correct(x, src.primary) for x in pool)
+        if exit == "balanced":
+            return pos >= want_pos and len(pool) - pos >= want_neg
+        return pos >= min_positives
+
+    active = list(dict.fromkeys(indices))
+    rounds = 0
+    while active and rounds < max_rounds:
+        rounds += 1
+        for i, group in zip(active, src.generate(active, size)):
+            pools[i] += group.samples
+            heads.setdefault(i, group)
+        active = [i for i in active if not done(pools[i])]
+    train = []
+    for i in indices:
+        pool = pools[i]
+        pos = [x for x in pool if is_correct(x, src.primary)]
+        neg = [x for x in pool if not is_correct(x, src.primary)]
+        take_pos = min(len(pos), max(want_pos, g_size - len(neg)))
+        chosen = _pick(src.rng, pos, take_pos) + _pick(src.rng, neg, min(len(neg), g_size - take_pos))
+        order = src.rng.permutation(len(chosen))
+        group = Group(heads[i].prompt, tuple(chosen[k] for k in order),
+                      {**heads[i].metadata, "pool_rewards": [x.reward for x in pool]})
+        train.append(with_accuracy(group, src.primary))
+    return Gathered(train, [], {
+        "rollouts/rounds": float(rounds), "rollouts/samples_per_prompt": src.generated / max(len(indices), 1),
+        "rollouts/unresolved_fraction": len(active) / max(len(indices), 1),
+        "rollouts/zero_spread_fraction": statistics.fmean(not has_spread(g) for g in train) if train else 0.0})
+
+
+def roc(src: Source, n: int, *, oversample: float = 2.0, quality: list[str] | None = None, min_negatives: int = 2,
+        min_positives: int = 2, reject_equal: bool = True) -> Gathered:
+    """GRPO-RoC, Resample-on-Correct (rStar2-Agent, Shang et al., arXiv:2508.20722): sample
+    ``oversample`` × G completions per prompt, then keep G. Failures are kept broadly: drawn
+    uniformly at random, so the model sees the variety of its errors. Successes are kept by
+    quality: the fewest penalties first (ties at random), where a sample's penalty is the sum of
+    (1 − value) over the reward parts named in ``quality`` (e.g. a weight-0 "format" reward, or a
+    tool-error score; none named: drawn at random like failures). The kept mix follows the pool's
+    success ratio, with at least ``min_negatives`` failures and ``min_positives`` successes where
+    the pool has them (the recipe's min_zero/min_non_zero_reward_trace_num). With
+    ``reject_equal``, a prompt whose pool rewards are all equal is set aside.
+    """
+    g_size = src.group_size
+    wide = max(g_size, math.ceil(g_size * oversample))
+    train, aside = [], []
+    for group in src.generate(src.sampler.next_batch(n), wide):
+        if reject_equal and not has_spread(group):
+            aside.append(group)
+            continue
+        pos = [x for x in group.samples if is_correct(x, src.primary)]
+        neg = [x for x in group.samples if not is_correct(x, src.primary)]
+        take_pos = round(g_size * len(pos) / len(group.samples))
+        take_pos = max(take_pos, min(min_positives, len(pos)))
+        take_pos = min(take_pos, g_size - min(min_negatives, len(neg)), len(pos))
+        take_neg = min(len(neg), g_size - take_pos)
+        take_pos = min(len(pos), g_size - take_neg)
+        jitter = src.rng.random(len(pos))
+        penalty = [sum(1.0 - x.reward_parts.get(q, 0.0) for q in (quality or [])) for x in pos]
+        best = [pos[k] for k in sorted(range(len(pos)), key=lambda k: (penalty[k], jitter[k]))[:take_pos]]
+        chosen = best + _pick(src.rng, neg, take_neg)
+        order = src.rng.permutation(len(chosen))
+        kept = Group(group.prompt, tuple(chosen[k] for k in order),
+                     {**group.metadata, "pool_rewards": list(group.rewards)})
+        train.append(with_accuracy(kept, src.primary))
+    return Gathered(train, aside, {
+        "rollouts/rejected_fraction": len(aside) / max(n, 1),
+        "rollouts/kept_accuracy": statistics.fmean(g.metadata["accuracy"] for g in train) if train else 0.0})
+
+
+def _pick(rng: np.random.Generator, items: list[Sample], k: int) -> list[Sample]:
+    return [items[j] for j in sorted(rng.choice(len(items), size=k, replace=False))] if k > 0 else []
+
+
+ROLLOUTS: dict[str, Callable[..., Gathered]] = {
+    "plain": plain, "dynamic": dynamic, "reinforce_ada": reinforce_ada, "roc": roc}
+
+
+def check_rollouts(name: str, kwargs: dict[str, Any]) -> None:
+    """A clear error for an unknown strategy or keyword (called when the config is read)."""
+    if name not in ROLLOUTS:
+        raise ValueError(f"unknown sampler.rollouts {name!r}; choose from {', '.join(ROLLOUTS)}")
+    check_keywords(f"sampler.rollouts {name!r}", ROLLOUTS[name], kwargs)
+
+
+class ReplayBuffer:
+    """Rollout replay (DOTS, Sun et al., arXiv:2506.05316, §4): a FIFO buffer of recent groups
+    that had differing rewards; each step takes ``fraction`` of its groups from it instead of
+    sampling them. A replayed group was sampled by an older policy: its completions' sampling
+    log-probs become the "old" policy of the PPO ratio, so the clipped objective is importance
+    weighted (update_policy does this for groups marked ``metadata["replayed"]``). Groups older
+    than ``max_age`` steps are dropped, and a group is replayed at most once."""
+
+    def __init__(self, capacity: int, fraction: float, max_age: int) -> None:
+        if not 0.0 <= fraction < 1.0:
+            raise ValueError(f"replay fraction must be in [0, 1), got {fraction}")
+        self.capacity, self.fraction, self.max_age = capacity, fraction, max_age
+        self.items: list[tuple[int, Group]] = []  # (step it was sampled at, group), oldest first
+
+    def take(self, n: int, step: int, rng: np.random.Generator) -> list[Group]:
+        """Up to round(fraction × n) groups sampled at most max_age steps ago, removed from the buffer."""
+        self.items = [(s, g) for s, g in self.items if step - s <= self.max_age]
+        k = min(round(self.fraction * n), len(self.items), n - 1)
+        if k <= 0:
+            return []
+        picked = sorted(rng.choice(len(self.items), size=k, replace=False).tolist())
+        out = [Group(g.prompt, g.samples, {**g.metadata, "replayed": True, "age": step - s})
+               for s, g in (self.items[j] for j in picked)]
+        self.items = [item for j, item in enumerate(self.items) if j not in set(picked)]
+        return out
+
+    def add(self, groups: list[Group], step: int) -> None:
+        self.items += [(step, Group(g.prompt, g.samples, {k: v for k, v in g.metadata.items()
+                                                         if k not in ("advantages", "masked")}))
+                       for g in groups if has_spread(g) and not g.metadata.get("replayed")]
+        self.items = self.items[-self.capacity :]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"items": [(s, _group_state(g)) for s, g in self.items]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.items = [(int(s), _group_from_state(g)) for s, g in state["items"]]
+
+
+def _group_state(g: Group) -> dict[str, Any]:
+    return {"prompt": g.prompt, "metadata": dict(g.metadata), "samples": [
+        {"prompt_ids": list(x.prompt_ids), "token_ids": list(x.completion.token_ids),
+         "logprobs": list(x.completion.logprobs), "finish_reason": x.completion.finish_reason,
+         "text": x.completion.text, "reward": x.reward, "reward_parts": dict(x.reward_parts),
+         "prompt_index": x.prompt_index} for x in g.samples]}
+
+
+def _group_from_state(state: dict[str, Any]) -> Group:
+    samples = tuple(Sample(tuple(x["prompt_ids"]), Completion(tuple(x["token_ids"]), tuple(x["logprobs"]),
+                                                              x["finish_reason"], x["text"]),
+                           x["reward"], dict(x["reward_parts"]), x["prompt_index"]) for x in state["samples"])
+    return Group(state["prompt"], samples, dict(state["metadata"]))
+
+
+def template_variants(templates: list[str], render: Callable[[str], list[int]], examples: list[Example]
+                      ) -> Callable[[int, int, np.random.Generator], list[list[int]]]:
+    """Prompt augmentation (Lu et al., "Prompt Augmentation Scales up GRPO Training on
+    Mathematical Reasoning"): each rollout of a prompt is sampled under a reasoning template drawn
+    uniformly from ``templates`` (``{prompt}`` marks where the prompt goes), so a group mixes
+    ways of reasoning. Rewards still see the original prompt. Rendered prompts are cached."""
+    for t in templates:
+        if "{prompt}" not in t:
+            raise ValueError(f"prompt template {t!r} has no {{prompt}}")
+    cache: dict[tuple[int, int], list[int]] = {}
+
+    def variants(index: int, n: int, rng: np.random.Generator) -> list[list[int]]:
+        out = []
+        for k in rng.integers(len(templates), size=n).tolist():
+            if (index, k) not in cache:
+                cache[index, k] = render(templates[k].replace("{prompt}", examples[index].prompt))
+            out.append(cache[index, k])
+        return out
+
+    return variants
