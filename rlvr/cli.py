@@ -1,5 +1,5 @@
-"""The `rlvr` command: train, sample, eval, contamination, report, bench, sandbox, tasks, config. Each subcommand is a
-thin call into the library."""
+"""The `rlvr` command: train, sample, eval, contamination, report, filter, bench, sandbox, tasks,
+config. Each subcommand is a thin call into the library."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ EXAMPLES = """examples:
   rlvr eval --config configs/demo.toml --model builtin:smollm2-135m-instruct --model runs/demo --k 1,4 --n 8
   rlvr contamination --config configs/demo.toml --model runs/demo --prompts 32
   rlvr report runs/demo   # runs/demo/report.html and curves.png
+  rlvr filter --config configs/demo.toml --n 8 --out data/informative.jsonl
 """
 
 
@@ -92,6 +93,20 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-size", type=int, default=32, help="prompts per generation and scoring batch")
     c.add_argument("--out", default="contamination.json", help="JSON with every prompt's scores and each method's AUC")
     c.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. task.eval_size=128")
+    fl = sub.add_parser("filter", help="offline difficulty filtering: keep the training prompts a model solves sometimes",
+                        description="Estimates each training prompt's pass rate with --model (n samples at the "
+                        "config's temperature, scored by its rewards) and writes the prompts whose rate lies in "
+                        "(--min, --max) to a JSONL file. Train on it with task.source=\"jsonl\" "
+                        "task.path=FILE task.instruction=\"\" (the prompts keep their instruction).")
+    fl.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model, checkpoint folder or run dir")
+    fl.add_argument("--config", help="TOML config whose training prompts, rewards and sampling to use")
+    fl.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
+    fl.add_argument("--min", type=float, default=0.0, help="keep prompts with pass rate above this (default 0)")
+    fl.add_argument("--max", type=float, default=1.0, help="... and below this (default 1)")
+    fl.add_argument("--inclusive", action="store_true", help="keep rates equal to --min or --max too")
+    fl.add_argument("--limit", type=int, help="rate only the first N training prompts")
+    fl.add_argument("--out", default="filtered.jsonl", help="output JSONL (default filtered.jsonl)")
+    fl.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. task.size=2000")
     rp = sub.add_parser("report", help="a run as one self-contained HTML page (curves, rollout browser) and a PNG",
                         description="Writes <run>/report.html (no network needed to view it) and <run>/curves.png "
                         "from the run's metrics.jsonl, samples.jsonl, summary.json and config.toml. Works while "
@@ -125,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # malloc reuses freed memory instead of page-faulting it back in; see rlvr.runtime
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
-    if args.command in ("train", "sample", "eval", "contamination"):
+    if args.command in ("train", "sample", "eval", "contamination", "filter"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars would bury rlvr's own progress
@@ -233,6 +248,33 @@ def _eval(args: argparse.Namespace) -> int:
     json_path, md_path = write_results(results, ks, Path(args.out))
     print(markdown_table(results, ks), end="")
     print(f"written: {json_path}, {md_path}", file=sys.stderr)
+    return 0
+
+
+def _filter(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rlvr.data.filter import pass_rates, write_filtered
+
+    cfg = load_config(args.config, args.overrides)
+    total = min(cfg.task.size, args.limit or cfg.task.size)
+    console = Console(stderr=True)
+    with Progress(TextColumn("[bold]rating prompts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, disable=not console.is_terminal) as bar:
+        task = bar.add_task("rate", total=total)
+
+        def advance(k: int) -> None:
+            bar.advance(task, k)
+            if not console.is_terminal:
+                print(f"rated {int(bar.tasks[task].completed)}/{total}", file=sys.stderr, flush=True)
+
+        rated = pass_rates(args.model, cfg, n=args.n, limit=args.limit, progress=advance)
+    kept = write_filtered(rated, args.out, low=args.min, high=args.max, include_low=args.inclusive,
+                          include_high=args.inclusive)
+    hist = [sum(1 for _, r in rated if round(r * args.n) == k) for k in range(args.n + 1)]
+    print("pass rate  prompts\n" + "\n".join(f"{k}/{args.n:<7} {c}" for k, c in enumerate(hist)))
+    print(f"kept {kept} of {len(rated)} prompts in {args.out}", file=sys.stderr)
     return 0
 
 
@@ -350,7 +392,7 @@ def _config(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"train": _train, "sample": _sample, "bench": _bench, "eval": _eval, "contamination": _contamination,
-             "report": _report, "sandbox": _sandbox, "tasks": _tasks, "config": _config}
+             "report": _report, "filter": _filter, "sandbox": _sandbox, "tasks": _tasks, "config": _config}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,79 @@
+"""`rlvr filter`: offline difficulty filtering. Estimate each training prompt's pass rate with a
+model (n samples at the config's temperature, scored by the config's rewards) and keep the
+prompts whose rate lies in a band, as a JSONL file that `task.source = "jsonl"` trains on.
+
+Pass-rate filtering before RL is common practice: Kimi k1.5 (arXiv:2501.12599) measures difficulty
+as the pass rate over 10 samples at high temperature; Reinforce-Ada (arXiv:2510.08899) builds its
+hard and easy sets with pass-rate thresholds of 0.125 and 0.313. Prompts always solved or never
+solved give GRPO no gradient, so the default band keeps 0 < rate < 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlvr.config import RunConfig
+from rlvr.data import Example
+
+
+def pass_rates(model_spec: str, cfg: RunConfig, *, n: int, limit: int | None = None, batch: int = 32,
+               progress: Callable[[int], None] | None = None) -> list[tuple[Example, float]]:
+    """(example, fraction of n samples judged correct) for the config's training prompts (the
+    first ``limit``), generated ``batch`` prompts at a time."""
+    from rlvr.data import render_prompt
+    from rlvr.eval.run import resolve_model
+    from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+    from rlvr.rewards import build_rewards
+    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.train.loop import load_examples
+    from rlvr.train.rollouts import generate_groups, is_correct
+    from rlvr.types import SamplingParams
+
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    path = resolve_model(model_spec)
+    tokenizer = load_tokenizer(path)
+    model = load_model(path, resolve_dtype("auto")).eval()
+    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=cfg.seed)
+    examples = load_examples(cfg)[0][:limit]
+    ids = [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in examples]
+    rewards = build_rewards(cfg.reward_specs())
+    s = cfg.sampling
+    params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
+                            stop=tuple(s.stop), n=n)
+    out = []
+    for start in range(0, len(examples), batch):
+        chunk = list(range(start, min(start + batch, len(examples))))
+        for i, group in zip(chunk, generate_groups(engine, examples, ids, chunk, rewards, params,
+                                                   on_error=cfg.on_reward_error)):
+            out.append((examples[i], sum(is_correct(x, rewards[0].name) for x in group.samples) / n))
+        if progress:
+            progress(len(chunk))
+    return out
+
+
+def write_filtered(rated: list[tuple[Example, float]], out: str | Path, *, low: float, high: float,
+                   include_low: bool = False, include_high: bool = False) -> int:
+    """Write the examples whose pass rate lies between ``low`` and ``high`` (bounds excluded
+    unless ``include_low``/``include_high``) to ``out`` as JSONL; returns how many. Each row has
+    the example's fields (what its reward functions read), "prompt" (instruction included: train
+    with ``task.instruction = ""``), "answer", "id" and "pass_rate"."""
+    if not (0.0 <= low <= high <= 1.0):
+        raise ValueError(f"need 0 <= low <= high <= 1, got low={low}, high={high}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept = 0
+    with out.open("w") as f:
+        for ex, rate in rated:
+            above = rate > low or (include_low and math.isclose(rate, low))
+            below = rate < high or (include_high and math.isclose(rate, high))
+            if above and below:
+                row: dict[str, Any] = {**ex.fields, "prompt": ex.prompt, "answer": ex.answer, "id": ex.id,
+                                       "pass_rate": rate}
+                f.write(json.dumps(row, default=str) + "\n")
+                kept += 1
+    return kept
