@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import shutil
 import signal
 import statistics
@@ -70,6 +71,8 @@ from rlvr.types import Group, SamplingParams
 class RunDirError(RuntimeError):
     """The run directory cannot be used as asked (exists already, or nothing to resume)."""
 
+
+logger = logging.getLogger("rlvr.train")
 
 @dataclass
 class Run:
@@ -138,6 +141,11 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
     if not train:
         raise ValueError(f"no training prompts left after holding out {len(held)} for evaluation; "
                          "raise task.size, lower task.eval_size, or widen the task's parameters")
+    distinct = len({ex.prompt for ex in train})
+    if distinct < 4 * cfg.train.prompts_per_step:  # a few steps' worth: almost surely not what was meant
+        logger.warning("only %d distinct training prompts (task.size = %d, less duplicates and the %d held-out "
+                       "texts): the task has few distinct prompts. Widen task.params or lower task.eval_size "
+                       "if that is not intended.", distinct, t.size, len(held))
     return train, held
 
 
