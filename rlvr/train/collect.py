@@ -49,6 +49,8 @@ class Source:
     """Prompt augmentation: (prompt index, n, rng) → the n prompts (token ids) its samples get."""
     generated: int = 0
     """Completions sampled so far this step."""
+    tokens: int = 0
+    """Completion tokens sampled so far this step (kept or not)."""
 
     @property
     def group_size(self) -> int:
@@ -64,6 +66,7 @@ class Source:
                                  dataclasses.replace(self.params, n=n), on_error=self.on_error,
                                  per_sample_prompts=per_sample)
         self.generated += n * len(indices)
+        self.tokens += sum(len(x.completion.token_ids) for g in groups for x in g.samples)
         return [with_accuracy(g, self.primary) for g in groups]
 
     @property

@@ -316,6 +316,7 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
         update["greedy_reward"] = statistics.fmean(g.metadata["greedy_reward"] for g in groups)
     metrics = {"step": step, **group_metrics(fresh + gathered.aside or groups, run.rewards[0].name), **update,
                **_sampling_metrics(run, gathered, replayed), "lr": run.learner.applied_lr}
+    metrics["tokens_generated"] = float(source.tokens)  # everything sampled, down-sampled away or not
     if run.rehearsal is not None:
         metrics["rehearsal_size"] = len(run.rehearsal.samples)
     metrics |= {"generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0,
