@@ -47,6 +47,8 @@ class Source:
     on_error: str = "zero"
     variants: Callable[[int, int, np.random.Generator], list[list[int]]] | None = None
     """Prompt augmentation: (prompt index, n, rng) → the n prompts (token ids) its samples get."""
+    rescore: Callable[[list[Group]], list[Group]] | None = None
+    """Fills in rewards that need the policy (intrinsic ones) before a strategy looks at them."""
     generated: int = 0
     """Completions sampled so far this step."""
     tokens: int = 0
@@ -65,6 +67,8 @@ class Source:
         groups = generate_groups(self.engine, self.examples, self.prompt_ids, indices, self.rewards,
                                  dataclasses.replace(self.params, n=n), on_error=self.on_error,
                                  per_sample_prompts=per_sample)
+        if self.rescore is not None:
+            groups = self.rescore(groups)
         self.generated += n * len(indices)
         self.tokens += sum(len(x.completion.token_ids) for g in groups for x in g.samples)
         return [with_accuracy(g, self.primary) for g in groups]

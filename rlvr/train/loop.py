@@ -280,22 +280,25 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     n = cfg.train.prompts_per_step
     rng = np.random.default_rng([cfg.seed, step, 7])
     replayed = run.replay.take(n, step, rng) if run.replay is not None else []
+    intrinsic = None
+    if any(r.intrinsic for r in run.rewards):  # self-certainty, negative entropy: from the policy itself
+        def intrinsic(gs: list[Group]) -> list[Group]:
+            return score_intrinsic(run.learner.model, gs, run.rewards, run.settings, run.engine.pad_token_id)
     source = Source(run.engine, run.examples, run.prompt_ids, run.rewards, run.params, run.sampler, rng,
-                    on_error=cfg.on_reward_error, variants=run.variants)
+                    on_error=cfg.on_reward_error, variants=run.variants, rescore=intrinsic)
     gathered = ROLLOUTS[cfg.sampler.rollouts](source, n - len(replayed), **cfg.sampler.rollouts_kwargs)
     fresh = gathered.train
     groups = fresh + replayed
     if not groups:  # e.g. dynamic sampling found no group with differing rewards: nothing to learn
         return _skipped_step(run, step, gathered, t0), []
     indices = [g.samples[0].prompt_index for g in groups]
-    if any(r.intrinsic for r in run.rewards):  # self-certainty, negative entropy: from the policy itself
-        groups = score_intrinsic(run.learner.model, groups, run.rewards, run.settings, run.engine.pad_token_id)
     greedy_baseline = needs_greedy_baseline(run.settings.advantage)
     if greedy_baseline:  # ReMax: one greedy completion per prompt as baseline
         greedy = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards,
                                  dataclasses.replace(run.params, temperature=0.0, top_k=0, top_p=1.0, n=1))
         groups = [dataclasses.replace(g, metadata={**g.metadata, "greedy_reward": b.samples[0].reward})
                   for g, b in zip(groups, greedy)]
+    fresh = groups[: len(fresh)]  # the same groups, now with intrinsic rewards and baselines filled in
     t1 = time.perf_counter()
     if progress:
         progress.status("training")
