@@ -45,6 +45,14 @@ class Completion:
     finish_reason: FinishReason
     text: str
     """The decoded completion, for rewards and logs."""
+    loss_mask: tuple[int, ...] | None = None
+    """1 where a token was sampled by the policy and is trained on, 0 where it was injected (a
+    tool's output, an environment's observation) and only conditions what follows. None = every
+    token sampled. Set in one place: the episode runner (rlvr.agents)."""
+
+    def trainable(self) -> int:
+        """How many tokens the loss sees."""
+        return len(self.token_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
 @dataclass(frozen=True)

@@ -434,3 +434,45 @@ def test_mask_truncated_leaves_cut_off_samples_out_of_the_loss() -> None:
     everything = truncate(make_groups(GROUPS), {(p, k) for p in range(2) for k in range(3)})
     metrics = update_policy(GradRecorder(make_tiny_model()), everything, masked, pad_token_id=0)  # type: ignore[arg-type]
     assert metrics["trained_fraction"] == 0.0 and metrics["masked_truncated_fraction"] == 1.0
+
+
+def with_injected_tokens(groups: list[Group], seed: int = 1) -> list[Group]:
+    """Give every completion of 3+ tokens an injected (loss mask 0) stretch in its middle, as a
+    tool's output would be."""
+    out = []
+    for g in groups:
+        samples = []
+        for s in g.samples:
+            n = len(s.completion.token_ids)
+            mask = tuple(0 if 0 < t < n - 1 and n >= 3 else 1 for t in range(n))
+            samples.append(dataclasses.replace(s, completion=dataclasses.replace(s.completion, loss_mask=mask)))
+        out.append(Group(g.prompt, tuple(samples), g.metadata))
+    return out
+
+
+def test_injected_tokens_condition_but_are_not_trained() -> None:
+    """On-policy GRPO with token-mean: the gradient is −(1/N) Σ_t A_i ∇log π(t) over the trained
+    tokens only (N counts only them), with the injected tokens still in the context."""
+    groups = with_injected_tokens(make_groups(GROUPS))
+    assert any(0 in s.completion.loss_mask for g in groups for s in g.samples)  # type: ignore[operator]
+    got = recorded_grads(groups, UpdateSettings(micro_batch_size=6))
+    model = make_tiny_model()
+    samples = [s for g in groups for s in g.samples]
+    rewards = torch.tensor([g.rewards for g in groups])
+    adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).flatten()
+    total = sum(s.completion.trainable() for s in samples)
+    loss = torch.zeros(())
+    for s, a in zip(samples, adv):
+        ids = torch.tensor([s.prompt_ids + s.completion.token_ids])
+        logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+        p = len(s.prompt_ids)
+        token_lp = logprobs[p - 1 :].gather(1, ids[0, p:, None])[:, 0]
+        keep = torch.tensor(s.completion.loss_mask, dtype=torch.bool)
+        loss = loss - a * token_lp[keep].sum() / total
+    loss.backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(got[0][name], param.grad, atol=1e-6, rtol=1e-4, msg=name)
+    # and the same samples trained on every token give a different gradient
+    plain = recorded_grads(make_groups(GROUPS), UpdateSettings(micro_batch_size=6))
+    assert any(not torch.allclose(plain[0][n], got[0][n]) for n in got[0])
+    assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=1)), got)

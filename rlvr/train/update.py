@@ -69,17 +69,23 @@ _TOKEN_METRICS = ("entropy", "kl", "clip_fraction", "clip_fraction_low", "clip_f
 
 
 def collate(samples: list[Sample], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+completion rows; loss_mask marks the completion tokens."""
+    """Right-padded prompt+completion rows. ``completion_mask`` marks every completion token (where
+    per-token values are placed); ``loss_mask`` the ones trained on: all of them except tokens an
+    environment injected (``Completion.loss_mask`` 0)."""
     width = max(s.num_tokens for s in samples)
     ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
     attention = torch.zeros((len(samples), width), dtype=torch.long)
+    completion_mask = torch.zeros((len(samples), width), dtype=torch.bool)
     loss_mask = torch.zeros((len(samples), width), dtype=torch.bool)
     for i, s in enumerate(samples):
         p, c = len(s.prompt_ids), len(s.completion.token_ids)
         ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion.token_ids)
         attention[i, : p + c] = 1
-        loss_mask[i, p : p + c] = True
-    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "loss_mask": loss_mask.to(device)}
+        completion_mask[i, p : p + c] = True
+        own = s.completion.loss_mask
+        loss_mask[i, p : p + c] = True if own is None else torch.tensor(own, dtype=torch.bool)
+    return {"input_ids": ids.to(device), "attention_mask": attention.to(device),
+            "completion_mask": completion_mask.to(device), "loss_mask": loss_mask.to(device)}
 
 
 def _micro_batches(indices: list[int], samples: list[Sample], size: int) -> list[list[int]]:
@@ -99,10 +105,10 @@ def score_logprobs(
     device = next(model.parameters()).device
     for micro in _micro_batches(sorted(which), samples, s.micro_batch_size):
         batch = collate([samples[i] for i in micro], pad, device)
-        lp_BT, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"],
+        lp_BT, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
                                   temperature=s.temperature, chunk_size=s.logprob_chunk)
         for row, i in enumerate(micro):
-            out[i] = lp_BT[row][batch["loss_mask"][row]]
+            out[i] = lp_BT[row][batch["completion_mask"][row]]
     return out
 
 
@@ -319,7 +325,7 @@ def _optimise(
         size = len(samples) // s.mini_batches
         for k in range(s.mini_batches):
             mini = [i for i in order[k * size : (k + 1) * size] if i not in dropped]
-            totals = {"total_tokens": float(sum(len(samples[i].completion.token_ids) for i in mini)),
+            totals = {"total_tokens": float(sum(samples[i].completion.trainable() for i in mini)),
                       "total_seqs": float(len(mini))}
             # The totals count every sample of the mini-batch, skipped for zero advantage or
             # not: the gradient is the one of the full mini-batch.
@@ -440,7 +446,7 @@ def _score_values(
         batch = collate([samples[i] for i in micro], pad, device)
         values_BT = critic(batch["input_ids"], batch["attention_mask"])
         for row, i in enumerate(micro):
-            out[i] = values_BT[row][batch["loss_mask"][row]].float().cpu()
+            out[i] = values_BT[row][batch["completion_mask"][row]].float().cpu()
     return out
 
 
@@ -474,14 +480,14 @@ def _token_advantages(
 def _rehearse(learner: Learner, rehearsal: list[Sample], s: UpdateSettings, pad_token_id: int,
               device: torch.device, sums: dict[str, float]) -> None:
     """Add divergence_coef · (token mean of the divergence over the rehearsal samples) to the gradient."""
-    total = float(sum(len(x.completion.token_ids) for x in rehearsal))
+    total = float(sum(x.completion.trainable() for x in rehearsal))
     for micro in _micro_batches(list(range(len(rehearsal))), rehearsal, s.micro_batch_size):
         batch = collate([rehearsal[i] for i in micro], pad_token_id, device)
-        mask_BT = batch["loss_mask"]
-        logprobs_BT, _ = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"], mask_BT,
+        mask_BT, where_BT = batch["loss_mask"], batch["completion_mask"]
+        logprobs_BT, _ = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"], where_BT,
                                         temperature=s.temperature, chunk_size=s.logprob_chunk)
         init_BT = _rows([torch.tensor(rehearsal[i].completion.logprobs, dtype=torch.float32) for i in micro],
-                        list(range(len(micro))), mask_BT)
+                        list(range(len(micro))), where_BT)
         div_BT, div_metrics = DIVERGENCES[s.divergence](logprobs_BT, init_BT, mask_BT)
         div = aggregate_loss(div_BT, mask_BT, mode="token-mean", total_tokens=total)
         (s.divergence_coef * div).backward()
@@ -505,23 +511,24 @@ def _accumulate(
 ) -> None:
     """Forward and backward one micro-batch; add its token-weighted metrics to `sums`."""
     batch = collate([b.samples[i] for i in micro], pad_token_id, device)
-    mask_BT = batch["loss_mask"]
-    logprobs_BT, entropy_BT = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"], mask_BT,
+    # per-token values sit on every completion token; the loss and its metrics see the trained ones
+    mask_BT, where_BT = batch["loss_mask"], batch["completion_mask"]
+    logprobs_BT, entropy_BT = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"], where_BT,
                                              temperature=s.temperature, chunk_size=s.logprob_chunk)
-    old_BT = logprobs_BT.detach() if b.old is None else _old_rows(b.old, micro, logprobs_BT.detach(), mask_BT)
-    adv_BT = _rows(b.advantages, micro, mask_BT)
-    inputs: dict[str, Any] = {name: _rows(rows, micro, mask_BT) for name, rows in b.loss_rows.items()}
+    old_BT = logprobs_BT.detach() if b.old is None else _old_rows(b.old, micro, logprobs_BT.detach(), where_BT)
+    adv_BT = _rows(b.advantages, micro, where_BT)
+    inputs: dict[str, Any] = {name: _rows(rows, micro, where_BT) for name, rows in b.loss_rows.items()}
     if "loss_state" in loop_inputs(LOSSES[s.loss]):
         inputs["loss_state"] = b.loss_state
     loss_BT, loss_metrics = LOSSES[s.loss](logprobs_BT, old_BT, adv_BT, mask_BT, **s.loss_kwargs, **inputs)
     # The engine's own log-probs of what it sampled, against the learner's before this update.
     sampler_BT = _rows([torch.tensor(b.samples[i].completion.logprobs, dtype=torch.float32) for i in micro],
-                       list(range(len(micro))), mask_BT)
+                       list(range(len(micro))), where_BT)
     weights_BT, is_metrics = CORRECTIONS[s.offpolicy](old_BT, sampler_BT, mask_BT, **s.offpolicy_kwargs)
     loss_BT = loss_BT * weights_BT
     loss_metrics = {**loss_metrics, **is_metrics, **mismatch_metrics(old_BT, sampler_BT, mask_BT)}
     if b.ref is not None:
-        kl_BT = KL_ESTIMATORS[s.kl_estimator](logprobs_BT, _rows(b.ref, micro, mask_BT))
+        kl_BT = KL_ESTIMATORS[s.kl_estimator](logprobs_BT, _rows(b.ref, micro, where_BT))
         loss_BT = loss_BT + s.kl_coef * kl_BT
         sums["kl"] += float(kl_BT.detach()[mask_BT].sum())
     if s.entropy_coef:
@@ -531,8 +538,8 @@ def _accumulate(
     n = float(mask_BT.sum())
     if critic is not None and b.values is not None and b.returns is not None:
         values_BT = critic.model(batch["input_ids"], batch["attention_mask"])
-        v_loss_BT, v_metrics = value_loss(values_BT, _rows(b.values, micro, mask_BT), _rows(b.returns, micro, mask_BT),
-                                          mask_BT, clip=s.value_clip)
+        v_loss_BT, v_metrics = value_loss(values_BT, _rows(b.values, micro, where_BT),
+                                          _rows(b.returns, micro, where_BT), mask_BT, clip=s.value_clip)
         v_loss = aggregate_loss(v_loss_BT, mask_BT, mode=s.aggregation, max_tokens=s.max_tokens, **totals)
         v_loss.backward()
         sums["value_loss"] += float(v_loss.detach())
