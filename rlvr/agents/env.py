@@ -1,0 +1,40 @@
+"""The environment protocol: an episode starts from an observation (the prompt) and advances one
+action (the policy's text for a turn) at a time.
+
+An environment is single-use: one instance per episode. A group of G episodes of one prompt
+takes G instances from the same factory, so each starts fresh (a stateful interpreter, a
+puzzle's position) and none can leak into another. ``step`` may be ``async def``: the runner
+then awaits the turn's steps of all episodes together, so slow tools overlap.
+
+A single-turn task is the trivial environment: one step, done, rewarded by the task's verifier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class StepResult:
+    """What an environment returns for one action."""
+
+    observation: str | None = None
+    """Text shown to the policy before its next turn (a tool's output, feedback); None when done."""
+    reward: float = 0.0
+    """Reward for this turn; an episode's return is the sum over its turns."""
+    done: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Per-turn numbers, summed over the episode and logged as env/<name> means (e.g. tool_calls,
+    tool_errors). "void" = 1 marks a turn without a valid action."""
+
+
+class Env(Protocol):
+    def initial_observation(self) -> str:
+        """The first user message: the task."""
+        ...
+
+    def step(self, action: str) -> StepResult | Awaitable[StepResult]:
+        """Apply the policy's text for this turn."""
+        ...

@@ -1,0 +1,225 @@
+"""The episode runner: many episodes at once, turn by turn, token-in and token-out.
+
+    context  = prompt tokens
+    each turn: the engine samples the policy's action from the context (the turn's budget);
+               the environment steps on its text; its observation is rendered as the next chat
+               message and its tokens are appended, marked loss mask 0
+    the trajectory = exactly the sampled and injected token ids, in order
+
+Nothing sampled is ever decoded and re-encoded: the learner trains on the ids the engine
+produced, with the log-probs it sampled them with. Only the environment's text is tokenized.
+Where a chat template would re-render the history differently (some drop earlier thinking
+blocks), the runner does not re-render it: it keeps the sampled tokens and appends the
+template's rendering of the new message only (`ChatDelta`).
+
+The loss mask is set in one place, `_Trajectory.inject`: injected tokens get 0, sampled ones 1.
+
+Limits: at most ``max_turns`` actions; each action at most ``max_turn_tokens`` tokens; at most
+``max_total_tokens`` sampled tokens per episode (observations do not count against it); the
+context never passes ``max_context`` tokens: an action gets at most the room left, and an
+observation that would not fit ends the episode before it is added. ``max_void_turns`` consecutive turns without a valid action (the environment reports
+``metrics["void"] = 1``) end it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rlvr.agents.env import Env, StepResult
+from rlvr.rollout.engine import Engine
+from rlvr.types import Completion, SamplingParams
+
+Ending = Literal["done", "max_turns", "budget", "context", "void"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_turns: int = 4
+    max_turn_tokens: int = 128
+    """Tokens one action may take."""
+    max_total_tokens: int = 512
+    """Sampled tokens over the whole episode; observations do not count."""
+    max_context: int = 2048
+    """Prompt plus everything sampled and injected."""
+    max_void_turns: int = 2
+    """Consecutive turns without a valid action that end the episode."""
+
+    def __post_init__(self) -> None:
+        bad = [k for k, v in self.__dict__.items() if v < 1]
+        if bad:
+            raise ValueError(f"episode limits must be >= 1: {', '.join(bad)}")
+
+
+class ChatDelta:
+    """The tokens that close the policy's turn and add an observation as the next message,
+    rendered by the tokenizer's own chat template on its own (the history is never re-rendered).
+
+    The template is rendered once with markers in place of the action and the observation; the
+    text between them is what follows any action, the text after the observation what precedes
+    the next one. When the action already ended with the end-of-turn token (EOS), that token is
+    not injected a second time."""
+
+    ACTION, OBSERVATION = "\x00rlvr-action\x00", "\x00rlvr-observation\x00"
+
+    def __init__(self, tokenizer: Any, role: str = "user", system_prompt: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        if getattr(tokenizer, "chat_template", None):
+            messages = [{"role": "user", "content": "task"}, {"role": "assistant", "content": self.ACTION},
+                        {"role": role, "content": self.OBSERVATION}]
+            if system_prompt:
+                messages.insert(0, {"role": "system", "content": system_prompt})
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            a, o = text.index(self.ACTION) + len(self.ACTION), text.index(self.OBSERVATION)
+            self.before, self.after = text[a:o], text[o + len(self.OBSERVATION) :]
+        else:  # a base model: the observation on its own lines
+            self.before, self.after = "\n", "\n"
+        eos = getattr(tokenizer, "eos_token", None) or ""
+        self.eos_text = eos if eos and self.before.startswith(eos) else ""
+
+    def ids(self, observation: str, action_ended: bool) -> list[int]:
+        before = self.before[len(self.eos_text) :] if action_ended and self.eos_text else self.before
+        return [int(i) for i in self.tokenizer(before + observation + self.after, add_special_tokens=False)["input_ids"]]
+
+
+@dataclass
+class Episode:
+    """One finished episode: its trajectory as a Completion (loss mask 0 on injected tokens) and
+    what the environment said about it."""
+
+    prompt_ids: tuple[int, ...]
+    completion: Completion
+    reward: float
+    """The return: the sum of the turns' rewards."""
+    turns: int
+    ending: Ending
+    metrics: dict[str, float] = field(default_factory=dict)
+    turn_rewards: list[float] = field(default_factory=list)
+    injected_spans: list[tuple[int, int]] = field(default_factory=list)
+    """Character spans of ``completion.text`` that the environment injected."""
+
+
+@dataclass
+class _Trajectory:
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    pieces: list[tuple[str, bool]] = field(default_factory=list)
+    sampled: int = 0
+    turns: int = 0
+    void_run: int = 0
+    reward: float = 0.0
+    turn_rewards: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    ending: Ending | None = None
+    last_action_ended: bool = True
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.ids
+
+    def sample(self, c: Completion, eos: set[int]) -> None:
+        self.ids += c.token_ids
+        self.logprobs += c.logprobs
+        self.mask += [1] * len(c.token_ids)
+        self.pieces.append((c.text, False))
+        self.sampled += len(c.token_ids)
+        self.last_action_ended = bool(c.token_ids) and c.token_ids[-1] in eos
+
+    def inject(self, ids: list[int], text: str) -> None:
+        """The only place a loss mask of 0 is set: tokens the policy did not sample."""
+        self.ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.mask += [0] * len(ids)
+        self.pieces.append((text, True))
+
+    def finish(self, tokenizer: Any) -> Episode:
+        text, spans = "", []
+        for piece, injected in self.pieces:
+            if injected:
+                spans.append((len(text), len(text) + len(piece)))
+            text += piece
+        completion = Completion(tuple(self.ids), tuple(self.logprobs), "stop" if self.ending == "done" else "length",
+                                text, loss_mask=tuple(self.mask))
+        metrics = {**self.metrics, "turns": float(self.turns), "sampled_tokens": float(self.sampled),
+                   "injected_tokens": float(len(self.ids) - self.sampled)}
+        assert self.ending is not None
+        return Episode(tuple(self.prompt_ids), completion, self.reward, self.turns, self.ending, metrics,
+                       list(self.turn_rewards), spans)
+
+
+def run_episodes(engine: Engine, tokenizer: Any, envs: Sequence[Env], prompts: Sequence[list[int]],
+                 params: SamplingParams, limits: Limits, delta: ChatDelta, eos_token_ids: Sequence[int]) -> list[Episode]:
+    """Run one episode per environment, all turns batched through the engine. ``prompts[k]`` is
+    env k's rendered initial observation (token ids). ``params`` gives temperature, top-p/k and
+    stop strings; n is 1 and the token budget comes from ``limits``."""
+    if len(envs) != len(prompts):
+        raise ValueError(f"{len(envs)} environments but {len(prompts)} prompts")
+    eos = set(int(i) for i in eos_token_ids)
+    trajs = [_Trajectory(list(p)) for p in prompts]
+    active = list(range(len(envs)))
+    while active:
+        budget = {k: min(limits.max_turn_tokens, limits.max_total_tokens - trajs[k].sampled,
+                         limits.max_context - len(trajs[k].context)) for k in active}
+        for k in [k for k in active if budget[k] < 1]:  # no room left to act
+            trajs[k].ending = "context"
+        active = [k for k in active if budget[k] >= 1]
+        if not active:
+            break
+        outputs: dict[int, Completion] = {}
+        for size in sorted(set(budget.values())):  # one engine call per distinct budget
+            batch = [k for k in active if budget[k] == size]
+            turn = SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                  max_new_tokens=size, stop=params.stop, n=1)
+            for k, group in zip(batch, engine.generate([trajs[k].context for k in batch], turn)):
+                outputs[k] = group[0]
+        for k in active:
+            trajs[k].sample(outputs[k], eos)
+            trajs[k].turns += 1
+        results = _step_all([envs[k] for k in active], [outputs[k].text for k in active])
+        still = []
+        for k, result in zip(active, results):
+            t = trajs[k]
+            t.reward += float(result.reward)
+            t.turn_rewards.append(float(result.reward))
+            for name, value in result.metrics.items():
+                t.metrics[name] = t.metrics.get(name, 0.0) + float(value)
+            t.void_run = t.void_run + 1 if result.metrics.get("void", 0) else 0
+            if result.done:
+                t.ending = "done"
+            elif t.turns >= limits.max_turns:
+                t.ending = "max_turns"
+            elif t.void_run >= limits.max_void_turns:
+                t.ending = "void"
+            elif t.sampled >= limits.max_total_tokens:
+                t.ending = "budget"
+            else:
+                observation = result.observation or ""
+                ids = delta.ids(observation, t.last_action_ended)
+                if len(t.context) + len(ids) + 1 > limits.max_context:
+                    t.ending = "context"
+                else:
+                    t.inject(ids, tokenizer.decode(ids, skip_special_tokens=True))
+                    still.append(k)
+        active = still
+    return [t.finish(tokenizer) for t in trajs]
+
+
+def _step_all(envs: list[Env], actions: list[str]) -> list[StepResult]:
+    """Every environment's step for this turn; awaitable results are awaited together."""
+    results: list[Any] = [env.step(action) for env, action in zip(envs, actions)]
+    pending = [i for i, r in enumerate(results) if inspect.isawaitable(r)]
+    if pending:
+        async def gather() -> list[Any]:
+            return list(await asyncio.gather(*(results[i] for i in pending)))
+
+        for i, value in zip(pending, asyncio.run(gather())):
+            results[i] = value
+    for r in results:
+        if not isinstance(r, StepResult):
+            raise TypeError(f"an environment's step returned {type(r).__name__}, not StepResult")
+    return results

@@ -1,0 +1,160 @@
+"""The episode runner on the tiny model with fake environments: exact token bookkeeping, loss
+masks, turn and token limits, void turns, async environments."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+from rlvr.agents import Limits, StepResult, run_episodes
+from rlvr.agents.runner import ChatDelta
+from rlvr.data import render_prompt
+from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.train.update import collate
+from rlvr.types import Completion, Sample, SamplingParams
+from tests.tiny import EOS_ID
+
+
+class Counter:
+    """Done after `turns` actions; every turn is one tool call; the last is rewarded 1."""
+
+    def __init__(self, turns: int = 3, void: bool = False) -> None:
+        self.turns, self.seen, self.void = turns, 0, void
+
+    def initial_observation(self) -> str:
+        return f"count to {self.turns}"
+
+    def step(self, action: str) -> StepResult:
+        self.seen += 1
+        done = self.seen >= self.turns
+        return StepResult(None if done else f"obs{self.seen}", reward=1.0 if done else 0.0, done=done,
+                          metrics={"tool_calls": 1.0, "void": float(self.void)})
+
+
+class AsyncCounter(Counter):
+    async def step(self, action: str) -> StepResult:  # type: ignore[override]
+        await asyncio.sleep(0)
+        return super().step(action)
+
+
+class Recording:
+    """An engine wrapper that records every context it was asked to continue."""
+
+    def __init__(self, engine: EmbeddedEngine) -> None:
+        self.engine, self.calls = engine, []
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+        out = self.engine.generate(prompts, params, progress)
+        self.calls.append(([list(p) for p in prompts], params, out))
+        return out
+
+    def update_weights(self, state_dict: object) -> None:
+        pass
+
+
+def setup(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, envs: list, limits: Limits,
+          max_new: int = 6) -> tuple[list, Recording]:
+    engine = Recording(EmbeddedEngine(model, tokenizer, eos_token_ids=[EOS_ID], seed=0))
+    prompts = [render_prompt(tokenizer, env.initial_observation()) for env in envs]
+    episodes = run_episodes(engine, tokenizer, envs, prompts, SamplingParams(max_new_tokens=max_new), limits,
+                            ChatDelta(tokenizer), [EOS_ID])
+    return episodes, engine
+
+
+def test_chat_delta_renders_only_the_new_message(tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    delta = ChatDelta(tiny_tokenizer)
+    assert delta.before == "<|im_end|>\n<|im_start|>user\n" and delta.after == "<|im_end|>\n<|im_start|>assistant\n"
+    decode = lambda ids: tiny_tokenizer.decode(ids)  # noqa: E731
+    assert decode(delta.ids("hi", action_ended=True)) == "\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert decode(delta.ids("hi", action_ended=False)).startswith("<|im_end|>\n<|im_start|>user\nhi")
+    tool = ChatDelta(tiny_tokenizer, role="tool")
+    assert tool.before.endswith("<|im_start|>tool\n")
+
+
+def test_trajectory_is_exactly_the_sampled_and_injected_ids_with_injected_masked(
+        tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    envs = [Counter(3), Counter(2)]
+    episodes, engine = setup(tiny_model, tiny_tokenizer, envs, Limits(max_turns=5, max_turn_tokens=6))
+    delta = ChatDelta(tiny_tokenizer)
+    for k, ep in enumerate(episodes):
+        # rebuild the trajectory by hand from what the engine returned and what the env said
+        expected_ids: list[int] = []
+        expected_mask: list[int] = []
+        turn = 0
+        for contexts, _, outs in engine.calls:
+            rows = [i for i, c in enumerate(contexts) if c == list(ep.prompt_ids) + expected_ids]
+            if not rows:
+                continue
+            sampled = outs[rows[0]][0]
+            # token-in/token-out: the engine was asked to continue exactly the trajectory so far
+            expected_ids += list(sampled.token_ids)
+            expected_mask += [1] * len(sampled.token_ids)
+            turn += 1
+            if turn < envs[k].turns:
+                ended = bool(sampled.token_ids) and sampled.token_ids[-1] == EOS_ID
+                injected = delta.ids(f"obs{turn}", ended)
+                expected_ids += injected
+                expected_mask += [0] * len(injected)
+        assert turn == envs[k].turns == ep.turns and ep.ending == "done" and ep.reward == 1.0
+        assert list(ep.completion.token_ids) == expected_ids
+        assert list(ep.completion.loss_mask) == expected_mask  # type: ignore[arg-type]
+        assert ep.metrics["tool_calls"] == envs[k].turns
+        assert ep.metrics["sampled_tokens"] == sum(expected_mask)
+        # the sampled tokens keep their sampling log-probs; injected ones have none
+        lp = ep.completion.logprobs
+        assert all(lp[t] < 0 for t, m in enumerate(expected_mask) if m) and all(
+            lp[t] == 0 for t, m in enumerate(expected_mask) if not m)
+        # the observation text is marked where it sits in the completion text
+        for start, end in ep.injected_spans:
+            assert "obs" in ep.completion.text[start:end]
+        # the learner sees exactly these ids, and trains on exactly the sampled ones
+        batch = collate([Sample(ep.prompt_ids, ep.completion, ep.reward, {}, 0)], 0, torch.device("cpu"))
+        row = batch["input_ids"][0][: len(ep.prompt_ids) + len(expected_ids)].tolist()
+        assert row == list(ep.prompt_ids) + expected_ids
+        trained = batch["input_ids"][0][batch["loss_mask"][0]].tolist()
+        assert trained == [i for i, m in zip(expected_ids, expected_mask) if m]
+
+
+def test_turn_and_token_limits_end_episodes(tiny_model: LlamaForCausalLM,
+                                           tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    episodes, engine = setup(tiny_model, tiny_tokenizer, [Counter(10)], Limits(max_turns=3, max_turn_tokens=6))
+    assert episodes[0].turns == 3 and episodes[0].ending == "max_turns"
+    assert episodes[0].completion.finish_reason == "length" and episodes[0].reward == 0.0
+    # a total budget of 10 sampled tokens: observations do not count against it
+    episodes, engine = setup(tiny_model, tiny_tokenizer, [Counter(10)],
+                             Limits(max_turns=10, max_turn_tokens=6, max_total_tokens=10))
+    ep = episodes[0]
+    assert ep.ending == "budget" and ep.metrics["sampled_tokens"] <= 10 < len(ep.completion.token_ids)
+    assert all(params.max_new_tokens <= 6 for _, params, _ in engine.calls)
+    assert engine.calls[-1][1].max_new_tokens == 10 - 6  # the last turn gets what is left
+    # a context limit stops before an observation would pass it
+    prompt = len(render_prompt(tiny_tokenizer, "count to 10"))
+    episodes, _ = setup(tiny_model, tiny_tokenizer, [Counter(10)], Limits(max_turns=10, max_context=prompt + 20))
+    assert episodes[0].ending == "context"
+    assert len(episodes[0].prompt_ids) + len(episodes[0].completion.token_ids) <= prompt + 20
+
+
+def test_void_turns_end_the_episode_and_async_environments_are_awaited(
+        tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    episodes, _ = setup(tiny_model, tiny_tokenizer, [Counter(10, void=True)], Limits(max_turns=10, max_void_turns=2))
+    assert episodes[0].ending == "void" and episodes[0].turns == 2 and episodes[0].metrics["void"] == 2
+    sync, _ = setup(tiny_model, tiny_tokenizer, [Counter(2), Counter(3)], Limits())
+    concurrent, _ = setup(tiny_model, tiny_tokenizer, [AsyncCounter(2), AsyncCounter(3)], Limits())
+    assert [e.completion for e in sync] == [e.completion for e in concurrent]
+
+
+def test_bad_inputs_are_clear_errors(tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    with pytest.raises(ValueError, match="max_turns"):
+        Limits(max_turns=0)
+
+    class Broken(Counter):
+        def step(self, action: str) -> StepResult:
+            return "ok"  # type: ignore[return-value]
+
+    with pytest.raises(TypeError, match="StepResult"):
+        setup(tiny_model, tiny_tokenizer, [Broken()], Limits())
