@@ -316,6 +316,23 @@ class SamplerConfig(_Section):
         return self
 
 
+class EnvConfig(_Section):
+    name: str | None = None
+    """Multi-turn episodes instead of single completions (rlvr.agents): "tool_math" (run Python, then answer), "guess_number", or "package.module:factory"; unset = single-turn tasks."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """The environment factory's keyword arguments."""
+    max_turns: int = Field(4, ge=1)
+    """Actions per episode."""
+    max_total_tokens: int = Field(512, ge=1)
+    """Sampled tokens per episode (observations do not count; one turn takes at most sampling.max_new_tokens)."""
+    max_context: int = Field(2048, ge=1)
+    """Prompt plus everything sampled and injected."""
+    max_void_turns: int = Field(2, ge=1)
+    """Consecutive turns without a valid action that end an episode."""
+    observation_role: str = "user"
+    """The chat role observations are rendered with ("user", or "tool" where the template has it)."""
+
+
 class LogConfig(_Section):
     sinks: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=list)
     """Experiment trackers fed every metrics row beside metrics.jsonl, e.g. ["tensorboard"]; each needs its extra (pip install 'rlvr[tensorboard]')."""
@@ -359,6 +376,7 @@ class RunConfig(_Section):
     train: TrainConfig = TrainConfig()
     sandbox: SandboxConfig = SandboxConfig()
     sampler: SamplerConfig = SamplerConfig()
+    env: EnvConfig = EnvConfig()
     log: LogConfig = LogConfig()
 
     def reward_specs(self) -> list[dict[str, Any]]:
@@ -533,7 +551,7 @@ def _dump_table(d: dict[str, Any], path: list[str]) -> str:
     return out
 
 
-_SECTIONS = {"task", "sampling", "engine", "algo", "train", "sandbox", "sampler", "log"}
+_SECTIONS = {"task", "sampling", "engine", "algo", "train", "sandbox", "sampler", "env", "log"}
 
 
 def describe() -> str:

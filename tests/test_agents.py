@@ -158,3 +158,85 @@ def test_bad_inputs_are_clear_errors(tiny_model: LlamaForCausalLM, tiny_tokenize
 
     with pytest.raises(TypeError, match="StepResult"):
         setup(tiny_model, tiny_tokenizer, [Broken()], Limits())
+
+
+def test_tool_math_runs_code_in_the_sandbox_then_scores_the_answer() -> None:
+    from rlvr.agents.envs import ToolMath
+    from rlvr.data import Example
+    from rlvr.rewards import build_rewards
+
+    rewards = build_rewards([{"fn": "math_verify", "kwargs": {"extract": "tag"}}])
+    env = ToolMath(Example("What is 123 * 45?", "5535", {"answer": "5535"}, "m/0"), rewards)
+    assert "```python" in env.initial_observation() and "What is 123 * 45?" in env.initial_observation()
+    first = env.step("Let me compute.\n```python\nx = 123 * 45\nprint(x)\n```")
+    assert first.observation == "Output:\n5535" and not first.done and first.metrics == {"tool_calls": 1.0,
+                                                                                          "tool_errors": 0.0}
+    second = env.step("```python\nx + undefined_name\n```")  # the session kept x; the error is shown
+    assert "NameError" in (second.observation or "") and second.metrics["tool_errors"] == 1.0
+    void = env.step("I am not sure.")
+    assert void.metrics == {"void": 1.0} and "<answer>" in (void.observation or "")
+    done = env.step("The product is <answer>5535</answer>.")
+    assert done.done and done.reward == 1.0 and done.metrics == {"answered": 1.0}
+
+
+def test_tool_calls_are_parsed_from_tags_and_fences_and_typed_tools_have_schemas() -> None:
+    from rlvr.agents.tools import call, parse_tool_calls, tool
+
+    def add(a: int, b: int = 0) -> int:
+        """Add two numbers.
+
+        Args:
+            a: the first number
+            b: the second number
+        """
+        return a + b
+
+    t = tool(add)
+    assert t.schema()["function"] == {"name": "add", "description": "Add two numbers.", "parameters": {
+        "type": "object", "required": ["a"], "properties": {
+            "a": {"type": "integer", "description": "the first number"},
+            "b": {"type": "integer", "description": "the second number"}}}}
+    calls = parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call> '
+                             '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call> <tool_call>{oops')
+    assert [(c.name, c.arguments, c.error is None) for c in calls] == [("add", {"a": 2, "b": 3}, True),
+                                                                        ("add", {"a": 1}, True), ("", {}, False)]
+    assert call({"add": t}, calls[0]) == ("5", True)
+    assert call({"add": t}, calls[2])[1] is False and "JSON" in call({"add": t}, calls[2])[0]
+    assert "no tool named" in call({"add": t}, parse_tool_calls('<tool_call>{"name": "mul"}</tool_call>')[0])[0]
+    fenced = parse_tool_calls("x\n```python\nprint(1)\n```\ny\n```\nprint(2)", code_tool="python")
+    assert [c.arguments["code"] for c in fenced] == ["print(1)\n", "print(2)"]  # an unclosed fence counts
+    with pytest.raises(TypeError, match="type annotation"):
+        tool(lambda x: x)  # type: ignore[arg-type, return-value]
+
+    def takes_a_set(x: set) -> None:  # type: ignore[type-arg]
+        """A set has no JSON type."""
+
+    with pytest.raises(TypeError, match="use int"):
+        tool(takes_a_set)
+
+
+def test_training_on_a_multi_turn_environment_masks_observations_and_resumes_exactly(tiny_dir, tmp_path) -> None:
+    import json
+
+    from rlvr.config import load_config
+    from rlvr.train.loop import train
+    from tests.test_train import TIMING, overrides, read_metrics
+
+    extra = ['env.name="guess_number"', "env.kwargs={low = 1, high = 3, max_guesses = 3}", "env.max_turns=3",
+             "env.max_void_turns=3", "sampling.max_new_tokens=4", 'rewards=[{fn = "tests.test_train:distinct_chars"}]']
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "straight", train__steps=3), *extra]), quiet=True)
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "resumed", train__steps=2), *extra]), quiet=True)
+    train(resume=tmp_path / "resumed", overrides=("train.steps=3",), quiet=True)
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
+    for ra, rb in zip(a, b, strict=True):
+        assert {k: v for k, v in ra.items() if k not in TIMING} == {k: v for k, v in rb.items() if k not in TIMING}
+    row = a[-1]
+    assert row["env/turns"] >= 1 and row["env/injected_tokens"] > 0 and row["env/sampled_tokens"] > 0
+    assert sum(v for k, v in row.items() if k.startswith("env/ending/")) == pytest.approx(1.0)
+    summary = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    assert summary["eval_before"]["eval/env/turns"] >= 1  # held-out evaluation runs episodes too
+    samples = [json.loads(line) for line in (tmp_path / "straight" / "samples.jsonl").read_text().splitlines()]
+    spans = [s for s in samples if s["masked"]]
+    assert spans and all(m[2] == "injected" for s in spans for m in s["masked"])
+    assert any("Reply with one number" in s["completion"][m[0]:m[1]] or "wrong" in s["completion"][m[0]:m[1]]
+               for s in spans for m in s["masked"])

@@ -223,3 +223,43 @@ def _step_all(envs: list[Env], actions: list[str]) -> list[StepResult]:
         if not isinstance(r, StepResult):
             raise TypeError(f"an environment's step returned {type(r).__name__}, not StepResult")
     return results
+
+
+def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Sequence[Any], indices: list[int], n: int,
+                   rewards: list[Any], params: SamplingParams, limits: Limits, delta: ChatDelta,
+                   eos_token_ids: Sequence[int], *, system_prompt: str | None = None,
+                   kwargs: dict[str, Any] | None = None) -> list[Any]:
+    """n episodes of each example index (one fresh environment each), as Groups whose samples
+    carry the episodes' trajectories. A sample's reward is its episode's return (reward part
+    "env"); the group's metadata keeps each episode's metrics, ending and injected spans."""
+    from rlvr.data import render_prompt
+    from rlvr.types import Group, Sample
+
+    envs = [factory(examples[i], rewards, **(kwargs or {})) for i in indices for _ in range(n)]
+    prompts = [render_prompt(tokenizer, env.initial_observation(), system_prompt) for env in envs]
+    episodes = run_episodes(engine, tokenizer, envs, prompts, params, limits, delta, eos_token_ids)
+    groups = []
+    for k, i in enumerate(indices):
+        mine = episodes[k * n : (k + 1) * n]
+        samples = tuple(Sample(ep.prompt_ids, ep.completion, ep.reward, {"env": ep.reward}, i) for ep in mine)
+        groups.append(Group(examples[i].prompt, samples, {
+            "id": examples[i].id, "answer": examples[i].answer, "env_metrics": [ep.metrics for ep in mine],
+            "endings": [ep.ending for ep in mine], "injected_spans": [ep.injected_spans for ep in mine],
+            "turn_rewards": [ep.turn_rewards for ep in mine]}))
+    return groups
+
+
+def episode_metrics(groups: Sequence[Any]) -> dict[str, float]:
+    """Means over a step's episodes: env/<metric> (absent = 0) and env/ending/<why> fractions."""
+    metrics = [m for g in groups for m in g.metadata.get("env_metrics", [])]
+    if not metrics:
+        return {}
+    names = sorted({k for m in metrics for k in m})
+    out = {f"env/{k}": sum(m.get(k, 0.0) for m in metrics) / len(metrics) for k in names}
+    endings = [e for g in groups for e in g.metadata.get("endings", [])]
+    for why in sorted(set(endings)):
+        out[f"env/ending/{why}"] = endings.count(why) / len(endings)
+    calls, errors = out.get("env/tool_calls"), out.get("env/tool_errors")
+    if calls:
+        out["env/tool_error_rate"] = (errors or 0.0) / calls
+    return out

@@ -47,6 +47,8 @@ class Source:
     on_error: str = "zero"
     variants: Callable[[int, int, np.random.Generator], list[list[int]]] | None = None
     """Prompt augmentation: (prompt index, n, rng) → the n prompts (token ids) its samples get."""
+    episodes: Callable[[list[int], int], list[Group]] | None = None
+    """Multi-turn environments: (prompt indices, n) → groups of n episodes each (env.name)."""
     rescore: Callable[[list[Group]], list[Group]] | None = None
     """Fills in rewards that need the policy (intrinsic ones) before a strategy looks at them."""
     generated: int = 0
@@ -63,10 +65,13 @@ class Source:
         n = self.params.n if n is None else n
         if not indices:
             return []
-        per_sample = [self.variants(i, n, self.rng) for i in indices] if self.variants else None
-        groups = generate_groups(self.engine, self.examples, self.prompt_ids, indices, self.rewards,
-                                 dataclasses.replace(self.params, n=n), on_error=self.on_error,
-                                 per_sample_prompts=per_sample)
+        if self.episodes is not None:
+            groups = self.episodes(indices, n)
+        else:
+            per_sample = [self.variants(i, n, self.rng) for i in indices] if self.variants else None
+            groups = generate_groups(self.engine, self.examples, self.prompt_ids, indices, self.rewards,
+                                     dataclasses.replace(self.params, n=n), on_error=self.on_error,
+                                     per_sample_prompts=per_sample)
         if self.rescore is not None:
             groups = self.rescore(groups)
         self.generated += n * len(indices)

@@ -33,6 +33,8 @@ import torch
 from rlvr import sandbox
 from rlvr.algos import ESTIMATORS
 from rlvr.algos.kl import KLController
+from rlvr.agents.envs import env_factory
+from rlvr.agents.runner import ChatDelta, Limits, episode_groups, episode_metrics
 from rlvr.algos.registry import loop_inputs
 from rlvr.config import RunConfig, load_config, to_toml
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
@@ -106,6 +108,8 @@ class Run:
     """Recent groups replayed into later steps (sampler.replay_fraction > 0)."""
     variants: Any = None
     """Prompt augmentation: the per-rollout prompts of an index (sampler.templates)."""
+    episodes: Any = None
+    """Multi-turn environments (env.name): (prompt indices, n) → groups of episodes."""
 
 
 def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
@@ -220,7 +224,29 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
                examples, prompt_ids, held, encode(held), make_sampler(cfg, examples),
                torch.Generator().manual_seed(cfg.seed), settings, params, shared, critic,
                KLController(a.kl_coef, a.kl_target, a.kl_horizon), rehearsal=rehearsal, replay=replay,
-               variants=variants)
+               variants=variants, episodes=make_episodes(cfg, engine, tokenizer, examples, rewards, params))
+
+
+def make_episodes(cfg: RunConfig, engine: EmbeddedEngine, tokenizer: Any, examples: list[Example],
+                  rewards: list[RewardFn], params: SamplingParams) -> Any:
+    """With env.name: (prompt indices, n) → groups of n episodes each (rlvr.agents); else None."""
+    e = cfg.env
+    if e.name is None:
+        return None
+    if cfg.sampler.templates:
+        raise ValueError("sampler.templates and env.name do not combine: an environment writes its own prompt")
+    factory = env_factory(e.name)
+    limits = Limits(max_turns=e.max_turns, max_turn_tokens=cfg.sampling.max_new_tokens,
+                    max_total_tokens=e.max_total_tokens, max_context=e.max_context, max_void_turns=e.max_void_turns)
+    delta = ChatDelta(tokenizer, e.observation_role, cfg.task.system_prompt)
+
+    def episodes(indices: list[int], n: int, *, on: list[Example] | None = None,
+                 sampling: SamplingParams | None = None) -> list[Group]:
+        return episode_groups(engine, tokenizer, factory, examples if on is None else on, indices, n, rewards,
+                              sampling or params, limits, delta, engine.eos_token_ids,
+                              system_prompt=cfg.task.system_prompt, kwargs=dict(e.kwargs))
+
+    return episodes
 
 
 def make_sampler(cfg: RunConfig, examples: list[Example]) -> Sampler:
@@ -285,7 +311,7 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
         def intrinsic(gs: list[Group]) -> list[Group]:
             return score_intrinsic(run.learner.model, gs, run.rewards, run.settings, run.engine.pad_token_id)
     source = Source(run.engine, run.examples, run.prompt_ids, run.rewards, run.params, run.sampler, rng,
-                    on_error=cfg.on_reward_error, variants=run.variants, rescore=intrinsic)
+                    on_error=cfg.on_reward_error, variants=run.variants, rescore=intrinsic, episodes=run.episodes)
     gathered = ROLLOUTS[cfg.sampler.rollouts](source, n - len(replayed), **cfg.sampler.rollouts_kwargs)
     fresh = gathered.train
     groups = fresh + replayed
@@ -320,6 +346,7 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     metrics = {"step": step, **group_metrics(fresh + gathered.aside or groups, run.rewards[0].name), **update,
                **_sampling_metrics(run, gathered, replayed), "lr": run.learner.applied_lr}
     metrics["tokens_generated"] = float(source.tokens)  # everything sampled, down-sampled away or not
+    metrics |= episode_metrics(fresh + gathered.aside)
     if run.rehearsal is not None:
         metrics["rehearsal_size"] = len(run.rehearsal.samples)
     metrics |= {"generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0,
@@ -391,17 +418,24 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
         return {}
     everything = list(range(len(run.eval_examples)))
     params = SamplingParams(temperature=0.0, max_new_tokens=run.params.max_new_tokens, stop=run.params.stop, n=1)
-    groups = generate_groups(run.engine, run.eval_examples, run.eval_ids, everything, run.rewards, params)
+    if run.episodes is not None:  # multi-turn: greedy episodes in fresh environments
+        groups = run.episodes(everything, 1, on=run.eval_examples, sampling=params)
+    else:
+        groups = generate_groups(run.engine, run.eval_examples, run.eval_ids, everything, run.rewards, params)
     m = group_metrics(groups, run.rewards[0].name)
     out = {"eval/accuracy": m["accuracy"], "eval/reward": m["reward"], "eval/response_length": m["response_length"]}
+    out |= {f"eval/{k}": v for k, v in episode_metrics(groups).items()}
     n = run.cfg.train.eval_samples
     if n:
         generator = run.engine.generator
         saved = generator.get_state()
         generator.manual_seed(run.cfg.seed * 1_000_003 + step)
         try:
-            sampled = generate_groups(run.engine, run.eval_examples, run.eval_ids, everything, run.rewards,
-                                      dataclasses.replace(run.params, n=n))
+            if run.episodes is not None:
+                sampled = run.episodes(everything, n, on=run.eval_examples)
+            else:
+                sampled = generate_groups(run.engine, run.eval_examples, run.eval_ids, everything, run.rewards,
+                                          dataclasses.replace(run.params, n=n))
         finally:
             generator.set_state(saved)
         correct = [sum(is_correct(x, run.rewards[0].name) for x in g.samples) for g in sampled]
@@ -418,13 +452,15 @@ def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
     rows = []
     for g in groups:
         reasons = g.metadata.get("masked") or [None] * len(g.samples)
+        injected = g.metadata.get("injected_spans") or [[] for _ in g.samples]
         for k, s in enumerate(g.samples):
             rows.append({
                 "step": step, "prompt_id": g.metadata.get("id"), "prompt": g.prompt, "completion": s.completion.text,
                 "reward": s.reward, "rewards": s.reward_parts,
                 "advantage": g.metadata["advantages"][k] if "advantages" in g.metadata else None,
                 "finish_reason": s.completion.finish_reason, "completion_tokens": len(s.completion.token_ids),
-                "masked": [[0, len(s.completion.text), reasons[k]]] if reasons[k] else []})
+                "masked": [[0, len(s.completion.text), reasons[k]]] if reasons[k] else
+                [[a, b, "injected"] for a, b in injected[k]]})
     return rows
 
 

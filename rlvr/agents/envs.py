@@ -1,0 +1,100 @@
+"""Example environments, each built per episode by a factory ``(example, rewards, **kwargs) -> Env``
+registered in ENVS (``env.name`` in the config; a dotted path names your own).
+
+    tool_math     a task with a checkable answer; the model may run Python before answering
+    guess_number  find a hidden number from "higher"/"lower" feedback (multi-step, with feedback)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from rlvr.agents.env import Env, StepResult
+from rlvr.agents.tools import PythonInterpreter, Tool, call, parse_tool_calls
+from rlvr.data import Example
+from rlvr.rewards import RewardFn, extract_answer
+from rlvr.rewards.combine import score_group
+
+TOOL_INSTRUCTION = ("You can run Python: write a ```python code block and you will see what it prints. "
+                    "When you know the answer, give it inside <answer></answer> tags.")
+
+
+class ToolMath:
+    """Tool-integrated reasoning on any task with a verifier: each turn the model either runs code
+    (a ```python block, or a JSON <tool_call>) and sees its output, or answers in <answer> tags,
+    which ends the episode with the task's rewards as its return. A turn with neither is void:
+    the model is reminded of the format. Metrics: tool_calls, tool_errors, answered."""
+
+    def __init__(self, example: Example, rewards: list[RewardFn], *, instruction: str = TOOL_INSTRUCTION,
+                 extra_tools: dict[str, Tool] | None = None) -> None:
+        self.example, self.rewards, self.instruction = example, rewards, instruction
+        self.python = PythonInterpreter()
+        self.tools = {"python": self.python.as_tool(), **(extra_tools or {})}
+
+    def initial_observation(self) -> str:
+        return f"{self.example.prompt}\n\n{self.instruction}" if self.instruction else self.example.prompt
+
+    def step(self, action: str) -> StepResult:
+        calls = parse_tool_calls(action, code_tool="python")
+        if extract_answer(action, "tag") is not None and not calls:
+            total, _ = score_group(self.rewards, self.example.prompt, [action], self.example.fields)[0]
+            return StepResult(reward=total, done=True, metrics={"answered": 1.0})
+        if not calls:
+            return StepResult("Write a ```python block to compute, or give the final answer in <answer></answer> "
+                              "tags.", metrics={"void": 1.0})
+        outputs, errors = [], 0
+        for c in calls:
+            text, ok = call(self.tools, c)
+            errors += not ok or text.startswith("error") or "Error" in text.splitlines()[-1]
+            outputs.append(text)
+        return StepResult("Output:\n" + "\n\n".join(outputs),
+                          metrics={"tool_calls": float(len(calls)), "tool_errors": float(errors)})
+
+
+class GuessNumber:
+    """Find a hidden integer in [low, high] (drawn from the example's id, so the G episodes of a
+    prompt share it); after each guess the model is told "higher", "lower" or "correct". Return:
+    1 − (guesses − 1) / max_guesses for a correct guess, 0 otherwise. A turn without a number is
+    void. Metrics: guesses, solved."""
+
+    def __init__(self, example: Example, rewards: list[RewardFn], *, low: int = 1, high: int = 20,
+                 max_guesses: int = 6) -> None:
+        self.low, self.high, self.max_guesses = low, high, max_guesses
+        self.secret = random.Random(example.id).randint(low, high)
+        self.guesses = 0
+
+    def initial_observation(self) -> str:
+        return (f"I am thinking of a whole number from {self.low} to {self.high}. Guess it: reply with one number. "
+                "I will say if the number is higher or lower.")
+
+    def step(self, action: str) -> StepResult:
+        guess = extract_answer(action, "tag_or_last_number")
+        try:
+            value = int(float(guess)) if guess is not None else None
+        except ValueError:
+            value = None
+        if value is None:
+            return StepResult("Reply with one number.", metrics={"void": 1.0})
+        self.guesses += 1
+        if value == self.secret:
+            return StepResult(reward=1.0 - (self.guesses - 1) / self.max_guesses, done=True,
+                              metrics={"guesses": 1.0, "solved": 1.0})
+        hint = "higher" if self.secret > value else "lower"
+        return StepResult(f"{value} is wrong: the number is {hint}.", done=self.guesses >= self.max_guesses,
+                          metrics={"guesses": 1.0})
+
+
+ENVS: dict[str, Callable[..., Env]] = {"tool_math": ToolMath, "guess_number": GuessNumber}
+
+
+def env_factory(name: str) -> Callable[..., Any]:
+    """A registered environment, or ``package.module:factory``."""
+    if name in ENVS:
+        return ENVS[name]
+    if ":" in name or "." in name:
+        from rlvr.rewards.combine import load_callable
+
+        return load_callable(name)
+    raise ValueError(f"unknown env {name!r}; choose from {', '.join(ENVS)} or give package.module:factory")
