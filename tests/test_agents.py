@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -240,3 +241,45 @@ def test_training_on_a_multi_turn_environment_masks_observations_and_resumes_exa
     assert spans and all(m[2] == "injected" for s in spans for m in s["masked"])
     assert any("Reply with one number" in s["completion"][m[0]:m[1]] or "wrong" in s["completion"][m[0]:m[1]]
                for s in spans for m in s["masked"])
+
+
+def test_the_search_world_is_fixed_by_its_seed_and_bm25_finds_the_facts() -> None:
+    from rlvr.agents.search import SearchQA, facts_examples, normalise, world
+
+    countries, docs = world(0, 20)
+    assert world(0, 20) == (countries, docs) and world(1, 20)[0] != countries
+    assert len(docs) == 40 and len({c.name for c in countries}) == 20
+    examples = facts_examples(size=30, seed=0, countries=20)
+    assert examples == facts_examples(size=30, seed=0, countries=20)
+    env = SearchQA(example_for(countries[3]), k=2)
+    found = env.search(f"capital of {countries[3].name}")
+    assert found.startswith("(1) ") and countries[3].capital in found.splitlines()[0]
+    result = env.step(f"<search>capital of {countries[3].name}</search>")
+    assert result.metrics == {"tool_calls": 1.0} and result.observation.startswith("<information>")  # type: ignore[union-attr]
+    assert countries[3].capital in (result.observation or "")
+    assert env.step("hmm").metrics == {"void": 1.0}
+    right = env.step(f"<answer>The {countries[3].capital.upper()}.</answer>")
+    assert right.done and right.reward == 1.0
+    assert SearchQA(example_for(countries[3])).step("<answer>Paris</answer>").reward == 0.0
+    assert normalise(" The  Kalo-mi! ") == "kalomi"
+
+
+def example_for(country: Any) -> Any:
+    """A question about one country of world(0, 20)."""
+    from rlvr.data import Example
+
+    return Example(f"What is the capital of {country.name}?", country.capital,
+                   {"answer": country.capital, "world_seed": 0, "countries": 20}, "facts/t")
+
+
+def test_training_a_search_agent_with_advantages_stratified_by_tool_calls(tiny_dir, tmp_path) -> None:
+    from rlvr.config import load_config
+    from rlvr.train.loop import train
+    from tests.test_train import overrides, read_metrics
+
+    extra = ['task.source="facts"', "task.params={countries = 20}", 'env.name="search"', "env.max_turns=2",
+             "sampling.max_new_tokens=6", 'algo.advantage="stratified"', 'algo.stratum_key="tool_calls"',
+             'rewards=[{fn = "tests.test_train:distinct_chars"}]']
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "search", train__steps=2), *extra]), quiet=True)
+    rows = read_metrics(tmp_path / "search")
+    assert [r["step"] for r in rows] == [1, 2] and "env/turns" in rows[-1] and "rewards/tool_calls" in rows[-1]

@@ -3,6 +3,8 @@ registered in ENVS (``env.name`` in the config; a dotted path names your own).
 
     tool_math     a task with a checkable answer; the model may run Python before answering
     guess_number  find a hidden number from "higher"/"lower" feedback (multi-step, with feedback)
+    search        questions about an invented world, answered by searching its documents with BM25
+                  (rlvr.agents.search; task.source = "facts")
 """
 
 from __future__ import annotations
@@ -86,7 +88,13 @@ class GuessNumber:
                           metrics={"guesses": 1.0})
 
 
-ENVS: dict[str, Callable[..., Env]] = {"tool_math": ToolMath, "guess_number": GuessNumber}
+def _search(example: Example, rewards: list[RewardFn], **kwargs: Any) -> Env:
+    from rlvr.agents.search import SearchQA
+
+    return SearchQA(example, rewards, **kwargs)
+
+
+ENVS: dict[str, Callable[..., Env]] = {"tool_math": ToolMath, "guess_number": GuessNumber, "search": _search}
 
 
 def env_factory(name: str) -> Callable[..., Any]:

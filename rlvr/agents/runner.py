@@ -231,7 +231,7 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
                    kwargs: dict[str, Any] | None = None) -> list[Any]:
     """n episodes of each example index (one fresh environment each), as Groups whose samples
     carry the episodes' trajectories. A sample's reward is its episode's return (reward part
-    "env"); the group's metadata keeps each episode's metrics, ending and injected spans."""
+    "env", followed by "turns" and "tool_calls", which do not count in the reward); the group's metadata keeps each episode's metrics, ending and injected spans."""
     from rlvr.data import render_prompt
     from rlvr.types import Group, Sample
 
@@ -241,7 +241,10 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
     groups = []
     for k, i in enumerate(indices):
         mine = episodes[k * n : (k + 1) * n]
-        samples = tuple(Sample(ep.prompt_ids, ep.completion, ep.reward, {"env": ep.reward}, i) for ep in mine)
+        # "turns" and "tool_calls" ride along as weight-0 parts: algo.stratum_key can stratify by them (SAN)
+        samples = tuple(Sample(ep.prompt_ids, ep.completion, ep.reward, {
+            "env": ep.reward, "turns": float(ep.turns), "tool_calls": ep.metrics.get("tool_calls", 0.0)}, i)
+            for ep in mine)
         groups.append(Group(examples[i].prompt, samples, {
             "id": examples[i].id, "answer": examples[i].answer, "env_metrics": [ep.metrics for ep in mine],
             "endings": [ep.ending for ep in mine], "injected_spans": [ep.injected_spans for ep in mine],

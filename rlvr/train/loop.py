@@ -125,6 +125,10 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
                                       instruction=instruction)
     elif t.source == "humaneval":
         pool = humaneval_examples(instruction=instruction)
+    elif t.source == "facts":  # questions about an invented world (the search environment's corpus)
+        from rlvr.agents.search import facts_examples
+
+        pool = facts_examples(size=t.size + t.eval_size, seed=cfg.seed, **t.params)
     elif t.source == "hf":
         assert t.path is not None
         pool = hf_examples(t.path, split=t.split, prompt_column=t.prompt_column, answer_column=t.answer_column,

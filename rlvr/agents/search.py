@@ -1,0 +1,159 @@
+"""A search agent over a local corpus: questions about an invented world whose facts exist only in
+its documents, so the model has to search to answer. Retrieval is BM25 (the rank-bm25 library,
+``pip install 'rlvr[agents]'``) over the corpus, built once per world.
+
+The world is generated from a seed: countries with a capital, a currency, a founding year and a
+river, one document per country, plus distractor documents about the cities. ``facts_examples``
+gives the questions (``task.source = "facts"``); ``SearchQA`` is the environment (``env.name =
+"search"``). Calls follow Search-R1's tags, ``<search>query</search>``, answered with
+``<information>…</information>``, or a JSON ``<tool_call>`` to ``search``. The answer goes in
+``<answer></answer>`` and is scored by normalised exact match.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+import string
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr.agents.env import StepResult
+from rlvr.agents.tools import call, parse_tool_calls, tool
+from rlvr.data import Example
+from rlvr.rewards import extract_answer
+
+_SYLLABLES = ["ka", "lo", "mi", "ra", "ten", "vu", "zor", "qua", "bel", "dri", "sha", "no", "pel", "tor", "gin",
+              "xa", "fen", "dul", "ri", "mo", "sal", "ve", "kor", "thi"]
+_THINGS = ["its glass towers", "an old bridge", "spice markets", "a winter festival", "a famous library",
+           "salt mines", "a harbour", "clockmakers", "a hilltop fortress", "tea gardens"]
+
+
+@dataclass(frozen=True)
+class Country:
+    name: str
+    capital: str
+    currency: str
+    founded: int
+    river: str
+
+
+def _word(rng: random.Random, parts: int) -> str:
+    return "".join(rng.choice(_SYLLABLES) for _ in range(parts)).capitalize()
+
+
+@functools.lru_cache(maxsize=8)
+def world(seed: int = 0, countries: int = 60) -> tuple[tuple[Country, ...], tuple[str, ...]]:
+    """The countries and the corpus (one document per country, one per capital) of a world."""
+    rng = random.Random(seed)
+    used: set[str] = set()
+
+    def fresh(parts: int) -> str:
+        while (w := _word(rng, parts)) in used:
+            pass
+        used.add(w)
+        return w
+
+    made = tuple(Country(fresh(2), fresh(3), fresh(2).lower(), rng.randint(1000, 1999), fresh(2))
+                 for _ in range(countries))
+    docs = [f"{c.name} is a country whose capital is {c.capital}. Its currency is the {c.currency}. "
+            f"{c.name} was founded in {c.founded}, and the {c.river} river runs through it." for c in made]
+    docs += [f"{c.capital} is a city known for {rng.choice(_THINGS)}." for c in made]
+    rng.shuffle(docs)
+    return made, tuple(docs)
+
+
+def facts_examples(*, size: int, seed: int = 0, countries: int = 60) -> list[Example]:
+    """``size`` questions about the world of ``seed`` (single-hop, and two-hop through the capital)."""
+    made, _ = world(seed, countries)
+    rng = random.Random(seed + 1)
+    templates = [("What is the capital of {name}?", "capital"), ("What is the currency of {name}?", "currency"),
+                 ("In which year was {name} founded?", "founded"), ("Which river runs through {name}?", "river"),
+                 ("What is the currency of the country whose capital is {capital}?", "currency"),
+                 ("Which river runs through the country whose capital is {capital}?", "river")]
+    out = []
+    for i in range(size):
+        c = rng.choice(made)
+        question, field = rng.choice(templates)
+        text = question.format(name=c.name, capital=c.capital)
+        answer = str(getattr(c, field))
+        out.append(Example(text, answer, {"answer": answer, "world_seed": seed, "countries": countries},
+                           f"facts/{seed}/{i}"))
+    return out
+
+
+class _Index:
+    def __init__(self, docs: tuple[str, ...]) -> None:
+        try:
+            from rank_bm25 import BM25Okapi
+        except ImportError as e:
+            raise ImportError("the search environment needs rank-bm25: pip install 'rlvr[agents]'") from e
+
+        self.docs = docs
+        self.bm25 = BM25Okapi([_tokens(d) for d in docs])
+
+    def search(self, query: str, k: int) -> list[str]:
+        scores = self.bm25.get_scores(_tokens(query))
+        best = sorted(range(len(self.docs)), key=lambda i: -scores[i])[:k]
+        return [self.docs[i] for i in best if scores[i] > 0]
+
+
+def _tokens(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+@functools.lru_cache(maxsize=8)
+def _index(seed: int, countries: int) -> _Index:
+    return _Index(world(seed, countries)[1])
+
+
+def normalise(text: str) -> str:
+    text = text.lower().strip()
+    text = "".join(ch for ch in text if ch not in string.punctuation)
+    return " ".join(w for w in text.split() if w not in ("the", "a", "an"))
+
+
+_SEARCH = re.compile(r"<search>(.*?)(?:</search>|$)", re.S)
+
+SEARCH_INSTRUCTION = ("Answer using the search engine: write <search>your query</search> and the results appear "
+                      "between <information> tags. Search as often as you need, then give the answer inside "
+                      "<answer></answer> tags.")
+
+
+class SearchQA:
+    """Answer a question about the invented world with a BM25 search tool (top ``k`` documents per
+    query). Return: 1 for an exact match (normalised: case, punctuation and articles ignored), else
+    0; an episode that never answers gets 0. Metrics: tool_calls (searches), answered, void."""
+
+    def __init__(self, example: Example, rewards: Any = None, *, k: int = 3,
+                 instruction: str = SEARCH_INSTRUCTION) -> None:
+        self.example, self.k, self.instruction = example, k, instruction
+        self.index = _index(int(example.fields.get("world_seed", 0)), int(example.fields.get("countries", 60)))
+        self.tools = {"search": tool(self.search)}
+
+    def search(self, query: str) -> str:
+        """Search the documents.
+
+        Args:
+            query: words to look for
+        """
+        hits = self.index.search(query, self.k)
+        return "\n".join(f"({i + 1}) {doc}" for i, doc in enumerate(hits)) or "(no results)"
+
+    def initial_observation(self) -> str:
+        return f"{self.example.prompt}\n\n{self.instruction}"
+
+    def step(self, action: str) -> StepResult:
+        queries = [q.strip() for q in _SEARCH.findall(action) if q.strip()]
+        calls = parse_tool_calls(action)
+        answer = extract_answer(action, "tag")
+        if answer is not None and not queries and not calls:
+            right = normalise(answer) == normalise(self.example.answer or "")
+            return StepResult(reward=float(right), done=True, metrics={"answered": 1.0})
+        if not queries and not calls:
+            return StepResult("Search with <search>query</search>, or answer inside <answer></answer> tags.",
+                              metrics={"void": 1.0})
+        results = [self.search(q) for q in queries] + [call(self.tools, c)[0] for c in calls]
+        return StepResult("<information>\n" + "\n\n".join(results) + "\n</information>",
+                          metrics={"tool_calls": float(len(results))})
