@@ -170,8 +170,8 @@ def test_tool_math_runs_code_in_the_sandbox_then_scores_the_answer() -> None:
     env = ToolMath(Example("What is 123 * 45?", "5535", {"answer": "5535"}, "m/0"), rewards)
     assert "```python" in env.initial_observation() and "What is 123 * 45?" in env.initial_observation()
     first = env.step("Let me compute.\n```python\nx = 123 * 45\nprint(x)\n```")
-    assert first.observation == "Output:\n5535" and not first.done and first.metrics == {"tool_calls": 1.0,
-                                                                                          "tool_errors": 0.0}
+    assert first.observation == "Output:\n5535" and not first.done and first.metrics == {
+        "tool_calls": 1.0, "tool_errors": 0.0, "tool_ok": 1.0}
     second = env.step("```python\nx + undefined_name\n```")  # the session kept x; the error is shown
     assert "NameError" in (second.observation or "") and second.metrics["tool_errors"] == 1.0
     void = env.step("I am not sure.")
@@ -283,3 +283,16 @@ def test_training_a_search_agent_with_advantages_stratified_by_tool_calls(tiny_d
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "search", train__steps=2), *extra]), quiet=True)
     rows = read_metrics(tmp_path / "search")
     assert [r["step"] for r in rows] == [1, 2] and "env/turns" in rows[-1] and "rewards/tool_calls" in rows[-1]
+
+
+def test_tool_math_bonuses_are_paid_once_for_a_call_that_runs_and_for_answering() -> None:
+    from rlvr.agents.envs import ToolMath
+    from rlvr.data import Example
+    from rlvr.rewards import build_rewards
+
+    rewards = build_rewards([{"fn": "math_verify", "kwargs": {"extract": "tag"}}])
+    env = ToolMath(Example("2+2?", "4", {"answer": "4"}, "m/1"), rewards, tool_bonus=0.2, answer_bonus=0.1)
+    assert env.step("```python\nprint(1/0)\n```").reward == 0.0  # an error earns nothing
+    assert env.step("```python\nprint(2+2)\n```").reward == 0.2
+    assert env.step("```python\nprint(3)\n```").reward == 0.0  # once per episode
+    assert env.step("<answer>5</answer>").reward == pytest.approx(0.1)  # wrong, but answered

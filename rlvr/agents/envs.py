@@ -27,13 +27,20 @@ class ToolMath:
     """Tool-integrated reasoning on any task with a verifier: each turn the model either runs code
     (a ```python block, or a JSON <tool_call>) and sees its output, or answers in <answer> tags,
     which ends the episode with the task's rewards as its return. A turn with neither is void:
-    the model is reminded of the format. Metrics: tool_calls, tool_errors, answered."""
+    the model is reminded of the format. Metrics: tool_calls, tool_errors, tool_ok (calls that
+    ran), answered.
+
+    For a weak model, ``tool_bonus`` (once per episode, for the first call that runs without an
+    error) and ``answer_bonus`` (for answering in tags at all) give GRPO a signal before answers
+    are right; both default to 0."""
 
     def __init__(self, example: Example, rewards: list[RewardFn], *, instruction: str = TOOL_INSTRUCTION,
-                 extra_tools: dict[str, Tool] | None = None) -> None:
+                 extra_tools: dict[str, Tool] | None = None, tool_bonus: float = 0.0,
+                 answer_bonus: float = 0.0) -> None:
         self.example, self.rewards, self.instruction = example, rewards, instruction
         self.python = PythonInterpreter()
         self.tools = {"python": self.python.as_tool(), **(extra_tools or {})}
+        self.tool_bonus, self.answer_bonus, self.bonus_paid = tool_bonus, answer_bonus, False
 
     def initial_observation(self) -> str:
         return f"{self.example.prompt}\n\n{self.instruction}" if self.instruction else self.example.prompt
@@ -42,7 +49,7 @@ class ToolMath:
         calls = parse_tool_calls(action, code_tool="python")
         if extract_answer(action, "tag") is not None and not calls:
             total, _ = score_group(self.rewards, self.example.prompt, [action], self.example.fields)[0]
-            return StepResult(reward=total, done=True, metrics={"answered": 1.0})
+            return StepResult(reward=total + self.answer_bonus, done=True, metrics={"answered": 1.0})
         if not calls:
             return StepResult("Write a ```python block to compute, or give the final answer in <answer></answer> "
                               "tags.", metrics={"void": 1.0})
@@ -51,8 +58,12 @@ class ToolMath:
             text, ok = call(self.tools, c)
             errors += not ok or text.startswith("error") or "Error" in text.splitlines()[-1]
             outputs.append(text)
-        return StepResult("Output:\n" + "\n\n".join(outputs),
-                          metrics={"tool_calls": float(len(calls)), "tool_errors": float(errors)})
+        bonus = 0.0
+        if errors < len(calls) and not self.bonus_paid:
+            bonus, self.bonus_paid = self.tool_bonus, True
+        return StepResult("Output:\n" + "\n\n".join(outputs), reward=bonus,
+                          metrics={"tool_calls": float(len(calls)), "tool_errors": float(errors),
+                                   "tool_ok": float(len(calls) - errors)})
 
 
 class GuessNumber:
