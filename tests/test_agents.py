@@ -296,3 +296,19 @@ def test_tool_math_bonuses_are_paid_once_for_a_call_that_runs_and_for_answering(
     assert env.step("```python\nprint(2+2)\n```").reward == 0.2
     assert env.step("```python\nprint(3)\n```").reward == 0.0  # once per episode
     assert env.step("<answer>5</answer>").reward == pytest.approx(0.1)  # wrong, but answered
+
+
+def test_the_tool_math_config_trains_on_the_tiny_model(tiny_dir: Any, tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from rlvr.config import load_config
+    from rlvr.train.loop import train
+    from tests.test_train import read_metrics
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "configs/tool_math.toml", [
+        f'model="{tiny_dir}"', f'output_dir="{tmp_path}"', "train.steps=1", "train.prompts_per_step=2",
+        "algo.group_size=2", "sampling.max_new_tokens=8", "task.eval_size=2", "train.eval_every=0"])
+    assert train(cfg, quiet=True)["steps"] == 1
+    row = read_metrics(tmp_path / "tool-math")[0]
+    assert "env/turns" in row and "rewards/env" in row
