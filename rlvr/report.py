@@ -28,6 +28,8 @@ PANELS: list[tuple[str, list[str]]] = [
     ("Throughput (tokens/s)", [r"^tokens_per_second$"]),
     ("Seconds per step", [r"^(generate|train|step)_seconds$"]),
     ("Optimisation", [r"^grad_norm$", r"^loss$"]),
+    ("Episodes: turns and tool use", [r"^env/turns$", r"^env/tool_calls$", r"^env/tool_ok$", r"^env/void$"]),
+    ("Episodes: tool errors and endings", [r"^env/tool_error_rate$", r"^env/ending/"]),
 ]
 # Panels drawn in the PNG (the first six that have data).
 PNG_PANELS = 6

@@ -199,3 +199,14 @@ def test_hostile_completions_are_shown_as_text(browser: Any, tmp_path: Path) -> 
     cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "td.text")]
     assert cells[0].startswith("</script><script>") and cells[1].startswith("<!-- <img")
     assert browser.find_elements(By.CSS_SELECTOR, "#groups img") == []
+
+
+def test_episode_metrics_get_their_own_panels(tmp_path: Path) -> None:
+    rows = [{"step": s, "reward": 0.1 * s, "env/turns": 2.0, "env/tool_calls": 1.0 + s, "env/tool_error_rate": 0.5,
+             "env/ending/done": 0.25, "env/ending/max_turns": 0.75} for s in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = build_data(tmp_path)
+    panels = {p["title"]: p["keys"] for p in data["panels"]}
+    assert panels["Episodes: turns and tool use"] == ["env/turns", "env/tool_calls"]
+    assert panels["Episodes: tool errors and endings"] == ["env/tool_error_rate", "env/ending/done",
+                                                           "env/ending/max_turns"]
