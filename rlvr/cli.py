@@ -338,7 +338,7 @@ def _contamination_prompts(args: argparse.Namespace, cfg: RunConfig) -> tuple[li
     if args.members and args.non_members:
         return _read_prompts(Path(args.members))[:n], _read_prompts(Path(args.non_members))[:n]
     from rlvr.data.sampler import UniformSampler
-    from rlvr.train.loop import load_examples
+    from rlvr.train.data import load_examples
 
     train, held = load_examples(cfg)
     # the training loop draws prompts with this sampler and seed, so these are the first it trains on

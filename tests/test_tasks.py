@@ -151,7 +151,7 @@ def test_reasoning_gym_mixture_follows_the_weights_and_scores_each_task_by_its_o
 
 def test_mixture_in_the_config(tmp_path: Path) -> None:
     from rlvr.config import load_config
-    from rlvr.train.loop import load_examples
+    from rlvr.train.data import load_examples
 
     cfg = load_config(None, ['task.mixture=[{name = "chain_sum", weight = 3}, {name = "leg_counting"}]',
                              "task.size=12", "task.eval_size=4"])
@@ -168,7 +168,7 @@ def test_parquet_and_hf_dataset_sources_read_the_configured_columns(tmp_path: Pa
     import pyarrow.parquet as pq
 
     from rlvr.config import load_config
-    from rlvr.train.loop import load_examples
+    from rlvr.train.data import load_examples
 
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
     datasets.DatasetDict({"test": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path / "hf"))

@@ -29,7 +29,7 @@ def pass_rates(model_spec: str, cfg: RunConfig, *, n: int, limit: int | None = N
     from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
     from rlvr.rewards import build_rewards
     from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.train.loop import load_examples
+    from rlvr.train.data import load_examples
     from rlvr.train.rollouts import generate_groups, is_correct
     from rlvr.types import SamplingParams
 

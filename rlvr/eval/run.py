@@ -40,7 +40,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     from rlvr.data import render_prompt
     from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.train.loop import load_examples
+    from rlvr.train.data import load_examples
     from rlvr.train.rollouts import generate_groups, is_correct
     from rlvr.train.update import score_certainty
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import logging
 import shutil
 import signal
 import statistics
@@ -31,34 +30,26 @@ import numpy as np
 import torch
 
 from rlvr import sandbox
+from rlvr.agents.runner import episode_metrics
 from rlvr.algos import ESTIMATORS
 from rlvr.algos.kl import KLController
-from rlvr.agents.envs import env_factory
-from rlvr.agents.runner import ChatDelta, Limits, episode_groups, episode_metrics
 from rlvr.algos.registry import loop_inputs
 from rlvr.config import RunConfig, load_config, to_toml
-from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
-from rlvr.data.tasks import (
-    CODE_INSTRUCTION,
-    hf_examples,
-    humaneval_examples,
-    parquet_examples,
-    reasoning_gym_mixture,
-)
-from rlvr.data.sampler import Sampler, UniformSampler
+from rlvr.data import Example, render_prompt
+from rlvr.data.sampler import Sampler
 from rlvr.eval.metrics import pass_at_k
-from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress
-from rlvr.log import tracking
+from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress, tracking
 from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from rlvr.rewards import RewardFn, build_rewards
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
+from rlvr.train.collect import ROLLOUTS, Gathered, ReplayBuffer, Source, template_variants
 from rlvr.train.critic import Critic
+from rlvr.train.data import load_examples, make_episodes, make_sampler
 from rlvr.train.learner import Learner
 from rlvr.train.rehearsal import FILE as REHEARSAL_FILE
 from rlvr.train.rehearsal import Rehearsal, screen_order
-from rlvr.train.collect import ROLLOUTS, Gathered, ReplayBuffer, Source, template_variants
 from rlvr.train.rollouts import generate_groups, group_metrics, is_correct
 from rlvr.train.update import (
     UpdateSettings,
@@ -73,8 +64,6 @@ from rlvr.types import Group, SamplingParams
 class RunDirError(RuntimeError):
     """The run directory cannot be used as asked (exists already, or nothing to resume)."""
 
-
-logger = logging.getLogger("rlvr.train")
 
 @dataclass
 class Run:
@@ -110,51 +99,6 @@ class Run:
     """Prompt augmentation: the per-rollout prompts of an index (sampler.templates)."""
     episodes: Any = None
     """Multi-turn environments (env.name): (prompt indices, n) → groups of episodes."""
-
-
-def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
-    """Training and held-out examples; no held-out prompt text appears in training."""
-    t = cfg.task
-    default = CODE_INSTRUCTION if t.source == "humaneval" else "Put the final answer inside <answer></answer> tags."
-    instruction = default if t.instruction is None else t.instruction
-    if t.source == "reasoning_gym" and t.mixture:
-        pool = reasoning_gym_mixture([(m.name, m.weight, m.params) for m in t.mixture], size=t.size + t.eval_size,
-                                     seed=cfg.seed, instruction=instruction)
-    elif t.source == "reasoning_gym":
-        pool = reasoning_gym_examples(t.name, size=t.size + t.eval_size, seed=cfg.seed, params=t.params,
-                                      instruction=instruction)
-    elif t.source == "humaneval":
-        pool = humaneval_examples(instruction=instruction)
-    elif t.source == "facts":  # questions about an invented world (the search environment's corpus)
-        from rlvr.agents.search import facts_examples
-
-        pool = facts_examples(size=t.size + t.eval_size, seed=cfg.seed, **t.params)
-    elif t.source == "hf":
-        assert t.path is not None
-        pool = hf_examples(t.path, split=t.split, prompt_column=t.prompt_column, answer_column=t.answer_column,
-                           instruction=instruction)
-    else:
-        assert t.path is not None
-        read = parquet_examples if t.source == "parquet" else jsonl_examples
-        pool = read(t.path, prompt_column=t.prompt_column, answer_column=t.answer_column, instruction=instruction)
-    held: list[Example] = []
-    seen: set[str] = set()
-    for ex in pool:
-        if len(held) >= t.eval_size:
-            break
-        if ex.prompt not in seen:
-            held.append(ex)
-            seen.add(ex.prompt)
-    train = [ex for ex in pool if ex.prompt not in seen]
-    if not train:
-        raise ValueError(f"no training prompts left after holding out {len(held)} for evaluation; "
-                         "raise task.size, lower task.eval_size, or widen the task's parameters")
-    distinct = len({ex.prompt for ex in train})
-    if distinct < 4 * cfg.train.prompts_per_step:  # a few steps' worth: almost surely not what was meant
-        logger.warning("only %d distinct training prompts (task.size = %d, less duplicates and the %d held-out "
-                       "texts): the task has few distinct prompts. Widen task.params or lower task.eval_size "
-                       "if that is not intended.", distinct, t.size, len(held))
-    return train, held
 
 
 def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: bool = True) -> Run:
@@ -231,48 +175,6 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
                variants=variants, episodes=make_episodes(cfg, engine, tokenizer, examples, rewards, params))
 
 
-def make_episodes(cfg: RunConfig, engine: EmbeddedEngine, tokenizer: Any, examples: list[Example],
-                  rewards: list[RewardFn], params: SamplingParams) -> Any:
-    """With env.name: (prompt indices, n) → groups of n episodes each (rlvr.agents); else None."""
-    e = cfg.env
-    if e.name is None:
-        return None
-    if cfg.sampler.templates:
-        raise ValueError("sampler.templates and env.name do not combine: an environment writes its own prompt")
-    factory = env_factory(e.name)
-    limits = Limits(max_turns=e.max_turns, max_turn_tokens=cfg.sampling.max_new_tokens,
-                    max_total_tokens=e.max_total_tokens, max_context=e.max_context, max_void_turns=e.max_void_turns)
-    delta = ChatDelta(tokenizer, e.observation_role, cfg.task.system_prompt)
-
-    def episodes(indices: list[int], n: int, *, on: list[Example] | None = None,
-                 sampling: SamplingParams | None = None) -> list[Group]:
-        return episode_groups(engine, tokenizer, factory, examples if on is None else on, indices, n, rewards,
-                              sampling or params, limits, delta, engine.eos_token_ids,
-                              system_prompt=cfg.task.system_prompt, kwargs=dict(e.kwargs))
-
-    return episodes
-
-
-def make_sampler(cfg: RunConfig, examples: list[Example]) -> Sampler:
-    """The configured prompt sampler over the training examples (rlvr.data.curricula)."""
-    sc = cfg.sampler
-    if sc.name == "uniform" and not sc.kwargs:
-        return UniformSampler(len(examples), cfg.seed)
-    from rlvr.data.curricula import SamplerContext, build_sampler
-
-    difficulty = None
-    if sc.difficulty_field is not None:
-        missing = [ex.id for ex in examples if not isinstance(ex.fields.get(sc.difficulty_field), int | float)]
-        if missing:
-            raise ValueError(f"sampler.difficulty_field = {sc.difficulty_field!r}: example {missing[0]} has no "
-                             f"numeric {sc.difficulty_field!r} ({len(missing)} of {len(examples)} lack it)")
-        difficulty = [float(ex.fields[sc.difficulty_field]) for ex in examples]
-    ctx = SamplerContext(texts=[ex.prompt for ex in examples],
-                         sources=[str(ex.fields.get(sc.source_field, "default")) for ex in examples],
-                         seed=cfg.seed, difficulty=difficulty)
-    return build_sampler(sc.name, ctx, dict(sc.kwargs))
-
-
 def _rehearsal(cfg: RunConfig, run_dir: Path, engine: EmbeddedEngine, model: Any, examples: list[Example],
                prompt_ids: list[list[int]], rewards: list[RewardFn], params: SamplingParams,
                settings: UpdateSettings, resuming: bool, quiet: bool) -> Rehearsal:
@@ -310,12 +212,12 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     n = cfg.train.prompts_per_step
     rng = np.random.default_rng([cfg.seed, step, 7])
     replayed = run.replay.take(n, step, rng) if run.replay is not None else []
-    intrinsic = None
-    if any(r.intrinsic for r in run.rewards):  # self-certainty, negative entropy: from the policy itself
-        def intrinsic(gs: list[Group]) -> list[Group]:
-            return score_intrinsic(run.learner.model, gs, run.rewards, run.settings, run.engine.pad_token_id)
+    def intrinsic(gs: list[Group]) -> list[Group]:  # self-certainty, negative entropy: from the policy itself
+        return score_intrinsic(run.learner.model, gs, run.rewards, run.settings, run.engine.pad_token_id)
+
     source = Source(run.engine, run.examples, run.prompt_ids, run.rewards, run.params, run.sampler, rng,
-                    on_error=cfg.on_reward_error, variants=run.variants, rescore=intrinsic, episodes=run.episodes)
+                    on_error=cfg.on_reward_error, variants=run.variants, episodes=run.episodes,
+                    rescore=intrinsic if any(r.intrinsic for r in run.rewards) else None)
     gathered = ROLLOUTS[cfg.sampler.rollouts](source, n - len(replayed), **cfg.sampler.rollouts_kwargs)
     fresh = gathered.train
     groups = fresh + replayed
