@@ -296,6 +296,8 @@ def test_tool_math_bonuses_are_paid_once_for_a_call_that_runs_and_for_answering(
     assert env.step("```python\nprint(2+2)\n```").reward == 0.2
     assert env.step("```python\nprint(3)\n```").reward == 0.0  # once per episode
     assert env.step("<answer>5</answer>").reward == pytest.approx(0.1)  # wrong, but answered
+    hinted = ToolMath(Example("2+2?", "4", {"answer": "4"}, "m/1"), rewards, answer_hint=True)
+    assert (hinted.step("```python\nprint(2+2)\n```").observation or "").endswith("<answer></answer> tags.")
 
 
 def test_the_tool_math_config_trains_on_the_tiny_model(tiny_dir: Any, tmp_path: Any) -> None:

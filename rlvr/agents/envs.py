@@ -32,15 +32,17 @@ class ToolMath:
 
     For a weak model, ``tool_bonus`` (once per episode, for the first call that runs without an
     error) and ``answer_bonus`` (for answering in tags at all) give GRPO a signal before answers
-    are right; both default to 0."""
+    are right; both default to 0. ``answer_hint`` ends every tool output with a reminder of the
+    answer format."""
 
     def __init__(self, example: Example, rewards: list[RewardFn], *, instruction: str = TOOL_INSTRUCTION,
                  extra_tools: dict[str, Tool] | None = None, tool_bonus: float = 0.0,
-                 answer_bonus: float = 0.0) -> None:
+                 answer_bonus: float = 0.0, answer_hint: bool = False) -> None:
         self.example, self.rewards, self.instruction = example, rewards, instruction
         self.python = PythonInterpreter()
         self.tools = {"python": self.python.as_tool(), **(extra_tools or {})}
         self.tool_bonus, self.answer_bonus, self.bonus_paid = tool_bonus, answer_bonus, False
+        self.answer_hint = answer_hint
 
     def initial_observation(self) -> str:
         return f"{self.example.prompt}\n\n{self.instruction}" if self.instruction else self.example.prompt
@@ -61,7 +63,8 @@ class ToolMath:
         bonus = 0.0
         if errors < len(calls) and not self.bonus_paid:
             bonus, self.bonus_paid = self.tool_bonus, True
-        return StepResult("Output:\n" + "\n\n".join(outputs), reward=bonus,
+        hint = "\n\nIf you have the answer now, give it inside <answer></answer> tags." if self.answer_hint else ""
+        return StepResult("Output:\n" + "\n\n".join(outputs) + hint, reward=bonus,
                           metrics={"tool_calls": float(len(calls)), "tool_errors": float(errors),
                                    "tool_ok": float(len(calls) - errors)})
 
