@@ -4,11 +4,13 @@ config. Each subcommand is a thin call into the library."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rlvr.config import ConfigError, RunConfig, describe, load_config
@@ -251,25 +253,34 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _filter(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _counting(totals: dict[str, int]) -> Iterator[Callable[[str, int], None]]:
+    """Progress bars on stderr, one per name, advanced by ``advance(name, k)``; where stderr is not a
+    terminal (a log file), one "name: done/total" line per advance instead."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, disable=not console.is_terminal) as bar:
+        tasks = {name: bar.add_task(name, total=total) for name, total in totals.items()}
+
+        def advance(name: str, k: int) -> None:
+            bar.advance(tasks[name], k)
+            if not console.is_terminal:
+                print(f"{name}: {int(bar.tasks[tasks[name]].completed)}/{totals[name]}", file=sys.stderr, flush=True)
+
+        yield advance
+
+
+def _filter(args: argparse.Namespace) -> int:
     from rlvr.data.filter import pass_rates, write_filtered
 
     cfg = load_config(args.config, args.overrides)
     total = min(cfg.task.size, args.limit or cfg.task.size)
-    console = Console(stderr=True)
-    with Progress(TextColumn("[bold]rating prompts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, disable=not console.is_terminal) as bar:
-        task = bar.add_task("rate", total=total)
-
-        def advance(k: int) -> None:
-            bar.advance(task, k)
-            if not console.is_terminal:
-                print(f"rated {int(bar.tasks[task].completed)}/{total}", file=sys.stderr, flush=True)
-
-        rated = pass_rates(args.model, cfg, n=args.n, limit=args.limit, progress=advance)
+    with _counting({"rating prompts": total}) as advance:
+        rated = pass_rates(args.model, cfg, n=args.n, limit=args.limit,
+                           progress=lambda k: advance("rating prompts", k))
     kept = write_filtered(rated, args.out, low=args.min, high=args.max, include_low=args.inclusive,
                           include_high=args.inclusive)
     hist = [sum(1 for _, r in rated if round(r * args.n) == k) for k in range(args.n + 1)]
@@ -288,9 +299,6 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _contamination(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rlvr.eval.contamination import METHODS, contamination_report
     from rlvr.eval.run import resolve_model
     from rlvr.models import load_model, load_tokenizer, resolve_dtype
@@ -301,19 +309,10 @@ def _contamination(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     tokenizer = load_tokenizer(path)
     model = load_model(path, resolve_dtype("auto")).eval()
-    console = Console(stderr=True)
-    console.print(f"contamination: {len(members)} members, {len(non_members)} non-members, {', '.join(methods)}")
+    print(f"contamination: {len(members)} members, {len(non_members)} non-members, {', '.join(methods)}",
+          file=sys.stderr)
     totals = {m: (2 if m == "self_critique" else 1) * (len(members) + len(non_members)) for m in methods}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, disable=not console.is_terminal) as bar:
-        tasks = {m: bar.add_task(m, total=totals[m]) for m in methods}
-
-        def advance(method: str, n: int) -> None:
-            bar.advance(tasks[method], n)
-            if not console.is_terminal:  # a log file: one line per batch instead of a bar
-                done = int(bar.tasks[tasks[method]].completed)
-                print(f"{method}: {done}/{totals[method]}", file=sys.stderr, flush=True)
-
+    with _counting(totals) as advance:
         report = contamination_report(
             model, tokenizer, members, non_members, methods=methods, k=args.k,
             max_new_tokens=args.max_new_tokens or cfg.sampling.max_new_tokens, system_prompt=cfg.task.system_prompt,

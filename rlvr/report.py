@@ -15,6 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rlvr.log.sinks import read_jsonl
+
 # (title, patterns): a panel shows every metric whose name matches one of its patterns, in order.
 PANELS: list[tuple[str, list[str]]] = [
     ("Reward", [r"^reward$", r"^rewards/[^/]+$", r"^eval/reward$"]),
@@ -34,24 +36,6 @@ PANELS: list[tuple[str, list[str]]] = [
 # Panels drawn in the PNG (the first six that have data).
 PNG_PANELS = 6
 SKIP = {"step", "epoch"}
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; a missing file is empty, a half-written last line is ignored."""
-    if not path.exists():
-        return []
-    rows = []
-    lines = path.read_text().splitlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break  # the run is writing this line right now
-            raise ValueError(f"{path}:{number}: not valid JSON") from None
-    return rows
 
 
 def curve_rows(run_dir: Path) -> list[dict[str, Any]]:

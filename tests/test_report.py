@@ -13,7 +13,8 @@ import pytest
 
 from rlvr.cli import main
 from rlvr.config import load_config
-from rlvr.report import build_data, read_jsonl, write_html, write_png
+from rlvr.log.sinks import read_jsonl
+from rlvr.report import build_data, write_html, write_png
 from rlvr.train.loop import train
 from tests.test_train import overrides
 

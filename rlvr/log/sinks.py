@@ -17,6 +17,25 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; a missing file is empty, a half-written last line (a run writing it
+    right now) is ignored, and a broken line elsewhere is an error naming it."""
+    if not path.exists():
+        return []
+    rows = []
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: not valid JSON") from None
+    return rows
+
+
 class JsonlSink:
     """Appends one JSON object per line and flushes it, so a crash loses nothing written."""
 

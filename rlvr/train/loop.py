@@ -39,6 +39,7 @@ from rlvr.data import Example, render_prompt
 from rlvr.data.sampler import Sampler
 from rlvr.eval.metrics import pass_at_k
 from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress, tracking
+from rlvr.log.sinks import read_jsonl
 from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from rlvr.rewards import RewardFn, build_rewards
 from rlvr.rollout.engine import EmbeddedEngine
@@ -519,7 +520,7 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
                 summary_path.write_text(json.dumps(summary, indent=2))
                 trackers.log(0, summary["eval_before"])
             budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
-            spent = sum(r.get("step_seconds") or 0.0 for r in _read_rows(run.dir / "metrics.jsonl"))
+            spent = sum(r.get("step_seconds") or 0.0 for r in read_jsonl(run.dir / "metrics.jsonl"))
             last = cfg.train.steps
             for step in range(start + 1, cfg.train.steps + 1):
                 metrics, groups = train_step(run, step, progress)
@@ -573,12 +574,8 @@ def _write_report(run_dir: Path, progress: ConsoleProgress) -> None:
     progress.print("report: " + "  ".join(str(p) for p in paths))
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
-
-
 def _summarise(metrics_path: Path, run_dir: Path) -> dict[str, Any]:
-    rows = _read_rows(metrics_path)
+    rows = read_jsonl(metrics_path)
     if not rows:
         return {"run_dir": str(run_dir), "steps": 0}
     k = max(1, min(3, len(rows) // 3))  # compare the mean of the first and last k steps
