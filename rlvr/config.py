@@ -143,6 +143,10 @@ class AlgoConfig(_Section):
     """Length-based reward shaping applied in order before the advantages, e.g. [{fn = "overlong", kwargs = {cache = 16}}] (rlvr.algos.SHAPING: overlong, kimi_length)."""
     stratum_key: str | None = None
     """For advantage = "stratified": the reward function whose value is each sample's stratum (give it weight 0)."""
+    credit: Literal["episode", "turn"] = "episode"
+    """Multi-turn episodes: "episode" gives every token the episode's advantage; "turn" gives each turn's tokens the group-relative advantage of its return-to-go from the environment's turn rewards (rlvr.algos.turn_advantages; with advantage = "grpo")."""
+    turn_gamma: float = Field(1.0, ge=0, le=1)
+    """Discount of later turns' rewards in the return-to-go of credit = "turn"."""
     clip_low: float | None = Field(None, ge=0, lt=1)
     """Lower clip for every loss that clips (ratios below 1 - clip_low); unset = the loss's own default (ppo_clip 0.2, gspo 3e-4)."""
     clip_high: float | None = Field(None, ge=0)
@@ -208,6 +212,10 @@ class AlgoConfig(_Section):
         if self.rehearsal_min_correct is not None and self.rehearsal_min_correct > self.rehearsal_k:
             raise ValueError(f"algo.rehearsal_min_correct ({self.rehearsal_min_correct}) cannot exceed "
                              f"algo.rehearsal_k ({self.rehearsal_k})")
+        if self.credit == "turn" and (self.advantage != "grpo" or self.shaping or self.kl_placement == "reward"
+                                      and self.kl_coef > 0):
+            raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn rewards: "
+                             "use it with advantage = \"grpo\", no shaping and no KL in the reward")
         if self.advantage == "stratified" and self.stratum_key is None:
             raise ValueError("algo.advantage = 'stratified' needs algo.stratum_key: the name of a reward function "
                              "whose value is each sample's stratum (e.g. a count of tool calls, with weight 0)")
@@ -331,6 +339,16 @@ class EnvConfig(_Section):
     """Consecutive turns without a valid action that end an episode."""
     observation_role: str = "user"
     """The chat role observations are rendered with ("user", or "tool" where the template has it)."""
+    summarize_at: int = Field(0, ge=0)
+    """SUPO context management: when the working context would reach this many tokens, the policy summarises and the episode continues from the task plus the summary (0 = never)."""
+    summary_rounds: int = Field(2, ge=1)
+    """Summaries per episode at most; after that the context limit ends the episode."""
+    summary_tokens: int = Field(96, ge=1)
+    """Tokens one summary may take (they count against max_total_tokens)."""
+    summary_instruction: str | None = None
+    """What the policy is asked when it must summarise; unset = rlvr.agents.runner.SUMMARY_INSTRUCTION."""
+    mask_unfinished: bool = False
+    """SUPO's overlong masking: episodes that end without the environment saying done (turn, token, context or summary limits) stay out of the loss."""
 
 
 class LogConfig(_Section):
@@ -413,6 +431,18 @@ class RunConfig(_Section):
                 f"train.mini_batches = {self.train.mini_batches} must divide prompts_per_step × "
                 f"group_size = {batch}"
             )
+        if self.algo.credit == "turn" and self.env.name is None:
+            raise ValueError("algo.credit = \"turn\" needs multi-turn episodes: set env.name")
+        e = self.env
+        if e.summarize_at:
+            if e.name is None:
+                raise ValueError("env.summarize_at needs multi-turn episodes: set env.name")
+            if e.summarize_at >= e.max_context:
+                raise ValueError(f"env.summarize_at ({e.summarize_at}) must be below env.max_context ({e.max_context}): "
+                                 "the summary is written inside the context")
+            if self.algo.advantage == "gae" or (self.algo.kl_placement == "reward" and self.algo.kl_coef > 0):
+                raise ValueError("env.summarize_at trains segments with the episode's outcome advantage: it does not "
+                                 "combine with advantage = \"gae\" or a KL in the reward")
         return self
 
 

@@ -49,6 +49,10 @@ class Completion:
     """1 where a token was sampled by the policy and is trained on, 0 where it was injected (a
     tool's output, an environment's observation) and only conditions what follows. None = every
     token sampled. Set in one place: the episode runner (rlvr.agents)."""
+    turn_index: tuple[int, ...] | None = None
+    """For an episode: the turn each token belongs to (0-based; an observation belongs to the turn
+    whose action it answers, a summary to the action after it), for turn-level credit. None for a
+    single completion."""
 
     def trainable(self) -> int:
         """How many tokens the loss sees."""
@@ -67,6 +71,10 @@ class Sample:
     """Each reward function's raw value, by name."""
     prompt_index: int
     """Index of the prompt in its source (for logs and samplers)."""
+    segments: tuple[tuple[tuple[int, ...], Completion], ...] = ()
+    """Earlier segments of an episode whose context was summarised (SUPO), as (prompt_ids,
+    completion) pairs in order; ``prompt_ids``/``completion`` above are the last segment. Every
+    segment is trained with this sample's advantage."""
 
     @property
     def num_tokens(self) -> int:

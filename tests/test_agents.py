@@ -314,3 +314,101 @@ def test_the_tool_math_config_trains_on_the_tiny_model(tiny_dir: Any, tmp_path: 
     assert train(cfg, quiet=True)["steps"] == 1
     row = read_metrics(tmp_path / "tool-math")[0]
     assert "env/turns" in row and "rewards/env" in row
+
+
+class Recorder(Counter):
+    """A Counter that keeps every action it was given."""
+
+    def __init__(self, turns: int) -> None:
+        super().__init__(turns)
+        self.actions: list[str] = []
+
+    def step(self, action: str) -> StepResult:
+        self.actions.append(action)
+        return super().step(action)
+
+
+def test_summarisation_splits_an_episode_into_segments_that_share_one_return(
+        tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    from rlvr.agents.runner import SEGMENT_MARK, Summarize
+
+    env = Recorder(5)
+    engine = Recording(EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=0))
+    prompt = render_prompt(tiny_tokenizer, env.initial_observation())
+    restarts: list[tuple[int, str]] = []
+
+    def restart(k: int, summary: str) -> list[int]:
+        restarts.append((k, summary))
+        return render_prompt(tiny_tokenizer, f"count to 5\n\nSummary:\n{summary}")
+
+    summarize = Summarize(at=len(prompt) + 14, rounds=2, max_tokens=3)
+    [ep] = run_episodes(engine, tiny_tokenizer, [env], [prompt], SamplingParams(max_new_tokens=4),
+                        Limits(max_turns=5, max_turn_tokens=4, max_total_tokens=100), ChatDelta(tiny_tokenizer), [EOS_ID],
+                        summarize=summarize, restart=restart)
+    assert ep.ending == "done" and ep.turns == 5 and ep.reward == 1.0 and len(env.actions) == 5
+    assert len(ep.segments) == len(restarts) == 2 == ep.metrics["summaries"]  # both rounds were used
+    segments = [*ep.segments, (ep.prompt_ids, ep.completion)]
+    assert segments[0][0] == tuple(prompt)
+    summaries = [s for _, s in restarts]
+    for (prompt_ids, completion), (_, summary) in zip(segments[:-1], restarts):
+        # a segment ends with: the observation asking for a summary (masked), then the summary (trained)
+        mask = completion.loss_mask
+        assert mask is not None and mask[-1] == 1
+        tail = len(mask) - list(reversed(mask)).index(0)  # after the last injected token
+        assert tiny_tokenizer.decode(completion.token_ids[tail:]) == summary
+        assert summarize.instruction in tiny_tokenizer.decode(completion.token_ids[:tail])
+        # the summary is the policy's, never an action the environment saw
+        assert summary not in env.actions or summary == ""
+        # the summary belongs to the turn after it
+        assert completion.turn_index is not None and len(set(completion.turn_index[tail:])) == 1
+    # each new segment starts from the task and the summary (the engine continued exactly that)
+    for (prompt_ids, _), summary in zip(segments[1:], summaries):
+        assert list(prompt_ids) == render_prompt(tiny_tokenizer, f"count to 5\n\nSummary:\n{summary}")
+        assert any(c == list(prompt_ids) for contexts, _, _ in engine.calls for c in contexts)
+    # summary turns are budgeted by summarize.max_tokens, actions by the turn budget
+    assert sorted({p.max_new_tokens for _, p, _ in engine.calls}) == [3, 4]
+    sampled = sum(c.trainable() for _, c in segments)
+    assert ep.metrics["sampled_tokens"] == sampled
+    assert ep.text.count(SEGMENT_MARK) == 2 and ep.text.endswith(ep.completion.text)
+    assert sum(ep.text[a:b] == SEGMENT_MARK for a, b in ep.injected_spans) == 2
+    # and with no rounds left, the episode runs into the context limit instead
+    env = Recorder(50)
+    [ep] = run_episodes(engine, tiny_tokenizer, [env], [prompt], SamplingParams(max_new_tokens=4),
+                        Limits(max_turns=50, max_turn_tokens=4, max_total_tokens=400, max_context=len(prompt) + 60),
+                        ChatDelta(tiny_tokenizer), [EOS_ID],
+                        summarize=Summarize(at=len(prompt) + 14, rounds=1, instruction="Sum up."), restart=restart)
+    assert len(ep.segments) == 1 and ep.ending == "context"
+    with pytest.raises(ValueError, match="restart"):
+        run_episodes(engine, tiny_tokenizer, [env], [prompt], SamplingParams(), Limits(), ChatDelta(tiny_tokenizer),
+                     [EOS_ID], summarize=summarize)
+
+
+def test_training_with_summarised_episodes_and_turn_credit(tiny_dir: Any, tmp_path: Any) -> None:
+    import json
+
+    from rlvr.agents.runner import SEGMENT_MARK
+    from rlvr.config import load_config
+    from rlvr.train.loop import train
+    from tests.test_train import overrides, read_metrics
+
+    extra = ['env.name="guess_number"', "env.kwargs={low = 1, high = 50, max_guesses = 6}", "env.max_turns=6",
+             "env.max_void_turns=6", "sampling.max_new_tokens=4", "env.summarize_at=280", "env.summary_tokens=5",
+             'env.summary_instruction="Sum up."', "env.max_context=1000", 'algo.credit="turn"',
+             'rewards=[{fn = "tests.test_train:distinct_chars"}]']
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "supo", train__steps=2), *extra]), quiet=True)
+    rows = read_metrics(tmp_path / "supo")
+    assert [r["step"] for r in rows] == [1, 2] and rows[-1]["env/summaries"] > 0
+    samples = [json.loads(line) for line in (tmp_path / "supo" / "samples.jsonl").read_text().splitlines()]
+    summarised = [s for s in samples if SEGMENT_MARK in s["completion"]]
+    assert summarised and all(any(s["completion"][a:b] == SEGMENT_MARK for a, b, _ in s["masked"]) for s in summarised)
+    # SUPO's overlong masking: episodes the guesser did not finish stay out of the loss
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "masked", train__steps=1), *extra,
+                             "env.mask_unfinished=true"]), quiet=True)
+    samples = [json.loads(line) for line in (tmp_path / "masked" / "samples.jsonl").read_text().splitlines()]
+    unfinished = [s for s in samples if s["finish_reason"] == "length"]
+    assert unfinished and all(s["masked"] == [[0, len(s["completion"]), "excluded"]] for s in unfinished)
+    assert read_metrics(tmp_path / "masked")[0]["trained_fraction"] < 1
+    with pytest.raises(ValueError, match="below env.max_context"):
+        load_config(None, [*overrides(tiny_dir, tmp_path, "x"), *extra, "env.summarize_at=2000"])
+    with pytest.raises(ValueError, match="needs multi-turn episodes"):
+        load_config(None, [*overrides(tiny_dir, tmp_path, "x"), 'algo.credit="turn"'])

@@ -476,3 +476,100 @@ def test_injected_tokens_condition_but_are_not_trained() -> None:
     plain = recorded_grads(make_groups(GROUPS), UpdateSettings(micro_batch_size=6))
     assert any(not torch.allclose(plain[0][n], got[0][n]) for n in got[0])
     assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=1)), got)
+
+
+def hand_grads(groups: list[Group], rows: list[tuple[Sample, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """−(1/N) Σ_rows Σ_t A_t ∇log π(t) over the trained tokens of every row (N counts them all)."""
+    model = make_tiny_model()
+    total = sum(s.completion.trainable() for s, _ in rows)
+    loss = torch.zeros(())
+    for s, a_T in rows:
+        ids = torch.tensor([s.prompt_ids + s.completion.token_ids])
+        logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+        p = len(s.prompt_ids)
+        token_lp = logprobs[p - 1 :].gather(1, ids[0, p:, None])[:, 0]
+        keep = torch.tensor(s.completion.loss_mask or (1,) * len(token_lp), dtype=torch.bool)
+        loss = loss - (a_T * token_lp)[keep].sum() / total
+    loss.backward()
+    return {name: param.grad for name, param in model.named_parameters()}  # type: ignore[misc]
+
+
+def test_a_summarised_episode_trains_every_segment_with_its_one_advantage() -> None:
+    """SUPO: an episode's earlier segments are rows of their own (their own prompts), each
+    trained with the episode's advantage; the group's advantages see one reward per episode."""
+    groups = with_injected_tokens(make_groups(GROUPS))
+    donor = make_groups([[0.0, 0.0, 0.0]], seed=7)[0].samples  # other prompts and completions
+    segment = lambda k: (donor[k].prompt_ids, dataclasses.replace(donor[k].completion, loss_mask=None))  # noqa: E731
+    first = dataclasses.replace(groups[0].samples[0], segments=(segment(0), segment(1)))
+    third = dataclasses.replace(groups[1].samples[2], segments=(segment(2),))
+    groups = [Group(groups[0].prompt, (first, *groups[0].samples[1:]), {}),
+              Group(groups[1].prompt, (*groups[1].samples[:2], third), {})]
+    got = recorded_grads(groups, UpdateSettings(micro_batch_size=6))
+    rewards = torch.tensor([g.rewards for g in groups])
+    adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).flatten()
+    rows = []
+    for x, a in zip([x for g in groups for x in g.samples], adv):
+        for prompt_ids, completion in x.segments:
+            rows.append((Sample(prompt_ids, completion, x.reward, x.reward_parts, 0),
+                         torch.full((len(completion.token_ids),), float(a))))
+        rows.append((x, torch.full((len(x.completion.token_ids),), float(a))))
+    assert len(rows) == 9
+    want = hand_grads(groups, rows)
+    for name, grad in want.items():
+        torch.testing.assert_close(got[0][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=1)), got)
+    # the samples log gets one advantage per episode: the token mean over its segments
+    update_policy(GradRecorder(make_tiny_model()), groups, UpdateSettings(), pad_token_id=0)  # type: ignore[arg-type]
+    assert groups[0].metadata["advantages"][0] == pytest.approx(float(adv[0]), abs=1e-5)
+    with pytest.raises(ValueError, match="summarised episodes"):
+        update_policy(GradRecorder(make_tiny_model()), groups, UpdateSettings(kl_coef=0.1, kl_placement="reward"),
+                      pad_token_id=0, ref_model=make_tiny_model())  # type: ignore[arg-type]
+
+
+def test_turn_advantages_by_hand() -> None:
+    from rlvr.algos import group_advantages, turn_advantages
+
+    # three episodes: rewards per turn; returns-to-go (γ = 1): [1.2, 1.0], [0.2, 0.0, 0.0], [0.0]
+    got = turn_advantages([[0.2, 1.0], [0.2, 0.0, 0.0], [0.0]])
+    # turn 0: R = 1.2, 0.2, 0.0 → mean 0.4667, sample std 0.6429
+    r0 = torch.tensor([1.2, 0.2, 0.0], dtype=torch.float64)
+    a0 = ((r0 - r0.mean()) / (r0.std() + 1e-6)).tolist()
+    # turn 1: R = 1.0, 0.0 → mean 0.5, std 0.7071 → ±0.7071; turn 2: one episode → 0
+    assert got[0] == pytest.approx([a0[0], 0.5 / (0.5**0.5 + 1e-6)])
+    assert got[1] == pytest.approx([a0[1], -0.5 / (0.5**0.5 + 1e-6), 0.0])
+    assert got[2] == pytest.approx([a0[2]])
+    assert a0 == pytest.approx([1.1406, -0.4147, -0.7259], abs=1e-4)
+    # γ = 0.5: turn 0 returns 0.2 + 0.5, 0.2, 0.0; equal returns → 0
+    half = turn_advantages([[0.2, 1.0], [0.2, 0.0]], gamma=0.5)
+    assert half[0][0] == pytest.approx(0.25 / (0.25 * 2**0.5 + 1e-6)) and half[1][0] == pytest.approx(-half[0][0])
+    assert turn_advantages([[1.0, 0.0], [1.0, 0.0]]) == [[0.0, 0.0], [0.0, 0.0]]
+    # one turn each: exactly GRPO
+    grpo = group_advantages(torch.tensor([[1.0, 0.0, 0.5]]))[0].tolist()
+    assert [a[0] for a in turn_advantages([[1.0], [0.0], [0.5]])] == pytest.approx(grpo, abs=1e-5)
+
+
+def test_turn_credit_gives_each_turn_its_own_advantage() -> None:
+    """algo.credit = "turn": a token's advantage is its turn's (Completion.turn_index)."""
+    groups = make_groups(GROUPS)
+    turn_rewards = [[[0.0, 1.0], [0.0], [0.0]], [[0.0], [0.5, 0.5], [0.5]]]
+    out = []
+    for g, trs in zip(groups, turn_rewards):
+        samples = []
+        for x, tr in zip(g.samples, trs):
+            n = len(x.completion.token_ids)
+            index = tuple(min(t * len(tr) // n, len(tr) - 1) for t in range(n))
+            samples.append(dataclasses.replace(x, completion=dataclasses.replace(x.completion, turn_index=index)))
+        out.append(Group(g.prompt, tuple(samples), {"turn_rewards": trs}))
+    got = recorded_grads(out, UpdateSettings(micro_batch_size=6, credit="turn"))
+    from rlvr.algos import turn_advantages
+
+    rows = []
+    for g in out:
+        for x, adv in zip(g.samples, turn_advantages(g.metadata["turn_rewards"])):
+            rows.append((x, torch.tensor([adv[t] for t in x.completion.turn_index], dtype=torch.float32)))
+    assert any(len(set(a.tolist())) > 1 for _, a in rows)  # some episode's turns differ
+    want = hand_grads(out, rows)
+    for name, grad in want.items():
+        torch.testing.assert_close(got[0][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    with pytest.raises(ValueError, match="turn rewards"):
+        recorded_grads(make_groups(GROUPS), UpdateSettings(credit="turn"))

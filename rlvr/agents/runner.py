@@ -19,13 +19,18 @@ Limits: at most ``max_turns`` actions; each action at most ``max_turn_tokens`` t
 context never passes ``max_context`` tokens: an action gets at most the room left, and an
 observation that would not fit ends the episode before it is added. ``max_void_turns`` consecutive turns without a valid action (the environment reports
 ``metrics["void"] = 1``) end it too.
+
+Summarisation (SUPO, `Summarize`): when the working context would reach a budget, the next
+observation asks for a summary instead of another action; the sampled summary closes the
+segment, and the episode continues in a fresh context made of the task and the summary. Each
+segment is a (prompt, completion) pair of its own, trained with the episode's one return.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,6 +57,36 @@ class Limits:
         bad = [k for k, v in self.__dict__.items() if v < 1]
         if bad:
             raise ValueError(f"episode limits must be >= 1: {', '.join(bad)}")
+
+
+SUMMARY_INSTRUCTION = ("Your context is almost full. Summarise your progress so far: what you found, what you "
+                       "computed and what is left to do. Keep every number you will need. Do not answer yet.")
+SUMMARY_HEADER = "Summary of your progress so far:"
+SEGMENT_MARK = "\n\n[context summarised: the episode continues from the task and the summary]\n\n"
+
+
+@dataclass(frozen=True)
+class Summarize:
+    """Summarisation-based context management, after SUPO: Lu et al., "Scaling LLM Multi-turn RL
+    with End-to-end Summarization-based Context Management", arXiv:2510.06727.
+
+    When the working context (prompt plus everything sampled and injected since the last
+    summary) would reach ``at`` tokens, the observation is followed by ``instruction`` and the
+    policy's next output, at most ``max_tokens`` tokens, is its summary (trained like any other
+    action). The segment then closes and the episode continues from a new prompt: the task, then
+    ``header`` and the summary's text. At most ``rounds`` summaries per episode; after that the
+    context limit ends the episode as usual. The summary's tokens count against the episode's
+    sampled-token budget; it is not an environment turn (the environment never sees it)."""
+
+    at: int
+    rounds: int = 2
+    max_tokens: int = 96
+    instruction: str = SUMMARY_INSTRUCTION
+    header: str = SUMMARY_HEADER
+
+    def __post_init__(self) -> None:
+        if self.at < 1 or self.rounds < 1 or self.max_tokens < 1:
+            raise ValueError(f"summarisation needs at, rounds and max_tokens >= 1 (got {self})")
 
 
 class ChatDelta:
@@ -99,7 +134,12 @@ class Episode:
     metrics: dict[str, float] = field(default_factory=dict)
     turn_rewards: list[float] = field(default_factory=list)
     injected_spans: list[tuple[int, int]] = field(default_factory=list)
-    """Character spans of ``completion.text`` that the environment injected."""
+    """Character spans of ``text`` that were injected (observations; between segments, the mark)."""
+    segments: list[tuple[tuple[int, ...], Completion]] = field(default_factory=list)
+    """Earlier segments of a summarised episode, as (prompt_ids, completion); ``prompt_ids`` and
+    ``completion`` are the last segment."""
+    text: str = ""
+    """Every segment's text, in order, joined by SEGMENT_MARK (for logs)."""
 
 
 @dataclass
@@ -117,6 +157,13 @@ class _Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     ending: Ending | None = None
     last_action_ended: bool = True
+    turn_of: list[int] = field(default_factory=list)
+    summarising: bool = False
+    """The next output is a summary (SUPO), not an action."""
+    summaries: int = 0
+    segments: list[tuple[tuple[int, ...], Completion]] = field(default_factory=list)
+    shown: list[tuple[str, bool]] = field(default_factory=list)
+    """Earlier segments' pieces, for the episode's text."""
 
     @property
     def context(self) -> list[int]:
@@ -126,6 +173,7 @@ class _Trajectory:
         self.ids += c.token_ids
         self.logprobs += c.logprobs
         self.mask += [1] * len(c.token_ids)
+        self.turn_of += [self.turns] * len(c.token_ids)
         self.pieces.append((c.text, False))
         self.sampled += len(c.token_ids)
         self.last_action_ended = bool(c.token_ids) and c.token_ids[-1] in eos
@@ -135,36 +183,57 @@ class _Trajectory:
         self.ids += ids
         self.logprobs += [0.0] * len(ids)
         self.mask += [0] * len(ids)
+        self.turn_of += [max(self.turns - 1, 0)] * len(ids)
         self.pieces.append((text, True))
+
+    def _completion(self, finish_reason: Any) -> Completion:
+        text = "".join(piece for piece, _ in self.pieces)
+        return Completion(tuple(self.ids), tuple(self.logprobs), finish_reason, text, loss_mask=tuple(self.mask),
+                          turn_index=tuple(self.turn_of))
+
+    def close_segment(self, prompt_ids: list[int]) -> None:
+        """The summary just sampled ends this segment; the episode goes on from ``prompt_ids``."""
+        self.segments.append((tuple(self.prompt_ids), self._completion("stop")))
+        self.shown += self.pieces + [(SEGMENT_MARK, True)]
+        self.prompt_ids, self.ids, self.logprobs, self.mask, self.turn_of, self.pieces = prompt_ids, [], [], [], [], []
+        self.summarising, self.summaries = False, self.summaries + 1
 
     def finish(self, tokenizer: Any) -> Episode:
         text, spans = "", []
-        for piece, injected in self.pieces:
+        for piece, injected in self.shown + self.pieces:
             if injected:
                 spans.append((len(text), len(text) + len(piece)))
             text += piece
-        completion = Completion(tuple(self.ids), tuple(self.logprobs), "stop" if self.ending == "done" else "length",
-                                text, loss_mask=tuple(self.mask))
+        completion = self._completion("stop" if self.ending == "done" else "length")
         metrics = {**self.metrics, "turns": float(self.turns), "sampled_tokens": float(self.sampled),
-                   "injected_tokens": float(len(self.ids) - self.sampled)}
+                   "injected_tokens": float(len(self.ids) + sum(len(c.token_ids) for _, c in self.segments)
+                                            - self.sampled)}
+        if self.summaries:
+            metrics["summaries"] = float(self.summaries)
         assert self.ending is not None
         return Episode(tuple(self.prompt_ids), completion, self.reward, self.turns, self.ending, metrics,
-                       list(self.turn_rewards), spans)
+                       list(self.turn_rewards), spans, list(self.segments), text)
 
 
 def run_episodes(engine: Engine, tokenizer: Any, envs: Sequence[Env], prompts: Sequence[list[int]],
-                 params: SamplingParams, limits: Limits, delta: ChatDelta, eos_token_ids: Sequence[int]) -> list[Episode]:
+                 params: SamplingParams, limits: Limits, delta: ChatDelta, eos_token_ids: Sequence[int], *,
+                 summarize: Summarize | None = None,
+                 restart: Callable[[int, str], list[int]] | None = None) -> list[Episode]:
     """Run one episode per environment, all turns batched through the engine. ``prompts[k]`` is
     env k's rendered initial observation (token ids). ``params`` gives temperature, top-p/k and
-    stop strings; n is 1 and the token budget comes from ``limits``."""
+    stop strings; n is 1 and the token budget comes from ``limits``. With ``summarize``,
+    ``restart(k, summary)`` gives env k's new prompt (token ids) after a summary."""
     if len(envs) != len(prompts):
         raise ValueError(f"{len(envs)} environments but {len(prompts)} prompts")
+    if summarize is not None and restart is None:
+        raise ValueError("summarisation needs restart(k, summary): the prompt an episode continues from")
     eos = set(int(i) for i in eos_token_ids)
     trajs = [_Trajectory(list(p)) for p in prompts]
     active = list(range(len(envs)))
     while active:
-        budget = {k: min(limits.max_turn_tokens, limits.max_total_tokens - trajs[k].sampled,
-                         limits.max_context - len(trajs[k].context)) for k in active}
+        budget = {k: min(summarize.max_tokens if summarize and trajs[k].summarising else limits.max_turn_tokens,
+                         limits.max_total_tokens - trajs[k].sampled, limits.max_context - len(trajs[k].context))
+                  for k in active}
         for k in [k for k in active if budget[k] < 1]:  # no room left to act
             trajs[k].ending = "context"
         active = [k for k in active if budget[k] >= 1]
@@ -177,12 +246,24 @@ def run_episodes(engine: Engine, tokenizer: Any, envs: Sequence[Env], prompts: S
                                   max_new_tokens=size, stop=params.stop, n=1)
             for k, group in zip(batch, engine.generate([trajs[k].context for k in batch], turn)):
                 outputs[k] = group[0]
-        for k in active:
-            trajs[k].sample(outputs[k], eos)
-            trajs[k].turns += 1
-        results = _step_all([envs[k] for k in active], [outputs[k].text for k in active])
         still = []
-        for k, result in zip(active, results):
+        for k in active:
+            t = trajs[k]
+            t.sample(outputs[k], eos)
+            if not t.summarising:
+                t.turns += 1
+            elif t.sampled >= limits.max_total_tokens:
+                t.ending = "budget"
+            else:  # the summary closes the segment; the environment never sees it
+                assert restart is not None
+                t.close_segment(list(restart(k, outputs[k].text)))
+                if len(t.context) >= limits.max_context:
+                    t.ending = "context"
+                else:
+                    still.append(k)
+        acting = [k for k in active if trajs[k].ending is None and k not in still]
+        results = _step_all([envs[k] for k in acting], [outputs[k].text for k in acting])
+        for k, result in zip(acting, results):
             t = trajs[k]
             t.reward += float(result.reward)
             t.turn_rewards.append(float(result.reward))
@@ -200,12 +281,15 @@ def run_episodes(engine: Engine, tokenizer: Any, envs: Sequence[Env], prompts: S
             else:
                 observation = result.observation or ""
                 ids = delta.ids(observation, t.last_action_ended)
+                if summarize and t.summaries < summarize.rounds and len(t.context) + len(ids) >= summarize.at:
+                    observation = f"{observation}\n\n{summarize.instruction}" if observation else summarize.instruction
+                    ids, t.summarising = delta.ids(observation, t.last_action_ended), True
                 if len(t.context) + len(ids) + 1 > limits.max_context:
                     t.ending = "context"
                 else:
                     t.inject(ids, tokenizer.decode(ids, skip_special_tokens=True))
                     still.append(k)
-        active = still
+        active = sorted(still)
     return [t.finish(tokenizer) for t in trajs]
 
 
@@ -228,27 +312,40 @@ def _step_all(envs: list[Env], actions: list[str]) -> list[StepResult]:
 def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Sequence[Any], indices: list[int], n: int,
                    rewards: list[Any], params: SamplingParams, limits: Limits, delta: ChatDelta,
                    eos_token_ids: Sequence[int], *, system_prompt: str | None = None,
-                   kwargs: dict[str, Any] | None = None) -> list[Any]:
+                   kwargs: dict[str, Any] | None = None, summarize: Summarize | None = None,
+                   mask_unfinished: bool = False) -> list[Any]:
     """n episodes of each example index (one fresh environment each), as Groups whose samples
     carry the episodes' trajectories. A sample's reward is its episode's return (reward part
-    "env", followed by "turns" and "tool_calls", which do not count in the reward); the group's metadata keeps each episode's metrics, ending and injected spans."""
+    "env", followed by "turns" and "tool_calls", which do not count in the reward); the group's
+    metadata keeps each episode's metrics, ending, turn rewards, text (all segments) and injected
+    spans. ``mask_unfinished`` (SUPO's overlong masking) keeps episodes that did not end "done"
+    out of the loss."""
     from rlvr.data import render_prompt
     from rlvr.types import Group, Sample
 
     envs = [factory(examples[i], rewards, **(kwargs or {})) for i in indices for _ in range(n)]
-    prompts = [render_prompt(tokenizer, env.initial_observation(), system_prompt) for env in envs]
-    episodes = run_episodes(engine, tokenizer, envs, prompts, params, limits, delta, eos_token_ids)
+    tasks = [env.initial_observation() for env in envs]
+    prompts = [render_prompt(tokenizer, task, system_prompt) for task in tasks]
+
+    def restart(k: int, summary: str) -> list[int]:
+        assert summarize is not None
+        return render_prompt(tokenizer, f"{tasks[k]}\n\n{summarize.header}\n{summary.strip()}", system_prompt)
+
+    episodes = run_episodes(engine, tokenizer, envs, prompts, params, limits, delta, eos_token_ids,
+                            summarize=summarize, restart=restart)
     groups = []
     for k, i in enumerate(indices):
         mine = episodes[k * n : (k + 1) * n]
         # "turns" and "tool_calls" ride along as weight-0 parts: algo.stratum_key can stratify by them (SAN)
+        # SUPO's overlong masking: an unfinished episode is excluded from the loss (as a reward's None is)
         samples = tuple(Sample(ep.prompt_ids, ep.completion, ep.reward, {
-            "env": ep.reward, "turns": float(ep.turns), "tool_calls": ep.metrics.get("tool_calls", 0.0)}, i)
-            for ep in mine)
+            "env": ep.reward, "turns": float(ep.turns), "tool_calls": ep.metrics.get("tool_calls", 0.0),
+            **({"env/excluded": 1.0} if mask_unfinished and ep.ending != "done" else {})}, i,
+            segments=tuple(ep.segments)) for ep in mine)
         groups.append(Group(examples[i].prompt, samples, {
             "id": examples[i].id, "answer": examples[i].answer, "env_metrics": [ep.metrics for ep in mine],
             "endings": [ep.ending for ep in mine], "injected_spans": [ep.injected_spans for ep in mine],
-            "turn_rewards": [ep.turn_rewards for ep in mine]}))
+            "turn_rewards": [ep.turn_rewards for ep in mine], "texts": [ep.text for ep in mine]}))
     return groups
 
 

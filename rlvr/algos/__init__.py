@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlvr.algos.advantages import ESTIMATORS, group_advantages
+from rlvr.algos.advantages import ESTIMATORS, group_advantages, turn_advantages
 from rlvr.algos.aggregation import AGGREGATIONS, aggregate_loss
 from rlvr.algos.divergence import DIVERGENCES
 from rlvr.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
@@ -20,6 +20,7 @@ __all__ = [
     "SHAPING",
     "aggregate_loss",
     "group_advantages",
+    "turn_advantages",
     "kl_k1",
     "kl_k2",
     "kl_k3",

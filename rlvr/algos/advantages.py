@@ -5,7 +5,7 @@ Shapes: ``_P`` prompts, ``_G`` completions sampled per prompt (the group).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -307,6 +307,54 @@ def gae_advantages(
         advantages_BT = torch.where(mask_BT, (advantages_BT - picked.mean()) / (picked.std() + eps),
                                     torch.zeros_like(advantages_BT))
     return advantages_BT, returns_BT
+
+
+def turn_advantages(turn_rewards: Sequence[Sequence[float]], *, gamma: float = 1.0,
+                    normalize_std: bool = True, eps: float = 1e-6) -> list[list[float]]:
+    """Turn-level credit for one group of G multi-turn episodes: each turn's tokens get the
+    group-relative advantage of the return that follows the turn, against the episodes that also
+    reached that turn.
+
+    R_it = Σ_{u ≥ t} γ^(u−t) r_iu                           (return-to-go from turn t)
+    A_it = (R_it − mean_{j∈S_t} R_jt) / (std_{j∈S_t} R_jt + eps)   S_t = episodes with a turn t
+
+    std is the unbiased sample std, as in ``grpo``; ``normalize_std=False`` leaves it out. A turn
+    that one episode alone reached, or whose returns are all equal, gets 0. With γ = 1 every
+    episode's turn 0 gets exactly GRPO's advantage of its return, so with rewards only at the end
+    this differs from GRPO only in later turns, whose baseline is the episodes that got that far;
+    a reward paid mid-episode (a tool call that ran) credits that turn and the ones before it,
+    not the ones after.
+
+    The per-turn-index baseline is rlvr's simple form of turn-level credit assignment; compare
+    MT-GRPO (Zeng et al., "Reinforcing Multi-Turn Reasoning in LLM Agents via Turn-Level Credit
+    Assignment", arXiv:2505.11821), which adds group-normalised turn and outcome advantages, and
+    GiGPO (Feng et al., "Group-in-Group Policy Optimization for LLM Agent Training",
+    arXiv:2505.10978), which groups steps by identical states.
+
+    Args:
+        turn_rewards: the G episodes' rewards, one per turn (lengths may differ).
+    Returns:
+        advantages per episode and turn, the same shape.
+    """
+    returns = []
+    for rewards in turn_rewards:
+        running, back = 0.0, []
+        for r in reversed(rewards):
+            running = float(r) + gamma * running
+            back.append(running)
+        returns.append(back[::-1])
+    out = [[0.0] * len(r) for r in returns]
+    for t in range(max((len(r) for r in returns), default=0)):
+        who = [i for i, r in enumerate(returns) if len(r) > t]
+        values = torch.tensor([returns[i][t] for i in who], dtype=torch.float64)
+        if len(who) < 2 or bool((values == values[0]).all()):
+            continue
+        centred = values - values.mean()
+        if normalize_std:
+            centred = centred / (values.std() + eps)
+        for i, a in zip(who, centred.tolist()):
+            out[i][t] = a
+    return out
 
 
 def _check_PG(rewards_PG: Tensor) -> None:

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from rlvr.agents.envs import env_factory
-from rlvr.agents.runner import ChatDelta, Limits, episode_groups
+from rlvr.agents.runner import ChatDelta, Limits, Summarize, episode_groups
 from rlvr.config import RunConfig
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples
 from rlvr.data.sampler import Sampler, UniformSampler
@@ -82,12 +82,17 @@ def make_episodes(cfg: RunConfig, engine: EmbeddedEngine, tokenizer: Any, exampl
     limits = Limits(max_turns=e.max_turns, max_turn_tokens=cfg.sampling.max_new_tokens,
                     max_total_tokens=e.max_total_tokens, max_context=e.max_context, max_void_turns=e.max_void_turns)
     delta = ChatDelta(tokenizer, e.observation_role, cfg.task.system_prompt)
+    summarize = None
+    if e.summarize_at:
+        summarize = Summarize(at=e.summarize_at, rounds=e.summary_rounds, max_tokens=e.summary_tokens,
+                              **({"instruction": e.summary_instruction} if e.summary_instruction else {}))
 
     def episodes(indices: list[int], n: int, *, on: list[Example] | None = None,
                  sampling: SamplingParams | None = None) -> list[Group]:
         return episode_groups(engine, tokenizer, factory, examples if on is None else on, indices, n, rewards,
                               sampling or params, limits, delta, engine.eos_token_ids,
-                              system_prompt=cfg.task.system_prompt, kwargs=dict(e.kwargs))
+                              system_prompt=cfg.task.system_prompt, kwargs=dict(e.kwargs), summarize=summarize,
+                              mask_unfinished=e.mask_unfinished)
 
     return episodes
 

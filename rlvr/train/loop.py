@@ -135,7 +135,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
         loss=a.loss, loss_kwargs=a.policy_loss_kwargs(), offpolicy=a.offpolicy,
         offpolicy_kwargs=dict(a.offpolicy_kwargs),
         shaping=tuple((spec.fn, dict(spec.kwargs)) for spec in a.shaping), mask_truncated=a.mask_truncated,
-        stratum_key=a.stratum_key,
+        stratum_key=a.stratum_key, credit=a.credit, turn_gamma=a.turn_gamma,
         aggregation=a.aggregation, max_tokens=s.max_new_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
         kl_placement=a.kl_placement, value_clip=a.value_clip, divergence=a.divergence,
         divergence_coef=a.divergence_coef,
@@ -360,13 +360,14 @@ def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
     for g in groups:
         reasons = g.metadata.get("masked") or [None] * len(g.samples)
         injected = g.metadata.get("injected_spans") or [[] for _ in g.samples]
+        texts = g.metadata.get("texts") or [s.completion.text for s in g.samples]  # an episode: all its segments
         for k, s in enumerate(g.samples):
             rows.append({
-                "step": step, "prompt_id": g.metadata.get("id"), "prompt": g.prompt, "completion": s.completion.text,
+                "step": step, "prompt_id": g.metadata.get("id"), "prompt": g.prompt, "completion": texts[k],
                 "reward": s.reward, "rewards": s.reward_parts,
                 "advantage": g.metadata["advantages"][k] if "advantages" in g.metadata else None,
                 "finish_reason": s.completion.finish_reason, "completion_tokens": len(s.completion.token_ids),
-                "masked": [[0, len(s.completion.text), reasons[k]]] if reasons[k] else
+                "masked": [[0, len(texts[k]), reasons[k]]] if reasons[k] else
                 [[a, b, "injected"] for a, b in injected[k]]})
     return rows
 

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from rlvr.algos import CORRECTIONS, DIVERGENCES, ESTIMATORS, KL_ESTIMATORS, LOSSES, SHAPING, aggregate_loss, mismatch_metrics
+from rlvr.algos import (CORRECTIONS, DIVERGENCES, ESTIMATORS, KL_ESTIMATORS, LOSSES, SHAPING, aggregate_loss,
+                        mismatch_metrics, turn_advantages)
 from rlvr.algos.losses import STATE_UPDATES
 from rlvr.algos.registry import loop_inputs
 from rlvr.train.critic import value_loss
@@ -41,6 +42,10 @@ class UpdateSettings:
     """Length-based reward shaping, (name, kwargs) applied in order before the advantages."""
     mask_truncated: bool = False
     """DAPO's overlong filtering: leave completions cut off at max_tokens out of the loss."""
+    credit: str = "episode"
+    """"episode": every token of an episode gets its advantage; "turn": turn-level advantages from
+    the environment's turn rewards (rlvr.algos.turn_advantages; episodes only)."""
+    turn_gamma: float = 1.0
     stratum_key: str | None = None
     """The reward part whose value is each sample's stratum (the "stratified" estimator)."""
     aggregation: str = "token-mean"
@@ -259,19 +264,24 @@ def update_policy(
     initial policy (``completion.logprobs`` = log π_0) for ``s.divergence``, added to every
     optimizer step's gradient.
     """
-    samples = [smp for g in groups for smp in g.samples]
+    episodes = [smp for g in groups for smp in g.samples]
+    samples, owner = _units(episodes)  # what is trained: one row per sample, or per segment of a summarised episode
     model = learner.model
     kl_in_loss = s.kl_coef > 0 and s.kl_placement == "loss" and ref_model is not None
     # DAPO's overlong filtering: a completion cut off by the token budget is left out of the
     # loss altogether (numerator and the token/sequence counts), not treated as a failure;
-    # so is a sample a reward excluded (returned None for).
-    dropped = {i for i, smp in enumerate(samples)
-               if smp.excluded or (s.mask_truncated and smp.completion.finish_reason == "length")}
-    kept = {i for i in range(len(samples)) if i not in dropped}
-    batch, metrics = _advantages(learner, groups, samples, kept, s, pad_token_id, ref_model, critic)
-    per_sample = iter([float(a.mean()) if len(a) else 0.0 for a in batch.advantages])
-    mask_reasons = iter([("excluded" if smp.excluded else "truncated") if i in dropped else None
-                         for i, smp in enumerate(samples)])
+    # so is a sample a reward excluded (returned None for), and every segment of such an episode.
+    dropped_episodes = {i for i, smp in enumerate(episodes)
+                        if smp.excluded or (s.mask_truncated and smp.completion.finish_reason == "length")}
+    dropped = {u for u, i in enumerate(owner) if i in dropped_episodes}
+    kept = {u for u in range(len(samples)) if u not in dropped}
+    batch, metrics = _advantages(learner, groups, samples, owner, kept, s, pad_token_id, ref_model, critic)
+    mine: list[list[torch.Tensor]] = [[] for _ in episodes]
+    for u, a in enumerate(batch.advantages):
+        mine[owner[u]].append(a)
+    per_sample = iter([float(torch.cat(a).mean()) if sum(len(x) for x in a) else 0.0 for a in mine])
+    mask_reasons = iter([("excluded" if smp.excluded else "truncated") if i in dropped_episodes else None
+                         for i, smp in enumerate(episodes)])
     for g in groups:
         g.metadata["advantages"] = [next(per_sample) for _ in g.samples]
         g.metadata["masked"] = [next(mask_reasons) for _ in g.samples]  # why a sample had loss mask 0
@@ -287,7 +297,8 @@ def update_policy(
         batch.old = score_logprobs(model, samples, s, pad_token_id, trained)
     # A replayed group (rollout replay) was sampled by an older policy: the PPO ratio is taken
     # against its sampling log-probs, which importance-weights and clips its update.
-    replayed = [i for i, g in enumerate(g for g in groups for _ in g.samples) if g.metadata.get("replayed")]
+    replayed_episodes = {i for i, g in enumerate(g for g in groups for _ in g.samples) if g.metadata.get("replayed")}
+    replayed = [u for u, i in enumerate(owner) if i in replayed_episodes]
     if replayed:
         old: list[torch.Tensor | None] = list(batch.old) if batch.old is not None else [None] * len(samples)
         for i in replayed:
@@ -297,7 +308,7 @@ def update_policy(
         batch.ref = score_logprobs(ref_model, samples, s, pad_token_id, trained)  # type: ignore[arg-type]
     elif not kl_in_loss:
         batch.ref = None  # scored for a KL in the reward: not a loss term
-    batch.loss_rows = _loss_rows(groups, loop_inputs(LOSSES[s.loss]))
+    batch.loss_rows = _loss_rows(groups, samples, owner, loop_inputs(LOSSES[s.loss]))
     batch.loss_state = {} if loss_state is None else loss_state
 
     sums, grad_norms, critic_norms = _optimise(learner, critic, batch, trained, dropped, s, pad_token_id,
@@ -347,10 +358,11 @@ def _optimise(
 
 
 def _advantages(
-    learner: Learner, groups: list[Group], samples: list[Sample], kept: set[int], s: UpdateSettings,
-    pad_token_id: int, ref_model: PreTrainedModel | None, critic: Learner | None,
+    learner: Learner, groups: list[Group], samples: list[Sample], owner: list[int], kept: set[int],
+    s: UpdateSettings, pad_token_id: int, ref_model: PreTrainedModel | None, critic: Learner | None,
 ) -> tuple[_Batch, dict[str, float]]:
-    """Each kept sample's per-token advantages, from its (shaped, possibly KL-penalised) reward.
+    """Each kept row's per-token advantages, from its (shaped, possibly KL-penalised) reward; the
+    rows of a summarised episode's segments share the episode's advantage.
 
     A KL in the reward needs the samples scored first (old policy and reference), and GAE the
     critic's values; those are kept in the batch so the update does not compute them again.
@@ -360,6 +372,12 @@ def _advantages(
     if token_level and critic is None:
         raise ValueError(f"advantage {s.advantage!r} needs a critic (rlvr train builds one; pass critic=...)")
     kl_in_reward = s.kl_coef > 0 and s.kl_placement == "reward" and ref_model is not None
+    if (token_level or kl_in_reward) and len(set(owner)) != len(samples):
+        raise ValueError("summarised episodes (env.summarize_at) train with outcome advantages: "
+                         "advantage = \"gae\" and kl_placement = \"reward\" are not supported with them")
+    if s.credit == "turn" and (token_level or kl_in_reward or s.shaping or s.advantage != "grpo"):
+        raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn "
+                         "rewards: use it with advantage = \"grpo\", no shaping and no KL in the reward")
     rewards_PG, metrics = shaped_rewards(groups, s)
     old = ref = values = returns = None
     if kl_in_reward:  # the penalty is the old policy's KL to the reference, before any update
@@ -378,9 +396,12 @@ def _advantages(
         assert critic is not None
         values = _score_values(critic.model, samples, s, pad_token_id, kept)
         advantages, returns = _token_advantages(samples, rewards_PG, kl_N, values, kept, s)
+    elif s.credit == "turn":
+        advantages = _turn_credit(groups, samples, owner, s)
     else:
         advantages_B = _outcome_advantages(groups, rewards_PG, s).flatten()
-        advantages = [torch.full((len(x.completion.token_ids),), float(a)) for x, a in zip(samples, advantages_B)]
+        advantages = [torch.full((len(x.completion.token_ids),), float(advantages_B[owner[u]]))
+                      for u, x in enumerate(samples)]
     return _Batch(samples, advantages, old, ref, values, returns), metrics
 
 
@@ -421,18 +442,53 @@ class _Batch:
     loss_state: dict[str, float] = field(default_factory=dict)
 
 
-def _loss_rows(groups: list[Group], names: list[str]) -> dict[str, list[torch.Tensor]]:
-    """The per-sample values behind a loss's loop inputs, repeated over each completion token."""
+def _loss_rows(groups: list[Group], samples: list[Sample], owner: list[int],
+               names: list[str]) -> dict[str, list[torch.Tensor]]:
+    """The per-sample values behind a loss's loop inputs, repeated over each completion token of
+    each trained row (``samples``, whose ``owner`` is the group sample they belong to)."""
     rows: dict[str, list[torch.Tensor]] = {}
     wanted = {"correct_BT", "group_accuracy_BT"} & set(names)
     if wanted:
         correct = [[float(is_correct(x, next(iter(x.reward_parts), ""))) for x in g.samples] for g in groups]
         per_sample = {"correct_BT": [c for row in correct for c in row],
                       "group_accuracy_BT": [statistics.fmean(row) for row in correct for _ in row]}
-        lengths = [len(x.completion.token_ids) for g in groups for x in g.samples]
         for name in wanted:
-            rows[name] = [torch.full((n,), v) for n, v in zip(lengths, per_sample[name])]
+            rows[name] = [torch.full((len(x.completion.token_ids),), per_sample[name][owner[u]])
+                          for u, x in enumerate(samples)]
     return rows
+
+
+def _units(episodes: list[Sample]) -> tuple[list[Sample], list[int]]:
+    """The rows an update trains on, and the group sample each belongs to: a sample is one row;
+    a summarised episode (SUPO) is one row per segment, each with the episode's reward."""
+    if not any(x.segments for x in episodes):
+        return episodes, list(range(len(episodes)))
+    units, owner = [], []
+    for i, x in enumerate(episodes):
+        for prompt_ids, completion in x.segments:
+            units.append(Sample(prompt_ids, completion, x.reward, x.reward_parts, x.prompt_index))
+            owner.append(i)
+        units.append(x)
+        owner.append(i)
+    return units, owner
+
+
+def _turn_credit(groups: list[Group], samples: list[Sample], owner: list[int], s: UpdateSettings) -> list[torch.Tensor]:
+    """Per-token advantages from each group's turn rewards (rlvr.algos.turn_advantages): a token
+    gets the advantage of the turn it belongs to (``Completion.turn_index``)."""
+    per_episode: list[list[float]] = []
+    for g in groups:
+        if "turn_rewards" not in g.metadata:
+            raise ValueError("algo.credit = \"turn\" needs multi-turn episodes (an [env] section): a group "
+                             f"without turn rewards: {g.prompt[:60]!r}")
+        per_episode += turn_advantages(g.metadata["turn_rewards"], gamma=s.turn_gamma)
+    out = []
+    for u, x in enumerate(samples):
+        turns = per_episode[owner[u]]
+        index = x.completion.turn_index or (0,) * len(x.completion.token_ids)
+        # a summary sampled after the last turn has no return left to credit
+        out.append(torch.tensor([turns[t] if t < len(turns) else 0.0 for t in index], dtype=torch.float32))
+    return out
 
 
 @torch.no_grad()
