@@ -272,3 +272,20 @@ def test_an_unknown_curriculum_fails_before_training(tiny_dir: Path, tmp_path: P
     with pytest.raises(ValueError, match="did you mean 'mopps'"):
         train(load_config(None, [*overrides(tiny_dir, tmp_path, "bad"), 'sampler.name="mops"']), quiet=True)
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_replay_buffer_keeps_every_field_of_an_episode_across_a_checkpoint() -> None:
+    import pickle
+
+    from rlvr.train.collect import ReplayBuffer
+    from rlvr.types import Completion, Group, Sample
+
+    seg = Completion((5, 6), (-0.5, -0.25), "stop", "ab", loss_mask=(1, 1), turn_index=(0, 0))
+    episodes = [Sample((1, 2), Completion((7, 8, 9), (-1.0, 0.0, -2.0), "length", "xyz", loss_mask=(1, 0, 1),
+                                          turn_index=(1, 1, 2)), r, {"env": r}, 0, segments=(((3,), seg),))
+                for r in (0.0, 1.0)]
+    buffer = ReplayBuffer(4, 0.5, 2)
+    buffer.add([Group("p", tuple(episodes), {"id": 1})], step=1)
+    restored = ReplayBuffer(4, 0.5, 2)
+    restored.load_state_dict(pickle.loads(pickle.dumps(buffer.state_dict())))
+    assert restored.items == buffer.items

@@ -573,3 +573,17 @@ def test_turn_credit_gives_each_turn_its_own_advantage() -> None:
         torch.testing.assert_close(got[0][name], grad, atol=1e-6, rtol=1e-4, msg=name)
     with pytest.raises(ValueError, match="turn rewards"):
         recorded_grads(make_groups(GROUPS), UpdateSettings(credit="turn"))
+
+
+def test_a_token_cap_cuts_micro_batches_without_changing_the_gradient() -> None:
+    from rlvr.train.update import _micro_batches
+
+    groups = make_groups(GROUPS)
+    samples = [x for g in groups for x in g.samples]
+    lengths = {i: samples[i].num_tokens for i in range(len(samples))}
+    cut = _micro_batches(list(range(len(samples))), samples, 6, max_tokens=20)
+    assert sorted(i for m in cut for i in m) == list(range(len(samples))) and len(cut) > 1
+    assert all(len(m) == 1 or len(m) * max(lengths[i] for i in m) <= 20 for m in cut)
+    assert _micro_batches(list(range(6)), samples, 4) == _micro_batches(list(range(6)), samples, 4, None)
+    assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=6, micro_batch_tokens=12)),
+                       recorded_grads(groups, UpdateSettings(micro_batch_size=6)))

@@ -283,18 +283,32 @@ class ReplayBuffer:
         self.items = [(int(s), _group_from_state(g)) for s, g in state["items"]]
 
 
+def _completion_state(c: Completion) -> dict[str, Any]:
+    return {"token_ids": list(c.token_ids), "logprobs": list(c.logprobs), "finish_reason": c.finish_reason,
+            "text": c.text, "loss_mask": None if c.loss_mask is None else list(c.loss_mask),
+            "turn_index": None if c.turn_index is None else list(c.turn_index)}
+
+
+def _completion_from_state(x: dict[str, Any]) -> Completion:
+    optional = lambda key: None if x.get(key) is None else tuple(x[key])  # noqa: E731
+    return Completion(tuple(x["token_ids"]), tuple(x["logprobs"]), x["finish_reason"], x["text"],
+                      loss_mask=optional("loss_mask"), turn_index=optional("turn_index"))
+
+
 def _group_state(g: Group) -> dict[str, Any]:
+    """A group as plain lists and numbers (checkpoints), every field of its samples included:
+    a replayed episode must keep its loss mask and segments across a resume."""
     return {"prompt": g.prompt, "metadata": dict(g.metadata), "samples": [
-        {"prompt_ids": list(x.prompt_ids), "token_ids": list(x.completion.token_ids),
-         "logprobs": list(x.completion.logprobs), "finish_reason": x.completion.finish_reason,
-         "text": x.completion.text, "reward": x.reward, "reward_parts": dict(x.reward_parts),
-         "prompt_index": x.prompt_index} for x in g.samples]}
+        {"prompt_ids": list(x.prompt_ids), **_completion_state(x.completion), "reward": x.reward,
+         "reward_parts": dict(x.reward_parts), "prompt_index": x.prompt_index,
+         "segments": [{"prompt_ids": list(p), **_completion_state(c)} for p, c in x.segments]} for x in g.samples]}
 
 
 def _group_from_state(state: dict[str, Any]) -> Group:
-    samples = tuple(Sample(tuple(x["prompt_ids"]), Completion(tuple(x["token_ids"]), tuple(x["logprobs"]),
-                                                              x["finish_reason"], x["text"]),
-                           x["reward"], dict(x["reward_parts"]), x["prompt_index"]) for x in state["samples"])
+    samples = tuple(Sample(tuple(x["prompt_ids"]), _completion_from_state(x), x["reward"], dict(x["reward_parts"]),
+                           x["prompt_index"], segments=tuple((tuple(seg["prompt_ids"]), _completion_from_state(seg))
+                                                             for seg in x.get("segments", [])))
+                    for x in state["samples"])
     return Group(state["prompt"], samples, dict(state["metadata"]))
 
 

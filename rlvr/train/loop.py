@@ -140,7 +140,8 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
         kl_placement=a.kl_placement, value_clip=a.value_clip, divergence=a.divergence,
         divergence_coef=a.divergence_coef,
         entropy_coef=a.entropy_coef, epochs=tr.epochs, mini_batches=tr.mini_batches,
-        micro_batch_size=tr.micro_batch_size, temperature=s.temperature, logprob_chunk=tr.logprob_chunk,
+        micro_batch_size=tr.micro_batch_size, micro_batch_tokens=tr.micro_batch_tokens, temperature=s.temperature,
+        logprob_chunk=tr.logprob_chunk,
     )
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                             max_new_tokens=s.max_new_tokens, stop=tuple(s.stop), n=a.group_size)
