@@ -102,8 +102,8 @@ def _micro_batches(indices: list[int], samples: list[Sample], size: int,
     padding. The totals passed to aggregate_loss keep the result independent of the cut.
 
     The token cap is what keeps memory bounded when rows are long (multi-turn episodes): the
-    activations a backward pass keeps grow with the tokens in the micro-batch (about 1.2 MB a
-    token on SmolLM2-135M in fp32), so 16 rows of 1,000 tokens need some 20 GB."""
+    activations a backward pass keeps grow with the tokens in the micro-batch (about 1.1 MB a
+    token on SmolLM2-135M in fp32, docs/LOG.md), so 16 rows of 1,000 tokens need some 18 GB."""
     ordered = sorted(indices, key=lambda i: samples[i].num_tokens)
     out: list[list[int]] = []
     for i in ordered:  # ascending length: the row being added is the longest so far
