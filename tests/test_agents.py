@@ -299,6 +299,17 @@ def test_tool_math_bonuses_are_paid_once_for_a_call_that_runs_and_for_answering(
     hinted = ToolMath(Example("2+2?", "4", {"answer": "4"}, "m/1"), rewards, answer_hint=True)
     assert (hinted.step("```python\nprint(2+2)\n```").observation or "").endswith("<answer></answer> tags.")
 
+    # answer = "plain": a turn without a tool call is the answer, scored as the rewards extract it
+    plain_rewards = build_rewards([{"fn": "math_verify", "kwargs": {"extract": "tag_or_last_number"}}])
+    plain = ToolMath(Example("2+2?", "4", {"answer": "4"}, "m/1"), plain_rewards, answer="plain", answer_hint=True)
+    assert "just the number" in plain.initial_observation() and "<answer>" not in plain.initial_observation()
+    assert (plain.step("```python\nprint(2+2)\n```").observation or "").endswith("reply with just the number.")
+    final = plain.step("It is 4.")
+    assert final.done and final.reward == 1.0 and final.metrics == {"answered": 1.0}
+    assert ToolMath(Example("2+2?", "4", {"answer": "4"}, "m/1"), plain_rewards, answer="plain").step("five").reward == 0
+    with pytest.raises(ValueError, match="plain"):
+        ToolMath(Example("2+2?", "4", {"answer": "4"}, "m/1"), rewards, answer="json")
+
 
 def test_the_tool_math_config_trains_on_the_tiny_model(tiny_dir: Any, tmp_path: Any) -> None:
     from pathlib import Path

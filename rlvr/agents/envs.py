@@ -21,6 +21,8 @@ from rlvr.rewards.combine import score_group
 
 TOOL_INSTRUCTION = ("You can run Python: write a ```python code block and you will see what it prints. "
                     "When you know the answer, give it inside <answer></answer> tags.")
+PLAIN_INSTRUCTION = ("You can run Python: write a ```python code block and you will see what it prints. "
+                     "When you know the answer, reply with just the number.")
 
 
 class ToolMath:
@@ -31,13 +33,24 @@ class ToolMath:
     ran), answered.
 
     For a weak model, ``tool_bonus`` (once per episode, for the first call that runs without an
-    error) and ``answer_bonus`` (for answering in tags at all) give GRPO a signal before answers
-    are right; both default to 0. ``answer_hint`` ends every tool output with a reminder of the
-    answer format."""
+    error) and ``answer_bonus`` (for answering at all) give GRPO a signal before answers are
+    right; both default to 0. ``answer_hint`` ends every tool output with a reminder of the
+    answer format.
 
-    def __init__(self, example: Example, rewards: list[RewardFn], *, instruction: str = TOOL_INSTRUCTION,
+    ``answer = "tag"``: an answer is a turn with ``<answer>`` tags and no tool call. ``answer =
+    "plain"``: any turn without a tool call is the final answer, scored by the task's rewards as
+    they are configured (e.g. ``extract = "tag_or_last_number"``); the usual protocol of tool-use
+    chat models, and the one a small model finds (no void turns). The instruction follows the
+    choice unless one is given."""
+
+    def __init__(self, example: Example, rewards: list[RewardFn], *, instruction: str | None = None,
                  extra_tools: dict[str, Tool] | None = None, tool_bonus: float = 0.0,
-                 answer_bonus: float = 0.0, answer_hint: bool = False) -> None:
+                 answer_bonus: float = 0.0, answer_hint: bool = False, answer: str = "tag") -> None:
+        if answer not in ("tag", "plain"):
+            raise ValueError(f"tool_math answer must be \"tag\" or \"plain\", got {answer!r}")
+        self.answer = answer
+        if instruction is None:
+            instruction = TOOL_INSTRUCTION if answer == "tag" else PLAIN_INSTRUCTION
         self.example, self.rewards, self.instruction = example, rewards, instruction
         self.python = PythonInterpreter()
         self.tools = {"python": self.python.as_tool(), **(extra_tools or {})}
@@ -49,7 +62,7 @@ class ToolMath:
 
     def step(self, action: str) -> StepResult:
         calls = parse_tool_calls(action, code_tool="python")
-        if extract_answer(action, "tag") is not None and not calls:
+        if not calls and (self.answer == "plain" or extract_answer(action, "tag") is not None):
             total, _ = score_group(self.rewards, self.example.prompt, [action], self.example.fields)[0]
             return StepResult(reward=total + self.answer_bonus, done=True, metrics={"answered": 1.0})
         if not calls:
@@ -63,7 +76,8 @@ class ToolMath:
         bonus = 0.0
         if errors < len(calls) and not self.bonus_paid:
             bonus, self.bonus_paid = self.tool_bonus, True
-        hint = "\n\nIf you have the answer now, give it inside <answer></answer> tags." if self.answer_hint else ""
+        hint = ("" if not self.answer_hint else "\n\nIf you have the answer now, give it inside <answer></answer> tags."
+                if self.answer == "tag" else "\n\nIf you know the answer now, reply with just the number.")
         return StepResult("Output:\n" + "\n\n".join(outputs) + hint, reward=bonus,
                           metrics={"tool_calls": float(len(calls)), "tool_errors": float(errors),
                                    "tool_ok": float(len(calls) - errors)})
