@@ -89,6 +89,17 @@ class SamplingConfig(_Section):
     """Extra stop strings (EOS always stops). The stop string stays in the completion."""
 
 
+class LoraConfig(_Section):
+    rank: int = Field(0, ge=0)
+    """LoRA rank: train low-rank adapters on a frozen base (PEFT, pip install 'rlvr[lora]'); 0 = full fine-tuning. The engine samples from the merged weights after every update."""
+    alpha: float = Field(32.0, gt=0)
+    """LoRA scale numerator: the adapter adds (alpha / rank) · B A."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input."""
+    targets: list[str] | Literal["all-linear"] = "all-linear"
+    """Modules that get adapters: "all-linear" (every linear layer but the LM head) or names such as ["q_proj", "v_proj"]."""
+
+
 class EngineConfig(_Section):
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     """Rollout dtype; "auto" = bfloat16 on a bf16 GPU, or on a CPU where bf16 is measured faster than fp32."""
@@ -392,6 +403,7 @@ class RunConfig(_Section):
     <answer> tags, or math-verify against the JSONL answer column)."""
     sampling: SamplingConfig = SamplingConfig()
     engine: EngineConfig = EngineConfig()
+    lora: LoraConfig = LoraConfig()
     algo: AlgoConfig = AlgoConfig()
     train: TrainConfig = TrainConfig()
     sandbox: SandboxConfig = SandboxConfig()
@@ -433,6 +445,9 @@ class RunConfig(_Section):
                 f"train.mini_batches = {self.train.mini_batches} must divide prompts_per_step × "
                 f"group_size = {batch}"
             )
+        if self.lora.rank and self.algo.advantage == "gae":
+            raise ValueError("lora.rank > 0 with advantage = \"gae\" is not supported yet: the critic copies the "
+                             "policy's trunk, which LoRA wraps; use an outcome estimator or full fine-tuning")
         if self.algo.credit == "turn" and self.env.name is None:
             raise ValueError("algo.credit = \"turn\" needs multi-turn episodes: set env.name")
         e = self.env

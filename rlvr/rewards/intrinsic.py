@@ -26,6 +26,8 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
+from rlvr.lora import causal_lm
+
 
 @torch.no_grad()
 def token_certainty(
@@ -34,6 +36,7 @@ def token_certainty(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(self_certainty_B, negative_entropy_B): per-row means over the tokens where target_mask_BT is
     set, of KL(U ‖ p_t) and of -H(p_t), p_t the temperature-scaled distribution that predicted token t."""
+    model = causal_lm(model)  # a LoRA policy: the wrapped model, adapters in its layers
     hidden_BTH = model.base_model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).last_hidden_state
     select_BT = target_mask_BT[:, 1:].bool()
     hidden_NH = hidden_BTH[:, :-1][select_BT]

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlvr.lora import save_merged
+
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
 
@@ -37,7 +39,7 @@ def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, state:
     tmp = root / f".step_{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    save_merged(model, tmp)  # a LoRA policy as its merged model, with the adapter in adapter/
     tokenizer.save_pretrained(tmp)
     torch.save({**state, "step": step, "rng": capture_rng()}, tmp / STATE_FILE)
     (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from rlvr.lora import causal_lm
+
 
 class _HeadLogprobs(torch.autograd.Function):
     """Log-probability of each target token and the entropy of each row of softmax(h Wᵀ / τ),
@@ -98,6 +100,7 @@ def token_logprobs(
     """
     if target_mask_BT[:, 0].any():
         raise ValueError("the first token of a row has no prediction; target_mask[:, 0] must be 0")
+    model = causal_lm(model)  # a LoRA policy: the wrapped model, adapters in its layers
     hidden_BTH = model.base_model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).last_hidden_state
     select_BT = target_mask_BT[:, 1:].bool()
     hidden_NH = hidden_BTH[:, :-1][select_BT]

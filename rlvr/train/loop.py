@@ -40,6 +40,7 @@ from rlvr.data.sampler import Sampler
 from rlvr.eval.metrics import pass_at_k
 from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress, tracking
 from rlvr.log.sinks import read_jsonl
+from rlvr.lora import ADAPTER_DIR, apply_lora, merged_state_dict
 from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from rlvr.rewards import RewardFn, build_rewards
 from rlvr.rollout.engine import EmbeddedEngine
@@ -112,12 +113,19 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     tokenizer = load_tokenizer(spec)
     train_dtype = resolve_dtype(cfg.train.precision)
     engine_dtype = resolve_dtype(cfg.engine.dtype)
-    model = load_model(spec, train_dtype)
+    lora = cfg.lora.rank > 0
+    # With LoRA a checkpoint holds the merged model and its adapter: a resumed run puts the adapter back on the base
+    model = load_model(cfg.model if lora else spec, train_dtype)
     if cfg.train.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # Same dtype: the engine samples from the learner's own weights, so updates need no copy.
-    shared = engine_dtype == train_dtype
+    # Same dtype: the engine samples from the learner's own weights, so updates need no copy. With
+    # LoRA the engine keeps a plain copy of the base and loads the merged weights after each update.
+    shared = engine_dtype == train_dtype and not lora
     engine_model = model if shared else copy.deepcopy(model).to(engine_dtype)  # type: ignore[arg-type]
+    if lora:
+        adapter = Path(spec) / ADAPTER_DIR if model_spec else None
+        model = apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
+                           targets=cfg.lora.targets, adapter=adapter)
     engine = EmbeddedEngine(engine_model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
                             max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed, decoder=cfg.engine.decoder)
     ref_model = None
@@ -246,7 +254,7 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     if run.kl is not None and "kl_reward" in update:
         run.kl.update(update["kl_reward"], n=sum(len(g.samples) for g in groups))
     if not run.shared_weights:
-        run.engine.update_weights(run.learner.model.state_dict())
+        run.engine.update_weights(merged_state_dict(run.learner.model))
     _observe(run, fresh, gathered.aside, step)
     t2 = time.perf_counter()
     if greedy_baseline:
@@ -408,7 +416,7 @@ def _restore(run: Run, state: dict[str, Any]) -> None:
         run.critic.load_state_dict(state["critic"]["learner"])
     ckpt.restore_rng(state["rng"])
     if not run.shared_weights:
-        run.engine.update_weights(run.learner.model.state_dict())
+        run.engine.update_weights(merged_state_dict(run.learner.model))
 
 
 def save(run: Run, step: int) -> Path:
