@@ -107,6 +107,10 @@ class EngineConfig(_Section):
     """Most sequences decoded together; finished sequences leave the batch at once."""
     decoder: Literal["auto", "static", "hf"] = "auto"
     """Decode steps: "static" (preallocated KV cache, fused projections; Llama/Mistral/Qwen2), "hf" (the model's own forward; any causal LM), "auto" = static where it applies."""
+    backend: Literal["embedded", "vllm"] = "embedded"
+    """Rollout engine: "embedded" (PyTorch, CPU or one GPU) or "vllm" (a CUDA GPU and pip install vllm; weights reach it after every update)."""
+    vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for vllm.LLM with backend = "vllm", e.g. {gpu_memory_utilization = 0.5, enable_sleep_mode = true}."""
 
 
 def _check_registered(kind: str, value: str, registry: dict[str, Any]) -> None:

@@ -80,8 +80,9 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     merged: dict[str, torch.Tensor] = {}
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
-            weight = module.get_base_layer().weight
-            delta = sum((module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A),
+            layer: Any = module
+            weight: torch.Tensor = layer.get_base_layer().weight
+            delta = sum((layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A),
                         torch.zeros_like(weight))
             merged[f"{name}.weight"] = weight + delta.to(weight.dtype)
     out = {}

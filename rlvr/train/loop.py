@@ -41,7 +41,7 @@ from rlvr.eval.metrics import pass_at_k
 from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress, tracking
 from rlvr.log.sinks import read_jsonl
 from rlvr.lora import ADAPTER_DIR, apply_lora, merged_state_dict
-from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype, resolve_model_path
 from rlvr.rewards import RewardFn, build_rewards
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.runtime import keep_freed_memory
@@ -120,14 +120,22 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Same dtype: the engine samples from the learner's own weights, so updates need no copy. With
     # LoRA the engine keeps a plain copy of the base and loads the merged weights after each update.
-    shared = engine_dtype == train_dtype and not lora
-    engine_model = model if shared else copy.deepcopy(model).to(engine_dtype)  # type: ignore[arg-type]
+    vllm = cfg.engine.backend == "vllm"
+    shared = engine_dtype == train_dtype and not lora and not vllm
+    engine_model = model if shared or vllm else copy.deepcopy(model).to(engine_dtype)  # type: ignore[arg-type]
     if lora:
         adapter = Path(spec) / ADAPTER_DIR if model_spec else None
         model = apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
                            targets=cfg.lora.targets, adapter=adapter)
-    engine = EmbeddedEngine(engine_model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
-                            max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed, decoder=cfg.engine.decoder)
+    engine: Any
+    if vllm:  # sampling on the GPU; the learner's (merged) weights reach it after every update
+        from rlvr.rollout.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine(resolve_model_path(spec), tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
+                            seed=cfg.seed, dtype=str(engine_dtype).removeprefix("torch."), **cfg.engine.vllm_kwargs)
+    else:
+        engine = EmbeddedEngine(engine_model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
+                                max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed, decoder=cfg.engine.decoder)
     ref_model = None
     if cfg.algo.kl_coef > 0:
         ref_model = load_model(cfg.model, train_dtype).eval().requires_grad_(False)

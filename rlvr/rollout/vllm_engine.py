@@ -1,0 +1,131 @@
+"""The `Engine` protocol on vLLM, for GPUs: a thin layer over vLLM's documented offline API.
+
+    generate        vllm.LLM.generate on token-id prompts (TokensPrompt), n samples per prompt,
+                    with the log-probability of every sampled token under the distribution it was
+                    sampled from: vLLM's ``logprobs_mode = "processed_logprobs"`` (after
+                    temperature, top-k and top-p), which is what rlvr's losses take as the
+                    behaviour policy's log-probs (rlvr.types.Completion).
+    update_weights  new policy weights without a restart: every worker loads them through
+                    ``LLM.collective_rpc`` into ``model.load_weights`` (the mechanism of vLLM's
+                    RLHF examples), by the Hugging Face parameter names rlvr's learner uses.
+    sleep / wake_up vLLM's sleep mode, to free the GPU for a colocated learner between rollouts
+                    (``enable_sleep_mode=True``).
+
+The weights travel as CPU tensors through vLLM's RPC, which is simple and correct for one GPU
+and models of a few billion parameters. Larger models want CUDA-IPC or NCCL broadcast (vLLM's
+``rlhf_colocate`` and ``rlhf`` examples), which fit behind the same `update_weights`.
+
+Seeds: each call draws one seed per prompt from (``seed``, how many calls came before), so the
+same engine seed gives the same samples, a later call samples afresh, and the call counter is
+the engine's whole random state (`generator`, checkpointed like the embedded engine's).
+
+This machine has no GPU: the engine contract tests (tests/test_engine_contract.py) run every
+engine through the same checks and skip vLLM, saying so, where CUDA or vllm is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from rlvr.types import Completion, FinishReason, SamplingParams
+
+INSTALL_HINT = "pip install vllm   (needs a CUDA GPU)"
+
+
+class CallCounter:
+    """The vLLM engine's random state: how many generate calls it has served."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def get_state(self) -> torch.Tensor:
+        return torch.tensor([self.calls], dtype=torch.int64)
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.calls = int(state[0])
+
+
+class WorkerWeights:
+    """vLLM worker extension (``worker_extension_cls``): loads named tensors into the model."""
+
+    def rlvr_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        device = next(model.parameters()).device
+        model.load_weights(weights=[(name, tensor.to(device)) for name, tensor in weights])
+        return len(weights)
+
+
+class VLLMEngine:
+    """Rollouts on vLLM (see module docstring). ``model`` is a local folder or a Hugging Face id
+    of the policy's initial weights; ``llm_kwargs`` go to ``vllm.LLM`` (``gpu_memory_utilization``,
+    ``tensor_parallel_size``, ``max_model_len``, ``enforce_eager``, ...)."""
+
+    def __init__(self, model: str, tokenizer: Any, *, eos_token_ids: Iterable[int], seed: int = 0,
+                 dtype: str = "auto", enable_sleep_mode: bool = False, **llm_kwargs: Any) -> None:
+        if not torch.cuda.is_available():
+            raise ValueError("engine.backend = \"vllm\" needs a CUDA GPU, and this machine has none "
+                             "(the embedded engine runs anywhere: engine.backend = \"embedded\")")
+        try:
+            import vllm
+        except ImportError as err:
+            from rlvr.log.tracking import MissingExtra
+
+            raise MissingExtra(f"engine.backend = \"vllm\" needs vLLM: {INSTALL_HINT}") from err
+        self.llm = vllm.LLM(model=model, tokenizer=model, dtype=dtype, seed=seed, logprobs_mode="processed_logprobs",
+                            enable_sleep_mode=enable_sleep_mode,
+                            worker_extension_cls=f"{__name__}.WorkerWeights", **llm_kwargs)
+        self.tokenizer = tokenizer
+        self.eos_token_ids = sorted(set(int(i) for i in eos_token_ids))
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.seed = seed
+        self.generator = CallCounter()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+        import vllm
+        from vllm.inputs import TokensPrompt
+
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("cannot generate from an empty prompt")
+        call = self.generator.calls
+        self.generator.calls += 1
+        greedy = params.temperature == 0
+        requests = [vllm.SamplingParams(
+            n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
+            max_tokens=params.max_new_tokens, stop=list(params.stop) or None, stop_token_ids=self.eos_token_ids,
+            logprobs=0, seed=None if greedy else _request_seed(self.seed, call, k), skip_special_tokens=True,
+            include_stop_str_in_output=True, ignore_eos=False) for k in range(len(prompts))]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests, use_tqdm=False)
+        groups = [[self._completion(o) for o in out.outputs] for out in outputs]
+        if progress:
+            progress(len(prompts))
+        return groups
+
+    def _completion(self, o: Any) -> Completion:
+        ids = tuple(int(t) for t in o.token_ids)
+        # logprobs=0 returns the sampled token's own entry at every position
+        logprobs = tuple(float(step[t].logprob) for step, t in zip(o.logprobs, ids))
+        reason: FinishReason = "stop" if o.finish_reason == "stop" else "length"
+        text = str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+        return Completion(ids, logprobs, reason, text)
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        weights = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
+        self.llm.collective_rpc("rlvr_load_weights", args=(weights,))
+        self.llm.reset_prefix_cache()  # cached prefixes were computed by the old weights
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the GPU memory of the weights (level 1 keeps them on the CPU) and the KV cache."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self) -> None:
+        self.llm.wake_up()
+
+
+def _request_seed(seed: int, call: int, k: int) -> int:
+    digest = hashlib.blake2b(f"{seed}/{call}/{k}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1)
