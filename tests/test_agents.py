@@ -309,6 +309,14 @@ def test_tool_math_bonuses_are_paid_once_for_a_call_that_runs_and_for_answering(
     assert ToolMath(Example("2+2?", "4", {"answer": "4"}, "m/1"), plain_rewards, answer="plain").step("five").reward == 0
     with pytest.raises(ValueError, match="plain"):
         ToolMath(Example("2+2?", "4", {"answer": "4"}, "m/1"), rewards, answer="json")
+    # tool_bonus_at_answer: a call that ran is paid only when the episode answers
+    late = ToolMath(Example("2+2?", "4", {"answer": "4"}, "m/1"), plain_rewards, answer="plain", tool_bonus=0.2,
+                    tool_bonus_at_answer=True)
+    assert late.step("```python\nprint(2+2)\n```").reward == 0.0
+    assert late.step("5").reward == pytest.approx(0.2)  # wrong, but it used the tool and answered
+    direct = ToolMath(Example("2+2?", "4", {"answer": "4"}, "m/1"), plain_rewards, answer="plain", tool_bonus=0.2,
+                      tool_bonus_at_answer=True)
+    assert direct.step("4").reward == 1.0  # no call: no bonus
 
 
 def test_the_tool_math_config_trains_on_the_tiny_model(tiny_dir: Any, tmp_path: Any) -> None:

@@ -35,7 +35,9 @@ class ToolMath:
     For a weak model, ``tool_bonus`` (once per episode, for the first call that runs without an
     error) and ``answer_bonus`` (for answering at all) give GRPO a signal before answers are
     right; both default to 0. ``answer_hint`` ends every tool output with a reminder of the
-    answer format.
+    answer format. ``tool_bonus_at_answer`` pays the tool bonus with the answer instead (for an
+    episode that ran a call without an error before answering), so calling the tool again and
+    again without ever answering earns nothing.
 
     ``answer = "tag"``: an answer is a turn with ``<answer>`` tags and no tool call. ``answer =
     "plain"``: any turn without a tool call is the final answer, scored by the task's rewards as
@@ -45,7 +47,8 @@ class ToolMath:
 
     def __init__(self, example: Example, rewards: list[RewardFn], *, instruction: str | None = None,
                  extra_tools: dict[str, Tool] | None = None, tool_bonus: float = 0.0,
-                 answer_bonus: float = 0.0, answer_hint: bool = False, answer: str = "tag") -> None:
+                 answer_bonus: float = 0.0, answer_hint: bool = False, answer: str = "tag",
+                 tool_bonus_at_answer: bool = False) -> None:
         if answer not in ("tag", "plain"):
             raise ValueError(f"tool_math answer must be \"tag\" or \"plain\", got {answer!r}")
         self.answer = answer
@@ -55,6 +58,7 @@ class ToolMath:
         self.python = PythonInterpreter()
         self.tools = {"python": self.python.as_tool(), **(extra_tools or {})}
         self.tool_bonus, self.answer_bonus, self.bonus_paid = tool_bonus, answer_bonus, False
+        self.tool_bonus_at_answer, self.tool_ran = tool_bonus_at_answer, False
         self.answer_hint = answer_hint
 
     def initial_observation(self) -> str:
@@ -64,7 +68,8 @@ class ToolMath:
         calls = parse_tool_calls(action, code_tool="python")
         if not calls and (self.answer == "plain" or extract_answer(action, "tag") is not None):
             total, _ = score_group(self.rewards, self.example.prompt, [action], self.example.fields)[0]
-            return StepResult(reward=total + self.answer_bonus, done=True, metrics={"answered": 1.0})
+            bonus = self.tool_bonus if self.tool_bonus_at_answer and self.tool_ran else 0.0
+            return StepResult(reward=total + self.answer_bonus + bonus, done=True, metrics={"answered": 1.0})
         if not calls:
             return StepResult("Write a ```python block to compute, or give the final answer in <answer></answer> "
                               "tags.", metrics={"void": 1.0})
@@ -74,7 +79,8 @@ class ToolMath:
             errors += not ok or text.startswith("error") or "Error" in text.splitlines()[-1]
             outputs.append(text)
         bonus = 0.0
-        if errors < len(calls) and not self.bonus_paid:
+        self.tool_ran = self.tool_ran or errors < len(calls)
+        if errors < len(calls) and not self.bonus_paid and not self.tool_bonus_at_answer:
             bonus, self.bonus_paid = self.tool_bonus, True
         hint = ("" if not self.answer_hint else "\n\nIf you have the answer now, give it inside <answer></answer> tags."
                 if self.answer == "tag" else "\n\nIf you know the answer now, reply with just the number.")
