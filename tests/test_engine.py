@@ -280,3 +280,24 @@ def test_static_decoder_sees_in_place_parameter_changes(tiny_model: Model, tiny_
     assert after != before
     for prompt, group in zip(prompts, after):
         assert list(group[0].token_ids) == reference_greedy(tiny_model, prompt, 6)
+
+
+def test_a_sample_does_not_depend_on_its_batch(tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str) -> None:
+    """Every sample has a random stream of its own: given the same seeds, a prompt gets the same
+    samples alone, in a batch, or cut into chunks (what lets rollout workers share a call)."""
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, n=2)
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=4, decoder=decoder)
+    seeds = engine.draw_seeds(3, 2)
+    together = engine.generate(prompts, params, seeds=seeds)
+    assert together[0][0].token_ids != together[0][1].token_ids  # the n samples of a prompt differ
+    chunked = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], max_batch_size=2, decoder=decoder)
+    for i, p in enumerate(prompts):
+        alone = chunked.generate([p], params, seeds=[seeds[i]])[0]
+        assert [c.token_ids for c in alone] == [c.token_ids for c in together[i]]
+        torch.testing.assert_close(torch.tensor([c.logprobs for c in alone]),
+                                   torch.tensor([c.logprobs for c in together[i]]), atol=1e-5, rtol=0)
+    tokens = lambda out: [[c.token_ids for c in g] for g in out]  # noqa: E731
+    assert tokens(chunked.generate(prompts, params, seeds=seeds)) == tokens(together)
+    with pytest.raises(ValueError, match="seeds"):
+        engine.generate(prompts, params, seeds=seeds[:2])

@@ -74,13 +74,29 @@ class EmbeddedEngine:
             for name, param in self.model.state_dict().items():
                 param.copy_(state_dict[name])
 
+    def draw_seeds(self, num_prompts: int, n: int) -> list[list[int]]:
+        """One seed per sample of the next call, drawn from the engine's generator."""
+        return draw_seeds(self.generator, num_prompts, n)
+
     def generate(
         self,
         prompts: list[list[int]],
         params: SamplingParams,
         progress: Callable[[int], None] | None = None,
+        *,
+        seeds: list[list[int]] | None = None,
     ) -> list[list[Completion]]:
-        """Sample `params.n` completions per prompt; `progress(k)` is called as prompts finish."""
+        """Sample `params.n` completions per prompt; `progress(k)` is called as prompts finish.
+
+        Each sample draws its tokens from a random stream of its own, seeded by ``seeds[i][j]``
+        (by default drawn from the engine's generator, `draw_seeds`). So what a sample gets does
+        not depend on which other prompts share its batch, on max_batch_size, or on which rollout
+        worker runs it: a distributed engine that passes the same seeds samples what this one
+        would (up to the floating-point differences of other batch shapes)."""
+        if seeds is None:
+            seeds = self.draw_seeds(len(prompts), params.n)
+        if len(seeds) != len(prompts) or any(len(row) != params.n for row in seeds):
+            raise ValueError(f"seeds must be {len(prompts)} rows of n = {params.n}")
         per_chunk = max(1, self.max_batch_size // params.n)
         out: list[list[Completion]] = []
         was_training = self.model.training
@@ -89,7 +105,7 @@ class EmbeddedEngine:
             weights = self._fused_weights() if self.decoder == "static" else None
             for start in range(0, len(prompts), per_chunk):
                 chunk = prompts[start : start + per_chunk]
-                out += self._generate_chunk(chunk, params, weights)
+                out += self._generate_chunk(chunk, params, weights, seeds[start : start + per_chunk])
                 if progress:
                     progress(len(chunk))
         finally:
@@ -98,11 +114,14 @@ class EmbeddedEngine:
 
     @torch.no_grad()
     def _generate_chunk(
-        self, prompts: list[list[int]], params: SamplingParams, weights: FusedWeights | None
+        self, prompts: list[list[int]], params: SamplingParams, weights: FusedWeights | None, seeds: list[list[int]]
     ) -> list[list[Completion]]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
         n, eos = params.n, torch.tensor(self.eos_token_ids, device=self.device)
+        # each sample's uniforms for every step, from its own stream (inverse-CDF sampling takes one per token)
+        uniforms_BT = torch.stack([torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(seed),
+                                              dtype=torch.float64) for row in seeds for seed in row]).to(self.device)
         cache, logits_PV, mask_PT = self._prefill(prompts)
         logits = logits_PV.repeat_interleave(n, 0)
         decoder = StaticDecoder(self.model, weights, cache, mask_PT, n) if weights else HFDecoder(self.model, cache, mask_PT, n)
@@ -115,7 +134,7 @@ class EmbeddedEngine:
         for step in range(params.max_new_tokens):
             tok_B, lp_B = sample_tokens(
                 logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                generator=self.generator,
+                uniforms_B=uniforms_BT[rows, step],
             )
             done_B = torch.isin(tok_B, eos)
             for r, t, lp in zip(rows.tolist(), tok_B.tolist(), lp_B.tolist()):
@@ -186,6 +205,11 @@ class EmbeddedEngine:
             token_ids=tuple(ids), logprobs=tuple(logps), finish_reason=reason,
             text=str(self.tokenizer.decode(ids, skip_special_tokens=True)),
         )
+
+
+def draw_seeds(generator: torch.Generator, num_prompts: int, n: int) -> list[list[int]]:
+    """num_prompts rows of n sample seeds from ``generator`` (what an engine's next call uses)."""
+    return torch.randint(0, 2**62, (num_prompts, n), generator=generator, device=generator.device).tolist()
 
 
 class HFDecoder:

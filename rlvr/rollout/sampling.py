@@ -38,6 +38,7 @@ def sample_tokens(
     top_k: int = 0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    uniforms_B: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row; return (tokens_B, logprobs_B). temperature = 0 is greedy.
 
@@ -46,13 +47,17 @@ def sample_tokens(
     cumulative sum is in float64, and a token of probability 0 is never drawn) and needs one random
     number per row. Gumbel-max needs one per vocabulary entry, and drawing 64 × 49,152 of them cost
     ~80-135 ms per decode step here, a quarter of the step (docs/LOG.md).
+
+    ``uniforms_B`` gives those uniforms (in [0, 1), float64), one per row, instead of drawing them
+    from ``generator``: the embedded engine keeps one stream per sample.
     """
     logprobs_BV = process_logits(logits_BV, temperature=temperature, top_k=top_k, top_p=top_p)
     if temperature == 0:
         tokens_B = logprobs_BV.argmax(-1)
     else:
         cdf_BV = logprobs_BV.double().exp_().cumsum_(-1)
-        u_B1 = torch.rand((cdf_BV.shape[0], 1), generator=generator, dtype=torch.float64, device=cdf_BV.device)
+        u_B1 = (uniforms_B.to(torch.float64)[:, None] if uniforms_B is not None else
+                torch.rand((cdf_BV.shape[0], 1), generator=generator, dtype=torch.float64, device=cdf_BV.device))
         # u < 1, and the factor keeps u·total strictly below the total despite rounding
         target_B1 = u_B1 * cdf_BV[:, -1:] * (1 - 2**-52)
         tokens_B = torch.searchsorted(cdf_BV, target_B1, right=True).squeeze(-1)
