@@ -15,9 +15,9 @@ The weights travel as CPU tensors through vLLM's RPC, which is simple and correc
 and models of a few billion parameters. Larger models want CUDA-IPC or NCCL broadcast (vLLM's
 ``rlhf_colocate`` and ``rlhf`` examples), which fit behind the same `update_weights`.
 
-Seeds: each call draws one seed per prompt from (``seed``, how many calls came before), so the
-same engine seed gives the same samples, a later call samples afresh, and the call counter is
-the engine's whole random state (`generator`, checkpointed like the embedded engine's).
+Seeds: like the embedded engine, each call draws its seeds from the engine's ``generator`` (a
+torch.Generator, checkpointed with the run), one per request, so the same engine seed gives the
+same samples and a later call samples afresh.
 
 This machine has no GPU: the engine contract tests (tests/test_engine_contract.py) run every
 engine through the same checks and skip vLLM, saying so, where CUDA or vllm is missing.
@@ -25,28 +25,15 @@ engine through the same checks and skip vLLM, saying so, where CUDA or vllm is m
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
+from rlvr.rollout.engine import draw_seeds
 from rlvr.types import Completion, FinishReason, SamplingParams
 
 INSTALL_HINT = "pip install vllm   (needs a CUDA GPU)"
-
-
-class CallCounter:
-    """The vLLM engine's random state: how many generate calls it has served."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def get_state(self) -> torch.Tensor:
-        return torch.tensor([self.calls], dtype=torch.int64)
-
-    def set_state(self, state: torch.Tensor) -> None:
-        self.calls = int(state[0])
 
 
 class WorkerWeights:
@@ -81,8 +68,7 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(set(int(i) for i in eos_token_ids))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
-        self.seed = seed
-        self.generator = CallCounter()
+        self.generator = torch.Generator().manual_seed(seed)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
@@ -91,13 +77,12 @@ class VLLMEngine:
 
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
-        call = self.generator.calls
-        self.generator.calls += 1
+        seeds = draw_seeds(self.generator, len(prompts), params.n)
         greedy = params.temperature == 0
         requests = [vllm.SamplingParams(
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
             max_tokens=params.max_new_tokens, stop=list(params.stop) or None, stop_token_ids=self.eos_token_ids,
-            logprobs=0, seed=None if greedy else _request_seed(self.seed, call, k), skip_special_tokens=True,
+            logprobs=0, seed=None if greedy else seeds[k][0] % (2**31 - 1), skip_special_tokens=True,
             include_stop_str_in_output=True, ignore_eos=False) for k in range(len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests, use_tqdm=False)
         groups = [[self._completion(o) for o in out.outputs] for out in outputs]
@@ -124,8 +109,3 @@ class VLLMEngine:
 
     def wake_up(self) -> None:
         self.llm.wake_up()
-
-
-def _request_seed(seed: int, call: int, k: int) -> int:
-    digest = hashlib.blake2b(f"{seed}/{call}/{k}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % (2**31 - 1)
