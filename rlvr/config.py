@@ -368,6 +368,23 @@ class EnvConfig(_Section):
     """SUPO's overlong masking: episodes that end without the environment saying done (turn, token, context or summary limits) stay out of the loss."""
 
 
+class DistConfig(_Section):
+    rollout_workers: int = Field(0, ge=0)
+    """Rollout worker actors on Ray (pip install 'rlvr[ray]'), each with an embedded engine; 0 = sample in this process."""
+    learners: int = Field(1, ge=1)
+    """Data-parallel learner ranks (this process is rank 0; the rest are Ray actors); gradients equal one learner's on the whole batch."""
+    address: str | None = None
+    """Ray cluster to join ("auto" for the one `ray start` made on this node, or ray://host:port); unset = start a local Ray."""
+    num_cpus: int | None = None
+    """CPUs a local Ray advertises; unset = enough for every worker (at least this machine's count)."""
+    cpus_per_worker: float = Field(1.0, ge=0)
+    """CPUs each rollout worker and learner actor reserves (Ray scheduling)."""
+    threads_per_worker: int = Field(1, ge=1)
+    """torch threads in each actor."""
+    timeout_s: float = Field(300.0, gt=0)
+    """Longest wait on the actors (a weight broadcast, an update, a worker's samples) before the run fails with an error saying what it waited for."""
+
+
 class LogConfig(_Section):
     sinks: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=list)
     """Experiment trackers fed every metrics row beside metrics.jsonl, e.g. ["tensorboard"]; each needs its extra (pip install 'rlvr[tensorboard]')."""
@@ -413,6 +430,7 @@ class RunConfig(_Section):
     sandbox: SandboxConfig = SandboxConfig()
     sampler: SamplerConfig = SamplerConfig()
     env: EnvConfig = EnvConfig()
+    dist: DistConfig = DistConfig()
     log: LogConfig = LogConfig()
 
     def reward_specs(self) -> list[dict[str, Any]]:
@@ -452,6 +470,13 @@ class RunConfig(_Section):
         if self.lora.rank and self.algo.advantage == "gae":
             raise ValueError("lora.rank > 0 with advantage = \"gae\" is not supported yet: the critic copies the "
                              "policy's trunk, which LoRA wraps; use an outcome estimator or full fine-tuning")
+        d = self.dist
+        if d.rollout_workers and self.engine.backend == "vllm":
+            raise ValueError("dist.rollout_workers runs embedded engines; vLLM rollout workers are not supported yet "
+                             "(use engine.backend = \"vllm\" with dist.rollout_workers = 0)")
+        if d.learners > 1 and self.algo.advantage == "gae":
+            raise ValueError("dist.learners > 1 does not train a critic yet: use an outcome estimator, or one learner "
+                             "with advantage = \"gae\"")
         if self.algo.credit == "turn" and self.env.name is None:
             raise ValueError("algo.credit = \"turn\" needs multi-turn episodes: set env.name")
         e = self.env
@@ -602,7 +627,13 @@ def _dump_table(d: dict[str, Any], path: list[str]) -> str:
     return out
 
 
-_SECTIONS = {"task", "sampling", "engine", "algo", "train", "sandbox", "sampler", "env", "log"}
+def _sections() -> set[str]:
+    """The config's [tables]: every RunConfig field that is a section model."""
+    return {name for name, f in RunConfig.model_fields.items()
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
+
+
+_SECTIONS = _sections()
 
 
 def describe() -> str:

@@ -53,6 +53,9 @@ class Completion:
     """For an episode: the turn each token belongs to (0-based; an observation belongs to the turn
     whose action it answers, a summary to the action after it), for turn-level credit. None for a
     single completion."""
+    policy_version: int | None = None
+    """The version of the weights that sampled it (rollout workers count updates); None from a
+    local engine, which always samples the current policy."""
 
     def trainable(self) -> int:
         """How many tokens the loss sees."""

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from rlvr.train.parallel import all_reduce_grads
+
 
 def lr_lambda(step: int, *, warmup_steps: int, total_steps: int, schedule: str) -> float:
     """Multiplier of the peak learning rate at optimizer step `step` (0-based)."""
@@ -77,6 +79,7 @@ class Learner:
         apply exactly as if the zero gradient had been computed.
         """
         self.applied_lr = self.lr
+        all_reduce_grads(self.params)  # data-parallel learners: the whole batch's gradient on every rank
         if all(p.grad is None for p in self.params):
             for p in self.params:
                 p.grad = torch.zeros_like(p)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr import sandbox
+from rlvr import dist, sandbox
 from rlvr.agents.runner import episode_metrics
 from rlvr.algos import ESTIMATORS
 from rlvr.algos.kl import KLController
@@ -74,7 +74,8 @@ class Run:
     cfg: RunConfig
     dir: Path
     tokenizer: Any
-    engine: EmbeddedEngine
+    engine: Any
+    """An Engine: the embedded one, vLLM, or rollout workers (rlvr.dist.rollout.RayEngine)."""
     learner: Learner
     ref_model: Any
     rewards: list[RewardFn]
@@ -101,6 +102,8 @@ class Run:
     """Prompt augmentation: the per-rollout prompts of an index (sampler.templates)."""
     episodes: Any = None
     """Multi-turn environments (env.name): (prompt indices, n) → groups of episodes."""
+    data_parallel: Any = None
+    """Data-parallel learners (dist.learners > 1, rlvr.dist.learners.DataParallel): runs each update on every rank."""
 
 
 def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: bool = True) -> Run:
@@ -255,7 +258,9 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     settings = run.settings
     if run.kl is not None and run.kl.target is not None:  # the adaptive coefficient of this step
         settings = dataclasses.replace(settings, kl_coef=run.kl.value)
-    update = update_policy(run.learner, groups, settings, pad_token_id=run.engine.pad_token_id,
+    updater = run.data_parallel.update if run.data_parallel is not None else update_policy
+    serving = getattr(run.engine, "version", None)  # rollout workers: the weights' version before this update
+    update = updater(run.learner, groups, settings, pad_token_id=run.engine.pad_token_id,
                            ref_model=run.ref_model, generator=run.update_generator, critic=run.critic,
                            loss_state=run.loss_state,
                            rehearsal=run.rehearsal.next_batch(run.cfg.algo.rehearsal_batch) if run.rehearsal else None)
@@ -271,6 +276,11 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
                **_sampling_metrics(run, gathered, replayed), "lr": run.learner.applied_lr}
     metrics["tokens_generated"] = float(source.tokens)  # everything sampled, down-sampled away or not
     metrics |= episode_metrics(fresh + gathered.aside)
+    if hasattr(run.engine, "metrics"):  # rollout workers: weight version, restarts
+        metrics |= run.engine.metrics()
+        versions = [x.completion.policy_version for g in fresh for x in g.samples]
+        if serving is not None and versions and None not in versions:
+            metrics["dist/staleness_max"] = float(serving - min(v for v in versions if v is not None))
     if run.rehearsal is not None:
         metrics["rehearsal_size"] = len(run.rehearsal.samples)
     metrics |= {"generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0,
@@ -476,7 +486,11 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-made is left behind
             raise
         start = 0
-    return _train_loop(run, start, quiet)
+    try:
+        dist.attach(run)  # dist.rollout_workers / dist.learners: the same loop, parts on Ray
+        return _train_loop(run, start, quiet)
+    finally:
+        dist.detach(run)
 
 
 def _require_sinks(cfg: RunConfig) -> None:

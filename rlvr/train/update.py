@@ -24,6 +24,7 @@ from rlvr.rewards.intrinsic import token_certainty
 from rlvr.train.learner import Learner
 from rlvr.train.rollouts import is_correct
 from rlvr.train.logprobs import token_logprobs
+from rlvr.train.parallel import all_reduce_sums, share, world
 from rlvr.types import Group, Sample
 
 
@@ -357,10 +358,12 @@ def _optimise(
             # not: the gradient is the one of the full mini-batch.
             run = [i for i in mini if i in trained]
             step_sums: dict[str, float] = defaultdict(float)
-            for micro in _micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens):
+            # data-parallel learners each take their share of the micro-batches (rlvr.train.parallel)
+            for micro in share(_micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens)):
                 _accumulate(learner, critic, batch, micro, s, totals, pad_token_id, device, step_sums)
-            if rehearsal and s.divergence != "none":
+            if rehearsal and s.divergence != "none" and world()[0] == 0:
                 _rehearse(learner, rehearsal, s, pad_token_id, device, step_sums)
+            step_sums = defaultdict(float, all_reduce_sums(dict(step_sums)))
             grad_norms.append(learner.step())
             if critic is not None:
                 critic_norms.append(critic.step())

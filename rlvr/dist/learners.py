@@ -1,0 +1,125 @@
+"""Data-parallel learners: the driver is rank 0 of a torch.distributed group, Ray actors the rest.
+
+Every rank runs `update_policy` on the same groups with the same random state, and takes its share
+of the micro-batches; gradients and metric sums are reduced before each optimizer step
+(rlvr.train.parallel). The gradient is the single learner's on the whole batch, so the replicas
+stay identical and the driver's model remains the policy of record.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlvr.dist import require_ray
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class LearnerWorker:
+    """A Ray actor: one learner rank, a replica of the driver's policy, learner and reference model."""
+
+    def __init__(self, cfg: Any, threads: int) -> None:
+        from rlvr.lora import apply_lora
+        from rlvr.models import load_model, resolve_dtype
+        from rlvr.train.learner import Learner
+
+        torch.set_num_threads(threads)
+        self.cfg = cfg
+        dtype = resolve_dtype(cfg.train.precision)
+        model = load_model(cfg.model, dtype)
+        if cfg.train.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.lora.rank:
+            model = apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
+                               targets=cfg.lora.targets)
+        tr = cfg.train
+        self.learner = Learner(model, lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
+                               warmup_steps=tr.warmup_steps, total_steps=tr.steps * tr.epochs * tr.mini_batches,
+                               schedule=tr.schedule)
+        self.ref_model = load_model(cfg.model, dtype).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+
+    def join(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> int:
+        dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        return rank
+
+    def load(self, model_state: dict[str, torch.Tensor], learner_state: dict[str, Any]) -> None:
+        self.learner.model.load_state_dict(model_state)
+        self.learner.load_state_dict(learner_state)
+
+    def update(self, groups: list[Any], settings: Any, generator_state: torch.Tensor, loss_state: dict[str, float],
+               rehearsal: Any, pad_token_id: int) -> dict[str, float]:
+        from rlvr.train.update import update_policy
+
+        generator = torch.Generator()
+        generator.set_state(generator_state)
+        return update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, ref_model=self.ref_model,
+                             generator=generator, loss_state=loss_state, rehearsal=rehearsal)
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class DataParallel:
+    """The driver's side: starts ``learners - 1`` learner actors, forms the process group with
+    them (the driver is rank 0), copies the driver's policy and optimizer state to them, and
+    runs each update on every rank (`update`, a drop-in for `update_policy`)."""
+
+    def __init__(self, run: Any, learners: int, *, timeout_s: float) -> None:
+        self.ray = require_ray()
+        d = run.cfg.dist
+        self.timeout_s = timeout_s
+        address = "127.0.0.1" if d.address is None else self.ray.util.get_node_ip_address()
+        port = _free_port()
+        actor = self.ray.remote(LearnerWorker).options(num_cpus=d.cpus_per_worker)
+        self.actors = [actor.remote(run.cfg, d.threads_per_worker) for _ in range(learners - 1)]
+        joined = [a.join.remote(address, port, rank, learners, timeout_s) for rank, a in enumerate(self.actors, 1)]
+        dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=0, world_size=learners,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        self._wait(joined, "the learner actors to join the process group")
+        model_state = self.ray.put({k: v.detach().cpu() for k, v in run.learner.model.state_dict().items()})
+        learner_state = self.ray.put(run.learner.state_dict())
+        self._wait([a.load.remote(model_state, learner_state) for a in self.actors], "the learners to load the policy")
+
+    def _wait(self, refs: list[Any], what: str) -> list[Any]:
+        try:
+            return list(self.ray.get(refs, timeout=self.timeout_s))
+        except self.ray.exceptions.GetTimeoutError as err:
+            raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.timeout_s)") from err
+
+    def update(self, learner: Any, groups: list[Any], settings: Any, *, pad_token_id: int, ref_model: Any = None,
+               generator: torch.Generator | None = None, critic: Any = None, loss_state: dict[str, float] | None = None,
+               rehearsal: Any = None) -> dict[str, float]:
+        from rlvr.train.update import update_policy
+
+        if critic is not None:
+            raise ValueError("data-parallel learners do not train a critic yet (advantage = \"gae\")")
+        assert generator is not None
+        state = generator.get_state()
+        remote = [a.update.remote(groups, settings, state, dict(loss_state or {}), rehearsal, pad_token_id)
+                  for a in self.actors]
+        metrics = update_policy(learner, groups, settings, pad_token_id=pad_token_id, ref_model=ref_model,
+                                generator=generator, loss_state=loss_state, rehearsal=rehearsal)
+        self._wait(remote, "the learner actors to finish the update")
+        return metrics
+
+    def close(self) -> None:
+        try:
+            self.ray.get([a.leave.remote() for a in self.actors], timeout=self.timeout_s)
+        except Exception:  # noqa: BLE001 - closing: a dead actor has left already
+            pass
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for a in self.actors:
+            self.ray.kill(a)
+        self.actors = []

@@ -1,0 +1,153 @@
+"""Rollout workers on Ray, and `RayEngine`: the `Engine` protocol over them.
+
+Each worker is an actor holding an embedded engine on its own copy of the policy. A call's
+prompts are cut into one contiguous shard per worker, and every sample's seed is drawn by the
+driver exactly as one local engine would draw it (`rlvr.rollout.engine.draw_seeds`): a sample's
+tokens do not depend on which worker ran it. Completions come back in prompt order, each with the
+version of the weights that sampled it (`Completion.policy_version`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rlvr.dist import require_ray
+from rlvr.rollout.engine import EmbeddedEngine, draw_seeds
+from rlvr.types import Completion, SamplingParams
+
+log = logging.getLogger("rlvr.dist")
+
+
+class RolloutWorker:
+    """A Ray actor: an embedded engine on the base architecture, serving the weights it is sent."""
+
+    def __init__(self, model_spec: str, state: dict[str, torch.Tensor], version: int, *, dtype: str,
+                 max_batch_size: int, decoder: str, eos_token_ids: list[int], threads: int) -> None:
+        from rlvr.models import load_model, load_tokenizer, resolve_dtype
+
+        torch.set_num_threads(threads)
+        model = load_model(model_spec, resolve_dtype(dtype))
+        model.load_state_dict(state)
+        self.engine = EmbeddedEngine(model, load_tokenizer(model_spec), eos_token_ids=eos_token_ids,
+                                     max_batch_size=max_batch_size, decoder=decoder)  # type: ignore[arg-type]
+        self.version = version
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: list[list[int]]) -> tuple[list[list[Completion]], int]:
+        return self.engine.generate(prompts, params, seeds=seeds), self.version
+
+    def update_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
+        self.engine.update_weights(state)
+        self.version = version
+        return version
+
+    def ping(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RayEngine:
+    """The `Engine` protocol over ``workers`` rollout worker actors (see module docstring).
+
+    ``generator`` is the random state seeds are drawn from (the local engine's, so a run that
+    switches to Ray keeps its stream); ``timeout_s`` bounds every wait on the workers."""
+
+    def __init__(self, cfg: Any, policy: Any, tokenizer: Any, *, workers: int, timeout_s: float,
+                 generator: torch.Generator) -> None:
+        from rlvr.lora import merged_state_dict
+        from rlvr.models import eos_token_ids, resolve_model_path
+
+        self.ray = require_ray()
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids(policy, tokenizer)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.generator = generator
+        self.timeout_s = timeout_s
+        self.version = 0
+        self.restarts = 0
+        d = cfg.dist
+        self._options = {"num_cpus": d.cpus_per_worker}
+        self._kwargs = {"dtype": cfg.engine.dtype, "max_batch_size": cfg.engine.max_batch_size,
+                        "decoder": cfg.engine.decoder, "eos_token_ids": self.eos_token_ids,
+                        "threads": d.threads_per_worker}
+        self._spec = resolve_model_path(cfg.model)
+        self._state = self.ray.put({k: v.detach().cpu() for k, v in merged_state_dict(policy).items()})
+        self._actor_class = self.ray.remote(RolloutWorker)
+        self.workers = [self._start() for _ in range(workers)]
+        self._wait([w.ping.remote() for w in self.workers], "the rollout workers to start")
+
+    def _start(self) -> Any:
+        return self._actor_class.options(**self._options).remote(self._spec, self._state, self.version, **self._kwargs)
+
+    def _wait(self, refs: list[Any], what: str) -> list[Any]:
+        try:
+            return list(self.ray.get(refs, timeout=self.timeout_s))
+        except self.ray.exceptions.GetTimeoutError as err:
+            raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.timeout_s); a worker may be "
+                               "stuck or its node gone") from err
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("cannot generate from an empty prompt")
+        seeds = draw_seeds(self.generator, len(prompts), params.n)
+        size = -(-len(prompts) // len(self.workers))
+        shards = [(k, range(s, min(s + size, len(prompts)))) for k, s in enumerate(range(0, len(prompts), size))]
+        pending = {k: self._submit(k, prompts, params, seeds, rows) for k, rows in shards}
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for k, rows in shards:
+            groups, version = self._collect(k, pending[k], prompts, params, seeds, rows)
+            for i, group in zip(rows, groups):
+                out[i] = [dataclasses.replace(c, policy_version=version) for c in group]
+            if progress:
+                progress(len(rows))
+        return out
+
+    def _submit(self, k: int, prompts: list[list[int]], params: SamplingParams, seeds: list[list[int]],
+                rows: range) -> Any:
+        return self.workers[k].generate.remote([prompts[i] for i in rows], params, [seeds[i] for i in rows])
+
+    def _collect(self, k: int, ref: Any, prompts: list[list[int]], params: SamplingParams,
+                 seeds: list[list[int]], rows: range) -> tuple[list[list[Completion]], int]:
+        """Worker k's shard; if the worker died, a restarted one runs it again with the same seeds."""
+        for attempt in range(3):
+            try:
+                return self._wait([ref], f"rollout worker {k}")[0]  # type: ignore[no-any-return]
+            except self.ray.exceptions.RayActorError as err:
+                if attempt == 2:
+                    raise RuntimeError(f"rollout worker {k} died three times in one call: {err}") from err
+                log.warning("rollout worker %d died (%s); restarting it and re-running its %d prompts",
+                            k, type(err).__name__, len(rows))
+                self.restarts += 1
+                self.workers[k] = self._start()
+                ref = self._submit(k, prompts, params, seeds, rows)
+        raise AssertionError("unreachable")
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Put the weights in the object store once; every worker loads them (zero-copy on its node)."""
+        self.version += 1
+        self._state = self.ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+        refs = [w.update_weights.remote(self._state, self.version) for w in self.workers]
+        try:
+            self._wait(refs, f"the weight broadcast (version {self.version}) to the rollout workers")
+        except self.ray.exceptions.RayActorError:  # a dead worker is restarted with the new weights
+            for k, w in enumerate(self.workers):
+                try:
+                    self._wait([w.ping.remote()], f"rollout worker {k}")
+                except self.ray.exceptions.RayActorError:
+                    self.restarts += 1
+                    self.workers[k] = self._start()
+
+    def metrics(self) -> dict[str, float]:
+        return {"dist/policy_version": float(self.version), "dist/worker_restarts": float(self.restarts)}
+
+    def close(self) -> None:
+        for w in self.workers:
+            self.ray.kill(w)
+        self.workers = []

@@ -1,0 +1,72 @@
+"""Data parallelism for the learner, over torch.distributed (gloo on CPU, NCCL on GPU).
+
+Every rank holds the whole model and runs the same `update_policy` on the same step's groups:
+advantages, mini-batch shuffles and loss totals come out identical everywhere. Only the
+forward/backward work is split: each rank takes every world-th micro-batch (`share`). Before
+each optimizer step the gradients are summed over ranks (`all_reduce_grads`); since the loss
+totals (token and sequence counts) are those of the whole mini-batch, the sum is exactly the
+gradient one learner would compute on the whole batch, and identical optimizer steps keep the
+replicas identical. Metric sums are reduced the same way (`all_reduce_sums`).
+
+Outside a process group (the local loop) every function here is a no-op.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) outside a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def share(items: list[T]) -> list[T]:
+    """This rank's part: every world-th item, starting at its rank."""
+    rank, size = world()
+    return items[rank::size] if size > 1 else items
+
+
+def all_reduce_grads(params: list[torch.Tensor]) -> None:
+    """Sum every parameter's gradient over the ranks (a missing gradient counts as zeros)."""
+    if world()[1] == 1:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
+    dist.all_reduce(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
+        offset += n
+
+
+def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
+    """Metric sums over the ranks: keys starting with "_max/" take the maximum, the rest the sum.
+    Ranks may hold different keys (a rank without a micro-batch holds none)."""
+    if world()[1] == 1:
+        return sums
+    keys: list[list[str]] = [[] for _ in range(world()[1])]
+    dist.all_gather_object(keys, sorted(sums))
+    names = sorted({k for ks in keys for k in ks})
+    maxed = [k for k in names if k.startswith("_max/")]
+    summed = [k for k in names if not k.startswith("_max/")]
+    out: dict[str, float] = {}
+    if summed:
+        t = torch.tensor([sums.get(k, 0.0) for k in summed], dtype=torch.float64)
+        dist.all_reduce(t)
+        out |= dict(zip(summed, t.tolist()))
+    if maxed:
+        t = torch.tensor([sums.get(k, float("-inf")) for k in maxed], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        out |= dict(zip(maxed, t.tolist()))
+    return out
