@@ -381,6 +381,12 @@ class DistConfig(_Section):
     """CPUs each rollout worker and learner actor reserves (Ray scheduling)."""
     threads_per_worker: int = Field(1, ge=1)
     """torch threads in each actor."""
+    async_steps: int = Field(0, ge=0)
+    """Asynchronous rollouts: generation runs this many steps ahead of training, overlapping the updates (needs rollout_workers; 0 = synchronous)."""
+    max_staleness: int = Field(1, ge=0)
+    """With async_steps: the most versions a trained-on sample's weights may lag the learner's."""
+    on_stale: Literal["wait", "drop"] = "wait"
+    """With async_steps: "wait" never generates further ahead than max_staleness; "drop" generates async_steps ahead and drops groups staler than max_staleness."""
     timeout_s: float = Field(300.0, gt=0)
     """Longest wait on the actors (a weight broadcast, an update, a worker's samples) before the run fails with an error saying what it waited for."""
 
@@ -474,6 +480,17 @@ class RunConfig(_Section):
         if d.rollout_workers and self.engine.backend == "vllm":
             raise ValueError("dist.rollout_workers runs embedded engines; vLLM rollout workers are not supported yet "
                              "(use engine.backend = \"vllm\" with dist.rollout_workers = 0)")
+        if d.async_steps and not d.rollout_workers:
+            raise ValueError("dist.async_steps needs dist.rollout_workers >= 1: the policy cannot train while it "
+                             "samples in the same process")
+        if d.async_steps:
+            from rlvr.rewards.intrinsic import INTRINSIC
+
+            from_policy = (["ReMax's greedy baseline"] if self.algo.advantage == "remax" else []) + [
+                f"reward {r.fn!r}" for r in self.rewards if r.fn in INTRINSIC]
+            if from_policy:
+                raise ValueError("dist.async_steps does not combine with what is computed from the policy itself "
+                                 f"while rollouts are collected: {', '.join(from_policy)}")
         if d.learners > 1 and self.algo.advantage == "gae":
             raise ValueError("dist.learners > 1 does not train a critic yet: use an outcome estimator, or one learner "
                              "with advantage = \"gae\"")

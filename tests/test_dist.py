@@ -92,3 +92,25 @@ def test_a_weight_broadcast_that_cannot_complete_fails_within_the_timeout(tiny_d
         assert time.monotonic() - t < 10
     finally:
         engine.close()
+
+
+def test_asynchronous_rollouts_respect_the_staleness_bound(tiny_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    run = [*overrides(tiny_dir, tmp_path, "async", train__steps=4), "dist.rollout_workers=1", "dist.async_steps=1",
+           "dist.max_staleness=1", "dist.timeout_s=120"]
+    train(load_config(None, run), quiet=True)
+    rows = read_metrics(tmp_path / "async")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(0 <= r["dist/staleness_max"] <= 1 for r in rows)
+    assert any(r["dist/staleness_max"] == 1 for r in rows)  # generation did overlap an update
+    samples = [json.loads(line) for line in (tmp_path / "async" / "samples.jsonl").read_text().splitlines()]
+    for s in samples:  # step k trains on weights at most one update older than the learner's (k - 1)
+        assert s["step"] - 1 - s["policy_version"] in (0, 1)
+    # "drop": generation runs ahead anyway, and groups staler than the bound are not trained on
+    run = [*overrides(tiny_dir, tmp_path, "drop", train__steps=3), "dist.rollout_workers=1", "dist.async_steps=1",
+           "dist.max_staleness=0", 'dist.on_stale="drop"', "dist.timeout_s=120"]
+    train(load_config(None, run), quiet=True)
+    rows = read_metrics(tmp_path / "drop")
+    assert sum(r.get("dist/stale_dropped", 0) for r in rows) > 0
+    assert all(r.get("dist/staleness_max", 0) == 0 or r.get("skipped_update") for r in rows)

@@ -73,6 +73,10 @@ def attach(run: Any) -> None:
 
 def detach(run: Any) -> None:
     """Stop the run's actors and leave the process group (the end of a run, or a failure)."""
+    pipeline = getattr(run, "pipeline", None)
+    if pipeline is not None:
+        pipeline.close()
+        run.pipeline = None
     dp = getattr(run, "data_parallel", None)
     if dp is not None:
         dp.close()

@@ -102,6 +102,8 @@ class Run:
     """Prompt augmentation: the per-rollout prompts of an index (sampler.templates)."""
     episodes: Any = None
     """Multi-turn environments (env.name): (prompt indices, n) → groups of episodes."""
+    pipeline: Any = None
+    """Asynchronous rollouts (dist.async_steps > 0, rlvr.dist.pipeline.Pipeline)."""
     data_parallel: Any = None
     """Data-parallel learners (dist.learners > 1, rlvr.dist.learners.DataParallel): runs each update on every rank."""
 
@@ -227,23 +229,20 @@ def _rehearsal(cfg: RunConfig, run_dir: Path, engine: EmbeddedEngine, model: Any
 def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> tuple[dict[str, Any], list[Group]]:
     """One step: sample, score, update. Returns the step's metrics and its groups."""
     t0 = time.perf_counter()
-    cfg = run.cfg
     if progress:
         progress.status("generating")
-    n = cfg.train.prompts_per_step
-    rng = np.random.default_rng([cfg.seed, step, 7])
-    replayed = run.replay.take(n, step, rng) if run.replay is not None else []
-    def intrinsic(gs: list[Group]) -> list[Group]:  # self-certainty, negative entropy: from the policy itself
-        return score_intrinsic(run.learner.model, gs, run.rewards, run.settings, run.engine.pad_token_id)
-
-    source = Source(run.engine, run.examples, run.prompt_ids, run.rewards, run.params, run.sampler, rng,
-                    on_error=cfg.on_reward_error, variants=run.variants, episodes=run.episodes,
-                    rescore=intrinsic if any(r.intrinsic for r in run.rewards) else None)
-    gathered = ROLLOUTS[cfg.sampler.rollouts](source, n - len(replayed), **cfg.sampler.rollouts_kwargs)
+    # asynchronous (dist.async_steps): this step's rollouts were generated during earlier updates
+    collected = run.pipeline.take(step) if run.pipeline is not None else collect(run, step)
+    gathered, replayed = collected.gathered, collected.replayed
+    serving = getattr(run.engine, "version", None)  # rollout workers: the weights' version before this update
+    stale_dropped = _mark_stale(run, gathered, serving)
     fresh = gathered.train
     groups = fresh + replayed
     if not groups:  # e.g. dynamic sampling found no group with differing rewards: nothing to learn
-        return _skipped_step(run, step, gathered, t0), []
+        skipped = _skipped_step(run, step, gathered, t0)
+        if run.pipeline is not None:
+            skipped["dist/stale_dropped"] = float(stale_dropped)
+        return skipped, []
     indices = [g.samples[0].prompt_index for g in groups]
     greedy_baseline = needs_greedy_baseline(run.settings.advantage)
     if greedy_baseline:  # ReMax: one greedy completion per prompt as baseline
@@ -259,7 +258,6 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     if run.kl is not None and run.kl.target is not None:  # the adaptive coefficient of this step
         settings = dataclasses.replace(settings, kl_coef=run.kl.value)
     updater = run.data_parallel.update if run.data_parallel is not None else update_policy
-    serving = getattr(run.engine, "version", None)  # rollout workers: the weights' version before this update
     update = updater(run.learner, groups, settings, pad_token_id=run.engine.pad_token_id,
                            ref_model=run.ref_model, generator=run.update_generator, critic=run.critic,
                            loss_state=run.loss_state,
@@ -274,13 +272,16 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
         update["greedy_reward"] = statistics.fmean(g.metadata["greedy_reward"] for g in groups)
     metrics = {"step": step, **group_metrics(fresh + gathered.aside or groups, run.rewards[0].name), **update,
                **_sampling_metrics(run, gathered, replayed), "lr": run.learner.applied_lr}
-    metrics["tokens_generated"] = float(source.tokens)  # everything sampled, down-sampled away or not
+    metrics["tokens_generated"] = float(collected.tokens)  # everything sampled, down-sampled away or not
     metrics |= episode_metrics(fresh + gathered.aside)
     if hasattr(run.engine, "metrics"):  # rollout workers: weight version, restarts
         metrics |= run.engine.metrics()
         versions = [x.completion.policy_version for g in fresh for x in g.samples]
         if serving is not None and versions and None not in versions:
             metrics["dist/staleness_max"] = float(serving - min(v for v in versions if v is not None))
+        if run.pipeline is not None:  # generate_seconds is then the wait for rollouts made during earlier updates
+            metrics["dist/stale_dropped"] = float(stale_dropped)
+            metrics["dist/rollout_seconds"] = collected.seconds
     if run.rehearsal is not None:
         metrics["rehearsal_size"] = len(run.rehearsal.samples)
     metrics |= {"generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0,
@@ -288,9 +289,66 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     return metrics, groups
 
 
+@dataclass
+class Collected:
+    """A step's rollouts, as the rollout strategy gathered them."""
+
+    gathered: Gathered
+    replayed: list[Group]
+    tokens: int
+    """Completion tokens sampled (kept or not)."""
+    seconds: float
+
+
+def collect(run: Run, step: int) -> Collected:
+    """Step's rollouts: replayed groups, then fresh ones by the configured rollout strategy."""
+    t0 = time.perf_counter()
+    cfg = run.cfg
+    n = cfg.train.prompts_per_step
+    rng = np.random.default_rng([cfg.seed, step, 7])
+    replayed = run.replay.take(n, step, rng) if run.replay is not None else []
+
+    def intrinsic(gs: list[Group]) -> list[Group]:  # self-certainty, negative entropy: from the policy itself
+        return score_intrinsic(run.learner.model, gs, run.rewards, run.settings, run.engine.pad_token_id)
+
+    source = Source(run.engine, run.examples, run.prompt_ids, run.rewards, run.params, run.sampler, rng,
+                    on_error=cfg.on_reward_error, variants=run.variants, episodes=run.episodes,
+                    rescore=intrinsic if any(r.intrinsic for r in run.rewards) else None)
+    gathered = ROLLOUTS[cfg.sampler.rollouts](source, n - len(replayed), **cfg.sampler.rollouts_kwargs)
+    return Collected(gathered, replayed, source.tokens, time.perf_counter() - t0)
+
+
+def _mark_stale(run: Run, gathered: Gathered, serving: int | None) -> int:
+    """Asynchronous rollouts: groups with a sample from older weights are trained against their
+    sampling log-probs ("stale"); with dist.on_stale = "drop", groups staler than
+    dist.max_staleness are set aside, untrained. Returns how many were."""
+    if serving is None or run.pipeline is None:
+        return 0
+    d, kept, dropped = run.cfg.dist, [], 0
+    for g in gathered.train:
+        staleness = serving - min(x.completion.policy_version or 0 for x in g.samples)
+        if staleness > d.max_staleness and d.on_stale == "drop":
+            dropped += 1
+            gathered.aside.append(g)  # not trained on; the sampler still observes it
+            continue
+        if staleness > 0:
+            g.metadata["stale"] = staleness
+        kept.append(g)
+    gathered.train = kept
+    return dropped
+
+
 def _observe(run: Run, fresh: list[Group], aside: list[Group], step: int) -> None:
     """The sampler learns from every group generated this step (set-aside ones have zero
-    advantage); the replay buffer keeps the fresh ones."""
+    advantage); the replay buffer keeps the fresh ones. Asynchronous: on the rollout thread, after
+    the collections already under way (rlvr.dist.pipeline)."""
+    if run.pipeline is not None:
+        run.pipeline.after(_observe_now, run, fresh, aside, step)
+    else:
+        _observe_now(run, fresh, aside, step)
+
+
+def _observe_now(run: Run, fresh: list[Group], aside: list[Group], step: int) -> None:
     for g in aside:
         g.metadata.setdefault("advantages", [0.0] * len(g.samples))
     run.sampler.observe(fresh + aside)
@@ -348,6 +406,8 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
     train.eval_samples = n, also n samples per prompt at the training temperature: eval/pass@k
     (unbiased estimator) for k = 1, 2, 4, ... and n, from a generator seeded by the step, so the
     training stream of random numbers is untouched and resume stays exact."""
+    if run.pipeline is not None:  # the engine's random stream is not shared with a collection under way
+        run.pipeline.drain()
     if not run.eval_examples:
         return {}
     everything = list(range(len(run.eval_examples)))
@@ -395,7 +455,8 @@ def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
                 "advantage": g.metadata["advantages"][k] if "advantages" in g.metadata else None,
                 "finish_reason": s.completion.finish_reason, "completion_tokens": len(s.completion.token_ids),
                 "masked": [[0, len(texts[k]), reasons[k]]] if reasons[k] else
-                [[a, b, "injected"] for a, b in injected[k]]})
+                [[a, b, "injected"] for a, b in injected[k]],
+                **({"policy_version": s.completion.policy_version} if s.completion.policy_version is not None else {})})
     return rows
 
 
@@ -438,6 +499,8 @@ def _restore(run: Run, state: dict[str, Any]) -> None:
 
 
 def save(run: Run, step: int) -> Path:
+    if run.pipeline is not None:  # the sampler and replay buffer are saved between collections
+        run.pipeline.drain()
     return ckpt.save_checkpoint(run.dir, step, run.learner.model, run.tokenizer, _state(run),
                                 keep=run.cfg.keep_checkpoints)
 
@@ -488,6 +551,12 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
         start = 0
     try:
         dist.attach(run)  # dist.rollout_workers / dist.learners: the same loop, parts on Ray
+        d = cfg.dist
+        if d.async_steps:
+            from rlvr.dist.pipeline import Pipeline
+
+            lookahead = min(d.async_steps, d.max_staleness) if d.on_stale == "wait" else d.async_steps
+            run.pipeline = Pipeline(lambda step: collect(run, step), lookahead=lookahead, last_step=cfg.train.steps)
         return _train_loop(run, start, quiet)
     finally:
         dist.detach(run)

@@ -311,9 +311,11 @@ def update_policy(
     # log-probs equal the current ones (detached) and the extra forward pass is skipped.
     if batch.old is None and s.epochs * s.mini_batches > 1:
         batch.old = score_logprobs(model, samples, s, pad_token_id, trained)
-    # A replayed group (rollout replay) was sampled by an older policy: the PPO ratio is taken
-    # against its sampling log-probs, which importance-weights and clips its update.
-    replayed_episodes = {i for i, g in enumerate(g for g in groups for _ in g.samples) if g.metadata.get("replayed")}
+    # A replayed group (rollout replay), or a stale one (asynchronous rollouts), was sampled by an
+    # older policy: the PPO ratio is taken against its sampling log-probs, which importance-weights
+    # and clips its update.
+    replayed_episodes = {i for i, g in enumerate(g for g in groups for _ in g.samples)
+                         if g.metadata.get("replayed") or g.metadata.get("stale")}
     replayed = [u for u, i in enumerate(owner) if i in replayed_episodes]
     if replayed:
         old: list[torch.Tensor | None] = list(batch.old) if batch.old is not None else [None] * len(samples)

@@ -1,0 +1,82 @@
+"""The asynchronous pipeline: generation runs ahead of training, under a staleness bound.
+
+With ``dist.async_steps = D``, the rollouts of step k + 1 ... k + D are being generated while
+step k trains: one background thread runs the step's whole collection (prompt sampling,
+generation, rewards, rollout strategy), in step order. The weights a sample was generated with
+are its version (`Completion.policy_version`); at training time the learner is at version k − 1,
+so a sample's staleness is k − 1 − version.
+
+- ``dist.on_stale = "wait"`` (default): generation never runs more than ``dist.max_staleness``
+  steps ahead (the lookahead is min(D, max_staleness)), so no sample is ever staler than the
+  bound; the pipeline waits instead.
+- ``dist.on_stale = "drop"``: generation runs D steps ahead, and a group with a sample staler
+  than ``dist.max_staleness`` is dropped at training time (counted in ``dist/stale_dropped``).
+
+Stale groups are trained off-policy: the PPO ratio is taken against the engine's own sampling
+log-probs (as for rollout replay), and any `algo.offpolicy` correction applies on top.
+
+The sampler and the replay buffer are touched by the background thread only: the observation
+of step k's groups is queued behind the collections already started, so every run sees the
+same order of sampling and observing (the sampler learns of a step D steps later). Checkpoints
+and evaluations wait for the queue to drain. A resumed run restarts the pipeline, so the steps
+right after a resume are generated from the resumed policy, not from the one a straight run
+would have used: asynchronous runs resume, but not bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+
+class Pipeline:
+    """Collections for the coming steps, run ahead in step order on one background thread."""
+
+    def __init__(self, collect: Callable[[int], Any], *, lookahead: int, last_step: int) -> None:
+        if lookahead < 1:
+            raise ValueError(f"the pipeline needs a lookahead >= 1, got {lookahead}")
+        self.collect, self.lookahead, self.last_step = collect, lookahead, last_step
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-rollouts")
+        self.pending: dict[int, Future[Any]] = {}
+        self.queued = 0
+        """The highest step whose collection was queued."""
+        self.error: BaseException | None = None
+
+    def take(self, step: int) -> Any:
+        """Step's collection (queued now if it was not), after queueing the ones ahead of it."""
+        self._raise()
+        for ahead in range(max(step, self.queued + 1), min(step + self.lookahead, self.last_step) + 1):
+            self.pending[ahead] = self.executor.submit(self.collect, ahead)
+            self.queued = ahead
+        if step not in self.pending:  # a resumed run, or a step the queue never reached
+            self.pending[step] = self.executor.submit(self.collect, step)
+            self.queued = max(self.queued, step)
+        return self.pending.pop(step).result()
+
+    def after(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run fn(*args) on the background thread, after every collection queued so far; an
+        error it raises is raised again by the next take or drain."""
+        def run() -> None:
+            try:
+                fn(*args)
+            except BaseException as err:  # noqa: BLE001 - handed to the main thread
+                self.error = err
+
+        self.executor.submit(run)
+
+    def drain(self) -> None:
+        """Wait until the background thread is idle (collections already queued stay ready)."""
+        self.executor.submit(lambda: None).result()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+
+    def close(self) -> None:
+        for f in self.pending.values():
+            f.cancel()
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pending.clear()
