@@ -282,7 +282,7 @@ def test_the_replay_buffer_keeps_every_field_of_an_episode_across_a_checkpoint()
 
     seg = Completion((5, 6), (-0.5, -0.25), "stop", "ab", loss_mask=(1, 1), turn_index=(0, 0))
     episodes = [Sample((1, 2), Completion((7, 8, 9), (-1.0, 0.0, -2.0), "length", "xyz", loss_mask=(1, 0, 1),
-                                          turn_index=(1, 1, 2)), r, {"env": r}, 0, segments=(((3,), seg),))
+                                          turn_index=(1, 1, 2), policy_version=4), r, {"env": r}, 0, segments=(((3,), seg),))
                 for r in (0.0, 1.0)]
     buffer = ReplayBuffer(4, 0.5, 2)
     buffer.add([Group("p", tuple(episodes), {"id": 1})], step=1)
