@@ -243,6 +243,11 @@ def no_verdict_on_x(prompt: str, completion: str, **_: Any) -> float | None:
     return None if "x" in completion else 1.0
 
 
+def no_verdict_on_odd_length(prompt: str, completion: str, **_: Any) -> float | None:
+    """No verdict for about half the completions, whatever the seed samples."""
+    return None if len(completion) % 2 else 1.0
+
+
 def sleepy(prompt: str, completion: str, **_: Any) -> float:
     import time
 
@@ -290,11 +295,11 @@ def test_excluded_samples_stay_out_of_the_update(tiny_dir: Path, tmp_path: Path)
         f'model="{tiny_dir}"', f'output_dir="{tmp_path}"', "name=ex", "train.steps=2", "train.prompts_per_step=4",
         "algo.group_size=4", "sampling.max_new_tokens=8", "train.lr=1e-3", "task.eval_size=2", "seed=3",
         'task.params={min_terms = 2, max_terms = 2, max_digits = 1}',
-        'rewards=[{fn = "tests.test_train:distinct_chars"}, {fn = "tests.test_rewards:no_verdict_on_x", weight = 0}]'])
+        'rewards=[{fn = "tests.test_train:distinct_chars"}, {fn = "tests.test_rewards:no_verdict_on_odd_length", weight = 0}]'])
     train(cfg, quiet=True)
     rows = [json.loads(line) for line in (tmp_path / "ex" / "metrics.jsonl").read_text().splitlines()]
     samples = [json.loads(line) for line in (tmp_path / "ex" / "samples.jsonl").read_text().splitlines()]
-    excluded = [s for s in samples if "no_verdict_on_x/excluded" in s["rewards"]]
+    excluded = [s for s in samples if "no_verdict_on_odd_length/excluded" in s["rewards"]]
     assert 0 < len(excluded) < len(samples)
     assert sum(r["excluded_fraction"] for r in rows) * 16 == pytest.approx(len(excluded))
     for r, step in zip(rows, (1, 2)):  # excluded samples are never trained
