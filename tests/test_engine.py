@@ -301,3 +301,13 @@ def test_a_sample_does_not_depend_on_its_batch(tiny_model: Model, tiny_tokenizer
     assert tokens(chunked.generate(prompts, params, seeds=seeds)) == tokens(together)
     with pytest.raises(ValueError, match="seeds"):
         engine.generate(prompts, params, seeds=seeds[:2])
+
+
+def test_greedy_decoding_leaves_the_random_stream_alone(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    """Evaluations decode greedily between training steps: they must not move the training stream."""
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=2)
+    state = engine.generator.get_state()
+    engine.generate([encode(tiny_tokenizer, "hi")], SamplingParams(temperature=0.0, max_new_tokens=4, n=2))
+    assert torch.equal(engine.generator.get_state(), state)
+    engine.generate([encode(tiny_tokenizer, "hi")], SamplingParams(temperature=1.0, max_new_tokens=4))
+    assert not torch.equal(engine.generator.get_state(), state)

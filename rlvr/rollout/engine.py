@@ -93,8 +93,8 @@ class EmbeddedEngine:
         not depend on which other prompts share its batch, on max_batch_size, or on which rollout
         worker runs it: a distributed engine that passes the same seeds samples what this one
         would (up to the floating-point differences of other batch shapes)."""
-        if seeds is None:
-            seeds = self.draw_seeds(len(prompts), params.n)
+        if seeds is None:  # greedy decoding draws nothing: the random stream is left as it was
+            seeds = self.draw_seeds(len(prompts), params.n) if params.temperature > 0 else [[0] * params.n] * len(prompts)
         if len(seeds) != len(prompts) or any(len(row) != params.n for row in seeds):
             raise ValueError(f"seeds must be {len(prompts)} rows of n = {params.n}")
         per_chunk = max(1, self.max_batch_size // params.n)
@@ -120,8 +120,10 @@ class EmbeddedEngine:
             raise ValueError("cannot generate from an empty prompt")
         n, eos = params.n, torch.tensor(self.eos_token_ids, device=self.device)
         # each sample's uniforms for every step, from its own stream (inverse-CDF sampling takes one per token)
-        uniforms_BT = torch.stack([torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(seed),
-                                              dtype=torch.float64) for row in seeds for seed in row]).to(self.device)
+        uniforms_BT = torch.stack([
+            torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+            if params.temperature > 0 else torch.zeros(params.max_new_tokens, dtype=torch.float64)
+            for row in seeds for seed in row]).to(self.device)
         cache, logits_PV, mask_PT = self._prefill(prompts)
         logits = logits_PV.repeat_interleave(n, 0)
         decoder = StaticDecoder(self.model, weights, cache, mask_PT, n) if weights else HFDecoder(self.model, cache, mask_PT, n)

@@ -77,8 +77,8 @@ class VLLMEngine:
 
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
-        seeds = draw_seeds(self.generator, len(prompts), params.n)
         greedy = params.temperature == 0
+        seeds = [[0] * params.n] * len(prompts) if greedy else draw_seeds(self.generator, len(prompts), params.n)
         requests = [vllm.SamplingParams(
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
             max_tokens=params.max_new_tokens, stop=list(params.stop) or None, stop_token_ids=self.eos_token_ids,
