@@ -319,7 +319,8 @@ def test_tool_math_bonuses_are_paid_once_for_a_call_that_runs_and_for_answering(
     assert direct.step("4").reward == 1.0  # no call: no bonus
 
 
-def test_the_tool_math_config_trains_on_the_tiny_model(tiny_dir: Any, tmp_path: Any) -> None:
+@pytest.mark.parametrize("config", ["tool_math", "guess_number", "search"])
+def test_each_example_environment_config_trains_on_the_tiny_model(tiny_dir: Any, tmp_path: Any, config: str) -> None:
     from pathlib import Path
 
     from rlvr.config import load_config
@@ -327,11 +328,11 @@ def test_the_tool_math_config_trains_on_the_tiny_model(tiny_dir: Any, tmp_path: 
     from tests.test_train import read_metrics
 
     root = Path(__file__).resolve().parents[1]
-    cfg = load_config(root / "configs/tool_math.toml", [
+    cfg = load_config(root / f"configs/{config}.toml", [
         f'model="{tiny_dir}"', f'output_dir="{tmp_path}"', "train.steps=1", "train.prompts_per_step=2",
         "algo.group_size=2", "sampling.max_new_tokens=8", "task.eval_size=2", "train.eval_every=0"])
     assert train(cfg, quiet=True)["steps"] == 1
-    row = read_metrics(tmp_path / "tool-math")[0]
+    row = read_metrics(tmp_path / cfg.name)[0]
     assert "env/turns" in row and "rewards/env" in row
 
 
