@@ -17,14 +17,12 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from rlvr.rollout.engine import EmbeddedEngine
-from rlvr.rollout.sampling import process_logits
-from rlvr.types import Completion, SamplingParams
+from rlvr.types import SamplingParams
+from tests.test_engine_contract import PROMPTS, encode, recompute_logprobs, reference_greedy
 from tests.tiny import EOS_ID
 
 Model = LlamaForCausalLM
 Tokenizer = PreTrainedTokenizerFast
-
-PROMPTS = ["hi", "The quick brown fox", "a, b"]  # different lengths: left padding matters
 
 
 @contextmanager
@@ -70,31 +68,6 @@ def decoder(request: pytest.FixtureRequest) -> str:
 
 def everything_to(token: int, vocab_size: int = 259) -> dict[int, int]:
     return {t: token for t in range(vocab_size)}
-
-
-def encode(tokenizer: Tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-@torch.no_grad()
-def recompute_logprobs(model: PreTrainedModel, prompt: list[int], c: Completion, params: SamplingParams) -> torch.Tensor:
-    """Log-probs of c.token_ids from one forward pass over prompt + completion (no cache, no padding)."""
-    ids = torch.tensor([prompt + list(c.token_ids)])
-    logits_TV = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-    lp_TV = process_logits(logits_TV, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
-    return lp_TV.gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
-
-
-@torch.no_grad()
-def reference_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy decoding the slow way: a full forward pass over the whole sequence per token."""
-    ids = list(prompt)
-    for _ in range(max_new_tokens):
-        nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
-        ids.append(nxt)
-        if nxt == EOS_ID:
-            break
-    return ids[len(prompt) :]
 
 
 def test_generate_restores_the_model_mode(tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str) -> None:
