@@ -491,9 +491,6 @@ class RunConfig(_Section):
             if from_policy:
                 raise ValueError("dist.async_steps does not combine with what is computed from the policy itself "
                                  f"while rollouts are collected: {', '.join(from_policy)}")
-        if d.learners > 1 and self.algo.advantage == "gae":
-            raise ValueError("dist.learners > 1 does not train a critic yet: use an outcome estimator, or one learner "
-                             "with advantage = \"gae\"")
         if self.algo.credit == "turn" and self.env.name is None:
             raise ValueError("algo.credit = \"turn\" needs multi-turn episodes: set env.name")
         e = self.env

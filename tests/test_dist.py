@@ -114,3 +114,17 @@ def test_asynchronous_rollouts_respect_the_staleness_bound(tiny_dir: Path, tmp_p
     rows = read_metrics(tmp_path / "drop")
     assert sum(r.get("dist/stale_dropped", 0) for r in rows) > 0
     assert all(r.get("dist/staleness_max", 0) == 0 or r.get("skipped_update") for r in rows)
+
+
+def test_two_learners_train_ppo_with_a_critic_as_one_does(tiny_dir: Path, tmp_path: Path) -> None:
+    """advantage = "gae": each rank holds a critic replica; value gradients are summed like the policy's."""
+    gae = ['algo.advantage="gae"', "train.micro_batch_size=4"]
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "one", train__steps=2), *gae]), quiet=True)
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "two", train__steps=2), *gae, "dist.learners=2",
+                             "dist.timeout_s=120"]), quiet=True)
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    for a, b in zip(one, two, strict=True):
+        a, b = comparable(a), comparable(b)
+        assert "value_loss" in a and a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key

@@ -25,7 +25,8 @@ def _free_port() -> int:
 
 
 class LearnerWorker:
-    """A Ray actor: one learner rank, a replica of the driver's policy, learner and reference model."""
+    """A Ray actor: one learner rank, a replica of the driver's policy, learner, reference model and
+    (advantage = "gae") critic."""
 
     def __init__(self, cfg: Any, threads: int) -> None:
         from rlvr.lora import apply_lora
@@ -46,15 +47,27 @@ class LearnerWorker:
                                warmup_steps=tr.warmup_steps, total_steps=tr.steps * tr.epochs * tr.mini_batches,
                                schedule=tr.schedule)
         self.ref_model = load_model(cfg.model, dtype).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+        self.critic = None
+        if cfg.algo.advantage == "gae":  # PPO's value model: a replica of the driver's, loaded below
+            from rlvr.train.critic import Critic
+
+            a = cfg.algo
+            self.critic = Learner(Critic(model), lr=a.critic_lr, betas=tr.betas, weight_decay=tr.weight_decay,
+                                  grad_clip=tr.grad_clip, warmup_steps=tr.warmup_steps,
+                                  total_steps=tr.steps * tr.epochs * tr.mini_batches, schedule=tr.schedule)
 
     def join(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> int:
         dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         return rank
 
-    def load(self, model_state: dict[str, torch.Tensor], learner_state: dict[str, Any]) -> None:
+    def load(self, model_state: dict[str, torch.Tensor], learner_state: dict[str, Any],
+             critic_state: dict[str, Any] | None = None) -> None:
         self.learner.model.load_state_dict(model_state)
         self.learner.load_state_dict(learner_state)
+        if self.critic is not None and critic_state is not None:
+            self.critic.model.load_state_dict(critic_state["model"])
+            self.critic.load_state_dict(critic_state["learner"])
 
     def update(self, groups: list[Any], settings: Any, generator_state: torch.Tensor, loss_state: dict[str, float],
                rehearsal: Any, pad_token_id: int) -> dict[str, float]:
@@ -63,7 +76,7 @@ class LearnerWorker:
         generator = torch.Generator()
         generator.set_state(generator_state)
         return update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, ref_model=self.ref_model,
-                             generator=generator, loss_state=loss_state, rehearsal=rehearsal)
+                             generator=generator, critic=self.critic, loss_state=loss_state, rehearsal=rehearsal)
 
     def leave(self) -> None:
         if dist.is_initialized():
@@ -89,7 +102,11 @@ class DataParallel:
         self._wait(joined, "the learner actors to join the process group")
         model_state = self.ray.put({k: v.detach().cpu() for k, v in run.learner.model.state_dict().items()})
         learner_state = self.ray.put(run.learner.state_dict())
-        self._wait([a.load.remote(model_state, learner_state) for a in self.actors], "the learners to load the policy")
+        critic_state = None if run.critic is None else self.ray.put(
+            {"model": {k: v.detach().cpu() for k, v in run.critic.model.state_dict().items()},
+             "learner": run.critic.state_dict()})
+        self._wait([a.load.remote(model_state, learner_state, critic_state) for a in self.actors],
+                   "the learners to load the policy")
 
     def _wait(self, refs: list[Any], what: str) -> list[Any]:
         try:
@@ -102,14 +119,12 @@ class DataParallel:
                rehearsal: Any = None) -> dict[str, float]:
         from rlvr.train.update import update_policy
 
-        if critic is not None:
-            raise ValueError("data-parallel learners do not train a critic yet (advantage = \"gae\")")
         assert generator is not None
         state = generator.get_state()
         remote = [a.update.remote(groups, settings, state, dict(loss_state or {}), rehearsal, pad_token_id)
                   for a in self.actors]
         metrics = update_policy(learner, groups, settings, pad_token_id=pad_token_id, ref_model=ref_model,
-                                generator=generator, loss_state=loss_state, rehearsal=rehearsal)
+                                generator=generator, critic=critic, loss_state=loss_state, rehearsal=rehearsal)
         self._wait(remote, "the learner actors to finish the update")
         return metrics
 
