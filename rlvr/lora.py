@@ -32,13 +32,9 @@ INSTALL_HINT = "pip install 'rlvr[lora]'   (PEFT)"
 
 
 def _peft() -> Any:
-    try:
-        import peft
-    except ImportError as err:
-        from rlvr.log.tracking import MissingExtra
+    from rlvr.log.tracking import import_extra
 
-        raise MissingExtra(f"lora.rank > 0 needs PEFT: {INSTALL_HINT}") from err
-    return peft
+    return import_extra("peft", f"lora.rank > 0 needs PEFT: {INSTALL_HINT}")
 
 
 def is_lora(model: Any) -> bool:

@@ -261,7 +261,7 @@ def test_a_sample_does_not_depend_on_its_batch(tiny_model: Model, tiny_tokenizer
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     params = SamplingParams(temperature=1.0, max_new_tokens=6, n=2)
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=4, decoder=decoder)
-    seeds = engine.draw_seeds(3, 2)
+    seeds = engine.draw_seeds(3, params)
     together = engine.generate(prompts, params, seeds=seeds)
     assert together[0][0].token_ids != together[0][1].token_ids  # the n samples of a prompt differ
     chunked = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], max_batch_size=2, decoder=decoder)

@@ -32,13 +32,9 @@ INSTALL_HINT = "pip install 'rlvr[ray]'"
 
 
 def require_ray() -> Any:
-    try:
-        import ray
-    except ImportError as err:
-        from rlvr.log.tracking import MissingExtra
+    from rlvr.log.tracking import import_extra
 
-        raise MissingExtra(f"dist.rollout_workers / dist.learners need Ray: {INSTALL_HINT}") from err
-    return ray
+    return import_extra("ray", f"dist.rollout_workers / dist.learners need Ray: {INSTALL_HINT}")
 
 
 def start_ray(address: str | None, num_cpus: int | None = None) -> Any:

@@ -96,9 +96,7 @@ class RayEngine:
                  progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
-        # as the local engine: greedy decoding draws nothing from the random stream
-        seeds = (draw_seeds(self.generator, len(prompts), params.n) if params.temperature > 0
-                 else [[0] * params.n] * len(prompts))
+        seeds = draw_seeds(self.generator, len(prompts), params)
         size = -(-len(prompts) // len(self.workers))
         shards = [(k, range(s, min(s + size, len(prompts)))) for k, s in enumerate(range(0, len(prompts), size))]
         pending = {k: self._submit(k, prompts, params, seeds, rows) for k, rows in shards}

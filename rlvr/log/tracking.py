@@ -30,7 +30,16 @@ STATE_FILE = "trackers.json"
 
 
 class MissingExtra(ImportError):
-    """A configured sink's package is not installed; the message names the extra."""
+    """An optional package the config asks for is not installed; the message names the extra."""
+
+
+def import_extra(module: str, message: str) -> Any:
+    """The module, or MissingExtra(message) when it is not installed (message: what needs it and
+    the install line)."""
+    try:
+        return import_module(module)
+    except ImportError as e:
+        raise MissingExtra(message) from e
 
 
 class Tracker(Protocol):
@@ -44,11 +53,8 @@ def require(name: str) -> None:
     if name not in _REQUIRES:
         raise ValueError(f"unknown log sink {name!r}; choose from {', '.join(SINKS)}")
     module, extra = _REQUIRES[name]
-    try:
-        import_module(module)
-    except ImportError as e:
-        raise MissingExtra(f"log.sinks includes {name!r} but the {module} package is not installed: "
-                          f"pip install 'rlvr[{extra}]'") from e
+    import_extra(module, f"log.sinks includes {name!r} but the {module} package is not installed: "
+                         f"pip install 'rlvr[{extra}]'")
 
 
 def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:

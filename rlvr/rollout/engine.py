@@ -74,9 +74,9 @@ class EmbeddedEngine:
             for name, param in self.model.state_dict().items():
                 param.copy_(state_dict[name])
 
-    def draw_seeds(self, num_prompts: int, n: int) -> list[list[int]]:
+    def draw_seeds(self, num_prompts: int, params: SamplingParams) -> list[list[int]]:
         """One seed per sample of the next call, drawn from the engine's generator."""
-        return draw_seeds(self.generator, num_prompts, n)
+        return draw_seeds(self.generator, num_prompts, params)
 
     def generate(
         self,
@@ -93,8 +93,8 @@ class EmbeddedEngine:
         not depend on which other prompts share its batch, on max_batch_size, or on which rollout
         worker runs it: a distributed engine that passes the same seeds samples what this one
         would (up to the floating-point differences of other batch shapes)."""
-        if seeds is None:  # greedy decoding draws nothing: the random stream is left as it was
-            seeds = self.draw_seeds(len(prompts), params.n) if params.temperature > 0 else [[0] * params.n] * len(prompts)
+        if seeds is None:
+            seeds = self.draw_seeds(len(prompts), params)
         if len(seeds) != len(prompts) or any(len(row) != params.n for row in seeds):
             raise ValueError(f"seeds must be {len(prompts)} rows of n = {params.n}")
         per_chunk = max(1, self.max_batch_size // params.n)
@@ -209,9 +209,13 @@ class EmbeddedEngine:
         )
 
 
-def draw_seeds(generator: torch.Generator, num_prompts: int, n: int) -> list[list[int]]:
-    """num_prompts rows of n sample seeds from ``generator`` (what an engine's next call uses)."""
-    return torch.randint(0, 2**62, (num_prompts, n), generator=generator, device=generator.device).tolist()
+def draw_seeds(generator: torch.Generator, num_prompts: int, params: SamplingParams) -> list[list[int]]:
+    """num_prompts rows of params.n sample seeds from ``generator`` (what an engine's next call
+    uses). Greedy decoding (temperature 0) draws nothing and gets zeros, so an evaluation between
+    training steps leaves the training stream as it was."""
+    if params.temperature == 0:
+        return [[0] * params.n for _ in range(num_prompts)]
+    return torch.randint(0, 2**62, (num_prompts, params.n), generator=generator, device=generator.device).tolist()
 
 
 class HFDecoder:

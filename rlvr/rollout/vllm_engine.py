@@ -56,12 +56,9 @@ class VLLMEngine:
         if not torch.cuda.is_available():
             raise ValueError("engine.backend = \"vllm\" needs a CUDA GPU, and this machine has none "
                              "(the embedded engine runs anywhere: engine.backend = \"embedded\")")
-        try:
-            import vllm
-        except ImportError as err:
-            from rlvr.log.tracking import MissingExtra
+        from rlvr.log.tracking import import_extra
 
-            raise MissingExtra(f"engine.backend = \"vllm\" needs vLLM: {INSTALL_HINT}") from err
+        vllm = import_extra("vllm", f"engine.backend = \"vllm\" needs vLLM: {INSTALL_HINT}")
         self.llm = vllm.LLM(model=model, tokenizer=model, dtype=dtype, seed=seed, logprobs_mode="processed_logprobs",
                             enable_sleep_mode=enable_sleep_mode,
                             worker_extension_cls=f"{__name__}.WorkerWeights", **llm_kwargs)
@@ -78,7 +75,7 @@ class VLLMEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
         greedy = params.temperature == 0
-        seeds = [[0] * params.n] * len(prompts) if greedy else draw_seeds(self.generator, len(prompts), params.n)
+        seeds = draw_seeds(self.generator, len(prompts), params)
         requests = [vllm.SamplingParams(
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
             max_tokens=params.max_new_tokens, stop=list(params.stop) or None, stop_token_ids=self.eos_token_ids,
