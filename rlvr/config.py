@@ -271,6 +271,8 @@ class TrainConfig(_Section):
     """AdamW betas."""
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this value (0 = off)."""
+    device: str = "cpu"
+    """Where the learner, the reference model and the embedded engine run: "cpu", "cuda", "cuda:N" or "auto" (a GPU where torch sees one). Data-parallel learners then reduce over NCCL instead of gloo, one GPU per rank (dist.gpus_per_learner)."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """"bf16" = bfloat16 weights with an fp32 master copy in the optimizer; "auto" = bf16 where measured faster."""
     activation_checkpointing: bool = False
@@ -379,6 +381,10 @@ class DistConfig(_Section):
     """CPUs a local Ray advertises; unset = enough for every worker (at least this machine's count)."""
     cpus_per_worker: float = Field(1.0, ge=0)
     """CPUs each rollout worker and learner actor reserves (Ray scheduling)."""
+    gpus_per_learner: float = Field(0.0, ge=0)
+    """GPUs each learner actor reserves (Ray scheduling); 1 with train.device = "cuda", so each rank has its own."""
+    gpus_per_worker: float = Field(0.0, ge=0)
+    """GPUs each rollout worker reserves (Ray scheduling); needed by vLLM rollout workers (engine.backend = "vllm")."""
     threads_per_worker: int = Field(1, ge=1)
     """torch threads in each actor."""
     async_steps: int = Field(0, ge=0)
@@ -387,6 +393,8 @@ class DistConfig(_Section):
     """With async_steps: the most versions a trained-on sample's weights may lag the learner's."""
     on_stale: Literal["wait", "drop"] = "wait"
     """With async_steps: "wait" never generates further ahead than max_staleness; "drop" generates async_steps ahead and drops groups staler than max_staleness."""
+    partial_rollouts: bool = False
+    """With async_steps: a weight broadcast reaches the samples being generated, which go on under the new weights from their next token (instead of finishing on the old ones first); a sample's staleness counts from its first token."""
     timeout_s: float = Field(300.0, gt=0)
     """Longest wait on the actors (a weight broadcast, an update, a worker's samples) before the run fails with an error saying what it waited for."""
 
@@ -478,11 +486,19 @@ class RunConfig(_Section):
                              "policy's trunk, which LoRA wraps; use an outcome estimator or full fine-tuning")
         d = self.dist
         if d.rollout_workers and self.engine.backend == "vllm":
-            raise ValueError("dist.rollout_workers runs embedded engines; vLLM rollout workers are not supported yet "
-                             "(use engine.backend = \"vllm\" with dist.rollout_workers = 0)")
+            if not d.gpus_per_worker:
+                raise ValueError("vLLM rollout workers need a GPU each: set dist.gpus_per_worker (e.g. 1)")
+            if d.partial_rollouts:
+                raise ValueError("dist.partial_rollouts needs the embedded engine: vLLM finishes a request on the "
+                                 "weights it started with")
         if d.async_steps and not d.rollout_workers:
             raise ValueError("dist.async_steps needs dist.rollout_workers >= 1: the policy cannot train while it "
                              "samples in the same process")
+        if d.learners > 1 and self.train.device.startswith("cuda") and not d.gpus_per_learner:
+            raise ValueError("data-parallel learners on GPUs need one each: set dist.gpus_per_learner = 1")
+        if d.partial_rollouts and not d.async_steps:
+            raise ValueError("dist.partial_rollouts needs dist.async_steps >= 1: only then is a weight update "
+                             "broadcast while samples are being generated")
         if d.async_steps:
             from rlvr.rewards.intrinsic import INTRINSIC
 

@@ -103,6 +103,26 @@ def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
     return table[name]
 
 
+def resolve_device(name: str) -> torch.device:
+    """"cpu" | "cuda" | "cuda:N" | "auto" (a CUDA GPU where torch sees one, else the CPU) → a torch device.
+    Asking for a GPU that torch cannot see is an error that says so, never a silent fall back."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from err
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} asked for, but torch sees no CUDA GPU here (torch "
+                             f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r} asked for, but torch sees {torch.cuda.device_count()} GPU(s)")
+    elif device.type != "cpu":
+        raise ValueError(f"device {name!r}: rlvr runs on cpu or cuda")
+    return device
+
+
 def resolve_model_path(spec: str) -> str:
     """A model spec → something `from_pretrained` accepts (converting the bundled model once)."""
     if spec.startswith(BUILTIN_PREFIX):
@@ -174,7 +194,7 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model(spec: str, dtype: torch.dtype | str = "auto", device: str = "cpu") -> PreTrainedModel:
+def load_model(spec: str, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu") -> PreTrainedModel:
     """A causal LM in `dtype` ("auto" = bfloat16 where the device supports it natively, else float32)."""
     if isinstance(dtype, str):
         dtype = resolve_dtype(dtype, device)

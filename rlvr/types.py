@@ -55,7 +55,11 @@ class Completion:
     single completion."""
     policy_version: int | None = None
     """The version of the weights that sampled it (rollout workers count updates); None from a
-    local engine, which always samples the current policy."""
+    local engine, which always samples the current policy. With partial rollouts, the version
+    that sampled its first token: the oldest, which its staleness counts from."""
+    swapped_at: tuple[int, ...] = ()
+    """Partial rollouts: the token indices at which newer weights took over mid-sample (each
+    token's log-prob is from the weights that sampled it)."""
 
     def trainable(self) -> int:
         """How many tokens the loss sees."""

@@ -116,6 +116,24 @@ def test_asynchronous_rollouts_respect_the_staleness_bound(tiny_dir: Path, tmp_p
     assert all(r.get("dist/staleness_max", 0) == 0 or r.get("skipped_update") for r in rows)
 
 
+def test_partial_rollouts_respect_the_staleness_bound_from_the_first_token(tiny_dir: Path, tmp_path: Path) -> None:
+    """dist.partial_rollouts: a broadcast reaches the sampling under way (the switch itself is
+    tested token by token in tests/test_engine.py). Whether a given sample crosses an update
+    depends on timing, so this checks the bookkeeping: staleness counts from the first token."""
+    import json
+
+    run = [*overrides(tiny_dir, tmp_path, "partial", train__steps=4), "dist.rollout_workers=1", "dist.async_steps=1",
+           "dist.max_staleness=1", "dist.partial_rollouts=true", "dist.timeout_s=120", "sampling.max_new_tokens=48"]
+    train(load_config(None, run), quiet=True)
+    rows = read_metrics(tmp_path / "partial")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(0 <= r["dist/staleness_max"] <= 1 and 0 <= r["dist/partial_fraction"] <= 1 for r in rows)
+    samples = [json.loads(line) for line in (tmp_path / "partial" / "samples.jsonl").read_text().splitlines()]
+    for s in samples:
+        assert s["step"] - 1 - s["policy_version"] in (0, 1)
+        assert all(0 < t < 48 for t in s.get("swapped_at", []))
+
+
 def test_two_learners_train_ppo_with_a_critic_as_one_does(tiny_dir: Path, tmp_path: Path) -> None:
     """advantage = "gae": each rank holds a critic replica; value gradients are summed like the policy's."""
     gae = ['algo.advantage="gae"', "train.micro_batch_size=4"]
@@ -128,3 +146,15 @@ def test_two_learners_train_ppo_with_a_critic_as_one_does(tiny_dir: Path, tmp_pa
         assert "value_loss" in a and a.keys() == b.keys()
         for key in a:
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["dist.async_steps=1"], "needs dist.rollout_workers"),
+    (["dist.partial_rollouts=true"], "needs dist.async_steps"),
+    (["dist.rollout_workers=1", 'engine.backend="vllm"'], "need a GPU each"),
+    (["dist.rollout_workers=1", 'engine.backend="vllm"', "dist.gpus_per_worker=1", "dist.async_steps=1",
+      "dist.partial_rollouts=true"], "needs the embedded engine"),
+])
+def test_settings_that_cannot_work_are_refused(tiny_dir: Path, tmp_path: Path, extra: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_config(None, [*overrides(tiny_dir, tmp_path, "x"), *extra])

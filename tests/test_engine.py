@@ -19,7 +19,7 @@ from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerF
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.types import SamplingParams
 from tests.test_engine_contract import PROMPTS, encode, recompute_logprobs, reference_greedy
-from tests.tiny import EOS_ID
+from tests.tiny import EOS_ID, make_tiny_model
 
 Model = LlamaForCausalLM
 Tokenizer = PreTrainedTokenizerFast
@@ -284,3 +284,46 @@ def test_greedy_decoding_leaves_the_random_stream_alone(tiny_model: Model, tiny_
     assert torch.equal(engine.generator.get_state(), state)
     engine.generate([encode(tiny_tokenizer, "hi")], SamplingParams(temperature=1.0, max_new_tokens=4))
     assert not torch.equal(engine.generator.get_state(), state)
+
+
+def test_partial_rollouts_switch_weights_mid_sample(tiny_tokenizer: Tokenizer, decoder: str) -> None:
+    """Weights offered while a call samples take over at the next token: the tokens before the
+    switch are those the old weights sample, every log-prob is the one of the weights that
+    sampled its token, and each completion says where the switch was."""
+    old, new = make_tiny_model(seed=0), make_tiny_model(seed=1)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, n=2)
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    baseline = EmbeddedEngine(make_tiny_model(seed=0), tiny_tokenizer, eos_token_ids=[EOS_ID], max_batch_size=6,
+                              seed=5, decoder=decoder).generate(prompts, params)
+    engine = EmbeddedEngine(make_tiny_model(seed=0), tiny_tokenizer, eos_token_ids=[EOS_ID], max_batch_size=6,
+                            seed=5, decoder=decoder)
+    engine.version = 0
+    calls = []
+
+    def offer_on_fourth_call(*_: Any) -> None:  # runs inside generate: the call is busy, so it must wait
+        calls.append(1)
+        if len(calls) == 4:
+            engine.offer_weights(new.state_dict(), 1)
+
+    hook = engine.model.model.embed_tokens.register_forward_hook(offer_on_fourth_call)
+    try:
+        out = engine.generate(prompts, params)
+    finally:
+        hook.remove()
+    assert engine.version == 1
+    switches = {c.swapped_at for g in out for c in g}
+    assert len(switches) == 1 and len(next(iter(switches))) == 1  # one switch, at the same token for every sample
+    at = next(iter(switches))[0]
+    assert 0 < at < params.max_new_tokens
+    for prompt, group, base in zip(prompts, out, baseline):
+        for c, b in zip(group, base):
+            assert c.policy_version == 0
+            assert c.token_ids[:at] == b.token_ids[:at]  # same seeds, same weights before the switch
+            before = recompute_logprobs(old, prompt, c, params)[:at]
+            after = recompute_logprobs(new, prompt, c, params)[at:]
+            torch.testing.assert_close(torch.tensor(c.logprobs), torch.cat([before, after]), atol=1e-4, rtol=0)
+    # offered while idle, the weights load at once, and the next call is wholly on them
+    engine.offer_weights(old.state_dict(), 2)
+    assert engine.version == 2
+    again = engine.generate(prompts, params)
+    assert all(c.swapped_at == () and c.policy_version == 2 for g in again for c in g)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path
+from rlvr.models import load_tokenizer, resolve_device, resolve_dtype, resolve_model_path
 
 
 def test_missing_local_model_path_is_named(tmp_path: Path) -> None:
@@ -30,6 +30,18 @@ def test_dtype_names() -> None:
     assert resolve_dtype("auto") in (torch.float32, torch.bfloat16)
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_dtype("fp8")
+
+
+def test_device_names() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        resolve_device("gpu")
+    with pytest.raises(ValueError, match="rlvr runs on cpu or cuda"):
+        resolve_device("meta")
+    if not torch.cuda.is_available():  # asking for a GPU that is not there never falls back silently
+        with pytest.raises(ValueError, match="torch sees no CUDA GPU"):
+            resolve_device("cuda:0")
 
 
 def test_auto_dtype_decision_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,13 @@ import torch.distributed as dist
 from rlvr.dist import require_ray
 
 
+def backend(cfg: Any) -> str:
+    """torch.distributed's backend for the learners: NCCL when they train on GPUs, gloo on CPUs."""
+    from rlvr.models import resolve_device
+
+    return "nccl" if resolve_device(cfg.train.device).type == "cuda" else "gloo"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -30,13 +37,16 @@ class LearnerWorker:
 
     def __init__(self, cfg: Any, threads: int) -> None:
         from rlvr.lora import apply_lora
-        from rlvr.models import load_model, resolve_dtype
+        from rlvr.models import load_model, resolve_device, resolve_dtype
         from rlvr.train.learner import Learner
 
         torch.set_num_threads(threads)
         self.cfg = cfg
-        dtype = resolve_dtype(cfg.train.precision)
-        model = load_model(cfg.model, dtype)
+        device = resolve_device(cfg.train.device)  # with a GPU: the one Ray gave this actor (dist.gpus_per_learner)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dtype = resolve_dtype(cfg.train.precision, device)
+        model = load_model(cfg.model, dtype, device)
         if cfg.train.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.lora.rank:
@@ -46,7 +56,7 @@ class LearnerWorker:
         self.learner = Learner(model, lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
                                warmup_steps=tr.warmup_steps, total_steps=tr.steps * tr.epochs * tr.mini_batches,
                                schedule=tr.schedule)
-        self.ref_model = load_model(cfg.model, dtype).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+        self.ref_model = load_model(cfg.model, dtype, device).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
         self.critic = None
         if cfg.algo.advantage == "gae":  # PPO's value model: a replica of the driver's, loaded below
             from rlvr.train.critic import Critic
@@ -57,7 +67,7 @@ class LearnerWorker:
                                   total_steps=tr.steps * tr.epochs * tr.mini_batches, schedule=tr.schedule)
 
     def join(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> int:
-        dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
+        dist.init_process_group(backend(self.cfg), init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         return rank
 
@@ -94,10 +104,12 @@ class DataParallel:
         self.timeout_s = timeout_s
         address = "127.0.0.1" if d.address is None else self.ray.util.get_node_ip_address()
         port = _free_port()
-        actor = self.ray.remote(LearnerWorker).options(num_cpus=d.cpus_per_worker)
+        if backend(run.cfg) == "nccl":  # rank 0's GPU: the one the driver's learner is on
+            torch.cuda.set_device(next(run.learner.model.parameters()).device)
+        actor = self.ray.remote(LearnerWorker).options(num_cpus=d.cpus_per_worker, num_gpus=d.gpus_per_learner)
         self.actors = [actor.remote(run.cfg, d.threads_per_worker) for _ in range(learners - 1)]
         joined = [a.join.remote(address, port, rank, learners, timeout_s) for rank, a in enumerate(self.actors, 1)]
-        dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=0, world_size=learners,
+        dist.init_process_group(backend(run.cfg), init_method=f"tcp://{address}:{port}", rank=0, world_size=learners,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         self._wait(joined, "the learner actors to join the process group")
         model_state = self.ray.put({k: v.detach().cpu() for k, v in run.learner.model.state_dict().items()})

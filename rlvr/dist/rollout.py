@@ -1,15 +1,20 @@
 """Rollout workers on Ray, and `RayEngine`: the `Engine` protocol over them.
 
-Each worker is an actor holding an embedded engine on its own copy of the policy. A call's
+Each worker is an actor holding an engine on its own copy of the policy: an embedded engine, or
+with ``engine.backend = "vllm"`` a vLLM engine on the GPU(s) the actor reserves
+(``dist.gpus_per_worker``). A call's
 prompts are cut into one contiguous shard per worker, and every sample's seed is drawn by the
 driver exactly as one local engine would draw it (`rlvr.rollout.engine.draw_seeds`): a sample's
 tokens do not depend on which worker ran it. Completions come back in prompt order, each with the
 version of the weights that sampled it (`Completion.policy_version`).
+
+With partial rollouts (`dist.partial_rollouts`) a worker serves two calls at once: a weight
+broadcast does not queue behind the sampling under way but is offered to it, and the sequences
+being sampled go on under the new weights from their next token (`EmbeddedEngine.offer_weights`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -27,23 +32,37 @@ class RolloutWorker:
     """A Ray actor: an embedded engine on the base architecture, serving the weights it is sent."""
 
     def __init__(self, model_spec: str, state: dict[str, torch.Tensor], version: int, *, dtype: str,
-                 max_batch_size: int, decoder: str, eos_token_ids: list[int], threads: int) -> None:
+                 max_batch_size: int, decoder: str, eos_token_ids: list[int], threads: int,
+                 partial: bool = False, backend: str = "embedded", vllm_kwargs: dict[str, Any] | None = None) -> None:
         from rlvr.models import load_model, load_tokenizer, resolve_dtype
 
         torch.set_num_threads(threads)
-        model = load_model(model_spec, resolve_dtype(dtype))
-        model.load_state_dict(state)
-        self.engine = EmbeddedEngine(model, load_tokenizer(model_spec), eos_token_ids=eos_token_ids,
-                                     max_batch_size=max_batch_size, decoder=decoder)  # type: ignore[arg-type]
-        self.version = version
+        tokenizer = load_tokenizer(model_spec)
+        self.engine: Any
+        if backend == "vllm":  # on this actor's GPU (dist.gpus_per_worker)
+            from rlvr.rollout.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(model_spec, tokenizer, eos_token_ids=eos_token_ids,
+                                     dtype=str(resolve_dtype(dtype, "cuda")).removeprefix("torch."), **(vllm_kwargs or {}))
+            self.engine.update_weights(state)
+        else:
+            model = load_model(model_spec, resolve_dtype(dtype))
+            model.load_state_dict(state)
+            self.engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids,
+                                         max_batch_size=max_batch_size, decoder=decoder)  # type: ignore[arg-type]
+        self.engine.version = version
+        self.partial = partial
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[list[int]]) -> tuple[list[list[Completion]], int]:
-        return self.engine.generate(prompts, params, seeds=seeds), self.version
+                 seeds: list[list[int]]) -> list[list[Completion]]:
+        return self.engine.generate(prompts, params, seeds=seeds)
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
-        self.engine.update_weights(state)
-        self.version = version
+        if self.partial:  # taken up by the sampling under way, if any, at its next token
+            self.engine.offer_weights(state, version)
+        else:
+            self.engine.update_weights(state)
+            self.engine.version = version
         return version
 
     def ping(self) -> int:
@@ -72,10 +91,13 @@ class RayEngine:
         self.version = 0
         self.restarts = 0
         d = cfg.dist
-        self._options = {"num_cpus": d.cpus_per_worker}
+        # partial rollouts: a broadcast runs beside the sampling under way instead of queueing behind it
+        self._options = {"num_cpus": d.cpus_per_worker, "num_gpus": d.gpus_per_worker,
+                         "max_concurrency": 2 if d.partial_rollouts else 1}
         self._kwargs = {"dtype": cfg.engine.dtype, "max_batch_size": cfg.engine.max_batch_size,
                         "decoder": cfg.engine.decoder, "eos_token_ids": self.eos_token_ids,
-                        "threads": d.threads_per_worker}
+                        "threads": d.threads_per_worker, "partial": d.partial_rollouts,
+                        "backend": cfg.engine.backend, "vllm_kwargs": dict(cfg.engine.vllm_kwargs)}
         self._spec = resolve_model_path(cfg.model)
         self._state = self.ray.put({k: v.detach().cpu() for k, v in merged_state_dict(policy).items()})
         self._actor_class = self.ray.remote(RolloutWorker)
@@ -102,9 +124,8 @@ class RayEngine:
         pending = {k: self._submit(k, prompts, params, seeds, rows) for k, rows in shards}
         out: list[list[Completion]] = [[] for _ in prompts]
         for k, rows in shards:
-            groups, version = self._collect(k, pending[k], prompts, params, seeds, rows)
-            for i, group in zip(rows, groups):
-                out[i] = [dataclasses.replace(c, policy_version=version) for c in group]
+            for i, group in zip(rows, self._collect(k, pending[k], prompts, params, seeds, rows)):
+                out[i] = group
             if progress:
                 progress(len(rows))
         return out
@@ -114,7 +135,7 @@ class RayEngine:
         return self.workers[k].generate.remote([prompts[i] for i in rows], params, [seeds[i] for i in rows])
 
     def _collect(self, k: int, ref: Any, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[list[int]], rows: range) -> tuple[list[list[Completion]], int]:
+                 seeds: list[list[int]], rows: range) -> list[list[Completion]]:
         """Worker k's shard; if the worker died, a restarted one runs it again with the same seeds."""
         for attempt in range(3):
             try:

@@ -11,10 +11,17 @@ The embedded engine runs any Hugging Face causal LM on CPU or one GPU:
 Two decoders run the steps after the prefill: `"static"` (rlvr.rollout.static_decode: a
 preallocated cache and fused projections, for Llama-family models) and `"hf"` (the model's own
 forward with a `DynamicCache`, for any causal LM). `decoder="auto"` picks static where it applies.
+
+Partial rollouts (`offer_weights`): new weights offered while a call is sampling take over at
+the next token. The running sequences are prefilled again, prompt and tokens so far, under the
+new weights (their old KV cache was computed by the old ones), and sampling goes on. Each token's
+log-probability is the one it was sampled with, so the learner's off-policy correction sees the
+policy that really produced it; `Completion.swapped_at` says where the weights changed.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from typing import Literal, Protocol
 
@@ -68,11 +75,38 @@ class EmbeddedEngine:
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._fused: tuple[tuple[tuple[int, int], ...], FusedWeights] | None = None
+        self.version: int | None = None
+        """The weights' version, stamped on every completion (`Completion.policy_version`); set by
+        whoever versions them (a rollout worker). None for the local loop's engine."""
+        self._offered: tuple[dict[str, torch.Tensor], int] | None = None
+        self._offer_lock = threading.Lock()
+        self._busy = threading.Lock()
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
             for name, param in self.model.state_dict().items():
                 param.copy_(state_dict[name])
+
+    def offer_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Weights of `version` for partial rollouts, safe to call from another thread: loaded at
+        once if no call is sampling, else at the running call's next token (see module docstring)."""
+        with self._offer_lock:
+            self._offered = (state_dict, version)
+        if self._busy.acquire(blocking=False):
+            try:
+                self._take_offer()
+            finally:
+                self._busy.release()
+
+    def _take_offer(self) -> bool:
+        """Load the offered weights, if any; True if it did."""
+        with self._offer_lock:
+            offered, self._offered = self._offered, None
+        if offered is None:
+            return False
+        self.update_weights(offered[0])
+        self.version = offered[1]
+        return True
 
     def draw_seeds(self, num_prompts: int, params: SamplingParams) -> list[list[int]]:
         """One seed per sample of the next call, drawn from the engine's generator."""
@@ -99,22 +133,28 @@ class EmbeddedEngine:
             raise ValueError(f"seeds must be {len(prompts)} rows of n = {params.n}")
         per_chunk = max(1, self.max_batch_size // params.n)
         out: list[list[Completion]] = []
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            weights = self._fused_weights() if self.decoder == "static" else None
-            for start in range(0, len(prompts), per_chunk):
-                chunk = prompts[start : start + per_chunk]
-                out += self._generate_chunk(chunk, params, weights, seeds[start : start + per_chunk])
-                if progress:
-                    progress(len(chunk))
-        finally:
-            self.model.train(was_training)
+        with self._busy:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                for start in range(0, len(prompts), per_chunk):
+                    self._take_offer()
+                    chunk = prompts[start : start + per_chunk]
+                    out += self._generate_chunk(chunk, params, seeds[start : start + per_chunk])
+                    if progress:
+                        progress(len(chunk))
+            finally:
+                self.model.train(was_training)
         return out
+
+    def _decoder(self, cache: DynamicCache, mask_PT: torch.Tensor, n: int) -> StaticDecoder | HFDecoder:
+        if self.decoder == "static":
+            return StaticDecoder(self.model, self._fused_weights(), cache, mask_PT, n)
+        return HFDecoder(self.model, cache, mask_PT, n)
 
     @torch.no_grad()
     def _generate_chunk(
-        self, prompts: list[list[int]], params: SamplingParams, weights: FusedWeights | None, seeds: list[list[int]]
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[list[int]]
     ) -> list[list[Completion]]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
@@ -126,8 +166,10 @@ class EmbeddedEngine:
             for row in seeds for seed in row]).to(self.device)
         cache, logits_PV, mask_PT = self._prefill(prompts)
         logits = logits_PV.repeat_interleave(n, 0)
-        decoder = StaticDecoder(self.model, weights, cache, mask_PT, n) if weights else HFDecoder(self.model, cache, mask_PT, n)
+        decoder = self._decoder(cache, mask_PT, n)
         del cache
+        version = self.version
+        swapped_at: list[list[int]] = [[] for _ in range(len(prompts) * n)]
         rows = torch.arange(len(prompts) * n, device=self.device)  # which sample each running row is
         tokens: list[list[int]] = [[] for _ in range(len(prompts) * n)]
         logps: list[list[float]] = [[] for _ in range(len(prompts) * n)]
@@ -155,9 +197,18 @@ class EmbeddedEngine:
                 idx = keep_B.nonzero().squeeze(-1)
                 decoder.keep(idx)
                 rows, tok_B = rows[idx], tok_B[idx]
+            if self._offered is not None and self._take_offer():  # partial rollouts: newer weights go on from here
+                running = rows.tolist()
+                for r in running:
+                    swapped_at[r].append(step + 1)
+                cache, logits, mask_RT = self._prefill([prompts[r // n] + tokens[r] for r in running])
+                decoder = self._decoder(cache, mask_RT, 1)
+                del cache
+                continue
             logits = decoder.step(tok_B)
         return [
-            [self._completion(tokens[i * n + j], logps[i * n + j], reasons[i * n + j]) for j in range(n)]
+            [self._completion(tokens[i * n + j], logps[i * n + j], reasons[i * n + j], version, swapped_at[i * n + j])
+             for j in range(n)]
             for i in range(len(prompts))
         ]
 
@@ -202,10 +253,12 @@ class EmbeddedEngine:
         hits = [any(s in self.tokenizer.decode(tokens[r][-max_stop:]) for s in stop) for r in rows.tolist()]
         return torch.tensor(hits, device=self.device)
 
-    def _completion(self, ids: list[int], logps: list[float], reason: FinishReason) -> Completion:
+    def _completion(self, ids: list[int], logps: list[float], reason: FinishReason, version: int | None,
+                    swapped_at: list[int]) -> Completion:
         return Completion(
             token_ids=tuple(ids), logprobs=tuple(logps), finish_reason=reason,
             text=str(self.tokenizer.decode(ids, skip_special_tokens=True)),
+            policy_version=version, swapped_at=tuple(swapped_at),
         )
 
 

@@ -66,16 +66,22 @@ class VLLMEngine:
         self.eos_token_ids = sorted(set(int(i) for i in eos_token_ids))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.generator = torch.Generator().manual_seed(seed)
+        self.version: int | None = None
+        """Stamped on every completion (`Completion.policy_version`) when set (rollout workers)."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+                 progress: Callable[[int], None] | None = None, *,
+                 seeds: list[list[int]] | None = None) -> list[list[Completion]]:
+        """As the embedded engine's; vLLM seeds a request, not a sample, so a prompt's n samples
+        share the stream of ``seeds[i][0]``."""
         import vllm
         from vllm.inputs import TokensPrompt
 
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
         greedy = params.temperature == 0
-        seeds = draw_seeds(self.generator, len(prompts), params)
+        if seeds is None:
+            seeds = draw_seeds(self.generator, len(prompts), params)
         requests = [vllm.SamplingParams(
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
             max_tokens=params.max_new_tokens, stop=list(params.stop) or None, stop_token_ids=self.eos_token_ids,
@@ -93,7 +99,7 @@ class VLLMEngine:
         logprobs = tuple(float(step[t].logprob) for step, t in zip(o.logprobs, ids))
         reason: FinishReason = "stop" if o.finish_reason == "stop" else "length"
         text = str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
-        return Completion(ids, logprobs, reason, text)
+        return Completion(ids, logprobs, reason, text, policy_version=self.version)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         weights = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]

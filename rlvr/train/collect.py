@@ -286,14 +286,15 @@ class ReplayBuffer:
 def _completion_state(c: Completion) -> dict[str, Any]:
     return {"token_ids": list(c.token_ids), "logprobs": list(c.logprobs), "finish_reason": c.finish_reason,
             "text": c.text, "loss_mask": None if c.loss_mask is None else list(c.loss_mask),
-            "turn_index": None if c.turn_index is None else list(c.turn_index), "policy_version": c.policy_version}
+            "turn_index": None if c.turn_index is None else list(c.turn_index), "policy_version": c.policy_version,
+            "swapped_at": list(c.swapped_at)}
 
 
 def _completion_from_state(x: dict[str, Any]) -> Completion:
     optional = lambda key: None if x.get(key) is None else tuple(x[key])  # noqa: E731
     return Completion(tuple(x["token_ids"]), tuple(x["logprobs"]), x["finish_reason"], x["text"],
                       loss_mask=optional("loss_mask"), turn_index=optional("turn_index"),
-                      policy_version=x.get("policy_version"))
+                      policy_version=x.get("policy_version"), swapped_at=tuple(x.get("swapped_at", ())))
 
 
 def _group_state(g: Group) -> dict[str, Any]:

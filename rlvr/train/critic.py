@@ -24,7 +24,8 @@ class Critic(nn.Module):
         self.trunk = copy.deepcopy(policy.base_model).train()
         self.trunk.requires_grad_(True)
         hidden = policy.config.hidden_size
-        self.head = nn.Linear(hidden, 1, dtype=next(policy.parameters()).dtype)
+        weight = next(policy.parameters())
+        self.head = nn.Linear(hidden, 1, dtype=weight.dtype, device=weight.device)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 

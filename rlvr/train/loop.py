@@ -41,7 +41,7 @@ from rlvr.eval.metrics import pass_at_k
 from rlvr.log import ConsoleProgress, JsonlSink, ScreeningProgress, tracking
 from rlvr.log.sinks import read_jsonl
 from rlvr.lora import ADAPTER_DIR, apply_lora, merged_state_dict
-from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype, resolve_model_path
+from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype, resolve_model_path
 from rlvr.rewards import RewardFn, build_rewards
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.runtime import keep_freed_memory
@@ -116,11 +116,12 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     sandbox.configure(cfg.sandbox.isolation, cfg.sandbox.limits(), cfg.sandbox.parallelism)  # for code rewards
     spec = model_spec or cfg.model
     tokenizer = load_tokenizer(spec)
-    train_dtype = resolve_dtype(cfg.train.precision)
-    engine_dtype = resolve_dtype(cfg.engine.dtype)
+    device = resolve_device(cfg.train.device)
+    train_dtype = resolve_dtype(cfg.train.precision, device)
+    engine_dtype = resolve_dtype(cfg.engine.dtype, device)
     lora = cfg.lora.rank > 0
     # With LoRA a checkpoint holds the merged model and its adapter: a resumed run puts the adapter back on the base
-    model = load_model(cfg.model if lora else spec, train_dtype)
+    model = load_model(cfg.model if lora else spec, train_dtype, device)
     if cfg.train.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Same dtype: the engine samples from the learner's own weights, so updates need no copy. With
@@ -143,7 +144,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
                                 max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed, decoder=cfg.engine.decoder)
     ref_model = None
     if cfg.algo.kl_coef > 0:
-        ref_model = load_model(cfg.model, train_dtype).eval().requires_grad_(False)
+        ref_model = load_model(cfg.model, train_dtype, device).eval().requires_grad_(False)
     tr = cfg.train
     optimizer_steps = tr.steps * tr.epochs * tr.mini_batches
     learner = Learner(model, lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
@@ -282,6 +283,9 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
         if run.pipeline is not None:  # generate_seconds is then the wait for rollouts made during earlier updates
             metrics["dist/stale_dropped"] = float(stale_dropped)
             metrics["dist/rollout_seconds"] = collected.seconds
+        if run.cfg.dist.partial_rollouts:  # samples that newer weights finished
+            crossed = [bool(x.completion.swapped_at) for g in fresh for x in g.samples]
+            metrics["dist/partial_fraction"] = statistics.fmean(crossed) if crossed else 0.0
     if run.rehearsal is not None:
         metrics["rehearsal_size"] = len(run.rehearsal.samples)
     metrics |= {"generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0,
@@ -456,7 +460,8 @@ def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
                 "finish_reason": s.completion.finish_reason, "completion_tokens": len(s.completion.token_ids),
                 "masked": [[0, len(texts[k]), reasons[k]]] if reasons[k] else
                 [[a, b, "injected"] for a, b in injected[k]],
-                **({"policy_version": s.completion.policy_version} if s.completion.policy_version is not None else {})})
+                **({"policy_version": s.completion.policy_version} if s.completion.policy_version is not None else {}),
+                **({"swapped_at": list(s.completion.swapped_at)} if s.completion.swapped_at else {})})
     return rows
 
 

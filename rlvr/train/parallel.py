@@ -50,6 +50,13 @@ def all_reduce_grads(params: list[torch.Tensor]) -> None:
         offset += n
 
 
+def _reduce_device() -> torch.device:
+    """Where collective tensors must live: NCCL reduces GPU tensors only."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
     """Metric sums over the ranks: keys starting with "_max/" take the maximum, the rest the sum.
     Ranks may hold different keys (a rank without a micro-batch holds none)."""
@@ -62,11 +69,11 @@ def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
     summed = [k for k in names if not k.startswith("_max/")]
     out: dict[str, float] = {}
     if summed:
-        t = torch.tensor([sums.get(k, 0.0) for k in summed], dtype=torch.float64)
+        t = torch.tensor([sums.get(k, 0.0) for k in summed], dtype=torch.float64, device=_reduce_device())
         dist.all_reduce(t)
         out |= dict(zip(summed, t.tolist()))
     if maxed:
-        t = torch.tensor([sums.get(k, float("-inf")) for k in maxed], dtype=torch.float64)
+        t = torch.tensor([sums.get(k, float("-inf")) for k in maxed], dtype=torch.float64, device=_reduce_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         out |= dict(zip(maxed, t.tolist()))
     return out
