@@ -1,4 +1,4 @@
-"""The `rlvr` command: train, sample, eval, contamination, report, filter, bench, sandbox, tasks,
+"""The `rlvr` command: train, sft, dpo, sample, eval, contamination, report, filter, bench, sandbox, tasks,
 config. Each subcommand is a thin call into the library."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ EXAMPLES = """examples:
   rlvr train --config configs/demo.toml
   rlvr train --config configs/demo.toml train.steps=5 algo.clip_high=0.28 name=quick
   rlvr train --resume runs/demo
+  rlvr sft --config configs/sft_then_grpo.toml sft.data=data/chats.jsonl name=my-sft
+  rlvr dpo --config configs/demo.toml dpo.data=pairs.jsonl dpo.beta=0.1
   rlvr sample --model runs/demo/checkpoints/step_000030 "What is 3 + 4?"
   rlvr tasks
   rlvr config            # every config key with its default and meaning
@@ -38,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="TOML config file")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. algo.clip_high=0.28")
+    for name, text in (("sft", "supervised fine-tuning on chat data (sft.data), loss on assistant tokens"),
+                       ("dpo", "DPO/IPO on preference pairs (dpo.data), or online on the policy's samples")):
+        o = sub.add_parser(name, help=text)
+        o.add_argument("--config", help="TOML config file")
+        o.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+        o.add_argument("overrides", nargs="*", metavar="key=value", help=f"dotted overrides, e.g. {name}.data=x.jsonl")
     s = sub.add_parser("sample", help="generate completions from a model or checkpoint")
     s.add_argument("prompts", nargs="*", help="prompts (default: read one per line from stdin)")
     s.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model, checkpoint folder or run dir")
@@ -142,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # malloc reuses freed memory instead of page-faulting it back in; see rlvr.runtime
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
-    if args.command in ("train", "sample", "eval", "contamination", "filter"):
+    if args.command in ("train", "sft", "dpo", "sample", "eval", "contamination", "filter"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars would bury rlvr's own progress
@@ -165,14 +173,16 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args: argparse.Namespace) -> int:
     from rlvr.log.tracking import MissingExtra
     from rlvr.train.loop import RunDirError, train
+    from rlvr.train.offline import dpo, sft
 
+    run = {"train": train, "sft": sft, "dpo": dpo}[args.command]
     try:
         if args.resume:
             if args.config:
                 raise ConfigError("--resume uses the run's own config.toml; pass changes as key=value overrides")
-            train(resume=args.resume, overrides=tuple(args.overrides))
+            run(resume=args.resume, overrides=tuple(args.overrides))
         else:
-            train(load_config(args.config, args.overrides))
+            run(load_config(args.config, args.overrides))
     except (RunDirError, MissingExtra) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -390,7 +400,7 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"train": _train, "sample": _sample, "bench": _bench, "eval": _eval, "contamination": _contamination,
+_COMMANDS = {"train": _train, "sft": _train, "dpo": _train, "sample": _sample, "bench": _bench, "eval": _eval, "contamination": _contamination,
              "report": _report, "filter": _filter, "sandbox": _sandbox, "tasks": _tasks, "config": _config}
 
 if __name__ == "__main__":

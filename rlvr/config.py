@@ -414,6 +414,46 @@ class LogConfig(_Section):
     """Write report.html and curves.png in the run directory when training ends (`rlvr report` makes them on demand)."""
 
 
+class SFTConfig(_Section):
+    data: str | None = None
+    """JSONL of conversations for `rlvr sft`, one per line: {"messages": [{"role", "content"}, ...]} or {"prompt": ..., "completion": ...}. Only assistant turns are trained."""
+    max_length: int = Field(1024, ge=8)
+    """Longest conversation in tokens (longer ones are cut, counted in the metrics) and, with pack, the length of a packed row."""
+    pack: bool = True
+    """Pack several conversations into each row, each attending only to itself, so no compute goes to padding."""
+    epochs: int = Field(1, ge=1)
+    """Passes over the data."""
+    batch_size: int = Field(8, ge=1)
+    """Rows per optimizer step (packed rows with pack, else conversations); micro-batched by train.micro_batch_tokens."""
+    weighting: Literal["none", "chord_phi", "sft_is"] = "none"
+    """Token weight of the loss: "none" = plain SFT; "chord_phi" = p(1 − p) and "sft_is" = p, CHORD's weights (rlvr.algos.supervised)."""
+    eval: bool = True
+    """Greedy held-out evaluation on the task (task.eval_size prompts) before and after, as `rlvr train` does."""
+
+
+class DPOConfig(_Section):
+    data: str | None = None
+    """JSONL of preference pairs for `rlvr dpo`, one per line: {"prompt" or "messages", "chosen", "rejected"}, optionally "score_chosen" and "score_rejected". Unset with online = true."""
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    """"sigmoid" = DPO, "ipo" = IPO's squared loss (rlvr.algos.supervised.dpo_loss)."""
+    beta: float = Field(0.1, gt=0)
+    """Strength of the reference: DPO's β, IPO's τ."""
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5)
+    """Assumed share of flipped labels (conservative DPO); 0 = plain DPO."""
+    max_length: int = Field(1024, ge=8)
+    """Longest prompt + answer in tokens; longer pairs are cut (counted in the metrics)."""
+    epochs: int = Field(1, ge=1)
+    """Passes over the data (offline)."""
+    batch_size: int = Field(8, ge=1)
+    """Pairs per optimizer step (offline)."""
+    min_gap: float | None = None
+    """Keep only pairs whose score gap (score_chosen − score_rejected) is at least this: MPO's easy set, stage 1."""
+    max_gap: float | None = None
+    """Keep only pairs whose score gap is below this: MPO's hard set, stage 2 (run from the stage-1 model, which is then the reference)."""
+    online: bool = False
+    """Online DPO: each of train.steps steps samples algo.group_size answers to train.prompts_per_step task prompts from the current policy and pairs the best with the worst by reward (ties give no pair)."""
+
+
 class RunConfig(_Section):
     name: str = "run"
     """Run name: everything goes to <output_dir>/<name>/."""
@@ -446,6 +486,8 @@ class RunConfig(_Section):
     env: EnvConfig = EnvConfig()
     dist: DistConfig = DistConfig()
     log: LogConfig = LogConfig()
+    sft: SFTConfig = SFTConfig()
+    dpo: DPOConfig = DPOConfig()
 
     def reward_specs(self) -> list[dict[str, Any]]:
         """The reward specs for rlvr.rewards.build_rewards, with the source field for routing."""

@@ -27,6 +27,24 @@ def test_rloo_by_hand() -> None:
     assert (ESTIMATORS["rloo"](torch.tensor([[3.0], [5.0]])) == 0).all()  # G = 1: no other sample
 
 
+def test_rft_keeps_what_the_reward_accepts() -> None:
+    rft = ESTIMATORS["rft"]
+    torch.testing.assert_close(rft(R), torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]]))
+    scores = torch.tensor([[0.2, 0.9, 0.5, 0.9]])
+    torch.testing.assert_close(rft(scores, threshold=0.5), torch.tensor([[0.0, 1.0, 1.0, 1.0]]))
+    # RAFT: the best of each group only, ties to the first
+    torch.testing.assert_close(rft(scores, threshold=None, top_k=1), torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
+    torch.testing.assert_close(rft(scores, threshold=0.6, top_k=3), torch.tensor([[0.0, 1.0, 0.0, 1.0]]))
+
+
+def test_rft_with_pg_is_sft_on_the_accepted_samples(tiny_dir: Path, tmp_path: Path) -> None:
+    """One step of rejection-sampling fine-tuning: the kept samples become likelier, the rest are not trained."""
+    extra = ['algo.advantage="rft"', 'algo.loss="pg"', "algo.advantage_kwargs={threshold = 0.5}"]
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "rft", train__steps=1), *extra]), quiet=True)
+    row = read_metrics(tmp_path / "rft")[0]
+    assert 0 < row["trained_fraction"] < 1 and row["grad_norm"] > 0
+
+
 def test_remax_subtracts_the_greedy_reward() -> None:
     baseline = torch.tensor([1.0, 0.5])
     expected = torch.tensor([[0.0, -1.0, -1.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
@@ -271,6 +289,7 @@ _NEEDS = {
                    "rewards": '[{fn = "tests.test_train:distinct_chars", name = "chars"}, '
                               '{fn = "tests.test_advantages:parity", name = "parity", weight = 0.0}]'},
     "gae": {"algo__critic_lr": 1e-3},
+    "rft": {"algo__advantage_kwargs": "{threshold = 0.5}"},  # the test reward rarely gives full marks
 }
 
 

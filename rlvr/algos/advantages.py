@@ -357,6 +357,30 @@ def turn_advantages(turn_rewards: Sequence[Sequence[float]], *, gamma: float = 1
     return out
 
 
+def rft_advantages(rewards_PG: Tensor, *, threshold: float | None = 1.0, top_k: int = 0) -> Tensor:
+    """Rejection sampling as advantages: 1 for each kept sample, 0 for the rest.
+
+    Kept: reward >= ``threshold`` (None = no threshold) and, with ``top_k`` > 0, among the k
+    highest rewards of its group (ties broken by order). With ``algo.loss = "pg"`` the update is
+    −A · log π on the kept samples, i.e. supervised fine-tuning on what the reward accepted, and
+    the rejected ones are skipped. Sampling from the current policy each step makes this:
+    - rejection-sampling fine-tuning (RFT; Yuan et al., "Scaling Relationship on Learning
+      Mathematical Reasoning with Large Language Models", arXiv:2308.01825);
+    - reward-ranked fine-tuning (RAFT, ``top_k = 1``; Dong et al., arXiv:2304.06767);
+    - expert iteration, and ReST's Improve step (Gulcehre et al., "Reinforced Self-Training",
+      arXiv:2308.08998), whose rising thresholds are successive runs with a higher
+      ``threshold``, and whose several passes over a grown set are ``train.epochs``.
+    """
+    _check_PG(rewards_PG)
+    kept_PG = torch.ones_like(rewards_PG, dtype=torch.bool) if threshold is None else rewards_PG >= threshold
+    if top_k > 0:
+        order_PG = torch.argsort(-rewards_PG, dim=1, stable=True)
+        rank_PG = torch.empty_like(order_PG)
+        rank_PG.scatter_(1, order_PG, torch.arange(rewards_PG.shape[1]).expand_as(order_PG).contiguous())
+        kept_PG &= rank_PG < top_k
+    return kept_PG.to(rewards_PG.dtype)
+
+
 def _check_PG(rewards_PG: Tensor) -> None:
     if rewards_PG.ndim != 2:
         raise ValueError(f"rewards_PG must be [P, G], got shape {tuple(rewards_PG.shape)}")
@@ -378,6 +402,7 @@ ESTIMATORS: dict[str, Callable[..., Any]] = {
     "stratified": stratified_advantages,
     "global_pool": global_pool_advantages,
     "gae": gae_advantages,
+    "rft": rft_advantages,
 }
 """Outcome estimators map rewards_PG to advantages_PG; ``gae`` is per token (see its docstring).
 Keywords named in ``rlvr.algos.registry.LOOP_INPUTS`` are filled in by the training loop."""

@@ -60,11 +60,13 @@ LIVE = {"reward": ("reward", "{:.3f}"), "accuracy": ("acc", "{:.2f}"), "response
 class ConsoleProgress:
     """A progress bar over training steps with live key metrics; plain lines when not a terminal."""
 
-    def __init__(self, total: int, start: int = 0, console: Console | None = None) -> None:
+    def __init__(self, total: int, start: int = 0, console: Console | None = None, *,
+                 live: dict[str, tuple[str, str]] | None = None, label: str = "train") -> None:
         self.console = console or Console(stderr=True)
         self.live = self.console.is_terminal
+        self.shown = LIVE if live is None else live
         self.progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"),
             TextColumn("[dim]{task.fields[status]}"),
             console=self.console, disable=not self.live,
@@ -82,7 +84,7 @@ class ConsoleProgress:
         self.progress.update(self.task, status=text)
 
     def step(self, step: int, metrics: dict[str, Any]) -> None:
-        shown = "  ".join(label + " " + fmt.format(metrics[k]) for k, (label, fmt) in LIVE.items() if k in metrics)
+        shown = "  ".join(label + " " + fmt.format(metrics[k]) for k, (label, fmt) in self.shown.items() if k in metrics)
         self.progress.update(self.task, completed=step, metrics=shown, status="")
         if not self.live:
             self.console.print(f"step {step}  {shown}", highlight=False)

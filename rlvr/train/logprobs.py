@@ -90,6 +90,7 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     chunk_size: int = 256,
+    position_ids_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprobs_BT, entropy_BT) of each token where target_mask_BT is set, 0 elsewhere.
 
@@ -97,11 +98,14 @@ def token_logprobs(
     LM-head output after token t-1, so position t scores token t. entropy_BT[b, t] is the
     entropy of that same distribution. target_mask_BT[:, 0] must be 0 (no token predicts it).
     Rows are right-padded; positions are 0..T-1 as in the engine's left-padded prompts.
+    Packed rows (several sequences per row, rlvr.train.offline) pass their own position_ids_BT
+    and a [B, 1, T, T] boolean attention mask that keeps each sequence to itself.
     """
     if target_mask_BT[:, 0].any():
         raise ValueError("the first token of a row has no prediction; target_mask[:, 0] must be 0")
     model = causal_lm(model)  # a LoRA policy: the wrapped model, adapters in its layers
-    hidden_BTH = model.base_model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).last_hidden_state
+    hidden_BTH = model.base_model(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
+                                  position_ids=position_ids_BT).last_hidden_state
     select_BT = target_mask_BT[:, 1:].bool()
     hidden_NH = hidden_BTH[:, :-1][select_BT]
     targets_N = input_ids_BT[:, 1:][select_BT]

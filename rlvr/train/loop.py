@@ -108,7 +108,8 @@ class Run:
     """Data-parallel learners (dist.learners > 1, rlvr.dist.learners.DataParallel): runs each update on every rank."""
 
 
-def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: bool = True) -> Run:
+def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: bool = True,
+          optimizer_steps: int | None = None) -> Run:
     """Load model, tokenizer, data and rewards; build the engine and the learner (and, for
     algo.divergence, screen the initial policy for its rehearsal set, with a progress bar unless quiet)."""
     keep_freed_memory()  # ~1.4x faster learner steps on CPU; see rlvr.runtime
@@ -146,7 +147,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     if cfg.algo.kl_coef > 0:
         ref_model = load_model(cfg.model, train_dtype, device).eval().requires_grad_(False)
     tr = cfg.train
-    optimizer_steps = tr.steps * tr.epochs * tr.mini_batches
+    optimizer_steps = optimizer_steps or tr.steps * tr.epochs * tr.mini_batches
     learner = Learner(model, lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
                       warmup_steps=tr.warmup_steps, total_steps=optimizer_steps, schedule=tr.schedule)
     examples, held = load_examples(cfg)
@@ -510,10 +511,10 @@ def save(run: Run, step: int) -> Path:
                                 keep=run.cfg.keep_checkpoints)
 
 
-def create_run_dir(cfg: RunConfig) -> Path:
+def create_run_dir(cfg: RunConfig, command: str = "train") -> Path:
     run_dir = Path(cfg.output_dir) / cfg.name
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise RunDirError(f"run directory {run_dir} already exists; resume it with `rlvr train --resume {run_dir}` "
+        raise RunDirError(f"run directory {run_dir} already exists; resume it with `rlvr {command} --resume {run_dir}` "
                           "or choose another name (name=...)")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(to_toml(cfg))
@@ -523,6 +524,27 @@ def create_run_dir(cfg: RunConfig) -> Path:
 def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overrides: tuple[str, ...] = (),
           quiet: bool = False) -> dict[str, Any]:
     """Run (or resume) a training job; returns the summary also written to summary.json."""
+    run, start = open_run(cfg, resume=resume, overrides=overrides, quiet=quiet)
+    cfg = run.cfg
+    try:
+        dist.attach(run)  # dist.rollout_workers / dist.learners: the same loop, parts on Ray
+        d = cfg.dist
+        if d.async_steps:
+            from rlvr.dist.pipeline import Pipeline
+
+            lookahead = min(d.async_steps, d.max_staleness) if d.on_stale == "wait" else d.async_steps
+            run.pipeline = Pipeline(lambda step: collect(run, step), lookahead=lookahead, last_step=cfg.train.steps)
+        return _train_loop(run, start, quiet)
+    finally:
+        dist.detach(run)
+
+
+def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrides: tuple[str, ...] = (),
+             quiet: bool = False, command: str = "train", optimizer_steps: int | None = None) -> tuple[Run, int]:
+    """A new run (its directory created, removed again if setup fails) or a resumed one (restored
+    from its latest checkpoint, its logs cut back to it); returns (run, the step it starts after).
+    `optimizer_steps` sets the learning-rate schedule's length where it is not train.steps ×
+    epochs × mini_batches (SFT, DPO)."""
     if resume is not None:
         run_dir = Path(resume)
         if not (run_dir / "config.toml").is_file():
@@ -535,7 +557,7 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
         if last is None:
             raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped while being "
                               "set up); start a new run, or delete this directory to reuse its name")
-        run = setup(cfg, run_dir, model_spec=str(last), quiet=quiet)
+        run = setup(cfg, run_dir, model_spec=str(last), quiet=quiet, optimizer_steps=optimizer_steps)
         state = ckpt.load_state(last)
         _restore(run, state)
         if overrides:  # e.g. train.steps=40 to extend a finished run; written once setup has worked
@@ -543,28 +565,16 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
         start = int(state["step"])
         for name in ("metrics.jsonl", "samples.jsonl"):
             ckpt.truncate_jsonl(run_dir / name, start)
-    else:
-        if cfg is None:
-            raise ValueError("train() needs a config or resume=<run dir>")
-        _require_sinks(cfg)
-        run_dir = create_run_dir(cfg)
-        try:
-            run = setup(cfg, run_dir, quiet=quiet)
-        except BaseException:
-            shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-made is left behind
-            raise
-        start = 0
+        return run, start
+    if cfg is None:
+        raise ValueError(f"{command}() needs a config or resume=<run dir>")
+    _require_sinks(cfg)
+    run_dir = create_run_dir(cfg, command)
     try:
-        dist.attach(run)  # dist.rollout_workers / dist.learners: the same loop, parts on Ray
-        d = cfg.dist
-        if d.async_steps:
-            from rlvr.dist.pipeline import Pipeline
-
-            lookahead = min(d.async_steps, d.max_staleness) if d.on_stale == "wait" else d.async_steps
-            run.pipeline = Pipeline(lambda step: collect(run, step), lookahead=lookahead, last_step=cfg.train.steps)
-        return _train_loop(run, start, quiet)
-    finally:
-        dist.detach(run)
+        return setup(cfg, run_dir, quiet=quiet, optimizer_steps=optimizer_steps), 0
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-made is left behind
+        raise
 
 
 def _require_sinks(cfg: RunConfig) -> None:
