@@ -193,15 +193,10 @@ def _sample(args: argparse.Namespace) -> int:
     from rlvr.data import render_prompt
     from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.train.checkpoint import latest_checkpoint
+    from rlvr.eval.run import resolve_model
     from rlvr.types import SamplingParams
 
-    model_spec = args.model
-    if (Path(model_spec) / "config.toml").is_file():  # a run directory: use its latest checkpoint
-        last = latest_checkpoint(Path(model_spec))
-        if last is None:
-            raise FileNotFoundError(f"{model_spec} has no checkpoint yet")
-        model_spec = str(last)
+    model_spec = resolve_model(args.model)  # a run directory: its latest checkpoint
     prompts = args.prompts or [line.strip() for line in sys.stdin if line.strip()]
     if not prompts:
         raise ValueError("no prompts given (pass them as arguments or one per line on stdin)")

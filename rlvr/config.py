@@ -414,9 +414,34 @@ class LogConfig(_Section):
     """Write report.html and curves.png in the run directory when training ends (`rlvr report` makes them on demand)."""
 
 
+class ExpertConfig(_Section):
+    mode: Literal["none", "chord", "luffy", "relift"] = "none"
+    """Expert demonstrations during RL: "chord" adds μ·SFT on the step's demonstrations to (1 − μ)·RL; "luffy" mixes each prompt's demonstration into its group as an off-policy sample (needs algo.loss = "luffy"); "relift" collects the prompts RL fails on and interleaves SFT steps on their demonstrations (docs/pipelines.md)."""
+    template: str = "{answer}"
+    """A prompt's demonstration: formatted with the example's reference answer and fields (reasoning-gym metadata, a JSONL row's columns), e.g. "{expression} = {answer}" or "{solution}"."""
+    mu_peak: float = Field(0.5, ge=0, le=1)
+    """chord: the SFT weight μ after warm-up."""
+    mu_valley: float = Field(0.05, ge=0, le=1)
+    """chord: the SFT weight μ after the cosine decay."""
+    mu_warmup_steps: int = Field(0, ge=0)
+    """chord: steps of linear warm-up of μ from 0."""
+    mu_decay_steps: int = Field(0, ge=0)
+    """chord: steps of cosine decay from mu_peak to mu_valley (0 = train.steps)."""
+    weighting: Literal["none", "chord_phi", "sft_is"] = "chord_phi"
+    """chord: the SFT term's token weight: "chord_phi" = p(1 − p), "sft_is" = p, "none" = plain SFT."""
+    relift_batch: int = Field(8, ge=1)
+    """relift: demonstrations per interleaved SFT step; a step runs whenever this many hard prompts are waiting."""
+    relift_max_accuracy: float = Field(0.0, ge=0, le=1)
+    """relift: a prompt whose group accuracy is at most this is hard and waits for SFT (0 = every sample failed)."""
+
+
 class SFTConfig(_Section):
     data: str | None = None
     """JSONL of conversations for `rlvr sft`, one per line: {"messages": [{"role", "content"}, ...]} or {"prompt": ..., "completion": ...}. Only assistant turns are trained."""
+    task_examples: int = Field(0, ge=0)
+    """Instead of data: SFT on the first N training prompts of the task, each answered with answer_template (a small generated set; the held-out prompts are never among them)."""
+    answer_template: str = "{answer}"
+    """With task_examples: the assistant's answer, formatted with the example's reference answer and (reasoning-gym) its metadata, e.g. "<answer>{answer}</answer>" or, for chain_sum, "{expression} = {answer}"."""
     max_length: int = Field(1024, ge=8)
     """Longest conversation in tokens (longer ones are cut, counted in the metrics) and, with pack, the length of a packed row."""
     pack: bool = True
@@ -486,6 +511,7 @@ class RunConfig(_Section):
     env: EnvConfig = EnvConfig()
     dist: DistConfig = DistConfig()
     log: LogConfig = LogConfig()
+    expert: ExpertConfig = ExpertConfig()
     sft: SFTConfig = SFTConfig()
     dpo: DPOConfig = DPOConfig()
 
@@ -549,6 +575,17 @@ class RunConfig(_Section):
             if from_policy:
                 raise ValueError("dist.async_steps does not combine with what is computed from the policy itself "
                                  f"while rollouts are collected: {', '.join(from_policy)}")
+        if (self.expert.mode == "luffy") != (self.algo.loss == "luffy"):
+            raise ValueError("expert.mode = \"luffy\" and algo.loss = \"luffy\" go together: the loss trains the "
+                             "demonstrations mixed into the groups, and without them it is PPO's")
+        if self.expert.mode == "relift" and self.dist.learners > 1:
+            raise ValueError("expert.mode = \"relift\" runs its SFT steps in one learner; unset dist.learners")
+        if self.expert.mode != "none" and self.sampler.templates:
+            raise ValueError("expert demonstrations follow the task's own prompt; they do not combine with "
+                             "sampler.templates")
+        if self.expert.mode != "none" and self.env.name is not None:
+            raise ValueError(f"expert.mode = {self.expert.mode!r} trains single-turn demonstrations; it does not "
+                             "combine with multi-turn episodes (env.name)")
         if self.algo.credit == "turn" and self.env.name is None:
             raise ValueError("algo.credit = \"turn\" needs multi-turn episodes: set env.name")
         e = self.env

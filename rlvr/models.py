@@ -123,11 +123,22 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def run_checkpoint(run_dir: Path) -> Path:
+    """A run directory's latest complete checkpoint (the model a later stage starts from)."""
+    done = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if (p / "trainer_state.pt").is_file())
+    if not done:
+        raise FileNotFoundError(f"run directory {run_dir} has no checkpoint yet")
+    return done[-1]
+
+
 def resolve_model_path(spec: str) -> str:
-    """A model spec → something `from_pretrained` accepts (converting the bundled model once)."""
+    """A model spec → something `from_pretrained` accepts (converting the bundled model once).
+    A run directory means its latest checkpoint, so `model = "runs/my-sft"` starts where that run ended."""
     if spec.startswith(BUILTIN_PREFIX):
         return str(_builtin_path(spec[len(BUILTIN_PREFIX):]))
     path = Path(spec).expanduser()
+    if (path / "config.toml").is_file() and not (path / "config.json").is_file():
+        return str(run_checkpoint(path))
     if path.exists():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model folder {path} has no config.json (expected a Hugging Face model folder)")

@@ -78,6 +78,9 @@ class Sample:
     """Each reward function's raw value, by name."""
     prompt_index: int
     """Index of the prompt in its source (for logs and samplers)."""
+    off_policy: bool = False
+    """An expert demonstration mixed into its group (``expert.mode = "luffy"``), not sampled by
+    the policy; its ``completion.logprobs`` are 0 (the expert's probability taken as 1)."""
     segments: tuple[tuple[tuple[int, ...], Completion], ...] = ()
     """Earlier segments of an episode whose context was summarised (SUPO), as (prompt_ids,
     completion) pairs in order; ``prompt_ids``/``completion`` above are the last segment. Every

@@ -186,6 +186,25 @@ def test_online_dpo_trains_on_its_own_best_and_worst(tiny_dir: Path, tmp_path: P
     assert len(samples) == 2 * 4 * 4
 
 
+def test_sft_on_the_tasks_own_prompts_never_uses_held_out_ones(tiny_dir: Path, tmp_path: Path) -> None:
+    from rlvr.train.data import load_examples
+    from rlvr.train.offline import _conversations
+
+    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "task-sft"), "sft.task_examples=6",
+                             'sft.answer_template="{expression} = {answer}"'])
+    convs = list(_conversations(cfg))
+    train_examples, held = load_examples(cfg)
+    assert [m[0]["content"] for _, m in convs] == [ex.prompt for ex in train_examples[:6]]
+    assert not {m[0]["content"] for _, m in convs} & {ex.prompt for ex in held}
+    first = train_examples[0]
+    assert convs[0][1][1]["content"] == f"{first.fields['entry']['metadata']['expression']} = {first.answer}"
+    summary = sft(cfg, quiet=True)
+    assert summary["data"]["conversations"] == 6 and summary["loss_end"] > 0
+    with pytest.raises(ValueError, match="uses 'reasoning', which example"):
+        list(_conversations(load_config(None, [*overrides(tiny_dir, tmp_path, "z"), "sft.task_examples=2",
+                                               'sft.answer_template="{reasoning}"'])))
+
+
 def test_sft_and_dpo_say_what_is_missing(tiny_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="set sft.data"):
         sft(load_config(None, overrides(tiny_dir, tmp_path, "x")), quiet=True)

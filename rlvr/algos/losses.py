@@ -505,6 +505,49 @@ def nft_loss(
                      "ratio_mean": masked_mean(torch.exp(log_ratio_BT), mask_BT)}
 
 
+def luffy_loss(
+    logprobs_BT: Tensor,
+    old_logprobs_BT: Tensor,
+    advantages_BT: Tensor,
+    mask_BT: Tensor,
+    *,
+    offpolicy_BT: Tensor,
+    shaping_gamma: float = 0.1,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """LUFFY's mixed-policy loss: PPO's clipped surrogate on the policy's own samples, and on the
+    tokens of expert demonstrations mixed into their groups a shaped importance weight without
+    clipping.
+
+    on-policy tokens:   ppo_clip_loss (clip_low, clip_high)
+    off-policy tokens:  loss = −A · f(r), r = π_θ / π_φ, f(r) = r / (r + γ)
+
+    Yan et al., "Learning to Reason under Off-Policy Guidance", arXiv:2504.14945 (γ = 0.1 there).
+    The expert's own probabilities are unknown and taken as π_φ = 1, so the demonstration's
+    sampling log-probs are 0 and r = π_θ. The gradient of f is γ·r/(r + γ)² · ∇log π_θ: largest
+    for tokens the policy finds unlikely, where plain importance weighting (gradient r·∇log π_θ)
+    would nearly vanish; the shaping is what keeps the policy learning from demonstrations that
+    are far from its own distribution. ``offpolicy_BT`` (filled in by the loop) is 1 on a
+    demonstration's tokens. The advantages are GRPO's over the group with its demonstrations.
+
+    Metrics: ``offpolicy_fraction`` (trained tokens from demonstrations) and
+    ``offpolicy_prob_mean`` (π_θ of those tokens).
+    """
+    if shaping_gamma <= 0:
+        raise ValueError(f"luffy: shaping_gamma must be > 0, got {shaping_gamma}")
+    off_BT = offpolicy_BT.bool() & mask_BT.bool()
+    on_loss_BT, metrics = ppo_clip_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT.bool() & ~off_BT,
+                                        clip_low=clip_low, clip_high=clip_high)
+    _, _, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, off_BT)
+    ratio_BT = torch.exp(log_ratio_BT)
+    off_loss_BT = torch.where(off_BT, -advantages_BT * ratio_BT / (ratio_BT + shaping_gamma), 0.0)
+    trained = mask_BT.bool()
+    metrics = {**metrics, "offpolicy_fraction": off_BT.sum() / trained.sum().clamp(min=1),
+               "offpolicy_prob_mean": masked_mean(ratio_BT.detach(), off_BT)}
+    return torch.where(off_BT, off_loss_BT, on_loss_BT), metrics
+
+
 def _masked(
     logprobs_BT: Tensor, old_logprobs_BT: Tensor, advantages_BT: Tensor, mask_BT: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -533,6 +576,7 @@ LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "rec": rec_loss,
     "r2vpo": r2vpo_loss,
     "nft": nft_loss,
+    "luffy": luffy_loss,
 }
 """Keywords named in ``rlvr.algos.registry.LOOP_INPUTS`` are filled in by the training loop."""
 

@@ -17,6 +17,7 @@ LOOP_INPUTS: dict[str, str] = {
     "values_BT": "the critic's value of each completion token (GAE)",
     "correct_BT": "1 on every token of a sample whose first (correctness) reward gave full marks (NFT)",
     "group_accuracy_BT": "the share of correct samples in the sample's group, on every token (NFT)",
+    "offpolicy_BT": "1 on the tokens of an expert demonstration mixed into its group (LUFFY)",
     "loss_state": "a dict the loss keeps across steps, saved in checkpoints (R²VPO's dual variable)",
 }
 """Keywords of the algorithm functions that the training loop fills in, never a config setting."""

@@ -6,6 +6,7 @@ Shapes: `_BT` per token (zeros where the mask is 0), `_B` per sequence or pair.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -38,6 +39,21 @@ SFT_WEIGHTINGS: dict[str, Callable[[Tensor], Tensor]] = {
     "chord_phi": lambda p: p * (1 - p),
     "sft_is": lambda p: p,
 }
+
+
+def chord_mu(step: int, *, mu_peak: float, mu_valley: float, warmup_steps: int, decay_steps: int) -> float:
+    """CHORD's weight μ of the SFT loss at a (0-based) step: L = (1 − μ)·L_RL + μ·L_SFT.
+
+    Linear warm-up from 0 to ``mu_peak`` over ``warmup_steps``, then a cosine decay from
+    ``mu_peak`` to ``mu_valley`` over ``decay_steps``, then ``mu_valley``. Zhang et al.,
+    arXiv:2508.11408 (the schedule of their released code): imitation first, exploration later.
+    """
+    if step < warmup_steps:
+        return mu_peak * step / warmup_steps
+    t = step - warmup_steps
+    if t >= decay_steps:
+        return mu_valley
+    return mu_valley + (mu_peak - mu_valley) * 0.5 * (1 + math.cos(math.pi * t / decay_steps))
 
 
 def dpo_loss(chosen_B: Tensor, rejected_B: Tensor, ref_chosen_B: Tensor, ref_rejected_B: Tensor, *,

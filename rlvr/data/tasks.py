@@ -32,6 +32,20 @@ class Example:
     """Stable identifier, e.g. ``chain_sum/1/0`` or ``data.jsonl:3``."""
 
 
+def demonstration_text(example: Example, template: str) -> str:
+    """An expert answer for `example`: `template` formatted with its reference answer, its fields
+    (a JSONL row's columns) and, for reasoning-gym, its entry's metadata (chain_sum's
+    ``{expression}``). E.g. "<answer>{answer}</answer>", "{expression} = {answer}", "{solution}"."""
+    fields = example.fields
+    known = {**{k: v for k, v in fields.items() if isinstance(v, str | int | float)},
+             **((fields.get("entry") or {}).get("metadata") or {}), "answer": example.answer}
+    try:
+        return template.format(**known)
+    except (KeyError, IndexError) as err:
+        raise ValueError(f"the answer template {template!r} uses {err}, which example {example.id} does not have "
+                         f"(it has: {', '.join(sorted(known))})") from err
+
+
 def list_tasks() -> list[str]:
     """The names of all reasoning-gym tasks, sorted."""
     return sorted(DATASETS)

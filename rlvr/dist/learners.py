@@ -128,7 +128,7 @@ class DataParallel:
 
     def update(self, learner: Any, groups: list[Any], settings: Any, *, pad_token_id: int, ref_model: Any = None,
                generator: torch.Generator | None = None, critic: Any = None, loss_state: dict[str, float] | None = None,
-               rehearsal: Any = None) -> dict[str, float]:
+               rehearsal: Any = None, expert: Any = None) -> dict[str, float]:
         from rlvr.train.update import update_policy
 
         assert generator is not None
@@ -136,7 +136,8 @@ class DataParallel:
         remote = [a.update.remote(groups, settings, state, dict(loss_state or {}), rehearsal, pad_token_id)
                   for a in self.actors]
         metrics = update_policy(learner, groups, settings, pad_token_id=pad_token_id, ref_model=ref_model,
-                                generator=generator, critic=critic, loss_state=loss_state, rehearsal=rehearsal)
+                                generator=generator, critic=critic, loss_state=loss_state, rehearsal=rehearsal,
+                                expert=expert)
         self._wait(remote, "the learner actors to finish the update")
         return metrics
 

@@ -17,14 +17,9 @@ from rlvr.types import SamplingParams
 
 def resolve_model(spec: str) -> str:
     """A run directory means its latest checkpoint; anything else is loaded as given."""
-    from rlvr.train.checkpoint import latest_checkpoint
+    from rlvr.models import run_checkpoint
 
-    if (Path(spec) / "config.toml").is_file():
-        last = latest_checkpoint(Path(spec))
-        if last is None:
-            raise FileNotFoundError(f"{spec} has no checkpoint yet")
-        return str(last)
-    return spec
+    return str(run_checkpoint(Path(spec))) if (Path(spec) / "config.toml").is_file() else spec
 
 
 def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], prompts: int,

@@ -53,8 +53,10 @@ from rlvr.train.learner import Learner
 from rlvr.train.rehearsal import FILE as REHEARSAL_FILE
 from rlvr.train.rehearsal import Rehearsal, screen_order
 from rlvr.train.rollouts import generate_groups, group_metrics, is_correct
+from rlvr.train.expert import Relift, chord_settings, demonstration, mix_in, step_demonstrations
 from rlvr.train.update import (
     UpdateSettings,
+    imitation_step,
     needs_greedy_baseline,
     score_certainty,
     score_logprobs,
@@ -106,6 +108,8 @@ class Run:
     """Asynchronous rollouts (dist.async_steps > 0, rlvr.dist.pipeline.Pipeline)."""
     data_parallel: Any = None
     """Data-parallel learners (dist.learners > 1, rlvr.dist.learners.DataParallel): runs each update on every rank."""
+    relift: Any = None
+    """ReLIFT's buffer of hard prompts (expert.mode = "relift", rlvr.train.expert.Relift)."""
 
 
 def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: bool = True,
@@ -197,7 +201,8 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
                examples, prompt_ids, held, encode(held), make_sampler(cfg, examples),
                torch.Generator().manual_seed(cfg.seed), settings, params, shared, critic,
                KLController(a.kl_coef, a.kl_target, a.kl_horizon), rehearsal=rehearsal, replay=replay,
-               variants=variants, episodes=make_episodes(cfg, engine, tokenizer, examples, rewards, params))
+               variants=variants, episodes=make_episodes(cfg, engine, tokenizer, examples, rewards, params),
+               relift=Relift() if cfg.expert.mode == "relift" else None)
 
 
 def _rehearsal(cfg: RunConfig, run_dir: Path, engine: EmbeddedEngine, model: Any, examples: list[Example],
@@ -259,16 +264,36 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     settings = run.settings
     if run.kl is not None and run.kl.target is not None:  # the adaptive coefficient of this step
         settings = dataclasses.replace(settings, kl_coef=run.kl.value)
+    own = fresh  # the policy's own groups (the sampler observes these)
+    mode, demos = run.cfg.expert.mode, None
+    if mode == "luffy":  # each group gets its prompt's demonstration as an off-policy sample
+        groups = mix_in(run, groups)
+        fresh = groups[: len(fresh)]
+    elif mode == "chord":  # (1 − μ)·RL + μ·SFT on this step's demonstrations
+        settings = dataclasses.replace(chord_settings(run, step), kl_coef=settings.kl_coef)
+        demos = step_demonstrations(run, groups)
     updater = run.data_parallel.update if run.data_parallel is not None else update_policy
     update = updater(run.learner, groups, settings, pad_token_id=run.engine.pad_token_id,
                            ref_model=run.ref_model, generator=run.update_generator, critic=run.critic,
                            loss_state=run.loss_state,
-                           rehearsal=run.rehearsal.next_batch(run.cfg.algo.rehearsal_batch) if run.rehearsal else None)
+                           rehearsal=run.rehearsal.next_batch(run.cfg.algo.rehearsal_batch) if run.rehearsal else None,
+                           expert=demos)
+    if mode == "chord":
+        update["expert/mu"] = settings.expert_coef
     if run.kl is not None and "kl_reward" in update:
         run.kl.update(update["kl_reward"], n=sum(len(g.samples) for g in groups))
+    if run.relift is not None:  # ReLIFT: SFT on the demonstrations of prompts RL keeps failing
+        e = run.cfg.expert
+        run.relift.add(own, e.relift_max_accuracy, run.rewards[0].name)
+        hard = run.relift.take(e.relift_batch)
+        if hard is not None:
+            update |= imitation_step(run.learner, [demonstration(run, i, tuple(run.prompt_ids[i])) for i in hard],
+                                     settings, pad_token_id=run.engine.pad_token_id)
+        update["expert/relift_pending"] = float(len(run.relift.pending))
+        update["expert/relift_sft"] = float(hard is not None)
     if not run.shared_weights:
         run.engine.update_weights(merged_state_dict(run.learner.model))
-    _observe(run, fresh, gathered.aside, step)
+    _observe(run, own, gathered.aside, step)
     t2 = time.perf_counter()
     if greedy_baseline:
         update["greedy_reward"] = statistics.fmean(g.metadata["greedy_reward"] for g in groups)
@@ -462,7 +487,8 @@ def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
                 "masked": [[0, len(texts[k]), reasons[k]]] if reasons[k] else
                 [[a, b, "injected"] for a, b in injected[k]],
                 **({"policy_version": s.completion.policy_version} if s.completion.policy_version is not None else {}),
-                **({"swapped_at": list(s.completion.swapped_at)} if s.completion.swapped_at else {})})
+                **({"swapped_at": list(s.completion.swapped_at)} if s.completion.swapped_at else {}),
+                **({"expert": True} if s.off_policy else {})})
     return rows
 
 
@@ -479,6 +505,8 @@ def _state(run: Run) -> dict[str, Any]:
         state["critic"] = {"model": run.critic.model.state_dict(), "learner": run.critic.state_dict()}
     if run.replay is not None:
         state["replay"] = run.replay.state_dict()
+    if run.relift is not None:
+        state["relift"] = run.relift.state_dict()
     return state
 
 
@@ -494,6 +522,8 @@ def _restore(run: Run, state: dict[str, Any]) -> None:
         run.rehearsal.load_state_dict(state["rehearsal"])
     if run.replay is not None and "replay" in state:
         run.replay.load_state_dict(state["replay"])
+    if run.relift is not None and "relift" in state:
+        run.relift.load_state_dict(state["relift"])
     if run.critic is not None:
         if "critic" not in state:
             raise RunDirError("this checkpoint has no critic (it was saved by a run without advantage = \"gae\")")

@@ -46,7 +46,7 @@ from rlvr.train.loop import (GracefulStop, Interrupted, Run, _observe, collect, 
 from rlvr.train.rollouts import group_metrics
 from rlvr.types import Group
 
-SFT_LIVE = {"loss": ("loss", "{:.3f}"), "tokens": ("tok", "{:.0f}"), "step_seconds": ("s/step", "{:.1f}")}
+SFT_LIVE = {"loss": ("loss", "{:.3f}"), "trained_tokens": ("trained", "{:.0f}"), "step_seconds": ("s/step", "{:.1f}")}
 DPO_LIVE = {"loss": ("loss", "{:.3f}"), "preference_accuracy": ("pref-acc", "{:.2f}"), "margin": ("margin", "{:.2f}"),
             "reward": ("reward", "{:.3f}"), "step_seconds": ("s/step", "{:.1f}")}
 
@@ -126,14 +126,10 @@ class SFTData:
 
 def sft_data(cfg: RunConfig, tokenizer: Any) -> SFTData:
     s = cfg.sft
-    if not s.data:
-        raise ValueError("rlvr sft needs data: set sft.data to a JSONL file of conversations")
     eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
     convs: list[Tokenized] = []
     truncated = dropped = 0
-    for number, row in read_rows(s.data):
-        where = f"{s.data}:{number}"
-        messages = messages_of(row, where)
+    for where, messages in _conversations(cfg):
         if cfg.task.system_prompt and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": cfg.task.system_prompt}, *messages]
         t = tokenize_chat(tokenizer, messages, eos_token_ids=eos)
@@ -144,11 +140,36 @@ def sft_data(cfg: RunConfig, tokenizer: Any) -> SFTData:
             continue
         convs.append(t)
     if not convs:
-        raise ValueError(f"{s.data}: no conversation has an assistant token within sft.max_length = {s.max_length}")
+        raise ValueError(f"{s.data or 'sft.task_examples'}: no conversation has an assistant token within "
+                         f"sft.max_length = {s.max_length}")
     rows = [[convs[i] for i in r] for r in pack([len(t.ids) for t in convs], s.max_length)] if s.pack \
         else [[t] for t in convs]
     return SFTData(rows, {"conversations": len(convs), "truncated": truncated, "dropped": dropped, "rows": len(rows),
                           "trained_tokens": sum(t.trained for t in convs)})
+
+
+def _conversations(cfg: RunConfig) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """(where, messages) of sft.data's rows, or of the task's first sft.task_examples training prompts."""
+    s = cfg.sft
+    if s.data and s.task_examples:
+        raise ValueError("set one of sft.data and sft.task_examples, not both")
+    if s.data:
+        for number, row in read_rows(s.data):
+            where = f"{s.data}:{number}"
+            yield where, messages_of(row, where)
+        return
+    if not s.task_examples:
+        raise ValueError("rlvr sft needs data: set sft.data to a JSONL file of conversations, or sft.task_examples "
+                         "to answer the task's own training prompts")
+    from rlvr.data.tasks import demonstration_text
+    from rlvr.train.data import load_examples
+
+    examples = load_examples(cfg)[0][: s.task_examples]
+    for ex in examples:
+        if ex.answer is None:
+            raise ValueError(f"sft.task_examples: example {ex.id} has no reference answer to train on")
+        answer = demonstration_text(ex, s.answer_template)
+        yield ex.id, [{"role": "user", "content": ex.prompt}, {"role": "assistant", "content": answer}]
 
 
 def preference_data(cfg: RunConfig, tokenizer: Any) -> tuple[list[PreferencePair], dict[str, int]]:
@@ -183,6 +204,7 @@ def sft_step(run: Run, rows: list[list[Tokenized]]) -> dict[str, float]:
     cfg, learner = run.cfg, run.learner
     device = next(learner.model.parameters()).device
     total = sum(t.trained for row in rows for t in row)
+    seen = sum(len(t.ids) for row in rows for t in row)
     nll = 0.0
     for micro in _micro_batches(rows, _max_tokens(cfg)):
         batch = packed_batch(micro, run.engine.pad_token_id, device)
@@ -191,7 +213,7 @@ def sft_step(run: Run, rows: list[list[Tokenized]]) -> dict[str, float]:
         loss.backward()
         nll += float(-(logprobs_BT.detach() * batch["target"]).sum())
     grad_norm = learner.step()
-    return {"loss": nll / total, "tokens": float(total), "grad_norm": grad_norm}
+    return {"loss": nll / total, "trained_tokens": float(total), "tokens": float(seen), "grad_norm": grad_norm}
 
 
 def sequence_logprobs(model: Any, pairs: list[tuple[Tokenized, Tokenized]], pad_token_id: int, chunk: int,

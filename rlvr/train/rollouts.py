@@ -54,7 +54,9 @@ def is_correct(sample: Sample, primary: str) -> bool:
 
 
 def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
-    """Reward, accuracy, length and group statistics of one step's rollouts."""
+    """Reward, accuracy, length and group statistics of one step's rollouts (the policy's own
+    samples: expert demonstrations mixed into groups are left out)."""
+    groups = [Group(g.prompt, tuple(s for s in g.samples if not s.off_policy), g.metadata) for g in groups]
     samples = [s for g in groups for s in g.samples]
     rewards = [s.reward for s in samples]
     lengths = [len(s.completion.token_ids) for s in samples]

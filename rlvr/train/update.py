@@ -6,6 +6,8 @@ estimator and the loss aggregation are all looked up by name; nothing here is a 
 
 from __future__ import annotations
 
+import dataclasses
+
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -19,6 +21,7 @@ from rlvr.algos import (CORRECTIONS, DIVERGENCES, ESTIMATORS, KL_ESTIMATORS, LOS
                         mismatch_metrics, turn_advantages)
 from rlvr.algos.losses import STATE_UPDATES
 from rlvr.algos.registry import loop_inputs
+from rlvr.algos.supervised import sft_token_loss
 from rlvr.train.critic import value_loss
 from rlvr.rewards.intrinsic import token_certainty
 from rlvr.train.learner import Learner
@@ -61,6 +64,10 @@ class UpdateSettings:
     divergence: str = "none"
     """DPH-RL's divergence to the initial policy on stored samples (rlvr.algos.DIVERGENCES)."""
     divergence_coef: float = 0.05
+    expert_coef: float = 0.0
+    """CHORD's μ this step: the loss is (1 − μ)·RL + μ·SFT on the expert demonstrations (update_policy's expert)."""
+    expert_weighting: str = "chord_phi"
+    """The SFT term's token weight (rlvr.algos.supervised.SFT_WEIGHTINGS)."""
     entropy_coef: float = 0.0
     epochs: int = 1
     mini_batches: int = 1
@@ -269,6 +276,7 @@ def update_policy(
     critic: Learner | None = None,
     loss_state: dict[str, float] | None = None,
     rehearsal: list[Sample] | None = None,
+    expert: list[Sample] | None = None,
 ) -> dict[str, float]:
     """Advantages from the groups' rewards, then the policy-gradient update; returns metrics.
 
@@ -278,7 +286,8 @@ def update_policy(
     ``loss_state`` is the dict a stateful loss (R²VPO's λ) keeps across steps; the caller owns it
     (and checkpoints it); None gives the loss a fresh one. ``rehearsal``: stored samples of the
     initial policy (``completion.logprobs`` = log π_0) for ``s.divergence``, added to every
-    optimizer step's gradient.
+    optimizer step's gradient. ``expert``: demonstrations for CHORD's SFT term, weighted by
+    ``s.expert_coef`` (μ) in every optimizer step while the RL loss is weighted by 1 − μ.
     """
     episodes = [smp for g in groups for smp in g.samples]
     samples, owner = _units(episodes)  # what is trained: one row per sample, or per segment of a summarised episode
@@ -314,8 +323,9 @@ def update_policy(
     # A replayed group (rollout replay), or a stale one (asynchronous rollouts), was sampled by an
     # older policy: the PPO ratio is taken against its sampling log-probs, which importance-weights
     # and clips its update.
-    replayed_episodes = {i for i, g in enumerate(g for g in groups for _ in g.samples)
-                         if g.metadata.get("replayed") or g.metadata.get("stale")}
+    # An expert demonstration (LUFFY) is trained against its own log-probs (0: π_expert taken as 1).
+    replayed_episodes = {i for i, (g, x) in enumerate((g, x) for g in groups for x in g.samples)
+                         if g.metadata.get("replayed") or g.metadata.get("stale") or x.off_policy}
     replayed = [u for u, i in enumerate(owner) if i in replayed_episodes]
     if replayed:
         old: list[torch.Tensor | None] = list(batch.old) if batch.old is not None else [None] * len(samples)
@@ -330,7 +340,7 @@ def update_policy(
     batch.loss_state = {} if loss_state is None else loss_state
 
     sums, grad_norms, critic_norms = _optimise(learner, critic, batch, trained, dropped, s, pad_token_id,
-                                               generator, rehearsal)
+                                               generator, rehearsal, expert)
     metrics |= _summary(sums, grad_norms, critic_norms, kl_in_loss)
     metrics["advantage_abs_mean"] = statistics.fmean(float(a.abs().mean()) if len(a) else 0.0
                                                      for a in batch.advantages) if samples else 0.0
@@ -343,6 +353,7 @@ def update_policy(
 def _optimise(
     learner: Learner, critic: Learner | None, batch: _Batch, trained: set[int], dropped: set[int],
     s: UpdateSettings, pad_token_id: int, generator: torch.Generator | None, rehearsal: list[Sample] | None,
+    expert: list[Sample] | None = None,
 ) -> tuple[dict[str, float], list[float], list[float]]:
     """epochs × mini-batches of optimizer steps; returns the summed metrics and the grad norms."""
     samples, device = batch.samples, next(learner.model.parameters()).device
@@ -365,6 +376,8 @@ def _optimise(
                 _accumulate(learner, critic, batch, micro, s, totals, pad_token_id, device, step_sums)
             if rehearsal and s.divergence != "none" and world()[0] == 0:
                 _rehearse(learner, rehearsal, s, pad_token_id, device, step_sums)
+            if expert and s.expert_coef and world()[0] == 0:
+                _imitate(learner, expert, s, pad_token_id, device, step_sums)
             step_sums = defaultdict(float, all_reduce_sums(dict(step_sums)))
             grad_norms.append(learner.step())
             if critic is not None:
@@ -431,6 +444,9 @@ def _summary(sums: dict[str, float], grad_norms: list[float], critic_norms: list
     metrics: dict[str, float] = {}
     tokens, loss_sum = sums.pop("_tokens", 0.0), sums.pop("loss", 0.0)
     div_tokens = sums.pop("_divergence_tokens", 0.0)
+    expert_tokens = sums.pop("_expert_tokens", 0.0)
+    if expert_tokens:  # CHORD: the demonstrations' mean negative log-likelihood
+        metrics["expert/nll"] = sums.pop("expert_nll") / expert_tokens
     for key in [k for k in sums if k.startswith("divergence")]:  # means over the rehearsal tokens
         metrics[key] = sums.pop(key) / div_tokens
     value_loss_sum = sums.pop("value_loss", 0.0)
@@ -467,6 +483,8 @@ def _loss_rows(groups: list[Group], samples: list[Sample], owner: list[int],
     """The per-sample values behind a loss's loop inputs, repeated over each completion token of
     each trained row (``samples``, whose ``owner`` is the group sample they belong to)."""
     rows: dict[str, list[torch.Tensor]] = {}
+    if "offpolicy_BT" in names:
+        rows["offpolicy_BT"] = [torch.full((len(x.completion.token_ids),), float(x.off_policy)) for x in samples]
     wanted = {"correct_BT", "group_accuracy_BT"} & set(names)
     if wanted:
         correct = [[float(is_correct(x, next(iter(x.reward_parts), ""))) for x in g.samples] for g in groups]
@@ -574,6 +592,31 @@ def _rehearse(learner: Learner, rehearsal: list[Sample], s: UpdateSettings, pad_
             sums[key] += float(value) * n
 
 
+def imitation_step(learner: Learner, demos: list[Sample], s: UpdateSettings, *, pad_token_id: int) -> dict[str, float]:
+    """One optimizer step of plain SFT (token-mean NLL) on `demos`: ReLIFT's interleaved fine-tuning."""
+    sums: dict[str, float] = defaultdict(float)
+    learner.model.train()
+    plain = dataclasses.replace(s, expert_coef=1.0, expert_weighting="none")
+    _imitate(learner, demos, plain, pad_token_id, next(learner.model.parameters()).device, sums)
+    grad_norm = learner.step()
+    return {"expert/sft_nll": sums["expert_nll"] / sums["_expert_tokens"], "expert/sft_grad_norm": grad_norm}
+
+
+def _imitate(learner: Learner, expert: list[Sample], s: UpdateSettings, pad_token_id: int,
+             device: torch.device, sums: dict[str, float]) -> None:
+    """Add expert_coef · (token mean of the weighted SFT loss over the demonstrations) to the gradient (CHORD)."""
+    total = float(sum(x.completion.trainable() for x in expert))
+    for micro in _micro_batches(list(range(len(expert))), expert, s.micro_batch_size, s.micro_batch_tokens):
+        batch = collate([expert[i] for i in micro], pad_token_id, device)
+        mask_BT = batch["loss_mask"]
+        logprobs_BT, _ = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"],
+                                        batch["completion_mask"], temperature=s.temperature, chunk_size=s.logprob_chunk)
+        sft_BT = sft_token_loss(logprobs_BT, mask_BT, weighting=s.expert_weighting)
+        (s.expert_coef * aggregate_loss(sft_BT, mask_BT, mode="token-mean", total_tokens=total)).backward()
+        sums["_expert_tokens"] += float(mask_BT.sum())
+        sums["expert_nll"] += float(-(logprobs_BT.detach() * mask_BT).sum())
+
+
 def _accumulate(
     learner: Learner,
     critic: Learner | None,
@@ -598,8 +641,12 @@ def _accumulate(
         inputs["loss_state"] = b.loss_state
     loss_BT, loss_metrics = LOSSES[s.loss](logprobs_BT, old_BT, adv_BT, mask_BT, **s.loss_kwargs, **inputs)
     # The engine's own log-probs of what it sampled, against the learner's before this update.
+    # (a demonstration was not sampled by the engine: it counts as matching, weight 1)
     sampler_BT = _rows([torch.tensor(b.samples[i].completion.logprobs, dtype=torch.float32) for i in micro],
                        list(range(len(micro))), where_BT)
+    demos = torch.tensor([b.samples[i].off_policy for i in micro], device=where_BT.device)
+    if demos.any():
+        sampler_BT = torch.where(demos[:, None], old_BT, sampler_BT)
     weights_BT, is_metrics = CORRECTIONS[s.offpolicy](old_BT, sampler_BT, mask_BT, **s.offpolicy_kwargs)
     loss_BT = loss_BT * weights_BT
     loss_metrics = {**loss_metrics, **is_metrics, **mismatch_metrics(old_BT, sampler_BT, mask_BT)}
@@ -610,6 +657,8 @@ def _accumulate(
     if s.entropy_coef:
         loss_BT = loss_BT - s.entropy_coef * entropy_BT
     loss = aggregate_loss(loss_BT, mask_BT, mode=s.aggregation, max_tokens=s.max_tokens, **totals)
+    if s.expert_coef:  # CHORD: (1 − μ) of the RL loss; the SFT term is added by _imitate
+        loss = loss * (1 - s.expert_coef)
     loss.backward()
     n = float(mask_BT.sum())
     if critic is not None and b.values is not None and b.returns is not None:
