@@ -33,9 +33,9 @@ def close(actual: torch.Tensor, expected: object, atol: float = 1e-9) -> None:
 def test_registries() -> None:
     assert ESTIMATORS["grpo"] is group_advantages
     assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo", "remax", "stratified",
-                               "global_pool", "gae"}
+                               "global_pool", "gae", "rft"}
     assert LOSSES["ppo_clip"] is ppo_clip_loss
-    assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd", "bapo", "rec", "r2vpo", "nft"}
+    assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd", "bapo", "rec", "r2vpo", "nft", "luffy"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
     assert set(DIVERGENCES) == {"forward_kl", "js"}
     assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")

@@ -211,3 +211,16 @@ def test_sft_and_dpo_say_what_is_missing(tiny_dir: Path, tmp_path: Path) -> None
     with pytest.raises(ValueError, match="set dpo.data"):
         dpo(load_config(None, overrides(tiny_dir, tmp_path, "y")), quiet=True)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+@pytest.mark.parametrize(("config", "run"), [("sft", "sft"), ("rlp", "train")])
+def test_the_pipeline_configs_run_on_the_tiny_model(tiny_dir: Path, tmp_path: Path, config: str, run: str) -> None:
+    from rlvr.train.loop import train
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / f"configs/{config}.toml", [
+        f'model="{tiny_dir}"', f'output_dir="{tmp_path}"', "train.steps=1", "train.prompts_per_step=2",
+        "algo.group_size=2", "sampling.max_new_tokens=8", "task.eval_size=2", "sft.task_examples=4", "sft.epochs=1",
+        f'task.path="{root / "configs/data/corpus.txt"}"' if config == "rlp" else "task.size=20"])
+    summary = (sft if run == "sft" else train)(cfg, quiet=True)
+    assert summary["steps"] == 1 and read_metrics(tmp_path / cfg.name)[0]["grad_norm"] > 0
