@@ -71,6 +71,22 @@ def test_cli_train_writes_a_run_and_refuses_to_overwrite_it(
     assert "already exists" in capsys.readouterr().err
 
 
+def test_cli_sft_and_dpo_run_and_resume(tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = [f"model={tiny_dir}", f"output_dir={tmp_path}", "task.size=10", "task.eval_size=2",
+              "sampling.max_new_tokens=4"]
+    assert main(["sft", *common, "name=s", "sft.task_examples=4", "sft.batch_size=1", "sft.pack=false"]) == 0
+    capsys.readouterr()
+    assert main(["sft", *common, "name=s", "sft.task_examples=4"]) == 2
+    assert "already exists; resume it with `rlvr sft --resume" in capsys.readouterr().err
+    assert main(["sft", "--resume", str(tmp_path / "s"), "sft.epochs=2"]) == 0  # one more pass
+    assert (tmp_path / "s" / "checkpoints" / "step_000008").is_dir()
+    assert main(["dpo", *common, "name=d"]) == 2
+    assert "set dpo.data" in capsys.readouterr().err
+    # the SFT run as the next stage's model: online DPO from it
+    assert main(["dpo", *common, f"model={tmp_path / 's'}", "name=d", "dpo.online=true", "train.steps=1",
+                 "train.prompts_per_step=2", "algo.group_size=2"]) == 0
+
+
 def test_sample_prints_completions(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sample", "--model", str(tiny_dir), "--max-new-tokens", "4", "-n", "2", "--json", "2 + 2 ="]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
