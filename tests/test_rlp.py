@@ -106,3 +106,14 @@ def test_an_rlp_run_trains_thoughts_and_resumes_exactly(tiny_dir: Path, tmp_path
         assert b["reward"] == pytest.approx(a["reward"], abs=1e-5) and b["loss"] == pytest.approx(a["loss"], abs=1e-5)
     with pytest.raises(ValueError, match="pairs task.source"):
         load_config(None, [*overrides(tiny_dir, tmp_path, "x"), 'rewards=[{fn = "information_gain"}]'])
+
+
+def test_the_summary_line_shows_the_held_out_reward_when_accuracy_says_nothing() -> None:
+    from rlvr.train.loop import summary_line
+
+    zero = {"eval_before": {"eval/accuracy": 0.0, "eval/reward": -13.4}, "eval_after": {"eval/accuracy": 0.0,
+                                                                                    "eval/reward": -12.1}}
+    assert "held-out reward -13.400 → -12.100" in summary_line(zero)
+    some = {"eval_before": {"eval/accuracy": 0.25, "eval/reward": 0.3}, "eval_after": {"eval/accuracy": 0.5,
+                                                                                   "eval/reward": 0.6}}
+    assert "held-out accuracy 25.0% → 50.0%" in summary_line(some)

@@ -757,7 +757,11 @@ def summary_line(summary: dict[str, Any]) -> str:
         parts.append(f"reward {summary['reward_start']:.3f} → {summary['reward_end']:.3f}")
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     if "eval/accuracy" in before and "eval/accuracy" in after:
-        parts.append(f"held-out accuracy {before['eval/accuracy']:.1%} → {after['eval/accuracy']:.1%}")
+        if before["eval/accuracy"] == after["eval/accuracy"] == 0 and "eval/reward" in before:
+            # a reward that is not pass/fail (RLP's information gain): its mean says more
+            parts.append(f"held-out reward {before['eval/reward']:.3f} → {after['eval/reward']:.3f}")
+        else:
+            parts.append(f"held-out accuracy {before['eval/accuracy']:.1%} → {after['eval/accuracy']:.1%}")
     parts.append(f"{summary.get('steps', 0)} steps in {summary.get('seconds', 0):.0f}s")
     parts.append(f"run: {summary.get('run_dir')}")
     return "done: " + " | ".join(parts)
