@@ -351,18 +351,28 @@ def dpo(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overr
     pairs, stats = preference_data(cfg, tokenizer)
     total = math.ceil(len(pairs) / d.batch_size) * d.epochs
     run, start = open_run(cfg, resume=resume, overrides=overrides, quiet=quiet, command="dpo", optimizer_steps=total)
-    ref_model = _reference(run)
     as_tuples = [(p.chosen, p.rejected) for p in pairs]
-    c = cfg.train
-    ref_P2 = reference_logprobs(ref_model, as_tuples, run.engine.pad_token_id, c.logprob_chunk, _max_tokens(cfg))
-    del ref_model  # the reference is needed only for these numbers
+    ref_P2 = torch.zeros(len(pairs), 2)
+
+    def score_reference(progress: ConsoleProgress) -> None:
+        """The reference's log-probs of every pair, once; then the reference is freed."""
+        done = 0
+
+        def advance(n: int) -> None:
+            nonlocal done
+            done += n
+            progress.status(f"reference log-probs {done}/{len(pairs)} pairs")
+
+        advance(0)
+        ref_P2[:] = reference_logprobs(_reference(run), as_tuples, run.engine.pad_token_id, cfg.train.logprob_chunk,
+                                       _max_tokens(cfg), advance)
 
     def offline_step(k: int) -> tuple[dict[str, Any], list[Group]]:
         items, epoch = _step_items(len(pairs), d.batch_size, cfg.seed, k)
         return dpo_step(run, [as_tuples[i] for i in items], ref_P2[items]) | {"epoch": float(epoch)}, []
 
     return _fit(run, start, total, offline_step, quiet=quiet, command="dpo", live=DPO_LIVE, evaluate_too=True,
-                data=stats)
+                data=stats, prepare=score_reference)
 
 
 def _reference(run: Run) -> Any:
@@ -374,10 +384,11 @@ def _reference(run: Run) -> Any:
 
 def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[str, Any], list[Group]]], *,
          quiet: bool, command: str, live: dict[str, tuple[str, str]], evaluate_too: bool,
-         data: dict[str, int]) -> dict[str, Any]:
+         data: dict[str, int], prepare: Callable[[ConsoleProgress], None] | None = None) -> dict[str, Any]:
     """The step loop shared by SFT and DPO: held-out evaluation before and after, metrics and
     samples to the run directory, checkpoints (at step 0, every checkpoint_every steps, at the
-    end, on Ctrl-C), and the summary."""
+    end, on Ctrl-C), and the summary. `prepare` runs once before the first step, inside the
+    progress display."""
     cfg = run.cfg
     summary_path = run.dir / "summary.json"
     summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -394,6 +405,8 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
                 progress.status("evaluating (before)")
                 summary["eval_before"] = evaluate(run)
                 summary_path.write_text(json.dumps(summary, indent=2))
+            if prepare is not None and start < total:  # e.g. DPO's reference log-probs, with a status line
+                prepare(progress)
             for k in range(start + 1, total + 1):
                 t0 = time.perf_counter()
                 metrics, groups = step_fn(k)
