@@ -46,7 +46,7 @@ def test_bad_chat_rows_are_named(tiny_tokenizer: Tokenizer, tmp_path: Path) -> N
 
     path = tmp_path / "chats.jsonl"
     path.write_text('{"prompt": "a", "completion": "b"}\n\nnot json\n')
-    with pytest.raises(ChatDataError, match=r"chats.jsonl:3: not valid JSON"):
+    with pytest.raises(ValueError, match=r"chats.jsonl:3: invalid JSON"):
         read_rows(path)
     with pytest.raises(ChatDataError, match=r"x.jsonl:7: message 0 must be"):
         messages_of({"messages": [{"role": "robot", "content": "hi"}]}, "x.jsonl:7")

@@ -17,10 +17,11 @@ far). A malformed row is an error that names its file and line.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rlvr.data.tasks import read_json_row
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -46,17 +47,8 @@ def read_rows(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     p = Path(path)
     if not p.is_file():
         raise ChatDataError(f"{p}: no such file")
-    rows = []
-    for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ChatDataError(f"{p}:{number}: not valid JSON ({err.msg})") from err
-        if not isinstance(row, dict):
-            raise ChatDataError(f"{p}:{number}: expected a JSON object, got {type(row).__name__}")
-        rows.append((number, row))
+    rows = [(number, read_json_row(line, f"{p}:{number}"))
+            for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
     if not rows:
         raise ChatDataError(f"{p}: no rows")
     return rows

@@ -11,7 +11,6 @@ gives the same examples every run. Each cut has at least ``min_context_words`` w
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from pathlib import Path
@@ -27,15 +26,11 @@ def read_documents(path: str | Path, column: str = "text") -> list[str]:
     if not p.is_file():
         raise FileNotFoundError(f"text corpus not found: {p}")
     if p.suffix == ".jsonl":
+        from rlvr.data.chat import read_rows
+
         docs = []
-        for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{p}:{number}: not valid JSON ({err.msg})") from err
-            if not isinstance(row, dict) or not isinstance(row.get(column), str):
+        for number, row in read_rows(p):
+            if not isinstance(row.get(column), str):
                 raise ValueError(f"{p}:{number}: needs a string column {column!r}")
             docs.append(row[column])
     else:

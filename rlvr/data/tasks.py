@@ -124,7 +124,8 @@ def reasoning_gym_mixture(
     return [pool[i] for i in order]
 
 
-def _read_row(line: str, where: str) -> dict[str, Any]:
+def read_json_row(line: str, where: str) -> dict[str, Any]:
+    """One JSONL line as a dict; anything else is an error naming `where` (file:line)."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -150,7 +151,7 @@ def jsonl_examples(
     if not path.is_file():
         raise FileNotFoundError(f"JSONL prompt file not found: {path}")
     with path.open(encoding="utf-8") as f:
-        rows = [(f"{path}:{n}", _read_row(line, f"{path}:{n}")) for n, line in enumerate(f, start=1) if line.strip()]
+        rows = [(f"{path}:{n}", read_json_row(line, f"{path}:{n}")) for n, line in enumerate(f, start=1) if line.strip()]
     return _examples(rows, str(path), prompt_column, answer_column, instruction)
 
 

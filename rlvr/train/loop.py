@@ -660,6 +660,15 @@ class Interrupted(KeyboardInterrupt):
     """Training stopped on request after a checkpoint was saved."""
 
 
+def stop_if_requested(run: Run, step: int, stop: GracefulStop, progress: ConsoleProgress,
+                      command: str = "train") -> None:
+    """After a step: on a first Ctrl-C, save it and stop, saying how to resume."""
+    if stop.requested:
+        save(run, step)
+        progress.print(f"stopped: saved step {step}; resume with `rlvr {command} --resume {run.dir}`")
+        raise Interrupted
+
+
 def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
     cfg = run.cfg
     summary_path = run.dir / "summary.json"
@@ -699,10 +708,7 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
                     for row in sample_rows(step, groups):
                         samples_sink.write(row)
                 progress.step(step, metrics)
-                if stop.requested:
-                    save(run, step)
-                    progress.print(f"stopped: saved step {step}; resume with `rlvr train --resume {run.dir}`")
-                    raise Interrupted
+                stop_if_requested(run, step, stop, progress)
                 if budget is not None and spent >= budget and step < cfg.train.steps:
                     last = step
                     summary["stopped_by_budget"] = {"step": step, "minutes": spent / 60}
@@ -755,6 +761,8 @@ def summary_line(summary: dict[str, Any]) -> str:
     parts = []
     if "reward_start" in summary:
         parts.append(f"reward {summary['reward_start']:.3f} → {summary['reward_end']:.3f}")
+    if "loss_start" in summary:  # rlvr sft, rlvr dpo
+        parts.append(f"loss {summary['loss_start']:.3f} → {summary['loss_end']:.3f}")
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     if "eval/accuracy" in before and "eval/accuracy" in after:
         if before["eval/accuracy"] == after["eval/accuracy"] == 0 and "eval/reward" in before:

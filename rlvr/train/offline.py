@@ -42,7 +42,8 @@ from rlvr.log.sinks import ConsoleProgress, JsonlSink, read_jsonl
 from rlvr.models import load_model, load_tokenizer, resolve_device, resolve_dtype
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.logprobs import token_logprobs
-from rlvr.train.loop import (GracefulStop, Interrupted, Run, _observe, collect, evaluate, open_run, sample_rows, save)
+from rlvr.train.loop import (GracefulStop, Run, _observe, collect, evaluate, open_run, sample_rows, save,
+                             stop_if_requested, summary_line)
 from rlvr.train.rollouts import group_metrics
 from rlvr.types import Group
 
@@ -421,10 +422,7 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
                     for row in sample_rows(k, groups):
                         samples_sink.write(row)
                 progress.step(k, metrics)
-                if stop.requested:
-                    save(run, k)
-                    progress.print(f"stopped: saved step {k}; resume with `rlvr {command} --resume {run.dir}`")
-                    raise Interrupted
+                stop_if_requested(run, k, stop, progress, command)
                 if cfg.checkpoint_every and k % cfg.checkpoint_every == 0 and k < total:
                     progress.status("checkpointing")
                     save(run, k)
@@ -443,17 +441,5 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
         k = max(1, min(3, len(losses) // 3))
         summary |= {"loss_start": statistics.fmean(losses[:k]), "loss_end": statistics.fmean(losses[-k:])}
     summary_path.write_text(json.dumps(summary, indent=2))
-    progress.print(offline_summary_line(summary))
+    progress.print(summary_line(summary))
     return summary
-
-
-def offline_summary_line(summary: dict[str, Any]) -> str:
-    parts = []
-    if "loss_start" in summary:
-        parts.append(f"loss {summary['loss_start']:.3f} → {summary['loss_end']:.3f}")
-    before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
-    if "eval/accuracy" in before and "eval/accuracy" in after:
-        parts.append(f"held-out accuracy {before['eval/accuracy']:.1%} → {after['eval/accuracy']:.1%}")
-    parts.append(f"{summary.get('steps', 0)} steps in {summary.get('seconds', 0):.0f}s")
-    parts.append(f"run: {summary.get('run_dir')}")
-    return "done: " + " | ".join(parts)
