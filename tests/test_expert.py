@@ -74,6 +74,16 @@ def test_luffy_mixes_a_demonstration_into_every_group(tiny_dir: Path, tmp_path: 
     assert len(experts) == 2 * 4 and len(samples) == 2 * 4 * 5  # one per group of 4 policy samples
     assert all(" = " in s["completion"] for s in experts)
     assert rows[0]["response_length"] <= 8  # metrics count the policy's own samples only (max_new_tokens 8)
+    # the sampler observes the policy's own groups, with one advantage per own sample
+    from rlvr.train.loop import train_step
+
+    (tmp_path / "spy").mkdir()
+    run = setup(load_config(None, [*overrides(tiny_dir, tmp_path, "spy"), *extra]), tmp_path / "spy")
+    seen: list = []
+    run.sampler.observe = seen.extend
+    _, groups = train_step(run, 1)
+    assert [len(g.samples) for g in seen] == [4] * 4 and [len(g.samples) for g in groups] == [5] * 4
+    assert all(len(g.metadata["advantages"]) == len(g.samples) for g in seen + groups)
     with pytest.raises(ValueError, match="go together"):
         load_config(None, [*overrides(tiny_dir, tmp_path, "x"), 'expert.mode="luffy"'])
 

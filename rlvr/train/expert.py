@@ -56,8 +56,19 @@ def step_demonstrations(run: Any, groups: list[Group]) -> list[Sample]:
 
 
 def mix_in(run: Any, groups: list[Group]) -> list[Group]:
-    """LUFFY: every group with its demonstration appended."""
-    return [replace(g, samples=(*g.samples, d)) for g, d in zip(groups, step_demonstrations(run, groups))]
+    """LUFFY: every group with its demonstration appended (and a metadata dict of its own, so the
+    update's per-sample entries do not spill into the policy's own group)."""
+    return [replace(g, samples=(*g.samples, d), metadata=dict(g.metadata))
+            for g, d in zip(groups, step_demonstrations(run, groups))]
+
+
+def own_share(own: list[Group], mixed: list[Group]) -> None:
+    """LUFFY, after the update: each of the policy's own groups gets the per-sample entries
+    (advantages, mask reasons) of its own samples, the first ones of its mixed group."""
+    for o, m in zip(own, mixed):
+        for key in ("advantages", "masked"):
+            if key in m.metadata:
+                o.metadata[key] = m.metadata[key][: len(o.samples)]
 
 
 def chord_settings(run: Any, step: int) -> Any:

@@ -54,7 +54,7 @@ from rlvr.train.rehearsal import FILE as REHEARSAL_FILE
 from rlvr.train.rehearsal import Rehearsal, screen_order
 from rlvr.train.rollouts import generate_groups, group_metrics, is_correct
 from rlvr.train import rlp
-from rlvr.train.expert import Relift, chord_settings, demonstration, mix_in, step_demonstrations
+from rlvr.train.expert import Relift, chord_settings, demonstration, mix_in, own_share, step_demonstrations
 from rlvr.train.update import (
     UpdateSettings,
     imitation_step,
@@ -289,6 +289,8 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
                            expert=demos)
     if mode == "chord":
         update["expert/mu"] = settings.expert_coef
+    elif mode == "luffy":  # the sampler observes the policy's own samples, with their advantages
+        own_share(own, groups)
     if run.kl is not None and "kl_reward" in update:
         run.kl.update(update["kl_reward"], n=sum(len(g.samples) for g in groups))
     if run.ema is not None:  # RLP's no-think baseline follows the policy slowly
