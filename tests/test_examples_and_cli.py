@@ -75,7 +75,9 @@ def test_cli_sft_and_dpo_run_and_resume(tiny_dir: Path, tmp_path: Path, capsys: 
     common = [f"model={tiny_dir}", f"output_dir={tmp_path}", "task.size=10", "task.eval_size=2",
               "sampling.max_new_tokens=4"]
     assert main(["sft", *common, "name=s", "sft.task_examples=4", "sft.batch_size=1", "sft.pack=false"]) == 0
-    capsys.readouterr()
+    assert "4 conversations" in capsys.readouterr().err  # the data and the steps it makes, said up front
+    assert main(["sft", *common, "name=packed", "sft.task_examples=4"]) == 0
+    assert "note: only 1 optimizer step per epoch" in capsys.readouterr().err
     assert main(["sft", *common, "name=s", "sft.task_examples=4"]) == 2
     assert "already exists; resume it with `rlvr sft --resume" in capsys.readouterr().err
     assert main(["sft", "--resume", str(tmp_path / "s"), "sft.epochs=2"]) == 0  # one more pass

@@ -314,7 +314,23 @@ def sft(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overr
         return sft_step(run, [data.rows[i] for i in items]) | {"epoch": float(epoch)}, []
 
     return _fit(run, start, total, step, quiet=quiet, command="sft", live=SFT_LIVE, evaluate_too=s.eval,
-                data=data.stats)
+                data=data.stats, headline=_sft_headline(data.stats, cfg, total // s.epochs))
+
+
+def _sft_headline(st: dict[str, int], cfg: RunConfig, per_epoch: int) -> str:
+    """What `rlvr sft` says before its first step: the data, the steps it makes, and what to check."""
+    s = cfg.sft
+    steps = f"{per_epoch} step{'s' if per_epoch > 1 else ''}"
+    packed = f" packed to at most {s.max_length} tokens" if s.pack else ""
+    lines = [f"{st['conversations']} conversations ({st['trained_tokens']} trained tokens) in {st['rows']} rows{packed}: "
+             f"{steps} per epoch of {s.batch_size} rows, {s.epochs} epochs"]
+    if per_epoch < 4:  # a small set packs into a few long rows
+        lines.append(f"note: only {steps.replace('step', 'optimizer step')} per epoch; lower sft.batch_size or "
+                     "sft.max_length for more, smaller steps")
+    if st["truncated"] or st["dropped"]:
+        lines.append(f"note: {st['truncated']} conversations cut at sft.max_length = {s.max_length}, "
+                     f"{st['dropped']} dropped (no assistant token left)")
+    return "\n".join(lines)
 
 
 def dpo(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overrides: tuple[str, ...] = (),
@@ -385,7 +401,8 @@ def _reference(run: Run) -> Any:
 
 def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[str, Any], list[Group]]], *,
          quiet: bool, command: str, live: dict[str, tuple[str, str]], evaluate_too: bool,
-         data: dict[str, int], prepare: Callable[[ConsoleProgress], None] | None = None) -> dict[str, Any]:
+         data: dict[str, int], prepare: Callable[[ConsoleProgress], None] | None = None,
+         headline: str | None = None) -> dict[str, Any]:
     """The step loop shared by SFT and DPO: held-out evaluation before and after, metrics and
     samples to the run directory, checkpoints (at step 0, every checkpoint_every steps, at the
     end, on Ctrl-C), and the summary. `prepare` runs once before the first step, inside the
@@ -400,6 +417,8 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
     metrics_sink, samples_sink = JsonlSink(run.dir / "metrics.jsonl"), JsonlSink(run.dir / "samples.jsonl")
     try:
         with progress, GracefulStop(progress) as stop:
+            if headline:
+                progress.print(headline)
             if start == 0 and ckpt.latest_checkpoint(run.dir) is None:
                 save(run, 0)
             if evaluate_too and start == 0 and "eval_before" not in summary:
