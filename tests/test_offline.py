@@ -224,3 +224,13 @@ def test_the_pipeline_configs_run_on_the_tiny_model(tiny_dir: Path, tmp_path: Pa
         f'task.path="{root / "configs/data/corpus.txt"}"' if config == "rlp" else "task.size=20"])
     summary = (sft if run == "sft" else train)(cfg, quiet=True)
     assert summary["steps"] == 1 and read_metrics(tmp_path / cfg.name)[0]["grad_norm"] > 0
+
+
+def test_sft_trains_a_lora_adapter_and_saves_the_merged_model(tiny_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "lora-sft"), "lora.rank=4", "sft.task_examples=4",
+                             "sft.batch_size=2", "sft.pack=false", "sft.epochs=2", "train.lr=1e-2"])
+    summary = sft(cfg, quiet=True)
+    final = tmp_path / "lora-sft" / "checkpoints" / "step_000004"
+    assert summary["loss_end"] < summary["loss_start"]
+    assert (final / "adapter").is_dir() and (final / "model.safetensors").is_file()
