@@ -125,10 +125,12 @@ def resolve_device(name: str) -> torch.device:
 
 def run_checkpoint(run_dir: Path) -> Path:
     """A run directory's latest complete checkpoint (the model a later stage starts from)."""
-    done = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if (p / "trainer_state.pt").is_file())
-    if not done:
+    from rlvr.train.checkpoint import latest_checkpoint  # the checkpoint layout belongs to train
+
+    last = latest_checkpoint(run_dir)
+    if last is None:
         raise FileNotFoundError(f"run directory {run_dir} has no checkpoint yet")
-    return done[-1]
+    return last
 
 
 def resolve_model_path(spec: str) -> str:

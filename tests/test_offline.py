@@ -15,7 +15,8 @@ from rlvr.algos.supervised import dpo_loss, sft_token_loss
 from rlvr.config import load_config
 from rlvr.data.chat import ChatDataError, Tokenized, pack, preference_pair, tokenize_chat
 from rlvr.data.tasks import render_prompt
-from rlvr.train.offline import _logprobs, best_and_worst, dpo, packed_batch, sft
+from rlvr.train.logprobs import packed_batch, packed_logprobs
+from rlvr.train.offline import best_and_worst, dpo, sft
 from rlvr.types import Completion, Group, Sample
 from tests.test_train import overrides, read_metrics
 from tests.tiny import EOS_ID, make_tiny_model
@@ -68,8 +69,8 @@ def test_a_packed_row_computes_what_separate_rows_do(tiny_model: LlamaForCausalL
     b = Tokenized(tuple(range(40, 45)), (0, 0, 1, 1, 1))
     separate = packed_batch([[a], [b]], 0, torch.device("cpu"))
     packed = packed_batch([[a, b]], 0, torch.device("cpu"))
-    lp_sep = _logprobs(tiny_model, separate, 64)
-    lp_packed = _logprobs(tiny_model, packed, 64)
+    lp_sep = packed_logprobs(tiny_model, separate, 64)
+    lp_packed = packed_logprobs(tiny_model, packed, 64)
     assert int(packed["target"].sum()) == 7 and packed["position_ids"][0].tolist() == [*range(7), *range(5)]
     torch.testing.assert_close(lp_packed[0, :7], lp_sep[0, :7], atol=1e-5, rtol=0)
     torch.testing.assert_close(lp_packed[0, 7:], lp_sep[1, :5], atol=1e-5, rtol=0)
@@ -129,7 +130,7 @@ def _mean_answer_logprob(model: LlamaForCausalLM, tokenizer: Tokenizer, path: Pa
 
     rows = [tokenize_chat(tokenizer, messages_of(r, "x"), eos_token_ids={EOS_ID}) for _, r in read_rows(path)]
     batch = packed_batch([[t] for t in rows], 0, torch.device("cpu"))
-    lp = _logprobs(model, batch, 64)
+    lp = packed_logprobs(model, batch, 64)
     return float(lp.sum() / batch["target"].sum())
 
 

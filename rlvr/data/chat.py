@@ -79,7 +79,8 @@ def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: b
     return str(tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False))
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of `text` without special tokens (a piece of an already-rendered sequence)."""
     return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]] if text else []
 
 
@@ -100,7 +101,7 @@ def tokenize_chat(tokenizer: Any, messages: list[dict[str, str]], *, eos_token_i
             if not header.startswith(done):
                 raise ChatDataError("the chat template does not render a conversation as a prefix of its "
                                     "continuation, so assistant turns cannot be located")
-            piece = _encode(tokenizer, header[len(done):])
+            piece = encode_text(tokenizer, header[len(done):])
             ids += piece
             mask += [0] * len(piece)
             done = header
@@ -108,7 +109,7 @@ def tokenize_chat(tokenizer: Any, messages: list[dict[str, str]], *, eos_token_i
         if not text.startswith(done):
             raise ChatDataError("the chat template does not render a conversation as a prefix of its "
                                 "continuation, so assistant turns cannot be located")
-        piece = _encode(tokenizer, text[len(done):])
+        piece = encode_text(tokenizer, text[len(done):])
         trained = message["role"] == "assistant" and (train_turns == "all" or k == last)
         turn_mask = [1 if trained else 0] * len(piece)
         if trained:  # stop training after the end-of-turn token

@@ -10,9 +10,12 @@ of probabilities) exists at a time, forward or backward.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import PreTrainedModel
 
+from rlvr.data.chat import Tokenized
 from rlvr.lora import causal_lm
 
 
@@ -124,3 +127,35 @@ def token_logprobs(
     logprobs_BT = torch.zeros(shape, dtype=torch.float32, device=input_ids_BT.device).masked_scatter(full_mask, logprobs_N)
     entropy_BT = torch.zeros(shape, dtype=torch.float32, device=input_ids_BT.device).masked_scatter(full_mask, entropy_N)
     return logprobs_BT, entropy_BT
+
+
+def packed_batch(rows: list[list[Tokenized]], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Rows of one or more sequences each, right-padded: input ids, a [B, 1, T, T] boolean mask
+    (causal within each sequence, nothing across), positions restarting at 0 for each sequence,
+    the trained-token mask, and which sequence of its row each token is (-1 = padding)."""
+    width = max(sum(len(t.ids) for t in row) for row in rows)
+    shape = (len(rows), width)
+    ids = torch.full(shape, pad_token_id, dtype=torch.long)
+    target = torch.zeros(shape, dtype=torch.bool)
+    pos = torch.zeros(shape, dtype=torch.long)
+    seg = torch.full(shape, -1, dtype=torch.long)
+    for b, row in enumerate(rows):
+        offset = 0
+        for k, t in enumerate(row):
+            n = len(t.ids)
+            ids[b, offset : offset + n] = torch.tensor(t.ids)
+            target[b, offset : offset + n] = torch.tensor(t.mask, dtype=torch.bool)
+            target[b, offset] = False  # a sequence's first token is predicted by nothing of its own
+            pos[b, offset : offset + n] = torch.arange(n)
+            seg[b, offset : offset + n] = k
+            offset += n
+    same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)
+    attend = (same & torch.ones(width, width, dtype=torch.bool).tril()) | torch.eye(width, dtype=torch.bool)
+    return {"input_ids": ids.to(device), "attention_mask": attend[:, None].to(device), "position_ids": pos.to(device),
+            "target": target.to(device), "segment": seg.to(device)}
+
+
+def packed_logprobs(model: Any, batch: dict[str, torch.Tensor], chunk: int) -> torch.Tensor:
+    """Log-probs of a `packed_batch`'s trained tokens (0 elsewhere)."""
+    return token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["target"],
+                          chunk_size=chunk, position_ids_BT=batch["position_ids"])[0]

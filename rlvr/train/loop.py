@@ -426,12 +426,12 @@ def score_intrinsic(model: Any, groups: list[Group], rewards: list[RewardFn], s:
                     pad_token_id: int) -> list[Group]:
     """Fill in the intrinsic rewards (rlvr.rewards.intrinsic) with one no-gradient pass of the
     policy over the completions, and add them to each sample's total."""
-    if not any(r.intrinsic and r.fn is not rlp.information_gain for r in rewards):
+    intrinsic = [r for r in rewards if r.intrinsic and r.fn is not rlp.information_gain]  # RLP's: rlp.score_groups
+    if not intrinsic:
         return groups
     samples = [x for g in groups for x in g.samples]
     certainty, negative_entropy = score_certainty(model, samples, pad_token_id, temperature=s.temperature,
                                                   micro_batch_size=s.micro_batch_size, chunk_size=s.logprob_chunk)
-    intrinsic = [r for r in rewards if r.intrinsic and r.fn is not rlp.information_gain]  # RLP's: rlp.score_groups
     out, k = [], 0
     for g in groups:
         scored = []

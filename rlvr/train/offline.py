@@ -41,7 +41,7 @@ from rlvr.lora import merged_state_dict
 from rlvr.log.sinks import ConsoleProgress, JsonlSink, read_jsonl
 from rlvr.models import load_model, load_tokenizer, resolve_device, resolve_dtype
 from rlvr.train import checkpoint as ckpt
-from rlvr.train.logprobs import token_logprobs
+from rlvr.train.logprobs import packed_batch, packed_logprobs
 from rlvr.train.loop import (GracefulStop, Run, _observe, collect, evaluate, open_run, sample_rows, save,
                              stop_if_requested, summary_line)
 from rlvr.train.rollouts import group_metrics
@@ -53,37 +53,6 @@ DPO_LIVE = {"loss": ("loss", "{:.3f}"), "preference_accuracy": ("pref-acc", "{:.
 
 
 # ---------------------------------------------------------------- batches
-
-def packed_batch(rows: list[list[Tokenized]], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Rows of one or more sequences each, right-padded: input ids, a [B, 1, T, T] boolean mask
-    (causal within each sequence, nothing across), positions restarting at 0 for each sequence,
-    the trained-token mask, and which sequence of its row each token is (-1 = padding)."""
-    width = max(sum(len(t.ids) for t in row) for row in rows)
-    shape = (len(rows), width)
-    ids = torch.full(shape, pad_token_id, dtype=torch.long)
-    target = torch.zeros(shape, dtype=torch.bool)
-    pos = torch.zeros(shape, dtype=torch.long)
-    seg = torch.full(shape, -1, dtype=torch.long)
-    for b, row in enumerate(rows):
-        offset = 0
-        for k, t in enumerate(row):
-            n = len(t.ids)
-            ids[b, offset : offset + n] = torch.tensor(t.ids)
-            target[b, offset : offset + n] = torch.tensor(t.mask, dtype=torch.bool)
-            target[b, offset] = False  # a sequence's first token is predicted by nothing of its own
-            pos[b, offset : offset + n] = torch.arange(n)
-            seg[b, offset : offset + n] = k
-            offset += n
-    same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)
-    attend = (same & torch.ones(width, width, dtype=torch.bool).tril()) | torch.eye(width, dtype=torch.bool)
-    return {"input_ids": ids.to(device), "attention_mask": attend[:, None].to(device), "position_ids": pos.to(device),
-            "target": target.to(device), "segment": seg.to(device)}
-
-
-def _logprobs(model: Any, batch: dict[str, torch.Tensor], chunk: int) -> torch.Tensor:
-    return token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["target"],
-                          chunk_size=chunk, position_ids_BT=batch["position_ids"])[0]
-
 
 def _micro_batches(rows: list[list[Tokenized]], max_tokens: int) -> Iterator[list[list[Tokenized]]]:
     """Consecutive rows whose padded size (rows × longest row) stays within max_tokens (one row at least)."""
@@ -127,7 +96,7 @@ class SFTData:
 
 def sft_data(cfg: RunConfig, tokenizer: Any) -> SFTData:
     s = cfg.sft
-    eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    eos = _eos_ids(tokenizer)
     convs: list[Tokenized] = []
     truncated = dropped = 0
     for where, messages in _conversations(cfg):
@@ -147,6 +116,11 @@ def sft_data(cfg: RunConfig, tokenizer: Any) -> SFTData:
         else [[t] for t in convs]
     return SFTData(rows, {"conversations": len(convs), "truncated": truncated, "dropped": dropped, "rows": len(rows),
                           "trained_tokens": sum(t.trained for t in convs)})
+
+
+def _eos_ids(tokenizer: Any) -> set[int]:
+    """The end-of-turn token that closes a trained answer (the tokenizer's EOS)."""
+    return {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
 
 
 def _conversations(cfg: RunConfig) -> Iterator[tuple[str, list[dict[str, str]]]]:
@@ -177,7 +151,7 @@ def preference_data(cfg: RunConfig, tokenizer: Any) -> tuple[list[PreferencePair
     d = cfg.dpo
     if not d.data:
         raise ValueError("rlvr dpo needs preference pairs: set dpo.data to a JSONL file, or dpo.online = true")
-    eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    eos = _eos_ids(tokenizer)
     pairs, truncated, outside = [], 0, 0
     for number, row in read_rows(d.data):
         where = f"{d.data}:{number}"
@@ -209,7 +183,7 @@ def sft_step(run: Run, rows: list[list[Tokenized]]) -> dict[str, float]:
     nll = 0.0
     for micro in _micro_batches(rows, _max_tokens(cfg)):
         batch = packed_batch(micro, run.engine.pad_token_id, device)
-        logprobs_BT = _logprobs(learner.model, batch, cfg.train.logprob_chunk)
+        logprobs_BT = packed_logprobs(learner.model, batch, cfg.train.logprob_chunk)
         loss = sft_token_loss(logprobs_BT, batch["target"], weighting=cfg.sft.weighting).sum() / total
         loss.backward()
         nll += float(-(logprobs_BT.detach() * batch["target"]).sum())
@@ -232,7 +206,7 @@ def sequence_logprobs(model: Any, pairs: list[tuple[Tokenized, Tokenized]], pad_
             end, width = end + 1, n
         rows = [[t] for c, r in pairs[start:end] for t in (c, r)]
         batch = packed_batch(rows, pad_token_id, device)
-        seq_B = (_logprobs(model, batch, chunk) * batch["target"]).sum(-1)
+        seq_B = (packed_logprobs(model, batch, chunk) * batch["target"]).sum(-1)
         yield start, end, seq_B[0::2], seq_B[1::2]
         start = end
 

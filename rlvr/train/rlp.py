@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
+from rlvr.data.chat import Tokenized, encode_text
 from rlvr.lora import merged_state_dict
-from rlvr.train.logprobs import token_logprobs
+from rlvr.train.logprobs import packed_batch, packed_logprobs
 from rlvr.types import Group
 
 INFORMATION_GAIN = "information_gain"
@@ -43,11 +44,7 @@ def prompt_ids(tokenizer: Any, context: str, think_open: str) -> list[int]:
     """The engine's prompt for a cut: the raw context (with the tokenizer's BOS, if it adds one),
     then the thought's opening marker. Tokenized in two pieces, so the context's own tokens are
     exactly those the no-think baseline scores."""
-    return [int(i) for i in tokenizer(context)["input_ids"]] + _encode(tokenizer, think_open)
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]] if text else []
+    return [int(i) for i in tokenizer(context)["input_ids"]] + encode_text(tokenizer, think_open)
 
 
 @torch.no_grad()
@@ -57,18 +54,8 @@ def _target_logprob(model: Any, rows: list[tuple[list[int], int]], pad_token_id:
     device = next(model.parameters()).device
     out: list[float] = []
     for start in range(0, len(rows), micro_batch_size):
-        part = rows[start : start + micro_batch_size]
-        width = max(len(ids) for ids, _ in part)
-        ids_BT = torch.full((len(part), width), pad_token_id, dtype=torch.long)
-        attention_BT = torch.zeros((len(part), width), dtype=torch.long)
-        target_BT = torch.zeros((len(part), width), dtype=torch.bool)
-        for b, (ids, k) in enumerate(part):
-            ids_BT[b, : len(ids)] = torch.tensor(ids)
-            attention_BT[b, : len(ids)] = 1
-            target_BT[b, len(ids) - k : len(ids)] = True
-        logprobs_BT, _ = token_logprobs(model, ids_BT.to(device), attention_BT.to(device), target_BT.to(device),
-                                        chunk_size=chunk)
-        out += logprobs_BT.sum(-1).tolist()
+        part = [[Tokenized(tuple(ids), (0,) * (len(ids) - k) + (1,) * k)] for ids, k in rows[start : start + micro_batch_size]]
+        out += packed_logprobs(model, packed_batch(part, pad_token_id, device), chunk).sum(-1).tolist()
     return out
 
 
@@ -81,13 +68,13 @@ def score_groups(run: Any, groups: list[Group], examples: list[Any] | None = Non
     if not rewards:
         return groups
     cfg, tokenizer = run.cfg.rlp, run.tokenizer
-    close = _encode(tokenizer, cfg.think_close)
+    close = encode_text(tokenizer, cfg.think_close)
     pad, mb, chunk = run.engine.pad_token_id, run.settings.micro_batch_size, run.settings.logprob_chunk
     pred_rows, base_rows = [], []
     for g in groups:
         example = (run.examples if examples is None else examples)[g.samples[0].prompt_index]
         context_ids = [int(i) for i in tokenizer(example.fields["context"])["input_ids"]]
-        target = _encode(tokenizer, example.fields["target"])
+        target = encode_text(tokenizer, example.fields["target"])
         base_rows.append((context_ids + target, len(target)))
         for x in g.samples:
             thought = list(x.completion.token_ids)
