@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from rlvr.log.tracking import MissingExtra
+    from rlvr.train.checkpoint import CheckpointError
     from rlvr.train.loop import RunDirError, train
     from rlvr.train.offline import dpo, sft
 
@@ -183,7 +184,7 @@ def _train(args: argparse.Namespace) -> int:
             run(resume=args.resume, overrides=tuple(args.overrides))
         else:
             run(load_config(args.config, args.overrides))
-    except (RunDirError, MissingExtra) as err:
+    except (RunDirError, MissingExtra, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

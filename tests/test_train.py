@@ -203,3 +203,48 @@ def test_a_time_budget_ends_the_run_early_with_a_checkpoint_and_the_final_evalua
     assert [r["step"] for r in read_metrics(run)] == [1]
     assert summary["stopped_by_budget"]["step"] == 1 and "eval/accuracy" in summary["eval_after"]
     assert (run / "checkpoints" / "step_000001").is_dir()
+
+
+def test_a_full_disk_stops_the_run_with_its_checkpoints_intact(tiny_dir: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step-2 save hits ENOSPC: the half-written folder is removed, step 1 stays, the error says
+    how to resume, and the resumed run finishes."""
+    import errno
+
+    from rlvr.train import checkpoint
+    from rlvr.train.checkpoint import CheckpointError
+
+    real = checkpoint.save_merged
+
+    def full_at_step_2(model: object, folder: Path) -> None:
+        real(model, folder)
+        if folder.name == ".step_000002.tmp":
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_merged", full_at_step_2)
+    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "full"), "train.steps=3", "checkpoint_every=1"])
+    with pytest.raises(CheckpointError) as caught:
+        train(cfg, quiet=True)
+    run = tmp_path / "full"
+    message = str(caught.value)
+    assert "step-2 checkpoint" in message and "No space left on device" in message
+    assert "step_000001, is intact" in message and f"rlvr train --resume {run}" in message
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000000", "step_000001"]
+    monkeypatch.setattr(checkpoint, "save_merged", real)
+    train(resume=run, quiet=True)
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    assert (run / "checkpoints" / "step_000003").is_dir()
+
+
+def test_a_save_that_leaves_too_little_room_for_the_next_warns(tiny_dir: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    with caplog.at_level("WARNING", logger="rlvr.train"):
+        train(load_config(None, overrides(tiny_dir, tmp_path, "tight")), quiet=True)
+    warned = [r.getMessage() for r in caplog.records if "the next save will fail" in r.getMessage()]
+    assert warned and "0.0 GB free" in warned[0]

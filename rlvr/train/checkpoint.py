@@ -3,12 +3,16 @@
 `checkpoints/step_000010/` holds the model (loadable by plain `from_pretrained`), its tokenizer,
 and `trainer_state.pt`: optimizer (with the fp32 master weights), scheduler, sampler position,
 the engine's and the update's random generators, the global RNG states, and the step. It is
-written to a temporary folder and renamed, so a crash never leaves a half-written checkpoint.
+written to a temporary folder and renamed, so a crash never leaves a half-written checkpoint. A
+write that fails (a full disk) removes its temporary folder, keeps the checkpoints before it, and
+raises CheckpointError saying what to free and how to resume; a save that leaves less free space
+than one more checkpoint takes logs a warning, before the next save fails.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -22,6 +26,13 @@ from rlvr.lora import save_merged
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
 
+logger = logging.getLogger("rlvr.train")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (most often: the disk is full). The run stops here; the
+    checkpoints before it are intact."""
+
 
 def capture_rng() -> dict[str, Any]:
     return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
@@ -33,22 +44,57 @@ def restore_rng(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int,
+                    resume_command: str = "") -> Path:
     root = Path(run_dir) / CHECKPOINTS
     final = root / f"step_{step:06d}"
     tmp = root / f".step_{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_merged(model, tmp)  # a LoRA policy as its merged model, with the adapter in adapter/
-    tokenizer.save_pretrained(tmp)
-    torch.save({**state, "step": step, "rng": capture_rng()}, tmp / STATE_FILE)
-    (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
+    try:
+        tmp.mkdir(parents=True)
+        save_merged(model, tmp)  # a LoRA policy as its merged model, with the adapter in adapter/
+        tokenizer.save_pretrained(tmp)
+        torch.save({**state, "step": step, "rng": capture_rng()}, tmp / STATE_FILE)
+        (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)  # give back what the partial write took
+        raise CheckpointError(_write_failed(run_dir, step, err, resume_command)) from err
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old)
+    _warn_if_the_next_will_not_fit(final)
     return final
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _write_failed(run_dir: Path, step: int, err: OSError, resume_command: str) -> str:
+    done = list_checkpoints(run_dir)
+    free = shutil.disk_usage(run_dir).free
+    what = f"could not write the step-{step} checkpoint in {Path(run_dir) / CHECKPOINTS}: {err.strerror or err}"
+    if not done:
+        return f"{what} ({_gb(free)} free). No checkpoint was completed; free space and start the run again."
+    last = done[-1]
+    resume = f" and resume with `{resume_command}`" if resume_command else " and resume the run with --resume"
+    return (f"{what}. {_gb(free)} free; a checkpoint takes {_gb(folder_bytes(last))}. The last complete one, "
+            f"{last.name}, is intact: free space (or lower keep_checkpoints){resume}.")
+
+
+def _warn_if_the_next_will_not_fit(checkpoint: Path) -> None:
+    """A save writes the new checkpoint before it prunes old ones, so it needs one checkpoint's
+    size free; say so a save ahead, while the run can still be stopped cleanly."""
+    size, free = folder_bytes(checkpoint), shutil.disk_usage(checkpoint).free
+    if free < size:
+        logger.warning("only %s free beside %s, and a checkpoint takes %s: the next save will fail. Free disk "
+                       "space or lower keep_checkpoints.", _gb(free), checkpoint.parent, _gb(size))
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

@@ -113,6 +113,8 @@ class Run:
     """ReLIFT's buffer of hard prompts (expert.mode = "relift", rlvr.train.expert.Relift)."""
     ema: Any = None
     """RLP's no-think baseline: an EMA of the policy (reward fn = "information_gain", rlvr.train.rlp)."""
+    command: str = "train"
+    """The CLI command that runs it (train, sft, dpo), for the resume hints it prints."""
 
 
 def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: bool = True,
@@ -559,7 +561,7 @@ def save(run: Run, step: int) -> Path:
     if run.pipeline is not None:  # the sampler and replay buffer are saved between collections
         run.pipeline.drain()
     return ckpt.save_checkpoint(run.dir, step, run.learner.model, run.tokenizer, _state(run),
-                                keep=run.cfg.keep_checkpoints)
+                                keep=run.cfg.keep_checkpoints, resume_command=f"rlvr {run.command} --resume {run.dir}")
 
 
 def create_run_dir(cfg: RunConfig, command: str = "train") -> Path:
@@ -609,6 +611,7 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
             raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped while being "
                               "set up); start a new run, or delete this directory to reuse its name")
         run = setup(cfg, run_dir, model_spec=str(last), quiet=quiet, optimizer_steps=optimizer_steps)
+        run.command = command
         state = ckpt.load_state(last)
         _restore(run, state)
         if overrides:  # e.g. train.steps=40 to extend a finished run; written once setup has worked
@@ -622,7 +625,9 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
     _require_sinks(cfg)
     run_dir = create_run_dir(cfg, command)
     try:
-        return setup(cfg, run_dir, quiet=quiet, optimizer_steps=optimizer_steps), 0
+        run = setup(cfg, run_dir, quiet=quiet, optimizer_steps=optimizer_steps)
+        run.command = command
+        return run, 0
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-made is left behind
         raise
@@ -662,12 +667,11 @@ class Interrupted(KeyboardInterrupt):
     """Training stopped on request after a checkpoint was saved."""
 
 
-def stop_if_requested(run: Run, step: int, stop: GracefulStop, progress: ConsoleProgress,
-                      command: str = "train") -> None:
+def stop_if_requested(run: Run, step: int, stop: GracefulStop, progress: ConsoleProgress) -> None:
     """After a step: on a first Ctrl-C, save it and stop, saying how to resume."""
     if stop.requested:
         save(run, step)
-        progress.print(f"stopped: saved step {step}; resume with `rlvr {command} --resume {run.dir}`")
+        progress.print(f"stopped: saved step {step}; resume with `rlvr {run.command} --resume {run.dir}`")
         raise Interrupted
 
 

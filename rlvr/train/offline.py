@@ -415,7 +415,7 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
                     for row in sample_rows(k, groups):
                         samples_sink.write(row)
                 progress.step(k, metrics)
-                stop_if_requested(run, k, stop, progress, command)
+                stop_if_requested(run, k, stop, progress)
                 if cfg.checkpoint_every and k % cfg.checkpoint_every == 0 and k < total:
                     progress.status("checkpointing")
                     save(run, k)
