@@ -107,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
                         description="Estimates each training prompt's pass rate with --model (n samples at the "
                         "config's temperature, scored by its rewards) and writes the prompts whose rate lies in "
                         "(--min, --max) to a JSONL file. Train on it with task.source=\"jsonl\" "
-                        "task.path=FILE task.instruction=\"\" (the prompts keep their instruction).")
+                        "task.path=FILE task.instruction=\"\" (the prompts keep their instruction). With --accepted it also "
+                        "writes the correct completions, which `rlvr sft` trains on (ReST, expert iteration).")
     fl.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model, checkpoint folder or run dir")
     fl.add_argument("--config", help="TOML config whose training prompts, rewards and sampling to use")
     fl.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
@@ -116,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     fl.add_argument("--inclusive", action="store_true", help="keep rates equal to --min or --max too")
     fl.add_argument("--limit", type=int, help="rate only the first N training prompts")
     fl.add_argument("--out", default="filtered.jsonl", help="output JSONL (default filtered.jsonl)")
+    fl.add_argument("--accepted", metavar="FILE", help="also write every distinct completion judged correct, as "
+                    "prompt/completion rows for `rlvr sft sft.data=FILE` (ReST's Grow step, expert iteration)")
     fl.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. task.size=2000")
     rp = sub.add_parser("report", help="a run as one self-contained HTML page (curves, rollout browser) and a PNG",
                         description="Writes <run>/report.html (no network needed to view it) and <run>/curves.png "
@@ -280,7 +283,7 @@ def _counting(totals: dict[str, int]) -> Iterator[Callable[[str, int], None]]:
 
 
 def _filter(args: argparse.Namespace) -> int:
-    from rlvr.data.filter import pass_rates, write_filtered
+    from rlvr.data.filter import pass_rates, write_accepted, write_filtered
 
     cfg = load_config(args.config, args.overrides)
     total = min(cfg.task.size, args.limit or cfg.task.size)
@@ -289,9 +292,13 @@ def _filter(args: argparse.Namespace) -> int:
                            progress=lambda k: advance("rating prompts", k))
     kept = write_filtered(rated, args.out, low=args.min, high=args.max, include_low=args.inclusive,
                           include_high=args.inclusive)
-    hist = [sum(1 for _, r in rated if round(r * args.n) == k) for k in range(args.n + 1)]
+    hist = [sum(1 for r in rated if round(r.rate * args.n) == k) for k in range(args.n + 1)]
     print("pass rate  prompts\n" + "\n".join(f"{k}/{args.n:<7} {c}" for k, c in enumerate(hist)))
     print(f"kept {kept} of {len(rated)} prompts in {args.out}", file=sys.stderr)
+    if args.accepted:
+        rows = write_accepted(rated, args.accepted, system_prompt=cfg.task.system_prompt)
+        solved = sum(1 for r in rated if r.accepted)
+        print(f"wrote {rows} accepted completions of {solved} prompts to {args.accepted}", file=sys.stderr)
     return 0
 
 

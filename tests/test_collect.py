@@ -224,7 +224,7 @@ def test_rlvr_filter_keeps_the_prompts_in_the_pass_rate_band(tiny_dir: Path, tmp
     import json
 
     from rlvr.cli import main
-    from rlvr.data.filter import write_filtered
+    from rlvr.data.filter import Rated, write_filtered
 
     out = tmp_path / "kept.jsonl"
     args = ["filter", "--model", str(tiny_dir), "--n", "4", "--limit", "6", "--out", str(out),
@@ -237,7 +237,7 @@ def test_rlvr_filter_keeps_the_prompts_in_the_pass_rate_band(tiny_dir: Path, tmp
     assert table.startswith("pass rate  prompts") and sum(int(line.split()[-1]) for line in table.splitlines()[1:]) == 6
     # the band's edges, by hand
     ex = [Example(f"q{i}", "1", {"task": "t"}, f"id{i}") for i in range(4)]
-    rated = list(zip(ex, [0.0, 0.25, 0.75, 1.0]))
+    rated = [Rated(e, rate) for e, rate in zip(ex, [0.0, 0.25, 0.75, 1.0])]
     assert write_filtered(rated, tmp_path / "a.jsonl", low=0.0, high=1.0) == 2
     assert write_filtered(rated, tmp_path / "b.jsonl", low=0.25, high=1.0, include_low=True, include_high=True) == 3
     with pytest.raises(ValueError, match="low"):
@@ -289,3 +289,66 @@ def test_the_replay_buffer_keeps_every_field_of_an_episode_across_a_checkpoint()
     restored = ReplayBuffer(4, 0.5, 2)
     restored.load_state_dict(pickle.loads(pickle.dumps(buffer.state_dict())))
     assert restored.items == buffer.items
+
+
+def always_right(prompt: str, completion: str, **_: object) -> float:
+    return 1.0
+
+
+def test_rest_grow_then_improve_trains_on_the_accepted_completions(tiny_dir: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlvr filter --accepted` (ReST's Grow step) keeps the distinct finished completions the reward
+    accepts, of training prompts only; `rlvr sft` on that file (Improve) learns them."""
+    import json
+
+    from rlvr.cli import main
+    from rlvr.config import load_config
+    from rlvr.train.data import load_examples
+
+    grown = tmp_path / "grown.jsonl"
+    task = ["sampling.max_new_tokens=12", 'sampling.stop=["a", "e", "i", "o", "u", "n", "s", "t", "r", "l"]',
+            "task.params={min_terms = 2, max_terms = 2, max_digits = 1}", "task.size=40", "task.eval_size=8"]
+
+    def grow(accepted: Path, reward: str) -> int:
+        return main(["filter", "--model", str(tiny_dir), "--n", "8", "--limit", "6", "--out",
+                     str(tmp_path / "band.jsonl"), "--accepted", str(accepted), f'rewards=[{{fn = "{reward}"}}]', *task])
+
+    assert grow(grown, "tests.test_losses:four_distinct") == 0
+    assert "accepted completions of" in capsys.readouterr().err
+    rows = [json.loads(line) for line in grown.read_text().splitlines()]
+    assert rows, "the tiny model should pass four_distinct sometimes"
+    train, held = load_examples(load_config(None, task))
+    assert {r["prompt"] for r in rows} <= {ex.prompt for ex in train[:6]}
+    assert not {r["prompt"] for r in rows} & {ex.prompt for ex in held}
+    assert all(len(set(r["completion"])) >= 4 for r in rows)  # what the reward accepted, nothing else
+    assert len({(r["prompt"], r["completion"]) for r in rows}) == len(rows)  # distinct
+    for prompt in {r["prompt"] for r in rows}:
+        mine = [r for r in rows if r["prompt"] == prompt]
+        assert len(mine) <= round(mine[0]["pass_rate"] * 8)
+    # a reward that accepts everything keeps every finished completion: more rows, same prompts' ids
+    everything = tmp_path / "all.jsonl"
+    assert grow(everything, "tests.test_collect:always_right") == 0
+    assert len(everything.read_text().splitlines()) > len(rows)
+    # Improve: SFT on the grown set
+    out = tmp_path / "runs"
+    assert main(["sft", f"model={tiny_dir}", f"output_dir={out}", "name=improve", f"sft.data={grown}",
+                 "sft.epochs=4", "sft.batch_size=2", "train.lr=3e-3", "sft.eval=false", *task]) == 0
+    losses = [json.loads(line)["loss"] for line in (out / "improve" / "metrics.jsonl").read_text().splitlines()]
+    assert losses[-1] < losses[0]
+
+
+def test_write_accepted_rows_by_hand(tmp_path: Path) -> None:
+    import json
+
+    from rlvr.data.filter import Rated, write_accepted
+
+    a, b = Example("2 + 3 =", "5", {}, "a"), Example("1 + 1 =", "2", {}, "b")
+    rated = [Rated(a, 0.5, ("5", "It is 5")), Rated(b, 0.0), Rated(a, 0.25, ("5",))]  # a's prompt again
+    assert write_accepted(rated, tmp_path / "x.jsonl") == 2
+    assert [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()] == [
+        {"prompt": "2 + 3 =", "completion": "5", "id": "a", "pass_rate": 0.5},
+        {"prompt": "2 + 3 =", "completion": "It is 5", "id": "a", "pass_rate": 0.5}]
+    assert write_accepted(rated, tmp_path / "y.jsonl", system_prompt="Be brief.") == 2
+    first = json.loads((tmp_path / "y.jsonl").read_text().splitlines()[0])
+    assert first["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 3 ="},
+                                 {"role": "assistant", "content": "5"}]

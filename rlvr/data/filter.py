@@ -6,6 +6,11 @@ Pass-rate filtering before RL is common practice: Kimi k1.5 (arXiv:2501.12599) m
 as the pass rate over 10 samples at high temperature; Reinforce-Ada (arXiv:2510.08899) builds its
 hard and easy sets with pass-rate thresholds of 0.125 and 0.313. Prompts always solved or never
 solved give GRPO no gradient, so the default band keeps 0 < rate < 1.
+
+The same sampling is ReST's Grow step (Gulcehre et al. 2023, arXiv:2308.08998) and expert
+iteration's sampling (Anthony et al. 2017; STaR, arXiv:2203.14465): `write_accepted` keeps every
+distinct completion judged correct as a prompt/completion row, and `rlvr sft` on that file is the
+Improve step (examples/expert_iteration.sh repeats the two).
 """
 
 from __future__ import annotations
@@ -14,16 +19,25 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlvr.config import RunConfig
 from rlvr.data import Example
 
 
+class Rated(NamedTuple):
+    example: Example
+    rate: float
+    """The fraction of the n samples judged correct (full marks on the first reward)."""
+    accepted: tuple[str, ...] = ()
+    """The distinct completions judged correct that ended on their own (not cut at
+    max_new_tokens), in the order sampled."""
+
+
 def pass_rates(model_spec: str, cfg: RunConfig, *, n: int, limit: int | None = None, batch: int = 32,
-               progress: Callable[[int], None] | None = None) -> list[tuple[Example, float]]:
-    """(example, fraction of n samples judged correct) for the config's training prompts (the
-    first ``limit``), generated ``batch`` prompts at a time."""
+               progress: Callable[[int], None] | None = None) -> list[Rated]:
+    """Each of the config's training prompts (the first ``limit``) rated by n samples, generated
+    ``batch`` prompts at a time."""
     from rlvr.data import render_prompt
     from rlvr.eval.run import resolve_model
     from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
@@ -50,13 +64,16 @@ def pass_rates(model_spec: str, cfg: RunConfig, *, n: int, limit: int | None = N
         chunk = list(range(start, min(start + batch, len(examples))))
         for i, group in zip(chunk, generate_groups(engine, examples, ids, chunk, rewards, params,
                                                    on_error=cfg.on_reward_error)):
-            out.append((examples[i], sum(is_correct(x, rewards[0].name) for x in group.samples) / n))
+            correct = [x for x in group.samples if is_correct(x, rewards[0].name)]
+            # a cut-off completion is no demonstration: SFT would teach ending it there
+            finished = [x.completion.text for x in correct if x.completion.finish_reason == "stop"]
+            out.append(Rated(examples[i], len(correct) / n, tuple(dict.fromkeys(finished))))
         if progress:
             progress(len(chunk))
     return out
 
 
-def write_filtered(rated: list[tuple[Example, float]], out: str | Path, *, low: float, high: float,
+def write_filtered(rated: list[Rated], out: str | Path, *, low: float, high: float,
                    include_low: bool = False, include_high: bool = False) -> int:
     """Write the examples whose pass rate lies between ``low`` and ``high`` (bounds excluded
     unless ``include_low``/``include_high``) to ``out`` as JSONL; returns how many. Each row has
@@ -68,7 +85,7 @@ def write_filtered(rated: list[tuple[Example, float]], out: str | Path, *, low: 
     out.parent.mkdir(parents=True, exist_ok=True)
     kept = 0
     with out.open("w") as f:
-        for ex, rate in rated:
+        for ex, rate, _ in rated:
             above = rate > low or (include_low and math.isclose(rate, low))
             below = rate < high or (include_high and math.isclose(rate, high))
             if above and below:
@@ -77,3 +94,26 @@ def write_filtered(rated: list[tuple[Example, float]], out: str | Path, *, low: 
                 f.write(json.dumps(row, default=str) + "\n")
                 kept += 1
     return kept
+
+
+def write_accepted(rated: list[Rated], out: str | Path, *, system_prompt: str | None = None) -> int:
+    """Write every accepted completion as a conversation `rlvr sft` trains on: {"prompt",
+    "completion"} (or "messages" with the system prompt first), plus the prompt's "id" and
+    "pass_rate"; returns how many rows. A prompt that occurs more than once (small tasks repeat
+    prompts) contributes each distinct completion once."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    seen: set[tuple[str, str]] = set()
+    with out.open("w") as f:
+        for ex, rate, accepted in rated:
+            for completion in accepted:
+                if (ex.prompt, completion) in seen:
+                    continue
+                seen.add((ex.prompt, completion))
+                turns: dict[str, Any] = {"prompt": ex.prompt, "completion": completion}
+                if system_prompt:
+                    turns = {"messages": [{"role": "system", "content": system_prompt},
+                                          {"role": "user", "content": ex.prompt},
+                                          {"role": "assistant", "content": completion}]}
+                f.write(json.dumps({**turns, "id": ex.id, "pass_rate": rate}, default=str) + "\n")
+    return len(seen)
