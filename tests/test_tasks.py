@@ -41,6 +41,19 @@ def test_reasoning_gym_examples_are_deterministic_and_scoreable() -> None:
     assert reasoning_gym_reward(first.prompt, completion, **first.fields) == 1.0
 
 
+def test_different_seeds_draw_different_reasoning_gym_data() -> None:
+    """reasoning-gym seeds item i with seed + i: without rlvr's stride, seed 1's items would be
+    seed 0's shifted by one (49 of 50 shared here). Seed 0 stays reasoning-gym's own seed 0."""
+    import reasoning_gym
+
+    wide = {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2}
+    zero = [e.prompt for e in reasoning_gym_examples("chain_sum", size=50, seed=0, params=wide)]
+    one = [e.prompt for e in reasoning_gym_examples("chain_sum", size=50, seed=1, params=wide)]
+    assert len(set(zero) & set(one)) <= 2  # 2-digit sums: ~16,000 prompts, so chance overlaps only
+    plain = reasoning_gym.create_dataset("chain_sum", size=50, seed=0, **wide)
+    assert zero == [plain[i]["question"] for i in range(50)]
+
+
 def test_reasoning_gym_unknown_task_suggests_nearest() -> None:
     with pytest.raises(ValueError, match="'chain_sum'.*rlvr tasks"):
         reasoning_gym_examples("chain_summ", size=1, seed=0, params={})

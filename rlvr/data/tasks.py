@@ -78,16 +78,23 @@ def _create_dataset(task: str, size: int, seed: int, params: dict[str, Any]) -> 
         raise ValueError(message) from exc
 
 
+SEED_STRIDE = 1_000_003
+"""reasoning-gym draws item i of a dataset from Random(seed + i), so the datasets of seeds 0 and
+1 would share all items but one, shifted by one place. Run seeds are spread this far apart
+(seed 0 unchanged) so that different seeds draw different data."""
+
+
 def reasoning_gym_examples(
     task: str, *, size: int, seed: int, params: dict[str, Any], instruction: str = ""
 ) -> list[Example]:
-    """``size`` procedurally generated examples of a reasoning-gym ``task``.
+    """``size`` procedurally generated examples of a reasoning-gym ``task``; different seeds give
+    independent draws (`SEED_STRIDE`).
 
     Fields are ``task``, ``entry`` (the reasoning-gym entry, which its scorer needs),
     ``answer`` and ``params`` (some tasks' scorers read their config, so
     ``reasoning_gym_reward`` rebuilds the dataset with the same params to score).
     """
-    dataset = _create_dataset(task, size, seed, params)
+    dataset = _create_dataset(task, size, seed * SEED_STRIDE, params)
     examples = []
     for i in range(len(dataset)):
         entry = dataset[i]
