@@ -297,7 +297,7 @@ def _sft_headline(st: dict[str, int], cfg: RunConfig, per_epoch: int) -> str:
     steps = f"{per_epoch} step{'s' if per_epoch > 1 else ''}"
     packed = f" packed to at most {s.max_length} tokens" if s.pack else ""
     lines = [f"{st['conversations']} conversations ({st['trained_tokens']} trained tokens) in {st['rows']} rows{packed}: "
-             f"{steps} per epoch of {s.batch_size} rows, {s.epochs} epochs"]
+             f"{steps} per epoch of {s.batch_size} rows, {s.epochs} epoch{'s' if s.epochs > 1 else ''}"]
     if per_epoch < 4:  # a small set packs into a few long rows
         lines.append(f"note: only {steps.replace('step', 'optimizer step')} per epoch; lower sft.batch_size or "
                      "sft.max_length for more, smaller steps")
