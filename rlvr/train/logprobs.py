@@ -129,6 +129,24 @@ def token_logprobs(
     return logprobs_BT, entropy_BT
 
 
+def token_budget_batches(lengths: list[int], max_tokens: int | None, max_rows: int | None = None) -> list[list[int]]:
+    """Consecutive positions of `lengths` (rows in the order given) cut into micro-batches of at
+    most `max_rows` rows and at most `max_tokens` padded tokens (rows × the longest row); a row
+    longer than that goes alone. The activations a backward pass keeps grow with the padded
+    tokens of a micro-batch, so the token cap is what bounds memory when rows are long."""
+    out: list[list[int]] = []
+    width = 0
+    for i, n in enumerate(lengths):
+        if out and (max_rows is None or len(out[-1]) < max_rows) and \
+                (max_tokens is None or (len(out[-1]) + 1) * max(width, n) <= max_tokens):
+            out[-1].append(i)
+            width = max(width, n)
+        else:
+            out.append([i])
+            width = n
+    return out
+
+
 def packed_batch(rows: list[list[Tokenized]], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Rows of one or more sequences each, right-padded: input ids, a [B, 1, T, T] boolean mask
     (causal within each sequence, nothing across), positions restarting at 0 for each sequence,

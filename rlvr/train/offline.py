@@ -41,7 +41,7 @@ from rlvr.lora import merged_state_dict
 from rlvr.log.sinks import ConsoleProgress, JsonlSink, read_jsonl
 from rlvr.models import load_model, load_tokenizer, resolve_device, resolve_dtype
 from rlvr.train import checkpoint as ckpt
-from rlvr.train.logprobs import packed_batch, packed_logprobs
+from rlvr.train.logprobs import packed_batch, packed_logprobs, token_budget_batches
 from rlvr.train.loop import (GracefulStop, Run, _observe, collect, evaluate, open_run, sample_rows, save,
                              stop_if_requested, summary_line)
 from rlvr.train.rollouts import group_metrics
@@ -56,17 +56,8 @@ DPO_LIVE = {"loss": ("loss", "{:.3f}"), "preference_accuracy": ("pref-acc", "{:.
 
 def _micro_batches(rows: list[list[Tokenized]], max_tokens: int) -> Iterator[list[list[Tokenized]]]:
     """Consecutive rows whose padded size (rows × longest row) stays within max_tokens (one row at least)."""
-    micro: list[list[Tokenized]] = []
-    width = 0
-    for row in rows:
-        n = sum(len(t.ids) for t in row)
-        if micro and (len(micro) + 1) * max(width, n) > max_tokens:
-            yield micro
-            micro, width = [], 0
-        micro.append(row)
-        width = max(width, n)
-    if micro:
-        yield micro
+    for cut in token_budget_batches([sum(len(t.ids) for t in row) for row in rows], max_tokens):
+        yield [rows[i] for i in cut]
 
 
 def _max_tokens(cfg: RunConfig) -> int:
@@ -196,19 +187,13 @@ def sequence_logprobs(model: Any, pairs: list[tuple[Tokenized, Tokenized]], pad_
     """For micro-batches of pairs: (first pair, end, chosen_B, rejected_B), the summed log-probs of
     each answer's trained tokens (with gradients when the model has them)."""
     device = next(model.parameters()).device
-    start = 0
-    while start < len(pairs):
-        end, width = start, 0
-        while end < len(pairs):  # pairs while both answers of each, padded to the longest, fit max_tokens
-            n = max(len(pairs[end][0].ids), len(pairs[end][1].ids), width)
-            if end > start and 2 * (end - start + 1) * n > max_tokens:
-                break
-            end, width = end + 1, n
+    # a pair is two rows padded to its longer answer: 2 × that many tokens of the budget
+    for cut in token_budget_batches([2 * max(len(c.ids), len(r.ids)) for c, r in pairs], max_tokens):
+        start, end = cut[0], cut[-1] + 1
         rows = [[t] for c, r in pairs[start:end] for t in (c, r)]
         batch = packed_batch(rows, pad_token_id, device)
         seq_B = (packed_logprobs(model, batch, chunk) * batch["target"]).sum(-1)
         yield start, end, seq_B[0::2], seq_B[1::2]
-        start = end
 
 
 @torch.no_grad()

@@ -26,7 +26,7 @@ from rlvr.train.critic import value_loss
 from rlvr.rewards.intrinsic import token_certainty
 from rlvr.train.learner import Learner
 from rlvr.train.rollouts import is_correct
-from rlvr.train.logprobs import token_logprobs
+from rlvr.train.logprobs import token_budget_batches, token_logprobs
 from rlvr.train.parallel import all_reduce_sums, share, world
 from rlvr.types import Group, Sample
 
@@ -113,14 +113,8 @@ def _micro_batches(indices: list[int], samples: list[Sample], size: int,
     activations a backward pass keeps grow with the tokens in the micro-batch (about 1.1 MB a
     token on SmolLM2-135M in fp32, docs/LOG.md), so 16 rows of 1,000 tokens need some 18 GB."""
     ordered = sorted(indices, key=lambda i: samples[i].num_tokens)
-    out: list[list[int]] = []
-    for i in ordered:  # ascending length: the row being added is the longest so far
-        if out and len(out[-1]) < size and (max_tokens is None or
-                                              (len(out[-1]) + 1) * samples[i].num_tokens <= max_tokens):
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
+    cuts = token_budget_batches([samples[i].num_tokens for i in ordered], max_tokens, size)
+    return [[ordered[j] for j in cut] for cut in cuts]
 
 
 @torch.no_grad()
