@@ -75,6 +75,14 @@ def _checked(messages: Any, where: str) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
+def with_system(messages: list[dict[str, str]], system_prompt: str | None) -> list[dict[str, str]]:
+    """The conversation with `system_prompt` as its first turn, unless it is unset or the
+    conversation already starts with a system turn (`task.system_prompt`, as the engine renders it)."""
+    if system_prompt and messages[0]["role"] != "system":
+        return [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
 def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
     return str(tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False))
 
@@ -98,18 +106,12 @@ def tokenize_chat(tokenizer: Any, messages: list[dict[str, str]], *, eos_token_i
     for k, message in enumerate(messages):
         if message["role"] == "assistant":
             header = _render(tokenizer, messages[:k], generation_prompt=True) if k else ""
-            if not header.startswith(done):
-                raise ChatDataError("the chat template does not render a conversation as a prefix of its "
-                                    "continuation, so assistant turns cannot be located")
-            piece = encode_text(tokenizer, header[len(done):])
+            piece = _continuation(tokenizer, done, header)
             ids += piece
             mask += [0] * len(piece)
             done = header
         text = _render(tokenizer, messages[: k + 1])
-        if not text.startswith(done):
-            raise ChatDataError("the chat template does not render a conversation as a prefix of its "
-                                "continuation, so assistant turns cannot be located")
-        piece = encode_text(tokenizer, text[len(done):])
+        piece = _continuation(tokenizer, done, text)
         trained = message["role"] == "assistant" and (train_turns == "all" or k == last)
         turn_mask = [1 if trained else 0] * len(piece)
         if trained:  # stop training after the end-of-turn token
@@ -120,6 +122,14 @@ def tokenize_chat(tokenizer: Any, messages: list[dict[str, str]], *, eos_token_i
         mask += turn_mask
         done = text
     return Tokenized(tuple(ids), tuple(mask))
+
+
+def _continuation(tokenizer: Any, done: str, text: str) -> list[int]:
+    """Token ids of what `text` adds to the `done` text rendered before it."""
+    if not text.startswith(done):
+        raise ChatDataError("the chat template does not render a conversation as a prefix of its "
+                            "continuation, so assistant turns cannot be located")
+    return encode_text(tokenizer, text[len(done):])
 
 
 @dataclass(frozen=True)
@@ -141,8 +151,7 @@ def preference_pair(tokenizer: Any, row: dict[str, Any], where: str, *, eos_toke
         context = [{"role": "user", "content": row["prompt"]}]
     else:
         raise ChatDataError(f"{where}: a preference row needs \"prompt\" (a string) or \"messages\" (has: {sorted(row)})")
-    if system_prompt and context[0]["role"] != "system":
-        context = [{"role": "system", "content": system_prompt}, *context]
+    context = with_system(context, system_prompt)
     answers = []
     for key in ("chosen", "rejected"):
         answer = row.get(key)

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from rlvr.config import RunConfig
 from rlvr.data import Example
+from rlvr.data.chat import with_system
 
 
 class Rated(NamedTuple):
@@ -110,10 +111,9 @@ def write_accepted(rated: list[Rated], out: str | Path, *, system_prompt: str | 
                 if (ex.prompt, completion) in seen:
                     continue
                 seen.add((ex.prompt, completion))
-                turns: dict[str, Any] = {"prompt": ex.prompt, "completion": completion}
-                if system_prompt:
-                    turns = {"messages": [{"role": "system", "content": system_prompt},
-                                          {"role": "user", "content": ex.prompt},
-                                          {"role": "assistant", "content": completion}]}
+                messages = with_system([{"role": "user", "content": ex.prompt},
+                                        {"role": "assistant", "content": completion}], system_prompt)
+                turns: dict[str, Any] = {"messages": messages} if len(messages) > 2 else \
+                    {"prompt": ex.prompt, "completion": completion}
                 f.write(json.dumps({**turns, "id": ex.id, "pass_rate": rate}, default=str) + "\n")
     return len(seen)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlvr.algos.supervised import chord_mu
-from rlvr.data.chat import tokenize_chat
+from rlvr.data.chat import tokenize_chat, with_system
 from rlvr.data.tasks import Example, demonstration_text
 from rlvr.rewards.combine import score_group
 from rlvr.train.rollouts import is_correct
@@ -36,9 +36,8 @@ def demonstration(run: Any, index: int, prompt_ids: tuple[int, ...]) -> Sample:
     cfg = run.cfg
     example: Example = run.examples[index]
     text = demonstration_text(example, cfg.expert.template)
-    messages = [{"role": "user", "content": example.prompt}, {"role": "assistant", "content": text}]
-    if cfg.task.system_prompt:
-        messages.insert(0, {"role": "system", "content": cfg.task.system_prompt})
+    messages = with_system([{"role": "user", "content": example.prompt}, {"role": "assistant", "content": text}],
+                           cfg.task.system_prompt)
     t = tokenize_chat(run.tokenizer, messages, eos_token_ids=set(run.engine.eos_token_ids), train_turns="last")
     start = t.mask.index(1)
     if tuple(t.ids[:start]) != tuple(prompt_ids):

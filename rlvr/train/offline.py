@@ -36,7 +36,8 @@ import torch
 
 from rlvr.algos.supervised import dpo_loss, sft_token_loss
 from rlvr.config import RunConfig, load_config
-from rlvr.data.chat import PreferencePair, Tokenized, messages_of, pack, preference_pair, read_rows, tokenize_chat, truncate
+from rlvr.data.chat import (PreferencePair, Tokenized, messages_of, pack, preference_pair, read_rows, tokenize_chat,
+                             truncate, with_system)
 from rlvr.lora import merged_state_dict
 from rlvr.log.sinks import ConsoleProgress, JsonlSink, read_jsonl
 from rlvr.models import load_model, load_tokenizer, resolve_device, resolve_dtype
@@ -91,9 +92,7 @@ def sft_data(cfg: RunConfig, tokenizer: Any) -> SFTData:
     convs: list[Tokenized] = []
     truncated = dropped = 0
     for where, messages in _conversations(cfg):
-        if cfg.task.system_prompt and messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": cfg.task.system_prompt}, *messages]
-        t = tokenize_chat(tokenizer, messages, eos_token_ids=eos)
+        t = tokenize_chat(tokenizer, with_system(messages, cfg.task.system_prompt), eos_token_ids=eos)
         if len(t.ids) > s.max_length:
             t, truncated = truncate(t, s.max_length), truncated + 1
         if t.trained == 0:  # nothing of an assistant turn survived (or there was none)
