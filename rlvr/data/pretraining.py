@@ -57,8 +57,8 @@ def text_examples(path: str | Path, *, size: int, seed: int, context_chars: int,
         words = spans[d]
         cut = rng.randrange(min_context_words, len(words) - target_words + 1)  # index of the first target word
         end_of_context = words[cut - 1][1]
-        first = next(k for k in range(cut) if end_of_context - words[k][0] <= context_chars) if \
-            end_of_context - words[cut - 1][0] <= context_chars else cut - 1
+        # the earliest word from which the context fits context_chars; at least the last word
+        first = next((k for k in range(cut) if end_of_context - words[k][0] <= context_chars), cut - 1)
         context = docs[d][words[first][0] : end_of_context]
         target = docs[d][end_of_context : words[cut + target_words - 1][1]]  # with its leading whitespace
         examples.append(Example(prompt=context, answer=target,

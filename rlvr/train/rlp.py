@@ -23,6 +23,7 @@ checkpoints. It starts as the initial policy, `model`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -40,11 +41,16 @@ def information_gain(*_: Any) -> float:  # noqa: D401 - a marker: the loop compu
     raise RuntimeError("information_gain is computed by the training loop (rlvr.train.rlp.score_groups)")
 
 
+def context_ids(tokenizer: Any, context: str) -> list[int]:
+    """A cut's context as the policy and the no-think baseline both see it: the raw text, with the
+    tokenizer's BOS if it adds one."""
+    return [int(i) for i in tokenizer(context)["input_ids"]]
+
+
 def prompt_ids(tokenizer: Any, context: str, think_open: str) -> list[int]:
-    """The engine's prompt for a cut: the raw context (with the tokenizer's BOS, if it adds one),
-    then the thought's opening marker. Tokenized in two pieces, so the context's own tokens are
-    exactly those the no-think baseline scores."""
-    return [int(i) for i in tokenizer(context)["input_ids"]] + encode_text(tokenizer, think_open)
+    """The engine's prompt for a cut: the context, then the thought's opening marker. Tokenized in
+    two pieces, so the context's own tokens are exactly those the no-think baseline scores."""
+    return context_ids(tokenizer, context) + encode_text(tokenizer, think_open)
 
 
 @torch.no_grad()
@@ -62,8 +68,6 @@ def _target_logprob(model: Any, rows: list[tuple[list[int], int]], pad_token_id:
 def score_groups(run: Any, groups: list[Group], examples: list[Any] | None = None) -> list[Group]:
     """Fill in each sample's information-gain reward (see module docstring) and add it to its total.
     `examples` are the ones the groups' prompt indices point into (default: the training prompts)."""
-    import dataclasses
-
     rewards = [r for r in run.rewards if r.fn is information_gain]
     if not rewards:
         return groups
@@ -73,9 +77,8 @@ def score_groups(run: Any, groups: list[Group], examples: list[Any] | None = Non
     pred_rows, base_rows = [], []
     for g in groups:
         example = (run.examples if examples is None else examples)[g.samples[0].prompt_index]
-        context_ids = [int(i) for i in tokenizer(example.fields["context"])["input_ids"]]
         target = encode_text(tokenizer, example.fields["target"])
-        base_rows.append((context_ids + target, len(target)))
+        base_rows.append((context_ids(tokenizer, example.fields["context"]) + target, len(target)))
         for x in g.samples:
             thought = list(x.completion.token_ids)
             closed = cfg.think_close and cfg.think_close in x.completion.text
