@@ -19,7 +19,7 @@ EXAMPLES = """examples:
   rlvr train --config configs/demo.toml
   rlvr train --config configs/demo.toml train.steps=5 algo.clip_high=0.28 name=quick
   rlvr train --resume runs/demo
-  rlvr sft --config configs/sft_then_grpo.toml sft.data=data/chats.jsonl name=my-sft
+  rlvr sft --config configs/demo.toml sft.data=data/chats.jsonl name=my-sft
   rlvr dpo --config configs/demo.toml dpo.data=pairs.jsonl dpo.beta=0.1
   rlvr sample --model runs/demo/checkpoints/step_000030 "What is 3 + 4?"
   rlvr tasks
