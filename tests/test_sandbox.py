@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,8 @@ import pytest
 from rlvr import sandbox as sb
 from rlvr.cli import main
 from rlvr.sandbox import Limits, Sandbox, SandboxPool, SandboxUnavailable
+
+pytestmark = pytest.mark.dtype_independent
 
 FAST = Limits(timeout_s=4, cpu_s=2, memory_mb=256, output_bytes=1 << 16)
 box = Sandbox("auto", FAST)
@@ -165,3 +169,83 @@ def test_shell_commands_run_isolated_too() -> None:
 def test_open_files_are_limited() -> None:
     r = run("handles = [open('/tmp/f%d' % i, 'w') for i in range(500)]")
     assert r.exit_code == 1 and "Too many open files" in r.stderr
+
+
+@contextmanager
+def processes_of_the_sandbox_user(n: int) -> Iterator[None]:
+    """`n` sleeping processes of the uid slot 0 runs as (60000 as root, else this user): the
+    processes of earlier runs that have not gone yet, or of another rlvr process beside this one."""
+    def become() -> None:
+        if os.geteuid() == 0:
+            os.setgid(60000)
+            os.setuid(60000)
+
+    sleepers = [subprocess.Popen(["sleep", "60"], preexec_fn=become) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+
+
+def test_other_processes_of_the_sandbox_user_do_not_use_up_a_runs_process_limit() -> None:
+    """The root cause of correct programs scored 0 under load: RLIMIT_NPROC set on the host
+    counted every process of the uid, so runs failed to start (EAGAIN) while other processes of
+    it were around. The limit is now the run's own: set inside its user namespace."""
+    forks = "import os\nfor _ in range(4):\n    if os.fork() == 0:\n        os._exit(0)\n    os.wait()\nprint('ok')"
+    with processes_of_the_sandbox_user(FAST.max_processes + 8):
+        results = SandboxPool(box, parallelism=4).run_python([(forks, "")] * 8)
+    assert [(r.exit_code, r.stdout, r.infra_error) for r in results] == [(0, "ok\n", None)] * 8
+
+
+def test_a_fork_bomb_beside_a_run_does_not_starve_it() -> None:
+    """Two pools (two rlvr processes) use slot 0's uid at once: one run fills its process limit,
+    the other's runs still start and finish."""
+    bomb = ("import os, time\nwhile True:\n    try:\n        if os.fork() == 0:\n            time.sleep(60)\n"
+            "    except OSError:\n        time.sleep(0.01)")
+    bombing = threading.Thread(target=lambda: Sandbox("auto", Limits(timeout_s=6, cpu_s=5)).run_python(bomb))
+    bombing.start()
+    try:
+        threading.Event().wait(1.0)  # the bomb is at its limit by now
+        results = [box.run_python("print(6 * 7)") for _ in range(5)]
+    finally:
+        bombing.join()
+    assert [r.stdout for r in results] == ["42\n"] * 5
+    assert _leftover_processes() == []
+
+
+def test_a_run_that_never_starts_is_retried_then_raised_never_a_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    sb.check_isolation("auto")
+    calls: list[int] = []
+    real = sb._execute
+
+    def flaky(cmd: list[str], *args: object) -> sb.Result:
+        calls.append(1)
+        if len(calls) < fail_first:  # the first attempts cannot start (as bwrap's fork under EAGAIN)
+            cmd = [c.replace(sb._PRLIMIT, "/usr/bin/no-such-prlimit") for c in cmd]
+        return real(cmd, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sb, "_execute", flaky)
+    monkeypatch.setattr(sb, "_BACKOFF_S", 0.01)
+    fail_first = sb.ATTEMPTS  # all but the last attempt fail: the run still succeeds
+    r = box.run_python("print('hi')")
+    assert r.ok and r.stdout == "hi\n" and len(calls) == sb.ATTEMPTS
+    calls.clear()
+    fail_first = sb.ATTEMPTS + 1  # every attempt fails: an error saying why, not a failed program
+    with pytest.raises(sb.SandboxError, match="never started.*no-such-prlimit"):
+        box.run_python("print('hi')")
+    assert len(calls) == sb.ATTEMPTS
+    fail_first = 10**9
+    results = SandboxPool(box, 2).run_python([("print(1)", "")] * 2, errors="return")
+    assert all(isinstance(r, sb.SandboxError) for r in results)
+
+
+@pytest.mark.parametrize("program", [
+    "import sys\nsys.stderr.write(\"bwrap: Can't fork for pid 1: Resource temporarily unavailable\\n\")\nsys.exit(1)",
+    "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+    "import os, signal\nos.kill(1, signal.SIGKILL)\nraise SystemExit(3)",  # the namespace's init ignores it
+])
+def test_a_program_cannot_pass_its_own_failure_off_as_the_sandboxs(program: str) -> None:
+    r = run(program)
+    assert r.infra_error is None and not r.ok and r.exit_code in (1, 128 + 9, 3)

@@ -20,6 +20,11 @@ context never passes ``max_context`` tokens: an action gets at most the room lef
 observation that would not fit ends the episode before it is added. ``max_void_turns`` consecutive turns without a valid action (the environment reports
 ``metrics["void"] = 1``) end it too.
 
+An environment whose step raises ``InfrastructureError`` (rlvr.errors: its sandbox could not run
+the model's code) ends that episode with ending ``"infra"``: no verdict, not the policy's
+failure, so the episode is counted as ``env/error`` and excluded from the update; the reason is
+logged once.
+
 Summarisation (SUPO, `Summarize`): when the working context would reach a budget, the next
 observation asks for a summary instead of another action; the sampled summary closes the
 segment, and the episode continues in a fresh context made of the task and the summary. Each
@@ -30,15 +35,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlvr.agents.env import Env, StepResult
+from rlvr.errors import InfrastructureError
 from rlvr.rollout.engine import Engine
 from rlvr.types import Completion, SamplingParams
 
-Ending = Literal["done", "max_turns", "budget", "context", "void"]
+Ending = Literal["done", "max_turns", "budget", "context", "void", "infra"]
 
 
 @dataclass(frozen=True)
@@ -265,6 +272,9 @@ def run_episodes(engine: Engine, tokenizer: Any, envs: Sequence[Env], prompts: S
         results = _step_all([envs[k] for k in acting], [outputs[k].text for k in acting])
         for k, result in zip(acting, results):
             t = trajs[k]
+            if isinstance(result, InfrastructureError):
+                t.ending = "infra"
+                continue
             t.reward += float(result.reward)
             t.turn_rewards.append(float(result.reward))
             for name, value in result.metrics.items():
@@ -293,18 +303,36 @@ def run_episodes(engine: Engine, tokenizer: Any, envs: Sequence[Env], prompts: S
     return [t.finish(tokenizer) for t in trajs]
 
 
-def _step_all(envs: list[Env], actions: list[str]) -> list[StepResult]:
-    """Every environment's step for this turn; awaitable results are awaited together."""
-    results: list[Any] = [env.step(action) for env, action in zip(envs, actions)]
+_logger = logging.getLogger("rlvr.agents")
+_WARNED: set[str] = set()
+
+
+def _step_all(envs: list[Env], actions: list[str]) -> list[StepResult | InfrastructureError]:
+    """Every environment's step for this turn; awaitable results are awaited together. A step
+    that raises InfrastructureError gives the error in its place (see the module docstring)."""
+    results: list[Any] = []
+    for env, action in zip(envs, actions):
+        try:
+            results.append(env.step(action))
+        except InfrastructureError as err:
+            results.append(err)
     pending = [i for i, r in enumerate(results) if inspect.isawaitable(r)]
     if pending:
         async def gather() -> list[Any]:
-            return list(await asyncio.gather(*(results[i] for i in pending)))
+            return list(await asyncio.gather(*(results[i] for i in pending), return_exceptions=True))
 
         for i, value in zip(pending, asyncio.run(gather())):
+            if isinstance(value, BaseException) and not isinstance(value, InfrastructureError):
+                raise value
             results[i] = value
     for r in results:
-        if not isinstance(r, StepResult):
+        if isinstance(r, InfrastructureError):
+            if type(r).__name__ not in _WARNED:
+                _WARNED.add(type(r).__name__)
+                _logger.warning("an environment could not carry out a step (%s: %s); the episode ends, counted in "
+                                "env/error and excluded from the update. Further such failures are not logged.",
+                                type(r).__name__, r)
+        elif not isinstance(r, StepResult):
             raise TypeError(f"an environment's step returned {type(r).__name__}, not StepResult")
     return results
 
@@ -340,7 +368,8 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
         # SUPO's overlong masking: an unfinished episode is excluded from the loss (as a reward's None is)
         samples = tuple(Sample(ep.prompt_ids, ep.completion, ep.reward, {
             "env": ep.reward, "turns": float(ep.turns), "tool_calls": ep.metrics.get("tool_calls", 0.0),
-            **({"env/excluded": 1.0} if mask_unfinished and ep.ending != "done" else {})}, i,
+            **({"env/excluded": 1.0} if mask_unfinished and ep.ending != "done" else {}),
+            **({"env/error": 1.0, "env/excluded": 1.0} if ep.ending == "infra" else {})}, i,
             segments=tuple(ep.segments)) for ep in mine)
         groups.append(Group(examples[i].prompt, samples, {
             "id": examples[i].id, "answer": examples[i].answer, "env_metrics": [ep.metrics for ep in mine],

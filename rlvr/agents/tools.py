@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr import sandbox
+from rlvr.errors import InfrastructureError
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
@@ -112,13 +113,16 @@ def parse_tool_calls(text: str, *, code_tool: str | None = None) -> list[ToolCal
 
 
 def call(tools: dict[str, Tool], c: ToolCall) -> tuple[str, bool]:
-    """(output text, ok) of one call; errors become text the model can read."""
+    """(output text, ok) of one call; errors become text the model can read, except an
+    InfrastructureError (the sandbox could not run the code), which is raised."""
     if c.error:
         return f"error: {c.error}", False
     if c.name not in tools:
         return f"error: no tool named {c.name!r}; the tools are {', '.join(tools)}", False
     try:
         return str(tools[c.name](**c.arguments)), True
+    except InfrastructureError:
+        raise  # not the model's mistake: the episode runner ends the episode without a verdict
     except TypeError as e:
         return f"error: bad arguments for {c.name}: {e}", False
     except Exception as e:  # noqa: BLE001 - the model sees what went wrong

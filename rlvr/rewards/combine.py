@@ -14,6 +14,11 @@ is ``sum_i weight_i * fn_i(prompt, completion, **example, **kwargs_i)``.
   failure); with ``"stop"`` the run stops with a ``RewardError`` that carries the traceback
   and the completion. A timed-out call keeps running in its thread: the run goes on, and a
   reward that can hang for good should run its work in a process it can kill (the sandbox does).
+- A failure that is not the completion's, an ``InfrastructureError`` (rlvr.errors: the sandbox
+  could not run the program, a judge service is down), raised or returned in a group reward's
+  list in that completion's place, is never a score: it is counted as ``<name>/error`` and the
+  sample is excluded (``<name>/excluded``), or with ``"stop"`` the run stops. Its reason is
+  logged once per reward.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.algos.registry import check_keywords
+from rlvr.errors import InfrastructureError
 from rlvr.rewards.builtin import GROUP_REWARDS, REWARDS
 from rlvr.rewards.extract import EXTRACTORS
 from rlvr.rewards.intrinsic import INTRINSIC
@@ -170,14 +176,17 @@ def _check_kwargs(name: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> 
 def _warn_once(name: str, kind: str, message: str) -> None:
     if (name, kind) not in _WARNED:
         _WARNED.add((name, kind))
+        consequence = "excluding the sample" if kind == _INFRA else "scoring it 0.0"
         logger.warning(
-            "reward %r failed (%s); scoring it 0.0. Further %s failures of this reward are "
+            "reward %r failed (%s); %s. Further %s failures of this reward are "
             "counted in '%s/error' but not logged.\n%s",
-            name, kind, kind, name, message,
+            name, kind, consequence, kind, name, message,
         )
 
 
 _EXCLUDED = "excluded"
+_UNAVAILABLE = "unavailable"  # an InfrastructureError: no verdict, not the completion's fault
+_INFRA = "infrastructure"
 _POOL: dict[str, ThreadPoolExecutor] = {}
 
 
@@ -212,6 +221,8 @@ def _call(reward: RewardFn, prompt: str, completions: list[str], example: dict[s
         values = _invoke(reward, prompt, completions, fields)
     except SandboxUnavailable:
         raise
+    except InfrastructureError as exc:
+        return [_unavailable(reward, exc, completions[0], on_error)] * len(completions)
     except Exception as exc:
         _failed(reward, type(exc).__name__, "".join(traceback.format_exception(exc, limit=-3)), completions[0], on_error)
         return [None] * len(completions)
@@ -227,6 +238,8 @@ def _one(reward: RewardFn, prompt: str, completion: str, fields: dict[str, Any],
         value = _invoke(reward, prompt, completion, fields)
     except SandboxUnavailable:
         raise  # not this completion's fault: no code reward can work, so stop and say how to fix it
+    except InfrastructureError as exc:
+        return _unavailable(reward, exc, completion, on_error)
     except Exception as exc:  # a user reward must not stop training unless asked; see module docstring
         summary = "".join(traceback.format_exception(exc, limit=-3))
         _failed(reward, type(exc).__name__, summary, completion, on_error)
@@ -237,6 +250,8 @@ def _one(reward: RewardFn, prompt: str, completion: str, fields: dict[str, Any],
 def _checked_value(reward: RewardFn, value: Any, completion: str, on_error: str) -> float | str | None:
     if value is None:
         return _EXCLUDED
+    if isinstance(value, InfrastructureError):
+        return _unavailable(reward, value, completion, on_error)
     if not isinstance(value, numbers.Real):  # bool is a Real: True → 1.0
         _failed(reward, "non-number", f"returned {type(value).__name__}: {value!r:.200}", completion, on_error)
         return None
@@ -244,6 +259,11 @@ def _checked_value(reward: RewardFn, value: Any, completion: str, on_error: str)
         _failed(reward, "non-finite", f"returned {value!r}", completion, on_error)
         return None
     return float(value)
+
+
+def _unavailable(reward: RewardFn, exc: InfrastructureError, completion: str, on_error: str) -> str:
+    _failed(reward, _INFRA, f"{type(exc).__name__}: {exc}", completion, on_error)
+    return _UNAVAILABLE
 
 
 def _failed(reward: RewardFn, kind: str, message: str, completion: str, on_error: str) -> None:
@@ -268,7 +288,7 @@ def score_group(
 
     A reward that fails contributes 0.0, and the dict gains ``f"{name}/error": 1.0``; one that
     returns None contributes 0.0 and the dict gains ``f"{name}/excluded": 1.0`` (each key is
-    absent otherwise). A reward routed to other sources has no key at all. ``on_error = "stop"`` raises RewardError on a failure instead.
+    absent otherwise); an InfrastructureError gains both. A reward routed to other sources has no key at all. ``on_error = "stop"`` raises RewardError on a failure instead.
     """
     if on_error not in ("zero", "stop"):
         raise ValueError(f"on_error must be 'zero' or 'stop', got {on_error!r}")
@@ -281,6 +301,9 @@ def score_group(
         values: dict[str, float] = {}
         for reward, results in zip(rewards, per_reward):
             value = results[k]
+            if value == _UNAVAILABLE:
+                values.update({reward.name: 0.0, f"{reward.name}/error": 1.0, f"{reward.name}/excluded": 1.0})
+                continue
             if value is None or value == _EXCLUDED:
                 values[reward.name] = 0.0
                 values[f"{reward.name}/{'error' if value is None else 'excluded'}"] = 1.0

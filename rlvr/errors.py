@@ -1,0 +1,10 @@
+"""Errors that say whose fault a failure is."""
+
+from __future__ import annotations
+
+
+class InfrastructureError(RuntimeError):
+    """A verdict could not be reached for reasons that are not the completion's: a sandbox that
+    could not start the program, a judge service that is down. Raise it from a reward (or return
+    an instance in a group reward's list) and the sample is counted as ``<name>/error`` and
+    excluded from the update, never scored 0; with ``on_reward_error = "stop"`` the run stops."""
