@@ -91,6 +91,12 @@ class Sample:
         return len(self.prompt_ids) + len(self.completion.token_ids)
 
     @property
+    def sampled_tokens(self) -> int:
+        """Tokens the policy sampled: the completion's and its earlier segments', never the
+        observations an environment injected (loss mask 0). What length shaping counts."""
+        return self.completion.trainable() + sum(c.trainable() for _, c in self.segments)
+
+    @property
     def excluded(self) -> bool:
         """A reward function returned None ("no verdict"): the sample stays out of the update."""
         return any(k.endswith("/excluded") for k in self.reward_parts)

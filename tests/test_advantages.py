@@ -323,3 +323,19 @@ def test_loss_gets_the_clip_settings_it_takes() -> None:
     assert cfg.algo.policy_loss_kwargs() == {"clip_high": 5e-4}  # gspo takes no dual_clip
     with pytest.raises(ConfigError, match="did you mean 'clip_high'"):
         load_config(None, ["algo.loss_kwargs={clip_hgh = 0.3}"])
+
+
+def test_bnpo_decomposition_fits_only_the_reward_components() -> None:
+    """Flags ("<name>/excluded", "<name>/error") and weight-0 diagnostics (an environment's
+    "turns") are reward parts but not rewards: only the components enter the decomposition."""
+    from rlvr.train.update import UpdateSettings, _reward_parts
+    from rlvr.types import Completion, Group, Sample
+
+    def sample(correct: float, fmt: float) -> Sample:
+        parts = {"correct": correct, "format": fmt, "turns": 3.0, "correct/excluded": 1.0, "format/error": 1.0}
+        return Sample((1,), Completion((2,), (0.0,), "stop", ""), correct + fmt, parts, 0)
+
+    groups = [Group("p", (sample(1, 0), sample(0, 1))), Group("q", (sample(1, 1), sample(0, 0)))]
+    parts = _reward_parts(groups, UpdateSettings(reward_components=("correct", "format")))
+    torch.testing.assert_close(parts, torch.tensor([[[1.0, 0.0], [1.0, 0.0]], [[0.0, 1.0], [1.0, 0.0]]]))
+    assert _reward_parts(groups, UpdateSettings()).shape[0] == 3  # without components: no flags, but "turns"

@@ -124,3 +124,23 @@ def test_kl_in_the_reward_lowers_the_advantage_of_samples_that_moved(tiny_dir: P
     assert klr[0]["kl_reward"] == 0.0  # the policy is the reference at step 1
     assert "kl" not in klr[0]  # no KL term in the loss
     assert klr[1]["kl_reward"] != 0.0 and klr[1]["advantage_abs_mean"] != plain[1]["advantage_abs_mean"]
+
+
+def test_gae_puts_each_turns_reward_on_that_turns_last_sampled_token() -> None:
+    """An episode of two turns, rewards 0.25 and 1: sampled a a | injected o o | sampled b b.
+    With V = 0, γ = λ = 1 (no whitening) a token's advantage is the reward still to come, so
+    turn 0's tokens get 1.25 and turn 1's (and the observation's) only 1: the intermediate
+    reward is not summed onto the episode's last token."""
+    from rlvr.train.update import UpdateSettings, _reward_positions, _token_advantages
+    from rlvr.types import Completion, Sample
+
+    episode = Completion((5, 6, 7, 8, 9, 10), (0.0,) * 6, "stop", "", loss_mask=(1, 1, 0, 0, 1, 1),
+                         turn_index=(0, 0, 0, 0, 1, 1))
+    assert _reward_positions(episode, 1.25, [0.25, 1.0]) == [(1, 0.25), (5, 1.0), (5, 0.0)]
+    assert _reward_positions(episode, 1.0, [0.25, 1.0]) == [(1, 0.25), (5, 1.0), (5, -0.25)]  # shaped by -0.25
+    assert _reward_positions(episode, 1.25, None) == [(5, 1.25)]  # single-turn: the outcome on the last token
+    sample = Sample((1, 2), episode, 1.25, {"env": 1.25}, 0)
+    s = UpdateSettings(advantage="gae", advantage_kwargs={"lam": 1.0, "whiten": False})
+    advantages, _ = _token_advantages([sample], torch.tensor([[1.25]]), [torch.zeros(6)], [torch.zeros(6)], {0}, s,
+                                      [[0.25, 1.0]])
+    torch.testing.assert_close(advantages[0], torch.tensor([1.25, 1.25, 1.0, 1.0, 1.0, 1.0]))

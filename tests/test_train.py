@@ -130,6 +130,8 @@ def test_kl_epochs_and_mini_batches_path(tiny_dir: Path, tmp_path: Path) -> None
     assert all(r["kl"] >= 0 and math.isfinite(r["kl"]) for r in rows)
     assert rows[-1]["kl"] > 1e-4  # after updates the policy has moved away from the reference
     assert any(r["ratio_mean"] != 1.0 for r in rows)  # later mini-batches see a moved policy
+    assert all(r["ratio_max"] >= r["ratio_mean"] - 1e-6 for r in rows)  # the maximum is logged, not dropped
+    assert any(r["ratio_max"] > 1.0 for r in rows)
 
 
 def test_jsonl_prompts_scored_with_math_verify(tiny_dir: Path, tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Reward shaping by completion length, applied to the step's rewards before the advantages.
 
-Every function takes ``rewards_PG``, ``lengths_PG`` (completion tokens), ``correct_PG`` (the
-first reward function gave full marks) and ``max_tokens`` (the generation budget), plus keyword
+Every function takes ``rewards_PG``, ``lengths_PG`` (the tokens the policy sampled: an episode's
+injected observations do not count), ``correct_PG`` (the first reward function gave full marks)
+and ``max_tokens`` (the generation budget: an episode's is env.max_total_tokens), plus keyword
 arguments, and returns ``(shaped_rewards_PG, metrics)``. Shaping functions are chained in the
 order the config lists them (``[[algo.shaping]]``).
 """

@@ -172,7 +172,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
         offpolicy_kwargs=dict(a.offpolicy_kwargs),
         shaping=tuple((spec.fn, dict(spec.kwargs)) for spec in a.shaping), mask_truncated=a.mask_truncated,
         stratum_key=a.stratum_key, credit=a.credit, turn_gamma=a.turn_gamma,
-        aggregation=a.aggregation, max_tokens=s.max_new_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
+        aggregation=a.aggregation, max_tokens=cfg.env.max_total_tokens if cfg.env.name else s.max_new_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
         kl_placement=a.kl_placement, value_clip=a.value_clip, divergence=a.divergence,
         divergence_coef=a.divergence_coef,
         entropy_coef=a.entropy_coef, epochs=tr.epochs, mini_batches=tr.mini_batches,
@@ -187,6 +187,9 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
                          grad_clip=tr.grad_clip, warmup_steps=tr.warmup_steps, total_steps=optimizer_steps,
                          schedule=tr.schedule)
     rewards = build_rewards(cfg.reward_specs())
+    # the parts that make up the reward (BNPO's decomposition fits these), not flags or weight-0 diagnostics
+    components = ("env",) if cfg.env.name else tuple(r.name for r in rewards if r.weight != 0)
+    settings = dataclasses.replace(settings, reward_components=components)
     prompt_ids = encode(examples)
     rehearsal = None
     if a.divergence != "none":
@@ -263,9 +266,12 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
         return skipped, []
     indices = [g.samples[0].prompt_index for g in groups]
     greedy_baseline = needs_greedy_baseline(run.settings.advantage)
-    if greedy_baseline:  # ReMax: one greedy completion per prompt as baseline
-        greedy = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards,
-                                 dataclasses.replace(run.params, temperature=0.0, top_k=0, top_p=1.0, n=1))
+    if greedy_baseline:  # ReMax: one greedy completion (multi-turn: a greedy episode) per prompt as baseline
+        greedy_params = dataclasses.replace(run.params, temperature=0.0, top_k=0, top_p=1.0, n=1)
+        if run.episodes is not None:
+            greedy = run.episodes(indices, 1, sampling=greedy_params)
+        else:
+            greedy = generate_groups(run.engine, run.examples, run.prompt_ids, indices, run.rewards, greedy_params)
         groups = [dataclasses.replace(g, metadata={**g.metadata, "greedy_reward": b.samples[0].reward})
                   for g, b in zip(groups, greedy)]
     fresh = groups[: len(fresh)]  # the same groups, now with intrinsic rewards and baselines filled in

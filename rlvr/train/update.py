@@ -28,7 +28,7 @@ from rlvr.train.learner import Learner
 from rlvr.train.rollouts import is_correct
 from rlvr.train.logprobs import token_budget_batches, token_logprobs
 from rlvr.train.parallel import all_reduce_sums, share, world
-from rlvr.types import Group, Sample
+from rlvr.types import Completion, Group, Sample
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,14 @@ class UpdateSettings:
     turn_gamma: float = 1.0
     stratum_key: str | None = None
     """The reward part whose value is each sample's stratum (the "stratified" estimator)."""
+    reward_components: tuple[str, ...] = ()
+    """The reward parts that make up the reward (reward functions of non-zero weight; "env", an
+    environment's return), for BNPO's decomposition; () = every part that is not a flag
+    ("<name>/error", "<name>/excluded")."""
     aggregation: str = "token-mean"
     max_tokens: int = 128
-    """Constant normaliser for "seq-mean-token-sum-norm" (the generation budget)."""
+    """The generation budget: sampling.max_new_tokens, or an episode's env.max_total_tokens
+    (the constant normaliser of "seq-mean-token-sum-norm", overlong shaping's L_max)."""
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     kl_placement: str = "loss"
@@ -180,7 +185,8 @@ def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor
     metrics: dict[str, float] = {}
     if not s.shaping:
         return rewards_PG, metrics
-    lengths_PG = torch.tensor([[len(x.completion.token_ids) for x in g.samples] for g in groups])
+    # the policy's own tokens: an episode's observations are not its length
+    lengths_PG = torch.tensor([[x.sampled_tokens for x in g.samples] for g in groups])
     # correct: the first (correctness) reward function gave full marks, as in the accuracy metric
     correct_PG = torch.tensor([[is_correct(x, next(iter(x.reward_parts), "")) for x in g.samples] for g in groups])
     for name, kwargs in s.shaping:
@@ -244,9 +250,15 @@ def _pool_std(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
 
 
 def _reward_parts(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
-    # one slice per reward function, by name; "<name>/error" flags are not rewards
-    names = sorted({k for g in groups for x in g.samples for k in x.reward_parts if not k.endswith("/error")})
-    return torch.tensor([[[x.reward_parts.get(k, 0.0) for x in g.samples] for g in groups] for k in names])
+    # one slice per reward component, by name: never a flag ("<name>/error", "<name>/excluded") or a
+    # weight-0 diagnostic (an environment's "turns", a GRPO-RoC quality check)
+    present = {k for g in groups for x in g.samples for k in x.reward_parts}
+    names = sorted(present & set(s.reward_components) if s.reward_components else {k for k in present if "/" not in k})
+    if not names:
+        raise ValueError(f"no reward component among the reward parts {sorted(present)} "
+                         f"(components: {list(s.reward_components)})")
+    return torch.tensor([[[x.reward_parts.get(k, 0.0) for x in g.samples] for g in groups] for k in names],
+                        dtype=torch.float32)
 
 
 _PROVIDERS: dict[str, Callable[[list[Group], UpdateSettings], torch.Tensor]] = {
@@ -422,7 +434,8 @@ def _advantages(
     if token_level:
         assert critic is not None
         values = _score_values(critic.model, samples, s, pad_token_id, kept)
-        advantages, returns = _token_advantages(samples, rewards_PG, kl_N, values, kept, s)
+        turn_rewards = [tr for g in groups for tr in g.metadata.get("turn_rewards", [None] * len(g.samples))]
+        advantages, returns = _token_advantages(samples, rewards_PG, kl_N, values, kept, s, turn_rewards)
     elif s.credit == "turn":
         advantages = _turn_credit(groups, samples, owner, s)
     else:
@@ -453,7 +466,7 @@ def _summary(sums: dict[str, float], grad_norms: list[float], critic_norms: list
     if critic_norms:
         metrics["value_loss"] = value_loss_sum / len(critic_norms)
         metrics["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
-    return metrics | {k: v for k, v in maxima.items() if k != "ratio_max"}
+    return metrics | maxima
 
 
 @dataclass
@@ -540,9 +553,11 @@ def _score_values(
 
 def _token_advantages(
     samples: list[Sample], rewards_PG: torch.Tensor, kl_N: list[torch.Tensor], values: list[torch.Tensor],
-    kept: set[int], s: UpdateSettings,
+    kept: set[int], s: UpdateSettings, turn_rewards: list[Sequence[float] | None],
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """GAE over the kept samples: the outcome reward on the last token, -β·KL on every token."""
+    """GAE over the kept samples: -β·KL on every token; the outcome reward on the last token, or
+    for an episode each turn's reward on that turn's last sampled token (``turn_rewards``, one
+    entry per sample; what shaping changed in the total stays on the last token)."""
     rewards_B = rewards_PG.flatten()
     rows = sorted(kept)
     width = max((len(samples[i].completion.token_ids) for i in rows), default=0)
@@ -553,8 +568,8 @@ def _token_advantages(
         n = len(samples[i].completion.token_ids)
         mask_BT[r, :n] = True
         rewards_BT[r, :n] = -s.kl_coef * kl_N[i] if s.kl_placement == "reward" else 0.0
-        if n:
-            rewards_BT[r, n - 1] += rewards_B[i]
+        for position, reward in _reward_positions(samples[i].completion, float(rewards_B[i]), turn_rewards[i]):
+            rewards_BT[r, position] += reward
         values_BT[r, :n] = values[i]
     advantages = [torch.zeros(len(x.completion.token_ids)) for x in samples]
     returns = [torch.zeros(len(x.completion.token_ids)) for x in samples]
@@ -563,6 +578,26 @@ def _token_advantages(
         for r, i in enumerate(rows):
             advantages[i], returns[i] = adv_BT[r][mask_BT[r]], ret_BT[r][mask_BT[r]]
     return advantages, returns
+
+
+def _reward_positions(completion: Completion, total: float,
+                      turn_rewards: Sequence[float] | None) -> list[tuple[int, float]]:
+    """Where a completion's reward lands for GAE: ``total`` on its last token; for an episode,
+    turn t's reward on the last token the policy sampled in turn t (``Completion.turn_index``,
+    ``loss_mask`` 1), and ``total - sum(turn_rewards)`` (shaping, an excluded sample's fill) on
+    the last token."""
+    n = len(completion.token_ids)
+    if not n:
+        return []
+    if turn_rewards is None or completion.turn_index is None:
+        return [(n - 1, total)]
+    mask = completion.loss_mask or (1,) * n
+    last_sampled: dict[int, int] = {}
+    for position, (turn, sampled) in enumerate(zip(completion.turn_index, mask)):
+        if sampled:
+            last_sampled[turn] = position
+    placed = [(last_sampled.get(t, n - 1), float(r)) for t, r in enumerate(turn_rewards)]
+    return [*placed, (n - 1, total - sum(r for _, r in placed))]
 
 
 def _rehearse(learner: Learner, rehearsal: list[Sample], s: UpdateSettings, pad_token_id: int,
