@@ -5,7 +5,7 @@ the demo's instruction), G completions per prompt, the same maximum length, temp
 top-k/top-p, learning rate 1e-6, no KL term, one optimizer step per batch, and the same reward
 (reasoning-gym's score of the tag-or-last-number answer). Each side runs in its best CPU
 configuration: rlvr with "auto" precision (measured per CPU), TRL in fp32 without gradient
-checkpointing (its `bf16=True` autocast was no faster on CPU; see ../shared/reference), both
+checkpointing (its `bf16=True` autocast was no faster on CPU; docs/LOG.md), both
 with micro-batches of min(16, P·G) sequences accumulated into one optimizer step (a single
 64-sequence batch made TRL run out of 24 GB). The first step of each warms up and is not counted.
 """

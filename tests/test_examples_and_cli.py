@@ -154,3 +154,12 @@ def test_bench_generate_prints_the_ratio_to_hf(capsys: pytest.CaptureFixture[str
     assert result["part"] == "generate" and row["rlvr_vs_hf"] > 0
     assert row["rlvr_static_tok_s"] > 0 and row["rlvr_hf_tok_s"] > 0
     assert isinstance(row["llama_cpp_tok_s"], float) or "not installed" in row["llama_cpp_tok_s"]
+
+
+def test_the_package_and_the_readme_name_no_path_outside_the_repository() -> None:
+    """A clone is all a user has: a reference such as ../shared/... leads nowhere."""
+    files = [ROOT / "README.md", *sorted((ROOT / "rlvr").rglob("*.py")), *sorted((ROOT / "docs").glob("*.md"))]
+    leaving = [f"{path.relative_to(ROOT)}:{n}" for path in files
+               for n, line in enumerate(path.read_text().splitlines(), 1)
+               if "../shared" in line or (path.name == "README.md" and "](../" in line)]
+    assert leaving == []

@@ -3,7 +3,7 @@ model (n samples at the config's temperature, scored by the config's rewards) an
 prompts whose rate lies in a band, as a JSONL file that `task.source = "jsonl"` trains on.
 
 Pass-rate filtering before RL is common practice: Kimi k1.5 (arXiv:2501.12599) measures difficulty
-as the pass rate over 10 samples at high temperature; Reinforce-Ada (arXiv:2510.08899) builds its
+as the pass rate over 10 samples at high temperature; Reinforce-Ada (arXiv:2510.04996) builds its
 hard and easy sets with pass-rate thresholds of 0.125 and 0.313. Prompts always solved or never
 solved give GRPO no gradient, so the default band keeps 0 < rate < 1.
 

@@ -134,7 +134,7 @@ def dynamic(src: Source, n: int, *, max_rounds: int = 3, oversample: float = 1.0
 
 def reinforce_ada(src: Source, n: int, *, round_size: int | None = None, max_rounds: int = 4,
                   exit: str = "balanced", min_positives: int = 1) -> Gathered:
-    """Reinforce-Ada (Xiong et al., arXiv:2510.08899): adaptive sampling with successive
+    """Reinforce-Ada (Xiong et al., arXiv:2510.04996): adaptive sampling with successive
     elimination. Each of the n prompts is sampled ``round_size`` (default G) at a time; after a
     round a prompt leaves the active set once its exit rule holds, so later rounds spend the budget
     on prompts still unresolved. Exit rules:
