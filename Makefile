@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-packages demo test typecheck clean
+.PHONY: setup system-packages demo test test-bf16 test-fp32 typecheck clean
 
 # torch goes in first, pinned, so that no other package pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -39,6 +39,12 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m mypy
+
+# The suite again with "auto" precision forced to bf16 (or fp32), so that path runs even on a CPU
+# where rlvr would pick the other; tests whose result cannot depend on it (no model, or a pinned
+# dtype) skip. CI runs the one this CPU's "auto" does not pick.
+test-bf16 test-fp32: setup
+	RLVR_AUTO_DTYPE=$(@:test-%=%) $(BIN)/python -m pytest -q -m "not dtype_independent"
 
 typecheck: setup
 	$(BIN)/python -m mypy

@@ -93,14 +93,26 @@ def _cpu_model() -> str:
     return "unknown"
 
 
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
+AUTO_DTYPE_ENV = "RLVR_AUTO_DTYPE"
+"""Environment variable that fixes what "auto" resolves to (bf16 or fp32) instead of measuring:
+to run the bf16 path on a CPU where bf16 is slow (CI does), or the fp32 one where it is fast."""
+
+
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
-    """"auto" | "bf16" | "bfloat16" | "fp32" | "float32" → a torch dtype ("auto": see fast_bf16)."""
+    """"auto" | "bf16" | "bfloat16" | "fp32" | "float32" → a torch dtype ("auto": $RLVR_AUTO_DTYPE
+    if set, else see fast_bf16)."""
     if name == "auto":
+        forced = os.environ.get(AUTO_DTYPE_ENV, "")
+        if forced:
+            if forced not in _DTYPES:
+                raise ValueError(f"{AUTO_DTYPE_ENV}={forced!r}: use one of {', '.join(_DTYPES)} (or unset it to "
+                                 "let rlvr measure this CPU)")
+            return _DTYPES[forced]
         return torch.bfloat16 if fast_bf16(device) else torch.float32
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; use one of auto, {', '.join(table)}")
-    return table[name]
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[name]
 
 
 def resolve_device(name: str) -> torch.device:

@@ -12,7 +12,7 @@ ray = pytest.importorskip("ray", reason="rlvr.dist needs Ray (pip install 'rlvr[
 
 from rlvr.config import load_config  # noqa: E402
 from rlvr.train.loop import train  # noqa: E402
-from tests.test_train import TIMING, overrides, read_metrics  # noqa: E402
+from tests.test_train import FP32, TIMING, overrides, read_metrics  # noqa: E402
 
 DIST = ["dist.rollout_workers=2", "dist.learners=2", "dist.timeout_s=120"]
 
@@ -28,10 +28,14 @@ def comparable(row: dict) -> dict:
     return {k: v for k, v in row.items() if k not in TIMING and not k.startswith("dist/")}
 
 
+@pytest.mark.dtype_independent  # pinned to fp32
 def test_two_workers_and_two_learners_give_the_local_losses(tiny_dir: Path, tmp_path: Path) -> None:
-    base = [*overrides(tiny_dir, tmp_path, "local", train__steps=3), "train.micro_batch_size=4"]
+    """fp32 (FP32): the ranks sum the gradient in another order, which fp32 rounds at ~1e-7; in
+    bf16 every stored gradient is rounded to 8 bits, and that the accumulation order costs no more
+    than bf16 itself is test_learner's bf16 micro-batch test (the same sums, in one process)."""
+    base = [*overrides(tiny_dir, tmp_path, "local", train__steps=3), "train.micro_batch_size=4", *FP32]
     train(load_config(None, base), quiet=True)
-    spread = [*overrides(tiny_dir, tmp_path, "ray", train__steps=3), "train.micro_batch_size=4", *DIST]
+    spread = [*overrides(tiny_dir, tmp_path, "ray", train__steps=3), "train.micro_batch_size=4", *DIST, *FP32]
     train(load_config(None, spread), quiet=True)
     local, dist = read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray")
     assert [r["step"] for r in dist] == [1, 2, 3]
@@ -134,9 +138,10 @@ def test_partial_rollouts_respect_the_staleness_bound_from_the_first_token(tiny_
         assert all(0 < t < 48 for t in s.get("swapped_at", []))
 
 
+@pytest.mark.dtype_independent  # pinned to fp32
 def test_two_learners_train_ppo_with_a_critic_as_one_does(tiny_dir: Path, tmp_path: Path) -> None:
     """advantage = "gae": each rank holds a critic replica; value gradients are summed like the policy's."""
-    gae = ['algo.advantage="gae"', "train.micro_batch_size=4"]
+    gae = ['algo.advantage="gae"', "train.micro_batch_size=4", *FP32]  # see the test above for fp32
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "one", train__steps=2), *gae]), quiet=True)
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "two", train__steps=2), *gae, "dist.learners=2",
                              "dist.timeout_s=120"]), quiet=True)

@@ -12,7 +12,7 @@ from rlvr.config import load_config
 from rlvr.lora import ADAPTER_DIR, apply_lora, is_lora, merged_state_dict
 from rlvr.train.loop import setup, train, train_step
 from rlvr.types import SamplingParams
-from tests.test_train import TIMING, overrides, read_metrics
+from tests.test_train import FP32, TIMING, overrides, read_metrics
 from tests.tiny import make_tiny_model
 
 PROBE = torch.tensor([[5, 17, 99, 42, 7, 120, 33, 64, 8, 200]])
@@ -48,9 +48,10 @@ def test_merged_weights_are_the_adapted_policy() -> None:
     torch.testing.assert_close(merged["model.layers.0.self_attn.q_proj.weight"], by_hand)
 
 
+@pytest.mark.dtype_independent  # pinned to fp32
 def test_after_an_update_the_engine_samples_from_the_adapted_weights(tiny_dir: Path, tmp_path: Path) -> None:
     """The bug users report most: adapter updates that never reach the rollout engine."""
-    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "lora"), "lora.rank=4", "train.lr=5e-2"])
+    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "lora"), "lora.rank=4", "train.lr=5e-2", *FP32])
     (tmp_path / "lora").mkdir()
     run = setup(cfg, tmp_path / "lora")
     assert is_lora(run.learner.model) and not is_lora(run.engine.model) and not run.shared_weights
@@ -66,10 +67,11 @@ def test_after_an_update_the_engine_samples_from_the_adapted_weights(tiny_dir: P
     torch.testing.assert_close(torch.tensor(c.logprobs), logprobs(run.learner.model, ids)[3:], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.dtype_independent  # pinned to fp32
 def test_lora_checkpoints_are_plain_models_and_resume_exactly(tiny_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    extra = ["lora.rank=4", "lora.alpha=8", "train.lr=5e-2"]
+    extra = ["lora.rank=4", "lora.alpha=8", "train.lr=5e-2", *FP32]  # compared with an fp32 model below
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "straight", train__steps=3), *extra]), quiet=True)
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "resumed", train__steps=2), *extra,
                              "checkpoint_every=1"]), quiet=True)
@@ -86,3 +88,28 @@ def test_lora_checkpoints_are_plain_models_and_resume_exactly(tiny_dir: Path, tm
     assert (logprobs(merged) - logprobs(AutoModelForCausalLM.from_pretrained(tiny_dir))).abs().max() > 1e-3
     with pytest.raises(ValueError, match="lora"):
         load_config(None, [*overrides(tiny_dir, tmp_path, "x"), "lora.rank=4", 'algo.advantage="gae"'])
+
+
+def test_in_bf16_the_merge_is_the_exact_merge_rounded_a_few_times() -> None:
+    """With bf16 weights the engine gets W + s·BA computed in bf16: the product BA and its
+    scaling are each rounded once (≤ 2u|ΔW|), the sum once more (≤ u|W + ΔW|), u = 2^-8 (see
+    tests/precision.py). Every merged weight must be within that of the exact float64 merge."""
+    from tests.precision import U_BF16
+
+    adapted = apply_lora(make_tiny_model(dtype=torch.bfloat16), rank=4, alpha=8.0)
+    with torch.no_grad():
+        for n, p in adapted.named_parameters():
+            if "lora_" in n:
+                p.normal_(0, 0.5)
+    merged = {k: v.detach() for k, v in merged_state_dict(adapted).items()}
+    checked = 0
+    for name, module in adapted.get_base_model().named_modules():
+        if hasattr(module, "lora_A") and "default" in module.lora_A:
+            w = module.base_layer.weight.detach().double()
+            delta = 2.0 * module.lora_B["default"].weight.detach().double() @ module.lora_A["default"].weight.detach().double()
+            bound = U_BF16 * ((w + delta).abs() + 2 * delta.abs())
+            error = (merged[f"{name}.weight"].double() - (w + delta)).abs()
+            assert merged[f"{name}.weight"].dtype == torch.bfloat16 and bool((error <= bound).all()), name
+            assert float(delta.abs().max()) > 0.1  # the adapter does move the weights
+            checked += 1
+    assert checked > 0

@@ -44,8 +44,18 @@ def test_device_names() -> None:
             resolve_device("cuda:0")
 
 
+def test_auto_dtype_can_be_forced_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32), ("bfloat16", torch.bfloat16)):
+        monkeypatch.setenv("RLVR_AUTO_DTYPE", value)
+        assert resolve_dtype("auto") is dtype and resolve_dtype("fp32") is torch.float32  # only "auto" moves
+    monkeypatch.setenv("RLVR_AUTO_DTYPE", "fp16")
+    with pytest.raises(ValueError, match="RLVR_AUTO_DTYPE='fp16'"):
+        resolve_dtype("auto")
+
+
 def test_auto_dtype_decision_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path))
+    monkeypatch.delenv("RLVR_AUTO_DTYPE", raising=False)
     from rlvr import models
 
     if not models.bf16_supported("cpu"):

@@ -13,7 +13,7 @@ from rlvr.config import load_config
 from rlvr.data.pretraining import text_examples
 from rlvr.train import rlp
 from rlvr.train.loop import setup, train
-from tests.test_train import overrides, read_metrics
+from tests.test_train import FP32, overrides, read_metrics
 from tests.tiny import make_tiny_model
 
 CORPUS = ("The river runs past the old mill and under the stone bridge before it reaches the sea.\n\n"
@@ -53,12 +53,22 @@ def _rlp_config(tiny_dir: Path, tmp_path: Path, name: str, **extra: object) -> l
 
 @torch.no_grad()
 def _summed(model: torch.nn.Module, ids: list[int], k: int) -> float:
-    logp = model(input_ids=torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+    logp = model(input_ids=torch.tensor([ids])).logits[0, :-1].double().log_softmax(-1)
     return float(sum(logp[i - 1, ids[i]] for i in range(len(ids) - k, len(ids))))
 
 
-def test_the_reward_is_the_thoughts_information_gain_over_the_ema(tiny_dir: Path, tmp_path: Path) -> None:
-    cfg = load_config(None, _rlp_config(tiny_dir, tmp_path, "gain"))
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_reward_is_the_thoughts_information_gain_over_the_ema(precision: str, tiny_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """Against a recompute by full forward passes of the policy and of the EMA (the initial
+    model). fp32: to fp32 rounding of a sum of ~k log-probs of magnitude ~30. bf16: the run scores
+    a packed batch, the recompute single rows; each of the k target tokens' log-probs may then
+    differ by 3 × the network's bf16 noise (tests/precision.py), on each of the two terms."""
+    from tests.precision import logprob_noise
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    cfg = load_config(None, [*_rlp_config(tiny_dir, tmp_path, "gain"), f'train.precision="{precision}"',
+                             f'engine.dtype="{ {"fp32": "float32", "bf16": "bfloat16"}[precision] }"'])
     (tmp_path / "gain").mkdir()
     run = setup(cfg, tmp_path / "gain")
     with torch.no_grad():  # make the policy differ from its EMA, as it will after updates
@@ -76,14 +86,19 @@ def test_the_reward_is_the_thoughts_information_gain_over_the_ema(tiny_dir: Path
         context = tok(ex.fields["context"])["input_ids"]
         target = tok(ex.fields["target"], add_special_tokens=False)["input_ids"]
         close = tok("</think>", add_special_tokens=False)["input_ids"]
-        baseline = _summed(make_tiny_model(), context + target, len(target))  # the EMA is still the initial model
+        initial = make_tiny_model(dtype=dtype)  # the EMA is still the initial model
+        baseline = _summed(initial, context + target, len(target))
         for x in g.samples:
             closed = "</think>" in x.completion.text
-            with_thought = _summed(run.learner.model, list(x.prompt_ids) + list(x.completion.token_ids)
-                                   + ([] if closed else close) + target, len(target))
-            assert x.reward_parts["information_gain/no_thought"] == pytest.approx(baseline, abs=1e-4)
-            assert x.reward_parts["information_gain/with_thought"] == pytest.approx(with_thought, abs=1e-4)
-            assert x.reward == pytest.approx(with_thought - baseline, abs=1e-4)
+            ids = list(x.prompt_ids) + list(x.completion.token_ids) + ([] if closed else close) + target
+            with_thought = _summed(run.learner.model, ids, len(target))
+            tol = 1e-4
+            if precision == "bf16":
+                noise = max(logprob_noise(run.learner.model, ids), logprob_noise(initial, context + target))
+                tol = 3 * len(target) * noise
+            assert x.reward_parts["information_gain/no_thought"] == pytest.approx(baseline, abs=tol)
+            assert x.reward_parts["information_gain/with_thought"] == pytest.approx(with_thought, abs=tol)
+            assert x.reward == pytest.approx(with_thought - baseline, abs=2 * tol)
         assert list(g.samples[0].prompt_ids) == context + tok("\n<think>", add_special_tokens=False)["input_ids"]
 
 

@@ -47,6 +47,12 @@ def overrides(tiny_dir: Path, out: Path, name: str, reward: str = "distinct_char
     return [f"{k}={v}" for k, v in base.items()]
 
 
+FP32 = ['train.precision="fp32"', 'engine.dtype="float32"']
+"""For tests that compare two computations to fp32 rounding: "auto" may pick bf16 on this CPU
+(or RLVR_AUTO_DTYPE=bf16, as CI's second pass sets), where each stored value is rounded to 8
+significant bits, and the comparison would measure bf16 rounding instead of the property."""
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -42,7 +42,7 @@ class _HeadLogprobs(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, hidden_NH: torch.Tensor, weight_VH: torch.Tensor,
         targets_N: torch.Tensor, temperature: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        z_NV = (hidden_NH @ weight_VH.T).float()
+        z_NV = _at_least_fp32(hidden_NH @ weight_VH.T)
         if temperature != 1.0:
             z_NV /= temperature
         logz_N = torch.logsumexp(z_NV, dim=-1)
@@ -61,7 +61,7 @@ class _HeadLogprobs(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
         hidden_NH, weight_VH, targets_N, logz_N, mean_z_N = ctx.saved_tensors  # type: ignore[attr-defined]
         temperature: float = ctx.temperature  # type: ignore[attr-defined]
-        z_NV = (hidden_NH @ weight_VH.T).float()
+        z_NV = _at_least_fp32(hidden_NH @ weight_VH.T)
         if temperature != 1.0:
             z_NV /= temperature
         grad_NV = torch.exp(z_NV - logz_N[:, None])  # p
@@ -83,6 +83,11 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_hidden = grad_NV @ weight_VH if ctx.needs_input_grad[0] else None  # type: ignore[attr-defined]
         grad_weight = grad_NV.T @ hidden_NH if ctx.needs_input_grad[1] else None  # type: ignore[attr-defined]
         return grad_hidden, grad_weight, None, None
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """bf16 logits are taken to fp32 for the softmax; a float64 model (the tests' exact reference) stays float64."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def token_logprobs(
@@ -119,13 +124,14 @@ def token_logprobs(
         _HeadLogprobs.apply(hidden_NH[i : i + chunk_size], head.weight, targets_N[i : i + chunk_size], temperature)
         for i in range(0, hidden_NH.shape[0], chunk_size)
     ]
-    logprobs_N = torch.cat([p[0] for p in pieces]) if pieces else hidden_NH.new_zeros(0, dtype=torch.float32)
-    entropy_N = torch.cat([p[1] for p in pieces]) if pieces else hidden_NH.new_zeros(0, dtype=torch.float32)
+    dtype = torch.promote_types(hidden_NH.dtype, torch.float32)
+    logprobs_N = torch.cat([p[0] for p in pieces]) if pieces else hidden_NH.new_zeros(0, dtype=dtype)
+    entropy_N = torch.cat([p[1] for p in pieces]) if pieces else hidden_NH.new_zeros(0, dtype=dtype)
     shape = input_ids_BT.shape
     full_mask = torch.zeros(shape, dtype=torch.bool, device=input_ids_BT.device)
     full_mask[:, 1:] = select_BT
-    logprobs_BT = torch.zeros(shape, dtype=torch.float32, device=input_ids_BT.device).masked_scatter(full_mask, logprobs_N)
-    entropy_BT = torch.zeros(shape, dtype=torch.float32, device=input_ids_BT.device).masked_scatter(full_mask, entropy_N)
+    logprobs_BT = torch.zeros(shape, dtype=dtype, device=input_ids_BT.device).masked_scatter(full_mask, logprobs_N)
+    entropy_BT = torch.zeros(shape, dtype=dtype, device=input_ids_BT.device).masked_scatter(full_mask, entropy_N)
     return logprobs_BT, entropy_BT
 
 

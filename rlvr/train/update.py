@@ -166,8 +166,9 @@ def _old_rows(old: Sequence[torch.Tensor | None], micro: list[int], current_BT: 
 
 def _rows(per_sample: list[torch.Tensor], micro: list[int], mask_BT: torch.Tensor) -> torch.Tensor:
     """Scatter per-sample completion values into the micro-batch's [B, T] layout."""
-    out = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
-    return out.masked_scatter(mask_BT, torch.cat([per_sample[i] for i in micro]))
+    values = torch.cat([per_sample[i] for i in micro])
+    out = torch.zeros(mask_BT.shape, dtype=torch.promote_types(values.dtype, torch.float32), device=mask_BT.device)
+    return out.masked_scatter(mask_BT, values.to(out.dtype))
 
 
 def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor, dict[str, float]]:
