@@ -377,14 +377,14 @@ def _read_prompts(path: Path) -> list[str]:
 
 
 def _sandbox(args: argparse.Namespace) -> int:
-    from rlvr.sandbox import Limits, Sandbox, SandboxUnavailable
+    from rlvr.sandbox import Limits, Sandbox, SandboxError, SandboxUnavailable
 
     code = Path(args.file).read_text()
     stdin = Path(args.stdin).read_text() if args.stdin else ""
     limits = Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout + 0.999)), memory_mb=args.memory)
     try:
         result = Sandbox(args.isolation, limits).run_python(code, stdin)
-    except SandboxUnavailable as err:
+    except (SandboxUnavailable, SandboxError) as err:  # no verdict on the program: not a failed run
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(result.to_json())

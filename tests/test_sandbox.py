@@ -249,3 +249,15 @@ def test_a_run_that_never_starts_is_retried_then_raised_never_a_result(monkeypat
 def test_a_program_cannot_pass_its_own_failure_off_as_the_sandboxs(program: str) -> None:
     r = run(program)
     assert r.infra_error is None and not r.ok and r.exit_code in (1, 128 + 9, 3)
+
+
+def test_cli_says_when_the_sandbox_could_not_run_the_program(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    prog = tmp_path / "prog.py"
+    prog.write_text("print(1)")
+    sb.check_isolation("auto")
+    monkeypatch.setattr(sb, "_PRLIMIT", "/usr/bin/no-such-prlimit")
+    monkeypatch.setattr(sb, "_BACKOFF_S", 0.01)
+    assert main(["sandbox", "run", str(prog)]) == 2  # no JSON result: nothing is known about the program
+    out = capsys.readouterr()
+    assert out.out == "" and "could not run the program in 3 attempts" in out.err
