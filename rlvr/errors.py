@@ -8,3 +8,8 @@ class InfrastructureError(RuntimeError):
     could not start the program, a judge service that is down. Raise it from a reward (or return
     an instance in a group reward's list) and the sample is counted as ``<name>/error`` and
     excluded from the update, never scored 0; with ``on_reward_error = "stop"`` the run stops."""
+
+
+class RunDirError(RuntimeError):
+    """A run directory cannot be used as asked (it exists already, has nothing to resume, or lacks
+    what a resumed method needs)."""

@@ -328,7 +328,8 @@ def test_loss_gets_the_clip_settings_it_takes() -> None:
 def test_bnpo_decomposition_fits_only_the_reward_components() -> None:
     """Flags ("<name>/excluded", "<name>/error") and weight-0 diagnostics (an environment's
     "turns") are reward parts but not rewards: only the components enter the decomposition."""
-    from rlvr.train.update import UpdateSettings, _reward_parts
+    from rlvr.train.advantages import _reward_parts
+    from rlvr.train.settings import UpdateSettings
     from rlvr.types import Completion, Group, Sample
 
     def sample(correct: float, fmt: float) -> Sample:

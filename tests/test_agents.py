@@ -447,7 +447,9 @@ def test_outcome_estimators_that_read_more_than_the_reward_work_on_episodes(
     def single_turn(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a multi-turn run sampled a single-turn completion")
 
-    monkeypatch.setattr(loop, "generate_groups", single_turn)
+    from rlvr.train.methods import remax
+
+    monkeypatch.setattr(remax, "generate_groups", single_turn)
     extra = ['env.name="guess_number"', "env.kwargs={low = 1, high = 3, max_guesses = 3}", "env.max_turns=3",
              "sampling.max_new_tokens=4", 'rewards=[{fn = "tests.test_train:distinct_chars"}]', *algo]
     loop.train(load_config(None, [*overrides(tiny_dir, tmp_path, "run", train__steps=2), *extra]), quiet=True)

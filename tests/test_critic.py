@@ -131,7 +131,9 @@ def test_gae_puts_each_turns_reward_on_that_turns_last_sampled_token() -> None:
     With V = 0, γ = λ = 1 (no whitening) a token's advantage is the reward still to come, so
     turn 0's tokens get 1.25 and turn 1's (and the observation's) only 1: the intermediate
     reward is not summed onto the episode's last token."""
-    from rlvr.train.update import UpdateSettings, _reward_positions, _token_advantages
+    from rlvr.train.advantages import reward_positions as _reward_positions
+    from rlvr.train.advantages import token_advantages as _token_advantages
+    from rlvr.train.settings import UpdateSettings
     from rlvr.types import Completion, Sample
 
     episode = Completion((5, 6, 7, 8, 9, 10), (0.0,) * 6, "stop", "", loss_mask=(1, 1, 0, 0, 1, 1),

@@ -13,7 +13,7 @@ import torch
 from rlvr.algos import DIVERGENCES
 from rlvr.config import load_config
 from rlvr.train.loop import train
-from rlvr.train.rehearsal import FILE
+from rlvr.train.methods.rehearsal import FILE
 from rlvr.train.update import UpdateSettings, update_policy
 from tests.test_train import TIMING, read_metrics
 
@@ -103,6 +103,7 @@ def test_rehearsal_resumes_exactly(tiny_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("divergence", sorted(DIVERGENCES))
 def test_micro_batching_does_not_change_the_divergence_gradient(divergence: str) -> None:
     """The rehearsal term is a token mean over the whole rehearsal batch, whatever the micro-batch."""
+    from rlvr.train.methods.rehearsal import Divergence
     from tests.test_learner import GROUPS, SGDRecorder, assert_grads_close, exact_model, make_groups
 
     stored = [x for g in make_groups([[1.0, 1.0, 1.0], [1.0, 1.0]], seed=5) for x in g.samples]
@@ -114,7 +115,7 @@ def test_micro_batching_does_not_change_the_divergence_gradient(divergence: str)
         recorder = SGDRecorder(exact_model(), lr=0.1)  # float64: see test_learner.EXACT
         settings = UpdateSettings(micro_batch_size=micro, mini_batches=2, divergence=divergence, divergence_coef=1.0)
         metrics = update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
-                                generator=torch.Generator().manual_seed(0), rehearsal=stored)
+                                generator=torch.Generator().manual_seed(0), terms=[Divergence(stored)])
         return recorder.grads, metrics
 
     whole, metrics = grads(6)
@@ -124,7 +125,7 @@ def test_micro_batching_does_not_change_the_divergence_gradient(divergence: str)
 
 
 def test_rehearsal_batches_cycle_without_repeating_a_sample() -> None:
-    from rlvr.train.rehearsal import Rehearsal
+    from rlvr.train.methods.rehearsal import Rehearsal
     from tests.test_learner import make_groups
 
     stored = [x for g in make_groups([[1.0, 1.0, 1.0]]) for x in g.samples]

@@ -13,7 +13,7 @@ import torch
 from rlvr.algos import LOSSES
 from rlvr.algos.supervised import chord_mu
 from rlvr.config import load_config
-from rlvr.train.expert import demonstration
+from rlvr.train.methods.expert import demonstration
 from rlvr.train.loop import setup, train
 from tests.test_train import overrides, read_metrics
 
@@ -46,12 +46,12 @@ def test_a_demonstration_is_the_template_after_the_engines_prompt(tiny_dir: Path
     cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "demo"), 'expert.mode="chord"', *EXPERT])
     (tmp_path / "demo").mkdir()
     run = setup(cfg, tmp_path / "demo")
-    demo = demonstration(run, 0, tuple(run.prompt_ids[0]))
-    example = run.examples[0]
+    demo = demonstration(run, 0, tuple(run.task.prompt_ids[0]))
+    example = run.task.examples[0]
     text = f"{example.fields['entry']['metadata']['expression']} = {example.answer}"
     assert demo.completion.text == text and demo.off_policy
     assert run.tokenizer.decode(list(demo.completion.token_ids)) == text + "<|im_end|>"
-    assert demo.prompt_ids == tuple(run.prompt_ids[0]) and set(demo.completion.logprobs) == {0.0}
+    assert demo.prompt_ids == tuple(run.task.prompt_ids[0]) and set(demo.completion.logprobs) == {0.0}
     assert demo.reward == pytest.approx(len(set(text)) / 8.0)  # scored by the run's reward (distinct_chars)
 
 
@@ -80,7 +80,7 @@ def test_luffy_mixes_a_demonstration_into_every_group(tiny_dir: Path, tmp_path: 
     (tmp_path / "spy").mkdir()
     run = setup(load_config(None, [*overrides(tiny_dir, tmp_path, "spy"), *extra]), tmp_path / "spy")
     seen: list = []
-    run.sampler.observe = seen.extend
+    run.rollouts.sampler.observe = seen.extend  # type: ignore[method-assign]
     _, groups = train_step(run, 1)
     assert [len(g.samples) for g in seen] == [4] * 4 and [len(g.samples) for g in groups] == [5] * 4
     assert all(len(g.metadata["advantages"]) == len(g.samples) for g in seen + groups)

@@ -613,7 +613,7 @@ def test_turn_credit_gives_each_turn_its_own_advantage() -> None:
 
 
 def test_a_token_cap_cuts_micro_batches_without_changing_the_gradient() -> None:
-    from rlvr.train.update import _micro_batches
+    from rlvr.train.batches import micro_batches as _micro_batches
 
     groups = make_groups(GROUPS)
     samples = [x for g in groups for x in g.samples]

@@ -54,7 +54,7 @@ def test_after_an_update_the_engine_samples_from_the_adapted_weights(tiny_dir: P
     cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "lora"), "lora.rank=4", "train.lr=5e-2", *FP32])
     (tmp_path / "lora").mkdir()
     run = setup(cfg, tmp_path / "lora")
-    assert is_lora(run.learner.model) and not is_lora(run.engine.model) and not run.shared_weights
+    assert is_lora(run.learner.model) and not is_lora(run.engine.model) and not run.updater.shared_weights
     before = logprobs(run.learner.model)
     torch.testing.assert_close(logprobs(run.engine.model), before, atol=1e-5, rtol=1e-5)
     train_step(run, 1)

@@ -11,7 +11,7 @@ import torch
 
 from rlvr.config import load_config
 from rlvr.data.pretraining import text_examples
-from rlvr.train import rlp
+from rlvr.train.methods import rlp
 from rlvr.train.loop import setup, train
 from tests.test_train import FP32, overrides, read_metrics
 from tests.tiny import make_tiny_model
@@ -77,12 +77,12 @@ def test_the_reward_is_the_thoughts_information_gain_over_the_ema(precision: str
     from rlvr.train.rollouts import generate_groups
     from rlvr.types import SamplingParams
 
-    groups = generate_groups(run.engine, run.examples, run.prompt_ids, [0, 1], run.rewards,
+    groups = generate_groups(run.engine, run.task.examples, run.task.prompt_ids, [0, 1], run.task.rewards,
                              SamplingParams(temperature=1.0, max_new_tokens=6, n=3))
-    scored = rlp.score_groups(run, groups)
+    scored = rlp.score_groups(run, run.methods["rlp"].ema, groups, run.task.examples)  # type: ignore[attr-defined]
     tok = run.tokenizer
     for g in scored:
-        ex = run.examples[g.samples[0].prompt_index]
+        ex = run.task.examples[g.samples[0].prompt_index]
         context = tok(ex.fields["context"])["input_ids"]
         target = tok(ex.fields["target"], add_special_tokens=False)["input_ids"]
         close = tok("</think>", add_special_tokens=False)["input_ids"]
@@ -124,7 +124,7 @@ def test_an_rlp_run_trains_thoughts_and_resumes_exactly(tiny_dir: Path, tmp_path
 
 
 def test_the_summary_line_shows_the_held_out_reward_when_accuracy_says_nothing() -> None:
-    from rlvr.train.loop import summary_line
+    from rlvr.train.records import summary_line
 
     zero = {"eval_before": {"eval/accuracy": 0.0, "eval/reward": -13.4}, "eval_after": {"eval/accuracy": 0.0,
                                                                                     "eval/reward": -12.1}}

@@ -1,5 +1,6 @@
-"""Which prompts each step trains on. A sampler has `next_batch(n)`, `observe(groups)` and a
-state dict saved in checkpoints, so that a resumed run sees exactly the prompts it would have."""
+"""Which prompts each step trains on. A sampler has `next_batch(n)`, `observe(groups)`, the
+epoch it is in, its metrics (logged as sampler/<key>), and a state dict saved in checkpoints, so
+that a resumed run sees exactly the prompts it would have."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from rlvr.types import Group
 class Sampler(Protocol):
     def next_batch(self, n: int) -> list[int]: ...
     def observe(self, groups: list[Group]) -> None: ...
+    def metrics(self) -> dict[str, float]: ...
+    @property
+    def epoch(self) -> float: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
@@ -38,6 +42,9 @@ class UniformSampler:
 
     def observe(self, groups: list[Group]) -> None:
         """Uniform sampling ignores outcomes."""
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
     @property
     def epoch(self) -> float:

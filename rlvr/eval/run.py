@@ -37,7 +37,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     from rlvr.rollout.engine import EmbeddedEngine
     from rlvr.train.data import load_examples
     from rlvr.train.rollouts import generate_groups, is_correct
-    from rlvr.train.update import score_certainty
+    from rlvr.train.batches import score_certainty
 
     bad = [k for k in ks if not 1 <= k <= n]
     if bad:

@@ -138,8 +138,8 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
         kwargs = dict(spec.get("kwargs", {}))
         routing: dict[str, Any] = {"sources": tuple(str(x) for x in spec.get("sources") or ()),
                                    "source_field": str(spec.get("source_field") or "task")}
-        if fn_spec == "information_gain":  # RLP: computed by the loop from the policy and its EMA (rlvr.train.rlp)
-            from rlvr.train.rlp import information_gain
+        if fn_spec == "information_gain":  # RLP: computed from the policy and its EMA (rlvr.train.methods.rlp)
+            from rlvr.train.methods.rlp import information_gain
 
             if kwargs:
                 raise ValueError(f"reward {name!r}: information_gain takes no kwargs (its settings are in [rlp])")

@@ -36,6 +36,15 @@ from rlvr.types import Completion, FinishReason, SamplingParams
 class Engine(Protocol):
     """What the training loop needs from a rollout engine."""
 
+    eos_token_ids: list[int]
+    pad_token_id: int
+    generator: torch.Generator
+    """The engine's random stream: what each call's sampling seeds are drawn from (checkpointed)."""
+    @property
+    def version(self) -> int | None:
+        """The version of the weights it samples with (rollout workers count updates); None locally."""
+        ...
+
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, progress: Callable[[int], None] | None = None
     ) -> list[list[Completion]]:
@@ -45,6 +54,14 @@ class Engine(Protocol):
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load new policy weights (a no-op when the engine shares the learner's model)."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """What the engine logs each step (rollout workers: the weight version, restarts)."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds (actors, GPU memory); the run is over."""
         ...
 
 
@@ -86,6 +103,12 @@ class EmbeddedEngine:
         with torch.no_grad():
             for name, param in self.model.state_dict().items():
                 param.copy_(state_dict[name])
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
 
     def offer_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Weights of `version` for partial rollouts, safe to call from another thread: loaded at

@@ -106,6 +106,12 @@ class VLLMEngine:
         self.llm.collective_rpc("rlvr_load_weights", args=(weights,))
         self.llm.reset_prefix_cache()  # cached prefixes were computed by the old weights
 
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
     def sleep(self, level: int = 1) -> None:
         """Free the GPU memory of the weights (level 1 keeps them on the CPU) and the KV cache."""
         self.llm.sleep(level=level)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from rlvr.rewards import RewardFn
 from rlvr.rollout.engine import Engine
 from rlvr.train.rollouts import generate_groups, is_correct
 from rlvr.types import Completion, Group, Sample, SamplingParams
+
+if TYPE_CHECKING:
+    from rlvr.train.run import Run
 
 
 @dataclass
@@ -334,3 +338,90 @@ def template_variants(templates: list[str], render: Callable[[str], list[int]], 
         return out
 
     return variants
+
+
+@dataclass
+class Collected:
+    """A step's rollouts, as the rollout strategy gathered them."""
+
+    gathered: Gathered
+    replayed: list[Group]
+    tokens: int
+    """Completion tokens sampled (kept or not)."""
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What the collection itself reports beyond the strategy's (asynchronous rollouts: staleness)."""
+
+    @property
+    def groups(self) -> list[Group]:
+        """What the step trains on: the new groups, then the replayed ones."""
+        return self.gathered.train + self.replayed
+
+
+class Rollouts:
+    """Collects each step's groups (replayed ones first taken from the buffer, then fresh ones by
+    the configured strategy), and lets the sampler observe them and the buffer keep them. Here
+    the collection runs when the step asks for it; rlvr.scaleout.pipeline runs it ahead."""
+
+    def __init__(self, sampler: Sampler, replay: ReplayBuffer | None) -> None:
+        self.sampler, self.replay = sampler, replay
+
+    def take(self, run: Run, step: int) -> Collected:
+        """Step's rollouts."""
+        return collect(run, step)
+
+    def observe(self, own: list[Group], aside: list[Group], step: int) -> None:
+        """The sampler learns from every group generated this step (set-aside ones have zero
+        advantage); the replay buffer keeps the fresh ones."""
+        for g in aside:
+            g.metadata.setdefault("advantages", [0.0] * len(g.samples))
+        self.sampler.observe(own + aside)
+        if self.replay is not None:
+            self.replay.add(own, step)
+
+    def metrics(self, replayed: list[Group]) -> dict[str, float]:
+        out: dict[str, float] = {"epoch": float(self.sampler.epoch)}
+        out |= {f"sampler/{k}": float(v) for k, v in self.sampler.metrics().items()}
+        if self.replay is not None:
+            out["replay/groups"] = float(len(replayed))
+            out["replay/age_mean"] = statistics.fmean(g.metadata["age"] for g in replayed) if replayed else 0.0
+            out["replay/buffer_size"] = float(len(self.replay.items))
+        return out
+
+    def drain(self) -> None:
+        """Wait for work under way (nothing here); before a checkpoint or an evaluation."""
+
+    def close(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict(),
+                **({"replay": self.replay.state_dict()} if self.replay is not None else {})}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        if self.replay is not None and "replay" in state:
+            self.replay.load_state_dict(state["replay"])
+
+
+def collect(run: Run, step: int) -> Collected:
+    """Step's rollouts: replayed groups, then fresh ones by the configured rollout strategy; the
+    methods fill in rewards that need the policy (`Method.rescore`) before a strategy sees them."""
+    t0 = time.perf_counter()
+    cfg, task, replay = run.cfg, run.task, run.rollouts.replay
+    n = cfg.train.prompts_per_step
+    rng = np.random.default_rng([cfg.seed, step, 7])
+    replayed = replay.take(n, step, rng) if replay is not None else []
+
+    def rescore(groups: list[Group]) -> list[Group]:
+        for method in run.methods.values():
+            groups = method.rescore(run, groups, task.examples, held_out=False)
+        return groups
+
+    episodes = task.episodes
+    source = Source(run.engine, task.examples, task.prompt_ids, task.rewards, task.params, run.rollouts.sampler, rng,
+                    on_error=cfg.on_reward_error, variants=task.variants,
+                    episodes=None if episodes is None else lambda ix, k: episodes(run.engine, task.examples, ix, k),
+                    rescore=rescore if any(r.intrinsic for r in task.rewards) else None)
+    gathered = ROLLOUTS[cfg.sampler.rollouts](source, n - len(replayed), **cfg.sampler.rollouts_kwargs)
+    return Collected(gathered, replayed, source.tokens, time.perf_counter() - t0)

@@ -1,15 +1,22 @@
-"""What a run trains on: its examples (training and held-out), the prompt sampler over them, and
-the builder of multi-turn episodes when the task is an environment."""
+"""What a run trains on: its examples (training and held-out) rendered as the engine's prompts,
+its rewards and sampling settings, the prompt sampler over them, and the builder of multi-turn
+episodes when the task is an environment."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
 
 from rlvr.agents.envs import env_factory
 from rlvr.agents.runner import ChatDelta, Limits, Summarize, episode_groups
 from rlvr.config import RunConfig
-from rlvr.data import Example, jsonl_examples, reasoning_gym_examples
+from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
 from rlvr.data.sampler import Sampler, UniformSampler
 from rlvr.data.tasks import (
     CODE_INSTRUCTION,
@@ -19,8 +26,63 @@ from rlvr.data.tasks import (
     reasoning_gym_mixture,
 )
 from rlvr.rewards import RewardFn
-from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.rollout.engine import Engine
 from rlvr.types import Group, SamplingParams
+
+
+class Episodes(Protocol):
+    """Multi-turn environments (env.name): n episodes of each prompt index, as groups."""
+
+    def __call__(self, engine: Engine, examples: list[Example], indices: list[int], n: int, *,
+                 sampling: SamplingParams | None = None) -> list[Group]: ...
+
+
+Variants = Callable[[int, int, np.random.Generator], list[list[int]]]
+"""Prompt augmentation (sampler.templates): (prompt index, n, rng) → the n prompts its samples get."""
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """The task as the loop uses it: examples and their prompt token ids, rewards, sampling."""
+
+    examples: list[Example]
+    prompt_ids: list[list[int]]
+    eval_examples: list[Example]
+    eval_ids: list[list[int]]
+    rewards: list[RewardFn]
+    params: SamplingParams
+    """Sampling of a training step: temperature, top-p/k, the token budget, n = the group size."""
+    episodes: Episodes | None = None
+    variants: Variants | None = None
+
+
+def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[RewardFn]) -> TaskData:
+    """The run's examples rendered for the engine: a chat prompt, or (task.source = "text", RLP)
+    the raw context and the thought's opening marker."""
+    examples, held = load_examples(cfg)
+    if cfg.task.source == "text":
+        from rlvr.train.methods.rlp import prompt_ids
+
+        def encode(exs: list[Example]) -> list[list[int]]:
+            return [prompt_ids(tokenizer, ex.fields["context"], cfg.rlp.think_open) for ex in exs]
+    else:
+        def encode(exs: list[Example]) -> list[list[int]]:
+            return [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in exs]
+    s = cfg.sampling
+    params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
+                            stop=tuple(s.stop), n=cfg.algo.group_size)
+    return TaskData(examples, encode(examples), held, encode(held), rewards, params,
+                    episodes=make_episodes(cfg, tokenizer, rewards, params))
+
+
+def with_variants(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, task: TaskData) -> TaskData:
+    """The task with its prompt templates (sampler.templates), once its training examples are final."""
+    if not cfg.sampler.templates:
+        return task
+    from rlvr.train.collect import template_variants
+
+    render = lambda text: render_prompt(tokenizer, text, cfg.task.system_prompt)  # noqa: E731
+    return dataclasses.replace(task, variants=template_variants(cfg.sampler.templates, render, task.examples))
 
 logger = logging.getLogger("rlvr.train")
 
@@ -78,9 +140,9 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
     return train, held
 
 
-def make_episodes(cfg: RunConfig, engine: EmbeddedEngine, tokenizer: Any, examples: list[Example],
-                  rewards: list[RewardFn], params: SamplingParams) -> Any:
-    """With env.name: (prompt indices, n) → groups of n episodes each (rlvr.agents); else None."""
+def make_episodes(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[RewardFn],
+                  params: SamplingParams) -> Episodes | None:
+    """With env.name: the builder of episodes (rlvr.agents); else None."""
     e = cfg.env
     if e.name is None:
         return None
@@ -95,12 +157,11 @@ def make_episodes(cfg: RunConfig, engine: EmbeddedEngine, tokenizer: Any, exampl
         summarize = Summarize(at=e.summarize_at, rounds=e.summary_rounds, max_tokens=e.summary_tokens,
                               **({"instruction": e.summary_instruction} if e.summary_instruction else {}))
 
-    def episodes(indices: list[int], n: int, *, on: list[Example] | None = None,
+    def episodes(engine: Engine, examples: list[Example], indices: list[int], n: int, *,
                  sampling: SamplingParams | None = None) -> list[Group]:
-        return episode_groups(engine, tokenizer, factory, examples if on is None else on, indices, n, rewards,
-                              sampling or params, limits, delta, engine.eos_token_ids,
-                              system_prompt=cfg.task.system_prompt, kwargs=dict(e.kwargs), summarize=summarize,
-                              mask_unfinished=e.mask_unfinished)
+        return episode_groups(engine, tokenizer, factory, examples, indices, n, rewards, sampling or params, limits,
+                              delta, engine.eos_token_ids, system_prompt=cfg.task.system_prompt,
+                              kwargs=dict(e.kwargs), summarize=summarize, mask_unfinished=e.mask_unfinished)
 
     return episodes
 

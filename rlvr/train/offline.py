@@ -38,13 +38,15 @@ from rlvr.algos.supervised import dpo_loss, sft_token_loss
 from rlvr.config import RunConfig, load_config
 from rlvr.data.chat import (PreferencePair, Tokenized, messages_of, pack, preference_pair, read_rows, tokenize_chat,
                              truncate, with_system)
-from rlvr.lora import merged_state_dict
 from rlvr.log.sinks import ConsoleProgress, JsonlSink, read_jsonl
 from rlvr.models import load_model, load_tokenizer, resolve_device, resolve_dtype
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.logprobs import packed_batch, packed_logprobs, token_budget_batches
-from rlvr.train.loop import (GracefulStop, Run, _observe, collect, evaluate, open_run, sample_rows, save,
-                             stop_if_requested, summary_line)
+from rlvr.train.collect import collect
+from rlvr.train.evaluate import evaluate
+from rlvr.train.records import sample_rows, summary_line
+from rlvr.train.run import Run, open_run, save
+from rlvr.train.stop import GracefulStop, stop_if_requested
 from rlvr.train.rollouts import group_metrics
 from rlvr.types import Group
 
@@ -310,14 +312,14 @@ def dpo(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overr
             collected = collect(run, k)
             groups = collected.gathered.train
             pairs = best_and_worst(groups)
-            out = group_metrics(groups, run.rewards[0].name) | {"pairs": float(len(pairs))}
+            out = group_metrics(groups, run.task.rewards[0].name) | {"pairs": float(len(pairs))}
             if pairs:
                 c = run.cfg.train
                 ref_P2 = reference_logprobs(ref, pairs, run.engine.pad_token_id, c.logprob_chunk, _max_tokens(cfg))
                 out |= dpo_step(run, pairs, ref_P2)
             else:
                 out["skipped_update"] = 1.0
-            _observe(run, groups, collected.gathered.aside, k)
+            run.rollouts.observe(groups, collected.gathered.aside, k)
             return out, groups
 
         return _fit(run, start, cfg.train.steps, online_step, quiet=quiet, command="dpo", live=DPO_LIVE,
@@ -388,8 +390,7 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
             for k in range(start + 1, total + 1):
                 t0 = time.perf_counter()
                 metrics, groups = step_fn(k)
-                if not run.shared_weights:  # the engine serves the new weights (evaluation, online sampling)
-                    run.engine.update_weights(merged_state_dict(run.learner.model))
+                run.updater.sync(run.engine)  # the engine serves the new weights (evaluation, online sampling)
                 seconds = time.perf_counter() - t0
                 metrics = {"step": k, **metrics, "lr": run.learner.applied_lr, "step_seconds": seconds}
                 if "tokens" in metrics:

@@ -27,7 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rlvr.train.collect import Collected, Rollouts, collect
+from rlvr.types import Group
+
+if TYPE_CHECKING:
+    from rlvr.train.run import Run
 
 
 class Pipeline:
@@ -80,3 +86,43 @@ class Pipeline:
             f.cancel()
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.pending.clear()
+
+
+class AsyncRollouts(Rollouts):
+    """`Rollouts` with the collections run ahead on the pipeline's thread (see module docstring)."""
+
+    def __init__(self, run: Run, *, lookahead: int, last_step: int, max_staleness: int, drop_stale: bool) -> None:
+        super().__init__(run.rollouts.sampler, run.rollouts.replay)
+        self.pipeline = Pipeline(lambda step: collect(run, step), lookahead=lookahead, last_step=last_step)
+        self.max_staleness, self.drop_stale = max_staleness, drop_stale
+
+    def take(self, run: Run, step: int) -> Collected:
+        """Step's collection, made while earlier steps trained. Groups with a sample from older
+        weights are trained against their sampling log-probs ("stale"); with dist.on_stale =
+        "drop", groups staler than dist.max_staleness are set aside, untrained."""
+        collected: Collected = self.pipeline.take(step)
+        serving = run.engine.version or 0  # the weights' version before this step's update
+        gathered, kept, dropped = collected.gathered, [], 0
+        for g in gathered.train:
+            staleness = serving - min(x.completion.policy_version or 0 for x in g.samples)
+            if staleness > self.max_staleness and self.drop_stale:
+                dropped += 1
+                gathered.aside.append(g)  # not trained on; the sampler still observes it
+                continue
+            if staleness > 0:
+                g.metadata["stale"] = staleness
+            kept.append(g)
+        gathered.train = kept
+        # generate_seconds is then the wait for rollouts made during earlier updates
+        collected.metrics |= {"dist/stale_dropped": float(dropped), "dist/rollout_seconds": collected.seconds}
+        return collected
+
+    def observe(self, own: list[Group], aside: list[Group], step: int) -> None:
+        """On the pipeline's thread, after the collections already under way."""
+        self.pipeline.after(super().observe, own, aside, step)
+
+    def drain(self) -> None:
+        self.pipeline.drain()
+
+    def close(self) -> None:
+        self.pipeline.close()

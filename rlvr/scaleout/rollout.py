@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from rlvr.dist import require_ray
+from rlvr.scaleout import require_ray
 from rlvr.rollout.engine import EmbeddedEngine, draw_seeds
 from rlvr.types import Completion, SamplingParams
 
-log = logging.getLogger("rlvr.dist")
+log = logging.getLogger("rlvr.scaleout")
 
 
 class RolloutWorker:

@@ -24,21 +24,28 @@ checkpoints. It starts as the initial policy, `model`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from transformers import PreTrainedModel
 
+from rlvr.data import Example
 from rlvr.data.chat import Tokenized, encode_text
 from rlvr.lora import merged_state_dict
+from rlvr.models import load_model
 from rlvr.train.logprobs import packed_batch, packed_logprobs
+from rlvr.train.methods import Method, SetupInfo, Plan
 from rlvr.types import Group
+
+if TYPE_CHECKING:
+    from rlvr.train.run import Run
 
 INFORMATION_GAIN = "information_gain"
 
 
 def information_gain(*_: Any) -> float:  # noqa: D401 - a marker: the loop computes this reward (score_groups)
     """Placeholder for the reward named "information_gain"; `score_groups` fills it in."""
-    raise RuntimeError("information_gain is computed by the training loop (rlvr.train.rlp.score_groups)")
+    raise RuntimeError("information_gain is computed by the training loop (rlvr.train.methods.rlp.score_groups)")
 
 
 def context_ids(tokenizer: Any, context: str) -> list[int]:
@@ -65,10 +72,10 @@ def _target_logprob(model: Any, rows: list[tuple[list[int], int]], pad_token_id:
     return out
 
 
-def score_groups(run: Any, groups: list[Group], examples: list[Any] | None = None) -> list[Group]:
+def score_groups(run: Run, ema: PreTrainedModel, groups: list[Group], examples: list[Example]) -> list[Group]:
     """Fill in each sample's information-gain reward (see module docstring) and add it to its total.
-    `examples` are the ones the groups' prompt indices point into (default: the training prompts)."""
-    rewards = [r for r in run.rewards if r.fn is information_gain]
+    `examples` are the ones the groups' prompt indices point into."""
+    rewards = [r for r in run.task.rewards if r.fn is information_gain]
     if not rewards:
         return groups
     cfg, tokenizer = run.cfg.rlp, run.tokenizer
@@ -76,7 +83,7 @@ def score_groups(run: Any, groups: list[Group], examples: list[Any] | None = Non
     pad, mb, chunk = run.engine.pad_token_id, run.settings.micro_batch_size, run.settings.logprob_chunk
     pred_rows, base_rows = [], []
     for g in groups:
-        example = (run.examples if examples is None else examples)[g.samples[0].prompt_index]
+        example = examples[g.samples[0].prompt_index]
         target = encode_text(tokenizer, example.fields["target"])
         base_rows.append((context_ids(tokenizer, example.fields["context"]) + target, len(target)))
         for x in g.samples:
@@ -84,7 +91,7 @@ def score_groups(run: Any, groups: list[Group], examples: list[Any] | None = Non
             closed = cfg.think_close and cfg.think_close in x.completion.text
             pred_rows.append((list(x.prompt_ids) + thought + ([] if closed else close) + target, len(target)))
     with_thought = iter(_target_logprob(run.learner.model, pred_rows, pad, mb, chunk))
-    no_thought = _target_logprob(run.ema, base_rows, pad, mb, chunk)
+    no_thought = _target_logprob(ema, base_rows, pad, mb, chunk)
     out = []
     for g, baseline in zip(groups, no_thought):
         scored = []
@@ -110,3 +117,32 @@ def ema_update(ema: Any, policy: Any, decay: float) -> None:
         if value.is_floating_point() and value.data_ptr() not in seen:  # tied weights appear under two names
             seen.add(value.data_ptr())
             value.mul_(decay).add_(current[name].to(value.dtype), alpha=1 - decay)
+
+
+class RLP(Method):
+    """Scores thoughts by their information gain (training and held-out), and moves the EMA
+    baseline toward the policy after every update."""
+
+    state_key = "ema"
+
+    def __init__(self, ema: PreTrainedModel) -> None:
+        self.ema = ema
+
+    def rescore(self, run: Run, groups: list[Group], examples: list[Example], held_out: bool) -> list[Group]:
+        return score_groups(run, self.ema, groups, examples)
+
+    def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
+        ema_update(self.ema, run.learner.model, run.cfg.rlp.ema_decay)
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.ema.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ema.load_state_dict(state)
+
+
+def build(run: Run, info: SetupInfo) -> Method | None:
+    if not any(r.fn is information_gain for r in run.task.rewards):
+        return None
+    return RLP(load_model(run.cfg.model, info.dtype, info.device).eval().requires_grad_(False))

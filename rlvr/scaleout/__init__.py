@@ -6,12 +6,12 @@
 The driver runs exactly the local loop (`rlvr.train.loop.train_step`); `attach` swaps two of its
 parts for actor-backed ones with the same interfaces:
 
-- the engine becomes a `RayEngine` (rlvr.dist.rollout): prompts are shared out to rollout worker
+- the engine becomes a `RayEngine` (rlvr.scaleout.rollout): prompts are shared out to rollout worker
   actors, each with an embedded engine, and every sample keeps the random stream the local
   engine would have given it, so the workers sample what one engine would. After each update
   the learner's weights are put in Ray's object store once and loaded by every worker, and every
   sample carries the version of the weights it was sampled with.
-- the update runs data-parallel (rlvr.dist.learners): the driver is rank 0 of a torch.distributed
+- the update runs data-parallel (rlvr.scaleout.learners): the driver is rank 0 of a torch.distributed
   group (gloo on CPU, NCCL on GPU) and `dist.learners - 1` learner actors are the other ranks.
   Every rank runs the same `update_policy` on the same groups and takes its share of the
   micro-batches; gradients are summed before each optimizer step (rlvr.train.parallel), which
@@ -26,7 +26,10 @@ seeds, so the step's samples are the ones it would have had; the restart is logg
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlvr.train.run import Run
 
 INSTALL_HINT = "pip install 'rlvr[ray]'"
 
@@ -46,11 +49,13 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> Any:
     return ray
 
 
-def attach(run: Any) -> None:
-    """Swap the run's engine and update for Ray-backed ones, per its config's [dist] section."""
-    from rlvr.dist.learners import DataParallel
-    from rlvr.dist.rollout import RayEngine
-    from rlvr.train.data import make_episodes
+def attach(run: Run) -> None:
+    """Swap the run's parts for Ray-backed ones, per its config's [dist] section: the engine for
+    rollout workers, the updater for data-parallel learners, the rollouts for the asynchronous
+    pipeline."""
+    from rlvr.scaleout.learners import DataParallel
+    from rlvr.scaleout.pipeline import AsyncRollouts
+    from rlvr.scaleout.rollout import RayEngine
 
     d = run.cfg.dist
     if d.rollout_workers == 0 and d.learners == 1:
@@ -61,22 +66,17 @@ def attach(run: Any) -> None:
     if d.rollout_workers:
         run.engine = RayEngine(run.cfg, run.learner.model, run.tokenizer, workers=d.rollout_workers,
                                timeout_s=d.timeout_s, generator=run.engine.generator)
-        run.shared_weights = False
-        run.episodes = make_episodes(run.cfg, run.engine, run.tokenizer, run.examples, run.rewards, run.params)
+        run.updater.shared_weights = False
     if d.learners > 1:
-        run.data_parallel = DataParallel(run, d.learners, timeout_s=d.timeout_s)
+        run.updater = DataParallel(run.cfg, run.updater, d.learners, timeout_s=d.timeout_s)
+    if d.async_steps:
+        lookahead = min(d.async_steps, d.max_staleness) if d.on_stale == "wait" else d.async_steps
+        run.rollouts = AsyncRollouts(run, lookahead=lookahead, last_step=run.cfg.train.steps,
+                                     max_staleness=d.max_staleness, drop_stale=d.on_stale == "drop")
 
 
-def detach(run: Any) -> None:
+def detach(run: Run) -> None:
     """Stop the run's actors and leave the process group (the end of a run, or a failure)."""
-    pipeline = getattr(run, "pipeline", None)
-    if pipeline is not None:
-        pipeline.close()
-        run.pipeline = None
-    dp = getattr(run, "data_parallel", None)
-    if dp is not None:
-        dp.close()
-        run.data_parallel = None
-    close = getattr(run.engine, "close", None)
-    if close is not None:
-        close()
+    run.rollouts.close()
+    run.updater.close()
+    run.engine.close()

@@ -1,4 +1,4 @@
-"""rlvr.dist on a local Ray: two rollout workers and two data-parallel learners reproduce the local
+"""rlvr.scaleout on a local Ray: two rollout workers and two data-parallel learners reproduce the local
 loop on the same seed; a killed rollout worker is restarted without changing the samples; a wait
 on the workers that cannot complete fails with an error instead of hanging."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="rlvr.dist needs Ray (pip install 'rlvr[ray]')")
+ray = pytest.importorskip("ray", reason="rlvr.scaleout needs Ray (pip install 'rlvr[ray]')")
 
 from rlvr.config import load_config  # noqa: E402
 from rlvr.train.loop import train  # noqa: E402
@@ -49,7 +49,7 @@ def test_two_workers_and_two_learners_give_the_local_losses(tiny_dir: Path, tmp_
 
 
 def test_a_killed_rollout_worker_is_restarted_and_the_samples_do_not_change(tiny_dir: Path, tmp_path: Path) -> None:
-    from rlvr import dist
+    from rlvr import scaleout
     from rlvr.train.loop import setup, train_step
 
     cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "kill"), "dist.rollout_workers=1", "dist.timeout_s=120"])
@@ -58,14 +58,14 @@ def test_a_killed_rollout_worker_is_restarted_and_the_samples_do_not_change(tiny
     for spread in (False, True):  # the local loop, then one rollout worker killed between steps
         run = setup(cfg, tmp_path / "kill")
         if spread:
-            dist.attach(run)
+            scaleout.attach(run)
         try:
             train_step(run, 1)
             if spread:
                 ray.kill(run.engine.workers[0])  # dead: its next requests fail and are re-run on a new worker
             metrics, groups = train_step(run, 2)
         finally:
-            dist.detach(run)
+            scaleout.detach(run)
         runs.append((metrics, [[x.completion.token_ids for x in g.samples] for g in groups]))
     (local, local_samples), (killed, killed_samples) = runs
     assert killed["dist/worker_restarts"] == 1
@@ -76,7 +76,7 @@ def test_a_killed_rollout_worker_is_restarted_and_the_samples_do_not_change(tiny
 def test_a_weight_broadcast_that_cannot_complete_fails_within_the_timeout(tiny_dir: Path, tmp_path: Path) -> None:
     import time
 
-    from rlvr.dist.rollout import RayEngine
+    from rlvr.scaleout.rollout import RayEngine
     from rlvr.models import load_model, load_tokenizer
     from rlvr.types import SamplingParams
 

@@ -15,7 +15,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlvr.dist import require_ray
+from rlvr.scaleout import require_ray
+from rlvr.train.methods import Extras
+from rlvr.train.update import UpdateSettings
+from rlvr.train.updater import Updater
+from rlvr.types import Group
 
 
 def backend(cfg: Any) -> str:
@@ -71,54 +75,54 @@ class LearnerWorker:
                                 timeout=datetime.timedelta(seconds=timeout_s))
         return rank
 
-    def load(self, model_state: dict[str, torch.Tensor], learner_state: dict[str, Any],
-             critic_state: dict[str, Any] | None = None) -> None:
+    def load(self, model_state: dict[str, torch.Tensor], learner_state: dict[str, Any]) -> None:
         self.learner.model.load_state_dict(model_state)
         self.learner.load_state_dict(learner_state)
-        if self.critic is not None and critic_state is not None:
-            self.critic.model.load_state_dict(critic_state["model"])
-            self.critic.load_state_dict(critic_state["learner"])
+
+    def load_critic(self, critic_state: dict[str, Any]) -> None:
+        assert self.critic is not None
+        self.critic.model.load_state_dict(critic_state["model"])
+        self.critic.load_state_dict(critic_state["learner"])
 
     def update(self, groups: list[Any], settings: Any, generator_state: torch.Tensor, loss_state: dict[str, float],
-               rehearsal: Any, pad_token_id: int) -> dict[str, float]:
+               pad_token_id: int) -> dict[str, float]:
         from rlvr.train.update import update_policy
 
         generator = torch.Generator()
         generator.set_state(generator_state)
         return update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, ref_model=self.ref_model,
-                             generator=generator, critic=self.critic, loss_state=loss_state, rehearsal=rehearsal)
+                             generator=generator, critic=self.critic, loss_state=loss_state)
 
     def leave(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-class DataParallel:
+class DataParallel(Updater):
     """The driver's side: starts ``learners - 1`` learner actors, forms the process group with
     them (the driver is rank 0), copies the driver's policy and optimizer state to them, and
-    runs each update on every rank (`update`, a drop-in for `update_policy`)."""
+    runs each update on every rank (an `Updater`: the loop calls it as the local one)."""
 
-    def __init__(self, run: Any, learners: int, *, timeout_s: float) -> None:
+    def __init__(self, cfg: Any, local: Updater, learners: int, *, timeout_s: float) -> None:
+        super().__init__(local.learner, pad_token_id=local.pad_token_id, seed=0, shared_weights=local.shared_weights)
+        self.generator = local.generator  # the same stream of mini-batch orders, so the run is the local one
         self.ray = require_ray()
-        d = run.cfg.dist
+        d = cfg.dist
         self.timeout_s = timeout_s
         address = "127.0.0.1" if d.address is None else self.ray.util.get_node_ip_address()
         port = _free_port()
-        if backend(run.cfg) == "nccl":  # rank 0's GPU: the one the driver's learner is on
-            torch.cuda.set_device(next(run.learner.model.parameters()).device)
+        if backend(cfg) == "nccl":  # rank 0's GPU: the one the driver's learner is on
+            torch.cuda.set_device(next(local.learner.model.parameters()).device)
         actor = self.ray.remote(LearnerWorker).options(num_cpus=d.cpus_per_worker, num_gpus=d.gpus_per_learner)
-        self.actors = [actor.remote(run.cfg, d.threads_per_worker) for _ in range(learners - 1)]
+        self.actors = [actor.remote(cfg, d.threads_per_worker) for _ in range(learners - 1)]
         joined = [a.join.remote(address, port, rank, learners, timeout_s) for rank, a in enumerate(self.actors, 1)]
-        dist.init_process_group(backend(run.cfg), init_method=f"tcp://{address}:{port}", rank=0, world_size=learners,
+        dist.init_process_group(backend(cfg), init_method=f"tcp://{address}:{port}", rank=0, world_size=learners,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         self._wait(joined, "the learner actors to join the process group")
-        model_state = self.ray.put({k: v.detach().cpu() for k, v in run.learner.model.state_dict().items()})
-        learner_state = self.ray.put(run.learner.state_dict())
-        critic_state = None if run.critic is None else self.ray.put(
-            {"model": {k: v.detach().cpu() for k, v in run.critic.model.state_dict().items()},
-             "learner": run.critic.state_dict()})
-        self._wait([a.load.remote(model_state, learner_state, critic_state) for a in self.actors],
-                   "the learners to load the policy")
+        model_state = self.ray.put({k: v.detach().cpu() for k, v in local.learner.model.state_dict().items()})
+        learner_state = self.ray.put(local.learner.state_dict())
+        self._wait([a.load.remote(model_state, learner_state) for a in self.actors], "the learners to load the policy")
+        self._critic_loaded = False
 
     def _wait(self, refs: list[Any], what: str) -> list[Any]:
         try:
@@ -126,18 +130,17 @@ class DataParallel:
         except self.ray.exceptions.GetTimeoutError as err:
             raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.timeout_s)") from err
 
-    def update(self, learner: Any, groups: list[Any], settings: Any, *, pad_token_id: int, ref_model: Any = None,
-               generator: torch.Generator | None = None, critic: Any = None, loss_state: dict[str, float] | None = None,
-               rehearsal: Any = None, expert: Any = None) -> dict[str, float]:
-        from rlvr.train.update import update_policy
-
-        assert generator is not None
-        state = generator.get_state()
-        remote = [a.update.remote(groups, settings, state, dict(loss_state or {}), rehearsal, pad_token_id)
+    def update(self, groups: list[Group], settings: UpdateSettings, extras: Extras) -> dict[str, float]:
+        if extras.critic is not None and not self._critic_loaded:  # PPO: the ranks' critics start as the driver's
+            critic = {"model": {k: v.detach().cpu() for k, v in extras.critic.model.state_dict().items()},
+                      "learner": extras.critic.state_dict()}
+            self._wait([a.load_critic.remote(self.ray.put(critic)) for a in self.actors], "the learners to load the critic")
+            self._critic_loaded = True
+        state = self.generator.get_state()
+        # the loss terms (CHORD, DPH-RL) run on rank 0 only: the workers need none of them
+        remote = [a.update.remote(groups, settings, state, dict(extras.loss_state or {}), self.pad_token_id)
                   for a in self.actors]
-        metrics = update_policy(learner, groups, settings, pad_token_id=pad_token_id, ref_model=ref_model,
-                                generator=generator, critic=critic, loss_state=loss_state, rehearsal=rehearsal,
-                                expert=expert)
+        metrics = super().update(groups, settings, extras)
         self._wait(remote, "the learner actors to finish the update")
         return metrics
 

@@ -89,7 +89,7 @@ def _llama_cpp(ids: list[list[int]], group: int, new_tokens: int) -> float | str
     """llama.cpp tokens/s, or why it was not measured."""
     if importlib.util.find_spec("llama_cpp") is None:
         return "not installed (pip install llama-cpp-python)"
-    from rlvr.bench_llama_cpp import llama_cpp_tok_s
+    from rlvr.bench.llama_cpp import llama_cpp_tok_s
 
     llama_cpp_tok_s(ids[:1], 1, 2, threads=torch.get_num_threads())  # warm-up
     return round(llama_cpp_tok_s(ids, group, new_tokens, threads=torch.get_num_threads())["tok_s"], 1)
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _part_grpo(**kwargs: Any) -> dict[str, Any]:
-    from rlvr.bench_grpo import part_grpo
+    from rlvr.bench.grpo import part_grpo
 
     return part_grpo(**kwargs)
 
@@ -184,6 +184,3 @@ def run_part(part: str, **kwargs: Any) -> dict[str, Any]:
     tail = "\n".join(out.stderr.strip().splitlines()[-8:])
     return {"part": part, "error": f"exit {out.returncode}: {tail}"}
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,57 @@
+"""Held-out evaluation during training: greedy accuracy and reward, and optionally pass@k."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import TYPE_CHECKING
+
+from rlvr.agents.runner import episode_metrics
+from rlvr.eval.metrics import pass_at_k
+from rlvr.train.rollouts import generate_groups, group_metrics, is_correct
+from rlvr.types import Group, SamplingParams
+
+if TYPE_CHECKING:
+    from rlvr.train.run import Run
+
+
+def evaluate(run: Run, step: int = 0) -> dict[str, float]:
+    """Greedy decoding on the held-out prompts: accuracy and mean reward. With
+    train.eval_samples = n, also n samples per prompt at the training temperature: eval/pass@k
+    (unbiased estimator) for k = 1, 2, 4, ... and n, from a generator seeded by the step, so the
+    training stream of random numbers is untouched and resume stays exact."""
+    run.rollouts.drain()  # the engine's random stream is not shared with a collection under way
+    task = run.task
+    if not task.eval_examples:
+        return {}
+    params = SamplingParams(temperature=0.0, max_new_tokens=task.params.max_new_tokens, stop=task.params.stop, n=1)
+    groups = _held_out(run, params)
+    m = group_metrics(groups, task.rewards[0].name)
+    out = {"eval/accuracy": m["accuracy"], "eval/reward": m["reward"], "eval/response_length": m["response_length"]}
+    out |= {f"eval/{k}": v for k, v in episode_metrics(groups).items()}
+    n = run.cfg.train.eval_samples
+    if n:
+        generator = run.engine.generator
+        saved = generator.get_state()
+        generator.manual_seed(run.cfg.seed * 1_000_003 + step)
+        try:
+            sampled = _held_out(run, dataclasses.replace(task.params, n=n), rescore=False)
+        finally:
+            generator.set_state(saved)
+        correct = [sum(is_correct(x, task.rewards[0].name) for x in g.samples) for g in sampled]
+        for k in sorted({*(2**i for i in range(n.bit_length()) if 2**i <= n), n}):
+            out[f"eval/pass@{k}"] = statistics.fmean(pass_at_k(n, c, k) for c in correct)
+    return out
+
+
+def _held_out(run: Run, params: SamplingParams, rescore: bool = True) -> list[Group]:
+    """Every held-out prompt sampled with `params` (multi-turn: episodes in fresh environments)."""
+    task = run.task
+    everything = list(range(len(task.eval_examples)))
+    if task.episodes is not None:
+        return task.episodes(run.engine, task.eval_examples, everything, params.n, sampling=params)
+    groups = generate_groups(run.engine, task.eval_examples, task.eval_ids, everything, task.rewards, params)
+    if rescore:  # rewards from the policy itself (RLP's information gain of the greedy thoughts)
+        for method in run.methods.values():
+            groups = method.rescore(run, groups, task.eval_examples, held_out=True)
+    return groups

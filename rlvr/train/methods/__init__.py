@@ -1,0 +1,133 @@
+"""Training methods composed beside the core step (rlvr.train.loop.train_step).
+
+The core step names no method: it collects groups, updates the policy, hands the new weights to
+the engine, lets the sampler observe, and logs. A method whose data flow differs plugs in
+through these seams, and only these (each optional; `Method` does nothing by default):
+
+    rescore(run, groups, examples, held_out)   rewards that need the policy itself, filled in
+                                               after sampling (training, and held-out evaluation)
+    prepare(run, plan, step) -> plan           before the update: the groups it trains on, its
+                                               settings, its extra inputs (a reference model, a
+                                               critic, demonstrations, stored samples)
+    after_update(run, plan, metrics, step)     after the update, before the weights reach the
+                                               engine; returns metrics of its own
+    metrics(run)                               metrics every step logs
+    state_dict() / load_state_dict(state)      what a checkpoint keeps, under `state_key`
+    task(task)                                 once at setup: the training data it leaves to RL
+
+A method is built by its factory in METHODS from the run (its other parts are set up) and
+`SetupInfo`; a factory returns None when the config does not ask for its method. The hooks run in
+the order of METHODS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import PreTrainedModel
+
+from rlvr.data import Example
+from rlvr.train.data import TaskData
+from rlvr.train.learner import Learner
+from rlvr.train.update import LossTerm, UpdateSettings
+from rlvr.types import Group
+
+if TYPE_CHECKING:
+    from rlvr.train.run import Run
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What an update takes beyond the groups and the settings (rlvr.train.update.update_policy's keywords)."""
+
+    ref_model: PreTrainedModel | None = None
+    critic: Learner | None = None
+    loss_state: dict[str, float] | None = None
+    terms: tuple[LossTerm, ...] = ()
+    """Gradient terms of their own beside the policy loss (CHORD's SFT, DPH-RL's divergence)."""
+
+    def keywords(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One step's update, as the methods prepared it."""
+
+    groups: list[Group]
+    """What the update trains on: this step's groups, then any replayed ones."""
+    own: list[Group]
+    """This step's groups as the policy sampled them: the sampler observes these, and the update's
+    per-sample results (advantages, masked spans) end up in them."""
+    settings: UpdateSettings
+    extras: Extras = field(default_factory=Extras)
+
+
+@dataclass(frozen=True)
+class SetupInfo:
+    """What a method's factory may need beyond the run's parts."""
+
+    device: torch.device
+    dtype: torch.dtype
+    """The learner's."""
+    optimizer_steps: int
+    """The learning-rate schedule's length."""
+    resuming: bool
+    quiet: bool
+
+
+class Method:
+    """A method's seams (see the module docstring); every hook is a no-op here."""
+
+    state_key: str | None = None
+    """The checkpoint's key for this method's state (None: it keeps none)."""
+    state_required = False
+    """A checkpoint without this method's state cannot be resumed with it (else it starts fresh)."""
+
+    def task(self, task: TaskData) -> TaskData:
+        return task
+
+    def rescore(self, run: Run, groups: list[Group], examples: list[Example], held_out: bool) -> list[Group]:
+        return groups
+
+    def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
+        return plan
+
+    def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
+        return {}
+
+    def metrics(self, run: Run) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+# The methods' modules import the seams above, so they are imported here, below them.
+from rlvr.train.methods import expert, intrinsic, kl, loss_state, ppo, rehearsal, remax, rlp  # noqa: E402
+
+METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
+    "remax": remax.build,            # ReMax: a greedy completion per prompt as the baseline
+    "kl": kl.build,                  # a reference model for the KL term; its coefficient, fixed or adaptive
+    "loss_state": loss_state.build,  # what a stateful loss keeps across steps (R²VPO's λ)
+    "ppo": ppo.build,                # PPO's learned critic (advantage = "gae")
+    "rehearsal": rehearsal.build,    # DPH-RL: a divergence to the initial policy on its stored samples
+    "luffy": expert.build_luffy,     # LUFFY: each group gets its prompt's demonstration
+    "chord": expert.build_chord,     # CHORD: (1 − μ)·RL + μ·SFT on the step's demonstrations
+    "intrinsic": intrinsic.build,    # rewards from the policy's own distributions (self-certainty, ...)
+    "rlp": rlp.build,                # RLP: the information gain of a thought over an EMA baseline
+    "relift": expert.build_relift,   # ReLIFT: SFT steps on the prompts RL keeps failing
+}
+"""Every method, by name; the order is the order their hooks run in."""
+
+
+def build_methods(run: Run, info: SetupInfo) -> dict[str, Method]:
+    """The methods the config asks for, by name, in METHODS order."""
+    built = {name: factory(run, info) for name, factory in METHODS.items()}
+    return {name: method for name, method in built.items() if method is not None}

@@ -1,0 +1,200 @@
+"""Expert demonstrations during RL: the SFT+RL hybrids CHORD, LUFFY and ReLIFT (`[expert]`).
+
+A prompt's demonstration is its task example's reference answer written out by
+`expert.template` (`rlvr.data.tasks.demonstration_text`). It is tokenized like an SFT
+conversation: after the prompt the engine sees, ending with the end-of-turn token. It is scored
+by the run's rewards like any sample.
+
+- **chord** (Zhang et al., arXiv:2508.11408): every optimizer step's loss is
+  (1 − μ_t)·L_RL + μ_t·L_SFT. L_SFT is the token mean of the weighted NLL of the step's
+  demonstrations (φ = p(1 − p) by default), and μ_t follows `rlvr.algos.supervised.chord_mu`.
+- **luffy** (Yan et al., arXiv:2504.14945): each group gets its prompt's demonstration as one
+  more sample. The group's advantages are taken over the policy's samples and the demonstration
+  together, and the demonstration is trained off-policy with the shaped weight of
+  `rlvr.algos.losses.luffy_loss`.
+- **relift** (Ma et al., "Learning What Reinforcement Learning Can't: Interleaved Online
+  Fine-Tuning for Hardest Questions", arXiv:2506.07527): RL as usual. A prompt whose group
+  accuracy is at most `relift_max_accuracy` waits in a buffer. Whenever `relift_batch` prompts
+  are waiting, one SFT step on their demonstrations follows the RL update.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlvr.algos import aggregate_loss
+from rlvr.algos.supervised import chord_mu, sft_token_loss
+from rlvr.data.chat import tokenize_chat, with_system
+from rlvr.data.tasks import Example, demonstration_text
+from rlvr.rewards.combine import score_group
+from rlvr.train.batches import batches
+from rlvr.train.learner import Learner
+from rlvr.train.logprobs import token_logprobs
+from rlvr.train.methods import Method, SetupInfo, Plan
+from rlvr.train.rollouts import is_correct
+from rlvr.train.settings import UpdateSettings
+from rlvr.types import Completion, Group, Sample
+
+if TYPE_CHECKING:
+    from rlvr.train.run import Run
+
+
+def demonstration(run: Run, index: int, prompt_ids: tuple[int, ...]) -> Sample:
+    """The expert sample for training prompt `index` (see module docstring)."""
+    cfg = run.cfg
+    example: Example = run.task.examples[index]
+    text = demonstration_text(example, cfg.expert.template)
+    messages = with_system([{"role": "user", "content": example.prompt}, {"role": "assistant", "content": text}],
+                           cfg.task.system_prompt)
+    t = tokenize_chat(run.tokenizer, messages, eos_token_ids=set(run.engine.eos_token_ids), train_turns="last")
+    start = t.mask.index(1)
+    if tuple(t.ids[:start]) != tuple(prompt_ids):
+        raise ValueError(f"the demonstration of {example.id} does not follow the prompt the engine sees (a chat "
+                         "template that renders the assistant header differently); expert demonstrations need it to")
+    tokens = tuple(i for i, m in zip(t.ids[start:], t.mask[start:]) if m)
+    completion = Completion(tokens, (0.0,) * len(tokens), "stop", text)
+    ((reward, parts),) = score_group(run.task.rewards, example.prompt, [text], example.fields, cfg.on_reward_error)
+    return Sample(tuple(prompt_ids), completion, reward, parts, index, off_policy=True)
+
+
+def step_demonstrations(run: Run, groups: list[Group]) -> list[Sample]:
+    """One demonstration per group, for the prompt it answers."""
+    return [demonstration(run, g.samples[0].prompt_index, g.samples[0].prompt_ids) for g in groups]
+
+
+class Luffy(Method):
+    """Every group the update trains on gets its prompt's demonstration; the policy's own groups
+    get their own samples' results back afterwards."""
+
+    def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
+        # a metadata dict of its own, so the update's per-sample entries do not spill into the own group
+        mixed = [replace(g, samples=(*g.samples, d), metadata=dict(g.metadata))
+                 for g, d in zip(plan.groups, step_demonstrations(run, plan.groups))]
+        return replace(plan, groups=mixed)
+
+    def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
+        for own, mixed in zip(plan.own, plan.groups):  # the first entries of a mixed group are its own samples'
+            for key in ("advantages", "masked"):
+                if key in mixed.metadata:
+                    own.metadata[key] = mixed.metadata[key][: len(own.samples)]
+        return {}
+
+
+@dataclass(frozen=True)
+class Imitation:
+    """CHORD's LossTerm: coef · (token mean of the weighted SFT loss over the demonstrations),
+    added to every optimizer step's gradient; its NLL is logged as expert/nll."""
+
+    demos: list[Sample]
+    coef: float
+    weighting: str
+
+    def add(self, learner: Learner, s: UpdateSettings, pad_token_id: int, device: torch.device,
+            sums: dict[str, float]) -> None:
+        total = float(sum(x.completion.trainable() for x in self.demos))
+        for _, batch in batches(self.demos, list(range(len(self.demos))), pad_token_id, device, s.micro_batch_size,
+                                s.micro_batch_tokens):
+            mask_BT = batch["loss_mask"]
+            logprobs_BT, _ = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"],
+                                            batch["completion_mask"], temperature=s.temperature,
+                                            chunk_size=s.logprob_chunk)
+            sft_BT = sft_token_loss(logprobs_BT, mask_BT, weighting=self.weighting)
+            (self.coef * aggregate_loss(sft_BT, mask_BT, mode="token-mean", total_tokens=total)).backward()
+            sums["_expert_tokens"] += float(mask_BT.sum())
+            sums["expert_nll"] += float(-(logprobs_BT.detach() * mask_BT).sum())
+
+
+def imitation_step(learner: Learner, demos: list[Sample], s: UpdateSettings, *, pad_token_id: int) -> dict[str, float]:
+    """One optimizer step of plain SFT (token-mean NLL) on `demos`: ReLIFT's interleaved fine-tuning."""
+    sums: dict[str, float] = defaultdict(float)
+    learner.model.train()
+    Imitation(demos, 1.0, "none").add(learner, s, pad_token_id, next(learner.model.parameters()).device, sums)
+    grad_norm = learner.step()
+    return {"expert/sft_nll": sums["expert_nll"] / sums["_expert_tokens"], "expert/sft_grad_norm": grad_norm}
+
+
+class Chord(Method):
+    """Each step's update weighs its RL loss by 1 − μ and adds μ·SFT on the step's demonstrations."""
+
+    def mu(self, run: Run, step: int) -> float:
+        e = run.cfg.expert
+        return chord_mu(step - 1, mu_peak=e.mu_peak, mu_valley=e.mu_valley, warmup_steps=e.mu_warmup_steps,
+                        decay_steps=e.mu_decay_steps or run.cfg.train.steps)
+
+    def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
+        mu = self.mu(run, step)
+        demos = step_demonstrations(run, plan.groups)
+        terms = (*plan.extras.terms, Imitation(demos, mu, run.cfg.expert.weighting)) if mu else plan.extras.terms
+        return replace(plan, settings=replace(plan.settings, expert_coef=mu), extras=replace(plan.extras, terms=terms))
+
+    def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
+        return {"expert/mu": plan.settings.expert_coef}
+
+
+@dataclass
+class HardPrompts:
+    """ReLIFT's buffer of hard prompts (training-prompt indices, oldest first)."""
+
+    pending: list[int] = field(default_factory=list)
+
+    def add(self, groups: list[Group], max_accuracy: float, primary: str) -> None:
+        for g in groups:
+            own = [x for x in g.samples if not x.off_policy]
+            accuracy = sum(is_correct(x, primary) for x in own) / len(own)
+            index = g.samples[0].prompt_index
+            if accuracy <= max_accuracy and index not in self.pending:
+                self.pending.append(index)
+
+    def take(self, n: int) -> list[int] | None:
+        """The n oldest hard prompts, if n are waiting."""
+        if len(self.pending) < n:
+            return None
+        batch, self.pending = self.pending[:n], self.pending[n:]
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pending": list(self.pending)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pending = [int(i) for i in state["pending"]]
+
+
+class Relift(Method):
+    """After each RL update: hard prompts join the buffer, and a full batch of them gets an SFT step."""
+
+    state_key = "relift"
+
+    def __init__(self) -> None:
+        self.buffer = HardPrompts()
+
+    def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
+        e = run.cfg.expert
+        self.buffer.add(plan.own, e.relift_max_accuracy, run.task.rewards[0].name)
+        hard = self.buffer.take(e.relift_batch)
+        out: dict[str, float] = {}
+        if hard is not None:
+            demos = [demonstration(run, i, tuple(run.task.prompt_ids[i])) for i in hard]
+            out |= imitation_step(run.learner, demos, plan.settings, pad_token_id=run.engine.pad_token_id)
+        return out | {"expert/relift_pending": float(len(self.buffer.pending)), "expert/relift_sft": float(hard is not None)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.buffer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffer.load_state_dict(state)
+
+
+def build_luffy(run: Run, info: SetupInfo) -> Method | None:
+    return Luffy() if run.cfg.expert.mode == "luffy" else None
+
+
+def build_chord(run: Run, info: SetupInfo) -> Method | None:
+    return Chord() if run.cfg.expert.mode == "chord" else None
+
+
+def build_relift(run: Run, info: SetupInfo) -> Method | None:
+    return Relift() if run.cfg.expert.mode == "relift" else None

@@ -1,0 +1,50 @@
+"""Rewards from the policy's own distributions (rlvr.rewards.intrinsic: self-certainty, negative
+entropy), filled in after sampling with one no-gradient pass of the policy over the completions.
+Training only: held-out evaluation scores the task's rewards."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from rlvr.data import Example
+from rlvr.rewards import RewardFn
+from rlvr.train.methods import Method, SetupInfo
+from rlvr.train.methods.rlp import information_gain
+from rlvr.train.batches import score_certainty
+from rlvr.types import Group
+
+if TYPE_CHECKING:
+    from rlvr.train.run import Run
+
+
+class IntrinsicRewards(Method):
+    def __init__(self, rewards: list[RewardFn]) -> None:
+        self.rewards = rewards
+
+    def rescore(self, run: Run, groups: list[Group], examples: list[Example], held_out: bool) -> list[Group]:
+        if held_out:
+            return groups
+        samples = [x for g in groups for x in g.samples]
+        s = run.settings
+        certainty, negative_entropy = score_certainty(run.learner.model, samples, run.engine.pad_token_id,
+                                                      temperature=s.temperature, micro_batch_size=s.micro_batch_size,
+                                                      chunk_size=s.logprob_chunk)
+        out, k = [], 0
+        for g in groups:
+            scored = []
+            for x in g.samples:
+                parts = dict(x.reward_parts)
+                total = x.reward
+                for r in self.rewards:
+                    parts[r.name] = r.fn(float(certainty[k]), float(negative_entropy[k]))
+                    total += r.weight * parts[r.name]
+                scored.append(dataclasses.replace(x, reward=total, reward_parts=parts))
+                k += 1
+            out.append(dataclasses.replace(g, samples=tuple(scored)))
+        return out
+
+
+def build(run: Run, info: SetupInfo) -> Method | None:
+    rewards = [r for r in run.task.rewards if r.intrinsic and r.fn is not information_gain]  # RLP's: methods.rlp
+    return IntrinsicRewards(rewards) if rewards else None

@@ -1,0 +1,50 @@
+"""The KL term's reference model and coefficient: fixed (algo.kl_coef), or adaptive in the
+reward (kl_placement = "reward" with algo.kl_target: rlvr.algos.kl.KLController, the PPO-RLHF
+controller of Ziegler et al., arXiv:1909.08593), updated after each step from the step's KL."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from transformers import PreTrainedModel
+
+from rlvr.algos.kl import KLController
+from rlvr.models import load_model
+from rlvr.train.methods import Method, SetupInfo, Plan
+
+if TYPE_CHECKING:
+    from rlvr.train.run import Run
+
+
+class Reference(Method):
+    state_key = "kl"
+
+    def __init__(self, ref_model: PreTrainedModel, controller: KLController) -> None:
+        self.ref_model, self.controller = ref_model, controller
+
+    def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
+        settings = plan.settings
+        if self.controller.target is not None:  # the adaptive coefficient of this step
+            settings = dataclasses.replace(settings, kl_coef=self.controller.value)
+        return dataclasses.replace(plan, settings=settings,
+                                   extras=dataclasses.replace(plan.extras, ref_model=self.ref_model))
+
+    def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
+        if "kl_reward" in metrics:
+            self.controller.update(metrics["kl_reward"], n=sum(len(g.samples) for g in plan.groups))
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.controller.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.controller.load_state_dict(state)
+
+
+def build(run: Run, info: SetupInfo) -> Method | None:
+    a = run.cfg.algo
+    if a.kl_coef <= 0:
+        return None
+    ref_model = load_model(run.cfg.model, info.dtype, info.device).eval().requires_grad_(False)
+    return Reference(ref_model, KLController(a.kl_coef, a.kl_target, a.kl_horizon))

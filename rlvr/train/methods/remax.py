@@ -1,0 +1,41 @@
+"""ReMax's baseline: the reward of one greedy completion per prompt (a greedy episode when the
+task is an environment), sampled before the update. The `remax` estimator subtracts it.
+
+Li et al., "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for
+Aligning Large Language Models", arXiv:2310.10505.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import TYPE_CHECKING
+
+from rlvr.algos import ESTIMATORS
+from rlvr.algos.registry import loop_inputs
+from rlvr.train.methods import Method, SetupInfo, Plan
+from rlvr.train.rollouts import generate_groups
+
+if TYPE_CHECKING:
+    from rlvr.train.run import Run
+
+
+class GreedyBaseline(Method):
+    def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
+        task = run.task
+        greedy_params = dataclasses.replace(task.params, temperature=0.0, top_k=0, top_p=1.0, n=1)
+        indices = [g.samples[0].prompt_index for g in plan.groups]
+        if task.episodes is not None:
+            greedy = task.episodes(run.engine, task.examples, indices, 1, sampling=greedy_params)
+        else:
+            greedy = generate_groups(run.engine, task.examples, task.prompt_ids, indices, task.rewards, greedy_params)
+        groups = [dataclasses.replace(g, metadata={**g.metadata, "greedy_reward": b.samples[0].reward})
+                  for g, b in zip(plan.groups, greedy)]
+        return dataclasses.replace(plan, groups=groups, own=groups[: len(plan.own)])
+
+    def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
+        return {"greedy_reward": statistics.fmean(g.metadata["greedy_reward"] for g in plan.groups)}
+
+
+def build(run: Run, info: SetupInfo) -> Method | None:
+    return GreedyBaseline() if "baseline_P" in loop_inputs(ESTIMATORS[run.cfg.algo.advantage]) else None

@@ -1,0 +1,76 @@
+"""What a run writes besides metrics: a row per sample (samples.jsonl), the summary, the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlvr.log import ConsoleProgress
+from rlvr.log.sinks import read_jsonl
+from rlvr.types import Group
+
+
+def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
+    """One row per sample; "advantage" is what update_policy used (the token mean for gae).
+    "masked" lists [start, end, reason] character spans of the completion whose tokens had loss
+    mask 0 (today a whole completion: a reward excluded it, or it was truncated under
+    algo.mask_truncated); the report's rollout browser marks them."""
+    rows = []
+    for g in groups:
+        reasons = g.metadata.get("masked") or [None] * len(g.samples)
+        injected = g.metadata.get("injected_spans") or [[] for _ in g.samples]
+        texts = g.metadata.get("texts") or [s.completion.text for s in g.samples]  # an episode: all its segments
+        for k, s in enumerate(g.samples):
+            rows.append({
+                "step": step, "prompt_id": g.metadata.get("id"), "prompt": g.prompt, "completion": texts[k],
+                "reward": s.reward, "rewards": s.reward_parts,
+                "advantage": g.metadata["advantages"][k] if "advantages" in g.metadata else None,
+                "finish_reason": s.completion.finish_reason, "completion_tokens": len(s.completion.token_ids),
+                "masked": [[0, len(texts[k]), reasons[k]]] if reasons[k] else
+                [[a, b, "injected"] for a, b in injected[k]],
+                **({"policy_version": s.completion.policy_version} if s.completion.policy_version is not None else {}),
+                **({"swapped_at": list(s.completion.swapped_at)} if s.completion.swapped_at else {}),
+                **({"expert": True} if s.off_policy else {})})
+    return rows
+
+
+def write_report(run_dir: Path, progress: ConsoleProgress) -> None:
+    """report.html and curves.png; a failure is reported, never fatal (the run's files are complete)."""
+    from rlvr.report import write_report
+
+    try:
+        paths = write_report(run_dir)
+    except Exception as e:  # noqa: BLE001 - the run itself succeeded
+        progress.print(f"could not write the report ({type(e).__name__}: {e}); try `rlvr report {run_dir}`")
+        return
+    progress.print("report: " + "  ".join(str(p) for p in paths))
+
+
+def summarise(metrics_path: Path, run_dir: Path) -> dict[str, Any]:
+    rows = read_jsonl(metrics_path)
+    if not rows:
+        return {"run_dir": str(run_dir), "steps": 0}
+    k = max(1, min(3, len(rows) // 3))  # compare the mean of the first and last k steps
+    mean = lambda rs, key: sum(r[key] for r in rs) / len(rs)  # noqa: E731
+    return {"run_dir": str(run_dir), "steps": rows[-1]["step"],
+            "reward_start": mean(rows[:k], "reward"), "reward_end": mean(rows[-k:], "reward"),
+            "seconds": sum(r["step_seconds"] for r in rows)}
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """The one-line result: reward at start → end, held-out accuracy before → after, where the run is."""
+    parts = []
+    if "reward_start" in summary:
+        parts.append(f"reward {summary['reward_start']:.3f} → {summary['reward_end']:.3f}")
+    if "loss_start" in summary:  # rlvr sft, rlvr dpo
+        parts.append(f"loss {summary['loss_start']:.3f} → {summary['loss_end']:.3f}")
+    before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
+    if "eval/accuracy" in before and "eval/accuracy" in after:
+        if before["eval/accuracy"] == after["eval/accuracy"] == 0 and "eval/reward" in before:
+            # a reward that is not pass/fail (RLP's information gain): its mean says more
+            parts.append(f"held-out reward {before['eval/reward']:.3f} → {after['eval/reward']:.3f}")
+        else:
+            parts.append(f"held-out accuracy {before['eval/accuracy']:.1%} → {after['eval/accuracy']:.1%}")
+    parts.append(f"{summary.get('steps', 0)} steps in {summary.get('seconds', 0):.0f}s")
+    parts.append(f"run: {summary.get('run_dir')}")
+    return "done: " + " | ".join(parts)

@@ -1,0 +1,80 @@
+"""The settings of a policy update: the algorithm's knobs, unpacked from the config by the loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlvr.config import RunConfig
+from rlvr.rewards import RewardFn
+
+
+@dataclass(frozen=True)
+
+
+class UpdateSettings:
+    """The algorithm's knobs, unpacked from the config by the loop."""
+
+    advantage: str = "grpo"
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
+    loss: str = "ppo_clip"
+    loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    offpolicy: str = "none"
+    """Correction between the engine's sampling log-probs and the learner's (rlvr.algos.CORRECTIONS)."""
+    offpolicy_kwargs: dict[str, Any] = field(default_factory=dict)
+    shaping: tuple[tuple[str, dict[str, Any]], ...] = ()
+    """Length-based reward shaping, (name, kwargs) applied in order before the advantages."""
+    mask_truncated: bool = False
+    """DAPO's overlong filtering: leave completions cut off at max_tokens out of the loss."""
+    credit: str = "episode"
+    """"episode": every token of an episode gets its advantage; "turn": turn-level advantages from
+    the environment's turn rewards (rlvr.algos.turn_advantages; episodes only)."""
+    turn_gamma: float = 1.0
+    stratum_key: str | None = None
+    """The reward part whose value is each sample's stratum (the "stratified" estimator)."""
+    reward_components: tuple[str, ...] = ()
+    """The reward parts that make up the reward (reward functions of non-zero weight; "env", an
+    environment's return), for BNPO's decomposition; () = every part that is not a flag
+    ("<name>/error", "<name>/excluded")."""
+    aggregation: str = "token-mean"
+    max_tokens: int = 128
+    """The generation budget: sampling.max_new_tokens, or an episode's env.max_total_tokens
+    (the constant normaliser of "seq-mean-token-sum-norm", overlong shaping's L_max)."""
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    kl_placement: str = "loss"
+    """"loss": β·KL per token in the loss (GRPO); "reward": -β·KL subtracted from the reward (PPO-RLHF)."""
+    value_clip: float | None = 0.2
+    """Clip of the critic's value loss (GAE only); None = plain squared error."""
+    divergence: str = "none"
+    """DPH-RL's divergence to the initial policy on stored samples (rlvr.algos.DIVERGENCES)."""
+    divergence_coef: float = 0.05
+    expert_coef: float = 0.0
+    """CHORD's μ this step: the policy loss is weighted by 1 − μ (the μ·SFT term is a LossTerm)."""
+    entropy_coef: float = 0.0
+    epochs: int = 1
+    mini_batches: int = 1
+    micro_batch_size: int = 8
+    micro_batch_tokens: int | None = None
+    """Padded tokens per micro-batch at most (None = no cap)."""
+    temperature: float = 1.0
+    logprob_chunk: int = 256
+
+
+def settings_from_config(cfg: RunConfig, rewards: list[RewardFn]) -> UpdateSettings:
+    """The update settings a run's config gives."""
+    a, s, tr = cfg.algo, cfg.sampling, cfg.train
+    return UpdateSettings(
+        advantage=a.advantage, advantage_kwargs=dict(a.advantage_kwargs),
+        loss=a.loss, loss_kwargs=a.policy_loss_kwargs(), offpolicy=a.offpolicy,
+        offpolicy_kwargs=dict(a.offpolicy_kwargs),
+        shaping=tuple((spec.fn, dict(spec.kwargs)) for spec in a.shaping), mask_truncated=a.mask_truncated,
+        stratum_key=a.stratum_key, credit=a.credit, turn_gamma=a.turn_gamma,
+        # the parts that make up the reward (BNPO's decomposition fits these), not flags or weight-0 diagnostics
+        reward_components=("env",) if cfg.env.name else tuple(r.name for r in rewards if r.weight != 0),
+        aggregation=a.aggregation, max_tokens=cfg.env.max_total_tokens if cfg.env.name else s.max_new_tokens,
+        kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, kl_placement=a.kl_placement, value_clip=a.value_clip,
+        divergence=a.divergence, divergence_coef=a.divergence_coef, entropy_coef=a.entropy_coef,
+        epochs=tr.epochs, mini_batches=tr.mini_batches, micro_batch_size=tr.micro_batch_size,
+        micro_batch_tokens=tr.micro_batch_tokens, temperature=s.temperature, logprob_chunk=tr.logprob_chunk,
+    )

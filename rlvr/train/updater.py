@@ -1,0 +1,48 @@
+"""Who runs a step's update, and how its weights reach the engine.
+
+`Updater` runs `update_policy` here, with the run's own random stream for the mini-batch order;
+rlvr.scaleout.learners.DataParallel runs the same update on every rank of data-parallel
+learners. The loop asks neither which one it has.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlvr.lora import merged_state_dict
+from rlvr.rollout.engine import Engine
+from rlvr.train.learner import Learner
+from rlvr.train.update import UpdateSettings, update_policy
+from rlvr.types import Group
+
+if TYPE_CHECKING:
+    from rlvr.train.methods import Extras
+
+
+class Updater:
+    def __init__(self, learner: Learner, *, pad_token_id: int, seed: int, shared_weights: bool) -> None:
+        self.learner, self.pad_token_id = learner, pad_token_id
+        self.generator = torch.Generator().manual_seed(seed)
+        """The order of the mini-batches (checkpointed)."""
+        self.shared_weights = shared_weights
+        """The engine samples from the learner's own model: nothing to copy after an update."""
+
+    def update(self, groups: list[Group], settings: UpdateSettings, extras: Extras) -> dict[str, float]:
+        return update_policy(self.learner, groups, settings, pad_token_id=self.pad_token_id,
+                             generator=self.generator, **extras.keywords())
+
+    def sync(self, engine: Engine) -> None:
+        """The engine samples the updated policy from now on."""
+        if not self.shared_weights:
+            engine.update_weights(merged_state_dict(self.learner.model))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"update_rng": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["update_rng"])
+
+    def close(self) -> None:
+        pass
