@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,7 @@ def record(checkout: Path, out: Path, cases: list[str]) -> None:
         done = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{case} failed in {checkout}:\n{done.stderr[-3000:]}")
+        shutil.rmtree(out / case / "checkpoints", ignore_errors=True)  # ~1.5 GB a case; only metrics are compared
 
 
 def differences(a: Path, b: Path) -> list[str]:

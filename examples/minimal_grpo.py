@@ -53,7 +53,7 @@ def main() -> None:
         update = rlvr.update_policy(learner, groups, settings, pad_token_id=engine.pad_token_id)
         stats = rlvr.group_metrics(groups, rewards[0].name)
         print(f"step {step}: reward {stats['reward']:.3f}  accuracy {stats['accuracy']:.2f}  "
-              f"length {stats['response_length']:.1f}  grad norm {update['grad_norm']:.3f}")
+              f"length {stats['response_length']:.1f}  grad norm {update.metrics['grad_norm']:.3f}")
 
 
 if __name__ == "__main__":

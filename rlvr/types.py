@@ -109,6 +109,25 @@ class Group:
     prompt: str
     samples: tuple[Sample, ...]
     metadata: dict[str, Any] = field(default_factory=dict)
+    """What the group was made with: the prompt's id, and for episodes the runner's record (each
+    episode's texts, ending, turn rewards, metrics, injected spans). Never written afterwards:
+    what later stages derive is a field below, set on a new Group (`dataclasses.replace`)."""
+    accuracy: float | None = None
+    """Share of the samples the first (correctness) reward gave full marks (collection)."""
+    pool_rewards: tuple[float, ...] | None = None
+    """Every reward generated for the prompt, when a rollout strategy chose the group from a larger
+    pool (None: the group is its own pool)."""
+    greedy_reward: float | None = None
+    """The reward of the prompt's greedy completion (ReMax's baseline)."""
+    replay_age: int | None = None
+    """Steps since the group was sampled, when it was replayed from the buffer (None: fresh)."""
+    staleness: int = 0
+    """How many weight versions the update is ahead of the oldest policy that sampled the group
+    (asynchronous rollouts)."""
+    advantages: tuple[float, ...] | None = None
+    """Each sample's advantage in the update (its token mean; `UpdateResult.outcomes`)."""
+    masked: tuple[str | None, ...] | None = None
+    """Why a sample had loss mask 0 in the update ("excluded", "truncated"), or None."""
 
     @property
     def rewards(self) -> list[float]:

@@ -161,7 +161,7 @@ def test_global_pool_reads_the_groups_pool_and_falls_back_to_the_group() -> None
     def sample(r: float) -> Sample:
         return Sample((1,), Completion((2,), (-0.1,), "stop", "x"), r, {"chars": r}, 0)
 
-    pooled = Group("p", (sample(1.0), sample(0.0)), {"pool_rewards": [1.0, 0.0, 0.0, 0.0]})
+    pooled = Group("p", (sample(1.0), sample(0.0)), pool_rewards=(1.0, 0.0, 0.0, 0.0))
     plain = Group("q", (sample(1.0), sample(0.0)))
     s = UpdateSettings(advantage="global_pool")
     out = compute_advantages([pooled, plain], s)
@@ -328,7 +328,7 @@ def test_loss_gets_the_clip_settings_it_takes() -> None:
 def test_bnpo_decomposition_fits_only_the_reward_components() -> None:
     """Flags ("<name>/excluded", "<name>/error") and weight-0 diagnostics (an environment's
     "turns") are reward parts but not rewards: only the components enter the decomposition."""
-    from rlvr.train.advantages import _reward_parts
+    from rlvr.train.inputs import _reward_parts
     from rlvr.train.settings import UpdateSettings
     from rlvr.types import Completion, Group, Sample
 

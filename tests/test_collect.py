@@ -3,6 +3,7 @@ templates: on a fake engine whose prompts have known success rates, then end to 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -82,12 +83,12 @@ def test_reinforce_ada_spends_its_budget_on_unresolved_prompts_and_keeps_both_ou
     rates = [0.5, 0.5, 0.95, 0.95]
     src = source(rates, group=4)
     got = reinforce_ada(src, 4, max_rounds=6, exit="balanced")
-    sizes = {g.samples[0].prompt_index: len(g.metadata["pool_rewards"]) for g in got.train}
+    sizes = {g.samples[0].prompt_index: len(list(g.pool_rewards or ())) for g in got.train}
     assert all(len(g.samples) == 4 for g in got.train)
     # balanced: 2 correct + 2 incorrect needed; at 95% success that takes far more samples
     assert statistics.fmean(sizes[i] for i in (2, 3)) > statistics.fmean(sizes[i] for i in (0, 1))
     for g in got.train:
-        pool = g.metadata["pool_rewards"]
+        pool = list(g.pool_rewards or ())
         if 0 < sum(pool) < len(pool):  # the pool had both outcomes: so does the group
             assert has_spread(g)
         assert sum(r == 1.0 for r in g.rewards) <= max(2, 4 - pool.count(0.0))
@@ -98,7 +99,7 @@ def test_reinforce_ada_positive_focused_stops_at_the_first_success() -> None:
     src = source([0.3] * 3, group=4)
     got = reinforce_ada(src, 3, round_size=2, max_rounds=20, exit="positive-focused", min_positives=1)
     for g in got.train:
-        pool = g.metadata["pool_rewards"]
+        pool = list(g.pool_rewards or ())
         assert sum(pool) >= 1 and sum(pool[:-2]) == 0  # the last round found the first success
     with pytest.raises(ValueError, match="exit"):
         reinforce_ada(src, 1, exit="greedy")
@@ -109,7 +110,7 @@ def test_roc_keeps_group_size_the_success_ratio_and_enough_failures() -> None:
     got = roc(src, 7, oversample=4.0, quality=["tidy"], min_negatives=1, min_positives=1)
     assert len(got.aside) == 1 and got.aside[0].samples[0].prompt_index == 6  # all-correct pool: rejected
     for g in got.train:
-        pool = g.metadata["pool_rewards"]
+        pool = list(g.pool_rewards or ())
         assert len(pool) == 16 and len(g.samples) == 4
         kept_pos = sum(x.reward == 1.0 for x in g.samples)
         assert 1 <= kept_pos <= 3  # both outcomes kept (the pool had both)
@@ -142,12 +143,27 @@ def test_replay_buffer_takes_a_fraction_of_recent_groups_once_and_round_trips() 
     twin.load_state_dict(state)
     a = buffer.take(4, step=2, rng=np.random.default_rng(1))
     b = twin.take(4, step=2, rng=np.random.default_rng(1))
-    assert len(a) == 2 and [g.samples for g in a] == [g.samples for g in b]
-    assert all(g.metadata["replayed"] and g.metadata["age"] == 1 for g in a)
+    assert len(a) == 2 and a == b  # every field round-trips, the accuracy and the pool included
+    assert all(g.replay_age == 1 and g.accuracy is not None for g in a)
     assert len(buffer.items) == len(twin.items) == min(5, len(groups)) - 2  # replayed at most once
     assert buffer.take(4, step=4, rng=np.random.default_rng(1)) == []  # too old now
     with pytest.raises(ValueError):
         ReplayBuffer(4, 1.0, 2)
+
+
+def test_replay_buffer_loads_checkpoints_that_kept_group_values_in_the_metadata() -> None:
+    """Checkpoints written before accuracy, pool and staleness were Group fields resume the same."""
+    src = source([0.5] * 4)
+    group = dataclasses.replace(next(g for g in src.generate(list(range(4))) if has_spread(g)),
+                                pool_rewards=(1.0, 0.0, 0.0), staleness=2)
+    buffer = ReplayBuffer(capacity=5, fraction=0.5, max_age=2)
+    buffer.add([group], step=1)
+    (step, state), = buffer.state_dict()["items"]
+    old = {"prompt": state["prompt"], "samples": state["samples"],
+           "metadata": {**state["metadata"], "accuracy": state["accuracy"], "pool_rewards": [1.0, 0.0, 0.0], "stale": 2}}
+    twin = ReplayBuffer(5, 0.5, 2)
+    twin.load_state_dict({"items": [(step, old)]})
+    assert twin.items == buffer.items and twin.items[0][1].metadata == group.metadata
 
 
 def test_templates_give_each_rollout_its_own_prompt_and_rewards_the_original() -> None:

@@ -38,8 +38,7 @@ def make_group(idx: int, rewards: list[float] | np.ndarray, advantages: list[flo
         advantages = ((r - r.mean()) / (r.std() + 1e-6)).tolist()
     samples = tuple(Sample(prompt_ids=(0,), completion=COMPLETION, reward=float(x), reward_parts={"correct": float(x)},
                            prompt_index=idx) for x in r)
-    return Group(prompt=f"prompt {idx}", samples=samples,
-                 metadata={"accuracy": float(r.mean()), "advantages": list(advantages)})
+    return Group(prompt=f"prompt {idx}", samples=samples, accuracy=float(r.mean()), advantages=tuple(advantages))
 
 
 class FakeEnv:

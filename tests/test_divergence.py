@@ -115,7 +115,7 @@ def test_micro_batching_does_not_change_the_divergence_gradient(divergence: str)
         recorder = SGDRecorder(exact_model(), lr=0.1)  # float64: see test_learner.EXACT
         settings = UpdateSettings(micro_batch_size=micro, mini_batches=2, divergence=divergence, divergence_coef=1.0)
         metrics = update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
-                                generator=torch.Generator().manual_seed(0), terms=[Divergence(stored)])
+                                generator=torch.Generator().manual_seed(0), terms=[Divergence(stored)]).metrics
         return recorder.grads, metrics
 
     whole, metrics = grads(6)

@@ -83,7 +83,7 @@ def test_luffy_mixes_a_demonstration_into_every_group(tiny_dir: Path, tmp_path: 
     run.rollouts.sampler.observe = seen.extend  # type: ignore[method-assign]
     _, groups = train_step(run, 1)
     assert [len(g.samples) for g in seen] == [4] * 4 and [len(g.samples) for g in groups] == [5] * 4
-    assert all(len(g.metadata["advantages"]) == len(g.samples) for g in seen + groups)
+    assert all(g.advantages is not None and len(g.advantages) == len(g.samples) for g in seen + groups)
     with pytest.raises(ValueError, match="go together"):
         load_config(None, [*overrides(tiny_dir, tmp_path, "x"), 'expert.mode="luffy"'])
 

@@ -269,7 +269,7 @@ def exact_model() -> PreTrainedModel:
 def recorded_grads(groups: list[Group], settings: UpdateSettings, pad_token_id: int = 0) -> list[dict[str, torch.Tensor]]:
     recorder = GradRecorder(exact_model())
     metrics = update_policy(recorder, groups, settings, pad_token_id=pad_token_id,  # type: ignore[arg-type]
-                            generator=torch.Generator().manual_seed(0))
+                            generator=torch.Generator().manual_seed(0)).metrics
     assert all(math.isfinite(v) for v in metrics.values())
     return recorder.grads
 
@@ -311,7 +311,7 @@ def test_micro_batching_gives_the_same_parameters_after_a_learner_step() -> None
 def test_equal_rewards_leave_parameters_unchanged() -> None:
     learner = Learner(make_tiny_model(), lr=1e-2, weight_decay=0.0, grad_clip=0.0)
     metrics = update_policy(learner, make_groups([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
-                            UpdateSettings(micro_batch_size=2), pad_token_id=0)
+                            UpdateSettings(micro_batch_size=2), pad_token_id=0).metrics
     assert metrics["advantage_abs_mean"] == 0.0 and metrics["grad_norm"] == 0.0
     for p, p0 in zip(learner.model.parameters(), make_tiny_model().parameters()):
         assert torch.equal(p, p0)
@@ -366,7 +366,7 @@ def test_zero_advantage_samples_are_skipped_without_changing_the_gradient(aggreg
     skip = UpdateSettings(aggregation=aggregation, max_tokens=8, micro_batch_size=2)
     every = UpdateSettings(aggregation=aggregation, max_tokens=8, micro_batch_size=2, entropy_coef=1e-30)
     assert_grads_close(recorded_grads(groups, skip), recorded_grads(groups, every))
-    metrics = update_policy(GradRecorder(make_tiny_model()), groups, skip, pad_token_id=0)  # type: ignore[arg-type]
+    metrics = update_policy(GradRecorder(make_tiny_model()), groups, skip, pad_token_id=0).metrics  # type: ignore[arg-type]
     # the constant group (3 samples) and the 0.5 of [0, 1, 0.5] (its group mean) have A = 0
     assert metrics["trained_fraction"] == pytest.approx(5 / 9)
 
@@ -402,7 +402,7 @@ def test_micro_batch_size_does_not_change_the_gradient_of_any_loss(loss: str, of
         recorder = SGDRecorder(exact_model(), lr=0.1 if loss == "r2vpo" else 1.0)
         settings = UpdateSettings(loss=loss, micro_batch_size=micro, mini_batches=2, offpolicy=offpolicy)
         metrics = update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
-                                generator=torch.Generator().manual_seed(0))
+                                generator=torch.Generator().manual_seed(0)).metrics
         return recorder.grads, metrics
 
     whole, metrics = grads(6)
@@ -459,7 +459,7 @@ def truncate(groups: list[Group], which: set[tuple[int, int]]) -> list[Group]:
 def test_mask_truncated_leaves_cut_off_samples_out_of_the_loss() -> None:
     groups = truncate(make_groups(GROUPS), {(0, 0), (1, 2)})
     masked = UpdateSettings(micro_batch_size=6, mask_truncated=True)
-    metrics = update_policy(GradRecorder(make_tiny_model()), groups, masked, pad_token_id=0)  # type: ignore[arg-type]
+    metrics = update_policy(GradRecorder(make_tiny_model()), groups, masked, pad_token_id=0).metrics  # type: ignore[arg-type]
     assert metrics["masked_truncated_fraction"] == pytest.approx(2 / 6)
     assert metrics["trained_fraction"] == pytest.approx(4 / 6)
     # it changes the gradient, and micro-batching still does not
@@ -469,7 +469,7 @@ def test_mask_truncated_leaves_cut_off_samples_out_of_the_loss() -> None:
     assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=1, mask_truncated=True)), whole)
     # every sample cut off: nothing to train on
     everything = truncate(make_groups(GROUPS), {(p, k) for p in range(2) for k in range(3)})
-    metrics = update_policy(GradRecorder(make_tiny_model()), everything, masked, pad_token_id=0)  # type: ignore[arg-type]
+    metrics = update_policy(GradRecorder(make_tiny_model()), everything, masked, pad_token_id=0).metrics  # type: ignore[arg-type]
     assert metrics["trained_fraction"] == 0.0 and metrics["masked_truncated_fraction"] == 1.0
 
 
@@ -556,8 +556,9 @@ def test_a_summarised_episode_trains_every_segment_with_its_one_advantage() -> N
         torch.testing.assert_close(got[0][name], grad, atol=1e-6, rtol=1e-4, msg=name)
     assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=1)), got)
     # the samples log gets one advantage per episode: the token mean over its segments
-    update_policy(GradRecorder(make_tiny_model()), groups, UpdateSettings(), pad_token_id=0)  # type: ignore[arg-type]
-    assert groups[0].metadata["advantages"][0] == pytest.approx(float(adv[0]), abs=1e-5)
+    result = update_policy(GradRecorder(make_tiny_model()), groups, UpdateSettings(), pad_token_id=0)  # type: ignore[arg-type]
+    assert result.advantages[0][0] == pytest.approx(float(adv[0]), abs=1e-5)
+    assert result.outcomes(groups)[0].advantages == result.advantages[0] and groups[0].advantages is None
     with pytest.raises(ValueError, match="summarised episodes"):
         update_policy(GradRecorder(make_tiny_model()), groups, UpdateSettings(kl_coef=0.1, kl_placement="reward"),
                       pad_token_id=0, ref_model=make_tiny_model())  # type: ignore[arg-type]

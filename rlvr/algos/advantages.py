@@ -252,7 +252,7 @@ def global_pool_advantages(
     down-samples to a fixed group with both rewards present. The group's own mean is then a
     biased estimate of the prompt's pass rate (it was chosen to be balanced); the pool of all
     rounds is not. ``pool_mean_P`` / ``pool_std_P`` come from each group's
-    ``metadata["pool_rewards"]`` (set by a pooling sampler); a group without it is its own pool,
+    ``Group.pool_rewards`` (set by a pooling rollout strategy); a group without it is its own pool,
     which makes this estimator ``grpo``. A pool of one response has std 0; a pool whose rewards
     are all equal gives exactly zero advantage to every sample.
     """

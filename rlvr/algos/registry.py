@@ -9,9 +9,9 @@ from typing import Any
 
 
 LOOP_INPUTS: dict[str, str] = {
-    "baseline_P": "the reward of each prompt's greedy completion (ReMax; Group.metadata['greedy_reward'])",
+    "baseline_P": "the reward of each prompt's greedy completion (ReMax; Group.greedy_reward)",
     "strata_PG": "each sample's stratum id (SAN; the reward part named by algo.stratum_key)",
-    "pool_mean_P": "mean reward over every response generated for the prompt (Group.metadata['pool_rewards'])",
+    "pool_mean_P": "mean reward over every response generated for the prompt (Group.pool_rewards)",
     "pool_std_P": "std of the same pool (unbiased)",
     "reward_parts_KPG": "each reward function's raw value, stacked by reward name (BNPO decomposition)",
     "values_BT": "the critic's value of each completion token (GAE)",

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from rlvr.scaleout import require_ray
 from rlvr.train.methods import Extras
-from rlvr.train.update import UpdateSettings
+from rlvr.train.update import UpdateResult, UpdateSettings
 from rlvr.train.updater import Updater
 from rlvr.types import Group
 
@@ -85,13 +85,13 @@ class LearnerWorker:
         self.critic.load_state_dict(critic_state["learner"])
 
     def update(self, groups: list[Any], settings: Any, generator_state: torch.Tensor, loss_state: dict[str, float],
-               pad_token_id: int) -> dict[str, float]:
+               pad_token_id: int) -> None:
         from rlvr.train.update import update_policy
 
         generator = torch.Generator()
         generator.set_state(generator_state)
-        return update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, ref_model=self.ref_model,
-                             generator=generator, critic=self.critic, loss_state=loss_state)
+        update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, ref_model=self.ref_model,
+                      generator=generator, critic=self.critic, loss_state=loss_state)
 
     def leave(self) -> None:
         if dist.is_initialized():
@@ -130,7 +130,7 @@ class DataParallel(Updater):
         except self.ray.exceptions.GetTimeoutError as err:
             raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.timeout_s)") from err
 
-    def update(self, groups: list[Group], settings: UpdateSettings, extras: Extras) -> dict[str, float]:
+    def update(self, groups: list[Group], settings: UpdateSettings, extras: Extras) -> UpdateResult:
         if extras.critic is not None and not self._critic_loaded:  # PPO: the ranks' critics start as the driver's
             critic = {"model": {k: v.detach().cpu() for k, v in extras.critic.model.state_dict().items()},
                       "learner": extras.critic.state_dict()}
@@ -140,9 +140,9 @@ class DataParallel(Updater):
         # the loss terms (CHORD, DPH-RL) run on rank 0 only: the workers need none of them
         remote = [a.update.remote(groups, settings, state, dict(extras.loss_state or {}), self.pad_token_id)
                   for a in self.actors]
-        metrics = super().update(groups, settings, extras)
+        result = super().update(groups, settings, extras)
         self._wait(remote, "the learner actors to finish the update")
-        return metrics
+        return result
 
     def close(self) -> None:
         try:

@@ -25,6 +25,7 @@ would have used: asynchronous runs resume, but not bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -109,9 +110,7 @@ class AsyncRollouts(Rollouts):
                 dropped += 1
                 gathered.aside.append(g)  # not trained on; the sampler still observes it
                 continue
-            if staleness > 0:
-                g.metadata["stale"] = staleness
-            kept.append(g)
+            kept.append(dataclasses.replace(g, staleness=staleness) if staleness > 0 else g)
         gathered.train = kept
         # generate_seconds is then the wait for rollouts made during earlier updates
         collected.metrics |= {"dist/stale_dropped": float(dropped), "dist/rollout_seconds": collected.seconds}

@@ -4,13 +4,13 @@ turn-level credit, and GAE's per-token rewards and values."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from rlvr.algos import ESTIMATORS, SHAPING, turn_advantages
-from rlvr.algos.registry import loop_inputs
 from rlvr.train.batches import batches
+from rlvr.train.inputs import estimator_inputs, per_token
 from rlvr.train.rollouts import is_correct
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Completion, Group, Sample
@@ -42,15 +42,10 @@ def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor
     return rewards_PG, metrics
 
 
-def needs_greedy_baseline(advantage: str) -> bool:
-    """Whether the estimator takes the reward of each prompt's greedy completion (ReMax)."""
-    return "baseline_P" in loop_inputs(ESTIMATORS[advantage])
-
-
 def compute_advantages(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
     """advantages_PG from the groups' (shaped) rewards with the configured outcome estimator
     (without a KL in the reward, which needs the models; ``update_policy`` applies it)."""
-    if "values_BT" in loop_inputs(ESTIMATORS[s.advantage]):
+    if per_token(ESTIMATORS[s.advantage]):
         raise ValueError(f"advantage {s.advantage!r} is per token and needs a critic: use update_policy")
     return outcome_advantages(groups, shaped_rewards(groups, s)[0], s)
 
@@ -58,63 +53,7 @@ def compute_advantages(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
 def outcome_advantages(groups: list[Group], rewards_PG: torch.Tensor, s: UpdateSettings) -> torch.Tensor:
     """The outcome estimator on rewards_PG, with the inputs only the loop has filled in by name."""
     estimator = ESTIMATORS[s.advantage]
-    inputs = {name: _PROVIDERS[name](groups, s) for name in loop_inputs(estimator)}
-    return estimator(rewards_PG, **s.advantage_kwargs, **inputs)
-
-
-def _greedy_baseline(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
-    missing = [g.prompt[:40] for g in groups if "greedy_reward" not in g.metadata]
-    if missing:
-        raise ValueError(f"advantage {s.advantage!r} needs each group's metadata['greedy_reward'] (the "
-                         f"reward of a greedy completion; `rlvr train` adds it); missing for {missing[0]!r}")
-    return torch.tensor([float(g.metadata["greedy_reward"]) for g in groups])
-
-
-def _strata(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
-    if s.stratum_key is None:
-        raise ValueError(f"advantage {s.advantage!r} needs algo.stratum_key: the name of the reward function "
-                         "whose value is each sample's stratum (give it weight 0 to keep it out of the reward)")
-    for g in groups:
-        for x in g.samples:
-            if s.stratum_key not in x.reward_parts:
-                raise ValueError(f"algo.stratum_key {s.stratum_key!r} is not a reward of this run "
-                                 f"(rewards: {', '.join(sorted(x.reward_parts))})")
-    return torch.tensor([[x.reward_parts[s.stratum_key] for x in g.samples] for g in groups])
-
-
-def _pools(groups: list[Group]) -> list[list[float]]:
-    """Every reward generated for each prompt: a pooling sampler's metadata['pool_rewards'], else the group."""
-    return [list(g.metadata.get("pool_rewards", g.rewards)) for g in groups]
-
-
-def _pool_mean(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
-    return torch.tensor([statistics.fmean(p) for p in _pools(groups)])
-
-
-def _pool_std(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
-    return torch.tensor([statistics.stdev(p) if len(p) > 1 else 0.0 for p in _pools(groups)])
-
-
-def _reward_parts(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
-    # one slice per reward component, by name: never a flag ("<name>/error", "<name>/excluded") or a
-    # weight-0 diagnostic (an environment's "turns", a GRPO-RoC quality check)
-    present = {k for g in groups for x in g.samples for k in x.reward_parts}
-    names = sorted(present & set(s.reward_components) if s.reward_components else {k for k in present if "/" not in k})
-    if not names:
-        raise ValueError(f"no reward component among the reward parts {sorted(present)} "
-                         f"(components: {list(s.reward_components)})")
-    return torch.tensor([[[x.reward_parts.get(k, 0.0) for x in g.samples] for g in groups] for k in names],
-                        dtype=torch.float32)
-
-
-_PROVIDERS: dict[str, Callable[[list[Group], UpdateSettings], torch.Tensor]] = {
-    "baseline_P": _greedy_baseline,
-    "strata_PG": _strata,
-    "pool_mean_P": _pool_mean,
-    "pool_std_P": _pool_std,
-    "reward_parts_KPG": _reward_parts,
-}
-"""How the loop fills in each outcome estimator input of rlvr.algos.registry.LOOP_INPUTS."""
+    return estimator(rewards_PG, **s.advantage_kwargs, **estimator_inputs(estimator, groups, s))
 
 
 def units(episodes: list[Sample]) -> tuple[list[Sample], list[int]]:
@@ -130,6 +69,16 @@ def units(episodes: list[Sample]) -> tuple[list[Sample], list[int]]:
         units.append(x)
         owner.append(i)
     return units, owner
+
+
+def check_combination(s: UpdateSettings, per_token: bool, kl_in_reward: bool, summarised: bool) -> None:
+    """Refuse what an update cannot train (a run's config refuses these earlier, with its own words)."""
+    if (per_token or kl_in_reward) and summarised:
+        raise ValueError("summarised episodes (env.summarize_at) train with outcome advantages: "
+                         "advantage = \"gae\" and kl_placement = \"reward\" are not supported with them")
+    if s.turn_credit and (per_token or kl_in_reward or s.shaping or s.advantage != "grpo"):
+        raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn "
+                         "rewards: use it with advantage = \"grpo\", no shaping and no KL in the reward")
 
 
 def turn_credit(groups: list[Group], samples: list[Sample], owner: list[int], s: UpdateSettings) -> list[torch.Tensor]:
@@ -182,7 +131,7 @@ def token_advantages(
     for r, i in enumerate(rows):
         n = len(samples[i].completion.token_ids)
         mask_BT[r, :n] = True
-        rewards_BT[r, :n] = -s.kl_coef * kl_N[i] if s.kl_placement == "reward" else 0.0
+        rewards_BT[r, :n] = -s.kl_coef * kl_N[i] if s.kl_in_reward else 0.0
         for position, reward in reward_positions(samples[i].completion, float(rewards_B[i]), turn_rewards[i]):
             rewards_BT[r, position] += reward
         values_BT[r, :n] = values[i]

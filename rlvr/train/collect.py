@@ -65,7 +65,7 @@ class Source:
         return self.params.n
 
     def generate(self, indices: list[int], n: int | None = None) -> list[Group]:
-        """``n`` (default G) scored completions for each prompt index; group metadata gains "accuracy"."""
+        """``n`` (default G) scored completions for each prompt index, with each group's accuracy."""
         n = self.params.n if n is None else n
         if not indices:
             return []
@@ -88,8 +88,7 @@ class Source:
 
 
 def with_accuracy(group: Group, primary: str) -> Group:
-    group.metadata["accuracy"] = statistics.fmean(is_correct(x, primary) for x in group.samples)
-    return group
+    return dataclasses.replace(group, accuracy=statistics.fmean(is_correct(x, primary) for x in group.samples))
 
 
 def has_spread(group: Group) -> bool:
@@ -148,7 +147,7 @@ def reinforce_ada(src: Source, n: int, *, round_size: int | None = None, max_rou
 
     Then each prompt's pool is down-sampled to G: up to G//2 correct samples (drawn at random),
     the rest incorrect, topped up from whichever side has more, so both outcomes are present
-    whenever the pool has both. ``metadata["pool_rewards"]`` keeps every reward of the pool:
+    whenever the pool has both. ``Group.pool_rewards`` keeps every reward of the pool:
     ``algo.advantage = "global_pool"`` then takes the baseline and scale from all of them, as the
     paper does. "Correct" means full marks from the first reward function.
     """
@@ -185,8 +184,8 @@ def reinforce_ada(src: Source, n: int, *, round_size: int | None = None, max_rou
         take_pos = min(len(pos), max(want_pos, g_size - len(neg)))
         chosen = _pick(src.rng, pos, take_pos) + _pick(src.rng, neg, min(len(neg), g_size - take_pos))
         order = src.rng.permutation(len(chosen))
-        group = Group(heads[i].prompt, tuple(chosen[k] for k in order),
-                      {**heads[i].metadata, "pool_rewards": [x.reward for x in pool]})
+        group = dataclasses.replace(heads[i], samples=tuple(chosen[k] for k in order),
+                                    pool_rewards=tuple(x.reward for x in pool))
         train.append(with_accuracy(group, src.primary))
     return Gathered(train, [], {
         "rollouts/rounds": float(rounds), "rollouts/samples_per_prompt": src.generated / max(len(indices), 1),
@@ -225,12 +224,12 @@ def roc(src: Source, n: int, *, oversample: float = 2.0, quality: list[str] | No
         best = [pos[k] for k in sorted(range(len(pos)), key=lambda k: (penalty[k], jitter[k]))[:take_pos]]
         chosen = best + _pick(src.rng, neg, take_neg)
         order = src.rng.permutation(len(chosen))
-        kept = Group(group.prompt, tuple(chosen[k] for k in order),
-                     {**group.metadata, "pool_rewards": list(group.rewards)})
+        kept = dataclasses.replace(group, samples=tuple(chosen[k] for k in order),
+                                   pool_rewards=tuple(group.rewards))
         train.append(with_accuracy(kept, src.primary))
     return Gathered(train, aside, {
         "rollouts/rejected_fraction": len(aside) / max(n, 1),
-        "rollouts/kept_accuracy": statistics.fmean(g.metadata["accuracy"] for g in train) if train else 0.0})
+        "rollouts/kept_accuracy": statistics.fmean(g.accuracy or 0.0 for g in train) if train else 0.0})
 
 
 def _pick(rng: np.random.Generator, items: list[Sample], k: int) -> list[Sample]:
@@ -253,7 +252,7 @@ class ReplayBuffer:
     that had differing rewards; each step takes ``fraction`` of its groups from it instead of
     sampling them. A replayed group was sampled by an older policy: its completions' sampling
     log-probs become the "old" policy of the PPO ratio, so the clipped objective is importance
-    weighted (update_policy does this for groups marked ``metadata["replayed"]``). Groups older
+    weighted (update_policy does this for groups with a ``replay_age``). Groups older
     than ``max_age`` steps are dropped, and a group is replayed at most once."""
 
     def __init__(self, capacity: int, fraction: float, max_age: int) -> None:
@@ -269,15 +268,13 @@ class ReplayBuffer:
         if k <= 0:
             return []
         picked = sorted(rng.choice(len(self.items), size=k, replace=False).tolist())
-        out = [Group(g.prompt, g.samples, {**g.metadata, "replayed": True, "age": step - s})
-               for s, g in (self.items[j] for j in picked)]
+        out = [dataclasses.replace(g, replay_age=step - s) for s, g in (self.items[j] for j in picked)]
         self.items = [item for j, item in enumerate(self.items) if j not in set(picked)]
         return out
 
     def add(self, groups: list[Group], step: int) -> None:
-        self.items += [(step, Group(g.prompt, g.samples, {k: v for k, v in g.metadata.items()
-                                                         if k not in ("advantages", "masked")}))
-                       for g in groups if has_spread(g) and not g.metadata.get("replayed")]
+        self.items += [(step, dataclasses.replace(g, advantages=None, masked=None))
+                       for g in groups if has_spread(g) and g.replay_age is None]
         self.items = self.items[-self.capacity :]
 
     def state_dict(self) -> dict[str, Any]:
@@ -304,7 +301,9 @@ def _completion_from_state(x: dict[str, Any]) -> Completion:
 def _group_state(g: Group) -> dict[str, Any]:
     """A group as plain lists and numbers (checkpoints), every field of its samples included:
     a replayed episode must keep its loss mask and segments across a resume."""
-    return {"prompt": g.prompt, "metadata": dict(g.metadata), "samples": [
+    return {"prompt": g.prompt, "metadata": dict(g.metadata), "accuracy": g.accuracy,
+            "pool_rewards": None if g.pool_rewards is None else list(g.pool_rewards), "staleness": g.staleness,
+            "samples": [
         {"prompt_ids": list(x.prompt_ids), **_completion_state(x.completion), "reward": x.reward,
          "reward_parts": dict(x.reward_parts), "prompt_index": x.prompt_index,
          "segments": [{"prompt_ids": list(p), **_completion_state(c)} for p, c in x.segments]} for x in g.samples]}
@@ -315,7 +314,13 @@ def _group_from_state(state: dict[str, Any]) -> Group:
                            x["prompt_index"], segments=tuple((tuple(seg["prompt_ids"]), _completion_from_state(seg))
                                                              for seg in x.get("segments", [])))
                     for x in state["samples"])
-    return Group(state["prompt"], samples, dict(state["metadata"]))
+    metadata = dict(state["metadata"])
+    # checkpoints before these were Group fields kept them in the metadata
+    accuracy = state["accuracy"] if "accuracy" in state else metadata.pop("accuracy", None)
+    pool = state["pool_rewards"] if "pool_rewards" in state else metadata.pop("pool_rewards", None)
+    staleness = int(state["staleness"] if "staleness" in state else metadata.pop("stale", 0))
+    return Group(state["prompt"], samples, metadata, accuracy=accuracy, staleness=staleness,
+                 pool_rewards=None if pool is None else tuple(pool))
 
 
 def template_variants(templates: list[str], render: Callable[[str], list[int]], examples: list[Example]
@@ -373,8 +378,8 @@ class Rollouts:
     def observe(self, own: list[Group], aside: list[Group], step: int) -> None:
         """The sampler learns from every group generated this step (set-aside ones have zero
         advantage); the replay buffer keeps the fresh ones."""
-        for g in aside:
-            g.metadata.setdefault("advantages", [0.0] * len(g.samples))
+        aside = [g if g.advantages is not None else dataclasses.replace(g, advantages=(0.0,) * len(g.samples))
+                 for g in aside]
         self.sampler.observe(own + aside)
         if self.replay is not None:
             self.replay.add(own, step)
@@ -384,7 +389,7 @@ class Rollouts:
         out |= {f"sampler/{k}": float(v) for k, v in self.sampler.metrics().items()}
         if self.replay is not None:
             out["replay/groups"] = float(len(replayed))
-            out["replay/age_mean"] = statistics.fmean(g.metadata["age"] for g in replayed) if replayed else 0.0
+            out["replay/age_mean"] = statistics.fmean(g.replay_age or 0 for g in replayed) if replayed else 0.0
             out["replay/buffer_size"] = float(len(self.replay.items))
         return out
 

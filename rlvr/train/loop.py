@@ -4,10 +4,10 @@
         groups  = rollouts.take(step)        the sampler picks prompts; the engine samples G completions
                                              per prompt; the rewards score them
         plan    = method.prepare(...)        methods composed beside the step adjust it (rlvr.train.methods)
-        metrics = updater.update(plan)       advantages (by name) → policy loss (by name) over epochs × mini-batches
+        result  = updater.update(plan)       advantages (by name) → policy loss (by name) over epochs × mini-batches
         method.after_update(...)
         engine  ← new weights                nothing to copy when engine and learner share the model
-        sampler observes the groups; log metrics and samples; checkpoint every N steps
+        sampler observes the groups with the update's result; log metrics and samples; checkpoint every N steps
 
 Departures from the GRPO paper (arXiv:2402.03300), all configurable: clip-higher by default
 (clip_high = 0.28, DAPO), token-mean loss aggregation (DAPO), no KL term unless kl_coef > 0.
@@ -54,16 +54,17 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     t1 = time.perf_counter()
     if progress:
         progress.status("training")
-    update = run.updater.update(plan.groups, plan.settings, plan.extras)
+    result = run.updater.update(plan.groups, plan.settings, plan.extras)
+    update = dict(result.metrics)
     for method in run.methods.values():  # e.g. ReLIFT's SFT step, RLP's EMA
         update |= method.after_update(run, plan, update, step)
     run.updater.sync(run.engine)
-    run.rollouts.observe(plan.own, collected.gathered.aside, step)
+    run.rollouts.observe(result.outcomes(plan.own), collected.gathered.aside, step)
     t2 = time.perf_counter()
     metrics = _step_metrics(run, step, collected, plan, update, serving) | {
         "generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0}
     metrics["tokens_per_second"] = metrics["tokens_generated"] / (t2 - t0)
-    return metrics, plan.groups
+    return metrics, result.outcomes(plan.groups)
 
 
 def _step_metrics(run: Run, step: int, collected: Collected, plan: Plan, update: dict[str, float],

@@ -17,14 +17,14 @@ def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
     algo.mask_truncated); the report's rollout browser marks them."""
     rows = []
     for g in groups:
-        reasons = g.metadata.get("masked") or [None] * len(g.samples)
+        reasons = g.masked or [None] * len(g.samples)
         injected = g.metadata.get("injected_spans") or [[] for _ in g.samples]
         texts = g.metadata.get("texts") or [s.completion.text for s in g.samples]  # an episode: all its segments
         for k, s in enumerate(g.samples):
             rows.append({
                 "step": step, "prompt_id": g.metadata.get("id"), "prompt": g.prompt, "completion": texts[k],
                 "reward": s.reward, "rewards": s.reward_parts,
-                "advantage": g.metadata["advantages"][k] if "advantages" in g.metadata else None,
+                "advantage": None if g.advantages is None else g.advantages[k],
                 "finish_reason": s.completion.finish_reason, "completion_tokens": len(s.completion.token_ids),
                 "masked": [[0, len(texts[k]), reasons[k]]] if reasons[k] else
                 [[a, b, "injected"] for a, b in injected[k]],

@@ -60,6 +60,21 @@ class UpdateSettings:
     temperature: float = 1.0
     logprob_chunk: int = 256
 
+    @property
+    def kl_in_loss(self) -> bool:
+        """β·KL to the reference on every token of the loss."""
+        return self.kl_coef > 0 and self.kl_placement == "loss"
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """-β·KL to the reference subtracted from the reward before the advantages."""
+        return self.kl_coef > 0 and self.kl_placement == "reward"
+
+    @property
+    def turn_credit(self) -> bool:
+        """Advantages per turn from an environment's turn rewards, instead of one per episode."""
+        return self.credit == "turn"
+
 
 def settings_from_config(cfg: RunConfig, rewards: list[RewardFn]) -> UpdateSettings:
     """The update settings a run's config gives."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -17,19 +17,18 @@ from transformers import PreTrainedModel
 
 from rlvr.algos import CORRECTIONS, ESTIMATORS, KL_ESTIMATORS, LOSSES, aggregate_loss, mismatch_metrics
 from rlvr.algos.losses import STATE_UPDATES
-from rlvr.algos.registry import loop_inputs
-from rlvr.train.advantages import (compute_advantages, needs_greedy_baseline, outcome_advantages, score_values,
+from rlvr.train.advantages import (check_combination, compute_advantages, outcome_advantages, score_values,
                                    shaped_rewards, token_advantages, turn_credit, units)
 from rlvr.train.batches import collate, micro_batches, old_rows, score_certainty, score_logprobs, token_rows
 from rlvr.train.critic import value_loss
+from rlvr.train.inputs import keeps_state, loss_rows, needs_greedy_baseline, per_token
 from rlvr.train.learner import Learner
 from rlvr.train.logprobs import token_logprobs
 from rlvr.train.parallel import all_reduce_sums, share, world
-from rlvr.train.rollouts import is_correct
 from rlvr.train.settings import UpdateSettings, settings_from_config
 from rlvr.types import Group, Sample
 
-__all__ = ["LossTerm", "UpdateSettings", "collate", "compute_advantages", "needs_greedy_baseline", "score_certainty",
+__all__ = ["LossTerm", "UpdateResult", "UpdateSettings", "collate", "compute_advantages", "needs_greedy_baseline", "score_certainty",
            "score_logprobs", "settings_from_config", "shaped_rewards", "update_policy"]
 
 
@@ -40,6 +39,23 @@ class LossTerm(Protocol):
 
     def add(self, learner: Learner, s: UpdateSettings, pad_token_id: int, device: torch.device,
             sums: dict[str, float]) -> None: ...
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What an update computed: its metrics, and per group of its input (in order) each sample's
+    advantage (the token mean for per-token estimators) and why a sample had loss mask 0."""
+
+    metrics: dict[str, float]
+    advantages: tuple[tuple[float, ...], ...]
+    masked: tuple[tuple[str | None, ...], ...]
+
+    def outcomes(self, groups: Sequence[Group]) -> list[Group]:
+        """``groups`` (the update's, or their leading part: a group it trained with demonstrations
+        appended is still the policy's own group) as new Groups carrying their samples' advantages
+        and mask reasons; for the samples log and the sampler."""
+        return [replace(g, advantages=a[: len(g.samples)], masked=m[: len(g.samples)])
+                for g, a, m in zip(groups, self.advantages, self.masked)]
 
 
 # per-token metrics of the update (means over trained tokens)
@@ -58,11 +74,9 @@ def update_policy(
     critic: Learner | None = None,
     loss_state: dict[str, float] | None = None,
     terms: Sequence[LossTerm] = (),
-) -> dict[str, float]:
-    """Advantages from the groups' rewards, then the policy-gradient update; returns metrics.
-
-    Each group's ``metadata["advantages"]`` receives its samples' advantages (the token mean for
-    per-token estimators), for the samples log. ``critic`` (a Learner around a
+) -> UpdateResult:
+    """Advantages from the groups' rewards, then the policy-gradient update; returns its metrics
+    and each sample's advantage (`UpdateResult`); the groups are not changed. ``critic`` (a Learner around a
     ``rlvr.train.critic.Critic``) is needed by GAE and trained alongside the policy.
     ``loss_state`` is the dict a stateful loss (R²VPO's λ) keeps across steps; the caller owns it
     (and checkpoints it); None gives the loss a fresh one. ``terms`` add their own gradient to
@@ -71,7 +85,7 @@ def update_policy(
     episodes = [smp for g in groups for smp in g.samples]
     samples, owner = units(episodes)  # what is trained: one row per sample, or per segment of a summarised episode
     model = learner.model
-    kl_in_loss = s.kl_coef > 0 and s.kl_placement == "loss" and ref_model is not None
+    kl_in_loss = s.kl_in_loss and ref_model is not None
     # DAPO's overlong filtering: a completion cut off by the token budget is left out of the
     # loss altogether (numerator and the token/sequence counts), not treated as a failure;
     # so is a sample a reward excluded (returned None for), and every segment of such an episode.
@@ -80,7 +94,6 @@ def update_policy(
     dropped = {u for u, i in enumerate(owner) if i in dropped_episodes}
     kept = {u for u in range(len(samples)) if u not in dropped}
     batch, metrics = _advantages(learner, groups, samples, owner, kept, s, pad_token_id, ref_model, critic)
-    _record(groups, batch.advantages, owner, dropped_episodes)
     # A sample with zero advantage adds exactly zero to the policy loss and its gradient, so it is
     # not run at all unless a KL or entropy term (or the critic) gives it a gradient of its own.
     # (GRPO groups whose rewards are all equal are common: 30-90% of groups late in a run.)
@@ -91,7 +104,7 @@ def update_policy(
         batch.ref = score_logprobs(ref_model, samples, s, pad_token_id, trained)  # type: ignore[arg-type]
     elif not kl_in_loss:
         batch.ref = None  # scored for a KL in the reward: not a loss term
-    batch.loss_rows = _loss_rows(groups, samples, owner, loop_inputs(LOSSES[s.loss]))
+    batch.loss_rows = loss_rows(LOSSES[s.loss], groups, samples, owner)
     batch.loss_state = {} if loss_state is None else loss_state
 
     sums, grad_norms, critic_norms = _optimise(learner, critic, batch, trained, dropped, s, pad_token_id,
@@ -102,22 +115,21 @@ def update_policy(
     metrics["trained_fraction"] = len(trained) / len(samples)
     if s.mask_truncated:
         metrics["masked_truncated_fraction"] = len(dropped) / len(samples)
-    return metrics
+    return _result(metrics, groups, batch.advantages, owner, dropped_episodes)
 
 
-def _record(groups: list[Group], advantages: list[torch.Tensor], owner: list[int], dropped: set[int]) -> None:
-    """Each group's metadata["advantages"] (a sample's token mean) and ["masked"] (why a sample
-    had loss mask 0), for the samples log and the sampler."""
+def _result(metrics: dict[str, float], groups: list[Group], advantages: list[torch.Tensor], owner: list[int],
+            dropped: set[int]) -> UpdateResult:
+    """Per group, each sample's advantage (the token mean over its rows) and why it had loss mask 0."""
     episodes = [smp for g in groups for smp in g.samples]
     mine: list[list[torch.Tensor]] = [[] for _ in episodes]
     for u, a in enumerate(advantages):
         mine[owner[u]].append(a)
     per_sample = iter([float(torch.cat(a).mean()) if sum(len(x) for x in a) else 0.0 for a in mine])
-    mask_reasons = iter([("excluded" if smp.excluded else "truncated") if i in dropped else None
-                         for i, smp in enumerate(episodes)])
-    for g in groups:
-        g.metadata["advantages"] = [next(per_sample) for _ in g.samples]
-        g.metadata["masked"] = [next(mask_reasons) for _ in g.samples]
+    reasons = iter([("excluded" if smp.excluded else "truncated") if i in dropped else None
+                    for i, smp in enumerate(episodes)])
+    return UpdateResult(metrics, tuple(tuple(next(per_sample) for _ in g.samples) for g in groups),
+                        tuple(tuple(next(reasons) for _ in g.samples) for g in groups))
 
 
 def _old_logprobs(model: PreTrainedModel, groups: list[Group], batch: _Batch, owner: list[int], trained: set[int],
@@ -133,7 +145,7 @@ def _old_logprobs(model: PreTrainedModel, groups: list[Group], batch: _Batch, ow
     if old is None and s.epochs * s.mini_batches > 1:
         old = score_logprobs(model, samples, s, pad_token_id, trained)
     replayed_episodes = {i for i, (g, x) in enumerate((g, x) for g in groups for x in g.samples)
-                         if g.metadata.get("replayed") or g.metadata.get("stale") or x.off_policy}
+                         if g.replay_age is not None or g.staleness or x.off_policy}
     replayed = [u for u, i in enumerate(owner) if i in replayed_episodes]
     if not replayed:
         return old
@@ -192,16 +204,11 @@ def _advantages(
     critic's values; those are kept in the batch so the update does not compute them again.
     """
     estimator = ESTIMATORS[s.advantage]
-    token_level = "values_BT" in loop_inputs(estimator)
+    token_level = per_token(estimator)
     if token_level and critic is None:
         raise ValueError(f"advantage {s.advantage!r} needs a critic (rlvr train builds one; pass critic=...)")
-    kl_in_reward = s.kl_coef > 0 and s.kl_placement == "reward" and ref_model is not None
-    if (token_level or kl_in_reward) and len(set(owner)) != len(samples):
-        raise ValueError("summarised episodes (env.summarize_at) train with outcome advantages: "
-                         "advantage = \"gae\" and kl_placement = \"reward\" are not supported with them")
-    if s.credit == "turn" and (token_level or kl_in_reward or s.shaping or s.advantage != "grpo"):
-        raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn "
-                         "rewards: use it with advantage = \"grpo\", no shaping and no KL in the reward")
+    kl_in_reward = s.kl_in_reward and ref_model is not None
+    check_combination(s, token_level, kl_in_reward, summarised=len(set(owner)) != len(samples))
     rewards_PG, metrics = shaped_rewards(groups, s)
     old = ref = values = returns = None
     if kl_in_reward:  # the penalty is the old policy's KL to the reference, before any update
@@ -221,7 +228,7 @@ def _advantages(
         values = score_values(critic.model, samples, s, pad_token_id, kept)
         turn_rewards = [tr for g in groups for tr in g.metadata.get("turn_rewards", [None] * len(g.samples))]
         advantages, returns = token_advantages(samples, rewards_PG, kl_N, values, kept, s, turn_rewards)
-    elif s.credit == "turn":
+    elif s.turn_credit:
         advantages = turn_credit(groups, samples, owner, s)
     else:
         advantages_B = outcome_advantages(groups, rewards_PG, s).flatten()
@@ -234,7 +241,7 @@ def _summary(sums: dict[str, float], grad_norms: list[float], critic_norms: list
              kl_in_loss: bool) -> dict[str, float]:
     """The update's metrics from the summed per-micro-batch values."""
     metrics: dict[str, float] = {}
-    tokens, loss_sum = sums.pop("_tokens", 0.0), sums.pop("loss", 0.0)
+    tokens, loss_sum = sums.pop("_tokens", 0.0), sums.pop("_loss", 0.0)
     div_tokens = sums.pop("_divergence_tokens", 0.0)
     expert_tokens = sums.pop("_expert_tokens", 0.0)
     if expert_tokens:  # CHORD: the demonstrations' mean negative log-likelihood
@@ -246,8 +253,8 @@ def _summary(sums: dict[str, float], grad_norms: list[float], critic_norms: list
     # token-weighted means over the trained tokens; NaN (null in metrics.jsonl) when none was trained
     names = set(sums) | {k for k in _TOKEN_METRICS if k != "kl" or kl_in_loss}
     metrics |= {k: sums[k] / tokens if tokens else float("nan") for k in sorted(names)}
-    metrics["loss"] = loss_sum / len(grad_norms)  # mean over optimizer steps
-    metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    # means over optimizer steps
+    metrics.update(loss=loss_sum / len(grad_norms), grad_norm=sum(grad_norms) / len(grad_norms))
     if critic_norms:
         metrics["value_loss"] = value_loss_sum / len(critic_norms)
         metrics["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
@@ -272,24 +279,6 @@ class _Batch:
     loss_state: dict[str, float] = field(default_factory=dict)
 
 
-def _loss_rows(groups: list[Group], samples: list[Sample], owner: list[int],
-               names: list[str]) -> dict[str, list[torch.Tensor]]:
-    """The per-sample values behind a loss's loop inputs, repeated over each completion token of
-    each trained row (``samples``, whose ``owner`` is the group sample they belong to)."""
-    rows: dict[str, list[torch.Tensor]] = {}
-    if "offpolicy_BT" in names:
-        rows["offpolicy_BT"] = [torch.full((len(x.completion.token_ids),), float(x.off_policy)) for x in samples]
-    wanted = {"correct_BT", "group_accuracy_BT"} & set(names)
-    if wanted:
-        correct = [[float(is_correct(x, next(iter(x.reward_parts), ""))) for x in g.samples] for g in groups]
-        per_sample = {"correct_BT": [c for row in correct for c in row],
-                      "group_accuracy_BT": [statistics.fmean(row) for row in correct for _ in row]}
-        for name in wanted:
-            rows[name] = [torch.full((len(x.completion.token_ids),), per_sample[name][owner[u]])
-                          for u, x in enumerate(samples)]
-    return rows
-
-
 def _accumulate(
     learner: Learner,
     critic: Learner | None,
@@ -310,7 +299,7 @@ def _accumulate(
     old_BT = logprobs_BT.detach() if b.old is None else old_rows(b.old, micro, logprobs_BT.detach(), where_BT)
     adv_BT = token_rows(b.advantages, micro, where_BT)
     inputs: dict[str, Any] = {name: token_rows(rows, micro, where_BT) for name, rows in b.loss_rows.items()}
-    if "loss_state" in loop_inputs(LOSSES[s.loss]):
+    if keeps_state(LOSSES[s.loss]):
         inputs["loss_state"] = b.loss_state
     loss_BT, loss_metrics = LOSSES[s.loss](logprobs_BT, old_BT, adv_BT, mask_BT, **s.loss_kwargs, **inputs)
     # The engine's own log-probs of what it sampled, against the learner's before this update.
@@ -343,7 +332,7 @@ def _accumulate(
         sums["value_loss"] += float(v_loss.detach())
         loss_metrics |= v_metrics
     sums["_tokens"] += n
-    sums["loss"] += float(loss.detach())  # micro-batch aggregates sum to the mini-batch loss
+    sums["_loss"] += float(loss.detach())  # micro-batch aggregates sum to the mini-batch loss
     sums["entropy"] += float(entropy_BT.detach()[mask_BT].sum())
     for key, value in loss_metrics.items():
         if key.endswith("_max"):  # maxima over the update, kept apart from the token-weighted sums

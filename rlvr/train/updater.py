@@ -14,7 +14,7 @@ import torch
 from rlvr.lora import merged_state_dict
 from rlvr.rollout.engine import Engine
 from rlvr.train.learner import Learner
-from rlvr.train.update import UpdateSettings, update_policy
+from rlvr.train.update import UpdateResult, UpdateSettings, update_policy
 from rlvr.types import Group
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ class Updater:
         self.shared_weights = shared_weights
         """The engine samples from the learner's own model: nothing to copy after an update."""
 
-    def update(self, groups: list[Group], settings: UpdateSettings, extras: Extras) -> dict[str, float]:
+    def update(self, groups: list[Group], settings: UpdateSettings, extras: Extras) -> UpdateResult:
         return update_policy(self.learner, groups, settings, pad_token_id=self.pad_token_id,
                              generator=self.generator, **extras.keywords())
 

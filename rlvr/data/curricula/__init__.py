@@ -16,8 +16,8 @@ besides the seam's ``next_batch(n)``, ``observe(groups)``, ``state_dict()`` and
 (prompts drawn / number of prompts).
 
 What a sampler learns from: ``observe`` gets each step's groups after the update. A group's prompt
-is ``g.samples[0].prompt_index``, its outcome ``g.metadata["accuracy"]`` (share of correct
-samples) and ``g.metadata["advantages"]`` (one per sample). Groups of prompts a sampler did not
+is ``g.samples[0].prompt_index``, its outcome ``g.accuracy`` (share of correct
+samples) and ``g.advantages`` (one per sample, what the update used). Groups of prompts a sampler did not
 choose are used like any other.
 
 Determinism: call k of ``next_batch`` draws from ``numpy.random.default_rng([seed, tag, k])``

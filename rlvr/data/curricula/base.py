@@ -55,8 +55,14 @@ def _prompt(g: Group) -> int:
     return g.samples[0].prompt_index
 
 
+def _accuracy(g: Group) -> float:
+    if g.accuracy is None:
+        raise ValueError(f"a sampler observed a group without its accuracy (collection sets it): {g.prompt[:60]!r}")
+    return g.accuracy
+
+
 def _mean_abs_advantage(g: Group) -> float:
-    advantages = g.metadata["advantages"]
+    advantages = g.advantages or ()
     return float(np.mean(np.abs(advantages))) if len(advantages) else 0.0
 
 

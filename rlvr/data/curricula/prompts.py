@@ -10,6 +10,7 @@ import numpy as np
 
 from rlvr.data.curricula.base import (
     SamplerContext,
+    _accuracy,
     _allowed,
     _closest,
     _draw,
@@ -59,7 +60,7 @@ class PrioritizedSampler:
         for g in groups:
             if g.samples:
                 i = _prompt(g)
-                self.success_P[i] = self.decay * self.success_P[i] + (1 - self.decay) * float(g.metadata["accuracy"])
+                self.success_P[i] = self.decay * self.success_P[i] + (1 - self.decay) * _accuracy(g)
                 self.seen_P[i] = True
         self.pending = []
 
@@ -195,7 +196,7 @@ class MoPPSSampler:
             if not g.samples:
                 continue
             i, k = _prompt(g), len(g.samples)
-            s = float(g.metadata["accuracy"]) * k
+            s = _accuracy(g) * k
             self.alpha_P[i] = lam * self.alpha_P[i] + (1 - lam) * self.prior_alpha + s
             self.beta_P[i] = lam * self.beta_P[i] + (1 - lam) * self.prior_beta + (k - s)
         self.pending = []
@@ -300,7 +301,7 @@ class DOTSSampler:
         for g in groups:
             if not g.samples:
                 continue
-            i, acc = _prompt(g), float(g.metadata["accuracy"])
+            i, acc = _prompt(g), _accuracy(g)
             if i in refs:
                 self.memory.pop(i, None)
                 self.memory[i] = acc
@@ -385,7 +386,7 @@ class PCLSampler:
         kept = [g for g in groups if g.samples]
         if kept:
             idx = [_prompt(g) for g in kept]
-            acc_B = np.array([float(g.metadata["accuracy"]) for g in kept])
+            acc_B = np.array([_accuracy(g) for g in kept])
             self.last_mse = float(((self.predict(idx) - acc_B) ** 2).mean())
             for _ in range(self.updates):
                 self.w_D, self.b = logistic_sgd_step(self.w_D, self.b, self.features_PD[idx], acc_B, self.lr, self.l2)

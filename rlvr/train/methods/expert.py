@@ -67,21 +67,13 @@ def step_demonstrations(run: Run, groups: list[Group]) -> list[Sample]:
 
 
 class Luffy(Method):
-    """Every group the update trains on gets its prompt's demonstration; the policy's own groups
-    get their own samples' results back afterwards."""
+    """Every group the update trains on gets its prompt's demonstration, appended after the
+    policy's own samples (so `UpdateResult.outcomes(plan.own)` gives the own groups theirs)."""
 
     def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
-        # a metadata dict of its own, so the update's per-sample entries do not spill into the own group
-        mixed = [replace(g, samples=(*g.samples, d), metadata=dict(g.metadata))
+        mixed = [replace(g, samples=(*g.samples, d))
                  for g, d in zip(plan.groups, step_demonstrations(run, plan.groups))]
         return replace(plan, groups=mixed)
-
-    def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
-        for own, mixed in zip(plan.own, plan.groups):  # the first entries of a mixed group are its own samples'
-            for key in ("advantages", "masked"):
-                if key in mixed.metadata:
-                    own.metadata[key] = mixed.metadata[key][: len(own.samples)]
-        return {}
 
 
 @dataclass(frozen=True)

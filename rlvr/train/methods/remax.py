@@ -29,12 +29,12 @@ class GreedyBaseline(Method):
             greedy = task.episodes(run.engine, task.examples, indices, 1, sampling=greedy_params)
         else:
             greedy = generate_groups(run.engine, task.examples, task.prompt_ids, indices, task.rewards, greedy_params)
-        groups = [dataclasses.replace(g, metadata={**g.metadata, "greedy_reward": b.samples[0].reward})
+        groups = [dataclasses.replace(g, greedy_reward=b.samples[0].reward)
                   for g, b in zip(plan.groups, greedy)]
         return dataclasses.replace(plan, groups=groups, own=groups[: len(plan.own)])
 
     def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
-        return {"greedy_reward": statistics.fmean(g.metadata["greedy_reward"] for g in plan.groups)}
+        return {"greedy_reward": statistics.fmean(g.greedy_reward or 0.0 for g in plan.groups)}
 
 
 def build(run: Run, info: SetupInfo) -> Method | None:
