@@ -32,10 +32,8 @@ EXAMPLES = """examples:
 """
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlvr", description="RL post-training of language models.",
-                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+def _add_train(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr train`, `rlvr sft`, `rlvr dpo`: a config and its overrides."""
     t = sub.add_parser("train", help="train a policy (GRPO by default)")
     t.add_argument("--config", help="TOML config file")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
@@ -46,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
         o.add_argument("--config", help="TOML config file")
         o.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
         o.add_argument("overrides", nargs="*", metavar="key=value", help=f"dotted overrides, e.g. {name}.data=x.jsonl")
+
+
+def _add_sample(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr sample`."""
     s = sub.add_parser("sample", help="generate completions from a model or checkpoint")
     s.add_argument("prompts", nargs="*", help="prompts (default: read one per line from stdin)")
     s.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model, checkpoint folder or run dir")
@@ -57,12 +59,20 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--system", default=None, help="system prompt")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true", help="print JSON lines with token ids and logprobs")
+
+
+def _add_bench(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr bench`."""
     b = sub.add_parser("bench", help="speed side by side: engine vs HF generate, learner vs matmul, GRPO step vs TRL")
     b.add_argument("--parts", default="generate,learner,grpo", help="comma-separated: generate, learner, grpo")
     b.add_argument("--batch-sizes", default="1,8,32,64", help="generate: batch sizes")
     b.add_argument("--new-tokens", type=int, default=64, help="generate: tokens per row")
     b.add_argument("--grpo-shapes", default="1x8,8x8", help="grpo: prompts x group per step")
     b.add_argument("--grpo-steps", type=int, default=3, help="grpo: steps per side (the first is warm-up)")
+
+
+def _add_eval(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr eval`."""
     e = sub.add_parser("eval", help="pass@k, maj@k, avg, length, entropy, diversity of models on held-out prompts")
     e.add_argument("--model", action="append", required=True,
                    help="model, checkpoint folder or run dir (repeat to compare several)")
@@ -79,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
                    "samples (>= 0.5 = sound), e.g. llm_judge, local_judge or mypkg.judges:check")
     e.add_argument("--cot-judge-kwargs", default="{}", metavar="JSON", help="the judge's kwargs as JSON")
     e.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. task.eval_size=128")
+
+
+def _add_contamination(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr contamination`."""
     c = sub.add_parser(
         "contamination", help="was a model trained on these prompts? Self-Critique and Min-K%% scores, with their AUC",
         description="Score member prompts (trained on) and non-member prompts with each method and report how well "
@@ -103,6 +117,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-size", type=int, default=32, help="prompts per generation and scoring batch")
     c.add_argument("--out", default="contamination.json", help="JSON with every prompt's scores and each method's AUC")
     c.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. task.eval_size=128")
+
+
+def _add_filter(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr filter`."""
     fl = sub.add_parser("filter", help="offline difficulty filtering: keep the training prompts a model solves sometimes",
                         description="Estimates each training prompt's pass rate with --model (n samples at the "
                         "config's temperature, scored by its rewards) and writes the prompts whose rate lies in "
@@ -120,6 +138,10 @@ def _parser() -> argparse.ArgumentParser:
     fl.add_argument("--accepted", metavar="FILE", help="also write every distinct completion judged correct, as "
                     "prompt/completion rows for `rlvr sft sft.data=FILE` (ReST's Grow step, expert iteration)")
     fl.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. task.size=2000")
+
+
+def _add_report(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr report`."""
     rp = sub.add_parser("report", help="a run as one self-contained HTML page (curves, rollout browser) and a PNG",
                         description="Writes <run>/report.html (no network needed to view it) and <run>/curves.png "
                         "from the run's metrics.jsonl, samples.jsonl, summary.json and config.toml. Works while "
@@ -129,6 +151,10 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--max-steps", type=int, default=60,
                     help="steps in the rollout browser, evenly spaced incl. first and last (default 60)")
     rp.add_argument("--no-png", action="store_true", help="skip curves.png")
+
+
+def _add_sandbox(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr sandbox run`."""
     sb = sub.add_parser("sandbox", help="run untrusted code the way code rewards do (to debug a task)")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)
     r = sbs.add_parser("run", help="run a Python file in the sandbox and print the JSON result")
@@ -138,6 +164,15 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--memory", type=int, default=512, help="address-space limit in MB (default 512)")
     r.add_argument("--isolation", choices=["auto", "bwrap", "none"], default="auto",
                    help='"none" runs it unisolated (not recommended)')
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlvr", description="RL post-training of language models.",
+                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_sample, _add_bench, _add_eval, _add_contamination, _add_filter, _add_report,
+                _add_sandbox):
+        add(sub)
     sub.add_parser("tasks", help="list the reasoning-gym tasks")
     sub.add_parser("config", help="list every config key with its default and meaning")
     return p

@@ -559,6 +559,7 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
+        """Refuse combinations of sections that cannot run together, each with what to change."""
         if self.task.source in ("jsonl", "parquet", "hf", "text") and not self.task.path:
             raise ValueError(f"task.path is required when task.source = {self.task.source!r}")
         batch = self.train.prompts_per_step * self.algo.group_size
@@ -570,6 +571,17 @@ class RunConfig(_Section):
         if self.lora.rank and self.algo.advantage == "gae":
             raise ValueError("lora.rank > 0 with advantage = \"gae\" is not supported yet: the critic copies the "
                              "policy's trunk, which LoRA wraps; use an outcome estimator or full fine-tuning")
+        gain = any(r.fn == "information_gain" for r in self.rewards)
+        if gain != (self.task.source == "text"):
+            raise ValueError("RL on pre-training data pairs task.source = \"text\" with the reward "
+                             "fn = \"information_gain\": set both (configs/rlp.toml)")
+        self._check_dist()
+        self._check_expert()
+        self._check_env()
+        return self
+
+    def _check_dist(self) -> None:
+        """Rollout workers, asynchronous steps, partial rollouts and data-parallel learners."""
         d = self.dist
         if d.rollout_workers and self.engine.backend == "vllm":
             if not d.gpus_per_worker:
@@ -593,10 +605,9 @@ class RunConfig(_Section):
             if from_policy:
                 raise ValueError("dist.async_steps does not combine with what is computed from the policy itself "
                                  f"while rollouts are collected: {', '.join(from_policy)}")
-        gain = any(r.fn == "information_gain" for r in self.rewards)
-        if gain != (self.task.source == "text"):
-            raise ValueError("RL on pre-training data pairs task.source = \"text\" with the reward "
-                             "fn = \"information_gain\": set both (configs/rlp.toml)")
+
+    def _check_expert(self) -> None:
+        """The expert hybrids (LUFFY, CHORD, ReLIFT) and what their demonstrations need."""
         if (self.expert.mode == "luffy") != (self.algo.loss == "luffy"):
             raise ValueError("expert.mode = \"luffy\" and algo.loss = \"luffy\" go together: the loss trains the "
                              "demonstrations mixed into the groups, and without them it is PPO's")
@@ -608,6 +619,9 @@ class RunConfig(_Section):
         if self.expert.mode != "none" and self.env.name is not None:
             raise ValueError(f"expert.mode = {self.expert.mode!r} trains single-turn demonstrations; it does not "
                              "combine with multi-turn episodes (env.name)")
+
+    def _check_env(self) -> None:
+        """What needs multi-turn episodes, and what summarised episodes cannot train."""
         if self.algo.credit == "turn" and self.env.name is None:
             raise ValueError("algo.credit = \"turn\" needs multi-turn episodes: set env.name")
         e = self.env
@@ -620,7 +634,6 @@ class RunConfig(_Section):
             if self.algo.advantage == "gae" or (self.algo.kl_placement == "reward" and self.algo.kl_coef > 0):
                 raise ValueError("env.summarize_at trains segments with the episode's outcome advantage: it does not "
                                  "combine with advantage = \"gae\" or a KL in the reward")
-        return self
 
 
 # ---------------------------------------------------------------------------------------------

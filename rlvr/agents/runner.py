@@ -246,13 +246,7 @@ def run_episodes(engine: Engine, tokenizer: Any, envs: Sequence[Env], prompts: S
         active = [k for k in active if budget[k] >= 1]
         if not active:
             break
-        outputs: dict[int, Completion] = {}
-        for size in sorted(set(budget.values())):  # one engine call per distinct budget
-            batch = [k for k in active if budget[k] == size]
-            turn = SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                                  max_new_tokens=size, stop=params.stop, n=1)
-            for k, group in zip(batch, engine.generate([trajs[k].context for k in batch], turn)):
-                outputs[k] = group[0]
+        outputs = _sample_turns(engine, trajs, {k: budget[k] for k in active}, params)
         still = []
         for k in active:
             t = trajs[k]
@@ -270,37 +264,59 @@ def run_episodes(engine: Engine, tokenizer: Any, envs: Sequence[Env], prompts: S
                     still.append(k)
         acting = [k for k in active if trajs[k].ending is None and k not in still]
         results = _step_all([envs[k] for k in acting], [outputs[k].text for k in acting])
-        for k, result in zip(acting, results):
-            t = trajs[k]
-            if isinstance(result, InfrastructureError):
-                t.ending = "infra"
-                continue
-            t.reward += float(result.reward)
-            t.turn_rewards.append(float(result.reward))
-            for name, value in result.metrics.items():
-                t.metrics[name] = t.metrics.get(name, 0.0) + float(value)
-            t.void_run = t.void_run + 1 if result.metrics.get("void", 0) else 0
-            if result.done:
-                t.ending = "done"
-            elif t.turns >= limits.max_turns:
-                t.ending = "max_turns"
-            elif t.void_run >= limits.max_void_turns:
-                t.ending = "void"
-            elif t.sampled >= limits.max_total_tokens:
-                t.ending = "budget"
-            else:
-                observation = result.observation or ""
-                ids = delta.ids(observation, t.last_action_ended)
-                if summarize and t.summaries < summarize.rounds and len(t.context) + len(ids) >= summarize.at:
-                    observation = f"{observation}\n\n{summarize.instruction}" if observation else summarize.instruction
-                    ids, t.summarising = delta.ids(observation, t.last_action_ended), True
-                if len(t.context) + len(ids) + 1 > limits.max_context:
-                    t.ending = "context"
-                else:
-                    t.inject(ids, tokenizer.decode(ids, skip_special_tokens=True))
-                    still.append(k)
+        still += [k for k, result in zip(acting, results)
+                  if _observe(trajs[k], result, limits, delta, summarize, tokenizer)]
         active = sorted(still)
     return [t.finish(tokenizer) for t in trajs]
+
+
+def _sample_turns(engine: Engine, trajs: list[_Trajectory], budget: dict[int, int],
+                  params: SamplingParams) -> dict[int, Completion]:
+    """Each active trajectory's next action (the keys of ``budget``, its token budget): one
+    engine call per distinct budget."""
+    outputs: dict[int, Completion] = {}
+    for size in sorted(set(budget.values())):
+        batch = [k for k in budget if budget[k] == size]
+        turn = SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                              max_new_tokens=size, stop=params.stop, n=1)
+        for k, group in zip(batch, engine.generate([trajs[k].context for k in batch], turn)):
+            outputs[k] = group[0]
+    return outputs
+
+
+def _observe(t: _Trajectory, result: StepResult | InfrastructureError, limits: Limits, delta: ChatDelta,
+             summarize: Summarize | None, tokenizer: Any) -> bool:
+    """Take the environment's answer to the trajectory's action: its reward and metrics, then
+    either an ending or the next observation (with the instruction to summarise when the context
+    has grown past ``summarize.at``). Returns whether the episode goes on."""
+    if isinstance(result, InfrastructureError):
+        t.ending = "infra"
+        return False
+    t.reward += float(result.reward)
+    t.turn_rewards.append(float(result.reward))
+    for name, value in result.metrics.items():
+        t.metrics[name] = t.metrics.get(name, 0.0) + float(value)
+    t.void_run = t.void_run + 1 if result.metrics.get("void", 0) else 0
+    if result.done:
+        t.ending = "done"
+    elif t.turns >= limits.max_turns:
+        t.ending = "max_turns"
+    elif t.void_run >= limits.max_void_turns:
+        t.ending = "void"
+    elif t.sampled >= limits.max_total_tokens:
+        t.ending = "budget"
+    if t.ending is not None:
+        return False
+    observation = result.observation or ""
+    ids = delta.ids(observation, t.last_action_ended)
+    if summarize and t.summaries < summarize.rounds and len(t.context) + len(ids) >= summarize.at:
+        observation = f"{observation}\n\n{summarize.instruction}" if observation else summarize.instruction
+        ids, t.summarising = delta.ids(observation, t.last_action_ended), True
+    if len(t.context) + len(ids) + 1 > limits.max_context:
+        t.ending = "context"
+        return False
+    t.inject(ids, tokenizer.decode(ids, skip_special_tokens=True))
+    return True
 
 
 _logger = logging.getLogger("rlvr.agents")
