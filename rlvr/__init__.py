@@ -10,7 +10,7 @@ The public API, importable from `rlvr` directly (loaded on first use, so `import
     reasoning_gym_examples, jsonl_examples, render_prompt, Example     prompts (rlvr.data)
     build_rewards, score, REWARDS, extract_answer                      rewards (rlvr.rewards)
     generate_groups, group_metrics              rollouts + scoring (rlvr.train.rollouts)
-    Learner, UpdateSettings, update_policy, compute_advantages         learning (rlvr.train)
+    Learner, UpdateSettings, update_policy, UpdateResult, compute_advantages   learning (rlvr.train)
     ESTIMATORS, LOSSES, KL_ESTIMATORS, aggregate_loss                  algorithms (rlvr.algos)
     keep_freed_memory                           CPU malloc tuning for training processes (rlvr.runtime)
 """
@@ -32,7 +32,7 @@ _EXPORTS = {
     "rlvr.rewards": ["build_rewards", "score", "REWARDS", "extract_answer"],
     "rlvr.train.rollouts": ["generate_groups", "group_metrics"],
     "rlvr.train.learner": ["Learner"],
-    "rlvr.train.update": ["UpdateSettings", "update_policy", "compute_advantages"],
+    "rlvr.train.update": ["UpdateSettings", "update_policy", "UpdateResult", "compute_advantages"],
     "rlvr.algos": ["ESTIMATORS", "LOSSES", "KL_ESTIMATORS", "aggregate_loss"],
     "rlvr.runtime": ["keep_freed_memory"],
 }
