@@ -378,3 +378,34 @@ def test_aggregate_seq_mean_token_mean_matches_loop() -> None:
 def test_aggregate_rejects_bad_arguments(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         aggregate_loss(t(LOSS), t(MASK), **kwargs)  # type: ignore[arg-type]
+
+
+def _positional(fn: object) -> tuple[str, ...]:
+    import inspect
+
+    return tuple(p.name for p in inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+@pytest.mark.dtype_independent
+def test_every_entry_of_a_registry_takes_the_same_positional_arguments() -> None:
+    """One signature per dict: the loop calls any entry the same way; what an entry needs beyond
+    these arrives by keyword (a config knob, or a loop input named in LOOP_INPUTS). GAE is the
+    one known exception (per-token rewards and a mask, with the critic's values): issue 19 moves
+    it to the PPO module; until then the loop routes it by `rlvr.train.inputs.per_token`."""
+    from rlvr.algos import CORRECTIONS, DIVERGENCES, ESTIMATORS, KL_ESTIMATORS, LOSSES, SHAPING
+    from rlvr.train.inputs import per_token
+
+    expected = {
+        "CORRECTIONS": (CORRECTIONS, ("old_logprobs_BT", "sampler_logprobs_BT", "mask_BT")),
+        "DIVERGENCES": (DIVERGENCES, ("logprobs_BT", "init_logprobs_BT", "mask_BT")),
+        "ESTIMATORS": ({k: f for k, f in ESTIMATORS.items() if not per_token(f)}, ("rewards_PG",)),
+        "KL_ESTIMATORS": (KL_ESTIMATORS, ("logprobs_BT", "ref_logprobs_BT")),
+        "LOSSES": (LOSSES, ("logprobs_BT", "old_logprobs_BT", "advantages_BT", "mask_BT")),
+        "SHAPING": (SHAPING, ("rewards_PG", "lengths_PG", "correct_PG", "max_tokens")),
+    }
+    for name, (registry, positional) in expected.items():
+        odd = {key: _positional(fn) for key, fn in registry.items() if _positional(fn) != positional}
+        assert not odd, f"{name}: entries whose positional arguments differ from {positional}: {odd}"
+    assert [k for k, f in ESTIMATORS.items() if per_token(f)] == ["gae"]
+    assert _positional(ESTIMATORS["gae"]) == ("token_rewards_BT", "mask_BT")
