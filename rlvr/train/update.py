@@ -35,10 +35,13 @@ __all__ = ["LossTerm", "UpdateResult", "UpdateSettings", "collate", "compute_adv
 class LossTerm(Protocol):
     """A term of its own added to every optimizer step's gradient, beside the policy loss (on
     rank 0 of data-parallel learners): CHORD's SFT on demonstrations, DPH-RL's divergence on the
-    initial policy's samples. It adds its metric sums to `sums` (keys starting with "_" are counts)."""
+    initial policy's samples. `add` adds its metric sums to `sums` (keys starting with "_" are
+    counts); `summarise` takes its own keys out of the update's summed `sums` and returns its metrics."""
 
     def add(self, learner: Learner, s: UpdateSettings, pad_token_id: int, device: torch.device,
             sums: dict[str, float]) -> None: ...
+
+    def summarise(self, sums: dict[str, float]) -> dict[str, float]: ...
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ def update_policy(
 
     sums, grad_norms, critic_norms = _optimise(learner, critic, batch, trained, dropped, s, pad_token_id,
                                                generator, terms)
-    metrics |= _summary(sums, grad_norms, critic_norms, kl_in_loss)
+    metrics |= _summary(sums, grad_norms, critic_norms, kl_in_loss, terms)
     metrics["advantage_abs_mean"] = statistics.fmean(float(a.abs().mean()) if len(a) else 0.0
                                                      for a in batch.advantages) if samples else 0.0
     metrics["trained_fraction"] = len(trained) / len(samples)
@@ -238,16 +241,12 @@ def _advantages(
 
 
 def _summary(sums: dict[str, float], grad_norms: list[float], critic_norms: list[float],
-             kl_in_loss: bool) -> dict[str, float]:
+             kl_in_loss: bool, terms: Sequence[LossTerm]) -> dict[str, float]:
     """The update's metrics from the summed per-micro-batch values."""
     metrics: dict[str, float] = {}
     tokens, loss_sum = sums.pop("_tokens", 0.0), sums.pop("_loss", 0.0)
-    div_tokens = sums.pop("_divergence_tokens", 0.0)
-    expert_tokens = sums.pop("_expert_tokens", 0.0)
-    if expert_tokens:  # CHORD: the demonstrations' mean negative log-likelihood
-        metrics["expert/nll"] = sums.pop("expert_nll") / expert_tokens
-    for key in [k for k in sums if k.startswith("divergence")]:  # means over the rehearsal tokens
-        metrics[key] = sums.pop(key) / div_tokens
+    for term in terms:
+        metrics |= term.summarise(sums)
     value_loss_sum = sums.pop("value_loss", 0.0)
     maxima = {k.removeprefix("_max/"): sums.pop(k) for k in [k for k in sums if k.startswith("_max/")]}
     # token-weighted means over the trained tokens; NaN (null in metrics.jsonl) when none was trained

@@ -60,8 +60,8 @@ class Plan:
     groups: list[Group]
     """What the update trains on: this step's groups, then any replayed ones."""
     own: list[Group]
-    """This step's groups as the policy sampled them: the sampler observes these, and the update's
-    per-sample results (advantages, masked spans) end up in them."""
+    """This step's groups as the policy sampled them: the sampler observes these, with the update's
+    per-sample results (`UpdateResult.outcomes`)."""
     settings: UpdateSettings
     extras: Extras = field(default_factory=Extras)
 

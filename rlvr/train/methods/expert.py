@@ -99,6 +99,11 @@ class Imitation:
             sums["_expert_tokens"] += float(mask_BT.sum())
             sums["expert_nll"] += float(-(logprobs_BT.detach() * mask_BT).sum())
 
+    def summarise(self, sums: dict[str, float]) -> dict[str, float]:
+        """The demonstrations' mean negative log-likelihood, as expert/nll."""
+        tokens = sums.pop("_expert_tokens", 0.0)
+        return {"expert/nll": sums.pop("expert_nll") / tokens} if tokens else {}
+
 
 def imitation_step(learner: Learner, demos: list[Sample], s: UpdateSettings, *, pad_token_id: int) -> dict[str, float]:
     """One optimizer step of plain SFT (token-mean NLL) on `demos`: ReLIFT's interleaved fine-tuning."""

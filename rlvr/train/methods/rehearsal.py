@@ -125,6 +125,11 @@ class Divergence:
             for key, value in div_metrics.items():
                 sums[key] += float(value) * n
 
+    def summarise(self, sums: dict[str, float]) -> dict[str, float]:
+        """The divergence and its metrics, as means over the rehearsed tokens."""
+        tokens = sums.pop("_divergence_tokens", 0.0)
+        return {key: sums.pop(key) / tokens for key in [k for k in sums if k.startswith("divergence")]}
+
 
 class Rehearse(Method):
     """Each update adds the divergence on the next `algo.rehearsal_batch` stored samples."""
