@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 from rlvr.config import ConfigError, RunConfig, describe, load_config
@@ -174,7 +175,9 @@ def _parser() -> argparse.ArgumentParser:
                 _add_sandbox):
         add(sub)
     sub.add_parser("tasks", help="list the reasoning-gym tasks")
-    sub.add_parser("config", help="list every config key with its default and meaning")
+    cf = sub.add_parser("config", help="list every config key of a command (train, sft, dpo) with its default and meaning")
+    cf.add_argument("for_command", nargs="?", default="train", choices=["train", "sft", "dpo"],
+                    help="the command whose config to list (default: train)")
     return p
 
 
@@ -214,14 +217,15 @@ def _train(args: argparse.Namespace) -> int:
     from rlvr.train.loop import RunDirError, train
     from rlvr.train.offline import dpo, sft
 
-    run = {"train": train, "sft": sft, "dpo": dpo}[args.command]
+    commands: dict[str, Callable[..., Any]] = {"train": train, "sft": sft, "dpo": dpo}
+    run = commands[args.command]
     try:
         if args.resume:
             if args.config:
                 raise ConfigError("--resume uses the run's own config.toml; pass changes as key=value overrides")
             run(resume=args.resume, overrides=tuple(args.overrides))
         else:
-            run(load_config(args.config, args.overrides))
+            run(load_config(args.config, args.overrides, command=args.command))
     except (RunDirError, MissingExtra, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -434,7 +438,7 @@ def _tasks(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    print(describe())
+    print(describe(args.for_command))
     return 0
 
 

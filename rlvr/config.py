@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -528,8 +528,12 @@ class RunConfig(_Section):
     log: LogConfig = LogConfig()
     expert: ExpertConfig = ExpertConfig()
     rlp: RLPConfig = RLPConfig()
-    sft: SFTConfig = SFTConfig()
-    dpo: DPOConfig = DPOConfig()
+
+    command: ClassVar[str] = "train"
+    """The CLI command this config root belongs to."""
+    partial: ClassVar[dict[str, tuple[str, ...]]] = {}
+    """Sections this command reads only in part: section -> the keys it reads (none: it ignores the
+    section). Setting any other key of them is refused, so nothing set is silently ignored."""
 
     def reward_specs(self) -> list[dict[str, Any]]:
         """The reward specs for rlvr.rewards.build_rewards, with the source field for routing."""
@@ -556,6 +560,15 @@ class RunConfig(_Section):
                 fn = "math_verify" if source in ("jsonl", "parquet", "hf") else "reasoning_gym"
                 data = {**data, "rewards": [{"fn": fn, "kwargs": {"extract": "tag"}}]}
         return data
+
+    @model_validator(mode="after")
+    def _read(self) -> RunConfig:
+        for section, keys in self.partial.items():
+            unread = sorted(getattr(self, section).model_fields_set - set(keys))
+            if unread:
+                raise ValueError(f"`rlvr {self.command}` does not read {section}.{unread[0]} (a setting of `rlvr "
+                                 f"train`); remove it from this config")
+        return self
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -636,6 +649,29 @@ class RunConfig(_Section):
                                  "combine with advantage = \"gae\" or a KL in the reward")
 
 
+class SFTRunConfig(RunConfig):
+    """`rlvr sft`'s config: the run, its task (whose held-out prompts evaluate it), the model, the
+    optimizer in [train], and [sft]."""
+
+    sft: SFTConfig = SFTConfig()
+    command: ClassVar[str] = "sft"
+    partial: ClassVar[dict[str, tuple[str, ...]]] = {
+        "algo": (), "sampler": (), "env": (), "dist": (), "expert": (), "rlp": ()}
+
+
+class DPORunConfig(RunConfig):
+    """`rlvr dpo`'s config: the run, its task, the model, the optimizer in [train], and [dpo]; online
+    DPO samples as `rlvr train` does (sampling, sampler, env, algo.group_size)."""
+
+    dpo: DPOConfig = DPOConfig()
+    command: ClassVar[str] = "dpo"
+    partial: ClassVar[dict[str, tuple[str, ...]]] = {"algo": ("group_size",), "dist": (), "expert": (), "rlp": ()}
+
+
+ROOTS: dict[str, type[RunConfig]] = {"train": RunConfig, "sft": SFTRunConfig, "dpo": DPORunConfig}
+"""Each command's config root: `rlvr train`'s, `rlvr sft`'s, `rlvr dpo`'s."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading, overrides and error messages
 
@@ -650,24 +686,39 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-def _check_keys(data: dict[str, Any], model: type[BaseModel], where: str, prefix: str = "") -> None:
+def _check_keys(data: dict[str, Any], model: type[BaseModel], where: str, prefix: str = "",
+                root: type[RunConfig] | None = None) -> None:
     """Reject unknown keys with the nearest valid one, before pydantic sees the data."""
+    root = root or RunConfig
     for key, value in data.items():
         full = prefix + key
         if key not in model.model_fields:
-            candidates = [prefix + k for k in model.model_fields] + _known_keys(RunConfig)
-            near = difflib.get_close_matches(full, candidates, n=1, cutoff=0.5)
-            hint = f"; did you mean '{near[0]}'?" if near else ""
-            raise ConfigError(f"{where}: unknown config key '{full}'{hint} (`rlvr config` lists all keys)")
+            raise ConfigError(f"{where}: {_unknown(full, [prefix + k for k in model.model_fields], root)}")
         sub = model.model_fields[key].annotation
         if isinstance(sub, type) and issubclass(sub, BaseModel):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: '{full}' is a section; set its keys, e.g. {full}.<key>=...")
-            _check_keys(value, sub, where, full + ".")
+            _check_keys(value, sub, where, full + ".", root)
         elif key == "rewards" and isinstance(value, list):
             for i, item in enumerate(value):
                 if isinstance(item, dict):
-                    _check_keys(item, RewardConfig, where, f"rewards[{i}].")
+                    _check_keys(item, RewardConfig, where, f"rewards[{i}].", root)
+
+
+def _unknown(full: str, siblings: list[str], root: type[RunConfig]) -> str:
+    """Why `full` is not a key of `root`: another command's section, a key that moved, or the nearest one."""
+    owner = next((c for c, r in ROOTS.items() if full.split(".")[0] in r.model_fields and r is not root), None)
+    if owner and full.split(".")[0] not in root.model_fields:
+        return f"[{full.split('.')[0]}] belongs to `rlvr {owner}`'s config, not `rlvr {root.command}`'s"
+    if full in MOVED:
+        return f"'{full}' is now {MOVED[full]}"
+    near = difflib.get_close_matches(full, siblings + _known_keys(root), n=1, cutoff=0.5)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    return f"unknown config key '{full}'{hint} (`rlvr config {root.command}` lists all keys)"
+
+
+MOVED: dict[str, str] = {}
+"""Keys of earlier versions, and where their setting lives now (named in the error)."""
 
 
 def _parse_value(text: str) -> Any:
@@ -702,16 +753,22 @@ def _format_validation_error(err: ValidationError, where: str) -> str:
     return "\n".join(lines)
 
 
-def from_dict(data: dict[str, Any], where: str = "config") -> RunConfig:
-    _check_keys(data, RunConfig, where)
+def from_dict(data: dict[str, Any], where: str = "config", command: str = "train") -> RunConfig:
+    """Validate a nested dict as `command`'s config (train, sft or dpo)."""
+    root = ROOTS[command]
+    _check_keys(data, root, where, root=root)
     try:
-        return RunConfig.model_validate(data)
+        return root.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err, where)) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a TOML file (optional), apply `key=value` overrides, and validate."""
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                command: str = "train") -> RunConfig:
+    """Read a TOML file (optional), apply `key=value` overrides, and validate as `command`'s config
+    (`rlvr train`'s by default; "sft" and "dpo" have their own roots)."""
+    if command not in ROOTS:
+        raise ConfigError(f"no config for command {command!r} (train, sft, dpo)")
     data: dict[str, Any] = {}
     where = "command line"
     if path is not None:
@@ -725,12 +782,34 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         where = str(p)
     for override in overrides:
         apply_override(data, override)
-    return from_dict(data, where if not overrides else f"{where} + overrides")
+    return from_dict(data, where if not overrides else f"{where} + overrides", command)
 
 
-def to_toml(cfg: BaseModel) -> str:
-    """Serialise a config as TOML (for the run directory's resolved config)."""
-    return _dump_table(cfg.model_dump(mode="json"), [])
+def to_toml(cfg: RunConfig) -> str:
+    """The run directory's config.toml: every key the config sets or that differs from its default
+    (the rest left out, so it reads as what makes this run), under a header naming the rlvr version
+    whose defaults fill in the rest. Loading it gives back an equal config (with that version)."""
+    from rlvr import __version__
+
+    header = (f"# rlvr {__version__}, `rlvr {cfg.command}`: the keys this run sets; every other key has its "
+              f"default in this version (`rlvr config {cfg.command}`)\n")
+    given = _merged(cfg.model_dump(mode="json", exclude_unset=True),
+                    cfg.model_dump(mode="json", exclude_defaults=True))
+    return header + _dump_table(given, [])
+
+
+def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The keys of both dumps of one config, sections merged key by key."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else out.get(k, v)
+    return out
+
+
+def written_version(text: str) -> str | None:
+    """The rlvr version named in a config.toml's header (None: not written by `to_toml`)."""
+    first = text.split("\n", 1)[0]
+    return first[len("# rlvr "):].split(",", 1)[0] if first.startswith("# rlvr ") else None
 
 
 def _toml_value(v: Any) -> str:
@@ -772,29 +851,40 @@ def _dump_table(d: dict[str, Any], path: list[str]) -> str:
 
 
 def _sections() -> set[str]:
-    """The config's [tables]: every RunConfig field that is a section model."""
-    return {name for name, f in RunConfig.model_fields.items()
+    """The config's [tables]: every field of a root that is a section model."""
+    return {name for root in ROOTS.values() for name, f in root.model_fields.items()
             if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
 
 
 _SECTIONS = _sections()
 
 
-def describe() -> str:
-    """Every key with its default and docstring: the text behind `rlvr config`."""
-    lines = []
+def describe(command: str = "train") -> str:
+    """Every key `command`'s config reads, with its default and docstring: the text behind `rlvr config`."""
+    root = ROOTS[command]
+    lines = [f"# `rlvr {command}`'s config keys"]
 
-    def walk(model: type[BaseModel], prefix: str) -> None:
+    def walk(model: type[BaseModel], prefix: str, only: tuple[str, ...] | None = None) -> None:
         for name, field in model.model_fields.items():
+            if only is not None and name not in only:
+                continue
             sub = field.annotation
             if isinstance(sub, type) and issubclass(sub, BaseModel):
-                lines.append(f"\n[{prefix}{name}]")
-                walk(sub, prefix + name + ".")
+                read = root.partial.get(name) if not prefix else None
+                if read != ():
+                    lines.append(f"\n[{prefix}{name}]")
+                    walk(sub, prefix + name + ".", read)
                 continue
             default = field.get_default(call_default_factory=True)
             if isinstance(default, list) and default and isinstance(default[0], BaseModel):
                 default = [d.model_dump(exclude_none=True) for d in default]
             lines.append(f"{prefix}{name} = {default!r}\n    {field.description or ''}")
 
-    walk(RunConfig, "")
+    walk(root, "")
     return "\n".join(lines)
+
+
+def declared_keys(command: str = "train") -> list[str]:
+    """The keys `rlvr config <command>` lists (sections' keys, dotted)."""
+    return [line.split(" = ", 1)[0] for line in describe(command).splitlines()
+            if " = " in line and not line.startswith((" ", "#", "["))]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import rlvr
+
 from rlvr.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +102,43 @@ def test_tasks_and_config_listings(capsys: pytest.CaptureFixture[str]) -> None:
     assert "chain_sum" in capsys.readouterr().out.split()
     assert main(["config"]) == 0
     out = capsys.readouterr().out
-    assert "algo.group_size = 8" in out and "algo.advantage_kwargs = {}" in out
+    assert "algo.group_size = 8" in out and "algo.advantage_kwargs = {}" in out and "sft." not in out
+    assert main(["config", "sft"]) == 0
+    out = capsys.readouterr().out
+    assert "sft.epochs = 1" in out and "[algo]" not in out and "train.lr" in out
+    assert main(["config", "dpo"]) == 0
+    out = capsys.readouterr().out
+    assert "dpo.beta = 0.1" in out and "algo.group_size" in out and "algo.loss" not in out
+
+
+def test_each_command_has_its_own_config_root(capsys: pytest.CaptureFixture[str]) -> None:
+    """[sft] and [dpo] belong to their commands; a setting a command would ignore is refused."""
+    assert main(["train", "sft.epochs=2"]) == 2
+    assert "[sft] belongs to `rlvr sft`'s config, not `rlvr train`'s" in capsys.readouterr().err
+    assert main(["sft", "dpo.beta=0.2"]) == 2
+    assert "[dpo] belongs to `rlvr dpo`'s config, not `rlvr sft`'s" in capsys.readouterr().err
+    assert main(["sft", 'algo.loss="gspo"']) == 2
+    assert "`rlvr sft` does not read algo.loss" in capsys.readouterr().err
+    assert main(["dpo", "algo.kl_coef=0.1"]) == 2
+    assert "`rlvr dpo` does not read algo.kl_coef" in capsys.readouterr().err
+
+
+def test_the_run_directory_config_holds_what_the_run_sets() -> None:
+    """config.toml lists the keys a config sets (the demo's: 17 of ~150), and reads back equal."""
+    import tomllib
+
+    from rlvr.config import from_dict, load_config, to_toml, written_version
+
+    root = Path(__file__).resolve().parents[1]
+    for command, path, extra in [("train", "configs/demo.toml", []), ("train", "configs/tool_math.toml", []),
+                                 ("sft", "configs/sft.toml", []), ("dpo", "configs/demo.toml", ["dpo.online=true"])]:
+        cfg = load_config(root / path, extra, command=command)
+        text = to_toml(cfg)
+        assert from_dict(tomllib.loads(text), command=command) == cfg, path
+        assert written_version(text) == rlvr.__version__
+    demo = to_toml(load_config(root / "configs/demo.toml"))
+    keys = [line for line in demo.splitlines() if " = " in line and not line.startswith("#")]
+    assert len(keys) == 17 and "group_size = 8" in demo and "clip_high" not in demo
 
 
 def test_reward_keyword_mistakes_are_errors(capsys: pytest.CaptureFixture[str]) -> None:

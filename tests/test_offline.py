@@ -134,10 +134,15 @@ def _mean_answer_logprob(model: LlamaForCausalLM, tokenizer: Tokenizer, path: Pa
     return float(lp.sum() / batch["target"].sum())
 
 
+def sft_overrides(tiny_dir: Path, out: Path, name: str) -> list[str]:
+    """test_train's small run, without the RL keys `rlvr sft` refuses to ignore."""
+    return [o for o in overrides(tiny_dir, out, name) if not o.startswith("algo.")]
+
+
 def test_sft_learns_the_answers_and_resumes(tiny_dir: Path, tmp_path: Path, tiny_tokenizer: Tokenizer) -> None:
     data = _chats(tmp_path / "chats.jsonl")
-    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "sft"), f'sft.data="{data}"', "sft.epochs=6",
-                             "sft.batch_size=2", "sft.max_length=160", "train.lr=3e-3"])
+    cfg = load_config(None, [*sft_overrides(tiny_dir, tmp_path, "sft"), f'sft.data="{data}"', "sft.epochs=6",
+                             "sft.batch_size=2", "sft.max_length=160", "train.lr=3e-3"], command="sft")
     summary = sft(cfg, quiet=True)
     rows = read_metrics(tmp_path / "sft")
     assert summary["data"]["conversations"] == 13 and summary["data"]["rows"] < 13  # packed
@@ -162,7 +167,7 @@ def test_offline_dpo_prefers_the_chosen_answers(tiny_dir: Path, tmp_path: Path) 
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     base = [*overrides(tiny_dir, tmp_path, "dpo"), f'dpo.data="{path}"', "dpo.epochs=8", "dpo.batch_size=3",
             "train.lr=3e-3", "dpo.beta=0.5"]
-    summary = dpo(load_config(None, base), quiet=True)
+    summary = dpo(load_config(None, base, command="dpo"), quiet=True)
     rows_ = read_metrics(tmp_path / "dpo")
     assert len(rows_) == 16
     assert rows_[0]["loss"] == pytest.approx(math.log(2), abs=1e-4)  # policy = reference at the start
@@ -170,14 +175,14 @@ def test_offline_dpo_prefers_the_chosen_answers(tiny_dir: Path, tmp_path: Path) 
     assert rows_[-1]["preference_accuracy"] == 1 and rows_[-1]["margin"] > 0
     # MPO's stage 1: only the easy pairs (score gap >= 0.5)
     dpo(load_config(None, [*overrides(tiny_dir, tmp_path, "easy"), f'dpo.data="{path}"', "dpo.min_gap=0.5",
-                           "dpo.batch_size=8"]), quiet=True)
+                           "dpo.batch_size=8"], command="dpo"), quiet=True)
     assert json.loads((tmp_path / "easy" / "summary.json").read_text())["data"]["pairs"] == 4
     assert read_metrics(tmp_path / "easy")[0]["pairs"] == 4
 
 
 def test_online_dpo_trains_on_its_own_best_and_worst(tiny_dir: Path, tmp_path: Path) -> None:
     cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "online", train__steps=2), "dpo.online=true",
-                             "train.lr=3e-3"])
+                             "train.lr=3e-3"], command="dpo")
     dpo(cfg, quiet=True)
     rows = read_metrics(tmp_path / "online")
     assert [r["step"] for r in rows] == [1, 2]
@@ -191,8 +196,8 @@ def test_sft_on_the_tasks_own_prompts_never_uses_held_out_ones(tiny_dir: Path, t
     from rlvr.train.data import load_examples
     from rlvr.train.offline import _conversations
 
-    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "task-sft"), "sft.task_examples=6",
-                             'sft.answer_template="{expression} = {answer}"'])
+    cfg = load_config(None, [*sft_overrides(tiny_dir, tmp_path, "task-sft"), "sft.task_examples=6",
+                             'sft.answer_template="{expression} = {answer}"'], command="sft")
     convs = list(_conversations(cfg))
     train_examples, held = load_examples(cfg)
     assert [m[0]["content"] for _, m in convs] == [ex.prompt for ex in train_examples[:6]]
@@ -202,15 +207,15 @@ def test_sft_on_the_tasks_own_prompts_never_uses_held_out_ones(tiny_dir: Path, t
     summary = sft(cfg, quiet=True)
     assert summary["data"]["conversations"] == 6 and summary["loss_end"] > 0
     with pytest.raises(ValueError, match="uses 'reasoning', which example"):
-        list(_conversations(load_config(None, [*overrides(tiny_dir, tmp_path, "z"), "sft.task_examples=2",
-                                               'sft.answer_template="{reasoning}"'])))
+        list(_conversations(load_config(None, [*sft_overrides(tiny_dir, tmp_path, "z"), "sft.task_examples=2",
+                                               'sft.answer_template="{reasoning}"'], command="sft")))
 
 
 def test_sft_and_dpo_say_what_is_missing(tiny_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="set sft.data"):
-        sft(load_config(None, overrides(tiny_dir, tmp_path, "x")), quiet=True)
+        sft(load_config(None, sft_overrides(tiny_dir, tmp_path, "x"), command="sft"), quiet=True)
     with pytest.raises(ValueError, match="set dpo.data"):
-        dpo(load_config(None, overrides(tiny_dir, tmp_path, "y")), quiet=True)
+        dpo(load_config(None, overrides(tiny_dir, tmp_path, "y"), command="dpo"), quiet=True)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
@@ -219,18 +224,19 @@ def test_the_pipeline_configs_run_on_the_tiny_model(tiny_dir: Path, tmp_path: Pa
     from rlvr.train.loop import train
 
     root = Path(__file__).resolve().parents[1]
+    per_run = ["sft.task_examples=4", "sft.epochs=1", "task.size=20"] if run == "sft" else [
+        "algo.group_size=2", f'task.path="{root / "configs/data/corpus.txt"}"']
     cfg = load_config(root / f"configs/{config}.toml", [
         f'model="{tiny_dir}"', f'output_dir="{tmp_path}"', "train.steps=1", "train.prompts_per_step=2",
-        "algo.group_size=2", "sampling.max_new_tokens=8", "task.eval_size=2", "sft.task_examples=4", "sft.epochs=1",
-        f'task.path="{root / "configs/data/corpus.txt"}"' if config == "rlp" else "task.size=20"])
+        "sampling.max_new_tokens=8", "task.eval_size=2", *per_run], command=run)
     summary = (sft if run == "sft" else train)(cfg, quiet=True)
     assert summary["steps"] == 1 and read_metrics(tmp_path / cfg.name)[0]["grad_norm"] > 0
 
 
 def test_sft_trains_a_lora_adapter_and_saves_the_merged_model(tiny_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("peft")
-    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "lora-sft"), "lora.rank=4", "sft.task_examples=4",
-                             "sft.batch_size=2", "sft.pack=false", "sft.epochs=2", "train.lr=1e-2"])
+    cfg = load_config(None, [*sft_overrides(tiny_dir, tmp_path, "lora-sft"), "lora.rank=4", "sft.task_examples=4",
+                             "sft.batch_size=2", "sft.pack=false", "sft.epochs=2", "train.lr=1e-2"], command="sft")
     summary = sft(cfg, quiet=True)
     final = tmp_path / "lora-sft" / "checkpoints" / "step_000004"
     assert summary["loss_end"] < summary["loss_start"]

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from rlvr.algos.supervised import dpo_loss, sft_token_loss
-from rlvr.config import RunConfig, load_config
+from rlvr.config import DPOConfig, DPORunConfig, RunConfig, SFTRunConfig, load_config
 from rlvr.data.chat import (PreferencePair, Tokenized, messages_of, pack, preference_pair, read_rows, tokenize_chat,
                              truncate, with_system)
 from rlvr.log.sinks import ConsoleProgress, JsonlSink, read_jsonl
@@ -88,7 +88,7 @@ class SFTData:
     stats: dict[str, int]
 
 
-def sft_data(cfg: RunConfig, tokenizer: Any) -> SFTData:
+def sft_data(cfg: SFTRunConfig, tokenizer: Any) -> SFTData:
     s = cfg.sft
     eos = _eos_ids(tokenizer)
     convs: list[Tokenized] = []
@@ -115,7 +115,7 @@ def _eos_ids(tokenizer: Any) -> set[int]:
     return {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
 
 
-def _conversations(cfg: RunConfig) -> Iterator[tuple[str, list[dict[str, str]]]]:
+def _conversations(cfg: SFTRunConfig) -> Iterator[tuple[str, list[dict[str, str]]]]:
     """(where, messages) of sft.data's rows, or of the task's first sft.task_examples training prompts."""
     s = cfg.sft
     if s.data and s.task_examples:
@@ -139,7 +139,7 @@ def _conversations(cfg: RunConfig) -> Iterator[tuple[str, list[dict[str, str]]]]
         yield ex.id, [{"role": "user", "content": ex.prompt}, {"role": "assistant", "content": answer}]
 
 
-def preference_data(cfg: RunConfig, tokenizer: Any) -> tuple[list[PreferencePair], dict[str, int]]:
+def preference_data(cfg: DPORunConfig, tokenizer: Any) -> tuple[list[PreferencePair], dict[str, int]]:
     d = cfg.dpo
     if not d.data:
         raise ValueError("rlvr dpo needs preference pairs: set dpo.data to a JSONL file, or dpo.online = true")
@@ -166,7 +166,7 @@ def preference_data(cfg: RunConfig, tokenizer: Any) -> tuple[list[PreferencePair
 
 # ---------------------------------------------------------------- steps
 
-def sft_step(run: Run, rows: list[list[Tokenized]]) -> dict[str, float]:
+def sft_step(run: Run, rows: list[list[Tokenized]], weighting: str = "none") -> dict[str, float]:
     """One optimizer step on `rows`: the token mean of the (weighted) NLL over all their trained tokens."""
     cfg, learner = run.cfg, run.learner
     device = next(learner.model.parameters()).device
@@ -176,7 +176,7 @@ def sft_step(run: Run, rows: list[list[Tokenized]]) -> dict[str, float]:
     for micro in _micro_batches(rows, _max_tokens(cfg)):
         batch = packed_batch(micro, run.engine.pad_token_id, device)
         logprobs_BT = packed_logprobs(learner.model, batch, cfg.train.logprob_chunk)
-        loss = sft_token_loss(logprobs_BT, batch["target"], weighting=cfg.sft.weighting).sum() / total
+        loss = sft_token_loss(logprobs_BT, batch["target"], weighting=weighting).sum() / total
         loss.backward()
         nll += float(-(logprobs_BT.detach() * batch["target"]).sum())
     grad_norm = learner.step()
@@ -209,9 +209,10 @@ def reference_logprobs(model: Any, pairs: list[tuple[Tokenized, Tokenized]], pad
     return out
 
 
-def dpo_step(run: Run, pairs: list[tuple[Tokenized, Tokenized]], ref_P2: torch.Tensor) -> dict[str, float]:
-    """One optimizer step of the preference loss, averaged over `pairs`."""
-    cfg, learner, d = run.cfg, run.learner, run.cfg.dpo
+def dpo_step(run: Run, pairs: list[tuple[Tokenized, Tokenized]], ref_P2: torch.Tensor,
+             d: DPOConfig) -> dict[str, float]:
+    """One optimizer step of the preference loss `d` sets, averaged over `pairs`."""
+    cfg, learner = run.cfg, run.learner
     sums: dict[str, float] = {}
     for start, end, chosen_B, rejected_B in sequence_logprobs(learner.model, pairs, run.engine.pad_token_id,
                                                                cfg.train.logprob_chunk, _max_tokens(cfg)):
@@ -245,25 +246,22 @@ def best_and_worst(groups: list[Group]) -> list[tuple[Tokenized, Tokenized]]:
 
 # ---------------------------------------------------------------- runs
 
-def _config(cfg: RunConfig | None, resume: str | Path | None, overrides: tuple[str, ...]) -> RunConfig:
+def _config(cfg: RunConfig | None, resume: str | Path | None, overrides: tuple[str, ...], command: str) -> Any:
+    """`command`'s config: the one given, or the resumed run's own."""
     if resume is not None:
-        return load_config(Path(resume) / "config.toml", overrides)
+        return load_config(Path(resume) / "config.toml", overrides, command=command)
     if cfg is None:
-        raise ValueError("needs a config or resume=<run dir>")
+        raise ValueError(f"{command}() needs a config or resume=<run dir>")
+    if cfg.command != command:
+        raise ValueError(f"{command}() needs `rlvr {command}`'s config: load_config(..., command=\"{command}\")")
     return cfg
 
 
-def _refuse_distributed(cfg: RunConfig, command: str) -> None:
-    if cfg.dist.rollout_workers or cfg.dist.learners > 1:
-        raise ValueError(f"rlvr {command} runs in one process; unset dist.rollout_workers and dist.learners")
-
-
-def sft(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overrides: tuple[str, ...] = (),
+def sft(cfg: SFTRunConfig | None = None, *, resume: str | Path | None = None, overrides: tuple[str, ...] = (),
         quiet: bool = False) -> dict[str, Any]:
     """Supervised fine-tuning on `sft.data` (see module docstring); returns the summary also
     written to summary.json."""
-    cfg = _config(cfg, resume, overrides)
-    _refuse_distributed(cfg, "sft")
+    cfg = _config(cfg, resume, overrides, "sft")
     data = sft_data(cfg, load_tokenizer(cfg.model))
     s = cfg.sft
     total = math.ceil(len(data.rows) / s.batch_size) * s.epochs
@@ -271,13 +269,13 @@ def sft(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overr
 
     def step(k: int) -> tuple[dict[str, Any], list[Group]]:
         items, epoch = _step_items(len(data.rows), s.batch_size, cfg.seed, k)
-        return sft_step(run, [data.rows[i] for i in items]) | {"epoch": float(epoch)}, []
+        return sft_step(run, [data.rows[i] for i in items], s.weighting) | {"epoch": float(epoch)}, []
 
     return _fit(run, start, total, step, quiet=quiet, command="sft", live=SFT_LIVE, evaluate_too=s.eval,
                 data=data.stats, headline=_sft_headline(data.stats, cfg, total // s.epochs))
 
 
-def _sft_headline(st: dict[str, int], cfg: RunConfig, per_epoch: int) -> str:
+def _sft_headline(st: dict[str, int], cfg: SFTRunConfig, per_epoch: int) -> str:
     """What `rlvr sft` says before its first step: the data, the steps it makes, and what to check."""
     s = cfg.sft
     steps = f"{per_epoch} step{'s' if per_epoch > 1 else ''}"
@@ -293,12 +291,11 @@ def _sft_headline(st: dict[str, int], cfg: RunConfig, per_epoch: int) -> str:
     return "\n".join(lines)
 
 
-def dpo(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overrides: tuple[str, ...] = (),
+def dpo(cfg: DPORunConfig | None = None, *, resume: str | Path | None = None, overrides: tuple[str, ...] = (),
         quiet: bool = False) -> dict[str, Any]:
     """DPO or IPO on `dpo.data`, or online on the policy's own samples (`dpo.online`); returns the
     summary also written to summary.json."""
-    cfg = _config(cfg, resume, overrides)
-    _refuse_distributed(cfg, "dpo")
+    cfg = _config(cfg, resume, overrides, "dpo")
     d = cfg.dpo
     if d.online:
         if d.data:
@@ -316,7 +313,7 @@ def dpo(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overr
             if pairs:
                 c = run.cfg.train
                 ref_P2 = reference_logprobs(ref, pairs, run.engine.pad_token_id, c.logprob_chunk, _max_tokens(cfg))
-                out |= dpo_step(run, pairs, ref_P2)
+                out |= dpo_step(run, pairs, ref_P2, d)
             else:
                 out["skipped_update"] = 1.0
             run.rollouts.observe(groups, collected.gathered.aside, k)
@@ -346,7 +343,7 @@ def dpo(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overr
 
     def offline_step(k: int) -> tuple[dict[str, Any], list[Group]]:
         items, epoch = _step_items(len(pairs), d.batch_size, cfg.seed, k)
-        return dpo_step(run, [as_tuples[i] for i in items], ref_P2[items]) | {"epoch": float(epoch)}, []
+        return dpo_step(run, [as_tuples[i] for i in items], ref_P2[items], d) | {"epoch": float(epoch)}, []
 
     return _fit(run, start, total, offline_step, quiet=quiet, command="dpo", live=DPO_LIVE, evaluate_too=True,
                 data=stats, prepare=score_reference)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr import sandbox
-from rlvr.config import RunConfig, load_config, to_toml
+from rlvr.config import RunConfig, load_config, to_toml, written_version
 from rlvr.errors import RunDirError
 from rlvr.log import tracking
 from rlvr.lora import ADAPTER_DIR, apply_lora
@@ -179,7 +180,8 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
             raise RunDirError(f"{run_dir} is not a run directory (no config.toml)")
         if any(o.split("=", 1)[0].strip() in ("model", "name", "output_dir") for o in overrides):
             raise RunDirError("model, name and output_dir belong to the run and cannot change on resume")
-        cfg = load_config(run_dir / "config.toml", overrides)
+        cfg = load_config(run_dir / "config.toml", overrides, command=command)
+        _warn_version(run_dir / "config.toml")
         _require_sinks(cfg)
         last = ckpt.latest_checkpoint(run_dir)
         if last is None:
@@ -206,6 +208,17 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-made is left behind
         raise
+
+
+def _warn_version(path: Path) -> None:
+    """Say so when a run resumes under another rlvr version: its config.toml holds only the keys it
+    set, and the defaults of the others may have changed."""
+    from rlvr import __version__
+
+    written = written_version(path.read_text())
+    if written is not None and written != __version__:
+        print(f"warning: {path} was written by rlvr {written}, this is {__version__}: keys the run did not set "
+              "take this version's defaults", file=sys.stderr)
 
 
 def _require_sinks(cfg: RunConfig) -> None:
