@@ -34,9 +34,9 @@ DEMO = ["--config", "configs/demo.toml"]
 CASES: dict[str, list[str]] = {
     "demo": [*DEMO, "train.steps=5"],
     "gae": [*DEMO, *SMALL, 'algo.advantage="gae"'],
-    "chord": [*DEMO, *SMALL, 'expert.mode="chord"', "expert.mu_peak=0.3"],
+    "chord": [*DEMO, *SMALL, 'expert.mode="chord"', "expert.kwargs.mu_peak=0.3"],
     "luffy": [*DEMO, *SMALL, 'expert.mode="luffy"', 'algo.loss="luffy"'],
-    "relift": [*DEMO, *SMALL, 'expert.mode="relift"', "expert.relift_batch=2", "expert.relift_max_accuracy=0.5"],
+    "relift": [*DEMO, *SMALL, 'expert.mode="relift"', "expert.kwargs.batch=2", "expert.kwargs.max_accuracy=0.5"],
     "remax": [*DEMO, *SMALL, 'algo.advantage="remax"'],
     "kl_reward": [*DEMO, *SMALL, "algo.kl_coef=0.05", 'algo.kl_placement="reward"', "algo.kl_target=0.01"],
     "divergence": [*DEMO, *SMALL, 'algo.divergence="forward_kl"', "algo.rehearsal_prompts=8",

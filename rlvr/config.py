@@ -434,20 +434,23 @@ class ExpertConfig(_Section):
     """Expert demonstrations during RL: "chord" adds μ·SFT on the step's demonstrations to (1 − μ)·RL; "luffy" mixes each prompt's demonstration into its group as an off-policy sample (needs algo.loss = "luffy"); "relift" collects the prompts RL fails on and interleaves SFT steps on their demonstrations (docs/pipelines.md)."""
     template: str = "{answer}"
     """A prompt's demonstration: formatted with the example's reference answer and fields (reasoning-gym metadata, a JSONL row's columns), e.g. "{expression} = {answer}" or "{solution}"."""
-    mu_peak: float = Field(0.5, ge=0, le=1)
-    """chord: the SFT weight μ after warm-up."""
-    mu_valley: float = Field(0.05, ge=0, le=1)
-    """chord: the SFT weight μ after the cosine decay."""
-    mu_warmup_steps: int = Field(0, ge=0)
-    """chord: steps of linear warm-up of μ from 0."""
-    mu_decay_steps: int = Field(0, ge=0)
-    """chord: steps of cosine decay from mu_peak to mu_valley (0 = train.steps)."""
-    weighting: Literal["none", "chord_phi", "sft_is"] = "chord_phi"
-    """chord: the SFT term's token weight: "chord_phi" = p(1 − p), "sft_is" = p, "none" = plain SFT."""
-    relift_batch: int = Field(8, ge=1)
-    """relift: demonstrations per interleaved SFT step; a step runs whenever this many hard prompts are waiting."""
-    relift_max_accuracy: float = Field(0.0, ge=0, le=1)
-    """relift: a prompt whose group accuracy is at most this is hard and waits for SFT (0 = every sample failed)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """The mode's own knobs (rlvr.train.methods.expert.OPTIONS). chord: mu_peak (0.5) and mu_valley (0.05), the SFT weight μ after warm-up and after the cosine decay; mu_warmup_steps (0); mu_decay_steps (0 = train.steps); weighting ("chord_phi" = p(1 − p), "sft_is" = p, "none"). relift: batch (8), demonstrations per interleaved SFT step; max_accuracy (0.0), the group accuracy at or below which a prompt is hard."""
+
+    @model_validator(mode="after")
+    def _known(self) -> ExpertConfig:
+        if self.mode == "none" and self.kwargs:
+            raise ValueError("expert.kwargs are the knobs of an expert.mode; set one (chord, luffy, relift)")
+        if self.mode != "none":
+            self.options()
+        return self
+
+    def options(self) -> Any:
+        """The mode's options, from kwargs."""
+        from rlvr.algos.registry import options
+        from rlvr.train.methods.expert import OPTIONS
+
+        return options(f"expert.kwargs for mode {self.mode!r}", OPTIONS[self.mode], self.kwargs)
 
 
 class SFTConfig(_Section):
@@ -717,7 +720,12 @@ def _unknown(full: str, siblings: list[str], root: type[RunConfig]) -> str:
     return f"unknown config key '{full}'{hint} (`rlvr config {root.command}` lists all keys)"
 
 
-MOVED: dict[str, str] = {}
+MOVED: dict[str, str] = {
+    **{f"expert.{k}": f"expert.kwargs.{k} (with mode = \"chord\")"
+       for k in ("mu_peak", "mu_valley", "mu_warmup_steps", "mu_decay_steps", "weighting")},
+    "expert.relift_batch": "expert.kwargs.batch (with mode = \"relift\")",
+    "expert.relift_max_accuracy": "expert.kwargs.max_accuracy (with mode = \"relift\")",
+}
 """Keys of earlier versions, and where their setting lives now (named in the error)."""
 
 

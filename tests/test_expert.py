@@ -56,8 +56,8 @@ def test_a_demonstration_is_the_template_after_the_engines_prompt(tiny_dir: Path
 
 
 def test_chord_weighs_rl_against_sft_on_the_demonstrations(tiny_dir: Path, tmp_path: Path) -> None:
-    extra = ['expert.mode="chord"', *EXPERT, "expert.mu_peak=0.8", "expert.mu_valley=0.2", "train.steps=3",
-             'expert.weighting="none"']  # φ = p(1 - p) barely moves a random model: p is ~1/259
+    extra = ['expert.mode="chord"', *EXPERT, "expert.kwargs.mu_peak=0.8", "expert.kwargs.mu_valley=0.2", "train.steps=3",
+             'expert.kwargs.weighting="none"']  # φ = p(1 - p) barely moves a random model: p is ~1/259
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "chord"), *extra]), quiet=True)
     rows = read_metrics(tmp_path / "chord")
     assert [r["expert/mu"] for r in rows] == pytest.approx([0.8, 0.65, 0.35])  # cosine over train.steps
@@ -90,7 +90,7 @@ def test_luffy_mixes_a_demonstration_into_every_group(tiny_dir: Path, tmp_path: 
 
 def test_relift_fine_tunes_on_the_prompts_rl_fails(tiny_dir: Path, tmp_path: Path) -> None:
     # every prompt counts as hard (accuracy <= 1): step 1 fills the buffer with 4, which a batch of 4 takes
-    extra = ['expert.mode="relift"', *EXPERT, "expert.relift_max_accuracy=1.0", "expert.relift_batch=6",
+    extra = ['expert.mode="relift"', *EXPERT, "expert.kwargs.max_accuracy=1.0", "expert.kwargs.batch=6",
              "train.steps=3"]
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "relift"), *extra]), quiet=True)
     rows = read_metrics(tmp_path / "relift")
@@ -104,3 +104,20 @@ def test_relift_fine_tunes_on_the_prompts_rl_fails(tiny_dir: Path, tmp_path: Pat
     resumed = read_metrics(tmp_path / "relift-a")
     assert [r["expert/relift_pending"] for r in resumed] == [4, 2, 0]
     assert resumed[-1]["loss"] == pytest.approx(rows[-1]["loss"], rel=1e-5)
+
+
+def test_the_expert_modes_knobs_are_checked_against_their_options() -> None:
+    from rlvr.config import ConfigError, load_config
+
+    chord = load_config(None, ['expert.mode="chord"', "expert.kwargs.mu_peak=0.3"]).expert.options()
+    assert chord.mu_peak == 0.3 and chord.mu_valley == 0.05 and chord.weighting == "chord_phi"
+    with pytest.raises(ConfigError, match="unknown keyword 'mu_peek'; did you mean 'mu_peak'"):
+        load_config(None, ['expert.mode="chord"', "expert.kwargs.mu_peek=0.3"])
+    with pytest.raises(ConfigError, match="mu_peak must be between 0 and 1"):
+        load_config(None, ['expert.mode="chord"', "expert.kwargs.mu_peak=1.5"])
+    with pytest.raises(ConfigError, match="unknown keyword 'mu_peak'.*it takes batch, max_accuracy"):
+        load_config(None, ['expert.mode="relift"', "expert.kwargs.mu_peak=0.3"])  # another mode's knob
+    with pytest.raises(ConfigError, match="set one"):
+        load_config(None, ["expert.kwargs.batch=2"])
+    with pytest.raises(ConfigError, match="'expert.relift_batch' is now expert.kwargs.batch"):
+        load_config(None, ['expert.mode="relift"', "expert.relift_batch=2"])

@@ -45,3 +45,20 @@ def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str]) -> No
             hint = f"; did you mean {near[0]!r}?" if near else ""
             takes = f"it takes {', '.join(accepted)}" if accepted else "it takes no keywords"
             raise ValueError(f"{what}: unknown keyword {key!r}{hint} ({takes})")
+
+
+def options(what: str, cls: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """`cls(**kwargs)`, a method's options from a config's kwargs: each name checked against `cls`'s
+    keywords (the nearest named when unknown), each value by `cls` itself."""
+    check_keywords(what, cls, kwargs)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what}: {err}") from None
+
+
+def within(name: str, value: float, low: float, high: float | None = None) -> None:
+    """Raise a ValueError unless low <= value (<= high)."""
+    if not (low <= value and (high is None or value <= high)):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"{name} must be {bound} (got {value!r})")

@@ -14,8 +14,10 @@ by the run's rewards like any sample.
   `rlvr.algos.losses.luffy_loss`.
 - **relift** (Ma et al., "Learning What Reinforcement Learning Can't: Interleaved Online
   Fine-Tuning for Hardest Questions", arXiv:2506.07527): RL as usual. A prompt whose group
-  accuracy is at most `relift_max_accuracy` waits in a buffer. Whenever `relift_batch` prompts
-  are waiting, one SFT step on their demonstrations follows the RL update.
+  accuracy is at most `max_accuracy` waits in a buffer. Whenever `batch` prompts are waiting,
+  one SFT step on their demonstrations follows the RL update.
+
+Each mode's own knobs are `expert.kwargs`, checked against its options below (OPTIONS).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlvr.algos import aggregate_loss
+from rlvr.algos.registry import within
 from rlvr.algos.supervised import chord_mu, sft_token_loss
 from rlvr.data.chat import tokenize_chat, with_system
 from rlvr.data.tasks import Example, demonstration_text
@@ -41,6 +44,53 @@ from rlvr.types import Completion, Group, Sample
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChordOptions:
+    """CHORD's knobs (expert.kwargs with mode = "chord")."""
+
+    mu_peak: float = 0.5
+    """The SFT weight μ after warm-up."""
+    mu_valley: float = 0.05
+    """The SFT weight μ after the cosine decay."""
+    mu_warmup_steps: int = 0
+    """Steps of linear warm-up of μ from 0."""
+    mu_decay_steps: int = 0
+    """Steps of cosine decay from mu_peak to mu_valley (0 = train.steps)."""
+    weighting: str = "chord_phi"
+    """The SFT term's token weight: "chord_phi" = p(1 − p), "sft_is" = p, "none" = plain SFT."""
+
+    def __post_init__(self) -> None:
+        within("mu_peak", self.mu_peak, 0, 1)
+        within("mu_valley", self.mu_valley, 0, 1)
+        within("mu_warmup_steps", self.mu_warmup_steps, 0)
+        within("mu_decay_steps", self.mu_decay_steps, 0)
+        if self.weighting not in ("none", "chord_phi", "sft_is"):
+            raise ValueError(f"weighting must be \"none\", \"chord_phi\" or \"sft_is\" (got {self.weighting!r})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReliftOptions:
+    """ReLIFT's knobs (expert.kwargs with mode = "relift")."""
+
+    batch: int = 8
+    """Demonstrations per interleaved SFT step; a step runs whenever this many hard prompts wait."""
+    max_accuracy: float = 0.0
+    """A prompt whose group accuracy is at most this is hard and waits for SFT (0 = every sample failed)."""
+
+    def __post_init__(self) -> None:
+        within("batch", self.batch, 1)
+        within("max_accuracy", self.max_accuracy, 0, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoOptions:
+    """A mode without knobs of its own (luffy)."""
+
+
+OPTIONS: dict[str, type] = {"chord": ChordOptions, "luffy": NoOptions, "relift": ReliftOptions}
+"""Each expert mode's options, filled from expert.kwargs."""
 
 
 def demonstration(run: Run, index: int, prompt_ids: tuple[int, ...]) -> Sample:
@@ -117,15 +167,18 @@ def imitation_step(learner: Learner, demos: list[Sample], s: UpdateSettings, *, 
 class Chord(Method):
     """Each step's update weighs its RL loss by 1 − μ and adds μ·SFT on the step's demonstrations."""
 
+    def __init__(self, options: ChordOptions) -> None:
+        self.options = options
+
     def mu(self, run: Run, step: int) -> float:
-        e = run.cfg.expert
-        return chord_mu(step - 1, mu_peak=e.mu_peak, mu_valley=e.mu_valley, warmup_steps=e.mu_warmup_steps,
-                        decay_steps=e.mu_decay_steps or run.cfg.train.steps)
+        o = self.options
+        return chord_mu(step - 1, mu_peak=o.mu_peak, mu_valley=o.mu_valley, warmup_steps=o.mu_warmup_steps,
+                        decay_steps=o.mu_decay_steps or run.cfg.train.steps)
 
     def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
         mu = self.mu(run, step)
         demos = step_demonstrations(run, plan.groups)
-        terms = (*plan.extras.terms, Imitation(demos, mu, run.cfg.expert.weighting)) if mu else plan.extras.terms
+        terms = (*plan.extras.terms, Imitation(demos, mu, self.options.weighting)) if mu else plan.extras.terms
         return replace(plan, settings=replace(plan.settings, expert_coef=mu), extras=replace(plan.extras, terms=terms))
 
     def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
@@ -165,13 +218,13 @@ class Relift(Method):
 
     state_key = "relift"
 
-    def __init__(self) -> None:
+    def __init__(self, options: ReliftOptions) -> None:
+        self.options = options
         self.buffer = HardPrompts()
 
     def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
-        e = run.cfg.expert
-        self.buffer.add(plan.own, e.relift_max_accuracy, run.task.rewards[0].name)
-        hard = self.buffer.take(e.relift_batch)
+        self.buffer.add(plan.own, self.options.max_accuracy, run.task.rewards[0].name)
+        hard = self.buffer.take(self.options.batch)
         out: dict[str, float] = {}
         if hard is not None:
             demos = [demonstration(run, i, tuple(run.task.prompt_ids[i])) for i in hard]
@@ -190,8 +243,10 @@ def build_luffy(run: Run, info: SetupInfo) -> Method | None:
 
 
 def build_chord(run: Run, info: SetupInfo) -> Method | None:
-    return Chord() if run.cfg.expert.mode == "chord" else None
+    e = run.cfg.expert
+    return Chord(e.options()) if e.mode == "chord" else None
 
 
 def build_relift(run: Run, info: SetupInfo) -> Method | None:
-    return Relift() if run.cfg.expert.mode == "relift" else None
+    e = run.cfg.expert
+    return Relift(e.options()) if e.mode == "relift" else None
