@@ -182,18 +182,8 @@ class AlgoConfig(_Section):
     """Horizon of the adaptive KL controller (samples)."""
     divergence: Literal["none", "forward_kl", "js"] = "none"
     """DPH-RL: a mass-covering divergence to the initial policy on its own stored samples (rlvr.algos.DIVERGENCES)."""
-    divergence_coef: float = Field(0.05, ge=0)
-    """Weight of the divergence term (token mean over the rehearsal batch)."""
-    rehearsal_prompts: int = Field(256, ge=0)
-    """Training prompts the initial policy is screened on for the divergence's stored samples (0 = all)."""
-    rehearsal_k: int = Field(4, ge=1)
-    """Samples per screened prompt; a prompt joins the rehearsal set when all of them are correct."""
-    rehearsal_min_correct: int | None = Field(None, ge=1)
-    """Correct samples (of rehearsal_k) a prompt needs to join the set; unset = all k (DPH-RL). Lower it for a weak model."""
-    rehearsal_batch: int = Field(16, ge=1)
-    """Stored samples in each update's divergence term."""
-    rehearsal_exclude: bool = True
-    """RL samples only the prompts that did not join the rehearsal set (as DPH-RL does)."""
+    divergence_kwargs: dict[str, Any] = {}
+    """DPH-RL's knobs (rlvr.train.methods.rehearsal.RehearsalOptions): coef (0.05), the divergence term's weight; prompts (256), training prompts the initial policy is screened on (0 = all); k (4) samples per screened prompt; min_correct (all k), correct samples a prompt needs to join the rehearsal set (lower it for a weak model); batch (16), stored samples per update; exclude (true), RL samples only the prompts that did not join the set."""
     critic_lr: float = Field(1e-5, gt=0)
     """Learning rate of the critic's AdamW (advantage = "gae" only)."""
     value_clip: float | None = Field(0.2, gt=0)
@@ -224,9 +214,10 @@ class AlgoConfig(_Section):
         if self.kl_target is not None and (self.kl_placement != "reward" or self.kl_coef == 0):
             raise ValueError("algo.kl_target adapts a KL penalty in the reward: set algo.kl_placement = \"reward\" "
                              "and an initial algo.kl_coef > 0")
-        if self.rehearsal_min_correct is not None and self.rehearsal_min_correct > self.rehearsal_k:
-            raise ValueError(f"algo.rehearsal_min_correct ({self.rehearsal_min_correct}) cannot exceed "
-                             f"algo.rehearsal_k ({self.rehearsal_k})")
+        if self.divergence == "none" and self.divergence_kwargs:
+            raise ValueError("algo.divergence_kwargs are the knobs of DPH-RL's divergence: set algo.divergence")
+        if self.divergence != "none":
+            self.divergence_options()
         if self.credit == "turn" and (self.advantage != "grpo" or self.shaping or self.kl_placement == "reward"
                                       and self.kl_coef > 0):
             raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn rewards: "
@@ -235,6 +226,13 @@ class AlgoConfig(_Section):
             raise ValueError("algo.advantage = 'stratified' needs algo.stratum_key: the name of a reward function "
                              "whose value is each sample's stratum (e.g. a count of tool calls, with weight 0)")
         return self
+
+    def divergence_options(self) -> Any:
+        """DPH-RL's options, from divergence_kwargs."""
+        from rlvr.algos.registry import options
+        from rlvr.train.methods.rehearsal import RehearsalOptions
+
+        return options("algo.divergence_kwargs", RehearsalOptions, self.divergence_kwargs)
 
     def policy_loss_kwargs(self) -> dict[str, Any]:
         """The clip settings the loss takes, then `loss_kwargs` on top."""
@@ -723,6 +721,8 @@ def _unknown(full: str, siblings: list[str], root: type[RunConfig]) -> str:
 MOVED: dict[str, str] = {
     **{f"expert.{k}": f"expert.kwargs.{k} (with mode = \"chord\")"
        for k in ("mu_peak", "mu_valley", "mu_warmup_steps", "mu_decay_steps", "weighting")},
+    "algo.divergence_coef": "algo.divergence_kwargs.coef",
+    **{f"algo.rehearsal_{k}": f"algo.divergence_kwargs.{k}" for k in ("prompts", "k", "min_correct", "batch", "exclude")},
     "expert.relift_batch": "expert.kwargs.batch (with mode = \"relift\")",
     "expert.relift_max_accuracy": "expert.kwargs.max_accuracy (with mode = \"relift\")",
 }

@@ -71,8 +71,8 @@ def config(tiny_dir: Path, out: Path, name: str, steps: int, divergence: str = "
             "task.eval_size=2", "task.params={min_terms = 2, max_terms = 2, max_digits = 1}",
             'rewards=[{fn = "tests.test_divergence:solved_when_even"}]', f"train.steps={steps}",
             "train.prompts_per_step=4", "train.micro_batch_size=8", "train.lr=1e-3", "algo.group_size=4",
-            "sampling.max_new_tokens=8", f'algo.divergence="{divergence}"', "algo.divergence_coef=1.0",
-            "algo.rehearsal_k=2", "algo.rehearsal_batch=4"]
+            "sampling.max_new_tokens=8", f'algo.divergence="{divergence}"', "algo.divergence_kwargs.coef=1.0",
+            "algo.divergence_kwargs.k=2", "algo.divergence_kwargs.batch=4"]
 
 
 @pytest.mark.parametrize("divergence", sorted(DIVERGENCES))
@@ -113,9 +113,9 @@ def test_micro_batching_does_not_change_the_divergence_gradient(divergence: str)
 
     def grads(micro: int) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
         recorder = SGDRecorder(exact_model(), lr=0.1)  # float64: see test_learner.EXACT
-        settings = UpdateSettings(micro_batch_size=micro, mini_batches=2, divergence=divergence, divergence_coef=1.0)
+        settings = UpdateSettings(micro_batch_size=micro, mini_batches=2)
         metrics = update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
-                                generator=torch.Generator().manual_seed(0), terms=[Divergence(stored)]).metrics
+                                generator=torch.Generator().manual_seed(0), terms=[Divergence(stored, divergence, 1.0)]).metrics
         return recorder.grads, metrics
 
     whole, metrics = grads(6)
@@ -142,12 +142,14 @@ def sometimes_right(prompt: str, completion: str, **_: object) -> float:
 
 def test_rehearsal_min_correct_admits_prompts_a_weak_model_sometimes_solves(tiny_dir: Path, tmp_path: Path) -> None:
     reward = 'rewards=[{fn = "tests.test_divergence:sometimes_right"}]'
-    base = [*config(tiny_dir, tmp_path, "all", 1), reward, "algo.rehearsal_exclude=false"]
+    base = [*config(tiny_dir, tmp_path, "all", 1), reward, "algo.divergence_kwargs.exclude=false"]
     train(load_config(None, base), quiet=True)
-    train(load_config(None, [*config(tiny_dir, tmp_path, "one", 1), reward, "algo.rehearsal_exclude=false",
-                             "algo.rehearsal_min_correct=1"]), quiet=True)
+    train(load_config(None, [*config(tiny_dir, tmp_path, "one", 1), reward, "algo.divergence_kwargs.exclude=false",
+                             "algo.divergence_kwargs.min_correct=1"]), quiet=True)
     strict = [json.loads(line) for line in (tmp_path / "all" / FILE).read_text().splitlines()[1:]]
     loose = [json.loads(line) for line in (tmp_path / "one" / FILE).read_text().splitlines()[1:]]
     assert len(loose) > len(strict) > 0 and all(r["reward"] == 1.0 for r in loose)
-    with pytest.raises(Exception, match="cannot exceed"):
-        load_config(None, [*base, "algo.rehearsal_min_correct=3"])
+    with pytest.raises(Exception, match=r"min_correct \(3\) must be between 1 and k \(2\)"):
+        load_config(None, [*base, "algo.divergence_kwargs.min_correct=3"])
+    with pytest.raises(Exception, match="set algo.divergence"):
+        load_config(None, ["algo.divergence_kwargs.coef=0.1"])

@@ -117,7 +117,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
               Rollouts(make_sampler(cfg, task.examples), replay), updater, methods={})
     run.methods = build_methods(run, SetupInfo(device, dtype, optimizer_steps, resuming=model_spec is not None,
                                                quiet=quiet))
-    for method in run.methods.values():  # e.g. DPH-RL's rehearsal_exclude: RL trains on what π_0 could not solve
+    for method in run.methods.values():  # e.g. DPH-RL (exclude): RL trains on what π_0 could not solve
         task = method.task(task)
     if task is not run.task:
         run.rollouts = Rollouts(make_sampler(cfg, task.examples), replay)

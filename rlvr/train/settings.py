@@ -46,9 +46,6 @@ class UpdateSettings:
     """"loss": β·KL per token in the loss (GRPO); "reward": -β·KL subtracted from the reward (PPO-RLHF)."""
     value_clip: float | None = 0.2
     """Clip of the critic's value loss (GAE only); None = plain squared error."""
-    divergence: str = "none"
-    """DPH-RL's divergence to the initial policy on stored samples (rlvr.algos.DIVERGENCES)."""
-    divergence_coef: float = 0.05
     expert_coef: float = 0.0
     """CHORD's μ this step: the policy loss is weighted by 1 − μ (the μ·SFT term is a LossTerm)."""
     entropy_coef: float = 0.0
@@ -89,7 +86,7 @@ def settings_from_config(cfg: RunConfig, rewards: list[RewardFn]) -> UpdateSetti
         reward_components=("env",) if cfg.env.name else tuple(r.name for r in rewards if r.weight != 0),
         aggregation=a.aggregation, max_tokens=cfg.env.max_total_tokens if cfg.env.name else s.max_new_tokens,
         kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, kl_placement=a.kl_placement, value_clip=a.value_clip,
-        divergence=a.divergence, divergence_coef=a.divergence_coef, entropy_coef=a.entropy_coef,
+        entropy_coef=a.entropy_coef,
         epochs=tr.epochs, mini_batches=tr.mini_batches, micro_batch_size=tr.micro_batch_size,
         micro_batch_tokens=tr.micro_batch_tokens, temperature=s.temperature, logprob_chunk=tr.logprob_chunk,
     )

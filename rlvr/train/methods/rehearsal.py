@@ -1,6 +1,7 @@
 """Stored samples of the initial policy, for the divergence terms of DPH-RL (rlvr.algos.divergence).
 
-Before the first update, the initial policy answers each screened training prompt `k` times. A
+Its knobs are `algo.divergence_kwargs` (RehearsalOptions below). Before the first update, the
+initial policy answers each screened training prompt `k` times. A
 prompt it answers correctly every time (or at least `min_correct` times) goes to the rehearsal
 set (DPH-RL's "perfect" set D_pef), with one of its correct completions and that completion's
 log-probs under the initial policy; the rest (D_exp) are what RL trains on when `exclude` is set,
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from rlvr.algos import DIVERGENCES, aggregate_loss
+from rlvr.algos.registry import within
 from rlvr.errors import RunDirError
 from rlvr.log import ScreeningProgress
 from rlvr.train.data import TaskData
@@ -41,6 +43,32 @@ if TYPE_CHECKING:
     from rlvr.train.run import Run
 
 FILE = "rehearsal.jsonl"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RehearsalOptions:
+    """DPH-RL's knobs (algo.divergence_kwargs)."""
+
+    coef: float = 0.05
+    """Weight of the divergence term (token mean over the rehearsal batch)."""
+    prompts: int = 256
+    """Training prompts the initial policy is screened on (0 = all)."""
+    k: int = 4
+    """Samples per screened prompt."""
+    min_correct: int | None = None
+    """Correct samples (of k) a prompt needs to join the set; None = all k (DPH-RL). Lower it for a weak model."""
+    batch: int = 16
+    """Stored samples in each update's divergence term."""
+    exclude: bool = True
+    """RL samples only the prompts that did not join the rehearsal set (as DPH-RL does)."""
+
+    def __post_init__(self) -> None:
+        within("coef", self.coef, 0)
+        within("prompts", self.prompts, 0)
+        within("k", self.k, 1)
+        within("batch", self.batch, 1)
+        if self.min_correct is not None and not 1 <= self.min_correct <= self.k:
+            raise ValueError(f"min_correct ({self.min_correct}) must be between 1 and k ({self.k})")
 
 
 @dataclasses.dataclass
@@ -101,10 +129,13 @@ def screen_order(num_prompts: int, limit: int, seed: int) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class Divergence:
-    """The step's LossTerm: divergence_coef · (token mean of the divergence D(π_0 ‖ π_θ) over a
-    batch of stored samples), added to every optimizer step's gradient."""
+    """The step's LossTerm: coef · (token mean of the divergence D(π_0 ‖ π_θ) over a batch of
+    stored samples), added to every optimizer step's gradient."""
 
     samples: list[Sample]
+    name: str
+    """The divergence, by name (rlvr.algos.DIVERGENCES)."""
+    coef: float
 
     def add(self, learner: Learner, s: UpdateSettings, pad_token_id: int, device: torch.device,
             sums: dict[str, float]) -> None:
@@ -116,9 +147,9 @@ class Divergence:
                                             temperature=s.temperature, chunk_size=s.logprob_chunk)
             init_BT = token_rows([torch.tensor(self.samples[i].completion.logprobs, dtype=torch.float32)
                                   for i in micro], list(range(len(micro))), where_BT)
-            div_BT, div_metrics = DIVERGENCES[s.divergence](logprobs_BT, init_BT, mask_BT)
+            div_BT, div_metrics = DIVERGENCES[self.name](logprobs_BT, init_BT, mask_BT)
             div = aggregate_loss(div_BT, mask_BT, mode="token-mean", total_tokens=total)
-            (s.divergence_coef * div).backward()
+            (self.coef * div).backward()
             n = float(mask_BT.sum())
             sums["_divergence_tokens"] += n
             sums["divergence"] += float(div.detach()) * total  # the micro-batch's share of the token sum
@@ -132,28 +163,28 @@ class Divergence:
 
 
 class Rehearse(Method):
-    """Each update adds the divergence on the next `algo.rehearsal_batch` stored samples."""
+    """Each update adds the divergence on the next `batch` stored samples."""
 
     state_key = "rehearsal"
 
-    def __init__(self, rehearsal: Rehearsal, batch: int, exclude: bool) -> None:
-        self.rehearsal, self.batch, self.exclude = rehearsal, batch, exclude
+    def __init__(self, rehearsal: Rehearsal, divergence: str, options: RehearsalOptions) -> None:
+        self.rehearsal, self.divergence, self.options = rehearsal, divergence, options
 
     def task(self, task: TaskData) -> TaskData:
-        """With algo.rehearsal_exclude, RL trains on what the initial policy could not already solve."""
-        if not self.exclude:
+        """With `exclude`, RL trains on what the initial policy could not already solve."""
+        if not self.options.exclude:
             return task
         solved = self.rehearsal.prompt_indices
         examples = [ex for i, ex in enumerate(task.examples) if i not in solved]
         if not examples:
             raise ValueError(f"every training prompt joined the rehearsal set ({self.rehearsal.screened} screened), "
-                             "so none is left for RL; raise task.size or algo.rehearsal_min_correct, or set "
-                             "algo.rehearsal_exclude = false")
+                             "so none is left for RL; raise task.size or algo.divergence_kwargs.min_correct, or "
+                             "set algo.divergence_kwargs.exclude = false")
         return dataclasses.replace(task, examples=examples,
                                    prompt_ids=[ids for i, ids in enumerate(task.prompt_ids) if i not in solved])
 
     def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
-        term = Divergence(self.rehearsal.next_batch(self.batch))
+        term = Divergence(self.rehearsal.next_batch(self.options.batch), self.divergence, self.options.coef)
         return dataclasses.replace(plan, extras=dataclasses.replace(plan.extras, terms=(*plan.extras.terms, term)))
 
     def metrics(self, run: Run) -> dict[str, float]:
@@ -166,20 +197,20 @@ class Rehearse(Method):
         self.rehearsal.load_state_dict(state)
 
 
-def screen(run: Run, info: SetupInfo) -> Rehearsal:
+def screen(run: Run, info: SetupInfo, o: RehearsalOptions) -> Rehearsal:
     """The run's rehearsal set: read back from the run directory, or screened now with the initial policy."""
     if (run.dir / FILE).is_file():
         return Rehearsal.load(run.dir)
     if info.resuming:
         raise RunDirError(f"{run.dir} has no {FILE}: algo.divergence needs samples of the initial policy, "
                                   "which a resumed run no longer has; start a new run to use it")
-    a, task, engine = run.cfg.algo, run.task, run.engine
-    order = screen_order(len(task.examples), a.rehearsal_prompts, run.cfg.seed)
-    with ScreeningProgress(len(order), a.rehearsal_k, disable=info.quiet) as progress:
+    task, engine = run.task, run.engine
+    order = screen_order(len(task.examples), o.prompts, run.cfg.seed)
+    with ScreeningProgress(len(order), o.k, disable=info.quiet) as progress:
         groups = generate_groups(engine, task.examples, task.prompt_ids, order, task.rewards,
-                                 dataclasses.replace(task.params, n=a.rehearsal_k), progress=progress.advance)
+                                 dataclasses.replace(task.params, n=o.k), progress=progress.advance)
         primary = task.rewards[0].name
-        needed = a.rehearsal_min_correct or a.rehearsal_k
+        needed = o.min_correct or o.k
         keep = [next(x for x in g.samples if is_correct(x, primary)) for g in groups
                 if sum(is_correct(x, primary) for x in g.samples) >= needed]
         progress.report(len(keep), needed)
@@ -196,4 +227,5 @@ def build(run: Run, info: SetupInfo) -> Method | None:
     a = run.cfg.algo
     if a.divergence == "none":
         return None
-    return Rehearse(screen(run, info), a.rehearsal_batch, a.rehearsal_exclude)
+    options = a.divergence_options()
+    return Rehearse(screen(run, info, options), a.divergence, options)
