@@ -412,21 +412,6 @@ class LogConfig(_Section):
     """Write report.html and curves.png in the run directory when training ends (`rlvr report` makes them on demand)."""
 
 
-class RLPConfig(_Section):
-    context_chars: int = Field(512, ge=16)
-    """task.source = "text": the most characters of context before a cut (starting at a word)."""
-    target_words: int = Field(1, ge=1)
-    """The words after the cut whose likelihood a thought is rewarded for raising."""
-    min_context_words: int = Field(8, ge=1)
-    """Words a cut has before it at least."""
-    think_open: str = "\n<think>"
-    """Written after the context: the policy's thought follows it (the prompt is the raw text, no chat template)."""
-    think_close: str = "</think>"
-    """Closes a thought before the target is scored (appended when the thought did not write it; use it as a sampling.stop string)."""
-    ema_decay: float = Field(0.999, ge=0, lt=1)
-    """The no-think baseline: an EMA of the policy, p̄ ← decay·p̄ + (1 − decay)·p_θ after every update."""
-
-
 class ExpertConfig(_Section):
     mode: Literal["none", "chord", "luffy", "relift"] = "none"
     """Expert demonstrations during RL: "chord" adds μ·SFT on the step's demonstrations to (1 − μ)·RL; "luffy" mixes each prompt's demonstration into its group as an off-policy sample (needs algo.loss = "luffy"); "relift" collects the prompts RL fails on and interleaves SFT steps on their demonstrations (docs/pipelines.md)."""
@@ -528,13 +513,20 @@ class RunConfig(_Section):
     dist: DistConfig = DistConfig()
     log: LogConfig = LogConfig()
     expert: ExpertConfig = ExpertConfig()
-    rlp: RLPConfig = RLPConfig()
 
     command: ClassVar[str] = "train"
     """The CLI command this config root belongs to."""
     partial: ClassVar[dict[str, tuple[str, ...]]] = {}
     """Sections this command reads only in part: section -> the keys it reads (none: it ignores the
     section). Setting any other key of them is refused, so nothing set is silently ignored."""
+
+    def rlp_options(self) -> Any:
+        """RLP's options (rlvr.train.methods.rlp.RLPOptions): the information_gain reward's kwargs."""
+        from rlvr.algos.registry import options
+        from rlvr.train.methods.rlp import RLPOptions
+
+        spec = next((r for r in self.rewards if r.fn == "information_gain"), None)
+        return options("the information_gain reward's kwargs", RLPOptions, spec.kwargs if spec else {})
 
     def reward_specs(self) -> list[dict[str, Any]]:
         """The reward specs for rlvr.rewards.build_rewards, with the source field for routing."""
@@ -589,6 +581,8 @@ class RunConfig(_Section):
         if gain != (self.task.source == "text"):
             raise ValueError("RL on pre-training data pairs task.source = \"text\" with the reward "
                              "fn = \"information_gain\": set both (configs/rlp.toml)")
+        if gain:
+            self.rlp_options()
         self._check_dist()
         self._check_expert()
         self._check_env()
@@ -657,7 +651,7 @@ class SFTRunConfig(RunConfig):
     sft: SFTConfig = SFTConfig()
     command: ClassVar[str] = "sft"
     partial: ClassVar[dict[str, tuple[str, ...]]] = {
-        "algo": (), "sampler": (), "env": (), "dist": (), "expert": (), "rlp": ()}
+        "algo": (), "sampler": (), "env": (), "dist": (), "expert": ()}
 
 
 class DPORunConfig(RunConfig):
@@ -666,7 +660,7 @@ class DPORunConfig(RunConfig):
 
     dpo: DPOConfig = DPOConfig()
     command: ClassVar[str] = "dpo"
-    partial: ClassVar[dict[str, tuple[str, ...]]] = {"algo": ("group_size",), "dist": (), "expert": (), "rlp": ()}
+    partial: ClassVar[dict[str, tuple[str, ...]]] = {"algo": ("group_size",), "dist": (), "expert": ()}
 
 
 ROOTS: dict[str, type[RunConfig]] = {"train": RunConfig, "sft": SFTRunConfig, "dpo": DPORunConfig}
@@ -694,6 +688,8 @@ def _check_keys(data: dict[str, Any], model: type[BaseModel], where: str, prefix
     for key, value in data.items():
         full = prefix + key
         if key not in model.model_fields:
+            if isinstance(value, dict) and value:  # a section gone: its first key may have moved
+                full += "." + next(iter(value))
             raise ConfigError(f"{where}: {_unknown(full, [prefix + k for k in model.model_fields], root)}")
         sub = model.model_fields[key].annotation
         if isinstance(sub, type) and issubclass(sub, BaseModel):
@@ -723,6 +719,10 @@ MOVED: dict[str, str] = {
        for k in ("mu_peak", "mu_valley", "mu_warmup_steps", "mu_decay_steps", "weighting")},
     "algo.divergence_coef": "algo.divergence_kwargs.coef",
     **{f"algo.rehearsal_{k}": f"algo.divergence_kwargs.{k}" for k in ("prompts", "k", "min_correct", "batch", "exclude")},
+    **{f"rlp.{k}": f"task.params.{k} (task.source = \"text\")" for k in ("context_chars", "target_words",
+                                                                         "min_context_words")},
+    **{f"rlp.{k}": f"the kwargs of the information_gain reward: rewards = [{{fn = \"information_gain\", kwargs = "
+                   f"{{{k} = ...}}}}]" for k in ("think_open", "think_close", "ema_decay")},
     "expert.relift_batch": "expert.kwargs.batch (with mode = \"relift\")",
     "expert.relift_max_accuracy": "expert.kwargs.max_accuracy (with mode = \"relift\")",
 }

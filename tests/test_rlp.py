@@ -47,7 +47,7 @@ def test_cuts_end_at_a_word_and_the_target_is_the_next_words(tmp_path: Path) -> 
 
 def _rlp_config(tiny_dir: Path, tmp_path: Path, name: str, **extra: object) -> list[str]:
     return [*overrides(tiny_dir, tmp_path, name, **extra), 'task.source="text"', f'task.path="{_corpus(tmp_path)}"',
-            'rewards=[{fn = "information_gain"}]', "rlp.context_chars=60", "rlp.target_words=2",
+            'rewards=[{fn = "information_gain"}]', "task.params={context_chars = 60, target_words = 2}",
             'sampling.stop=["</think>"]']
 
 
@@ -132,3 +132,15 @@ def test_the_summary_line_shows_the_held_out_reward_when_accuracy_says_nothing()
     some = {"eval_before": {"eval/accuracy": 0.25, "eval/reward": 0.3}, "eval_after": {"eval/accuracy": 0.5,
                                                                                    "eval/reward": 0.6}}
     assert "held-out accuracy 25.0% → 50.0%" in summary_line(some)
+
+
+def test_rlps_knobs_are_the_text_tasks_params_and_the_rewards_kwargs() -> None:
+    from rlvr.config import ConfigError, load_config
+
+    base = ['task.source="text"', 'task.path="corpus.txt"']
+    cfg = load_config(None, [*base, 'rewards=[{fn = "information_gain", kwargs = {ema_decay = 0.5}}]'])
+    assert cfg.rlp_options().ema_decay == 0.5 and cfg.rlp_options().think_close == "</think>"
+    with pytest.raises(ConfigError, match="unknown keyword 'ema_decy'; did you mean 'ema_decay'"):
+        load_config(None, [*base, 'rewards=[{fn = "information_gain", kwargs = {ema_decy = 0.5}}]'])
+    with pytest.raises(ConfigError, match=r"'rlp.context_chars' is now task.params.context_chars"):
+        load_config(None, [*base, "rlp.context_chars=100"])

@@ -41,15 +41,21 @@ def read_documents(path: str | Path, column: str = "text") -> list[str]:
     return docs
 
 
-def text_examples(path: str | Path, *, size: int, seed: int, context_chars: int, target_words: int,
+def text_examples(path: str | Path, *, size: int, seed: int, context_chars: int = 512, target_words: int = 1,
                   min_context_words: int = 8, column: str = "text") -> list[Example]:
-    """`size` cuts through the corpus's documents (see module docstring)."""
+    """`size` cuts through the corpus's documents (see module docstring). The keywords with defaults
+    are task.params of task.source = "text": at most `context_chars` characters of context (from a
+    word start), the next `target_words` words as the target, at least `min_context_words` before
+    the cut, and the JSONL `column` holding the text."""
+    if context_chars < 16 or target_words < 1 or min_context_words < 1:
+        raise ValueError(f"task.params: context_chars >= 16, target_words >= 1 and min_context_words >= 1 "
+                         f"(got {context_chars}, {target_words}, {min_context_words})")
     docs = read_documents(path, column)
     spans = [[m.span() for m in WORD.finditer(d)] for d in docs]
     usable = [i for i, s in enumerate(spans) if len(s) >= min_context_words + target_words]
     if not usable:
         raise ValueError(f"{path}: no document has {min_context_words + target_words} words "
-                         "(min_context_words + rlp.target_words)")
+                         "(task.params min_context_words + target_words)")
     rng = random.Random(seed)
     examples = []
     for n in range(size):

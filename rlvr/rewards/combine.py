@@ -139,10 +139,10 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
         routing: dict[str, Any] = {"sources": tuple(str(x) for x in spec.get("sources") or ()),
                                    "source_field": str(spec.get("source_field") or "task")}
         if fn_spec == "information_gain":  # RLP: computed from the policy and its EMA (rlvr.train.methods.rlp)
-            from rlvr.train.methods.rlp import information_gain
+            from rlvr.algos.registry import options
+            from rlvr.train.methods.rlp import RLPOptions, information_gain
 
-            if kwargs:
-                raise ValueError(f"reward {name!r}: information_gain takes no kwargs (its settings are in [rlp])")
+            options(f"reward {name!r}: information_gain's kwargs", RLPOptions, kwargs)  # read by the RLP method
             rewards.append(RewardFn(name, information_gain, weight, {}, intrinsic=True, **routing))
             continue
         if fn_spec in INTRINSIC:

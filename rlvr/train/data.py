@@ -64,7 +64,7 @@ def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[
         from rlvr.train.methods.rlp import prompt_ids
 
         def encode(exs: list[Example]) -> list[list[int]]:
-            return [prompt_ids(tokenizer, ex.fields["context"], cfg.rlp.think_open) for ex in exs]
+            return [prompt_ids(tokenizer, ex.fields["context"], cfg.rlp_options().think_open) for ex in exs]
     else:
         def encode(exs: list[Example]) -> list[list[int]]:
             return [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in exs]
@@ -107,11 +107,12 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
     elif t.source == "text":  # RL on pre-training data: cuts through documents (no instruction)
         from rlvr.data.pretraining import text_examples
 
+        from rlvr.algos.registry import check_keywords
+
         assert t.path is not None
-        r = cfg.rlp
-        pool = text_examples(t.path, size=t.size + t.eval_size, seed=cfg.seed, context_chars=r.context_chars,
-                             target_words=r.target_words, min_context_words=r.min_context_words,
-                             column="text" if t.prompt_column == "prompt" else t.prompt_column)
+        check_keywords('task.params for source "text"', text_examples, t.params)
+        column = "text" if t.prompt_column == "prompt" else t.prompt_column
+        pool = text_examples(t.path, size=t.size + t.eval_size, seed=cfg.seed, **{"column": column, **t.params})
     elif t.source == "hf":
         assert t.path is not None
         pool = hf_examples(t.path, split=t.split, prompt_column=t.prompt_column, answer_column=t.answer_column,

@@ -2,15 +2,15 @@
 text that follows.
 
 Hatamizadeh et al., "RLP: Reinforcement as a Pretraining Objective", arXiv:2510.01265. A prompt
-is a cut through a document (`rlvr.data.pretraining`): the context x_<t, then ``rlp.think_open``.
+is a cut through a document (`rlvr.data.pretraining`): the context x_<t, then ``think_open``.
 The policy samples a thought c. Its reward is the information gain on the target x_t..t+k (the
-next ``rlp.target_words`` words):
+next ``target_words`` words, a task.params key of source "text"):
 
     r(c) = log p_θ(x_t..t+k | x_<t, c) − log p̄(x_t..t+k | x_<t)
 
 The first term is the policy itself predicting the target after its thought (the thought closed
-by ``rlp.think_close``). The second is a no-think baseline, an exponential moving average of
-the policy: p̄ ← τ·p̄ + (1 − τ)·p_θ after every update (τ = ``rlp.ema_decay``, 0.999 in the
+by ``think_close``). The second is a no-think baseline, an exponential moving average of
+the policy: p̄ ← τ·p̄ + (1 − τ)·p_θ after every update (τ = ``ema_decay``, 0.999 in the
 paper). Both are sums over the target's tokens, computed without gradient. The advantage is
 group-relative over the G thoughts of a cut (GRPO), and only the thought's tokens are trained. So
 the policy learns to write what helps it predict, and the EMA baseline rises with it.
@@ -22,6 +22,8 @@ checkpoints. It starts as the initial policy, `model`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import dataclasses
 from typing import TYPE_CHECKING, Any
@@ -72,13 +74,30 @@ def _target_logprob(model: Any, rows: list[tuple[list[int], int]], pad_token_id:
     return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class RLPOptions:
+    """RLP's knobs: the information_gain reward's kwargs."""
+
+    think_open: str = "\n<think>"
+    """Written after the context: the policy's thought follows it (the prompt is the raw text, no chat template)."""
+    think_close: str = "</think>"
+    """Closes a thought before the target is scored (appended when the thought did not write it; use it
+    as a sampling.stop string)."""
+    ema_decay: float = 0.999
+    """The no-think baseline: an EMA of the policy, p̄ ← decay·p̄ + (1 − decay)·p_θ after every update."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.ema_decay < 1:
+            raise ValueError(f"ema_decay must be in [0, 1) (got {self.ema_decay!r})")
+
+
 def score_groups(run: Run, ema: PreTrainedModel, groups: list[Group], examples: list[Example]) -> list[Group]:
     """Fill in each sample's information-gain reward (see module docstring) and add it to its total.
     `examples` are the ones the groups' prompt indices point into."""
     rewards = [r for r in run.task.rewards if r.fn is information_gain]
     if not rewards:
         return groups
-    cfg, tokenizer = run.cfg.rlp, run.tokenizer
+    cfg, tokenizer = run.cfg.rlp_options(), run.tokenizer
     close = encode_text(tokenizer, cfg.think_close)
     pad, mb, chunk = run.engine.pad_token_id, run.settings.micro_batch_size, run.settings.logprob_chunk
     pred_rows, base_rows = [], []
@@ -125,14 +144,14 @@ class RLP(Method):
 
     state_key = "ema"
 
-    def __init__(self, ema: PreTrainedModel) -> None:
-        self.ema = ema
+    def __init__(self, ema: PreTrainedModel, options: RLPOptions) -> None:
+        self.ema, self.options = ema, options
 
     def rescore(self, run: Run, groups: list[Group], examples: list[Example], held_out: bool) -> list[Group]:
         return score_groups(run, self.ema, groups, examples)
 
     def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
-        ema_update(self.ema, run.learner.model, run.cfg.rlp.ema_decay)
+        ema_update(self.ema, run.learner.model, self.options.ema_decay)
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -145,4 +164,4 @@ class RLP(Method):
 def build(run: Run, info: SetupInfo) -> Method | None:
     if not any(r.fn is information_gain for r in run.task.rewards):
         return None
-    return RLP(load_model(run.cfg.model, info.dtype, info.device).eval().requires_grad_(False))
+    return RLP(load_model(run.cfg.model, info.dtype, info.device).eval().requires_grad_(False), run.cfg.rlp_options())
