@@ -43,7 +43,7 @@ CASES: dict[str, list[str]] = {
                    "algo.divergence_kwargs.min_correct=1", "algo.divergence_kwargs.batch=4"],
     "rlp": ["--config", "configs/rlp.toml", *SMALL],
     "env": ["--config", "configs/guess_number.toml", *SMALL, "train.eval_every=0"],
-    "replay": [*DEMO, *SMALL, "sampler.replay_fraction=0.5"],
+    "replay": [*DEMO, *SMALL, "sampler.replay.fraction=0.5"],
 }
 
 

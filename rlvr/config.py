@@ -321,12 +321,8 @@ class SamplerConfig(_Section):
     """How each prompt's group is gathered (rlvr.train.collect): "dynamic" = DAPO's dynamic sampling; "reinforce_ada" = adaptive rounds per prompt; "roc" = GRPO-RoC down-sampling."""
     rollouts_kwargs: dict[str, Any] = Field(default_factory=dict)
     """The strategy's keyword arguments, e.g. {max_rounds = 3} for "dynamic"."""
-    replay_fraction: float = Field(0.0, ge=0, lt=1)
-    """Share of each step's groups taken from recent rollouts (DOTS's rollout replay), importance-weighted by their sampling log-probs."""
-    replay_capacity: int = Field(256, ge=1)
-    """Groups the replay buffer holds (oldest dropped first)."""
-    replay_max_age: int = Field(4, ge=1)
-    """Steps after which a group is too stale to replay."""
+    replay: dict[str, Any] = Field(default_factory=dict)
+    """Rollout replay (DOTS), e.g. {fraction = 0.25}: this share of each step's groups comes from recent rollouts, importance-weighted by their sampling log-probs; capacity (256) groups are kept, none older than max_age (4) steps (rlvr.train.collect.ReplayBuffer). Empty = off."""
     templates: list[str] = Field(default_factory=list)
     """Prompt augmentation: each rollout's prompt is one of these templates, drawn at random, with {prompt} replaced by the prompt."""
 
@@ -335,6 +331,13 @@ class SamplerConfig(_Section):
         from rlvr.train.collect import check_rollouts
 
         check_rollouts(self.rollouts, self.rollouts_kwargs)
+        if self.replay:
+            from rlvr.algos.registry import options
+            from rlvr.train.collect import ReplayBuffer
+
+            if not self.replay.get("fraction"):
+                raise ValueError("sampler.replay needs a fraction > 0 (the share of each step's groups it replays)")
+            options("sampler.replay", ReplayBuffer, self.replay)
         for t in self.templates:
             if "{prompt}" not in t:
                 raise ValueError(f"sampler.templates: {t!r} has no {{prompt}}")
@@ -356,14 +359,8 @@ class EnvConfig(_Section):
     """Consecutive turns without a valid action that end an episode."""
     observation_role: str = "user"
     """The chat role observations are rendered with ("user", or "tool" where the template has it)."""
-    summarize_at: int = Field(0, ge=0)
-    """SUPO context management: when the working context would reach this many tokens, the policy summarises and the episode continues from the task plus the summary (0 = never)."""
-    summary_rounds: int = Field(2, ge=1)
-    """Summaries per episode at most; after that the context limit ends the episode."""
-    summary_tokens: int = Field(96, ge=1)
-    """Tokens one summary may take (they count against max_total_tokens)."""
-    summary_instruction: str | None = None
-    """What the policy is asked when it must summarise; unset = rlvr.agents.runner.SUMMARY_INSTRUCTION."""
+    summarize: dict[str, Any] = Field(default_factory=dict)
+    """SUPO context management, e.g. {at = 1536}: when the working context would reach `at` tokens, the policy summarises and the episode continues from the task plus the summary; at most rounds (2) summaries per episode, each of at most max_tokens (96) tokens (they count against max_total_tokens), asked for by instruction and continued after header (rlvr.agents.runner.Summarize). Empty = never."""
     mask_unfinished: bool = False
     """SUPO's overlong masking: episodes that end without the environment saying done (turn, token, context or summary limits) stay out of the loss."""
 
@@ -633,14 +630,18 @@ class RunConfig(_Section):
         if self.algo.credit == "turn" and self.env.name is None:
             raise ValueError("algo.credit = \"turn\" needs multi-turn episodes: set env.name")
         e = self.env
-        if e.summarize_at:
+        if e.summarize:
+            from rlvr.agents.runner import Summarize
+            from rlvr.algos.registry import options
+
+            at = options("env.summarize", Summarize, e.summarize).at
             if e.name is None:
-                raise ValueError("env.summarize_at needs multi-turn episodes: set env.name")
-            if e.summarize_at >= e.max_context:
-                raise ValueError(f"env.summarize_at ({e.summarize_at}) must be below env.max_context ({e.max_context}): "
+                raise ValueError("env.summarize needs multi-turn episodes: set env.name")
+            if at >= e.max_context:
+                raise ValueError(f"env.summarize.at ({at}) must be below env.max_context ({e.max_context}): "
                                  "the summary is written inside the context")
             if self.algo.advantage == "gae" or (self.algo.kl_placement == "reward" and self.algo.kl_coef > 0):
-                raise ValueError("env.summarize_at trains segments with the episode's outcome advantage: it does not "
+                raise ValueError("env.summarize trains segments with the episode's outcome advantage: it does not "
                                  "combine with advantage = \"gae\" or a KL in the reward")
 
 
@@ -723,6 +724,9 @@ MOVED: dict[str, str] = {
                                                                          "min_context_words")},
     **{f"rlp.{k}": f"the kwargs of the information_gain reward: rewards = [{{fn = \"information_gain\", kwargs = "
                    f"{{{k} = ...}}}}]" for k in ("think_open", "think_close", "ema_decay")},
+    **{f"sampler.replay_{k}": f"sampler.replay.{k}" for k in ("fraction", "capacity", "max_age")},
+    "env.summarize_at": "env.summarize.at", "env.summary_rounds": "env.summarize.rounds",
+    "env.summary_tokens": "env.summarize.max_tokens", "env.summary_instruction": "env.summarize.instruction",
     "expert.relift_batch": "expert.kwargs.batch (with mode = \"relift\")",
     "expert.relift_max_accuracy": "expert.kwargs.max_accuracy (with mode = \"relift\")",
 }

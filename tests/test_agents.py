@@ -412,8 +412,8 @@ def test_training_with_summarised_episodes_and_turn_credit(tiny_dir: Any, tmp_pa
     from tests.test_train import overrides, read_metrics
 
     extra = ['env.name="guess_number"', "env.kwargs={low = 1, high = 50, max_guesses = 6}", "env.max_turns=6",
-             "env.max_void_turns=6", "sampling.max_new_tokens=4", "env.summarize_at=280", "env.summary_tokens=5",
-             'env.summary_instruction="Sum up."', "env.max_context=1000", 'algo.credit="turn"',
+             "env.max_void_turns=6", "sampling.max_new_tokens=4", "env.summarize.at=280", "env.summarize.max_tokens=5",
+             'env.summarize.instruction="Sum up."', "env.max_context=1000", 'algo.credit="turn"',
              'rewards=[{fn = "tests.test_train:distinct_chars"}]']
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "supo", train__steps=2), *extra]), quiet=True)
     rows = read_metrics(tmp_path / "supo")
@@ -429,7 +429,7 @@ def test_training_with_summarised_episodes_and_turn_credit(tiny_dir: Any, tmp_pa
     assert unfinished and all(s["masked"] == [[0, len(s["completion"]), "excluded"]] for s in unfinished)
     assert read_metrics(tmp_path / "masked")[0]["trained_fraction"] < 1
     with pytest.raises(ValueError, match="below env.max_context"):
-        load_config(None, [*overrides(tiny_dir, tmp_path, "x"), *extra, "env.summarize_at=2000"])
+        load_config(None, [*overrides(tiny_dir, tmp_path, "x"), *extra, "env.summarize.at=2000"])
     with pytest.raises(ValueError, match="needs multi-turn episodes"):
         load_config(None, [*overrides(tiny_dir, tmp_path, "x"), 'algo.credit="turn"'])
 

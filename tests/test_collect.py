@@ -193,7 +193,7 @@ def test_config_rejects_unknown_strategies_keywords_and_templates() -> None:
 
 def test_training_with_dynamic_sampling_replay_and_templates_resumes_exactly(tiny_dir: Path, tmp_path: Path) -> None:
     extra = ['sampler.rollouts="dynamic"', "sampler.rollouts_kwargs={max_rounds = 2}",
-             "sampler.replay_fraction=0.5", 'sampler.templates=["{prompt}", "Think first. {prompt}"]']
+             "sampler.replay.fraction=0.5", 'sampler.templates=["{prompt}", "Think first. {prompt}"]']
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "straight", train__steps=4), *extra]), quiet=True)
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "resumed", train__steps=2), *extra]), quiet=True)
     train(resume=tmp_path / "resumed", overrides=("train.steps=4",), quiet=True)
@@ -368,3 +368,17 @@ def test_write_accepted_rows_by_hand(tmp_path: Path) -> None:
     first = json.loads((tmp_path / "y.jsonl").read_text().splitlines()[0])
     assert first["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 3 ="},
                                  {"role": "assistant", "content": "5"}]
+
+
+def test_replay_and_its_knobs_are_one_checked_setting() -> None:
+    from rlvr.config import ConfigError, load_config
+
+    assert load_config(None, ["sampler.replay.fraction=0.25"]).sampler.replay == {"fraction": 0.25}
+    with pytest.raises(ConfigError, match="unknown keyword 'max_ages'; did you mean 'max_age'"):
+        load_config(None, ["sampler.replay.fraction=0.25", "sampler.replay.max_ages=2"])
+    with pytest.raises(ConfigError, match="needs a fraction > 0"):
+        load_config(None, ["sampler.replay.capacity=8"])
+    with pytest.raises(ConfigError, match=r"fraction must be in \[0, 1\)"):
+        load_config(None, ["sampler.replay.fraction=1.5"])
+    with pytest.raises(ConfigError, match="'sampler.replay_fraction' is now sampler.replay.fraction"):
+        load_config(None, ["sampler.replay_fraction=0.25"])

@@ -36,9 +36,11 @@ def loop_inputs(fn: Callable[..., Any]) -> list[str]:
     return [name for name in inspect.signature(fn).parameters if name in LOOP_INPUTS]
 
 
-def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str]) -> None:
-    """Raise a ValueError naming the nearest valid keyword when `fn` does not take one of `keys`."""
-    accepted = keyword_options(fn)
+def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str],
+                   accepted: list[str] | None = None) -> None:
+    """Raise a ValueError naming the nearest valid keyword when `fn` does not take one of `keys`
+    (`accepted`: the names it takes; default: its keyword options)."""
+    accepted = keyword_options(fn) if accepted is None else accepted
     for key in keys:
         if key not in accepted:
             near = difflib.get_close_matches(key, accepted, n=1)
@@ -49,8 +51,9 @@ def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str]) -> No
 
 def options(what: str, cls: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     """`cls(**kwargs)`, a method's options from a config's kwargs: each name checked against `cls`'s
-    keywords (the nearest named when unknown), each value by `cls` itself."""
-    check_keywords(what, cls, kwargs)
+    parameters (the nearest named when unknown), each value by `cls` itself."""
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    check_keywords(what, cls, kwargs, [p.name for p in inspect.signature(cls).parameters.values() if p.kind in named])
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:

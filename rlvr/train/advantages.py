@@ -74,7 +74,7 @@ def units(episodes: list[Sample]) -> tuple[list[Sample], list[int]]:
 def check_combination(s: UpdateSettings, per_token: bool, kl_in_reward: bool, summarised: bool) -> None:
     """Refuse what an update cannot train (a run's config refuses these earlier, with its own words)."""
     if (per_token or kl_in_reward) and summarised:
-        raise ValueError("summarised episodes (env.summarize_at) train with outcome advantages: "
+        raise ValueError("summarised episodes (env.summarize) train with outcome advantages: "
                          "advantage = \"gae\" and kl_placement = \"reward\" are not supported with them")
     if s.turn_credit and (per_token or kl_in_reward or s.shaping or s.advantage != "grpo"):
         raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn "

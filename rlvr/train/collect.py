@@ -255,9 +255,13 @@ class ReplayBuffer:
     weighted (update_policy does this for groups with a ``replay_age``). Groups older
     than ``max_age`` steps are dropped, and a group is replayed at most once."""
 
-    def __init__(self, capacity: int, fraction: float, max_age: int) -> None:
+    def __init__(self, capacity: int = 256, fraction: float = 0.0, max_age: int = 4) -> None:
+        """`sampler.replay`'s keys: the groups the buffer holds (oldest dropped first), the share of
+        each step's groups taken from it, and the steps after which a group is too stale to replay."""
         if not 0.0 <= fraction < 1.0:
             raise ValueError(f"replay fraction must be in [0, 1), got {fraction}")
+        if capacity < 1 or max_age < 1:
+            raise ValueError(f"replay capacity and max_age must be >= 1 (got {capacity}, {max_age})")
         self.capacity, self.fraction, self.max_age = capacity, fraction, max_age
         self.items: list[tuple[int, Group]] = []  # (step it was sampled at, group), oldest first
 

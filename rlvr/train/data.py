@@ -154,9 +154,8 @@ def make_episodes(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: l
                     max_total_tokens=e.max_total_tokens, max_context=e.max_context, max_void_turns=e.max_void_turns)
     delta = ChatDelta(tokenizer, e.observation_role, cfg.task.system_prompt)
     summarize = None
-    if e.summarize_at:
-        summarize = Summarize(at=e.summarize_at, rounds=e.summary_rounds, max_tokens=e.summary_tokens,
-                              **({"instruction": e.summary_instruction} if e.summary_instruction else {}))
+    if e.summarize:
+        summarize = Summarize(**e.summarize)
 
     def episodes(engine: Engine, examples: list[Example], indices: list[int], n: int, *,
                  sampling: SamplingParams | None = None) -> list[Group]:

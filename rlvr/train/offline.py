@@ -300,8 +300,8 @@ def dpo(cfg: DPORunConfig | None = None, *, resume: str | Path | None = None, ov
     if d.online:
         if d.data:
             raise ValueError("dpo.online pairs the policy's own samples; unset dpo.data (or dpo.online)")
-        if cfg.env.name is not None and cfg.env.summarize_at:
-            raise ValueError("online DPO does not train summarised episodes (env.summarize_at)")
+        if cfg.env.name is not None and cfg.env.summarize:
+            raise ValueError("online DPO does not train summarised episodes (env.summarize)")
         run, start = open_run(cfg, resume=resume, overrides=overrides, quiet=quiet, command="dpo")
         ref = _reference(run)
 

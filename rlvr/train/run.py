@@ -111,7 +111,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     rewards = build_rewards(cfg.reward_specs())
     task = load_task(cfg, tokenizer, rewards)
     sc = cfg.sampler
-    replay = ReplayBuffer(sc.replay_capacity, sc.replay_fraction, sc.replay_max_age) if sc.replay_fraction else None
+    replay = ReplayBuffer(**sc.replay) if sc.replay else None
     updater = Updater(learner, pad_token_id=engine.pad_token_id, seed=cfg.seed, shared_weights=shared)
     run = Run(cfg, run_dir, tokenizer, engine, learner, task, settings_from_config(cfg, rewards),
               Rollouts(make_sampler(cfg, task.examples), replay), updater, methods={})

@@ -237,7 +237,7 @@ def similarity_predict(features_PD: np.ndarray, ref_features_MD: np.ndarray, ref
 class DOTSSampler:
     """Difficulty-targeted Online daTa Selection ("Improving Data Efficiency for LLM
     Reinforcement Fine-tuning Through Difficulty-targeted Online Data Selection and Rollout
-    Replay", arXiv:2506.05316). Rollout replay lives in rlvr.train (sampler.replay_fraction).
+    Replay", arXiv:2506.05316). Rollout replay lives in rlvr.train (sampler.replay).
 
     Every batch holds ref_size reference prompts drawn uniformly at random (without replacement);
     they are rolled out and trained on like the rest, and their observed accuracies are the
