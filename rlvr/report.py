@@ -100,11 +100,16 @@ def facts(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     config_path = run_dir / "config.toml"
     cfg = tomllib.loads(config_path.read_text()) if config_path.exists() else {}
-    if cfg:
-        algo = cfg.get("algo", {})
-        out += [("model", str(cfg.get("model", "?"))),
-                ("algorithm", f"{algo.get('advantage', 'grpo')} + {algo.get('loss', 'ppo_clip')}"),
-                ("task", str(cfg.get("task", {}).get("name", "?")))]
+    if cfg:  # config.toml holds the keys the run set; the others have their defaults
+        from rlvr.config import AlgoConfig, RunConfig, TaskConfig
+
+        algo, task = cfg.get("algo", {}), cfg.get("task", {})
+        default = {"model": RunConfig.model_fields["model"].default, "task": TaskConfig.model_fields["name"].default,
+                   **{k: AlgoConfig.model_fields[k].default for k in ("advantage", "loss")}}
+        out += [("model", str(cfg.get("model", default["model"]))),
+                ("algorithm", f"{algo.get('advantage', default['advantage'])} + {algo.get('loss', default['loss'])}"),
+                ("task", str(task.get("name", default["task"])) if task.get("source", "reasoning_gym") == "reasoning_gym"
+                 else str(task.get("source")))]
     trained = [r for r in rows if r.get("step", 0) > 0 and "reward" in r]
     if trained:
         out.append(("steps", str(trained[-1]["step"])))
