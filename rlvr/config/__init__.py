@@ -1,0 +1,221 @@
+"""Typed, frozen run configuration: TOML files, dotted command-line overrides, clear errors.
+
+A config is a tree of pydantic models: the sections (rlvr.config.sections) under one root per
+command (`rlvr train`'s RunConfig, `rlvr sft`'s, `rlvr dpo`'s). Each field's docstring is its
+entry in `rlvr config`. Reading files and overrides, the errors, and writing a run's config.toml
+are rlvr.config.files. Unknown keys are rejected with the nearest valid key; bad values name the
+key and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rlvr.config.sections import (AlgoConfig, ConfigError, DistConfig, DPOConfig, EngineConfig, EnvConfig,
+                                  ExpertConfig, LogConfig, LoraConfig, MixtureEntry, RewardConfig, SamplerConfig,
+                                  SamplingConfig, SandboxConfig, SFTConfig, ShapingSpec, TaskConfig, TrainConfig,
+                                  _Section)
+
+
+class RunConfig(_Section):
+    name: str = "run"
+    """Run name: everything goes to <output_dir>/<name>/."""
+    output_dir: str = "runs"
+    """Parent directory of run directories."""
+    model: str = "builtin:smollm2-135m-instruct"
+    """Policy model: "builtin:smollm2-135m-instruct", a local path, or a Hugging Face id."""
+    seed: int = 0
+    """Seed for data, sampling and initialisation."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every N steps (0 = only at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Most recent checkpoints kept on disk."""
+    samples_every: int = Field(1, ge=1)
+    """Write every N-th step's prompts, completions and rewards to samples.jsonl."""
+    task: TaskConfig = TaskConfig()
+    on_reward_error: Literal["zero", "stop"] = "zero"
+    """A reward that raises, times out or returns a non-number: "zero" scores 0 and counts it (<name>/error); "stop" ends the run with the traceback and the completion."""
+    rewards: list[RewardConfig] = Field(default_factory=list)
+    """Reward functions, summed with their weights; the first is the correctness reward behind
+    "accuracy". Default: the task's own verifier (reasoning-gym's score_answer on the answer in
+    <answer> tags, or math-verify against the JSONL answer column)."""
+    sampling: SamplingConfig = SamplingConfig()
+    engine: EngineConfig = EngineConfig()
+    lora: LoraConfig = LoraConfig()
+    algo: AlgoConfig = AlgoConfig()
+    train: TrainConfig = TrainConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    sampler: SamplerConfig = SamplerConfig()
+    env: EnvConfig = EnvConfig()
+    dist: DistConfig = DistConfig()
+    log: LogConfig = LogConfig()
+    expert: ExpertConfig = ExpertConfig()
+
+    command: ClassVar[str] = "train"
+    """The CLI command this config root belongs to."""
+    partial: ClassVar[dict[str, tuple[str, ...]]] = {}
+    """Sections this command reads only in part: section -> the keys it reads (none: it ignores the
+    section). Setting any other key of them is refused, so nothing set is silently ignored."""
+
+    def rlp_options(self) -> Any:
+        """RLP's options (rlvr.train.methods.rlp.RLPOptions): the information_gain reward's kwargs."""
+        from rlvr.algos.registry import options
+        from rlvr.train.methods.rlp import RLPOptions
+
+        spec = next((r for r in self.rewards if r.fn == "information_gain"), None)
+        return options("the information_gain reward's kwargs", RLPOptions, spec.kwargs if spec else {})
+
+    def reward_specs(self) -> list[dict[str, Any]]:
+        """The reward specs for rlvr.rewards.build_rewards, with the source field for routing."""
+        return [{**r.model_dump(), "source_field": self.sampler.source_field} for r in self.rewards]
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not value or "/" in value or "\\" in value or value in (".", ".."):
+            raise ValueError(f"{value!r} is not a plain directory name (no slashes; it goes under output_dir)")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_rewards(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("rewards"):
+            task = data.get("task")
+            source = task.get("source", "reasoning_gym") if isinstance(task, dict) else "reasoning_gym"
+            if source == "humaneval":
+                data = {**data, "rewards": [{"fn": "unit_tests"}]}
+            elif source == "text":
+                data = {**data, "rewards": [{"fn": "information_gain"}]}
+            else:
+                fn = "math_verify" if source in ("jsonl", "parquet", "hf") else "reasoning_gym"
+                data = {**data, "rewards": [{"fn": fn, "kwargs": {"extract": "tag"}}]}
+        return data
+
+    @model_validator(mode="after")
+    def _read(self) -> RunConfig:
+        for section, keys in self.partial.items():
+            unread = sorted(getattr(self, section).model_fields_set - set(keys))
+            if unread:
+                raise ValueError(f"`rlvr {self.command}` does not read {section}.{unread[0]} (a setting of `rlvr "
+                                 f"train`); remove it from this config")
+        return self
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        """Refuse combinations of sections that cannot run together, each with what to change."""
+        if self.task.source in ("jsonl", "parquet", "hf", "text") and not self.task.path:
+            raise ValueError(f"task.path is required when task.source = {self.task.source!r}")
+        batch = self.train.prompts_per_step * self.algo.group_size
+        if batch % self.train.mini_batches:
+            raise ValueError(
+                f"train.mini_batches = {self.train.mini_batches} must divide prompts_per_step × "
+                f"group_size = {batch}"
+            )
+        if self.lora.rank and self.algo.advantage == "gae":
+            raise ValueError("lora.rank > 0 with advantage = \"gae\" is not supported yet: the critic copies the "
+                             "policy's trunk, which LoRA wraps; use an outcome estimator or full fine-tuning")
+        gain = any(r.fn == "information_gain" for r in self.rewards)
+        if gain != (self.task.source == "text"):
+            raise ValueError("RL on pre-training data pairs task.source = \"text\" with the reward "
+                             "fn = \"information_gain\": set both (configs/rlp.toml)")
+        if gain:
+            self.rlp_options()
+        self._check_dist()
+        self._check_expert()
+        self._check_env()
+        return self
+
+    def _check_dist(self) -> None:
+        """Rollout workers, asynchronous steps, partial rollouts and data-parallel learners."""
+        d = self.dist
+        if d.rollout_workers and self.engine.backend == "vllm":
+            if not d.gpus_per_worker:
+                raise ValueError("vLLM rollout workers need a GPU each: set dist.gpus_per_worker (e.g. 1)")
+            if d.partial_rollouts:
+                raise ValueError("dist.partial_rollouts needs the embedded engine: vLLM finishes a request on the "
+                                 "weights it started with")
+        if d.async_steps and not d.rollout_workers:
+            raise ValueError("dist.async_steps needs dist.rollout_workers >= 1: the policy cannot train while it "
+                             "samples in the same process")
+        if d.learners > 1 and self.train.device.startswith("cuda") and not d.gpus_per_learner:
+            raise ValueError("data-parallel learners on GPUs need one each: set dist.gpus_per_learner = 1")
+        if d.partial_rollouts and not d.async_steps:
+            raise ValueError("dist.partial_rollouts needs dist.async_steps >= 1: only then is a weight update "
+                             "broadcast while samples are being generated")
+        if d.async_steps:
+            from rlvr.rewards.intrinsic import INTRINSIC
+
+            from_policy = (["ReMax's greedy baseline"] if self.algo.advantage == "remax" else []) + [
+                f"reward {r.fn!r}" for r in self.rewards if r.fn in INTRINSIC or r.fn == "information_gain"]
+            if from_policy:
+                raise ValueError("dist.async_steps does not combine with what is computed from the policy itself "
+                                 f"while rollouts are collected: {', '.join(from_policy)}")
+
+    def _check_expert(self) -> None:
+        """The expert hybrids (LUFFY, CHORD, ReLIFT) and what their demonstrations need."""
+        if (self.expert.mode == "luffy") != (self.algo.loss == "luffy"):
+            raise ValueError("expert.mode = \"luffy\" and algo.loss = \"luffy\" go together: the loss trains the "
+                             "demonstrations mixed into the groups, and without them it is PPO's")
+        if self.expert.mode == "relift" and self.dist.learners > 1:
+            raise ValueError("expert.mode = \"relift\" runs its SFT steps in one learner; unset dist.learners")
+        if self.expert.mode != "none" and self.sampler.templates:
+            raise ValueError("expert demonstrations follow the task's own prompt; they do not combine with "
+                             "sampler.templates")
+        if self.expert.mode != "none" and self.env.name is not None:
+            raise ValueError(f"expert.mode = {self.expert.mode!r} trains single-turn demonstrations; it does not "
+                             "combine with multi-turn episodes (env.name)")
+
+    def _check_env(self) -> None:
+        """What needs multi-turn episodes, and what summarised episodes cannot train."""
+        if self.algo.credit == "turn" and self.env.name is None:
+            raise ValueError("algo.credit = \"turn\" needs multi-turn episodes: set env.name")
+        e = self.env
+        if e.summarize:
+            from rlvr.agents.runner import Summarize
+            from rlvr.algos.registry import options
+
+            at = options("env.summarize", Summarize, e.summarize).at
+            if e.name is None:
+                raise ValueError("env.summarize needs multi-turn episodes: set env.name")
+            if at >= e.max_context:
+                raise ValueError(f"env.summarize.at ({at}) must be below env.max_context ({e.max_context}): "
+                                 "the summary is written inside the context")
+            if self.algo.advantage == "gae" or (self.algo.kl_placement == "reward" and self.algo.kl_coef > 0):
+                raise ValueError("env.summarize trains segments with the episode's outcome advantage: it does not "
+                                 "combine with advantage = \"gae\" or a KL in the reward")
+
+
+class SFTRunConfig(RunConfig):
+    """`rlvr sft`'s config: the run, its task (whose held-out prompts evaluate it), the model, the
+    optimizer in [train], and [sft]."""
+
+    sft: SFTConfig = SFTConfig()
+    command: ClassVar[str] = "sft"
+    partial: ClassVar[dict[str, tuple[str, ...]]] = {
+        "algo": (), "sampler": (), "env": (), "dist": (), "expert": ()}
+
+
+class DPORunConfig(RunConfig):
+    """`rlvr dpo`'s config: the run, its task, the model, the optimizer in [train], and [dpo]; online
+    DPO samples as `rlvr train` does (sampling, sampler, env, algo.group_size)."""
+
+    dpo: DPOConfig = DPOConfig()
+    command: ClassVar[str] = "dpo"
+    partial: ClassVar[dict[str, tuple[str, ...]]] = {"algo": ("group_size",), "dist": (), "expert": ()}
+
+
+ROOTS: dict[str, type[RunConfig]] = {"train": RunConfig, "sft": SFTRunConfig, "dpo": DPORunConfig}
+"""Each command's config root: `rlvr train`'s, `rlvr sft`'s, `rlvr dpo`'s."""
+
+
+# Reading and writing configs; imported last, since it reads the roots above.
+from rlvr.config.files import (MOVED, apply_override, declared_keys, describe, from_dict, load_config,  # noqa: E402
+                               to_toml, written_version)
+
+__all__ = ["AlgoConfig", "ConfigError", "DistConfig", "DPOConfig", "DPORunConfig", "EngineConfig", "EnvConfig",
+           "ExpertConfig", "LogConfig", "LoraConfig", "MixtureEntry", "MOVED", "RewardConfig", "ROOTS", "RunConfig",
+           "SamplerConfig", "SamplingConfig", "SandboxConfig", "SFTConfig", "SFTRunConfig", "ShapingSpec",
+           "TaskConfig", "TrainConfig", "apply_override", "declared_keys", "describe", "from_dict", "load_config",
+           "to_toml", "written_version"]

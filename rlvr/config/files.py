@@ -1,0 +1,243 @@
+"""Reading configs (TOML files, dotted overrides), the errors that say what and where, writing a
+run's config.toml, and the `rlvr config` listing."""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from rlvr.config import ROOTS, RunConfig
+from rlvr.config.sections import ConfigError, RewardConfig
+
+def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            keys += _known_keys(sub, prefix + name + ".")
+    return keys
+
+
+def _check_keys(data: dict[str, Any], model: type[BaseModel], where: str, prefix: str = "",
+                root: type[RunConfig] | None = None) -> None:
+    """Reject unknown keys with the nearest valid one, before pydantic sees the data."""
+    root = root or RunConfig
+    for key, value in data.items():
+        full = prefix + key
+        if key not in model.model_fields:
+            if isinstance(value, dict) and value:  # a section gone: its first key may have moved
+                full += "." + next(iter(value))
+            raise ConfigError(f"{where}: {_unknown(full, [prefix + k for k in model.model_fields], root)}")
+        sub = model.model_fields[key].annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: '{full}' is a section; set its keys, e.g. {full}.<key>=...")
+            _check_keys(value, sub, where, full + ".", root)
+        elif key == "rewards" and isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    _check_keys(item, RewardConfig, where, f"rewards[{i}].", root)
+
+
+def _unknown(full: str, siblings: list[str], root: type[RunConfig]) -> str:
+    """Why `full` is not a key of `root`: another command's section, a key that moved, or the nearest one."""
+    owner = next((c for c, r in ROOTS.items() if full.split(".")[0] in r.model_fields and r is not root), None)
+    if owner and full.split(".")[0] not in root.model_fields:
+        return f"[{full.split('.')[0]}] belongs to `rlvr {owner}`'s config, not `rlvr {root.command}`'s"
+    if full in MOVED:
+        return f"'{full}' is now {MOVED[full]}"
+    near = difflib.get_close_matches(full, siblings + _known_keys(root), n=1, cutoff=0.5)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    return f"unknown config key '{full}'{hint} (`rlvr config {root.command}` lists all keys)"
+
+
+MOVED: dict[str, str] = {
+    **{f"expert.{k}": f"expert.kwargs.{k} (with mode = \"chord\")"
+       for k in ("mu_peak", "mu_valley", "mu_warmup_steps", "mu_decay_steps", "weighting")},
+    "algo.divergence_coef": "algo.divergence_kwargs.coef",
+    **{f"algo.rehearsal_{k}": f"algo.divergence_kwargs.{k}" for k in ("prompts", "k", "min_correct", "batch", "exclude")},
+    **{f"rlp.{k}": f"task.params.{k} (task.source = \"text\")" for k in ("context_chars", "target_words",
+                                                                         "min_context_words")},
+    **{f"rlp.{k}": f"the kwargs of the information_gain reward: rewards = [{{fn = \"information_gain\", kwargs = "
+                   f"{{{k} = ...}}}}]" for k in ("think_open", "think_close", "ema_decay")},
+    **{f"sampler.replay_{k}": f"sampler.replay.{k}" for k in ("fraction", "capacity", "max_age")},
+    "env.summarize_at": "env.summarize.at", "env.summary_rounds": "env.summarize.rounds",
+    "env.summary_tokens": "env.summarize.max_tokens", "env.summary_instruction": "env.summarize.instruction",
+    "expert.relift_batch": "expert.kwargs.batch (with mode = \"relift\")",
+    "expert.relift_max_accuracy": "expert.kwargs.max_accuracy (with mode = \"relift\")",
+}
+"""Keys of earlier versions, and where their setting lives now (named in the error)."""
+
+
+def _parse_value(text: str) -> Any:
+    """A command-line value as TOML (numbers, booleans, lists, inline tables), else a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply one `dotted.key=value` to a nested dict in place."""
+    if "=" not in override:
+        raise ConfigError(f"override '{override}': expected key=value, e.g. algo.clip_high=0.28")
+    key, _, text = override.partition("=")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override '{override}': '{part}' is not a section")
+    node[parts[-1]] = _parse_value(text.strip())
+
+
+def _format_validation_error(err: ValidationError, where: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "config"
+        got = e.get("input")
+        shown = f" (got {got!r})" if not isinstance(got, dict) else ""
+        lines.append(f"{where}: {loc}: {e['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def from_dict(data: dict[str, Any], where: str = "config", command: str = "train") -> RunConfig:
+    """Validate a nested dict as `command`'s config (train, sft or dpo)."""
+    root = ROOTS[command]
+    _check_keys(data, root, where, root=root)
+    try:
+        return root.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, where)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                command: str = "train") -> RunConfig:
+    """Read a TOML file (optional), apply `key=value` overrides, and validate as `command`'s config
+    (`rlvr train`'s by default; "sft" and "dpo" have their own roots)."""
+    if command not in ROOTS:
+        raise ConfigError(f"no config for command {command!r} (train, sft, dpo)")
+    data: dict[str, Any] = {}
+    where = "command line"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{p}: invalid TOML: {err}") from None
+        where = str(p)
+    for override in overrides:
+        apply_override(data, override)
+    return from_dict(data, where if not overrides else f"{where} + overrides", command)
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """The run directory's config.toml: every key the config sets or that differs from its default
+    (the rest left out, so it reads as what makes this run), under a header naming the rlvr version
+    whose defaults fill in the rest. Loading it gives back an equal config (with that version)."""
+    from rlvr import __version__
+
+    header = (f"# rlvr {__version__}, `rlvr {cfg.command}`: the keys this run sets; every other key has its "
+              f"default in this version (`rlvr config {cfg.command}`)\n")
+    given = _merged(cfg.model_dump(mode="json", exclude_unset=True),
+                    cfg.model_dump(mode="json", exclude_defaults=True))
+    return header + _dump_table(given, [])
+
+
+def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The keys of both dumps of one config, sections merged key by key."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else out.get(k, v)
+    return out
+
+
+def written_version(text: str) -> str | None:
+    """The rlvr version named in a config.toml's header (None: not written by `to_toml`)."""
+    first = text.split("\n", 1)[0]
+    return first[len("# rlvr "):].split(",", 1)[0] if first.startswith("# rlvr ") else None
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() else _toml_value(k)
+
+
+def _dump_table(d: dict[str, Any], path: list[str]) -> str:
+    scalars, tables, arrays = [], [], []
+    for k, v in d.items():
+        if v is None:
+            continue  # TOML has no null: an absent key means the default (None)
+        if isinstance(v, dict) and k in _SECTIONS:
+            tables.append((k, v))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v) and k == "rewards":
+            arrays.append((k, v))
+        else:
+            scalars.append(f"{_toml_key(k)} = {_toml_value(v)}")
+    out = "\n".join(scalars) + ("\n" if scalars else "")
+    for k, v in arrays:
+        for item in v:
+            out += f"\n[[{k}]]\n" + _dump_table(item, path + [k])
+    for k, v in tables:
+        out += f"\n[{'.'.join(path + [k])}]\n" + _dump_table(v, path + [k])
+    return out
+
+
+def _sections() -> set[str]:
+    """The config's [tables]: every field of a root that is a section model."""
+    return {name for root in ROOTS.values() for name, f in root.model_fields.items()
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
+
+
+_SECTIONS = _sections()
+
+
+def describe(command: str = "train") -> str:
+    """Every key `command`'s config reads, with its default and docstring: the text behind `rlvr config`."""
+    root = ROOTS[command]
+    lines = [f"# `rlvr {command}`'s config keys"]
+
+    def walk(model: type[BaseModel], prefix: str, only: tuple[str, ...] | None = None) -> None:
+        for name, field in model.model_fields.items():
+            if only is not None and name not in only:
+                continue
+            sub = field.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                read = root.partial.get(name) if not prefix else None
+                if read != ():
+                    lines.append(f"\n[{prefix}{name}]")
+                    walk(sub, prefix + name + ".", read)
+                continue
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, list) and default and isinstance(default[0], BaseModel):
+                default = [d.model_dump(exclude_none=True) for d in default]
+            lines.append(f"{prefix}{name} = {default!r}\n    {field.description or ''}")
+
+    walk(root, "")
+    return "\n".join(lines)
+
+
+def declared_keys(command: str = "train") -> list[str]:
+    """The keys `rlvr config <command>` lists (sections' keys, dotted)."""
+    return [line.split(" = ", 1)[0] for line in describe(command).splitlines()
+            if " = " in line and not line.startswith((" ", "#", "["))]
