@@ -46,8 +46,8 @@ class UpdateSettings:
     """"loss": β·KL per token in the loss (GRPO); "reward": -β·KL subtracted from the reward (PPO-RLHF)."""
     value_clip: float | None = 0.2
     """Clip of the critic's value loss (GAE only); None = plain squared error."""
-    expert_coef: float = 0.0
-    """CHORD's μ this step: the policy loss is weighted by 1 − μ (the μ·SFT term is a LossTerm)."""
+    policy_weight: float = 1.0
+    """Weight of the policy loss against the step's LossTerms (CHORD sets 1 − μ beside its μ·SFT term)."""
     entropy_coef: float = 0.0
     epochs: int = 1
     mini_batches: int = 1

@@ -83,7 +83,7 @@ def update_policy(
     ``rlvr.train.critic.Critic``) is needed by GAE and trained alongside the policy.
     ``loss_state`` is the dict a stateful loss (R²VPO's λ) keeps across steps; the caller owns it
     (and checkpoints it); None gives the loss a fresh one. ``terms`` add their own gradient to
-    every optimizer step (`LossTerm`); with CHORD the policy loss is weighted by 1 − ``s.expert_coef``.
+    every optimizer step (`LossTerm`), beside the policy loss weighted by ``s.policy_weight``.
     """
     episodes = [smp for g in groups for smp in g.samples]
     samples, owner = units(episodes)  # what is trained: one row per sample, or per segment of a summarised episode
@@ -318,8 +318,8 @@ def _accumulate(
     if s.entropy_coef:
         loss_BT = loss_BT - s.entropy_coef * entropy_BT
     loss = aggregate_loss(loss_BT, mask_BT, mode=s.aggregation, max_tokens=s.max_tokens, **totals)
-    if s.expert_coef:  # CHORD: (1 − μ) of the RL loss; the SFT term is its LossTerm
-        loss = loss * (1 - s.expert_coef)
+    if s.policy_weight != 1.0:  # e.g. CHORD's 1 − μ; its μ·SFT is a LossTerm
+        loss = loss * s.policy_weight
     loss.backward()
     n = float(mask_BT.sum())
     if critic is not None and b.values is not None and b.returns is not None:
