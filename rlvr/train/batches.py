@@ -54,9 +54,20 @@ def batches(samples: list[Sample], indices: list[int], pad_token_id: int, device
         yield micro, collate([samples[i] for i in micro], pad_token_id, device)
 
 
+def scored_batches(model: PreTrainedModel, samples: list[Sample], s: UpdateSettings, pad_token_id: int,
+                   device: torch.device, indices: list[int] | None = None,
+                   ) -> Iterator[tuple[list[int], dict[str, torch.Tensor], torch.Tensor]]:
+    """The micro-batches of `indices` (default: every sample) under the update's micro-batch
+    settings, each with its collated tensors and `model`'s log-probs of the completion tokens at
+    the sampling temperature (with gradients unless the caller turned them off)."""
+    for micro, batch in batches(samples, list(range(len(samples))) if indices is None else indices, pad_token_id,
+                                device, s.micro_batch_size, s.micro_batch_tokens):
+        logprobs_BT, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
+                                        temperature=s.temperature, chunk_size=s.logprob_chunk)
+        yield micro, batch, logprobs_BT
+
+
 @torch.no_grad()
-
-
 def score_logprobs(
     model: PreTrainedModel, samples: list[Sample], s: UpdateSettings, pad: int, which: set[int]
 ) -> list[torch.Tensor]:
@@ -64,9 +75,7 @@ def score_logprobs(
     samples outside `which` are not scored (zeros: they are never trained on)."""
     out: list[torch.Tensor] = [torch.zeros(len(smp.completion.token_ids)) for smp in samples]
     device = next(model.parameters()).device
-    for micro, batch in batches(samples, sorted(which), pad, device, s.micro_batch_size, s.micro_batch_tokens):
-        lp_BT, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
-                                  temperature=s.temperature, chunk_size=s.logprob_chunk)
+    for micro, batch, lp_BT in scored_batches(model, samples, s, pad, device, sorted(which)):
         for row, i in enumerate(micro):
             out[i] = lp_BT[row][batch["completion_mask"][row]]
     return out

@@ -34,9 +34,8 @@ from rlvr.algos.supervised import chord_mu, sft_token_loss
 from rlvr.data.chat import tokenize_chat, with_system
 from rlvr.data.tasks import Example, demonstration_text
 from rlvr.rewards.combine import score_group
-from rlvr.train.batches import batches
+from rlvr.train.batches import scored_batches
 from rlvr.train.learner import Learner
-from rlvr.train.logprobs import token_logprobs
 from rlvr.train.methods import Method, SetupInfo, Plan
 from rlvr.train.rollouts import is_correct
 from rlvr.train.settings import UpdateSettings
@@ -138,12 +137,8 @@ class Imitation:
     def add(self, learner: Learner, s: UpdateSettings, pad_token_id: int, device: torch.device,
             sums: dict[str, float]) -> None:
         total = float(sum(x.completion.trainable() for x in self.demos))
-        for _, batch in batches(self.demos, list(range(len(self.demos))), pad_token_id, device, s.micro_batch_size,
-                                s.micro_batch_tokens):
+        for _, batch, logprobs_BT in scored_batches(learner.model, self.demos, s, pad_token_id, device):
             mask_BT = batch["loss_mask"]
-            logprobs_BT, _ = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"],
-                                            batch["completion_mask"], temperature=s.temperature,
-                                            chunk_size=s.logprob_chunk)
             sft_BT = sft_token_loss(logprobs_BT, mask_BT, weighting=self.weighting)
             (self.coef * aggregate_loss(sft_BT, mask_BT, mode="token-mean", total_tokens=total)).backward()
             sums["_expert_tokens"] += float(mask_BT.sum())

@@ -31,9 +31,8 @@ from rlvr.algos.registry import within
 from rlvr.errors import RunDirError
 from rlvr.log import ScreeningProgress
 from rlvr.train.data import TaskData
-from rlvr.train.batches import batches, score_logprobs, token_rows
+from rlvr.train.batches import score_logprobs, scored_batches, token_rows
 from rlvr.train.learner import Learner
-from rlvr.train.logprobs import token_logprobs
 from rlvr.train.methods import Method, SetupInfo, Plan
 from rlvr.train.rollouts import generate_groups, is_correct
 from rlvr.train.settings import UpdateSettings
@@ -140,11 +139,8 @@ class Divergence:
     def add(self, learner: Learner, s: UpdateSettings, pad_token_id: int, device: torch.device,
             sums: dict[str, float]) -> None:
         total = float(sum(x.completion.trainable() for x in self.samples))
-        for micro, batch in batches(self.samples, list(range(len(self.samples))), pad_token_id, device,
-                                    s.micro_batch_size, s.micro_batch_tokens):
+        for micro, batch, logprobs_BT in scored_batches(learner.model, self.samples, s, pad_token_id, device):
             mask_BT, where_BT = batch["loss_mask"], batch["completion_mask"]
-            logprobs_BT, _ = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"], where_BT,
-                                            temperature=s.temperature, chunk_size=s.logprob_chunk)
             init_BT = token_rows([torch.tensor(self.samples[i].completion.logprobs, dtype=torch.float32)
                                   for i in micro], list(range(len(micro))), where_BT)
             div_BT, div_metrics = DIVERGENCES[self.name](logprobs_BT, init_BT, mask_BT)
