@@ -63,8 +63,10 @@ def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[
     if cfg.task.source == "text":
         from rlvr.train.methods.rlp import prompt_ids
 
+        think_open = cfg.rlp_options().think_open
+
         def encode(exs: list[Example]) -> list[list[int]]:
-            return [prompt_ids(tokenizer, ex.fields["context"], cfg.rlp_options().think_open) for ex in exs]
+            return [prompt_ids(tokenizer, ex.fields["context"], think_open) for ex in exs]
     else:
         def encode(exs: list[Example]) -> list[list[int]]:
             return [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in exs]

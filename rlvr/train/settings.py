@@ -10,8 +10,6 @@ from rlvr.rewards import RewardFn
 
 
 @dataclass(frozen=True)
-
-
 class UpdateSettings:
     """The algorithm's knobs, unpacked from the config by the loop."""
 
