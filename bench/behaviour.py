@@ -38,7 +38,7 @@ CASES: dict[str, list[str]] = {
     "luffy": [*DEMO, *SMALL, 'expert.mode="luffy"', 'algo.loss="luffy"'],
     "relift": [*DEMO, *SMALL, 'expert.mode="relift"', "expert.kwargs.batch=2", "expert.kwargs.max_accuracy=0.5"],
     "remax": [*DEMO, *SMALL, 'algo.advantage="remax"'],
-    "kl_reward": [*DEMO, *SMALL, "algo.kl_coef=0.05", 'algo.kl_placement="reward"', "algo.kl_target=0.01"],
+    "kl_reward": [*DEMO, *SMALL, "algo.kl_coef=0.05", 'algo.kl_placement="reward"', "algo.kl_adaptive.target=0.01"],
     "divergence": [*DEMO, *SMALL, 'algo.divergence="forward_kl"', "algo.divergence_kwargs.prompts=8",
                    "algo.divergence_kwargs.min_correct=1", "algo.divergence_kwargs.batch=4"],
     "rlp": ["--config", "configs/rlp.toml", *SMALL],

@@ -18,7 +18,7 @@ from rlvr.config import ConfigError, RunConfig, describe, load_config
 
 EXAMPLES = """examples:
   rlvr train --config configs/demo.toml
-  rlvr train --config configs/demo.toml train.steps=5 algo.clip_high=0.28 name=quick
+  rlvr train --config configs/demo.toml train.steps=5 algo.loss_kwargs.clip_high=0.28 name=quick
   rlvr train --resume runs/demo
   rlvr sft --config configs/demo.toml sft.data=data/chats.jsonl name=my-sft
   rlvr dpo --config configs/demo.toml dpo.data=pairs.jsonl dpo.beta=0.1
@@ -38,7 +38,7 @@ def _add_train(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     t = sub.add_parser("train", help="train a policy (GRPO by default)")
     t.add_argument("--config", help="TOML config file")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
-    t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. algo.clip_high=0.28")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. algo.loss_kwargs.clip_high=0.28")
     for name, text in (("sft", "supervised fine-tuning on chat data (sft.data), loss on assistant tokens"),
                        ("dpo", "DPO/IPO on preference pairs (dpo.data), or online on the policy's samples")):
         o = sub.add_parser(name, help=text)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlvr.algos import ESTIMATORS
-from rlvr.algos.registry import loop_inputs
+from rlvr.algos.advantages import AdvantageInputs, gae_advantages
 from rlvr.config import ConfigError, load_config
 from rlvr.train.loop import train
 from rlvr.train.update import UpdateSettings, compute_advantages
@@ -48,14 +48,18 @@ def test_rft_with_pg_is_sft_on_the_accepted_samples(tiny_dir: Path, tmp_path: Pa
 def test_remax_subtracts_the_greedy_reward() -> None:
     baseline = torch.tensor([1.0, 0.5])
     expected = torch.tensor([[0.0, -1.0, -1.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
-    torch.testing.assert_close(ESTIMATORS["remax"](R, baseline_P=baseline), expected)
-    with pytest.raises(ValueError, match="baseline_P"):
-        ESTIMATORS["remax"](R, baseline_P=torch.tensor([1.0]))
+    torch.testing.assert_close(ESTIMATORS["remax"](R, AdvantageInputs(greedy_P=baseline)), expected)
+    with pytest.raises(ValueError, match="greedy_P"):
+        ESTIMATORS["remax"](R, AdvantageInputs(greedy_P=torch.tensor([1.0])))
+    with pytest.raises(ValueError, match="greedy_P"):
+        ESTIMATORS["remax"](R)
 
 
 def test_remax_baseline_is_not_a_config_setting() -> None:
     with pytest.raises(ConfigError, match="it takes no keywords"):
         load_config(None, ['algo.advantage="remax"', "algo.advantage_kwargs={baseline_P = 1.0}"])
+    with pytest.raises(ConfigError, match="it takes no keywords"):
+        load_config(None, ['algo.advantage="remax"', "algo.advantage_kwargs={greedy_P = 1.0}"])
 
 
 def test_dr_grpo_is_mean_only() -> None:
@@ -112,12 +116,13 @@ def test_bnpo_rejects_rewards_outside_its_range() -> None:
 def test_bnpo_decomposition_averages_one_fit_per_reward_part() -> None:
     correct = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
     fmt = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
-    parts = torch.stack([correct, fmt])
-    out = ESTIMATORS["bnpo"](correct + fmt, decompose=True, reward_parts_KPG=parts)
+    inputs = AdvantageInputs(parts={"correct": correct, "format": fmt, "turns": torch.ones_like(fmt)},
+                             components=("correct", "format"))
+    out = ESTIMATORS["bnpo"](correct + fmt, inputs, decompose=True)
     expected = (ESTIMATORS["bnpo"](correct) + ESTIMATORS["bnpo"](fmt)) / 2
     torch.testing.assert_close(out, expected)
     assert (out[2, :3] == out[2, 0]).all() and out[2, 3] < 0  # the format part is constant there: no signal
-    with pytest.raises(ValueError, match="reward_parts_KPG"):
+    with pytest.raises(ValueError, match="no reward component"):
         ESTIMATORS["bnpo"](correct, decompose=True)
 
 
@@ -127,33 +132,38 @@ def test_stratified_by_hand() -> None:
     # stratum 0: [1, 0, 1], mean 2/3, unbiased std sqrt(1/3); stratum 1: [0, 1, 1], the same
     hi, lo = (1 / 3) / (math.sqrt(1 / 3) + 1e-6), (-2 / 3) / (math.sqrt(1 / 3) + 1e-6)
     san = torch.tensor([[hi, lo, hi, lo, hi, hi]])
-    torch.testing.assert_close(ESTIMATORS["stratified"](rewards, strata_PG=strata, alpha=1.0), san)
+    torch.testing.assert_close(ESTIMATORS["stratified"](rewards, AdvantageInputs(parts={"s": strata}), stratum="s", alpha=1.0), san)
     # blended half-half with GRPO: mean 2/3, unbiased std over six sqrt(4/15)
     g_hi, g_lo = (1 / 3) / (math.sqrt(4 / 15) + 1e-6), (-2 / 3) / (math.sqrt(4 / 15) + 1e-6)
     grpo = torch.tensor([[g_hi, g_lo, g_hi, g_lo, g_hi, g_hi]])
-    torch.testing.assert_close(ESTIMATORS["stratified"](rewards, strata_PG=strata), (san + grpo) / 2)
-    torch.testing.assert_close(ESTIMATORS["stratified"](rewards, strata_PG=strata, alpha=0.0), ESTIMATORS["grpo"](rewards))
+    torch.testing.assert_close(ESTIMATORS["stratified"](rewards, AdvantageInputs(parts={"s": strata}), stratum="s"), (san + grpo) / 2)
+    torch.testing.assert_close(ESTIMATORS["stratified"](rewards, AdvantageInputs(parts={"s": strata}), stratum="s", alpha=0.0), ESTIMATORS["grpo"](rewards))
 
 
 def test_stratified_removes_the_cross_stratum_offset() -> None:
     # stratum 1 scores higher across the board: within-stratum ranking is all that SAN sees
     rewards = torch.tensor([[0.0, 0.2, 0.8, 1.0]])
     strata = torch.tensor([[0, 0, 1, 1]])
-    out = ESTIMATORS["stratified"](rewards, strata_PG=strata, alpha=1.0)
+    out = ESTIMATORS["stratified"](rewards, AdvantageInputs(parts={"s": strata}), stratum="s", alpha=1.0)
     torch.testing.assert_close(out[0, :2], out[0, 2:])
     # singletons and equal-reward strata carry no signal; ids only compare within a prompt
     out = ESTIMATORS["stratified"](torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]),
-                                   strata_PG=torch.tensor([[0, 1, 1], [0, 0, 1]]), alpha=1.0)
+                                   AdvantageInputs(parts={"s": torch.tensor([[0, 1, 1], [0, 0, 1]])}), stratum="s",
+                                   alpha=1.0)
     assert (out == 0).all()
+
+
+def pool(mean_P: torch.Tensor, std_P: torch.Tensor) -> AdvantageInputs:
+    return AdvantageInputs(pool_mean_P=mean_P, pool_std_P=std_P)
 
 
 def test_global_pool_by_hand() -> None:
     rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
-    out = ESTIMATORS["global_pool"](rewards, pool_mean_P=torch.tensor([0.25, 1.0]), pool_std_P=torch.tensor([0.5, 0.0]))
+    out = ESTIMATORS["global_pool"](rewards, pool(torch.tensor([0.25, 1.0]), torch.tensor([0.5, 0.0])))
     torch.testing.assert_close(out, torch.tensor([[0.75 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6)], [0.0, 0.0]]))
     # an equal-reward group still has signal against a pool that was not all equal
-    out = ESTIMATORS["global_pool"](torch.tensor([[1.0, 1.0]]), pool_mean_P=torch.tensor([0.5]),
-                                    pool_std_P=torch.tensor([0.5]), normalize_std=False)
+    out = ESTIMATORS["global_pool"](torch.tensor([[1.0, 1.0]]), pool(torch.tensor([0.5]), torch.tensor([0.5])),
+                                    normalize_std=False)
     torch.testing.assert_close(out, torch.tensor([[0.5, 0.5]]))
 
 
@@ -175,36 +185,40 @@ def test_stratified_reads_the_strata_from_a_reward_part() -> None:
         return Sample((1,), Completion((2,), (-0.1,), "stop", "x"), r, {"acc": r, "calls": calls}, 0)
 
     group = Group("p", (sample(1.0, 0), sample(0.0, 0), sample(1.0, 2), sample(0.5, 2)))
-    out = compute_advantages([group], UpdateSettings(advantage="stratified", stratum_key="calls",
-                                                     advantage_kwargs={"alpha": 1.0}))
-    expected = ESTIMATORS["stratified"](torch.tensor([[1.0, 0.0, 1.0, 0.5]]), strata_PG=torch.tensor([[0, 0, 2, 2]]),
+    out = compute_advantages([group], UpdateSettings(advantage="stratified",
+                                                     advantage_kwargs={"stratum": "calls", "alpha": 1.0}))
+    expected = ESTIMATORS["stratified"](torch.tensor([[1.0, 0.0, 1.0, 0.5]]),
+                                        AdvantageInputs(parts={"s": torch.tensor([[0, 0, 2, 2]])}), stratum="s",
                                         alpha=1.0)
     torch.testing.assert_close(out, expected)
-    with pytest.raises(ValueError, match="not a reward of this run"):
-        compute_advantages([group], UpdateSettings(advantage="stratified", stratum_key="tools"))
-    with pytest.raises(ConfigError, match="needs algo.stratum_key"):
+    with pytest.raises(ValueError, match="'tools' is not a reward of this run"):
+        compute_advantages([group], UpdateSettings(advantage="stratified", advantage_kwargs={"stratum": "tools"}))
+    with pytest.raises(ConfigError, match="'stratified': missing keyword 'stratum'"):
         load_config(None, ['algo.advantage="stratified"'])
+    with pytest.raises(ConfigError, match="is now algo.advantage_kwargs.stratum"):
+        load_config(None, ['algo.advantage="stratified"', 'algo.stratum_key="calls"'])
 
 
 def test_loop_inputs_are_not_config_settings() -> None:
-    with pytest.raises(ConfigError, match="unknown keyword 'strata_PG'"):
-        load_config(None, ['algo.advantage="stratified"', 'algo.stratum_key="x"', "algo.advantage_kwargs={strata_PG = 1}"])
-    with pytest.raises(ConfigError, match="unknown keyword 'reward_parts_KPG'"):
-        load_config(None, ['algo.advantage="bnpo"', "algo.advantage_kwargs={reward_parts_KPG = 1}"])
+    with pytest.raises(ConfigError, match="unknown keyword 'parts'"):
+        load_config(None, ['algo.advantage="stratified"', "algo.advantage_kwargs={stratum = \"x\", parts = 1}"])
+    with pytest.raises(ConfigError, match="unknown keyword 'inputs'"):
+        load_config(None, ['algo.advantage="bnpo"', "algo.advantage_kwargs={inputs = 1}"])
 
 
-def loop_inputs_for(rewards: torch.Tensor) -> dict[str, torch.Tensor]:
+def inputs_for(rewards: torch.Tensor) -> AdvantageInputs:
     """What the loop would pass: two strata per group, and each group as its own pool."""
-    return {"strata_PG": torch.arange(rewards.shape[1]).remainder(2).expand_as(rewards),
-            "pool_mean_P": rewards.mean(1), "pool_std_P": rewards.std(1)}
+    return AdvantageInputs(parts={"s": torch.arange(rewards.shape[1]).remainder(2).expand_as(rewards)},
+                           pool_mean_P=rewards.mean(1), pool_std_P=rewards.std(1))
 
 
 def call(name: str, rewards: torch.Tensor, **kwargs: object) -> torch.Tensor:
-    inputs = {k: v for k, v in loop_inputs_for(rewards).items() if k in loop_inputs(ESTIMATORS[name])}
-    return ESTIMATORS[name](rewards, **inputs, **kwargs)
+    if name == "stratified":
+        kwargs.setdefault("stratum", "s")
+    return ESTIMATORS[name](rewards, inputs_for(rewards), **kwargs)
 
 
-# remax: by design not (its baseline is the greedy answer's reward); gae: per token
+# remax: by design not (its baseline is the greedy answer's reward)
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo", "stratified",
                                   "global_pool"])
 def test_equal_rewards_give_zero_advantage(name: str) -> None:
@@ -218,9 +232,9 @@ def test_equal_rewards_give_zero_advantage(name: str) -> None:
 def test_stratified_and_global_pool_equal_a_plain_loop() -> None:
     rewards = torch.tensor([[1.0, 0.0, 0.5, 0.0, 1.0], [0.2, 0.9, 0.4, 0.4, 0.7]])
     strata = torch.tensor([[0, 0, 1, 1, 1], [2, 2, 2, 5, 5]])
-    san = ESTIMATORS["stratified"](rewards, strata_PG=strata, alpha=1.0)
+    san = ESTIMATORS["stratified"](rewards, AdvantageInputs(parts={"s": strata}), stratum="s", alpha=1.0)
     pool_mean, pool_std = torch.tensor([0.3, 0.6]), torch.tensor([0.4, 0.2])
-    pooled = ESTIMATORS["global_pool"](rewards, pool_mean_P=pool_mean, pool_std_P=pool_std)
+    pooled = ESTIMATORS["global_pool"](rewards, pool(pool_mean, pool_std))
     for p, row in enumerate(rewards.tolist()):
         for g, r in enumerate(row):
             peers = [x for x, k in zip(row, strata[p].tolist()) if k == strata[p, g]]
@@ -235,7 +249,7 @@ def test_gae_equals_a_plain_loop() -> None:
     gen = torch.Generator().manual_seed(0)
     rewards, values = torch.randn(3, 6, generator=gen), torch.randn(3, 6, generator=gen)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 1, 1, 0, 1]], dtype=torch.bool)
-    adv, ret = ESTIMATORS["gae"](rewards, mask, values_BT=values, gamma=0.9, lam=0.8, whiten=False)
+    adv, ret = gae_advantages(rewards, mask, values_BT=values, gamma=0.9, lam=0.8, whiten=False)
     for b in range(3):
         idx = [t for t in range(6) if mask[b, t]]
         running, following = 0.0, 0.0
@@ -285,15 +299,15 @@ def parity(prompt: str, completion: str, **_: object) -> float:
 
 # what an estimator needs besides its name, end to end
 _NEEDS = {
-    "stratified": {"algo__stratum_key": '"parity"',
+    "stratified": {"algo__advantage_kwargs": '{stratum = "parity"}',
                    "rewards": '[{fn = "tests.test_train:distinct_chars", name = "chars"}, '
                               '{fn = "tests.test_advantages:parity", name = "parity", weight = 0.0}]'},
-    "gae": {"algo__critic_lr": 1e-3},
+    "gae": {"algo__advantage_kwargs": "{critic_lr = 1e-3}"},
     "rft": {"algo__advantage_kwargs": "{threshold = 0.5}"},  # the test reward rarely gives full marks
 }
 
 
-@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("name", sorted([*ESTIMATORS, "gae"]))
 def test_two_training_steps_with_every_estimator(name: str, tiny_dir: Path, tmp_path: Path) -> None:
     """Every registered estimator drives real updates end to end (ppo_clip loss)."""
     summary = train(load_config(None, overrides(tiny_dir, tmp_path, f"adv-{name}", algo__advantage=f'"{name}"',
@@ -315,20 +329,24 @@ def test_estimator_keywords_are_checked_against_the_function() -> None:
     assert cfg.algo.advantage_kwargs == {"max_reward": 2.0}
 
 
-def test_loss_gets_the_clip_settings_it_takes() -> None:
-    assert load_config(None, []).algo.policy_loss_kwargs() == {}  # the loss's own defaults
-    cfg = load_config(None, ["algo.clip_high=0.3", "algo.dual_clip=3.0"])
-    assert cfg.algo.policy_loss_kwargs() == {"clip_high": 0.3, "dual_clip": 3.0}
-    cfg = load_config(None, ['algo.loss="gspo"', "algo.clip_high=5e-4", "algo.dual_clip=3.0"])
-    assert cfg.algo.policy_loss_kwargs() == {"clip_high": 5e-4}  # gspo takes no dual_clip
+def test_the_clip_settings_are_the_losss_keywords() -> None:
+    from rlvr.train.settings import settings_from_config
+
+    assert settings_from_config(load_config(None, []), []).loss_kwargs == {}  # the loss's own defaults
+    cfg = load_config(None, ["algo.loss_kwargs.clip_high=0.3", "algo.loss_kwargs.dual_clip=3.0"])
+    assert settings_from_config(cfg, []).loss_kwargs == {"clip_high": 0.3, "dual_clip": 3.0}
+    with pytest.raises(ConfigError, match="'gspo': unknown keyword 'dual_clip'"):  # gspo takes no dual_clip
+        load_config(None, ['algo.loss="gspo"', "algo.loss_kwargs.dual_clip=3.0"])
     with pytest.raises(ConfigError, match="did you mean 'clip_high'"):
         load_config(None, ["algo.loss_kwargs={clip_hgh = 0.3}"])
+    with pytest.raises(ConfigError, match="'algo.clip_high' is now algo.loss_kwargs.clip_high"):
+        load_config(None, ["algo.clip_high=0.3"])
 
 
 def test_bnpo_decomposition_fits_only_the_reward_components() -> None:
     """Flags ("<name>/excluded", "<name>/error") and weight-0 diagnostics (an environment's
     "turns") are reward parts but not rewards: only the components enter the decomposition."""
-    from rlvr.train.inputs import _reward_parts
+    from rlvr.train.advantages import advantage_inputs
     from rlvr.train.settings import UpdateSettings
     from rlvr.types import Completion, Group, Sample
 
@@ -337,6 +355,8 @@ def test_bnpo_decomposition_fits_only_the_reward_components() -> None:
         return Sample((1,), Completion((2,), (0.0,), "stop", ""), correct + fmt, parts, 0)
 
     groups = [Group("p", (sample(1, 0), sample(0, 1))), Group("q", (sample(1, 1), sample(0, 0)))]
-    parts = _reward_parts(groups, UpdateSettings(reward_components=("correct", "format")))
+    parts = advantage_inputs(groups, UpdateSettings(reward_components=("correct", "format"))).components_KPG()
     torch.testing.assert_close(parts, torch.tensor([[[1.0, 0.0], [1.0, 0.0]], [[0.0, 1.0], [1.0, 0.0]]]))
-    assert _reward_parts(groups, UpdateSettings()).shape[0] == 3  # without components: no flags, but "turns"
+    everything = advantage_inputs(groups, UpdateSettings())
+    assert everything.components == ("correct", "format", "turns")  # without components: no flags, but "turns"
+    assert set(everything.parts) == {"correct", "format", "turns", "correct/excluded", "format/error"}

@@ -278,7 +278,7 @@ def test_training_a_search_agent_with_advantages_stratified_by_tool_calls(tiny_d
     from tests.test_train import overrides, read_metrics
 
     extra = ['task.source="facts"', "task.params={countries = 20}", 'env.name="search"', "env.max_turns=2",
-             "sampling.max_new_tokens=6", 'algo.advantage="stratified"', 'algo.stratum_key="tool_calls"',
+             "sampling.max_new_tokens=6", 'algo.advantage="stratified"', 'algo.advantage_kwargs={stratum = "tool_calls"}',
              'rewards=[{fn = "tests.test_train:distinct_chars"}]']
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "search", train__steps=2), *extra]), quiet=True)
     rows = read_metrics(tmp_path / "search")

@@ -33,7 +33,7 @@ def close(actual: torch.Tensor, expected: object, atol: float = 1e-9) -> None:
 def test_registries() -> None:
     assert ESTIMATORS["grpo"] is group_advantages
     assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo", "remax", "stratified",
-                               "global_pool", "gae", "rft"}
+                               "global_pool", "rft"}
     assert LOSSES["ppo_clip"] is ppo_clip_loss
     assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd", "bapo", "rec", "r2vpo", "nft", "luffy"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
@@ -390,16 +390,16 @@ def _positional(fn: object) -> tuple[str, ...]:
 @pytest.mark.dtype_independent
 def test_every_entry_of_a_registry_takes_the_same_positional_arguments() -> None:
     """One signature per dict: the loop calls any entry the same way; what an entry needs beyond
-    these arrives by keyword (a config knob, or a loop input named in LOOP_INPUTS). GAE is the
-    one known exception (per-token rewards and a mask, with the critic's values): issue 19 moves
-    it to the PPO module; until then the loop routes it by `rlvr.train.inputs.per_token`."""
+    these arrives by keyword (a config knob, or a loss input named in LOOP_INPUTS) or, for an
+    advantage estimator, in its one `AdvantageInputs` record. GAE is not an entry: it needs a
+    critic, and PPO's module composes it (rlvr.train.methods.ppo)."""
     from rlvr.algos import CORRECTIONS, DIVERGENCES, ESTIMATORS, KL_ESTIMATORS, LOSSES, SHAPING
-    from rlvr.train.inputs import per_token
+    from rlvr.algos.advantages import AdvantageInputs
 
     expected = {
         "CORRECTIONS": (CORRECTIONS, ("old_logprobs_BT", "sampler_logprobs_BT", "mask_BT")),
         "DIVERGENCES": (DIVERGENCES, ("logprobs_BT", "init_logprobs_BT", "mask_BT")),
-        "ESTIMATORS": ({k: f for k, f in ESTIMATORS.items() if not per_token(f)}, ("rewards_PG",)),
+        "ESTIMATORS": (ESTIMATORS, ("rewards_PG", "inputs")),
         "KL_ESTIMATORS": (KL_ESTIMATORS, ("logprobs_BT", "ref_logprobs_BT")),
         "LOSSES": (LOSSES, ("logprobs_BT", "old_logprobs_BT", "advantages_BT", "mask_BT")),
         "SHAPING": (SHAPING, ("rewards_PG", "lengths_PG", "correct_PG", "max_tokens")),
@@ -407,5 +407,8 @@ def test_every_entry_of_a_registry_takes_the_same_positional_arguments() -> None
     for name, (registry, positional) in expected.items():
         odd = {key: _positional(fn) for key, fn in registry.items() if _positional(fn) != positional}
         assert not odd, f"{name}: entries whose positional arguments differ from {positional}: {odd}"
-    assert [k for k, f in ESTIMATORS.items() if per_token(f)] == ["gae"]
-    assert _positional(ESTIMATORS["gae"]) == ("token_rewards_BT", "mask_BT")
+    assert "gae" not in ESTIMATORS
+    import inspect
+
+    for key, fn in ESTIMATORS.items():  # the record's type is part of the signature
+        assert inspect.signature(fn).parameters["inputs"].annotation in (AdvantageInputs, "AdvantageInputs"), key

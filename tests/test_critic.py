@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.algos import ESTIMATORS
+from rlvr.algos.advantages import gae_advantages as gae
 from rlvr.algos.kl import KLController
 from rlvr.config import ConfigError, load_config
 from rlvr.train.checkpoint import load_state
@@ -16,8 +16,6 @@ from rlvr.train.critic import Critic, value_loss
 from rlvr.train.loop import train
 from tests.test_train import TIMING, overrides, read_metrics
 from tests.tiny import make_tiny_model
-
-gae = ESTIMATORS["gae"]
 
 
 def test_gae_by_hand() -> None:
@@ -89,13 +87,17 @@ def test_adaptive_kl_controller_by_hand() -> None:
     fixed.update(5.0, n=10)
     assert fixed.value == 0.1
     with pytest.raises(ConfigError, match="kl_placement"):
-        load_config(None, ["algo.kl_coef=0.1", "algo.kl_target=1.0"])
+        load_config(None, ["algo.kl_coef=0.1", "algo.kl_adaptive.target=1.0"])
+    with pytest.raises(ConfigError, match="missing keyword 'target'"):
+        load_config(None, ["algo.kl_coef=0.1", 'algo.kl_placement="reward"', "algo.kl_adaptive.horizon=10"])
+    with pytest.raises(ConfigError, match="is now algo.kl_adaptive.target"):
+        load_config(None, ["algo.kl_target=1.0"])
 
 
 def test_ppo_with_gae_trains_the_critic_and_resumes_exactly(tiny_dir: Path, tmp_path: Path) -> None:
-    extra = {"algo__advantage": '"gae"', "algo__critic_lr": 1e-3, "algo__kl_coef": 0.05,
-             "algo__kl_placement": '"reward"', "algo__kl_estimator": '"k1"', "algo__kl_target": 0.01,
-             "algo__kl_horizon": 100}
+    extra = {"algo__advantage": '"gae"', "algo__advantage_kwargs": "{critic_lr = 1e-3}", "algo__kl_coef": 0.05,
+             "algo__kl_placement": '"reward"', "algo__kl_estimator": '"k1"',
+             "algo__kl_adaptive": "{target = 0.01, horizon = 100}"}
     train(load_config(None, overrides(tiny_dir, tmp_path, "ppo", train__steps=3, **extra)), quiet=True)
     rows = read_metrics(tmp_path / "ppo")
     for r in rows:
@@ -131,9 +133,9 @@ def test_gae_puts_each_turns_reward_on_that_turns_last_sampled_token() -> None:
     With V = 0, γ = λ = 1 (no whitening) a token's advantage is the reward still to come, so
     turn 0's tokens get 1.25 and turn 1's (and the observation's) only 1: the intermediate
     reward is not summed onto the episode's last token."""
-    from rlvr.train.advantages import reward_positions as _reward_positions
-    from rlvr.train.advantages import token_advantages as _token_advantages
-    from rlvr.train.settings import UpdateSettings
+    from rlvr.train.critic import GaeOptions
+    from rlvr.train.methods.ppo import reward_positions as _reward_positions
+    from rlvr.train.methods.ppo import token_advantages as _token_advantages
     from rlvr.types import Completion, Sample
 
     episode = Completion((5, 6, 7, 8, 9, 10), (0.0,) * 6, "stop", "", loss_mask=(1, 1, 0, 0, 1, 1),
@@ -142,7 +144,7 @@ def test_gae_puts_each_turns_reward_on_that_turns_last_sampled_token() -> None:
     assert _reward_positions(episode, 1.0, [0.25, 1.0]) == [(1, 0.25), (5, 1.0), (5, -0.25)]  # shaped by -0.25
     assert _reward_positions(episode, 1.25, None) == [(5, 1.25)]  # single-turn: the outcome on the last token
     sample = Sample((1, 2), episode, 1.25, {"env": 1.25}, 0)
-    s = UpdateSettings(advantage="gae", advantage_kwargs={"lam": 1.0, "whiten": False})
-    advantages, _ = _token_advantages([sample], torch.tensor([[1.25]]), [torch.zeros(6)], [torch.zeros(6)], {0}, s,
-                                      [[0.25, 1.0]])
+    options = GaeOptions(lam=1.0, whiten=False)
+    advantages, _ = _token_advantages([sample], torch.tensor([[1.25]]), None, [torch.zeros(6)], {0}, 0.0,
+                                      [[0.25, 1.0]], options)
     torch.testing.assert_close(advantages[0], torch.tensor([1.25, 1.25, 1.0, 1.0, 1.0, 1.0]))

@@ -30,9 +30,9 @@ def test_minimal_grpo_example_runs(tiny_dir: Path) -> None:
 
 
 def test_unknown_key_names_the_nearest(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "algo.clip_hihg=0.3"]) == 2
+    assert main(["train", "algo.entropy_cof=0.3"]) == 2
     err = capsys.readouterr().err
-    assert "unknown config key 'algo.clip_hihg'" in err and "did you mean 'algo.clip_high'" in err
+    assert "unknown config key 'algo.entropy_cof'" in err and "did you mean 'algo.entropy_coef'" in err
 
 
 def test_bad_value_names_the_key_and_what_is_allowed(capsys: pytest.CaptureFixture[str]) -> None:

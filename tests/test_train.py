@@ -130,7 +130,8 @@ def test_kl_epochs_and_mini_batches_path(tiny_dir: Path, tmp_path: Path) -> None
     """A reference model (KL), several epochs and mini-batches: old log-probs are recomputed."""
     cfg = load_config(None, overrides(tiny_dir, tmp_path, "kl", algo__kl_coef=0.1, train__epochs=2,
                                       train__mini_batches=2, train__micro_batch_size=3,
-                                      algo__aggregation='"seq-mean-token-sum-norm"', algo__dual_clip=3.0))
+                                      algo__aggregation='"seq-mean-token-sum-norm"',
+                                      algo__loss_kwargs="{dual_clip = 3.0}"))
     train(cfg, quiet=True)
     rows = read_metrics(tmp_path / "kl")
     assert all(r["kl"] >= 0 and math.isfinite(r["kl"]) for r in rows)

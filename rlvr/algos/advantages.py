@@ -1,19 +1,70 @@
-"""Advantage estimators: outcome estimators (one reward and one advantage per completion) and GAE.
+"""Advantage estimators: outcome estimators (one reward and one advantage per completion), GAE
+(per token, with a critic: PPO's, composed by rlvr.train.methods.ppo) and turn-level credit.
 
-Shapes: ``_P`` prompts, ``_G`` completions sampled per prompt (the group).
+Shapes: ``_P`` prompts, ``_G`` completions sampled per prompt (the group), ``_K`` reward parts.
+
+Every outcome estimator is called the same way, ``fn(rewards_PG, inputs, **kwargs)``: ``inputs``
+(`AdvantageInputs`) carries what an estimator may read beyond the rewards, filled in by the
+training loop for every step; ``kwargs`` are its config knobs (``algo.advantage_kwargs``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an outcome estimator may read beyond ``rewards_PG``; the training loop fills it in
+    for every step (rlvr.train.advantages.advantage_inputs). Each field says who reads it."""
+
+    parts: Mapping[str, Tensor] = field(default_factory=dict)
+    """Each reward function's raw value, [P, G] by name, weight-0 diagnostics included (e.g. an
+    environment's "tool_calls"); 0 where a sample lacks it (a reward routed to other sources).
+    ``stratified`` reads its strata here."""
+    components: tuple[str, ...] = ()
+    """The names in ``parts`` that make up the reward (``bnpo``'s decomposition)."""
+    pool_mean_P: Tensor | None = None
+    """Mean reward over every response generated for each prompt (``Group.pool_rewards``; a group
+    without a pool is its own); ``global_pool``'s baseline. None: the group's own."""
+    pool_std_P: Tensor | None = None
+    """Unbiased std of the same pool."""
+    greedy_P: Tensor | None = None
+    """The reward of each prompt's greedy completion (``remax``'s baseline); the loop samples it
+    only for an estimator marked with `greedy_baseline`."""
+
+    def components_KPG(self) -> Tensor:
+        """The reward components' values stacked, [K, P, G]."""
+        if not self.components:
+            raise ValueError(f"no reward component among the reward parts {sorted(self.parts)}")
+        return torch.stack([self.parts[k].float() for k in self.components])
+
+
+NO_INPUTS = AdvantageInputs()
+"""Inputs of an estimator called on rewards alone."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def greedy_baseline(fn: _F) -> _F:
+    """Mark an estimator that reads ``inputs.greedy_P``: the loop then samples one greedy
+    completion per prompt before the update (rlvr.train.methods.remax)."""
+    fn.greedy_baseline = True  # type: ignore[attr-defined]
+    return fn
+
+
+def wants_greedy(fn: Callable[..., Any]) -> bool:
+    """Whether the estimator is marked with `greedy_baseline`."""
+    return bool(getattr(fn, "greedy_baseline", False))
+
+
 def group_advantages(
-    rewards_PG: Tensor, *, normalize_std: bool = True, eps: float = 1e-6
+    rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS, *, normalize_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
     """GRPO group-relative advantages.
 
@@ -48,7 +99,7 @@ def group_advantages(
     return torch.where(_constant_groups(rewards_PG), torch.zeros_like(advantages_PG), advantages_PG)
 
 
-def dr_grpo_advantages(rewards_PG: Tensor) -> Tensor:
+def dr_grpo_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS) -> Tensor:
     """Dr.GRPO: A_pg = r_pg - mean_g r_pg, no division by the group std.
 
     Liu et al., "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783.
@@ -57,7 +108,7 @@ def dr_grpo_advantages(rewards_PG: Tensor) -> Tensor:
     return group_advantages(rewards_PG, normalize_std=False)
 
 
-def rloo_advantages(rewards_PG: Tensor) -> Tensor:
+def rloo_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS) -> Tensor:
     """REINFORCE leave-one-out: each sample's baseline is the mean reward of the other G - 1.
 
     A_pg = r_pg - 1/(G-1) Σ_{j≠g} r_pj = G/(G-1) · (r_pg - mean_g r_pg)
@@ -75,7 +126,8 @@ def rloo_advantages(rewards_PG: Tensor) -> Tensor:
     return centered_PG * (group / (group - 1))
 
 
-def reinforce_pp_advantages(rewards_PG: Tensor, *, group_baseline: bool = True, eps: float = 1e-6) -> Tensor:
+def reinforce_pp_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS, *, group_baseline: bool = True,
+                            eps: float = 1e-6) -> Tensor:
     """REINFORCE++: advantages whitened over the whole batch instead of within each group.
 
     x_pg = r_pg - mean_g r_pg   (group_baseline, "REINFORCE++-baseline")   or   x_pg = r_pg
@@ -98,7 +150,7 @@ def reinforce_pp_advantages(rewards_PG: Tensor, *, group_baseline: bool = True, 
     return out_PG
 
 
-def lite_ppo_advantages(rewards_PG: Tensor, *, eps: float = 1e-6) -> Tensor:
+def lite_ppo_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS, *, eps: float = 1e-6) -> Tensor:
     """LitePPO: the group's mean as baseline, the batch's reward std as scale.
 
     A_pg = (r_pg - mean_g r_pg) / (std_batch r + eps)
@@ -117,12 +169,12 @@ def lite_ppo_advantages(rewards_PG: Tensor, *, eps: float = 1e-6) -> Tensor:
 
 def bnpo_advantages(
     rewards_PG: Tensor,
+    inputs: AdvantageInputs = NO_INPUTS,
     *,
     min_reward: float = 0.0,
     max_reward: float = 1.0,
     max_weight: float = 1e6,
     decompose: bool = False,
-    reward_parts_KPG: Tensor | None = None,
 ) -> Tensor:
     """BNPO: the group-mean baseline, scaled by the inverse of a Beta density fitted to the batch.
 
@@ -142,7 +194,7 @@ def bnpo_advantages(
 
     ``decompose = True`` is the paper's advantage decomposition for rewards made of several
     (binary) parts, e.g. correctness and format: each reward function's raw values
-    (``reward_parts_KPG``, filled in by the loop, one slice per reward name) get their own fit
+    (``inputs.components_KPG()``, one slice per reward component) get their own fit
     and advantage, and the advantage is their mean over the K parts. The weighted total reward is
     then not used; every part must lie in [min_reward, max_reward].
     """
@@ -151,10 +203,10 @@ def bnpo_advantages(
         raise ValueError(f"max_reward must exceed min_reward, got [{min_reward}, {max_reward}]")
     if not decompose:
         return _bnpo_one(rewards_PG, min_reward, max_reward, max_weight, "reward")
-    if reward_parts_KPG is None or reward_parts_KPG.ndim != 3 or reward_parts_KPG.shape[1:] != rewards_PG.shape:
-        shape = None if reward_parts_KPG is None else tuple(reward_parts_KPG.shape)
-        raise ValueError(f"bnpo decompose=True needs reward_parts_KPG of shape [K, {rewards_PG.shape[0]}, "
-                         f"{rewards_PG.shape[1]}], got {shape}")
+    reward_parts_KPG = inputs.components_KPG()
+    if reward_parts_KPG.shape[1:] != rewards_PG.shape:
+        raise ValueError(f"bnpo decompose=True needs reward components of shape [{rewards_PG.shape[0]}, "
+                         f"{rewards_PG.shape[1]}] (inputs.parts), got {tuple(reward_parts_KPG.shape[1:])}")
     parts = [_bnpo_one(part_PG, min_reward, max_reward, max_weight, f"reward part {k}")
              for k, part_PG in enumerate(reward_parts_KPG)]
     return torch.stack(parts).mean(0)
@@ -185,28 +237,34 @@ def _bnpo_one(rewards_PG: Tensor, min_reward: float, max_reward: float, max_weig
     return advantages_PG.to(rewards_PG.dtype)
 
 
-def remax_advantages(rewards_PG: Tensor, *, baseline_P: Tensor) -> Tensor:
+@greedy_baseline
+def remax_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS) -> Tensor:
     """ReMax: each prompt's baseline is the reward of its greedy completion.
 
     A_pg = r_pg - r(x_p, ŷ_p),   ŷ_p = the greedy (temperature 0) completion of prompt p
 
     Li et al., "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for
     Aligning Large Language Models", arXiv:2310.10505. The training loop samples and scores the
-    greedy completion itself whenever this estimator is selected (one extra greedy sample per
-    prompt, logged as ``greedy_reward``); ``baseline_P`` is not a config setting. Unlike the group
+    greedy completion itself for an estimator marked `greedy_baseline`, as this one is (one extra
+    greedy sample per prompt, logged as ``greedy_reward``), into ``inputs.greedy_P``. Unlike the group
     baselines, a group whose samples all differ from the greedy answer's reward has signal,
     which is what makes ReMax work with G = 1.
     """
     _check_PG(rewards_PG)
-    if baseline_P.shape != rewards_PG.shape[:1]:
-        raise ValueError(f"baseline_P must be [P] = [{rewards_PG.shape[0]}], got {tuple(baseline_P.shape)}")
+    baseline_P = inputs.greedy_P
+    if baseline_P is None or baseline_P.shape != rewards_PG.shape[:1]:
+        got = None if baseline_P is None else tuple(baseline_P.shape)
+        raise ValueError(f"remax needs inputs.greedy_P, each prompt's greedy reward: [P] = [{rewards_PG.shape[0]}], "
+                         f"got {got}")
     return rewards_PG - baseline_P.to(rewards_PG.dtype)[:, None]
 
 
-def stratified_advantages(rewards_PG: Tensor, *, strata_PG: Tensor, alpha: float = 0.5, eps: float = 1e-6) -> Tensor:
+def stratified_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS, *, stratum: str,
+                          alpha: float = 0.5, eps: float = 1e-6) -> Tensor:
     """Stratified Advantage Normalization (SAN), blended with GRPO's group normalisation.
 
-    Within prompt p, the samples of stratum k (those with strata_PG[p, g] = k) are compared only
+    Within prompt p, the samples of stratum k (those with strata_PG[p, g] = k, the reward part
+    named ``stratum``: ``inputs.parts[stratum]``) are compared only
     with each other:
         A_SAN(pg) = (r_pg - mean_k r) / (std_k r + eps)          over the stratum's samples
         A_pg      = alpha · A_SAN(pg) + (1 - alpha) · A_GRPO(pg)
@@ -219,10 +277,14 @@ def stratified_advantages(rewards_PG: Tensor, *, strata_PG: Tensor, alpha: float
     alpha was not found in public text, so alpha = 0.5 is rlvr's choice (alpha = 1 is pure SAN,
     alpha = 0 is grpo). std is the unbiased sample std, as in ``grpo``; a stratum of one sample, or
     one whose rewards are equal, has A_SAN = 0. Strata are per prompt: equal ids in different
-    prompts are unrelated. In training, strata_PG comes from the reward part named by
-    ``algo.stratum_key`` (a weight-0 reward function can compute e.g. the number of tool calls).
+    prompts are unrelated. In training, ``algo.advantage_kwargs = {stratum = "tool_calls"}`` names
+    the reward function (a weight-0 one can compute e.g. the number of tool calls).
     """
     _check_PG(rewards_PG)
+    if stratum not in inputs.parts:
+        raise ValueError(f"stratified: stratum {stratum!r} is not a reward of this run "
+                         f"(rewards: {', '.join(sorted(inputs.parts)) or 'none'})")
+    strata_PG = inputs.parts[stratum]
     if strata_PG.shape != rewards_PG.shape:
         raise ValueError(f"strata_PG must match rewards_PG {tuple(rewards_PG.shape)}, got {tuple(strata_PG.shape)}")
     if not 0.0 <= alpha <= 1.0:
@@ -240,7 +302,7 @@ def stratified_advantages(rewards_PG: Tensor, *, strata_PG: Tensor, alpha: float
 
 
 def global_pool_advantages(
-    rewards_PG: Tensor, *, pool_mean_P: Tensor, pool_std_P: Tensor, normalize_std: bool = True, eps: float = 1e-6
+    rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS, *, normalize_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
     """Baseline (and scale) from every response generated for the prompt, not only the kept group.
 
@@ -251,12 +313,17 @@ def global_pool_advantages(
     an adaptive sampler draws responses in rounds until a prompt has enough signal, then
     down-samples to a fixed group with both rewards present. The group's own mean is then a
     biased estimate of the prompt's pass rate (it was chosen to be balanced); the pool of all
-    rounds is not. ``pool_mean_P`` / ``pool_std_P`` come from each group's
+    rounds is not. ``inputs.pool_mean_P`` / ``inputs.pool_std_P`` come from each group's
     ``Group.pool_rewards`` (set by a pooling rollout strategy); a group without it is its own pool,
     which makes this estimator ``grpo``. A pool of one response has std 0; a pool whose rewards
     are all equal gives exactly zero advantage to every sample.
     """
     _check_PG(rewards_PG)
+    pool_mean_P, pool_std_P = inputs.pool_mean_P, inputs.pool_std_P
+    if pool_mean_P is None or pool_std_P is None:  # every group is its own pool
+        group_size = rewards_PG.shape[1]
+        pool_mean_P = rewards_PG.mean(1)
+        pool_std_P = rewards_PG.std(1) if group_size > 1 else torch.zeros_like(pool_mean_P)
     for name, t in (("pool_mean_P", pool_mean_P), ("pool_std_P", pool_std_P)):
         if t.shape != rewards_PG.shape[:1]:
             raise ValueError(f"{name} must be [P] = [{rewards_PG.shape[0]}], got {tuple(t.shape)}")
@@ -357,7 +424,8 @@ def turn_advantages(turn_rewards: Sequence[Sequence[float]], *, gamma: float = 1
     return out
 
 
-def rft_advantages(rewards_PG: Tensor, *, threshold: float | None = 1.0, top_k: int = 0) -> Tensor:
+def rft_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS, *, threshold: float | None = 1.0,
+                   top_k: int = 0) -> Tensor:
     """Rejection sampling as advantages: 1 for each kept sample, 0 for the rest.
 
     Kept: reward >= ``threshold`` (None = no threshold) and, with ``top_k`` > 0, among the k
@@ -401,8 +469,7 @@ ESTIMATORS: dict[str, Callable[..., Any]] = {
     "remax": remax_advantages,
     "stratified": stratified_advantages,
     "global_pool": global_pool_advantages,
-    "gae": gae_advantages,
     "rft": rft_advantages,
 }
-"""Outcome estimators map rewards_PG to advantages_PG; ``gae`` is per token (see its docstring).
-Keywords named in ``rlvr.algos.registry.LOOP_INPUTS`` are filled in by the training loop."""
+"""Outcome estimators: ``fn(rewards_PG, inputs, **kwargs) -> advantages_PG``. GAE is per token
+and needs a critic: PPO's module composes it (rlvr.train.methods.ppo; ``algo.advantage = "gae"``)."""

@@ -14,6 +14,7 @@ gradients flow through ``logprobs_BT``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -44,6 +45,19 @@ KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "k2": kl_k2,
     "k3": kl_k3,
 }
+
+
+@dataclass(frozen=True)
+class AdaptiveKL:
+    """``algo.kl_adaptive``: the controller's target KL per sample (summed over its tokens) and
+    its horizon in samples (rlvr.algos.kl.KLController)."""
+
+    target: float
+    horizon: int = 10000
+
+    def __post_init__(self) -> None:
+        if not (self.target > 0 and self.horizon >= 1):
+            raise ValueError(f"need target > 0 and horizon >= 1, got {self.target}, {self.horizon}")
 
 
 class KLController:

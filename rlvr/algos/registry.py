@@ -9,26 +9,24 @@ from typing import Any
 
 
 LOOP_INPUTS: dict[str, str] = {
-    "baseline_P": "the reward of each prompt's greedy completion (ReMax; Group.greedy_reward)",
-    "strata_PG": "each sample's stratum id (SAN; the reward part named by algo.stratum_key)",
-    "pool_mean_P": "mean reward over every response generated for the prompt (Group.pool_rewards)",
-    "pool_std_P": "std of the same pool (unbiased)",
-    "reward_parts_KPG": "each reward function's raw value, stacked by reward name (BNPO decomposition)",
-    "values_BT": "the critic's value of each completion token (GAE)",
     "correct_BT": "1 on every token of a sample whose first (correctness) reward gave full marks (NFT)",
     "group_accuracy_BT": "the share of correct samples in the sample's group, on every token (NFT)",
     "offpolicy_BT": "1 on the tokens of an expert demonstration mixed into its group (LUFFY)",
     "loss_state": "a dict the loss keeps across steps, saved in checkpoints (R²VPO's dual variable)",
 }
-"""Keywords of the algorithm functions that the training loop fills in, never a config setting."""
+"""Keywords of the policy losses that the training loop fills in, never a config setting.
+(An advantage estimator's inputs beyond the rewards arrive as one record instead:
+rlvr.algos.advantages.AdvantageInputs.)"""
 
 
-def keyword_options(fn: Callable[..., Any]) -> list[str]:
-    """Names of `fn`'s keyword-only parameters with defaults: the knobs a config may set
-    (a keyword without a default, or one named in LOOP_INPUTS, is an input the loop supplies)."""
+def keyword_options(fn: Callable[..., Any], required: bool = False) -> list[str]:
+    """Names of `fn`'s keyword-only parameters with defaults: the knobs a config may set (one named
+    in LOOP_INPUTS is an input the loop supplies). `required`: those without a default too (for a
+    function whose every keyword is a knob, e.g. an advantage estimator; a reward's keywords
+    without defaults are the row's fields)."""
     return [p.name for p in inspect.signature(fn).parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
-            and p.name not in LOOP_INPUTS]
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in LOOP_INPUTS
+            and (required or p.default is not inspect.Parameter.empty)]
 
 
 def loop_inputs(fn: Callable[..., Any]) -> list[str]:
@@ -37,10 +35,16 @@ def loop_inputs(fn: Callable[..., Any]) -> list[str]:
 
 
 def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str],
-                   accepted: list[str] | None = None) -> None:
+                   accepted: list[str] | None = None, required: bool = False) -> None:
     """Raise a ValueError naming the nearest valid keyword when `fn` does not take one of `keys`
-    (`accepted`: the names it takes; default: its keyword options)."""
-    accepted = keyword_options(fn) if accepted is None else accepted
+    (`accepted`: the names it takes; default: its keyword options). `required`: every keyword of
+    `fn` is a knob, and one without a default missing from `keys` is an error too."""
+    keys = list(keys)
+    if accepted is None:
+        accepted = keyword_options(fn, required)
+        missing = [k for k in set(accepted) - set(keyword_options(fn)) if k not in keys]
+        if missing:
+            raise ValueError(f"{what}: missing keyword {missing[0]!r} (it takes {', '.join(accepted)})")
     for key in keys:
         if key not in accepted:
             near = difflib.get_close_matches(key, accepted, n=1)
@@ -52,8 +56,12 @@ def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str],
 def options(what: str, cls: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     """`cls(**kwargs)`, a method's options from a config's kwargs: each name checked against `cls`'s
     parameters (the nearest named when unknown), each value by `cls` itself."""
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    check_keywords(what, cls, kwargs, [p.name for p in inspect.signature(cls).parameters.values() if p.kind in named])
+    named = [p for p in inspect.signature(cls).parameters.values()
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    check_keywords(what, cls, kwargs, [p.name for p in named])
+    missing = [p.name for p in named if p.default is inspect.Parameter.empty and p.name not in kwargs]
+    if missing:
+        raise ValueError(f"{what}: missing keyword {missing[0]!r} (it takes {', '.join(p.name for p in named)})")
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:

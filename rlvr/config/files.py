@@ -70,6 +70,10 @@ MOVED: dict[str, str] = {
     "env.summary_tokens": "env.summarize.max_tokens", "env.summary_instruction": "env.summarize.instruction",
     "expert.relift_batch": "expert.kwargs.batch (with mode = \"relift\")",
     "expert.relift_max_accuracy": "expert.kwargs.max_accuracy (with mode = \"relift\")",
+    **{f"algo.{k}": f"algo.loss_kwargs.{k}" for k in ("clip_low", "clip_high", "dual_clip")},
+    "algo.kl_target": "algo.kl_adaptive.target", "algo.kl_horizon": "algo.kl_adaptive.horizon",
+    "algo.stratum_key": "algo.advantage_kwargs.stratum (with advantage = \"stratified\")",
+    **{f"algo.{k}": f"algo.advantage_kwargs.{k} (with advantage = \"gae\")" for k in ("critic_lr", "value_clip")},
 }
 """Keys of earlier versions, and where their setting lives now (named in the error)."""
 
@@ -85,7 +89,7 @@ def _parse_value(text: str) -> Any:
 def apply_override(data: dict[str, Any], override: str) -> None:
     """Apply one `dotted.key=value` to a nested dict in place."""
     if "=" not in override:
-        raise ConfigError(f"override '{override}': expected key=value, e.g. algo.clip_high=0.28")
+        raise ConfigError(f"override '{override}': expected key=value, e.g. algo.loss_kwargs.clip_high=0.28")
     key, _, text = override.partition("=")
     parts = key.strip().split(".")
     node = data

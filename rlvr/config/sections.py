@@ -134,13 +134,13 @@ class AlgoConfig(_Section):
     group_size: int = Field(8, ge=1)
     """G: completions sampled per prompt."""
     advantage: str = "grpo"
-    """Advantage estimator, by name (rlvr.algos.ESTIMATORS; docs/algorithms.md)."""
+    """Advantage estimator, by name (rlvr.algos.ESTIMATORS, or "gae": PPO's critic, rlvr.train.methods.ppo; docs/algorithms.md)."""
     advantage_kwargs: dict[str, Any] = {}
-    """Keyword arguments of the estimator, e.g. {normalize_std = false} for grpo."""
+    """Keyword arguments of the estimator, e.g. {normalize_std = false} for grpo, {stratum = "tool_calls"} for stratified, {lam = 0.95, critic_lr = 1e-5, value_clip = 0.2} for gae."""
     loss: str = "ppo_clip"
     """Policy loss, by name (rlvr.algos.LOSSES; docs/algorithms.md)."""
     loss_kwargs: dict[str, Any] = {}
-    """Keyword arguments of the loss beyond the clip settings below (which go to every loss that takes them)."""
+    """Keyword arguments of the loss, e.g. {clip_high = 0.28} (DAPO's clip-higher), {clip_low = 0.2, dual_clip = 3.0} for ppo_clip; unset ones take the loss's own defaults (ppo_clip 0.2/0.28, gspo 3e-4/4e-4)."""
     offpolicy: str = "none"
     """Correction for the engine/learner log-prob mismatch, by name (rlvr.algos.CORRECTIONS): "none", "tis", "mis"."""
     offpolicy_kwargs: dict[str, Any] = {}
@@ -149,18 +149,10 @@ class AlgoConfig(_Section):
     """Leave completions cut off at max_new_tokens out of the loss entirely (DAPO's overlong filtering)."""
     shaping: list[ShapingSpec] = []
     """Length-based reward shaping applied in order before the advantages, e.g. [{fn = "overlong", kwargs = {cache = 16}}] (rlvr.algos.SHAPING: overlong, kimi_length)."""
-    stratum_key: str | None = None
-    """For advantage = "stratified": the reward function whose value is each sample's stratum (give it weight 0)."""
     credit: Literal["episode", "turn"] = "episode"
     """Multi-turn episodes: "episode" gives every token the episode's advantage; "turn" gives each turn's tokens the group-relative advantage of its return-to-go from the environment's turn rewards (rlvr.algos.turn_advantages; with advantage = "grpo")."""
     turn_gamma: float = Field(1.0, ge=0, le=1)
     """Discount of later turns' rewards in the return-to-go of credit = "turn"."""
-    clip_low: float | None = Field(None, ge=0, lt=1)
-    """Lower clip for every loss that clips (ratios below 1 - clip_low); unset = the loss's own default (ppo_clip 0.2, gspo 3e-4)."""
-    clip_high: float | None = Field(None, ge=0)
-    """Upper clip (ratios above 1 + clip_high); unset = the loss's own default (ppo_clip 0.28, DAPO's clip-higher; gspo 4e-4)."""
-    dual_clip: float | None = Field(None, gt=1)
-    """Dual-clip constant c > 1 bounding the loss of A < 0 tokens at c·|A| (ppo_clip; unset = off)."""
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     """How per-token losses become one number; "seq-mean-token-sum-norm" divides by max_new_tokens (Dr.GRPO)."""
     kl_coef: float = Field(0.0, ge=0)
@@ -169,18 +161,12 @@ class AlgoConfig(_Section):
     """Per-token KL estimator."""
     kl_placement: Literal["loss", "reward"] = "loss"
     """Where the KL goes: "loss" adds kl_coef·KL per token to the loss (GRPO); "reward" subtracts kl_coef·(summed KL) from each completion's reward before the advantages (PPO-RLHF; per token with gae)."""
-    kl_target: float | None = Field(None, gt=0)
-    """With kl_placement = "reward": adapt kl_coef toward this per-sample KL (Ziegler et al.'s controller); unset = fixed."""
-    kl_horizon: int = Field(10000, ge=1)
-    """Horizon of the adaptive KL controller (samples)."""
+    kl_adaptive: dict[str, Any] = {}
+    """With kl_placement = "reward": adapt kl_coef toward a per-sample KL, e.g. {target = 0.01, horizon = 10000} (Ziegler et al.'s controller, rlvr.algos.kl.KLController; horizon in samples). Empty = fixed."""
     divergence: Literal["none", "forward_kl", "js"] = "none"
     """DPH-RL: a mass-covering divergence to the initial policy on its own stored samples (rlvr.algos.DIVERGENCES)."""
     divergence_kwargs: dict[str, Any] = {}
     """DPH-RL's knobs (rlvr.train.methods.rehearsal.RehearsalOptions): coef (0.05), the divergence term's weight; prompts (256), training prompts the initial policy is screened on (0 = all); k (4) samples per screened prompt; min_correct (all k), correct samples a prompt needs to join the rehearsal set (lower it for a weak model); batch (16), stored samples per update; exclude (true), RL samples only the prompts that did not join the set."""
-    critic_lr: float = Field(1e-5, gt=0)
-    """Learning rate of the critic's AdamW (advantage = "gae" only)."""
-    value_clip: float | None = Field(0.2, gt=0)
-    """Clip of the critic's value loss around its old values (gae only; unset = plain squared error)."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (subtracted from the loss)."""
 
@@ -189,24 +175,33 @@ class AlgoConfig(_Section):
     @classmethod
     def _registered(cls, value: str, info: ValidationInfo) -> str:
         from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES  # registries of named functions
+        from rlvr.train.critic import PER_TOKEN
 
-        registries: dict[str, dict[str, Any]] = {"advantage": ESTIMATORS, "loss": LOSSES, "offpolicy": CORRECTIONS}
+        registries: dict[str, dict[str, Any]] = {"advantage": {**ESTIMATORS, **PER_TOKEN}, "loss": LOSSES,
+                                                 "offpolicy": CORRECTIONS}
         _check_registered(str(info.field_name), value, registries[str(info.field_name)])
         return value
 
     @model_validator(mode="after")
     def _known_kwargs(self) -> AlgoConfig:
         from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES
-        from rlvr.algos.registry import check_keywords
+        from rlvr.algos.registry import check_keywords, options
+        from rlvr.algos.kl import AdaptiveKL
+        from rlvr.train.critic import PER_TOKEN
 
-        check_keywords(f"algo.advantage_kwargs for {self.advantage!r}", ESTIMATORS[self.advantage],
-                       self.advantage_kwargs)
+        what = f"algo.advantage_kwargs for {self.advantage!r}"
+        if self.advantage in PER_TOKEN:
+            options(what, PER_TOKEN[self.advantage], self.advantage_kwargs)
+        else:
+            check_keywords(what, ESTIMATORS[self.advantage], self.advantage_kwargs, required=True)
         check_keywords(f"algo.loss_kwargs for {self.loss!r}", LOSSES[self.loss], self.loss_kwargs)
         check_keywords(f"algo.offpolicy_kwargs for {self.offpolicy!r}", CORRECTIONS[self.offpolicy],
                        self.offpolicy_kwargs)
-        if self.kl_target is not None and (self.kl_placement != "reward" or self.kl_coef == 0):
-            raise ValueError("algo.kl_target adapts a KL penalty in the reward: set algo.kl_placement = \"reward\" "
-                             "and an initial algo.kl_coef > 0")
+        if self.kl_adaptive:
+            if self.kl_placement != "reward" or self.kl_coef == 0:
+                raise ValueError("algo.kl_adaptive adapts a KL penalty in the reward: set algo.kl_placement = "
+                                 "\"reward\" and an initial algo.kl_coef > 0")
+            options("algo.kl_adaptive", AdaptiveKL, self.kl_adaptive)
         if self.divergence == "none" and self.divergence_kwargs:
             raise ValueError("algo.divergence_kwargs are the knobs of DPH-RL's divergence: set algo.divergence")
         if self.divergence != "none":
@@ -215,9 +210,6 @@ class AlgoConfig(_Section):
                                       and self.kl_coef > 0):
             raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn rewards: "
                              "use it with advantage = \"grpo\", no shaping and no KL in the reward")
-        if self.advantage == "stratified" and self.stratum_key is None:
-            raise ValueError("algo.advantage = 'stratified' needs algo.stratum_key: the name of a reward function "
-                             "whose value is each sample's stratum (e.g. a count of tool calls, with weight 0)")
         return self
 
     def divergence_options(self) -> Any:
@@ -227,14 +219,6 @@ class AlgoConfig(_Section):
 
         return options("algo.divergence_kwargs", RehearsalOptions, self.divergence_kwargs)
 
-    def policy_loss_kwargs(self) -> dict[str, Any]:
-        """The clip settings the loss takes, then `loss_kwargs` on top."""
-        from rlvr.algos import LOSSES
-        from rlvr.algos.registry import keyword_options
-
-        shared = {"clip_low": self.clip_low, "clip_high": self.clip_high, "dual_clip": self.dual_clip}
-        takes = keyword_options(LOSSES[self.loss])
-        return {k: v for k, v in shared.items() if k in takes and v is not None} | self.loss_kwargs
 
 
 class TrainConfig(_Section):

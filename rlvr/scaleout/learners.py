@@ -29,6 +29,17 @@ def backend(cfg: Any) -> str:
     return "nccl" if resolve_device(cfg.train.device).type == "cuda" else "gloo"
 
 
+def _on_cpu(state: Any) -> Any:
+    """A state dict with every tensor detached on the CPU (to send to other processes)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    if isinstance(state, dict):
+        return {k: _on_cpu(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_on_cpu(v) for v in state)
+    return state
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -37,7 +48,7 @@ def _free_port() -> int:
 
 class LearnerWorker:
     """A Ray actor: one learner rank, a replica of the driver's policy, learner, reference model and
-    (advantage = "gae") critic."""
+    (advantage = "gae") critic's credit."""
 
     def __init__(self, cfg: Any, threads: int) -> None:
         from rlvr.lora import apply_lora
@@ -61,14 +72,10 @@ class LearnerWorker:
                                warmup_steps=tr.warmup_steps, total_steps=tr.steps * tr.epochs * tr.mini_batches,
                                schedule=tr.schedule)
         self.ref_model = load_model(cfg.model, dtype, device).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
-        self.critic = None
-        if cfg.algo.advantage == "gae":  # PPO's value model: a replica of the driver's, loaded below
-            from rlvr.train.critic import Critic
+        from rlvr.train.methods.ppo import critic_credit
 
-            a = cfg.algo
-            self.critic = Learner(Critic(model), lr=a.critic_lr, betas=tr.betas, weight_decay=tr.weight_decay,
-                                  grad_clip=tr.grad_clip, warmup_steps=tr.warmup_steps,
-                                  total_steps=tr.steps * tr.epochs * tr.mini_batches, schedule=tr.schedule)
+        # PPO's value model (advantage = "gae"): a replica of the driver's, loaded below
+        self.credit = critic_credit(cfg, model, tr.steps * tr.epochs * tr.mini_batches)
 
     def join(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> int:
         dist.init_process_group(backend(self.cfg), init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
@@ -79,10 +86,9 @@ class LearnerWorker:
         self.learner.model.load_state_dict(model_state)
         self.learner.load_state_dict(learner_state)
 
-    def load_critic(self, critic_state: dict[str, Any]) -> None:
-        assert self.critic is not None
-        self.critic.model.load_state_dict(critic_state["model"])
-        self.critic.load_state_dict(critic_state["learner"])
+    def load_credit(self, state: dict[str, Any]) -> None:
+        assert self.credit is not None
+        self.credit.load_state_dict(state)
 
     def update(self, groups: list[Any], settings: Any, generator_state: torch.Tensor, loss_state: dict[str, float],
                pad_token_id: int) -> None:
@@ -91,7 +97,7 @@ class LearnerWorker:
         generator = torch.Generator()
         generator.set_state(generator_state)
         update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, ref_model=self.ref_model,
-                      generator=generator, critic=self.critic, loss_state=loss_state)
+                      generator=generator, credit=self.credit, loss_state=loss_state)
 
     def leave(self) -> None:
         if dist.is_initialized():
@@ -122,7 +128,7 @@ class DataParallel(Updater):
         model_state = self.ray.put({k: v.detach().cpu() for k, v in local.learner.model.state_dict().items()})
         learner_state = self.ray.put(local.learner.state_dict())
         self._wait([a.load.remote(model_state, learner_state) for a in self.actors], "the learners to load the policy")
-        self._critic_loaded = False
+        self._credit_loaded = False
 
     def _wait(self, refs: list[Any], what: str) -> list[Any]:
         try:
@@ -131,11 +137,10 @@ class DataParallel(Updater):
             raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.timeout_s)") from err
 
     def update(self, groups: list[Group], settings: UpdateSettings, extras: Extras) -> UpdateResult:
-        if extras.critic is not None and not self._critic_loaded:  # PPO: the ranks' critics start as the driver's
-            critic = {"model": {k: v.detach().cpu() for k, v in extras.critic.model.state_dict().items()},
-                      "learner": extras.critic.state_dict()}
-            self._wait([a.load_critic.remote(self.ray.put(critic)) for a in self.actors], "the learners to load the critic")
-            self._critic_loaded = True
+        if extras.credit is not None and not self._credit_loaded:  # PPO: the ranks' critics start as the driver's
+            state = self.ray.put(_on_cpu(extras.credit.state_dict()))
+            self._wait([a.load_credit.remote(state) for a in self.actors], "the learners to load the critic")
+            self._credit_loaded = True
         state = self.generator.get_state()
         # the loss terms (CHORD, DPH-RL) run on rank 0 only: the workers need none of them
         remote = [a.update.remote(groups, settings, state, dict(extras.loss_state or {}), self.pad_token_id)

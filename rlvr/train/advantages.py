@@ -1,5 +1,6 @@
-"""From rewards to advantages: shaping, the outcome estimators with the inputs the loop supplies,
-turn-level credit, and GAE's per-token rewards and values."""
+"""From rewards to advantages: shaping, the outcome estimators with the inputs the loop supplies
+(`AdvantageInputs`), and turn-level credit. (GAE's per-token rewards and values are PPO's:
+rlvr.train.methods.ppo.)"""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from collections.abc import Sequence
 import torch
 
 from rlvr.algos import ESTIMATORS, SHAPING, turn_advantages
-from rlvr.train.batches import batches
-from rlvr.train.inputs import estimator_inputs, per_token
+from rlvr.algos.advantages import AdvantageInputs, wants_greedy
 from rlvr.train.rollouts import is_correct
 from rlvr.train.settings import UpdateSettings
-from rlvr.types import Completion, Group, Sample
+from rlvr.types import Group, Sample
 
 
 def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor, dict[str, float]]:
@@ -45,15 +45,38 @@ def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor
 def compute_advantages(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
     """advantages_PG from the groups' (shaped) rewards with the configured outcome estimator
     (without a KL in the reward, which needs the models; ``update_policy`` applies it)."""
-    if per_token(ESTIMATORS[s.advantage]):
-        raise ValueError(f"advantage {s.advantage!r} is per token and needs a critic: use update_policy")
     return outcome_advantages(groups, shaped_rewards(groups, s)[0], s)
 
 
 def outcome_advantages(groups: list[Group], rewards_PG: torch.Tensor, s: UpdateSettings) -> torch.Tensor:
-    """The outcome estimator on rewards_PG, with the inputs only the loop has filled in by name."""
+    """The outcome estimator on rewards_PG, with the step's `AdvantageInputs`."""
+    if s.advantage not in ESTIMATORS:
+        raise ValueError(f"advantage {s.advantage!r} is not an outcome estimator (rlvr.algos.ESTIMATORS): a "
+                         "per-token one comes with its method's Credit (rlvr.train.methods.ppo)")
     estimator = ESTIMATORS[s.advantage]
-    return estimator(rewards_PG, **s.advantage_kwargs, **estimator_inputs(estimator, groups, s))
+    return estimator(rewards_PG, advantage_inputs(groups, s, greedy=wants_greedy(estimator)), **s.advantage_kwargs)
+
+
+def advantage_inputs(groups: list[Group], s: UpdateSettings, greedy: bool = False) -> AdvantageInputs:
+    """What an outcome estimator may read beyond the rewards (rlvr.algos.advantages.AdvantageInputs),
+    from the groups; ``greedy``: each group's greedy_reward too (it must be there)."""
+    names = sorted({k for g in groups for x in g.samples for k in x.reward_parts})
+    parts = {k: torch.tensor([[float(x.reward_parts.get(k, 0.0)) for x in g.samples] for g in groups]) for k in names}
+    # the parts that make up the reward: never a flag ("<name>/error", "<name>/excluded") or a
+    # weight-0 diagnostic (an environment's "turns", a GRPO-RoC quality check)
+    components = [k for k in names if (k in s.reward_components if s.reward_components else "/" not in k)]
+    pools = [list(g.rewards if g.pool_rewards is None else g.pool_rewards) for g in groups]
+    greedy_P = None
+    if greedy:
+        missing = [g.prompt[:40] for g in groups if g.greedy_reward is None]
+        if missing:
+            raise ValueError(f"advantage {s.advantage!r} needs each group's greedy_reward (the reward of a greedy "
+                             f"completion; `rlvr train` adds it); missing for {missing[0]!r}")
+        greedy_P = torch.tensor([float(g.greedy_reward) for g in groups])  # type: ignore[arg-type]
+    return AdvantageInputs(parts=parts, components=tuple(components),
+                           pool_mean_P=torch.tensor([statistics.fmean(p) for p in pools]),
+                           pool_std_P=torch.tensor([statistics.stdev(p) if len(p) > 1 else 0.0 for p in pools]),
+                           greedy_P=greedy_P)
 
 
 def units(episodes: list[Sample]) -> tuple[list[Sample], list[int]]:
@@ -73,9 +96,9 @@ def units(episodes: list[Sample]) -> tuple[list[Sample], list[int]]:
 
 def check_combination(s: UpdateSettings, per_token: bool, kl_in_reward: bool, summarised: bool) -> None:
     """Refuse what an update cannot train (a run's config refuses these earlier, with its own words)."""
-    if (per_token or kl_in_reward) and summarised:
+    if kl_in_reward and summarised:
         raise ValueError("summarised episodes (env.summarize) train with outcome advantages: "
-                         "advantage = \"gae\" and kl_placement = \"reward\" are not supported with them")
+                         "kl_placement = \"reward\" is not supported with them")
     if s.turn_credit and (per_token or kl_in_reward or s.shaping or s.advantage != "grpo"):
         raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn "
                          "rewards: use it with advantage = \"grpo\", no shaping and no KL in the reward")
@@ -97,68 +120,3 @@ def turn_credit(groups: list[Group], samples: list[Sample], owner: list[int], s:
         # a summary sampled after the last turn has no return left to credit
         out.append(torch.tensor([turns[t] if t < len(turns) else 0.0 for t in index], dtype=torch.float32))
     return out
-
-
-@torch.no_grad()
-
-
-def score_values(
-    critic: torch.nn.Module, samples: list[Sample], s: UpdateSettings, pad: int, which: set[int]
-) -> list[torch.Tensor]:
-    """The critic's values of each sample's completion tokens (zeros outside `which`)."""
-    out: list[torch.Tensor] = [torch.zeros(len(smp.completion.token_ids)) for smp in samples]
-    device = next(critic.parameters()).device
-    for micro, batch in batches(samples, sorted(which), pad, device, s.micro_batch_size, s.micro_batch_tokens):
-        values_BT = critic(batch["input_ids"], batch["attention_mask"])
-        for row, i in enumerate(micro):
-            out[i] = values_BT[row][batch["completion_mask"][row]].float().cpu()
-    return out
-
-
-def token_advantages(
-    samples: list[Sample], rewards_PG: torch.Tensor, kl_N: list[torch.Tensor], values: list[torch.Tensor],
-    kept: set[int], s: UpdateSettings, turn_rewards: list[Sequence[float] | None],
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """GAE over the kept samples: -β·KL on every token; the outcome reward on the last token, or
-    for an episode each turn's reward on that turn's last sampled token (``turn_rewards``, one
-    entry per sample; what shaping changed in the total stays on the last token)."""
-    rewards_B = rewards_PG.flatten()
-    rows = sorted(kept)
-    width = max((len(samples[i].completion.token_ids) for i in rows), default=0)
-    mask_BT = torch.zeros((len(rows), width), dtype=torch.bool)
-    rewards_BT = torch.zeros((len(rows), width))
-    values_BT = torch.zeros((len(rows), width))
-    for r, i in enumerate(rows):
-        n = len(samples[i].completion.token_ids)
-        mask_BT[r, :n] = True
-        rewards_BT[r, :n] = -s.kl_coef * kl_N[i] if s.kl_in_reward else 0.0
-        for position, reward in reward_positions(samples[i].completion, float(rewards_B[i]), turn_rewards[i]):
-            rewards_BT[r, position] += reward
-        values_BT[r, :n] = values[i]
-    advantages = [torch.zeros(len(x.completion.token_ids)) for x in samples]
-    returns = [torch.zeros(len(x.completion.token_ids)) for x in samples]
-    if rows:
-        adv_BT, ret_BT = ESTIMATORS[s.advantage](rewards_BT, mask_BT, values_BT=values_BT, **s.advantage_kwargs)
-        for r, i in enumerate(rows):
-            advantages[i], returns[i] = adv_BT[r][mask_BT[r]], ret_BT[r][mask_BT[r]]
-    return advantages, returns
-
-
-def reward_positions(completion: Completion, total: float,
-                      turn_rewards: Sequence[float] | None) -> list[tuple[int, float]]:
-    """Where a completion's reward lands for GAE: ``total`` on its last token; for an episode,
-    turn t's reward on the last token the policy sampled in turn t (``Completion.turn_index``,
-    ``loss_mask`` 1), and ``total - sum(turn_rewards)`` (shaping, an excluded sample's fill) on
-    the last token."""
-    n = len(completion.token_ids)
-    if not n:
-        return []
-    if turn_rewards is None or completion.turn_index is None:
-        return [(n - 1, total)]
-    mask = completion.loss_mask or (1,) * n
-    last_sampled: dict[int, int] = {}
-    for position, (turn, sampled) in enumerate(zip(completion.turn_index, mask)):
-        if sampled:
-            last_sampled[turn] = position
-    placed = [(last_sampled.get(t, n - 1), float(r)) for t, r in enumerate(turn_rewards)]
-    return [*placed, (n - 1, total - sum(r for _, r in placed))]

@@ -28,8 +28,6 @@ class UpdateSettings:
     """"episode": every token of an episode gets its advantage; "turn": turn-level advantages from
     the environment's turn rewards (rlvr.algos.turn_advantages; episodes only)."""
     turn_gamma: float = 1.0
-    stratum_key: str | None = None
-    """The reward part whose value is each sample's stratum (the "stratified" estimator)."""
     reward_components: tuple[str, ...] = ()
     """The reward parts that make up the reward (reward functions of non-zero weight; "env", an
     environment's return), for BNPO's decomposition; () = every part that is not a flag
@@ -42,8 +40,6 @@ class UpdateSettings:
     kl_estimator: str = "k3"
     kl_placement: str = "loss"
     """"loss": β·KL per token in the loss (GRPO); "reward": -β·KL subtracted from the reward (PPO-RLHF)."""
-    value_clip: float | None = 0.2
-    """Clip of the critic's value loss (GAE only); None = plain squared error."""
     policy_weight: float = 1.0
     """Weight of the policy loss against the step's LossTerms (CHORD sets 1 − μ beside its μ·SFT term)."""
     entropy_coef: float = 0.0
@@ -76,14 +72,14 @@ def settings_from_config(cfg: RunConfig, rewards: list[RewardFn]) -> UpdateSetti
     a, s, tr = cfg.algo, cfg.sampling, cfg.train
     return UpdateSettings(
         advantage=a.advantage, advantage_kwargs=dict(a.advantage_kwargs),
-        loss=a.loss, loss_kwargs=a.policy_loss_kwargs(), offpolicy=a.offpolicy,
+        loss=a.loss, loss_kwargs=dict(a.loss_kwargs), offpolicy=a.offpolicy,
         offpolicy_kwargs=dict(a.offpolicy_kwargs),
         shaping=tuple((spec.fn, dict(spec.kwargs)) for spec in a.shaping), mask_truncated=a.mask_truncated,
-        stratum_key=a.stratum_key, credit=a.credit, turn_gamma=a.turn_gamma,
+        credit=a.credit, turn_gamma=a.turn_gamma,
         # the parts that make up the reward (BNPO's decomposition fits these), not flags or weight-0 diagnostics
         reward_components=("env",) if cfg.env.name else tuple(r.name for r in rewards if r.weight != 0),
         aggregation=a.aggregation, max_tokens=cfg.env.max_total_tokens if cfg.env.name else s.max_new_tokens,
-        kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, kl_placement=a.kl_placement, value_clip=a.value_clip,
+        kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, kl_placement=a.kl_placement,
         entropy_coef=a.entropy_coef,
         epochs=tr.epochs, mini_batches=tr.mini_batches, micro_batch_size=tr.micro_batch_size,
         micro_batch_tokens=tr.micro_batch_tokens, temperature=s.temperature, logprob_chunk=tr.logprob_chunk,

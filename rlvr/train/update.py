@@ -15,20 +15,19 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
-from rlvr.algos import CORRECTIONS, ESTIMATORS, KL_ESTIMATORS, LOSSES, aggregate_loss, mismatch_metrics
+from rlvr.algos import CORRECTIONS, KL_ESTIMATORS, LOSSES, aggregate_loss, mismatch_metrics
 from rlvr.algos.losses import STATE_UPDATES
-from rlvr.train.advantages import (check_combination, compute_advantages, outcome_advantages, score_values,
-                                   shaped_rewards, token_advantages, turn_credit, units)
+from rlvr.train.advantages import (check_combination, compute_advantages, outcome_advantages, shaped_rewards,
+                                   turn_credit, units)
 from rlvr.train.batches import collate, micro_batches, old_rows, score_certainty, score_logprobs, token_rows
-from rlvr.train.critic import value_loss
-from rlvr.train.inputs import keeps_state, loss_rows, needs_greedy_baseline, per_token
+from rlvr.train.inputs import keeps_state, loss_rows
 from rlvr.train.learner import Learner
 from rlvr.train.logprobs import token_logprobs
 from rlvr.train.parallel import all_reduce_sums, share, world
 from rlvr.train.settings import UpdateSettings, settings_from_config
 from rlvr.types import Group, Sample
 
-__all__ = ["LossTerm", "UpdateResult", "UpdateSettings", "collate", "compute_advantages", "needs_greedy_baseline", "score_certainty",
+__all__ = ["Credit", "LossTerm", "UpdateResult", "UpdateSettings", "collate", "compute_advantages", "score_certainty",
            "score_logprobs", "settings_from_config", "shaped_rewards", "update_policy"]
 
 
@@ -42,6 +41,30 @@ class LossTerm(Protocol):
             sums: dict[str, float]) -> None: ...
 
     def summarise(self, sums: dict[str, float]) -> dict[str, float]: ...
+
+
+class Credit(Protocol):
+    """Per-token advantages from a model trained beside the policy, in place of the outcome
+    estimator: PPO's critic with GAE (rlvr.train.methods.ppo). The update calls `advantages` once,
+    with the shaped rewards and, when the KL sits in the reward, each row's per-token KL to the
+    reference (``kl_N``; else None); `backward` on every micro-batch it trains, which adds the
+    model's own gradient and returns token-weighted metrics (its other sums go into `sums`, as a
+    LossTerm's do); `step` after each optimizer step of the policy; `summarise` at the end. Its
+    state is part of every checkpoint and reaches data-parallel ranks."""
+
+    def advantages(self, groups: list[Group], samples: list[Sample], kept: set[int], rewards_PG: torch.Tensor,
+                   kl_N: list[torch.Tensor] | None, s: UpdateSettings, pad_token_id: int) -> list[torch.Tensor]: ...
+
+    def backward(self, batch: dict[str, torch.Tensor], micro: list[int], s: UpdateSettings,
+                 totals: dict[str, float], sums: dict[str, float]) -> dict[str, torch.Tensor]: ...
+
+    def step(self) -> None: ...
+
+    def summarise(self, sums: dict[str, float]) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -74,13 +97,14 @@ def update_policy(
     pad_token_id: int,
     ref_model: PreTrainedModel | None = None,
     generator: torch.Generator | None = None,
-    critic: Learner | None = None,
+    credit: Credit | None = None,
     loss_state: dict[str, float] | None = None,
     terms: Sequence[LossTerm] = (),
 ) -> UpdateResult:
     """Advantages from the groups' rewards, then the policy-gradient update; returns its metrics
-    and each sample's advantage (`UpdateResult`); the groups are not changed. ``critic`` (a Learner around a
-    ``rlvr.train.critic.Critic``) is needed by GAE and trained alongside the policy.
+    and each sample's advantage (`UpdateResult`); the groups are not changed. ``credit`` computes
+    per-token advantages in place of the outcome estimator, training its own model alongside the
+    policy (`Credit`: PPO's critic).
     ``loss_state`` is the dict a stateful loss (R²VPO's λ) keeps across steps; the caller owns it
     (and checkpoints it); None gives the loss a fresh one. ``terms`` add their own gradient to
     every optimizer step (`LossTerm`), beside the policy loss weighted by ``s.policy_weight``.
@@ -96,11 +120,11 @@ def update_policy(
                         if smp.excluded or (s.mask_truncated and smp.completion.finish_reason == "length")}
     dropped = {u for u, i in enumerate(owner) if i in dropped_episodes}
     kept = {u for u in range(len(samples)) if u not in dropped}
-    batch, metrics = _advantages(learner, groups, samples, owner, kept, s, pad_token_id, ref_model, critic)
+    batch, metrics = _advantages(learner, groups, samples, owner, kept, s, pad_token_id, ref_model, credit)
     # A sample with zero advantage adds exactly zero to the policy loss and its gradient, so it is
     # not run at all unless a KL or entropy term (or the critic) gives it a gradient of its own.
     # (GRPO groups whose rewards are all equal are common: 30-90% of groups late in a run.)
-    needs_all = kl_in_loss or s.entropy_coef != 0 or batch.values is not None
+    needs_all = kl_in_loss or s.entropy_coef != 0 or credit is not None
     trained = {i for i in kept if needs_all or bool(batch.advantages[i].any())}
     batch.old = _old_logprobs(model, groups, batch, owner, trained, s, pad_token_id)
     if kl_in_loss and batch.ref is None:
@@ -110,9 +134,8 @@ def update_policy(
     batch.loss_rows = loss_rows(LOSSES[s.loss], groups, samples, owner)
     batch.loss_state = {} if loss_state is None else loss_state
 
-    sums, grad_norms, critic_norms = _optimise(learner, critic, batch, trained, dropped, s, pad_token_id,
-                                               generator, terms)
-    metrics |= _summary(sums, grad_norms, critic_norms, kl_in_loss, terms)
+    sums, grad_norms = _optimise(learner, credit, batch, trained, dropped, s, pad_token_id, generator, terms)
+    metrics |= _summary(sums, grad_norms, kl_in_loss, [*terms, *([credit] if credit else [])])
     metrics["advantage_abs_mean"] = statistics.fmean(float(a.abs().mean()) if len(a) else 0.0
                                                      for a in batch.advantages) if samples else 0.0
     metrics["trained_fraction"] = len(trained) / len(samples)
@@ -159,13 +182,13 @@ def _old_logprobs(model: PreTrainedModel, groups: list[Group], batch: _Batch, ow
 
 
 def _optimise(
-    learner: Learner, critic: Learner | None, batch: _Batch, trained: set[int], dropped: set[int],
+    learner: Learner, credit: Credit | None, batch: _Batch, trained: set[int], dropped: set[int],
     s: UpdateSettings, pad_token_id: int, generator: torch.Generator | None, terms: Sequence[LossTerm],
-) -> tuple[dict[str, float], list[float], list[float]]:
+) -> tuple[dict[str, float], list[float]]:
     """epochs × mini-batches of optimizer steps; returns the summed metrics and the grad norms."""
     samples, device = batch.samples, next(learner.model.parameters()).device
     sums: dict[str, float] = defaultdict(float)
-    grad_norms, critic_norms = [], []
+    grad_norms = []
     learner.model.train()
     for _ in range(s.epochs):
         order = torch.randperm(len(samples), generator=generator).tolist()
@@ -180,40 +203,36 @@ def _optimise(
             step_sums: dict[str, float] = defaultdict(float)
             # data-parallel learners each take their share of the micro-batches (rlvr.train.parallel)
             for micro in share(micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens)):
-                _accumulate(learner, critic, batch, micro, s, totals, pad_token_id, device, step_sums)
+                _accumulate(learner, credit, batch, micro, s, totals, pad_token_id, device, step_sums)
             if world()[0] == 0:
                 for term in terms:
                     term.add(learner, s, pad_token_id, device, step_sums)
             step_sums = defaultdict(float, all_reduce_sums(dict(step_sums)))
             grad_norms.append(learner.step())
-            if critic is not None:
-                critic_norms.append(critic.step())
+            if credit is not None:
+                credit.step()
             if s.loss in STATE_UPDATES and step_sums.get("_tokens"):  # e.g. R²VPO's dual ascent on λ
                 means = {k: v / step_sums["_tokens"] for k, v in step_sums.items() if not k.startswith("_")}
                 STATE_UPDATES[s.loss](batch.loss_state, means, **s.loss_kwargs)
             for key, value in step_sums.items():
                 sums[key] = max(sums.get(key, float("-inf")), value) if key.startswith("_max/") else sums[key] + value
-    return sums, grad_norms, critic_norms
+    return sums, grad_norms
 
 
 def _advantages(
     learner: Learner, groups: list[Group], samples: list[Sample], owner: list[int], kept: set[int],
-    s: UpdateSettings, pad_token_id: int, ref_model: PreTrainedModel | None, critic: Learner | None,
+    s: UpdateSettings, pad_token_id: int, ref_model: PreTrainedModel | None, credit: Credit | None,
 ) -> tuple[_Batch, dict[str, float]]:
     """Each kept row's per-token advantages, from its (shaped, possibly KL-penalised) reward; the
     rows of a summarised episode's segments share the episode's advantage.
 
-    A KL in the reward needs the samples scored first (old policy and reference), and GAE the
-    critic's values; those are kept in the batch so the update does not compute them again.
+    A KL in the reward needs the samples scored first (old policy and reference); those are kept
+    in the batch so the update does not compute them again.
     """
-    estimator = ESTIMATORS[s.advantage]
-    token_level = per_token(estimator)
-    if token_level and critic is None:
-        raise ValueError(f"advantage {s.advantage!r} needs a critic (rlvr train builds one; pass critic=...)")
     kl_in_reward = s.kl_in_reward and ref_model is not None
-    check_combination(s, token_level, kl_in_reward, summarised=len(set(owner)) != len(samples))
+    check_combination(s, credit is not None, kl_in_reward, summarised=len(set(owner)) != len(samples))
     rewards_PG, metrics = shaped_rewards(groups, s)
-    old = ref = values = returns = None
+    old = ref = None
     if kl_in_reward:  # the penalty is the old policy's KL to the reference, before any update
         old = score_logprobs(learner.model, samples, s, pad_token_id, kept)
         ref = score_logprobs(ref_model, samples, s, pad_token_id, kept)  # type: ignore[arg-type]
@@ -224,39 +243,34 @@ def _advantages(
         seq_kl_PG = torch.tensor([float(k.sum()) for k in kl_N]).view_as(rewards_PG)
         metrics["kl_reward"] = float(seq_kl_PG.flatten()[sorted(kept)].mean()) if kept else float("nan")
         metrics["kl_coef"] = s.kl_coef
-        if not token_level:
+        if credit is None:
             rewards_PG = rewards_PG - s.kl_coef * seq_kl_PG
-    if token_level:
-        assert critic is not None
-        values = score_values(critic.model, samples, s, pad_token_id, kept)
-        turn_rewards = [tr for g in groups for tr in g.metadata.get("turn_rewards", [None] * len(g.samples))]
-        advantages, returns = token_advantages(samples, rewards_PG, kl_N, values, kept, s, turn_rewards)
+    if credit is not None:
+        advantages = credit.advantages(groups, samples, kept, rewards_PG, kl_N if kl_in_reward else None, s,
+                                       pad_token_id)
     elif s.turn_credit:
         advantages = turn_credit(groups, samples, owner, s)
     else:
         advantages_B = outcome_advantages(groups, rewards_PG, s).flatten()
         advantages = [torch.full((len(x.completion.token_ids),), float(advantages_B[owner[u]]))
                       for u, x in enumerate(samples)]
-    return _Batch(samples, advantages, old, ref, values, returns), metrics
+    return _Batch(samples, advantages, old, ref), metrics
 
 
-def _summary(sums: dict[str, float], grad_norms: list[float], critic_norms: list[float],
-             kl_in_loss: bool, terms: Sequence[LossTerm]) -> dict[str, float]:
-    """The update's metrics from the summed per-micro-batch values."""
+def _summary(sums: dict[str, float], grad_norms: list[float], kl_in_loss: bool,
+             parts: Sequence[LossTerm | Credit]) -> dict[str, float]:
+    """The update's metrics from the summed per-micro-batch values (``parts``: the loss terms and
+    the credit, each taking its own sums out)."""
     metrics: dict[str, float] = {}
     tokens, loss_sum = sums.pop("_tokens", 0.0), sums.pop("_loss", 0.0)
-    for term in terms:
-        metrics |= term.summarise(sums)
-    value_loss_sum = sums.pop("value_loss", 0.0)
+    for part in parts:
+        metrics |= part.summarise(sums)
     maxima = {k.removeprefix("_max/"): sums.pop(k) for k in [k for k in sums if k.startswith("_max/")]}
     # token-weighted means over the trained tokens; NaN (null in metrics.jsonl) when none was trained
     names = set(sums) | {k for k in _TOKEN_METRICS if k != "kl" or kl_in_loss}
     metrics |= {k: sums[k] / tokens if tokens else float("nan") for k in sorted(names)}
     # means over optimizer steps
     metrics.update(loss=loss_sum / len(grad_norms), grad_norm=sum(grad_norms) / len(grad_norms))
-    if critic_norms:
-        metrics["value_loss"] = value_loss_sum / len(critic_norms)
-        metrics["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
     return metrics | maxima
 
 
@@ -271,8 +285,6 @@ class _Batch:
     old: Sequence[torch.Tensor | None] | None
     """Old-policy log-probs; None (all, or one sample's) = the current policy's, detached."""
     ref: list[torch.Tensor] | None
-    values: list[torch.Tensor] | None
-    returns: list[torch.Tensor] | None
     loss_rows: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     """Per-token loss inputs the loop fills in (rlvr.algos.registry.LOOP_INPUTS), per sample."""
     loss_state: dict[str, float] = field(default_factory=dict)
@@ -280,7 +292,7 @@ class _Batch:
 
 def _accumulate(
     learner: Learner,
-    critic: Learner | None,
+    credit: Credit | None,
     b: _Batch,
     micro: list[int],
     s: UpdateSettings,
@@ -322,14 +334,8 @@ def _accumulate(
         loss = loss * s.policy_weight
     loss.backward()
     n = float(mask_BT.sum())
-    if critic is not None and b.values is not None and b.returns is not None:
-        values_BT = critic.model(batch["input_ids"], batch["attention_mask"])
-        v_loss_BT, v_metrics = value_loss(values_BT, token_rows(b.values, micro, where_BT),
-                                          token_rows(b.returns, micro, where_BT), mask_BT, clip=s.value_clip)
-        v_loss = aggregate_loss(v_loss_BT, mask_BT, mode=s.aggregation, max_tokens=s.max_tokens, **totals)
-        v_loss.backward()
-        sums["value_loss"] += float(v_loss.detach())
-        loss_metrics |= v_metrics
+    if credit is not None:
+        loss_metrics |= credit.backward(batch, micro, s, totals, sums)
     sums["_tokens"] += n
     sums["_loss"] += float(loss.detach())  # micro-batch aggregates sum to the mini-batch loss
     sums["entropy"] += float(entropy_BT.detach()[mask_BT].sum())

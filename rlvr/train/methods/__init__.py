@@ -8,7 +8,7 @@ through these seams, and only these (each optional; `Method` does nothing by def
                                                after sampling (training, and held-out evaluation)
     prepare(run, plan, step) -> plan           before the update: the groups it trains on, its
                                                settings, its extra inputs (a reference model, a
-                                               critic, demonstrations, stored samples)
+                                               critic's credit, demonstrations, stored samples)
     after_update(run, plan, metrics, step)     after the update, before the weights reach the
                                                engine; returns metrics of its own
     metrics(run)                               metrics every step logs
@@ -31,8 +31,7 @@ from transformers import PreTrainedModel
 
 from rlvr.data import Example
 from rlvr.train.data import TaskData
-from rlvr.train.learner import Learner
-from rlvr.train.update import LossTerm, UpdateSettings
+from rlvr.train.update import Credit, LossTerm, UpdateSettings
 from rlvr.types import Group
 
 if TYPE_CHECKING:
@@ -44,7 +43,8 @@ class Extras:
     """What an update takes beyond the groups and the settings (rlvr.train.update.update_policy's keywords)."""
 
     ref_model: PreTrainedModel | None = None
-    critic: Learner | None = None
+    credit: Credit | None = None
+    """Per-token advantages in place of the outcome estimator (PPO's critic with GAE)."""
     loss_state: dict[str, float] | None = None
     terms: tuple[LossTerm, ...] = ()
     """Gradient terms of their own beside the policy loss (CHORD's SFT, DPH-RL's divergence)."""
@@ -116,7 +116,7 @@ METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
     "remax": remax.build,            # ReMax: a greedy completion per prompt as the baseline
     "kl": kl.build,                  # a reference model for the KL term; its coefficient, fixed or adaptive
     "loss_state": loss_state.build,  # what a stateful loss keeps across steps (R²VPO's λ)
-    "ppo": ppo.build,                # PPO's learned critic (advantage = "gae")
+    "ppo": ppo.build,                # PPO's learned critic and GAE (advantage = "gae")
     "rehearsal": rehearsal.build,    # DPH-RL: a divergence to the initial policy on its stored samples
     "luffy": expert.build_luffy,     # LUFFY: each group gets its prompt's demonstration
     "chord": expert.build_chord,     # CHORD: (1 − μ)·RL + μ·SFT on the step's demonstrations

@@ -1,5 +1,5 @@
 """The KL term's reference model and coefficient: fixed (algo.kl_coef), or adaptive in the
-reward (kl_placement = "reward" with algo.kl_target: rlvr.algos.kl.KLController, the PPO-RLHF
+reward (kl_placement = "reward" with algo.kl_adaptive: rlvr.algos.kl.KLController, the PPO-RLHF
 controller of Ziegler et al., arXiv:1909.08593), updated after each step from the step's KL."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedModel
 
-from rlvr.algos.kl import KLController
+from rlvr.algos.kl import AdaptiveKL, KLController
 from rlvr.models import load_model
 from rlvr.train.methods import Method, SetupInfo, Plan
 
@@ -47,4 +47,7 @@ def build(run: Run, info: SetupInfo) -> Method | None:
     if a.kl_coef <= 0:
         return None
     ref_model = load_model(run.cfg.model, info.dtype, info.device).eval().requires_grad_(False)
-    return Reference(ref_model, KLController(a.kl_coef, a.kl_target, a.kl_horizon))
+    if a.kl_adaptive:
+        adaptive = AdaptiveKL(**a.kl_adaptive)
+        return Reference(ref_model, KLController(a.kl_coef, adaptive.target, adaptive.horizon))
+    return Reference(ref_model, KLController(a.kl_coef))

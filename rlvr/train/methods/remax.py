@@ -1,5 +1,6 @@
 """ReMax's baseline: the reward of one greedy completion per prompt (a greedy episode when the
-task is an environment), sampled before the update. The `remax` estimator subtracts it.
+task is an environment), sampled before the update, for an estimator marked `rlvr.algos.advantages.greedy_baseline`
+(`remax` subtracts it).
 
 Li et al., "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for
 Aligning Large Language Models", arXiv:2310.10505.
@@ -12,7 +13,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 from rlvr.algos import ESTIMATORS
-from rlvr.algos.registry import loop_inputs
+from rlvr.algos.advantages import wants_greedy
 from rlvr.train.methods import Method, SetupInfo, Plan
 from rlvr.train.rollouts import generate_groups
 
@@ -38,4 +39,5 @@ class GreedyBaseline(Method):
 
 
 def build(run: Run, info: SetupInfo) -> Method | None:
-    return GreedyBaseline() if "baseline_P" in loop_inputs(ESTIMATORS[run.cfg.algo.advantage]) else None
+    estimator = ESTIMATORS.get(run.cfg.algo.advantage)
+    return GreedyBaseline() if estimator is not None and wants_greedy(estimator) else None
