@@ -117,7 +117,7 @@ def test_training_on_humaneval_and_on_an_mbpp_style_jsonl(tiny_dir: Path, tmp_pa
               "algo.group_size=4", "sampling.max_new_tokens=8", "train.lr=1e-3", "task.eval_size=2",
               'rewards=[{fn = "unit_tests"}, {fn = "tests.test_code_rewards:distinct", weight = 0.1}]']
     for name, task in (("he", ['task.source="humaneval"']),
-                       ("mbpp", ['task.source="jsonl"', f'task.path="{data}"', "task.answer_column=\"tests\""])):
+                       ("mbpp", ['task.source="jsonl"', f'task.path="{data}"', "task.params.answer_column=\"tests\""])):
         train(load_config(None, [*common, f"name={name}", *task]), quiet=True)
         metrics = read_metrics(tmp_path / name)
         assert [m["rewards/unit_tests"] for m in metrics] == [0.0, 0.0]

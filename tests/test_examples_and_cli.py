@@ -141,6 +141,17 @@ def test_the_run_directory_config_holds_what_the_run_sets() -> None:
     assert len(keys) == 17 and "group_size = 8" in demo and "clip_high" not in demo
 
 
+def test_the_config_stays_small() -> None:
+    """The design budget of issue 19: `rlvr config train` lists at most 100 keys; a method's own
+    knobs are keyword arguments of its method (algo.loss_kwargs, dist.ray, ...), not keys."""
+    from rlvr.config import declared_keys
+
+    keys = declared_keys("train")
+    assert len(keys) <= 100, len(keys)
+    assert "algo.loss_kwargs" in keys and "algo.clip_high" not in keys and "dist.ray" in keys
+    assert len(declared_keys("sft")) < len(keys) and len(declared_keys("dpo")) < len(keys)
+
+
 def test_reward_keyword_mistakes_are_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", 'rewards=[{fn="reasoning_gym", kwargs={extract="tags"}}]']) == 2
     assert "extract='tags' is not an answer format" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from rlvr.config import load_config  # noqa: E402
 from rlvr.train.loop import train  # noqa: E402
 from tests.test_train import FP32, TIMING, overrides, read_metrics  # noqa: E402
 
-DIST = ["dist.rollout_workers=2", "dist.learners=2", "dist.timeout_s=120"]
+DIST = ["dist.rollout_workers=2", "dist.learners=2", "dist.ray.timeout_s=120"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,7 +52,7 @@ def test_a_killed_rollout_worker_is_restarted_and_the_samples_do_not_change(tiny
     from rlvr import scaleout
     from rlvr.train.loop import setup, train_step
 
-    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "kill"), "dist.rollout_workers=1", "dist.timeout_s=120"])
+    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "kill"), "dist.rollout_workers=1", "dist.ray.timeout_s=120"])
     (tmp_path / "kill").mkdir()
     runs = []
     for spread in (False, True):  # the local loop, then one rollout worker killed between steps
@@ -101,8 +101,8 @@ def test_a_weight_broadcast_that_cannot_complete_fails_within_the_timeout(tiny_d
 def test_asynchronous_rollouts_respect_the_staleness_bound(tiny_dir: Path, tmp_path: Path) -> None:
     import json
 
-    run = [*overrides(tiny_dir, tmp_path, "async", train__steps=4), "dist.rollout_workers=1", "dist.async_steps=1",
-           "dist.max_staleness=1", "dist.timeout_s=120"]
+    run = [*overrides(tiny_dir, tmp_path, "async", train__steps=4), "dist.rollout_workers=1", "dist.async_rollouts.steps=1",
+           "dist.async_rollouts.max_staleness=1", "dist.ray.timeout_s=120"]
     train(load_config(None, run), quiet=True)
     rows = read_metrics(tmp_path / "async")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -112,8 +112,8 @@ def test_asynchronous_rollouts_respect_the_staleness_bound(tiny_dir: Path, tmp_p
     for s in samples:  # step k trains on weights at most one update older than the learner's (k - 1)
         assert s["step"] - 1 - s["policy_version"] in (0, 1)
     # "drop": generation runs ahead anyway, and groups staler than the bound are not trained on
-    run = [*overrides(tiny_dir, tmp_path, "drop", train__steps=3), "dist.rollout_workers=1", "dist.async_steps=1",
-           "dist.max_staleness=0", 'dist.on_stale="drop"', "dist.timeout_s=120"]
+    run = [*overrides(tiny_dir, tmp_path, "drop", train__steps=3), "dist.rollout_workers=1", "dist.async_rollouts.steps=1",
+           "dist.async_rollouts.max_staleness=0", 'dist.async_rollouts.on_stale="drop"', "dist.ray.timeout_s=120"]
     train(load_config(None, run), quiet=True)
     rows = read_metrics(tmp_path / "drop")
     assert sum(r.get("dist/stale_dropped", 0) for r in rows) > 0
@@ -121,13 +121,14 @@ def test_asynchronous_rollouts_respect_the_staleness_bound(tiny_dir: Path, tmp_p
 
 
 def test_partial_rollouts_respect_the_staleness_bound_from_the_first_token(tiny_dir: Path, tmp_path: Path) -> None:
-    """dist.partial_rollouts: a broadcast reaches the sampling under way (the switch itself is
+    """dist.async_rollouts.partial_rollouts: a broadcast reaches the sampling under way (the switch itself is
     tested token by token in tests/test_engine.py). Whether a given sample crosses an update
     depends on timing, so this checks the bookkeeping: staleness counts from the first token."""
     import json
 
-    run = [*overrides(tiny_dir, tmp_path, "partial", train__steps=4), "dist.rollout_workers=1", "dist.async_steps=1",
-           "dist.max_staleness=1", "dist.partial_rollouts=true", "dist.timeout_s=120", "sampling.max_new_tokens=48"]
+    run = [*overrides(tiny_dir, tmp_path, "partial", train__steps=4), "dist.rollout_workers=1",
+           "dist.async_rollouts={steps = 1, max_staleness = 1, partial_rollouts = true}", "dist.ray.timeout_s=120",
+           "sampling.max_new_tokens=48"]
     train(load_config(None, run), quiet=True)
     rows = read_metrics(tmp_path / "partial")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -144,7 +145,7 @@ def test_two_learners_train_ppo_with_a_critic_as_one_does(tiny_dir: Path, tmp_pa
     gae = ['algo.advantage="gae"', "train.micro_batch_size=4", *FP32]  # see the test above for fp32
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "one", train__steps=2), *gae]), quiet=True)
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "two", train__steps=2), *gae, "dist.learners=2",
-                             "dist.timeout_s=120"]), quiet=True)
+                             "dist.ray.timeout_s=120"]), quiet=True)
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     for a, b in zip(one, two, strict=True):
         a, b = comparable(a), comparable(b)
@@ -154,11 +155,14 @@ def test_two_learners_train_ppo_with_a_critic_as_one_does(tiny_dir: Path, tmp_pa
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["dist.async_steps=1"], "needs dist.rollout_workers"),
-    (["dist.partial_rollouts=true"], "needs dist.async_steps"),
+    (["dist.async_rollouts.steps=1"], "needs dist.rollout_workers"),
+    (["dist.async_rollouts.partial_rollouts=true"], "dist.async_rollouts: missing keyword 'steps'"),
+    (["dist.async_rollouts.steps=0"], "need steps >= 1"),
+    (["dist.ray.cpus_per_workers=2"], "did you mean 'cpus_per_worker'"),
+    (["dist.async_steps=1"], "'dist.async_steps' is now dist.async_rollouts.steps"),
     (["dist.rollout_workers=1", 'engine.backend="vllm"'], "need a GPU each"),
-    (["dist.rollout_workers=1", 'engine.backend="vllm"', "dist.gpus_per_worker=1", "dist.async_steps=1",
-      "dist.partial_rollouts=true"], "needs the embedded engine"),
+    (["dist.rollout_workers=1", 'engine.backend="vllm"', "dist.ray.gpus_per_worker=1",
+      "dist.async_rollouts={steps = 1, partial_rollouts = true}"], "needs the embedded engine"),
 ])
 def test_settings_that_cannot_work_are_refused(tiny_dir: Path, tmp_path: Path, extra: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):

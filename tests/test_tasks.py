@@ -185,9 +185,10 @@ def test_parquet_and_hf_dataset_sources_read_the_configured_columns(tmp_path: Pa
 
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
     datasets.DatasetDict({"test": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path / "hf"))
-    common = ['task.prompt_column="question"', "task.eval_size=2", 'task.instruction=""']
-    for source, extra in (("parquet", [f'task.path="{tmp_path / "d.parquet"}"']),
-                          ("hf", [f'task.path="{tmp_path / "hf"}"', 'task.split="test"'])):
+    common = ["task.eval_size=2", 'task.instruction=""']
+    for source, extra in (("parquet", [f'task.path="{tmp_path / "d.parquet"}"', 'task.params.prompt_column="question"']),
+                          ("hf", [f'task.path="{tmp_path / "hf"}"',
+                                  'task.params={prompt_column = "question", split = "test"}'])):
         cfg = load_config(None, [f'task.source="{source}"', *extra, *common])
         assert cfg.rewards[0].fn == "math_verify"
         train, held = load_examples(cfg)
@@ -198,3 +199,8 @@ def test_parquet_and_hf_dataset_sources_read_the_configured_columns(tmp_path: Pa
         load_examples(load_config(None, ['task.source="parquet"', f'task.path="{tmp_path / "d.parquet"}"']))
     with pytest.raises(Exception, match="task.path is required"):
         load_config(None, ['task.source="hf"'])
+    with pytest.raises(ValueError, match="'parquet': unknown keyword 'split'"):  # a file has no splits
+        load_examples(load_config(None, ['task.source="parquet"', f'task.path="{tmp_path / "d.parquet"}"',
+                                         'task.params.split="test"']))
+    with pytest.raises(Exception, match="'task.prompt_column' is now task.params.prompt_column"):
+        load_config(None, ['task.prompt_column="question"'])

@@ -27,7 +27,7 @@ def test_all_three_sinks_receive_every_step_and_resume_continues_them(tiny_dir: 
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
     sinks = 'log.sinks=["tensorboard", "wandb", "mlflow"]'
-    train(load_config(None, [*overrides(tiny_dir, tmp_path, "tracked"), sinks, "log.wandb_mode=offline"]),
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "tracked"), sinks, "log.sink_kwargs.wandb.mode=offline"]),
           quiet=True)
     run = tmp_path / "tracked"
     train(resume=run, overrides=("train.steps=3",), quiet=True)
@@ -113,3 +113,16 @@ def test_a_missing_package_names_the_extra_before_any_work(tiny_dir: Path, tmp_p
 def test_an_unknown_sink_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="log.sinks"):
         load_config(None, ['log.sinks=["neptune"]'])
+
+
+def test_sink_settings_are_checked_against_their_tracker() -> None:
+    cfg = load_config(None, ['log.sinks=["wandb"]', 'log.sink_kwargs.wandb={project = "p", mode = "offline"}'])
+    assert cfg.log.sink_kwargs == {"wandb": {"project": "p", "mode": "offline"}}
+    with pytest.raises(ConfigError, match="did you mean 'project'"):
+        load_config(None, ['log.sinks=["wandb"]', 'log.sink_kwargs.wandb.projetc="p"'])
+    with pytest.raises(ConfigError, match="mode must be"):
+        load_config(None, ['log.sinks=["wandb"]', 'log.sink_kwargs.wandb.mode="later"'])
+    with pytest.raises(ConfigError, match="log.sinks does not name"):
+        load_config(None, ['log.sink_kwargs.mlflow.uri="http://x"'])
+    with pytest.raises(ConfigError, match="'log.wandb_project' is now log.sink_kwargs.wandb.project"):
+        load_config(None, ['log.wandb_project="p"'])

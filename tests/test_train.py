@@ -146,7 +146,7 @@ def test_jsonl_prompts_scored_with_math_verify(tiny_dir: Path, tmp_path: Path) -
     data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n"
                             for i in range(12)))
     cfg = load_config(None, [f'model="{tiny_dir}"', f'output_dir="{tmp_path}"', "name=jsonl", "task.source=jsonl",
-                             f'task.path="{data}"', "task.prompt_column=question", "task.answer_column=solution",
+                             f'task.path="{data}"', "task.params.prompt_column=question", "task.params.answer_column=solution",
                              "task.eval_size=2", "train.steps=1", "train.prompts_per_step=2", "algo.group_size=2",
                              "sampling.max_new_tokens=4"])
     assert cfg.rewards[0].fn == "math_verify"

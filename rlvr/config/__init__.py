@@ -105,8 +105,6 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         """Refuse combinations of sections that cannot run together, each with what to change."""
-        if self.task.source in ("jsonl", "parquet", "hf", "text") and not self.task.path:
-            raise ValueError(f"task.path is required when task.source = {self.task.source!r}")
         batch = self.train.prompts_per_step * self.algo.group_size
         if batch % self.train.mini_batches:
             raise ValueError(
@@ -116,41 +114,42 @@ class RunConfig(_Section):
         if self.lora.rank and self.algo.advantage == "gae":
             raise ValueError("lora.rank > 0 with advantage = \"gae\" is not supported yet: the critic copies the "
                              "policy's trunk, which LoRA wraps; use an outcome estimator or full fine-tuning")
+        self._check_rlp()
+        self._check_dist()
+        self._check_expert()
+        self._check_env()
+        return self
+
+    def _check_rlp(self) -> None:
+        """RL on pre-training data: the text source and its reward go together."""
         gain = any(r.fn == "information_gain" for r in self.rewards)
         if gain != (self.task.source == "text"):
             raise ValueError("RL on pre-training data pairs task.source = \"text\" with the reward "
                              "fn = \"information_gain\": set both (configs/rlp.toml)")
         if gain:
             self.rlp_options()
-        self._check_dist()
-        self._check_expert()
-        self._check_env()
-        return self
 
     def _check_dist(self) -> None:
         """Rollout workers, asynchronous steps, partial rollouts and data-parallel learners."""
-        d = self.dist
+        d, r, a = self.dist, self.dist.ray_options(), self.dist.async_options()
         if d.rollout_workers and self.engine.backend == "vllm":
-            if not d.gpus_per_worker:
-                raise ValueError("vLLM rollout workers need a GPU each: set dist.gpus_per_worker (e.g. 1)")
-            if d.partial_rollouts:
-                raise ValueError("dist.partial_rollouts needs the embedded engine: vLLM finishes a request on the "
-                                 "weights it started with")
-        if d.async_steps and not d.rollout_workers:
-            raise ValueError("dist.async_steps needs dist.rollout_workers >= 1: the policy cannot train while it "
+            if not r.gpus_per_worker:
+                raise ValueError("vLLM rollout workers need a GPU each: set dist.ray.gpus_per_worker (e.g. 1)")
+            if d.partial_rollouts():
+                raise ValueError("dist.async_rollouts.partial_rollouts needs the embedded engine: vLLM finishes a "
+                                 "request on the weights it started with")
+        if a is not None and not d.rollout_workers:
+            raise ValueError("dist.async_rollouts needs dist.rollout_workers >= 1: the policy cannot train while it "
                              "samples in the same process")
-        if d.learners > 1 and self.train.device.startswith("cuda") and not d.gpus_per_learner:
-            raise ValueError("data-parallel learners on GPUs need one each: set dist.gpus_per_learner = 1")
-        if d.partial_rollouts and not d.async_steps:
-            raise ValueError("dist.partial_rollouts needs dist.async_steps >= 1: only then is a weight update "
-                             "broadcast while samples are being generated")
-        if d.async_steps:
+        if d.learners > 1 and self.train.device.startswith("cuda") and not r.gpus_per_learner:
+            raise ValueError("data-parallel learners on GPUs need one each: set dist.ray.gpus_per_learner = 1")
+        if a is not None:
             from rlvr.rewards.intrinsic import INTRINSIC
 
             from_policy = (["ReMax's greedy baseline"] if self.algo.advantage == "remax" else []) + [
                 f"reward {r.fn!r}" for r in self.rewards if r.fn in INTRINSIC or r.fn == "information_gain"]
             if from_policy:
-                raise ValueError("dist.async_steps does not combine with what is computed from the policy itself "
+                raise ValueError("dist.async_rollouts does not combine with what is computed from the policy itself "
                                  f"while rollouts are collected: {', '.join(from_policy)}")
 
     def _check_expert(self) -> None:

@@ -72,6 +72,16 @@ MOVED: dict[str, str] = {
     "expert.relift_max_accuracy": "expert.kwargs.max_accuracy (with mode = \"relift\")",
     **{f"algo.{k}": f"algo.loss_kwargs.{k}" for k in ("clip_low", "clip_high", "dual_clip")},
     "algo.kl_target": "algo.kl_adaptive.target", "algo.kl_horizon": "algo.kl_adaptive.horizon",
+    **{f"dist.{k}": f"dist.ray.{k}" for k in ("address", "num_cpus", "cpus_per_worker", "gpus_per_learner",
+                                              "gpus_per_worker", "threads_per_worker", "timeout_s")},
+    "dist.async_steps": "dist.async_rollouts.steps",
+    **{f"dist.{k}": f"dist.async_rollouts.{k}" for k in ("max_staleness", "on_stale", "partial_rollouts")},
+    "log.wandb_project": "log.sink_kwargs.wandb.project", "log.wandb_mode": "log.sink_kwargs.wandb.mode",
+    "log.mlflow_uri": "log.sink_kwargs.mlflow.uri", "log.mlflow_experiment": "log.sink_kwargs.mlflow.experiment",
+    **{f"sandbox.{k}": f"sandbox.limits.{k}" for k in ("timeout_s", "cpu_s", "memory_mb", "max_processes")},
+    "task.split": "task.params.split (with source \"hf\")",
+    **{f"task.{k}": f"task.params.{k} (with source \"jsonl\", \"parquet\" or \"hf\")"
+       for k in ("prompt_column", "answer_column")},
     "algo.stratum_key": "algo.advantage_kwargs.stratum (with advantage = \"stratified\")",
     **{f"algo.{k}": f"algo.advantage_kwargs.{k} (with advantage = \"gae\")" for k in ("critic_lr", "value_clip")},
 }

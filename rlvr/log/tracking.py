@@ -71,7 +71,8 @@ def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
 class TensorBoard:
     """Scalars under ``<run>/tensorboard``; ``tensorboard --logdir runs`` shows every run."""
 
-    def __init__(self, run_dir: Path, start_step: int) -> None:
+    def __init__(self, run_dir: Path, name: str, config: dict[str, Any], state: dict[str, Any],
+                 start_step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step drops events a crashed run wrote after its last checkpoint
@@ -87,12 +88,12 @@ class TensorBoard:
 
 
 class WandB:
-    """One W&B run per rlvr run (the id is kept for resuming). ``log.wandb_mode = "offline"``
-    writes to ``<run>/wandb`` for a later ``wandb sync``; unset, W&B's own setting
-    (``WANDB_MODE``, ``wandb login``) decides."""
+    """One W&B run per rlvr run (the id is kept for resuming), in W&B project ``project``.
+    ``mode = "offline"`` writes to ``<run>/wandb`` for a later ``wandb sync``; unset, W&B's own
+    setting (``WANDB_MODE``, ``wandb login``) decides ("online", "offline", "disabled")."""
 
     def __init__(self, run_dir: Path, name: str, config: dict[str, Any], state: dict[str, Any],
-                 project: str, mode: str | None) -> None:
+                 start_step: int, *, project: str = "rlvr", mode: str | None = None) -> None:
         import wandb
 
         state.setdefault("wandb_id", uuid.uuid4().hex[:12])
@@ -115,12 +116,12 @@ def mlflow_key(key: str) -> str:
 
 
 class MLflow:
-    """One MLflow run per rlvr run, in experiment ``log.mlflow_experiment``. ``log.mlflow_uri``
-    unset means a local file store in ``<run>/mlruns`` (``mlflow ui --backend-store-uri
-    <run>/mlruns``); set it to a tracking server (``http://host:5000``) or a database URI."""
+    """One MLflow run per rlvr run, in MLflow experiment ``experiment``. ``uri`` unset means a
+    local file store in ``<run>/mlruns`` (``mlflow ui --backend-store-uri <run>/mlruns``); set it
+    to a tracking server (``http://host:5000``) or a database URI."""
 
     def __init__(self, run_dir: Path, name: str, config: dict[str, Any], state: dict[str, Any],
-                 uri: str | None, experiment: str) -> None:
+                 start_step: int, *, uri: str | None = None, experiment: str = "rlvr") -> None:
         if uri is None:
             uri = (run_dir / "mlruns").resolve().as_uri()
             # MLflow 3 keeps the file store for local use but asks for an explicit opt-in
@@ -189,23 +190,37 @@ class Trackers:
         self.trackers = {}
 
 
+TRACKERS: dict[str, Callable[..., Tracker]] = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow}
+"""Each sink's tracker: ``cls(run_dir, name, config, state, start_step, **log.sink_kwargs[sink])``."""
+
+
+def check_sink_kwargs(sinks: Sequence[str], kwargs: Mapping[str, Mapping[str, Any]]) -> None:
+    """Raise a ValueError for settings of a sink not in ``sinks`` or a keyword its tracker does not take."""
+    from rlvr.algos.registry import check_keywords
+
+    for sink, given in kwargs.items():
+        if sink not in sinks:
+            raise ValueError(f"log.sink_kwargs.{sink} configures a sink log.sinks does not name "
+                             f"(log.sinks = {list(sinks)})")
+        check_keywords(f"log.sink_kwargs.{sink}", TRACKERS[sink], given)
+        if sink == "wandb" and given.get("mode") not in (None, "online", "offline", "disabled"):
+            raise ValueError(f"log.sink_kwargs.wandb: mode must be \"online\", \"offline\" or \"disabled\" "
+                             f"(got {given['mode']!r})")
+
+
 def open_trackers(sinks: Sequence[str], run_dir: Path, *, name: str, config: dict[str, Any], start_step: int,
-                  wandb_project: str = "rlvr", wandb_mode: str | None = None, mlflow_uri: str | None = None,
-                  mlflow_experiment: str = "rlvr", warn: Callable[[str], None] | None = None) -> Trackers:
-    """Start the trackers named in ``sinks`` for the run in ``run_dir`` (MissingExtra naming the
-    extra when a package is missing)."""
+                  kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+                  warn: Callable[[str], None] | None = None) -> Trackers:
+    """Start the trackers named in ``sinks`` for the run in ``run_dir``, each with its ``kwargs[sink]``
+    (MissingExtra naming the extra when a package is missing)."""
     for sink in sinks:
         require(sink)
+    kwargs = kwargs or {}
+    check_sink_kwargs(sinks, kwargs)
     state_path = run_dir / STATE_FILE
     state: dict[str, Any] = json.loads(state_path.read_text()) if state_path.exists() else {}
-    opened: dict[str, Tracker] = {}
-    for sink in dict.fromkeys(sinks):
-        if sink == "tensorboard":
-            opened[sink] = TensorBoard(run_dir, start_step)
-        elif sink == "wandb":
-            opened[sink] = WandB(run_dir, name, config, state, wandb_project, wandb_mode)
-        elif sink == "mlflow":
-            opened[sink] = MLflow(run_dir, name, config, state, mlflow_uri, mlflow_experiment)
+    opened = {sink: TRACKERS[sink](run_dir, name, config, state, start_step, **kwargs.get(sink, {}))
+              for sink in dict.fromkeys(sinks)}
     if state:
         state_path.write_text(json.dumps(state, indent=2))
     return Trackers(opened, warn)

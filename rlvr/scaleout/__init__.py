@@ -1,7 +1,7 @@
 """Scale-out on Ray: rollout workers and data-parallel learners behind the local loop's own step.
 
     rlvr train dist.rollout_workers=2 dist.learners=2          a local Ray on this machine
-    rlvr train dist.address=auto ...                          join a running cluster (ray start)
+    rlvr train dist.ray.address=auto ...                      join a running cluster (ray start)
 
 The driver runs exactly the local loop (`rlvr.train.loop.train_step`); `attach` swaps two of its
 parts for actor-backed ones with the same interfaces:
@@ -21,17 +21,68 @@ parts for actor-backed ones with the same interfaces:
 Faults: a rollout worker that dies has its prompts re-run on a restarted worker with the same
 seeds, so the step's samples are the ones it would have had; the restart is logged
 (`dist/worker_restarts`). A weight broadcast or an update that does not complete within
-`dist.timeout_s` fails with an error naming what it waited for, never hangs.
+`dist.ray.timeout_s` fails with an error naming what it waited for, never hangs.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run
 
 INSTALL_HINT = "pip install 'rlvr[ray]'"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """``dist.ray``: where the actors run and what each reserves."""
+
+    address: str | None = None
+    """Ray cluster to join ("auto" for the one `ray start` made on this node, or ray://host:port);
+    None = start a local Ray."""
+    num_cpus: int | None = None
+    """CPUs a local Ray advertises; None = enough for every worker (at least this machine's count)."""
+    cpus_per_worker: float = 1.0
+    """CPUs each rollout worker and learner actor reserves (Ray scheduling)."""
+    gpus_per_learner: float = 0.0
+    """GPUs each learner actor reserves; 1 with train.device = "cuda", so each rank has its own."""
+    gpus_per_worker: float = 0.0
+    """GPUs each rollout worker reserves; vLLM rollout workers need one (engine.backend = "vllm")."""
+    threads_per_worker: int = 1
+    """torch threads in each actor."""
+    timeout_s: float = 300.0
+    """Longest wait on the actors (a weight broadcast, an update, a worker's samples) before the run
+    fails with an error saying what it waited for."""
+
+    def __post_init__(self) -> None:
+        if min(self.cpus_per_worker, self.gpus_per_learner, self.gpus_per_worker) < 0 or self.threads_per_worker < 1:
+            raise ValueError("cpus_per_worker and gpus_per_* must be >= 0 and threads_per_worker >= 1")
+        if self.timeout_s <= 0 or (self.num_cpus is not None and self.num_cpus < 1):
+            raise ValueError(f"timeout_s must be > 0 and num_cpus >= 1 (got {self.timeout_s}, {self.num_cpus})")
+
+
+@dataclass(frozen=True)
+class AsyncOptions:
+    """``dist.async_rollouts``: generation runs ahead of training (rlvr.scaleout.pipeline)."""
+
+    steps: int
+    """How many steps generation runs ahead of training, overlapping the updates."""
+    max_staleness: int = 1
+    """The most versions a trained-on sample's weights may lag the learner's."""
+    on_stale: Literal["wait", "drop"] = "wait"
+    """"wait" never generates further ahead than max_staleness; "drop" generates `steps` ahead and
+    drops groups staler than max_staleness."""
+    partial_rollouts: bool = False
+    """A weight broadcast reaches the samples being generated, which go on under the new weights
+    from their next token (instead of finishing on the old ones first); a sample's staleness counts
+    from its first token."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.max_staleness < 0 or self.on_stale not in ("wait", "drop"):
+            raise ValueError(f"need steps >= 1, max_staleness >= 0 and on_stale \"wait\" or \"drop\" (got "
+                             f"{self.steps}, {self.max_staleness}, {self.on_stale!r})")
 
 
 def require_ray() -> Any:
@@ -62,17 +113,18 @@ def attach(run: Run) -> None:
         return
     import os
 
-    start_ray(d.address, d.num_cpus or max(os.cpu_count() or 1, d.rollout_workers + d.learners))
+    r, a = d.ray_options(), d.async_options()
+    start_ray(r.address, r.num_cpus or max(os.cpu_count() or 1, d.rollout_workers + d.learners))
     if d.rollout_workers:
         run.engine = RayEngine(run.cfg, run.learner.model, run.tokenizer, workers=d.rollout_workers,
-                               timeout_s=d.timeout_s, generator=run.engine.generator)
+                               timeout_s=r.timeout_s, generator=run.engine.generator)
         run.updater.shared_weights = False
     if d.learners > 1:
-        run.updater = DataParallel(run.cfg, run.updater, d.learners, timeout_s=d.timeout_s)
-    if d.async_steps:
-        lookahead = min(d.async_steps, d.max_staleness) if d.on_stale == "wait" else d.async_steps
+        run.updater = DataParallel(run.cfg, run.updater, d.learners, timeout_s=r.timeout_s)
+    if a is not None:
+        lookahead = min(a.steps, a.max_staleness) if a.on_stale == "wait" else a.steps
         run.rollouts = AsyncRollouts(run, lookahead=lookahead, last_step=run.cfg.train.steps,
-                                     max_staleness=d.max_staleness, drop_stale=d.on_stale == "drop")
+                                     max_staleness=a.max_staleness, drop_stale=a.on_stale == "drop")
 
 
 def detach(run: Run) -> None:

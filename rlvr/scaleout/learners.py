@@ -57,7 +57,7 @@ class LearnerWorker:
 
         torch.set_num_threads(threads)
         self.cfg = cfg
-        device = resolve_device(cfg.train.device)  # with a GPU: the one Ray gave this actor (dist.gpus_per_learner)
+        device = resolve_device(cfg.train.device)  # with a GPU: the one Ray gave this actor (dist.ray.gpus_per_learner)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dtype = resolve_dtype(cfg.train.precision, device)
@@ -113,14 +113,14 @@ class DataParallel(Updater):
         super().__init__(local.learner, pad_token_id=local.pad_token_id, seed=0, shared_weights=local.shared_weights)
         self.generator = local.generator  # the same stream of mini-batch orders, so the run is the local one
         self.ray = require_ray()
-        d = cfg.dist
+        r = cfg.dist.ray_options()
         self.timeout_s = timeout_s
-        address = "127.0.0.1" if d.address is None else self.ray.util.get_node_ip_address()
+        address = "127.0.0.1" if r.address is None else self.ray.util.get_node_ip_address()
         port = _free_port()
         if backend(cfg) == "nccl":  # rank 0's GPU: the one the driver's learner is on
             torch.cuda.set_device(next(local.learner.model.parameters()).device)
-        actor = self.ray.remote(LearnerWorker).options(num_cpus=d.cpus_per_worker, num_gpus=d.gpus_per_learner)
-        self.actors = [actor.remote(cfg, d.threads_per_worker) for _ in range(learners - 1)]
+        actor = self.ray.remote(LearnerWorker).options(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_learner)
+        self.actors = [actor.remote(cfg, r.threads_per_worker) for _ in range(learners - 1)]
         joined = [a.join.remote(address, port, rank, learners, timeout_s) for rank, a in enumerate(self.actors, 1)]
         dist.init_process_group(backend(cfg), init_method=f"tcp://{address}:{port}", rank=0, world_size=learners,
                                 timeout=datetime.timedelta(seconds=timeout_s))
@@ -134,7 +134,7 @@ class DataParallel(Updater):
         try:
             return list(self.ray.get(refs, timeout=self.timeout_s))
         except self.ray.exceptions.GetTimeoutError as err:
-            raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.timeout_s)") from err
+            raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.ray.timeout_s)") from err
 
     def update(self, groups: list[Group], settings: UpdateSettings, extras: Extras) -> UpdateResult:
         if extras.credit is not None and not self._credit_loaded:  # PPO: the ranks' critics start as the driver's

@@ -1,16 +1,16 @@
 """The asynchronous pipeline: generation runs ahead of training, under a staleness bound.
 
-With ``dist.async_steps = D``, the rollouts of step k + 1 ... k + D are being generated while
+With ``dist.async_rollouts = {steps = D}``, the rollouts of step k + 1 ... k + D are generated while
 step k trains: one background thread runs the step's whole collection (prompt sampling,
 generation, rewards, rollout strategy), in step order. The weights a sample was generated with
 are its version (`Completion.policy_version`); at training time the learner is at version k − 1,
 so a sample's staleness is k − 1 − version.
 
-- ``dist.on_stale = "wait"`` (default): generation never runs more than ``dist.max_staleness``
+- ``on_stale = "wait"`` (default): generation never runs more than ``max_staleness``
   steps ahead (the lookahead is min(D, max_staleness)), so no sample is ever staler than the
   bound; the pipeline waits instead.
-- ``dist.on_stale = "drop"``: generation runs D steps ahead, and a group with a sample staler
-  than ``dist.max_staleness`` is dropped at training time (counted in ``dist/stale_dropped``).
+- ``on_stale = "drop"``: generation runs D steps ahead, and a group with a sample staler
+  than ``max_staleness`` is dropped at training time (counted in ``dist/stale_dropped``).
 
 Stale groups are trained off-policy: the PPO ratio is taken against the engine's own sampling
 log-probs (as for rollout replay), and any `algo.offpolicy` correction applies on top.
@@ -99,8 +99,8 @@ class AsyncRollouts(Rollouts):
 
     def take(self, run: Run, step: int) -> Collected:
         """Step's collection, made while earlier steps trained. Groups with a sample from older
-        weights are trained against their sampling log-probs ("stale"); with dist.on_stale =
-        "drop", groups staler than dist.max_staleness are set aside, untrained."""
+        weights are trained against their sampling log-probs ("stale"); with on_stale = "drop"
+        (dist.async_rollouts), groups staler than max_staleness are set aside, untrained."""
         collected: Collected = self.pipeline.take(step)
         serving = run.engine.version or 0  # the weights' version before this step's update
         gathered, kept, dropped = collected.gathered, [], 0

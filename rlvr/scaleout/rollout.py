@@ -2,13 +2,13 @@
 
 Each worker is an actor holding an engine on its own copy of the policy: an embedded engine, or
 with ``engine.backend = "vllm"`` a vLLM engine on the GPU(s) the actor reserves
-(``dist.gpus_per_worker``). A call's
+(``dist.ray.gpus_per_worker``). A call's
 prompts are cut into one contiguous shard per worker, and every sample's seed is drawn by the
 driver exactly as one local engine would draw it (`rlvr.rollout.engine.draw_seeds`): a sample's
 tokens do not depend on which worker ran it. Completions come back in prompt order, each with the
 version of the weights that sampled it (`Completion.policy_version`).
 
-With partial rollouts (`dist.partial_rollouts`) a worker serves two calls at once: a weight
+With partial rollouts (`dist.async_rollouts.partial_rollouts`) a worker serves two calls at once: a weight
 broadcast does not queue behind the sampling under way but is offered to it, and the sequences
 being sampled go on under the new weights from their next token (`EmbeddedEngine.offer_weights`).
 """
@@ -39,7 +39,7 @@ class RolloutWorker:
         torch.set_num_threads(threads)
         tokenizer = load_tokenizer(model_spec)
         self.engine: Any
-        if backend == "vllm":  # on this actor's GPU (dist.gpus_per_worker)
+        if backend == "vllm":  # on this actor's GPU (dist.ray.gpus_per_worker)
             from rlvr.rollout.vllm_engine import VLLMEngine
 
             self.engine = VLLMEngine(model_spec, tokenizer, eos_token_ids=eos_token_ids,
@@ -90,13 +90,14 @@ class RayEngine:
         self.timeout_s = timeout_s
         self.version = 0
         self.restarts = 0
-        d = cfg.dist
+        r, a = cfg.dist.ray_options(), cfg.dist.async_options()
+        partial = a is not None and a.partial_rollouts
         # partial rollouts: a broadcast runs beside the sampling under way instead of queueing behind it
-        self._options = {"num_cpus": d.cpus_per_worker, "num_gpus": d.gpus_per_worker,
-                         "max_concurrency": 2 if d.partial_rollouts else 1}
+        self._options = {"num_cpus": r.cpus_per_worker, "num_gpus": r.gpus_per_worker,
+                         "max_concurrency": 2 if partial else 1}
         self._kwargs = {"dtype": cfg.engine.dtype, "max_batch_size": cfg.engine.max_batch_size,
                         "decoder": cfg.engine.decoder, "eos_token_ids": self.eos_token_ids,
-                        "threads": d.threads_per_worker, "partial": d.partial_rollouts,
+                        "threads": r.threads_per_worker, "partial": partial,
                         "backend": cfg.engine.backend, "vllm_kwargs": dict(cfg.engine.vllm_kwargs)}
         self._spec = resolve_model_path(cfg.model)
         self._state = self.ray.put({k: v.detach().cpu() for k, v in merged_state_dict(policy).items()})
@@ -111,7 +112,7 @@ class RayEngine:
         try:
             return list(self.ray.get(refs, timeout=self.timeout_s))
         except self.ray.exceptions.GetTimeoutError as err:
-            raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.timeout_s); a worker may be "
+            raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.ray.timeout_s); a worker may be "
                                "stuck or its node gone") from err
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,

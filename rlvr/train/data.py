@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlvr.agents.envs import env_factory
 from rlvr.agents.runner import ChatDelta, Limits, Summarize, episode_groups
+from rlvr.algos.registry import check_keywords, keyword_options
 from rlvr.config import RunConfig
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
 from rlvr.data.sampler import Sampler, UniformSampler
@@ -109,20 +110,17 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
     elif t.source == "text":  # RL on pre-training data: cuts through documents (no instruction)
         from rlvr.data.pretraining import text_examples
 
-        from rlvr.algos.registry import check_keywords
-
         assert t.path is not None
         check_keywords('task.params for source "text"', text_examples, t.params)
-        column = "text" if t.prompt_column == "prompt" else t.prompt_column
-        pool = text_examples(t.path, size=t.size + t.eval_size, seed=cfg.seed, **{"column": column, **t.params})
-    elif t.source == "hf":
+        pool = text_examples(t.path, size=t.size + t.eval_size, seed=cfg.seed, **t.params)
+    else:  # rows of a file or dataset: task.params name their columns (and a dataset's split)
         assert t.path is not None
-        pool = hf_examples(t.path, split=t.split, prompt_column=t.prompt_column, answer_column=t.answer_column,
-                           instruction=instruction)
-    else:
-        assert t.path is not None
-        read = parquet_examples if t.source == "parquet" else jsonl_examples
-        pool = read(t.path, prompt_column=t.prompt_column, answer_column=t.answer_column, instruction=instruction)
+        readers: dict[str, Callable[..., list[Example]]] = {"hf": hf_examples, "parquet": parquet_examples,
+                                                            "jsonl": jsonl_examples}
+        read = readers[t.source]
+        check_keywords(f"task.params for source {t.source!r}", read, t.params,
+                       [k for k in keyword_options(read) if k != "instruction"])
+        pool = read(t.path, instruction=instruction, **t.params)
     held: list[Example] = []
     seen: set[str] = set()
     for ex in pool:

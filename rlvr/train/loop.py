@@ -91,7 +91,7 @@ def _engine_metrics(run: Run, own: list[Group], collected: Collected, serving: i
     versions = [x.completion.policy_version for g in own for x in g.samples]
     if serving is not None and versions and None not in versions:
         metrics["dist/staleness_max"] = float(serving - min(v for v in versions if v is not None))
-    if run.cfg.dist.partial_rollouts:  # samples that newer weights finished
+    if run.cfg.dist.partial_rollouts():  # samples that newer weights finished
         crossed = [bool(x.completion.swapped_at) for g in own for x in g.samples]
         metrics["dist/partial_fraction"] = statistics.fmean(crossed) if crossed else 0.0
     return metrics
@@ -114,7 +114,7 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
     """Run (or resume) a training job; returns the summary also written to summary.json."""
     run, start = open_run(cfg, resume=resume, overrides=overrides, quiet=quiet)
     try:
-        scaleout.attach(run)  # dist.rollout_workers / learners / async_steps: the same loop, parts on Ray
+        scaleout.attach(run)  # dist.rollout_workers / learners / async_rollouts: the same loop, parts on Ray
         return _train_loop(run, start, quiet)
     finally:
         scaleout.detach(run)
@@ -180,8 +180,7 @@ def _trackers(run: Run, start: int, progress: ConsoleProgress) -> tracking.Track
     """The experiment trackers log.sinks names (TensorBoard, W&B, MLflow), continuing from `start`."""
     log = run.cfg.log
     return tracking.open_trackers(log.sinks, run.dir, name=run.dir.name, config=run.cfg.model_dump(), start_step=start,
-                                  wandb_project=log.wandb_project, wandb_mode=log.wandb_mode, mlflow_uri=log.mlflow_uri,
-                                  mlflow_experiment=log.mlflow_experiment, warn=progress.print)
+                                  kwargs=log.sink_kwargs, warn=progress.print)
 
 
 def _finish(run: Run, summary: dict[str, Any], progress: ConsoleProgress) -> dict[str, Any]:

@@ -409,12 +409,19 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
     finally:
         metrics_sink.close()
         samples_sink.close()
-    rows = read_jsonl(run.dir / "metrics.jsonl")
-    losses = [r["loss"] for r in rows if "loss" in r]
-    summary |= {"run_dir": str(run.dir), "steps": total, "seconds": sum(r["step_seconds"] for r in rows)}
-    if losses:
-        k = max(1, min(3, len(losses) // 3))
-        summary |= {"loss_start": statistics.fmean(losses[:k]), "loss_end": statistics.fmean(losses[-k:])}
+    summary |= _totals(run, total)
     summary_path.write_text(json.dumps(summary, indent=2))
     progress.print(summary_line(summary))
     return summary
+
+
+def _totals(run: Run, total: int) -> dict[str, Any]:
+    """The run's totals from its metrics.jsonl: steps, seconds, and the loss at the start and the end
+    (means over up to three steps)."""
+    rows = read_jsonl(run.dir / "metrics.jsonl")
+    losses = [r["loss"] for r in rows if "loss" in r]
+    out = {"run_dir": str(run.dir), "steps": total, "seconds": sum(r["step_seconds"] for r in rows)}
+    if losses:
+        k = max(1, min(3, len(losses) // 3))
+        out |= {"loss_start": statistics.fmean(losses[:k]), "loss_end": statistics.fmean(losses[-k:])}
+    return out

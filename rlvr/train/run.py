@@ -98,7 +98,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     a progress bar unless quiet). `model_spec` is the checkpoint a resumed run starts from."""
     keep_freed_memory()  # ~1.4x faster learner steps on CPU; see rlvr.runtime
     torch.manual_seed(cfg.seed)
-    sandbox.configure(cfg.sandbox.isolation, cfg.sandbox.limits(), cfg.sandbox.parallelism)  # for code rewards
+    sandbox.configure(cfg.sandbox.isolation, cfg.sandbox.sandbox_limits(), cfg.sandbox.parallelism)  # for code rewards
     spec = model_spec or cfg.model
     tokenizer = load_tokenizer(spec)
     device = resolve_device(cfg.train.device)
