@@ -159,6 +159,8 @@ def test_two_learners_train_ppo_with_a_critic_as_one_does(tiny_dir: Path, tmp_pa
     (["dist.async_rollouts.partial_rollouts=true"], "dist.async_rollouts: missing keyword 'steps'"),
     (["dist.async_rollouts.steps=0"], "need steps >= 1"),
     (["dist.ray.cpus_per_workers=2"], "did you mean 'cpus_per_worker'"),
+    (['dist.ray.num_cpus="four"'], "dist.ray: num_cpus: Input should be a valid integer"),
+    (['dist.async_rollouts={steps = 1, on_stale = "later"}'], "on_stale: Input should be 'wait' or 'drop'"),
     (["dist.async_steps=1"], "'dist.async_steps' is now dist.async_rollouts.steps"),
     (["dist.rollout_workers=1", 'engine.backend="vllm"'], "need a GPU each"),
     (["dist.rollout_workers=1", 'engine.backend="vllm"', "dist.ray.gpus_per_worker=1",

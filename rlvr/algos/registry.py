@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 from collections.abc import Callable, Iterable
@@ -55,13 +56,26 @@ def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str],
 
 def options(what: str, cls: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     """`cls(**kwargs)`, a method's options from a config's kwargs: each name checked against `cls`'s
-    parameters (the nearest named when unknown), each value by `cls` itself."""
+    parameters (the nearest named when unknown), each value against its annotated type (a dataclass's,
+    through pydantic) and by `cls` itself."""
     named = [p for p in inspect.signature(cls).parameters.values()
              if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
     check_keywords(what, cls, kwargs, [p.name for p in named])
     missing = [p.name for p in named if p.default is inspect.Parameter.empty and p.name not in kwargs]
     if missing:
         raise ValueError(f"{what}: missing keyword {missing[0]!r} (it takes {', '.join(p.name for p in named)})")
+    if dataclasses.is_dataclass(cls):  # each value checked against its annotated type, as config fields are
+        from pydantic import TypeAdapter, ValidationError
+
+        try:
+            return TypeAdapter(cls).validate_python(kwargs)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            message = first["msg"].removeprefix("Value error, ")
+            if where:  # a value of the wrong type
+                message = f"{where}: {message} (got {first['input']!r})"
+            raise ValueError(f"{what}: {message}") from None  # else cls's own check says what it got
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
