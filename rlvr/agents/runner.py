@@ -380,7 +380,7 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
     groups = []
     for k, i in enumerate(indices):
         mine = episodes[k * n : (k + 1) * n]
-        # "turns" and "tool_calls" ride along as weight-0 parts: algo.stratum_key can stratify by them (SAN)
+        # "turns" and "tool_calls" ride along as weight-0 parts: advantage_kwargs.stratum can stratify by them (SAN)
         # SUPO's overlong masking: an unfinished episode is excluded from the loss (as a reward's None is)
         samples = tuple(Sample(ep.prompt_ids, ep.completion, ep.reward, {
             "env": ep.reward, "turns": float(ep.turns), "tool_calls": ep.metrics.get("tool_calls", 0.0),
