@@ -260,12 +260,15 @@ def _sample(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import platform
-
     from rlvr.bench import compare_grpo, run_part
+    from rlvr.models import cpu_description, cpu_line
 
-    print(f"# rlvr bench, {time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs", flush=True)
+    cpu = cpu_line(cpu_description())  # every figure names the CPU it came from
+
+    def emit(record: dict[str, Any]) -> None:
+        print(json.dumps({**record, "cpu": cpu}), flush=True)
+
+    print(f"# rlvr bench, {time.strftime('%Y-%m-%d %H:%M')}, {cpu}", flush=True)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in ("generate", "learner", "grpo")]
     if unknown:
@@ -273,15 +276,14 @@ def _bench(args: argparse.Namespace) -> int:
     for part in parts:
         if part == "generate":
             sizes = [int(b) for b in args.batch_sizes.split(",")]
-            print(json.dumps(run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens)), flush=True)
+            emit(run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens))
         elif part == "learner":
             for micro, checkpointing in ((8, False), (4, True)):  # fastest, and smallest memory
-                print(json.dumps(run_part("learner", batch=16, prompt=64, completion=192, micro_batch=micro,
-                                          checkpointing=checkpointing)), flush=True)
+                emit(run_part("learner", batch=16, prompt=64, completion=192, micro_batch=micro,
+                              checkpointing=checkpointing))
         else:
             for p, g in [tuple(int(x) for x in s.split("x")) for s in args.grpo_shapes.split(",")]:
-                print(json.dumps(compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps)),
-                      flush=True)
+                emit(compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps))
     return 0
 
 

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -91,6 +92,48 @@ def _cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return "unknown"
+
+
+SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+               "amx_int8", "asimd", "sve", "bf16")
+"""CPU features that decide which kernels run fast (x86: AVX2/AVX-512/AMX; Arm: NEON, SVE, BF16)."""
+
+
+def parse_cpuinfo(text: str) -> dict[str, Any]:
+    """The first processor of a /proc/cpuinfo: its model name, family and model numbers, and which
+    of SPEED_FLAGS it has (x86 "flags", Arm "Features")."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor is enough: the others are the same
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return {"model": fields.get("model name") or fields.get("CPU part") or "unknown",
+            "family": fields.get("cpu family") or fields.get("CPU architecture"), "model_id": fields.get("model"),
+            "flags": [f for f in SPEED_FLAGS if f in flags]}
+
+
+def cpu_description() -> dict[str, Any]:
+    """This machine's CPU as every speed figure should name it: model, family/model, the speed
+    flags, the core count, whether bf16 matrix products run natively, and what "auto" picks."""
+    try:
+        described = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:  # not Linux
+        described = {"model": platform.processor() or platform.machine(), "family": None, "model_id": None,
+                     "flags": []}
+    return {**described, "cores": os.cpu_count(), "bf16_native": bf16_supported("cpu"),
+            "auto_dtype": ("bf16" if resolve_dtype("auto") == torch.bfloat16 else "fp32")
+            + (f" ({AUTO_DTYPE_ENV})" if os.environ.get(AUTO_DTYPE_ENV) else "")}
+
+
+def cpu_line(cpu: dict[str, Any]) -> str:
+    """`cpu_description` as one line, e.g. "AMD EPYC (family 25 model 1), 2 cores, avx2 fma, auto: fp32"."""
+    where = f" (family {cpu['family']} model {cpu['model_id']})" if cpu.get("family") else ""
+    return (f"{cpu['model']}{where}, {cpu['cores']} cores, {' '.join(cpu['flags']) or 'no listed speed flags'}, "
+            f"bf16 {'native' if cpu['bf16_native'] else 'not native'}, auto: {cpu['auto_dtype']}")
 
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}

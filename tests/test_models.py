@@ -84,3 +84,22 @@ def test_bundled_model_converts_once_and_generates() -> None:
     ids = render_prompt(tokenizer, "What is 2 + 2? Answer with just the number.")
     [[out]] = engine.generate([ids], SamplingParams(temperature=0.0, max_new_tokens=8))
     assert out.token_ids and out.text.strip()
+
+
+@pytest.mark.dtype_independent
+def test_the_cpu_is_described_by_its_model_and_speed_flags() -> None:
+    """Every bench figure names its CPU (issue 20): the model, family/model numbers and the flags
+    that decide which kernels are fast, read from /proc/cpuinfo (an x86 and an Arm excerpt)."""
+    from rlvr.models import cpu_line, parse_cpuinfo
+
+    x86 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+           "model name\t: AMD EPYC 9R14 96-Core Processor\nflags\t\t: fpu sse avx2 fma avx512f avx512_bf16 "
+           "avx512_vnni\n\nprocessor\t: 1\nmodel name\t: something else\n")
+    got = parse_cpuinfo(x86)
+    assert got == {"model": "AMD EPYC 9R14 96-Core Processor", "family": "25", "model_id": "17",
+                   "flags": ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"]}
+    arm = "processor\t: 0\nFeatures\t: fp asimd bf16 sve\nCPU architecture: 8\nCPU part\t: 0xd40\n"
+    assert parse_cpuinfo(arm)["flags"] == ["asimd", "sve", "bf16"]
+    line = cpu_line({**got, "cores": 2, "bf16_native": True, "auto_dtype": "bf16"})
+    assert line == ("AMD EPYC 9R14 96-Core Processor (family 25 model 17), 2 cores, "
+                    "avx2 fma avx512f avx512_vnni avx512_bf16, bf16 native, auto: bf16")
