@@ -142,6 +142,16 @@ AUTO_DTYPE_ENV = "RLVR_AUTO_DTYPE"
 to run the bf16 path on a CPU where bf16 is slow (CI does), or the fp32 one where it is fast."""
 
 
+def with_cache(model: Any, cache: Any) -> dict[str, Any]:
+    """The keyword that hands a key/value cache to `model`'s forward: ``cache`` in transformers
+    ≥ 5 (where ``past_key_values`` is deprecated, to be removed in 5.40), ``past_key_values``
+    before."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache, "use_cache": True}
+
+
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
     """"auto" | "bf16" | "bfloat16" | "fp32" | "float32" → a torch dtype ("auto": $RLVR_AUTO_DTYPE
     if set, else see fast_bf16)."""

@@ -28,6 +28,7 @@ from typing import Literal, Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlvr.models import with_cache
 from rlvr.rollout.sampling import sample_tokens
 from rlvr.rollout.static_decode import FusedWeights, StaticDecoder, unsupported_reason
 from rlvr.types import Completion, FinishReason, SamplingParams
@@ -252,7 +253,7 @@ class EmbeddedEngine:
         cache = DynamicCache()
         logits = self.model(
             input_ids=ids_PT, attention_mask=mask_PT, position_ids=pos_PT,
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
+            logits_to_keep=1, **with_cache(self.model, cache),
         ).logits[:, -1]
         return cache, logits, mask_PT
 
@@ -314,7 +315,7 @@ class HFDecoder:
         self.mask_BT = torch.cat([self.mask_BT, self.mask_BT.new_ones(len(tok_B), 1)], dim=-1)
         logits = self.model(
             input_ids=tok_B[:, None], attention_mask=self.mask_BT, position_ids=self.next_pos_B[:, None],
-            past_key_values=self.cache, use_cache=True,
+            **with_cache(self.model, self.cache),
         ).logits[:, -1]
         self.next_pos_B = self.next_pos_B + 1
         return logits
