@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from tests.tiny import make_tiny_model, make_tiny_tokenizer
@@ -29,6 +31,29 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_tiny_model().save_pretrained(path)
     make_tiny_tokenizer().save_pretrained(path)
     return path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _float64_stays_float64() -> Iterator[None]:
+    """Hugging Face's Llama RMSNorm computes in float32 whatever the model's dtype, so a float64
+    model (the exact reference of the gradient identities in test_learner.py and
+    test_shared_prompts.py) still rounds to float32 there: two computations that are equal in
+    exact arithmetic but sum in a different order (e.g. one prompt pass receiving the gradient
+    of G rows, against G passes) then differ by ~1e-7 relative, not float64's ~1e-15. For
+    float64 inputs only, the norm here computes in float64; every other dtype runs the library's
+    own code."""
+    from transformers.models.llama import modeling_llama
+
+    library = modeling_llama.LlamaRMSNorm.forward
+
+    def forward(self: modeling_llama.LlamaRMSNorm, hidden: torch.Tensor) -> torch.Tensor:
+        if hidden.dtype != torch.float64:
+            return library(self, hidden)
+        return self.weight * (hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(modeling_llama.LlamaRMSNorm, "forward", forward)
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from rlvr.rewards.intrinsic import token_certainty
-from rlvr.train.logprobs import token_budget_batches, token_logprobs
+from rlvr.train.logprobs import can_share_prompts, shared_prompt_logprobs, token_budget_batches, token_logprobs
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Sample
 
@@ -34,24 +34,63 @@ def collate(samples: list[Sample], pad_token_id: int, device: torch.device) -> d
 
 
 def micro_batches(indices: list[int], samples: list[Sample], size: int,
-                   max_tokens: int | None = None) -> list[list[int]]:
+                   max_tokens: int | None = None, by_prompt: bool = False) -> list[list[int]]:
     """At most ``size`` rows, and at most ``max_tokens`` padded tokens (rows × the longest row),
     per micro-batch; a row longer than that goes alone. Similar lengths go together: less
-    padding. The totals passed to aggregate_loss keep the result independent of the cut.
+    padding. With ``by_prompt`` (the micro-batches will encode each distinct prompt once:
+    `sample_logprobs`), two orders are cut and the one with fewer tokens to run is kept: rows of
+    a prompt together (one prompt pass per group; their completions padded to the group's
+    longest), or by completion length (little padding, prompts shared only where rows of one
+    land together). The totals passed to aggregate_loss keep the result independent of the cut.
 
     The token cap is what keeps memory bounded when rows are long (multi-turn episodes): the
     activations a backward pass keeps grow with the tokens in the micro-batch (about 1.1 MB a
     token on SmolLM2-135M in fp32, docs/LOG.md), so 16 rows of 1,000 tokens need some 18 GB."""
-    ordered = sorted(indices, key=lambda i: samples[i].num_tokens)
-    cuts = token_budget_batches([samples[i].num_tokens for i in ordered], max_tokens, size)
-    return [[ordered[j] for j in cut] for cut in cuts]
+    def cut(ordered: list[int]) -> list[list[int]]:
+        cuts = token_budget_batches([samples[i].num_tokens for i in ordered], max_tokens, size)
+        return [[ordered[j] for j in c] for c in cuts]
+
+    if not by_prompt:
+        return cut(sorted(indices, key=lambda i: samples[i].num_tokens))
+    together = cut(sorted(indices, key=lambda i: (len(samples[i].prompt_ids), samples[i].prompt_ids,
+                                                  len(samples[i].completion.token_ids))))
+    by_length = cut(sorted(indices, key=lambda i: (len(samples[i].completion.token_ids), samples[i].prompt_ids)))
+    return min(together, by_length, key=lambda cuts: sum(shared_tokens([samples[i] for i in c]) for c in cuts))
+
+
+def shared_tokens(rows: list[Sample]) -> int:
+    """The tokens `sample_logprobs` runs for one micro-batch with its prompts shared: each
+    distinct prompt once (padded to the longest), and each completion but its last token
+    (padded to the longest)."""
+    prompts = {x.prompt_ids for x in rows}
+    return len(prompts) * max(map(len, prompts)) + len(rows) * (max(len(x.completion.token_ids) for x in rows) - 1)
 
 
 def batches(samples: list[Sample], indices: list[int], pad_token_id: int, device: torch.device, size: int,
-            max_tokens: int | None = None) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
+            max_tokens: int | None = None, by_prompt: bool = False,
+            ) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
     """The micro-batches of `indices` (see micro_batches), each with its collated tensors."""
-    for micro in micro_batches(indices, samples, size, max_tokens):
+    for micro in micro_batches(indices, samples, size, max_tokens, by_prompt):
         yield micro, collate([samples[i] for i in micro], pad_token_id, device)
+
+
+def sample_logprobs(model: PreTrainedModel, rows: list[Sample], batch: dict[str, torch.Tensor], s: UpdateSettings,
+                    pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs_BT, entropy_BT) of a micro-batch's completion tokens at the sampling temperature,
+    in `collate`'s layout (`batch`). Rows that share a prompt have it encoded once
+    (rlvr.train.logprobs.shared_prompt_logprobs) when ``s.share_prompts`` and the model allows
+    it; otherwise each row runs whole (token_logprobs). Both give the same values to float rounding."""
+    prompts: dict[tuple[int, ...], int] = {}
+    row_prompt = [prompts.setdefault(tuple(x.prompt_ids), len(prompts)) for x in rows]
+    if not (s.share_prompts and len(prompts) < len(rows) and can_share_prompts(model)):
+        return token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
+                              temperature=s.temperature, chunk_size=s.logprob_chunk)
+    logprobs_N, entropy_N = shared_prompt_logprobs(
+        model, [list(p) for p in prompts], [list(x.completion.token_ids) for x in rows], row_prompt, pad_token_id,
+        temperature=s.temperature, chunk_size=s.logprob_chunk)
+    where_BT = batch["completion_mask"]
+    zeros = torch.zeros(where_BT.shape, dtype=logprobs_N.dtype, device=where_BT.device)
+    return zeros.masked_scatter(where_BT, logprobs_N), zeros.masked_scatter(where_BT, entropy_N)
 
 
 def scored_batches(model: PreTrainedModel, samples: list[Sample], s: UpdateSettings, pad_token_id: int,
@@ -61,9 +100,8 @@ def scored_batches(model: PreTrainedModel, samples: list[Sample], s: UpdateSetti
     settings, each with its collated tensors and `model`'s log-probs of the completion tokens at
     the sampling temperature (with gradients unless the caller turned them off)."""
     for micro, batch in batches(samples, list(range(len(samples))) if indices is None else indices, pad_token_id,
-                                device, s.micro_batch_size, s.micro_batch_tokens):
-        logprobs_BT, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
-                                        temperature=s.temperature, chunk_size=s.logprob_chunk)
+                                device, s.micro_batch_size, s.micro_batch_tokens, s.share_prompts):
+        logprobs_BT, _ = sample_logprobs(model, [samples[i] for i in micro], batch, s, pad_token_id)
         yield micro, batch, logprobs_BT
 
 

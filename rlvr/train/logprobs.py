@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 
 from rlvr.data.chat import Tokenized
 from rlvr.lora import causal_lm
+from rlvr.models import with_cache
 
 
 class _HeadLogprobs(torch.autograd.Function):
@@ -117,7 +118,105 @@ def token_logprobs(
     select_BT = target_mask_BT[:, 1:].bool()
     hidden_NH = hidden_BTH[:, :-1][select_BT]
     targets_N = input_ids_BT[:, 1:][select_BT]
-    head = model.get_output_embeddings()
+    logprobs_N, entropy_N = _head_logprobs(model, hidden_NH, targets_N, temperature, chunk_size)
+    dtype = logprobs_N.dtype
+    shape = input_ids_BT.shape
+    full_mask = torch.zeros(shape, dtype=torch.bool, device=input_ids_BT.device)
+    full_mask[:, 1:] = select_BT
+    logprobs_BT = torch.zeros(shape, dtype=dtype, device=input_ids_BT.device).masked_scatter(full_mask, logprobs_N)
+    entropy_BT = torch.zeros(shape, dtype=dtype, device=input_ids_BT.device).masked_scatter(full_mask, entropy_N)
+    return logprobs_BT, entropy_BT
+
+
+def can_share_prompts(model: Any) -> bool:
+    """Whether `shared_prompt_logprobs` can run on `model`: it needs the key/value cache, which
+    Hugging Face turns off under activation checkpointing in training mode."""
+    lm = causal_lm(model)
+    name = "is_activation_checkpointing" if hasattr(type(lm), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"  # renamed in transformers 5
+    return not (lm.training and getattr(lm, name, False))
+
+
+def shared_prompt_logprobs(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    row_prompt: list[int],
+    pad_token_id: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs_N, entropy_N) of every completion token, rows in order, each prompt encoded once.
+
+    Row b is ``prompts[row_prompt[b]] + completions[b]``. The G samples of a GRPO group share
+    their prompt, and the per-row computation (token_logprobs) runs that prompt through the
+    model G times, forward and backward. Here the distinct prompts run once, keeping their keys
+    and values with gradient; each row's completion then runs on a copy of its prompt's cache
+    (a differentiable index of it), so its tokens attend to the prompt exactly as in the whole
+    row, and the backward sums every row's gradient into the one prompt pass. The log-probs, and
+    so every loss and its gradient, are the per-row ones up to float rounding (summation order);
+    tests/test_shared_prompts.py holds the two equal. This is the shared-prefix idea of
+    "Prefix Grouper: Efficient GRPO Training through Shared-Prefix Forward" (arXiv:2506.05433),
+    which concatenates a group into one sequence under a grouped attention mask; going through
+    the key/value cache instead keeps each completion's attention to its own prompt and tokens
+    (no attention over the other completions to mask out) and any Hugging Face causal LM whose
+    cache is a `DynamicCache` works unchanged.
+
+    The first completion token is scored from the prompt pass's last hidden state, the others
+    from the completion pass; the last completion token is never fed (it predicts nothing).
+    Prompts are right-padded (pads attend to the real tokens before them, so no row of the
+    attention is empty) and masked out of every completion's attention.
+    """
+    from transformers import DynamicCache
+
+    lm = causal_lm(model)
+    device = next(lm.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids_PL = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask_PL = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids_PL[i, : len(p)] = torch.tensor(p)
+        mask_PL[i, : len(p)] = 1
+    ids_PL, mask_PL = ids_PL.to(device), mask_PL.to(device)
+    cache = DynamicCache()
+    prompt_PLH = lm.base_model(input_ids=ids_PL, attention_mask=mask_PL, position_ids=torch.arange(
+        width, device=device).expand(len(prompts), width), **with_cache(lm.base_model, cache)).last_hidden_state
+    if cache.get_seq_length() != width:  # a model that ignored the cache request: the completions would lose their prompt
+        raise RuntimeError(f"{type(lm).__name__} kept no key/value cache of the prompts; shared prompts need one "
+                           "(UpdateSettings.share_prompts=False runs every row whole)")
+    rows = torch.tensor(row_prompt, device=device)
+    lengths_B = torch.tensor([len(prompts[i]) for i in row_prompt], device=device)
+    fed = max(len(c) for c in completions) - 1  # completion tokens fed per row: all but the last
+    hidden = [prompt_PLH[rows, lengths_B - 1]]  # _BH: predicts each row's first completion token
+    if fed > 0:
+        ids_BC = torch.full((len(completions), fed), pad_token_id, dtype=torch.long)
+        mask_BC = torch.zeros((len(completions), fed), dtype=torch.long)
+        for b, c in enumerate(completions):
+            if len(c) > 1:
+                ids_BC[b, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+                mask_BC[b, : len(c) - 1] = 1
+        cache.batch_select_indices(rows)
+        completion_BCH = lm.base_model(
+            input_ids=ids_BC.to(device), attention_mask=torch.cat([mask_PL[rows], mask_BC.to(device)], dim=1),
+            position_ids=lengths_B[:, None] + torch.arange(fed, device=device),
+            **with_cache(lm.base_model, cache)).last_hidden_state
+        hidden.append(completion_BCH)
+    targets_N = torch.tensor([t for c in completions for t in c], dtype=torch.long, device=device)
+    if not len(targets_N):
+        return _head_logprobs(lm, hidden[0][:0], targets_N, temperature, chunk_size)
+    # row b's completion tokens in order: its prompt's last state, then its completion states 0..c-2
+    first = [torch.tensor([b]) for b in range(len(completions))]
+    picks = torch.cat([torch.cat([first[b], len(completions) + b * fed + torch.arange(len(c) - 1)])
+                       for b, c in enumerate(completions) if c]).to(device)
+    flat_NH = torch.cat([hidden[0], *(h.flatten(0, 1) for h in hidden[1:])])[picks]
+    return _head_logprobs(lm, flat_NH, targets_N, temperature, chunk_size)
+
+
+def _head_logprobs(lm: Any, hidden_NH: torch.Tensor, targets_N: torch.Tensor, temperature: float,
+                   chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs_N, entropy_N) of `targets_N` under the LM head on `hidden_NH`, chunk by chunk."""
+    head = lm.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         raise NotImplementedError("LM heads with a bias are not supported yet")
     pieces = [
@@ -127,12 +226,7 @@ def token_logprobs(
     dtype = torch.promote_types(hidden_NH.dtype, torch.float32)
     logprobs_N = torch.cat([p[0] for p in pieces]) if pieces else hidden_NH.new_zeros(0, dtype=dtype)
     entropy_N = torch.cat([p[1] for p in pieces]) if pieces else hidden_NH.new_zeros(0, dtype=dtype)
-    shape = input_ids_BT.shape
-    full_mask = torch.zeros(shape, dtype=torch.bool, device=input_ids_BT.device)
-    full_mask[:, 1:] = select_BT
-    logprobs_BT = torch.zeros(shape, dtype=dtype, device=input_ids_BT.device).masked_scatter(full_mask, logprobs_N)
-    entropy_BT = torch.zeros(shape, dtype=dtype, device=input_ids_BT.device).masked_scatter(full_mask, entropy_N)
-    return logprobs_BT, entropy_BT
+    return logprobs_N, entropy_N
 
 
 def token_budget_batches(lengths: list[int], max_tokens: int | None, max_rows: int | None = None) -> list[list[int]]:

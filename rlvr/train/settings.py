@@ -50,6 +50,11 @@ class UpdateSettings:
     """Padded tokens per micro-batch at most (None = no cap)."""
     temperature: float = 1.0
     logprob_chunk: int = 256
+    share_prompts: bool = True
+    """Encode the prompt shared by several rows of a micro-batch once (rlvr.train.logprobs.
+    shared_prompt_logprobs): the same log-probs and gradient as one row per sample, to float
+    rounding, for fewer tokens. Off, or with activation checkpointing (which turns off the key/value
+    cache it needs), every row runs its whole prompt."""
 
     @property
     def kl_in_loss(self) -> bool:

@@ -19,10 +19,10 @@ from rlvr.algos import CORRECTIONS, KL_ESTIMATORS, LOSSES, aggregate_loss, misma
 from rlvr.algos.losses import STATE_UPDATES
 from rlvr.train.advantages import (check_combination, compute_advantages, outcome_advantages, shaped_rewards,
                                    turn_credit, units)
-from rlvr.train.batches import collate, micro_batches, old_rows, score_certainty, score_logprobs, token_rows
+from rlvr.train.batches import (collate, micro_batches, old_rows, sample_logprobs, score_certainty, score_logprobs,
+                                token_rows)
 from rlvr.train.inputs import keeps_state, loss_rows
 from rlvr.train.learner import Learner
-from rlvr.train.logprobs import token_logprobs
 from rlvr.train.parallel import all_reduce_sums, share, world
 from rlvr.train.settings import UpdateSettings, settings_from_config
 from rlvr.types import Group, Sample
@@ -202,7 +202,7 @@ def _optimise(
             run = [i for i in mini if i in trained]
             step_sums: dict[str, float] = defaultdict(float)
             # data-parallel learners each take their share of the micro-batches (rlvr.train.parallel)
-            for micro in share(micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens)):
+            for micro in share(micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens, s.share_prompts)):
                 _accumulate(learner, credit, batch, micro, s, totals, pad_token_id, device, step_sums)
             if world()[0] == 0:
                 for term in terms:
@@ -305,8 +305,7 @@ def _accumulate(
     batch = collate([b.samples[i] for i in micro], pad_token_id, device)
     # per-token values sit on every completion token; the loss and its metrics see the trained ones
     mask_BT, where_BT = batch["loss_mask"], batch["completion_mask"]
-    logprobs_BT, entropy_BT = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"], where_BT,
-                                             temperature=s.temperature, chunk_size=s.logprob_chunk)
+    logprobs_BT, entropy_BT = sample_logprobs(learner.model, [b.samples[i] for i in micro], batch, s, pad_token_id)
     old_BT = logprobs_BT.detach() if b.old is None else old_rows(b.old, micro, logprobs_BT.detach(), where_BT)
     adv_BT = token_rows(b.advantages, micro, where_BT)
     inputs: dict[str, Any] = {name: token_rows(rows, micro, where_BT) for name, rows in b.loss_rows.items()}

@@ -1,0 +1,220 @@
+"""Shared prompts in the learner (rlvr.train.logprobs.shared_prompt_logprobs): each distinct
+prompt of a micro-batch is encoded once and its rows' completions run on its key/value cache.
+Everything here is held against the plain computation, one whole row per sample.
+
+Exactness: in float64 (conftest keeps Llama's RMSNorm in float64 for float64 models) the two
+differ only in summation order, ~1e-15 relative; the tolerances of test_learner.py apply
+(rtol 1e-8, atol 1e-12). A wrong position, a missing mask or a dropped gradient path moves
+log-probs by ~1e-1 and gradients by ~1e-2 (checked below by breaking the positions)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rlvr.algos import LOSSES
+from rlvr.train.batches import micro_batches, shared_tokens
+from rlvr.train.logprobs import can_share_prompts, shared_prompt_logprobs, token_logprobs
+from rlvr.train.update import UpdateSettings, update_policy
+from rlvr.types import Completion, Group, Sample
+from tests.test_learner import GradRecorder, SGDRecorder, assert_grads_close, exact_model, make_groups
+from tests.tiny import make_tiny_model
+
+PROMPTS = [[5, 17, 99, 3], [40, 41, 42, 43, 44, 45, 46, 47], [7, 8, 9]]
+COMPLETIONS = [[11, 12, 13, 14, 2], [20], [30, 31], [50, 51, 52, 53, 54, 55, 56], [60, 61, 62], [70, 71]]
+ROW_PROMPT = [0, 0, 1, 1, 1, 2]  # prompt 2 has a single row
+
+
+def whole_rows(prompts: list[list[int]], completions: list[list[int]], row_prompt: list[int],
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The plain layout: right-padded prompt + completion rows, the completion tokens marked."""
+    rows = [prompts[p] + c for p, c in zip(row_prompt, completions)]
+    width = max(map(len, rows))
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    target = torch.zeros((len(rows), width), dtype=torch.bool)
+    for b, (row, p) in enumerate(zip(rows, row_prompt)):
+        ids[b, : len(row)] = torch.tensor(row)
+        attention[b, : len(row)] = 1
+        target[b, len(prompts[p]) : len(row)] = True
+    return ids, attention, target
+
+
+def grads_of(model: torch.nn.Module, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    value.backward()
+    out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_size", [3, 256])
+def test_shared_prompt_logprobs_equal_whole_rows(temperature: float, chunk_size: int) -> None:
+    model = exact_model()
+    ids, attention, target = whole_rows(PROMPTS, COMPLETIONS, ROW_PROMPT)
+    lp_BT, ent_BT = token_logprobs(model, ids, attention, target, temperature=temperature, chunk_size=chunk_size)
+    lp_N, ent_N = shared_prompt_logprobs(model, PROMPTS, COMPLETIONS, ROW_PROMPT, 0, temperature=temperature,
+                                         chunk_size=chunk_size)
+    assert lp_N.shape == (sum(map(len, COMPLETIONS)),)
+    torch.testing.assert_close(lp_N, lp_BT[target], atol=1e-12, rtol=1e-8)
+    torch.testing.assert_close(ent_N, ent_BT[target], atol=1e-12, rtol=1e-8)
+    # gradients of an arbitrary weighted sum of both outputs, with respect to every parameter
+    w = torch.randn(len(lp_N), generator=torch.Generator().manual_seed(1), dtype=lp_N.dtype)
+    whole = grads_of(model, (lp_BT[target] * w).sum() + 0.3 * ent_BT[target].sum())
+    lp_N, ent_N = shared_prompt_logprobs(model, PROMPTS, COMPLETIONS, ROW_PROMPT, 0, temperature=temperature,
+                                         chunk_size=chunk_size)
+    assert_grads_close([grads_of(model, (lp_N * w).sum() + 0.3 * ent_N.sum())], [whole])
+
+
+def test_a_wrong_prompt_position_is_caught() -> None:
+    """The check above can fail: scoring each completion as if its prompt were one token shorter
+    (a wrong offset between the prompt pass and the completion pass) moves the log-probs far
+    outside its tolerance."""
+    model = exact_model()
+    ids, attention, target = whole_rows(PROMPTS, COMPLETIONS, ROW_PROMPT)
+    lp_BT, _ = token_logprobs(model, ids, attention, target)
+    shorter = [p[:-1] for p in PROMPTS]
+    lp_N, _ = shared_prompt_logprobs(model, shorter, COMPLETIONS, ROW_PROMPT, 0)
+    assert float((lp_N - lp_BT[target]).detach().abs().max()) > 1e-2
+
+
+def test_one_token_completions_and_single_rows() -> None:
+    """Completions of one token need no completion pass (the prompt's last state scores them);
+    a prompt with one row is the plain computation."""
+    model = exact_model()
+    completions = [[20], [21], [22]]
+    ids, attention, target = whole_rows(PROMPTS, completions, [0, 0, 2])
+    lp_BT, _ = token_logprobs(model, ids, attention, target)
+    lp_N, _ = shared_prompt_logprobs(model, PROMPTS, completions, [0, 0, 2], 0)
+    torch.testing.assert_close(lp_N, lp_BT[target], atol=1e-12, rtol=1e-8)
+
+
+GROUPS = [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.5, 0.0]]
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+@pytest.mark.parametrize("offpolicy", ["none", "tis"])
+def test_every_loss_gets_the_per_sample_gradient(loss: str, offpolicy: str) -> None:
+    """The whole update, shared prompts against one row per sample, with the micro-batch cut held
+    fixed (one micro-batch per mini-batch, so BAPO's per-micro-batch search sees the same rows):
+    two mini-batches with an SGD step between them, so the second is off-policy and ratios,
+    clipping and importance weights are exercised; KL to a reference and an entropy bonus on."""
+    def grads(share: bool) -> list[dict[str, torch.Tensor]]:
+        recorder = SGDRecorder(exact_model(), lr=0.1 if loss == "r2vpo" else 1.0)  # see test_learner.py
+        settings = UpdateSettings(loss=loss, micro_batch_size=8, mini_batches=2, offpolicy=offpolicy,
+                                  share_prompts=share, kl_coef=0.05, entropy_coef=0.01)
+        update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
+                      ref_model=make_tiny_model(seed=1, dtype=torch.float64),
+                      generator=torch.Generator().manual_seed(0))
+        return recorder.grads
+
+    assert_grads_close(grads(True), grads(False))
+
+
+def test_in_fp32_the_difference_is_rounding() -> None:
+    """The product's own precision: fp32 weights, Hugging Face's modules as they are. The two
+    computations round in different places (the prompt pass sums G rows' gradients before its
+    backward; the float32 RMSNorm rounds that sum once instead of each row), so they agree to
+    fp32 rounding amplified by two layers' backward: per tensor, in norm, within 1e-5 relative
+    (fp32's unit roundoff is 6e-8; a formula error is ~1e-2, test_a_wrong_prompt_position_is_caught)."""
+    def grads(share: bool) -> dict[str, torch.Tensor]:
+        recorder = GradRecorder(make_tiny_model())
+        settings = UpdateSettings(micro_batch_size=8, share_prompts=share, entropy_coef=0.01)
+        update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
+                      generator=torch.Generator().manual_seed(0))
+        return recorder.grads[0]
+
+    shared, whole = grads(True), grads(False)
+    for name, g in whole.items():
+        assert float((shared[name] - g).norm()) <= 1e-5 * float(g.norm()), name
+
+
+def groups_of(prompt_len: int, completion_lengths: list[list[int]]) -> list[Group]:
+    groups = []
+    for p, lengths in enumerate(completion_lengths):
+        prompt = tuple(range(3 + p, 3 + p + prompt_len))
+        samples = [Sample(prompt, Completion(tuple(range(3, 3 + n)), (-1.0,) * n, "stop", ""), float(k % 2), {}, p)
+                   for k, n in enumerate(lengths)]
+        groups.append(Group(f"prompt {p}", tuple(samples)))
+    return groups
+
+
+def test_micro_batches_keep_a_prompt_together_where_that_runs_fewer_tokens() -> None:
+    """Long prompts, completions of similar lengths: a group's rows go together (one prompt pass
+    each). Short prompts, completions from 1 to 30 tokens: by completion length (little
+    padding), prompts shared only where rows of one land together. Either way the cut is the
+    cheaper of the two, counted as `shared_tokens` does."""
+    def cuts_of(groups: list[Group]) -> tuple[list[Sample], list[list[int]]]:
+        samples = [x for g in groups for x in g.samples]
+        cuts = micro_batches(list(range(len(samples))), samples, 4, by_prompt=True)
+        assert sorted(i for cut in cuts for i in cut) == list(range(len(samples)))
+        return samples, cuts
+
+    samples, cuts = cuts_of(groups_of(20, [[3, 4, 3, 4], [4, 3, 3, 4]]))
+    assert all(len({samples[i].prompt_ids for i in cut}) == 1 for cut in cuts)
+    assert sum(shared_tokens([samples[i] for i in cut]) for cut in cuts) == 2 * (20 + 4 * 3)
+    samples, cuts = cuts_of(groups_of(2, [[1, 30, 1, 30], [30, 1, 30, 1]]))
+    assert [sorted(len(samples[i].completion.token_ids) for i in cut) for cut in cuts] == [[1] * 4, [30] * 4]
+    assert sum(shared_tokens([samples[i] for i in cut]) for cut in cuts) == (2 * 2 + 4 * 0) + (2 * 2 + 4 * 29)
+
+
+def count_fed_tokens(model: torch.nn.Module) -> list[int]:
+    counts: list[int] = []
+    model.model.embed_tokens.register_forward_hook(lambda m, args, out: counts.append(args[0].numel()))
+    return counts
+
+
+def test_the_prompt_runs_once_per_micro_batch() -> None:
+    """What the saving is: with groups of 4 on prompts of 3-6 tokens, the shared update feeds each
+    prompt once and every completion but its last token; the plain one feeds 4 padded whole rows."""
+    groups: list[Group] = make_groups(GROUPS)
+
+    def fed(share: bool) -> int:
+        recorder = GradRecorder(exact_model())
+        counts = count_fed_tokens(recorder.model)
+        update_policy(recorder, groups, UpdateSettings(micro_batch_size=4, share_prompts=share),  # type: ignore[arg-type]
+                      pad_token_id=0)
+        return sum(counts)
+
+    prompts = [len(g.samples[0].prompt_ids) for g in groups]
+    longest = [max(len(x.completion.token_ids) for x in g.samples) for g in groups]
+    assert fed(True) == sum(p + 4 * (c - 1) for p, c in zip(prompts, longest))
+    samples = [x for g in groups for x in g.samples]
+    cuts = micro_batches(list(range(len(samples))), samples, 4)  # by length across groups
+    assert fed(False) == sum(len(cut) * max(samples[i].num_tokens for i in cut) for cut in cuts)
+    assert fed(True) < 0.7 * fed(False)
+
+
+def test_activation_checkpointing_runs_rows_whole() -> None:
+    """Hugging Face turns the key/value cache off under activation checkpointing in training
+    mode, so the update falls back to whole rows, with the same gradient."""
+    model = exact_model()
+    assert can_share_prompts(model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    assert not can_share_prompts(model)
+    recorder = GradRecorder(model)
+    update_policy(recorder, make_groups(GROUPS), UpdateSettings(micro_batch_size=8),  # type: ignore[arg-type]
+                  pad_token_id=0)
+    plain = GradRecorder(exact_model())
+    update_policy(plain, make_groups(GROUPS), UpdateSettings(micro_batch_size=8, share_prompts=False),  # type: ignore[arg-type]
+                  pad_token_id=0)
+    assert_grads_close(recorder.grads, plain.grads)
+
+
+def test_a_model_without_a_cache_is_an_error_not_a_wrong_gradient() -> None:
+    model = exact_model()
+    broken = copy.deepcopy(model)
+    broken.config.use_cache = False
+    original = broken.model.forward
+
+    def forward(*args: object, **kwargs: object) -> object:
+        kwargs.pop("cache", None)
+        kwargs.pop("past_key_values", None)
+        return original(*args, **kwargs)
+
+    broken.model.forward = forward  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="kept no key/value cache"):
+        shared_prompt_logprobs(broken, PROMPTS, COMPLETIONS, ROW_PROMPT, 0)
