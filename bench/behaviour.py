@@ -27,7 +27,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = {"generate_seconds", "train_seconds", "step_seconds", "tokens_per_second", "dist/rollout_seconds"}
+TIMING = {"generate_seconds", "train_seconds", "step_seconds", "tokens_per_second", "elapsed_seconds",
+          "dist/rollout_seconds"}
 SMALL = ["train.steps=3", "train.prompts_per_step=4", "algo.group_size=4", "sampling.max_new_tokens=24",
          "task.eval_size=8", "train.micro_batch_size=8"]
 DEMO = ["--config", "configs/demo.toml"]

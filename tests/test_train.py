@@ -16,7 +16,7 @@ from rlvr.config import load_config
 from rlvr.train.loop import Interrupted, RunDirError, train
 from tests.tiny import make_tiny_model
 
-TIMING = {"generate_seconds", "train_seconds", "step_seconds", "tokens_per_second"}
+TIMING = {"generate_seconds", "train_seconds", "step_seconds", "tokens_per_second", "elapsed_seconds"}
 
 
 def distinct_chars(prompt: str, completion: str, **_: object) -> float:

@@ -112,15 +112,16 @@ def _skipped_step(run: Run, step: int, collected: Collected, t0: float) -> dict[
 def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, overrides: tuple[str, ...] = (),
           quiet: bool = False) -> dict[str, Any]:
     """Run (or resume) a training job; returns the summary also written to summary.json."""
+    began = time.perf_counter()  # elapsed_seconds counts model loading and setup too: the user waits for them
     run, start = open_run(cfg, resume=resume, overrides=overrides, quiet=quiet)
     try:
         scaleout.attach(run)  # dist.rollout_workers / learners / async_rollouts: the same loop, parts on Ray
-        return _train_loop(run, start, quiet)
+        return _train_loop(run, start, quiet, began)
     finally:
         scaleout.detach(run)
 
 
-def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
+def _train_loop(run: Run, start: int, quiet: bool, began: float) -> dict[str, Any]:
     cfg = run.cfg
     summary_path = run.dir / "summary.json"
     summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -142,7 +143,10 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
                 summary_path.write_text(json.dumps(summary, indent=2))
                 trackers.log(0, summary["eval_before"])
             budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
-            spent = sum(r.get("step_seconds") or 0.0 for r in read_jsonl(run.dir / "metrics.jsonl"))
+            earlier = read_jsonl(run.dir / "metrics.jsonl")
+            spent = sum(r.get("step_seconds") or 0.0 for r in earlier)
+            # wall clock of the run's invocations so far (a resumed run goes on from its last row)
+            carried = next((r["elapsed_seconds"] for r in reversed(earlier) if "elapsed_seconds" in r), 0.0)
             last = cfg.train.steps
             for step in range(start + 1, cfg.train.steps + 1):
                 metrics, groups = train_step(run, step, progress)
@@ -150,6 +154,7 @@ def _train_loop(run: Run, start: int, quiet: bool) -> dict[str, Any]:
                 if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                     progress.status("evaluating")
                     metrics |= evaluate(run, step)  # greedy on the held-out prompts, in this step's row
+                metrics["elapsed_seconds"] = carried + time.perf_counter() - began
                 metrics_sink.write(metrics)
                 trackers.log(step, metrics)
                 if step % cfg.samples_every == 0:
