@@ -278,9 +278,12 @@ def _bench(args: argparse.Namespace) -> int:
             sizes = [int(b) for b in args.batch_sizes.split(",")]
             emit(run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens))
         elif part == "learner":
-            for micro, checkpointing in ((8, False), (4, True)):  # fastest, and smallest memory
-                emit(run_part("learner", batch=16, prompt=64, completion=192, micro_batch=micro,
-                              checkpointing=checkpointing))
+            # fastest, the same without shared prompts, and smallest memory; then a long system prompt
+            for prompt, completion, micro, checkpointing, share in ((64, 192, 8, False, True), (64, 192, 8, False, False),
+                                                                    (64, 192, 4, True, True), (448, 64, 8, False, True),
+                                                                    (448, 64, 8, False, False)):
+                emit(run_part("learner", batch=16, prompt=prompt, completion=completion, micro_batch=micro,
+                              checkpointing=checkpointing, share_prompts=share))
         else:
             for p, g in [tuple(int(x) for x in s.split("x")) for s in args.grpo_shapes.split(",")]:
                 emit(compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps))

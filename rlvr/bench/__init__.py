@@ -95,7 +95,12 @@ def _llama_cpp(ids: list[list[int]], group: int, new_tokens: int) -> float | str
     return round(llama_cpp_tok_s(ids, group, new_tokens, threads=torch.get_num_threads())["tok_s"], 1)
 
 
-def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, checkpointing: bool = False) -> dict[str, Any]:
+def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, checkpointing: bool = False,
+                 share_prompts: bool = True) -> dict[str, Any]:
+    """One update of `batch` samples in groups of 8 (G samples of one prompt). ``tokens_per_s``
+    counts every sample's prompt and completion (the work a per-sample learner does); the
+    achieved GFLOP/s and its fraction of the matmul rate count the tokens actually run, each
+    group's prompt once when the prompts are shared (no activation checkpointing)."""
     from rlvr.models import load_model
     from rlvr.train.learner import Learner
     from rlvr.train.update import UpdateSettings, update_policy
@@ -109,16 +114,22 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     params = sum(p.numel() for p in model.parameters())
     learner = Learner(model, lr=1e-6)
     groups = fake_groups(batch, min(8, batch), prompt, completion, model.config.vocab_size)
-    settings = UpdateSettings(micro_batch_size=micro_batch, max_tokens=completion)
+    settings = UpdateSettings(micro_batch_size=micro_batch, max_tokens=completion, share_prompts=share_prompts)
     update_policy(learner, groups, settings, pad_token_id=0)  # warm-up: allocators, kernel choice
     start = time.perf_counter()
     update_policy(learner, groups, settings, pad_token_id=0)
     seconds = time.perf_counter() - start
     tokens = batch * (prompt + completion)
-    achieved = 6 * params * tokens / seconds / 1e9
+    shared = share_prompts and not checkpointing and micro_batch > 1
+    # shared: one prompt pass per micro-batch (micro-batches of at most one group here), and
+    # every completion token but the last
+    run_tokens = (-(-batch // min(8, micro_batch)) * prompt + batch * (completion - 1) if shared
+                  else batch * (prompt + completion))
+    achieved = 6 * params * run_tokens / seconds / 1e9
     ceiling = matmul_gflops(model.dtype)
-    return {"part": "learner", "dtype": str(model.dtype), "batch": batch, "micro_batch": micro_batch,
-            "activation_checkpointing": checkpointing, "tokens": tokens,
+    return {"part": "learner", "dtype": str(model.dtype), "batch": batch, "prompt": prompt, "completion": completion,
+            "micro_batch": micro_batch, "activation_checkpointing": checkpointing, "shared_prompts": shared,
+            "tokens": tokens, "tokens_run": run_tokens,
             "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1), "gflops": round(achieved, 1),
             "matmul_gflops": round(ceiling, 1), "fraction_of_matmul": round(achieved / ceiling, 3),
             "peak_rss_gb": round(peak_rss_gb(), 2)}
