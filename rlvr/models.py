@@ -9,6 +9,7 @@ The bundled default, `builtin:smollm2-135m-instruct`, is SmolLM2-135M-Instruct a
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import logging
@@ -145,11 +146,15 @@ to run the bf16 path on a CPU where bf16 is slow (CI does), or the fp32 one wher
 def with_cache(model: Any, cache: Any) -> dict[str, Any]:
     """The keyword that hands a key/value cache to `model`'s forward: ``cache`` in transformers
     ≥ 5 (where ``past_key_values`` is deprecated, to be removed in 5.40), ``past_key_values``
-    before."""
+    before. Looked up once per model class: the decoders call this every step."""
+    return {_cache_keyword(model.__class__): cache, "use_cache": True}
+
+
+@functools.cache
+def _cache_keyword(cls: Any) -> str:
     import inspect
 
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return {name: cache, "use_cache": True}
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:

@@ -102,6 +102,7 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     achieved GFLOP/s and its fraction of the matmul rate count the tokens actually run, each
     group's prompt once when the prompts are shared (no activation checkpointing)."""
     from rlvr.models import load_model
+    from rlvr.train.batches import micro_batches, shared_tokens
     from rlvr.train.learner import Learner
     from rlvr.train.update import UpdateSettings, update_policy
 
@@ -121,10 +122,10 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     seconds = time.perf_counter() - start
     tokens = batch * (prompt + completion)
     shared = share_prompts and not checkpointing and micro_batch > 1
-    # shared: one prompt pass per micro-batch (micro-batches of at most one group here), and
-    # every completion token but the last
-    run_tokens = (-(-batch // min(8, micro_batch)) * prompt + batch * (completion - 1) if shared
-                  else batch * (prompt + completion))
+    samples = [x for g in groups for x in g.samples]
+    run_tokens = (sum(shared_tokens([samples[i] for i in cut])
+                      for cut in micro_batches(list(range(len(samples))), samples, micro_batch, by_prompt=True))
+                  if shared else batch * (prompt + completion))
     achieved = 6 * params * run_tokens / seconds / 1e9
     ceiling = matmul_gflops(model.dtype)
     return {"part": "learner", "dtype": str(model.dtype), "batch": batch, "prompt": prompt, "completion": completion,

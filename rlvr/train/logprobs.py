@@ -173,12 +173,7 @@ def shared_prompt_logprobs(
     lm = causal_lm(model)
     device = next(lm.parameters()).device
     width = max(len(p) for p in prompts)
-    ids_PL = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    mask_PL = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids_PL[i, : len(p)] = torch.tensor(p)
-        mask_PL[i, : len(p)] = 1
-    ids_PL, mask_PL = ids_PL.to(device), mask_PL.to(device)
+    ids_PL, mask_PL = _right_padded(prompts, width, pad_token_id, device)
     cache = DynamicCache()
     prompt_PLH = lm.base_model(input_ids=ids_PL, attention_mask=mask_PL, position_ids=torch.arange(
         width, device=device).expand(len(prompts), width), **with_cache(lm.base_model, cache)).last_hidden_state
@@ -190,15 +185,10 @@ def shared_prompt_logprobs(
     fed = max(len(c) for c in completions) - 1  # completion tokens fed per row: all but the last
     hidden = [prompt_PLH[rows, lengths_B - 1]]  # _BH: predicts each row's first completion token
     if fed > 0:
-        ids_BC = torch.full((len(completions), fed), pad_token_id, dtype=torch.long)
-        mask_BC = torch.zeros((len(completions), fed), dtype=torch.long)
-        for b, c in enumerate(completions):
-            if len(c) > 1:
-                ids_BC[b, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
-                mask_BC[b, : len(c) - 1] = 1
+        ids_BC, mask_BC = _right_padded([c[:-1] for c in completions], fed, pad_token_id, device)
         cache.batch_select_indices(rows)
         completion_BCH = lm.base_model(
-            input_ids=ids_BC.to(device), attention_mask=torch.cat([mask_PL[rows], mask_BC.to(device)], dim=1),
+            input_ids=ids_BC, attention_mask=torch.cat([mask_PL[rows], mask_BC], dim=1),
             position_ids=lengths_B[:, None] + torch.arange(fed, device=device),
             **with_cache(lm.base_model, cache)).last_hidden_state
         hidden.append(completion_BCH)
@@ -211,6 +201,17 @@ def shared_prompt_logprobs(
                        for b, c in enumerate(completions) if c]).to(device)
     flat_NH = torch.cat([hidden[0], *(h.flatten(0, 1) for h in hidden[1:])])[picks]
     return _head_logprobs(lm, flat_NH, targets_N, temperature, chunk_size)
+
+
+def _right_padded(seqs: list[list[int]], width: int, pad_token_id: int, device: torch.device,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists as right-padded [len(seqs), width] ids and their 0/1 attention mask."""
+    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[i, : len(seq)] = 1
+    return ids.to(device), mask.to(device)
 
 
 def _head_logprobs(lm: Any, hidden_NH: torch.Tensor, targets_N: torch.Tensor, temperature: float,
