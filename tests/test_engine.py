@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
+from rlvr.rollout import static_decode
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.types import SamplingParams
 from tests.test_engine_contract import PROMPTS, encode, recompute_logprobs, reference_greedy
@@ -60,9 +61,14 @@ def steer(model: PreTrainedModel, follow: dict[int, int], bonus: float = 100.0) 
             h.remove()
 
 
-@pytest.fixture(params=["static", "hf"])
-def decoder(request: pytest.FixtureRequest) -> str:
-    """Every engine test runs with both decoders."""
+@pytest.fixture(params=["static", "static-shared", "hf"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every engine test runs with both decoders, the static one also with its prompts' keys and
+    values shared among the samples whatever the prompts' size (the tests' prompts are too short
+    for it to share them by default)."""
+    if request.param == "static-shared":
+        monkeypatch.setattr(static_decode, "SHARE_FROM", 0)
+        return "static"
     return str(request.param)
 
 
@@ -184,12 +190,15 @@ def test_finished_rows_do_not_change_the_others(tiny_model: Model, tiny_tokenize
     assert rows[0].token_ids == free[0] and rows[2].token_ids == free[2]
 
 
+@pytest.mark.parametrize("share_from", [0, static_decode.SHARE_FROM])
 @torch.no_grad()
 def test_static_decoder_matches_hf_past_buffer_growth_and_compaction(
-    tiny_model: Model, tiny_tokenizer: Tokenizer
+    tiny_model: Model, tiny_tokenizer: Tokenizer, share_from: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """70 new tokens outgrow the first key/value block (64 columns); EOS steered in at different
-    steps makes the static decoder compact its buffers. Both decoders must agree token for token."""
+    steps makes the static decoder compact its buffers. Both decoders must agree token for token,
+    the static one sharing its prompts' keys and values (0) or copying them to every sample."""
+    monkeypatch.setattr(static_decode, "SHARE_FROM", share_from)
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     params = SamplingParams(temperature=1.0, max_new_tokens=70, n=4)
     outs = {}
@@ -327,3 +336,61 @@ def test_partial_rollouts_switch_weights_mid_sample(tiny_tokenizer: Tokenizer, d
     assert engine.version == 2
     again = engine.generate(prompts, params)
     assert all(c.swapped_at == () and c.policy_version == 2 for g in again for c in g)
+
+
+@torch.no_grad()
+def test_static_decoder_shares_prompt_keys_through_every_layout(
+    tiny_model: Model, tiny_tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The static decoder keeps one copy of each prompt's keys and values for its n samples. Rows
+    leave in a pattern that makes it first re-lay the shared buffers (every prompt keeps a slot
+    per running sample of its busiest prompt), then give up sharing (each running row its own
+    prompt row, the prompt's columns joined to its buffers), then grow the buffers. At every step each running row's logits must equal a full
+    forward pass over its own prompt + tokens (no cache, no padding); fp32 on 2 layers, where
+    the two only differ in summation order (~1e-6), so 1e-4 catches a wrong column or row."""
+    from rlvr.rollout.static_decode import GROW, FusedWeights, StaticDecoder
+
+    monkeypatch.setattr(static_decode, "SHARE_FROM", 0)  # share even the tests' short prompts
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]  # 2, 19 and 4 tokens: left padding
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+    cache, logits, mask_PT = engine._prefill(prompts)
+    n = 4
+    decoder = StaticDecoder(tiny_model, FusedWeights(tiny_model), cache, mask_PT, n)
+    rows = list(range(len(prompts) * n))  # which sample each running row is
+    tokens: list[list[int]] = [[] for _ in rows]
+    gen = torch.Generator().manual_seed(0)
+    # (step, samples that finish there): 12 → 8 rows re-lays prompt rows of 3 slots (8 of 9 full);
+    # 8 → 5 rows, 3 of them prompt 0's (9 slots for 5 rows), gives each running row its own
+    leave = {3: [3, 6, 10, 11], 5: [4, 5, 8]}
+    layouts = []
+    for step in range(GROW + 6):
+        if step in leave:
+            idx = torch.tensor([i for i, r in enumerate(rows) if r not in leave[step]])
+            decoder.keep(idx)
+            rows = [r for r in rows if r not in leave[step]]
+            layouts.append((len(decoder.neg_PW), decoder.n, bool(decoder.prompt_keys)))
+        tok = torch.randint(3, 259, (len(rows),), generator=gen)
+        for r, t in zip(rows, tok.tolist()):
+            tokens[r].append(t)
+        logits = decoder.step(tok)
+        if step % 7 == 0 or step in leave or step >= GROW - 1:
+            for row_logits, r in zip(logits, rows):
+                ids = torch.tensor([prompts[r // n] + tokens[r]])
+                torch.testing.assert_close(row_logits, tiny_model(input_ids=ids).logits[0, -1], atol=1e-4, rtol=0)
+    # shared with 3 slots per prompt row, then a row each, the prompt joined to the row's buffers
+    assert layouts == [(3, 3, True), (5, 1, False)]
+    assert decoder.keys[0].shape[3] == max(map(len, prompts)) + 2 * GROW  # and they grew after the join
+
+
+@torch.no_grad()
+def test_static_decoder_shares_only_where_it_saves_enough_reads(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    """Prompt keys are shared when (n - 1) · prompts · width ≥ SHARE_FROM, else copied per sample."""
+    from rlvr.rollout.static_decode import SHARE_FROM, FusedWeights, StaticDecoder
+
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+    short, wide = [1, 5, 7], [1, 5, 7] * (SHARE_FROM // 3 // 3 + 1)  # (4 - 1) · 1 · width below / above it
+    for prompt, shared in ((short, False), (wide, True)):
+        cache, _, mask_PT = engine._prefill([prompt])
+        decoder = StaticDecoder(tiny_model, FusedWeights(tiny_model), cache, mask_PT, 4)
+        assert bool(decoder.prompt_keys) == shared and decoder.n == (4 if shared else 1)
+        assert len(decoder.step(torch.tensor([9, 9, 9, 9]))) == 4

@@ -1,8 +1,8 @@
 """The rollout engine protocol and the embedded engine: batched sampling with a KV cache in PyTorch.
 
 The embedded engine runs any Hugging Face causal LM on CPU or one GPU:
-- prompts are left-padded and prefilled once; the KV cache is then repeated for the G samples of
-  each prompt, so a group costs one prefill, not G;
+- prompts are left-padded and prefilled once, so a group costs one prefill, not G; the static
+  decoder then shares each prompt's KV cache among its G samples (the HF decoder repeats it);
 - each decode step feeds one token per running sequence; a sequence that stops (EOS, a stop
   string, or max_new_tokens) leaves the running batch at once, so finished sequences cost nothing;
 - token ids are returned exactly as sampled, with the log-probability of each under the sampling

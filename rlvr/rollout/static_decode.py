@@ -5,8 +5,9 @@ Why: at batch 64 on CPU, Hugging Face's cached decode spends a third of each ste
 matrix products: `DynamicCache` concatenates the whole cache every step, masks are rebuilt, and
 grouped-query attention repeats the keys and values for every query head (docs/LOG.md). This
 module runs the same weights with
-- one preallocated key/value buffer per layer, written in place one column per step (grown in
-  blocks when full);
+- the prompt's keys and values kept once per prompt and shared by its G samples, with a
+  preallocated buffer per layer for the sampled tokens only, written in place one column per
+  step (grown in blocks when full);
 - the query, key and value projections fused into one matrix product, and the MLP's gate and up
   projections into another, all stored as contiguous [in, out] matrices (a copy of the layer
   weights, ~0.8× the model's size; the engine rebuilds it when a parameter's version counter
@@ -17,7 +18,7 @@ module runs the same weights with
   compaction, instead of a copy of the whole cache at every step where one row finishes.
 
 The prefill still runs the Hugging Face forward (it is one call per prompt batch); its cache is
-copied into the buffers. The model's own modules compute the norms, the rotary embedding (any
+the shared prompt part, used as it is (no copy). The model's own modules compute the norms, the rotary embedding (any
 rope scaling it has) and the activation, so numerics match the Hugging Face path to float
 rounding. Supported: the architectures in `SUPPORTED` without sliding windows.
 """
@@ -30,6 +31,11 @@ from transformers import DynamicCache, PreTrainedModel
 SUPPORTED = ("llama", "mistral", "qwen2")
 GROW = 64  # key/value buffer columns added at a time
 COMPACT_BELOW = 0.75  # compact when fewer than this fraction of the buffer's rows are still running
+SHARE_FROM = 1024
+"""Share prompts' keys and values when that saves reading at least this many prompt columns per
+step ((n - 1) · prompts · prompt width): below it the shared path's extra small ops cost more
+than the reads they save (fp32 on an Intel Xeon, 54-token prompts: 0.97-0.99× at batch 8,
+1.06× at 64; 454-token prompts 1.10× at 8, 1.49× at 64; docs/LOG.md)."""
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
@@ -71,64 +77,128 @@ class FusedWeights:
 
 
 class StaticDecoder:
-    """The running batch of one `generate` chunk: its key/value buffers, positions and valid columns.
+    """The running batch of one `generate` chunk: its key/value buffers, positions and layout.
 
-    Rows are addressed two ways: a *slot* is a row of the buffers; the running rows are
-    `self.slots[i]` for i in range(len(self.slots)), in the order the engine tracks them.
+    The prompt's keys and values are shared, not copied: each prompt keeps one row of them (the
+    prefill's own cache), and its samples' queries attend to that row together. Only the tokens
+    sampled after the prompt have per-sample buffers. The buffers' rows (*slots*) are laid out
+    prompt-major, `n` slots per prompt row: slot s belongs to prompt row s // n, and the
+    generated buffers are [prompt rows, kv heads, n, columns, head dim], so one batched matrix
+    product over (prompt row, kv head) scores all of a prompt's samples against its keys (the
+    query heads of each kv group and the n samples stacked: n·group query rows instead of
+    group), reading the prompt's keys once for its n samples instead of n times.
+
+    With one sample per prompt row (n = 1: a call with one sample per prompt, rows left on their
+    own by a compaction, or prompts too short for sharing to pay, `SHARE_FROM`) the prompt's
+    columns are copied in front of each row's own buffers instead (*joined*), so attention is
+    one product over one buffer: splitting it in two cost ~4-10% at batch 1 (docs/LOG.md).
+
+    The running rows are `self.slots[i]` for i in range(len(self.slots)), in the order the engine
+    tracks them (always ascending: a layout change keeps the order).
     """
 
     def __init__(
         self, model: PreTrainedModel, weights: FusedWeights, cache: DynamicCache, mask_PT: torch.Tensor, n: int
     ) -> None:
-        """`cache` and `mask_PT` hold one row per prompt; each is copied to its n sample rows."""
+        """`cache` and `mask_PT` hold one row per prompt, shared by its n sample rows."""
         config = model.config
         self.model, self.weights = model, weights
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         self.scale = self.head_dim**-0.5
-        prompts, width = mask_PT.shape
-        batch = prompts * n
-        mask_BT = mask_PT.repeat_interleave(n, 0)
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
+        self.prompt_keys: list[torch.Tensor] = []  # _P,kv,W,D per layer; empty once joined
+        self.prompt_values: list[torch.Tensor] = []
         for layer in cache.layers:
             keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
             if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
                 raise TypeError(f"expected a key/value cache layer, got {type(layer).__name__}")
-            k = keys.new_empty((batch, self.n_kv, width + GROW, self.head_dim))
-            v = torch.empty_like(k)
-            # sample rows i·n … i·n + n - 1 get prompt i's cache (a broadcast copy, no repeat tensor)
-            k.view(prompts, n, *k.shape[1:])[:, :, :, :width] = keys[:, None]
-            v.view(prompts, n, *v.shape[1:])[:, :, :, :width] = values[:, None]
-            self.keys.append(k)
-            self.values.append(v)
-        self.valid_BT = torch.zeros((batch, width + GROW), dtype=torch.bool, device=mask_BT.device)
-        self.valid_BT[:, :width] = mask_BT.bool()
-        self.pos_B = mask_BT.sum(-1)  # the next position of each slot: prompts count real tokens only
-        self.col = width  # the buffer column the next token's key and value go to
-        self.slots = torch.arange(batch, device=mask_BT.device)
+            self.prompt_keys.append(keys)
+            self.prompt_values.append(values)
+        prompts = len(mask_PT)
+        self.n = n
+        # left padding: -inf on a prompt row's pad columns, added to its scores before the softmax
+        # (once joined, the row covers all of its buffer's columns, zeros past the prompt)
+        self.neg_PW = torch.zeros(mask_PT.shape, dtype=self.prompt_keys[0].dtype,
+                                         device=mask_PT.device).masked_fill_(mask_PT == 0, float("-inf"))
+        shape = (prompts, self.n_kv, n, GROW, self.head_dim)
+        self.keys = [self.prompt_keys[0].new_empty(shape) for _ in self.prompt_keys]  # sampled tokens only
+        self.values = [self.prompt_keys[0].new_empty(shape) for _ in self.prompt_keys]
+        self.pos_B = mask_PT.sum(-1).repeat_interleave(n)  # each slot's next position: real prompt tokens only
+        self.col = 0  # the generated buffers' column the next token's key and value go to
+        self.slots = torch.arange(prompts * n, device=mask_PT.device)
+        if (n - 1) * prompts * mask_PT.shape[1] < SHARE_FROM:  # a row of its own for every sample
+            rows = torch.arange(prompts, device=mask_PT.device).repeat_interleave(n)
+            self.prompt_keys = [k[rows] for k in self.prompt_keys]
+            self.prompt_values = [v[rows] for v in self.prompt_values]
+            self.neg_PW, self.n = self.neg_PW[rows], 1
+            self.keys = [k.view(len(rows), self.n_kv, 1, GROW, self.head_dim) for k in self.keys]
+            self.values = [v.view(len(rows), self.n_kv, 1, GROW, self.head_dim) for v in self.values]
+            self._join()
+
+    def _join(self) -> None:
+        """n = 1: put each row's prompt columns in front of its sampled-token buffers."""
+        width = self.neg_PW.shape[1]
+        self.keys = [torch.cat([p[:, :, None], k], dim=3) for p, k in zip(self.prompt_keys, self.keys)]
+        self.values = [torch.cat([p[:, :, None], v], dim=3) for p, v in zip(self.prompt_values, self.values)]
+        self.neg_PW = torch.cat([self.neg_PW, self.neg_PW.new_zeros((len(self.neg_PW), self.keys[0].shape[3] - width))], 1)
+        self.prompt_keys, self.prompt_values = [], []
+        self.col += width
 
     def keep(self, idx: torch.Tensor) -> None:
         """Keep only running rows `idx` (indices into the current running rows)."""
         self.slots = self.slots[idx]
         if len(self.slots) < COMPACT_BELOW * len(self.pos_B):
-            s = self.slots
-            self.keys = [k[s] for k in self.keys]
-            self.values = [v[s] for v in self.values]
-            self.valid_BT, self.pos_B = self.valid_BT[s], self.pos_B[s]
-            self.slots = torch.arange(len(s), device=s.device)
+            self._relayout()
+
+    def _relayout(self) -> None:
+        """Drop the finished slots. A prompt row keeps as many slots as its busiest prompt has
+        running samples, while that leaves the buffers at least COMPACT_BELOW full; otherwise
+        every running row gets a prompt row of its own (a copy of its prompt's keys and values,
+        n = 1)."""
+        live, n = self.slots, self.n
+        owner = live // n  # ascending, since the slots are
+        counts = torch.bincount(owner, minlength=len(self.neg_PW))
+        kept = counts.nonzero().squeeze(-1)
+        width = int(counts.max())
+        if len(live) >= COMPACT_BELOW * len(kept) * width:  # the shared layout stays full enough
+            row_of = torch.zeros_like(counts)
+            row_of[kept] = torch.arange(len(kept), device=live.device)
+            starts = counts.cumsum(0) - counts
+            new_slots = row_of[owner] * width + torch.arange(len(live), device=live.device) - starts[owner]
+            prompt_rows = kept
+        else:
+            width, new_slots, prompt_rows = 1, torch.arange(len(live), device=live.device), owner
+        source = live.new_full((len(prompt_rows) * width,), int(live[0]))  # padding slots copy any live slot
+        source[new_slots] = live
+        self.prompt_keys = [k[prompt_rows] for k in self.prompt_keys]
+        self.prompt_values = [v[prompt_rows] for v in self.prompt_values]
+        self.neg_PW = self.neg_PW[prompt_rows]
+
+        def gather(buffer: torch.Tensor) -> torch.Tensor:  # _P,kv,n,T,D → the new layout's slots
+            picked = buffer[source // n, :, source % n]  # _S,kv,T,D
+            return picked.view(len(prompt_rows), width, *picked.shape[1:]).transpose(1, 2).contiguous()
+
+        self.keys = [gather(k) for k in self.keys]
+        self.values = [gather(v) for v in self.values]
+        self.pos_B, self.slots, self.n = self.pos_B[source], new_slots, width
+        if width == 1 and self.prompt_keys:
+            self._join()
 
     def _grow(self) -> None:
-        self.keys = [torch.cat([k, k.new_empty((*k.shape[:2], GROW, k.shape[3]))], dim=2) for k in self.keys]
-        self.values = [torch.cat([v, v.new_empty((*v.shape[:2], GROW, v.shape[3]))], dim=2) for v in self.values]
-        self.valid_BT = torch.cat([self.valid_BT, self.valid_BT.new_zeros((len(self.valid_BT), GROW))], dim=1)
+        def grown(buffer: torch.Tensor) -> torch.Tensor:
+            return torch.cat([buffer, buffer.new_empty((*buffer.shape[:3], GROW, buffer.shape[4]))], dim=3)
+
+        self.keys = [grown(k) for k in self.keys]
+        self.values = [grown(v) for v in self.values]
+        if not self.prompt_keys:  # joined: the mask spans the buffers
+            self.neg_PW = torch.cat([self.neg_PW, self.neg_PW.new_zeros((len(self.neg_PW), GROW))], 1)
 
     def step(self, tok_R: torch.Tensor) -> torch.Tensor:
         """Feed one token per running row; return the next-token logits of the running rows."""
-        if self.col == self.valid_BT.shape[1]:
+        if self.col == self.keys[0].shape[3]:
             self._grow()
-        col, batch = self.col, len(self.pos_B)
-        self.valid_BT[self.slots, col] = True
+        col, batch, n = self.col, len(self.pos_B), self.n
+        prompts, width = self.neg_PW.shape
         model = self.model.model
         embedded_R1H = model.embed_tokens(tok_R[:, None])
         if len(tok_R) == batch:
@@ -138,28 +208,40 @@ class StaticDecoder:
             h_B1H[self.slots] = embedded_R1H
         cos, sin = model.rotary_emb(h_B1H, self.pos_B[:, None])  # _B1D each
         cos, sin = cos[:, None], sin[:, None]  # _B11D: broadcast over heads
-        group = self.n_heads // self.n_kv
-        # blocked columns get -inf before the softmax; a finished slot's row keeps its prompt
-        # columns, so its softmax stays finite
-        neg_B11T = torch.zeros(self.valid_BT[:, : col + 1].shape, dtype=h_B1H.dtype).masked_fill_(
-            ~self.valid_BT[:, : col + 1], float("-inf")
-        )[:, None, None]
-        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        kv, group, d = self.n_kv, self.n_heads // self.n_kv, self.head_dim
+        joined = not self.prompt_keys
+        # joined: the mask over the buffers' columns so far, _B11T; shared: over the prompt's, _P111W
+        neg = self.neg_PW[:, None, None, : col + 1] if joined else self.neg_PW[:, None, None, None]
+        q_dim, kv_dim = self.n_heads * d, kv * d
         for i, layer in enumerate(model.layers):
             x_BH = layer.input_layernorm(h_B1H)[:, 0]
             qkv = x_BH @ self.weights.qkv[i]
             if self.weights.qkv_bias[i] is not None:
                 qkv += self.weights.qkv_bias[i]
-            q = qkv[:, :q_dim].view(batch, self.n_kv, group, self.head_dim)
-            k = qkv[:, q_dim : q_dim + kv_dim].view(batch, self.n_kv, 1, self.head_dim)
-            v = qkv[:, q_dim + kv_dim :].view(batch, self.n_kv, 1, self.head_dim)
+            q = qkv[:, :q_dim].view(batch, kv, group, d)
+            k = qkv[:, q_dim : q_dim + kv_dim].view(batch, kv, 1, d)
+            v = qkv[:, q_dim + kv_dim :].view(batch, kv, 1, d)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            self.keys[i][:, :, col : col + 1] = k
-            self.values[i][:, :, col : col + 1] = v
-            scores = q @ self.keys[i][:, :, : col + 1].transpose(-1, -2)  # _B,kv,group,T
-            probs = (scores * self.scale + neg_B11T).softmax(-1)
-            attn_BH = (probs @ self.values[i][:, :, : col + 1]).reshape(batch, q_dim)
+            if joined:  # n = 1, the prompt in each row's own buffers: one product, as without sharing
+                keys, values = self.keys[i][:, :, 0], self.values[i][:, :, 0]  # _B,kv,T,D
+                keys[:, :, col : col + 1] = k
+                values[:, :, col : col + 1] = v
+                scores = q @ keys[:, :, : col + 1].transpose(-1, -2)  # _B,kv,group,t
+                probs = (scores * self.scale + neg).softmax(-1)
+                attn_BH = (probs @ values[:, :, : col + 1]).reshape(batch, q_dim)
+            else:  # shared: a prompt row's n·group queries of a kv head in one product on its prompt
+                keys, values = self.keys[i], self.values[i]  # _P,kv,n,T,D
+                keys[:, :, :, col] = k.view(prompts, n, kv, d).transpose(1, 2)
+                values[:, :, :, col] = v.view(prompts, n, kv, d).transpose(1, 2)
+                q_PKNGD = q.view(prompts, n, kv, group, d).transpose(1, 2)
+                on_own = (q_PKNGD @ keys[:, :, :, : col + 1].transpose(-1, -2)) * self.scale  # _P,kv,n,G,t
+                on_prompt = q_PKNGD.reshape(prompts, kv, n * group, d) @ self.prompt_keys[i].transpose(-1, -2)
+                on_prompt = on_prompt.view(prompts, kv, n, group, width) * self.scale + neg
+                probs = torch.cat([on_prompt, on_own], dim=-1).softmax(-1)
+                out = probs[..., :width].reshape(prompts, kv, n * group, width) @ self.prompt_values[i]
+                out_PKNGD = out.view(prompts, kv, n, group, d) + probs[..., width:] @ values[:, :, :, : col + 1]
+                attn_BH = out_PKNGD.transpose(1, 2).reshape(batch, q_dim)
             h_B1H = h_B1H + (attn_BH @ self.weights.o[i])[:, None]
             x_BH = layer.post_attention_layernorm(h_B1H)[:, 0]
             gate, up = (x_BH @ self.weights.gate_up[i]).chunk(2, dim=-1)
