@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from rlvr.algos import LOSSES
-from rlvr.train.batches import micro_batches, shared_tokens
+from rlvr.train import batches
+from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
 from rlvr.train.logprobs import can_share_prompts, shared_prompt_logprobs, token_logprobs
 from rlvr.train.update import UpdateSettings, update_policy
 from rlvr.types import Completion, Group, Sample
@@ -25,6 +26,17 @@ from tests.tiny import make_tiny_model
 PROMPTS = [[5, 17, 99, 3], [40, 41, 42, 43, 44, 45, 46, 47], [7, 8, 9]]
 COMPLETIONS = [[11, 12, 13, 14, 2], [20], [30, 31], [50, 51, 52, 53, 54, 55, 56], [60, 61, 62], [70, 71]]
 ROW_PROMPT = [0, 0, 1, 1, 1, 2]  # prompt 2 has a single row
+
+
+COST = batches.SHARED_TOKEN_COST
+
+
+@pytest.fixture(autouse=True)
+def share_wherever_prompts_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests hold the shared computation against whole rows, so they share every prompt that
+    repeats, cheaper or not (a token of a shared micro-batch costing next to nothing); the one
+    test of when sharing pays restores the real cost."""
+    monkeypatch.setattr(batches, "SHARED_TOKEN_COST", 1e-6)
 
 
 def whole_rows(prompts: list[list[int]], completions: list[list[int]], row_prompt: list[int],
@@ -141,11 +153,12 @@ def groups_of(prompt_len: int, completion_lengths: list[list[int]]) -> list[Grou
     return groups
 
 
-def test_micro_batches_keep_a_prompt_together_where_that_runs_fewer_tokens() -> None:
+def test_micro_batches_keep_a_prompt_together_where_that_runs_fewer_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     """Long prompts, completions of similar lengths: a group's rows go together (one prompt pass
     each). Short prompts, completions from 1 to 30 tokens: by completion length (little
     padding), prompts shared only where rows of one land together. Either way the cut is the
     cheaper of the two, counted as `shared_tokens` does."""
+    monkeypatch.setattr(batches, "SHARED_TOKEN_COST", COST)
     def cuts_of(groups: list[Group]) -> tuple[list[Sample], list[list[int]]]:
         samples = [x for g in groups for x in g.samples]
         cuts = micro_batches(list(range(len(samples))), samples, 4, by_prompt=True)
@@ -218,3 +231,30 @@ def test_a_model_without_a_cache_is_an_error_not_a_wrong_gradient() -> None:
     broken.model.forward = forward  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="kept no key/value cache"):
         shared_prompt_logprobs(broken, PROMPTS, COMPLETIONS, ROW_PROMPT, 0)
+
+
+def test_prompts_are_shared_only_where_that_is_cheaper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared micro-batch's tokens cost SHARED_TOKEN_COST whole-row tokens each, so a group of 8
+    with a 64-token prompt and 192-token completions runs whole (3,184 tokens shared cost more
+    than 4,096 whole), the demo's shape (50 + 24) and a long prompt (448 + 64) run shared, and
+    an update on the first feeds every row whole."""
+    monkeypatch.setattr(batches, "SHARED_TOKEN_COST", COST)
+    assert 1.2 < COST < 1.6  # the measured range (docs/LOG.md); the shapes below sit outside it
+
+    def group(prompt: int, completion: int) -> list[Sample]:
+        return [Sample(tuple(range(3, 3 + prompt)), Completion(tuple(range(completion)), (-1.0,) * completion,
+                                                               "length", ""), float(k % 2), {}, 0)
+                for k in range(8)]
+
+    assert not shares_prompts(group(64, 192))
+    assert run_cost(group(64, 192)) == 8 * 256
+    assert shares_prompts(group(50, 24)) and shares_prompts(group(448, 64))
+    assert run_cost(group(448, 64)) == pytest.approx(COST * (448 + 8 * 63))
+    assert not shares_prompts(group(50, 24)[:1])  # nothing repeats
+
+    counts: list[int] = []
+    model = exact_model()
+    model.model.embed_tokens.register_forward_hook(lambda m, args, out: counts.append(args[0].numel()))
+    groups = [Group("", tuple(group(6, 30)))]  # 8 × 36 whole = 288 tokens; shared 6 + 8 × 29 = 238, × COST > 288
+    update_policy(GradRecorder(model), groups, UpdateSettings(micro_batch_size=8), pad_token_id=0)  # type: ignore[arg-type]
+    assert sum(counts) == 8 * 36

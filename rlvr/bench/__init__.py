@@ -102,7 +102,7 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     achieved GFLOP/s and its fraction of the matmul rate count the tokens actually run, each
     group's prompt once when the prompts are shared (no activation checkpointing)."""
     from rlvr.models import load_model
-    from rlvr.train.batches import micro_batches, shared_tokens
+    from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
     from rlvr.train.learner import Learner
     from rlvr.train.update import UpdateSettings, update_policy
 
@@ -121,15 +121,16 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     update_policy(learner, groups, settings, pad_token_id=0)
     seconds = time.perf_counter() - start
     tokens = batch * (prompt + completion)
-    shared = share_prompts and not checkpointing and micro_batch > 1
     samples = [x for g in groups for x in g.samples]
-    run_tokens = (sum(shared_tokens([samples[i] for i in cut])
-                      for cut in micro_batches(list(range(len(samples))), samples, micro_batch, by_prompt=True))
-                  if shared else batch * (prompt + completion))
+    cuts = [[samples[i] for i in c] for c in micro_batches(list(range(len(samples))), samples, micro_batch,
+                                                            by_prompt=True)]
+    # the tokens actually run: a micro-batch runs its prompts shared where that is cheaper
+    shared = [share_prompts and not checkpointing and shares_prompts(rows) for rows in cuts]
+    run_tokens = sum(shared_tokens(rows) if on else run_cost(rows, share=False) for rows, on in zip(cuts, shared))
     achieved = 6 * params * run_tokens / seconds / 1e9
     ceiling = matmul_gflops(model.dtype)
     return {"part": "learner", "dtype": str(model.dtype), "batch": batch, "prompt": prompt, "completion": completion,
-            "micro_batch": micro_batch, "activation_checkpointing": checkpointing, "shared_prompts": shared,
+            "micro_batch": micro_batch, "activation_checkpointing": checkpointing, "shared_prompts": any(shared),
             "tokens": tokens, "tokens_run": run_tokens,
             "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1), "gflops": round(achieved, 1),
             "matmul_gflops": round(ceiling, 1), "fraction_of_matmul": round(achieved / ceiling, 3),

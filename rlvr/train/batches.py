@@ -33,6 +33,29 @@ def collate(samples: list[Sample], pad_token_id: int, device: torch.device) -> d
             "completion_mask": completion_mask.to(device), "loss_mask": loss_mask.to(device)}
 
 
+SHARED_TOKEN_COST = 1.4
+"""What a token costs the learner in a micro-batch whose prompts are shared, relative to a token of
+a whole row: a completion runs on its prompt's cache under an explicit attention mask (not the
+causal kernel), and the cache is selected per row. Measured per token run: 1.53× (16 × (64 +
+192), fp32, Intel Xeon 6/207), 1.31× (the same in bf16, Zen 4 EPYC), 1.47× (448 + 64, Zen 4),
+1.37× (the demo's shapes, Zen 4); docs/LOG.md. Sharing is used where it still comes out cheaper:
+short prompts with long completions run whole."""
+
+
+def run_cost(rows: list[Sample], share: bool = True) -> float:
+    """One micro-batch's learner cost in whole-row tokens: its rows padded to the longest, or,
+    with ``share`` where prompts repeat and it is cheaper, its `shared_tokens` at SHARED_TOKEN_COST."""
+    whole = len(rows) * max(x.num_tokens for x in rows)
+    if not share or len({x.prompt_ids for x in rows}) == len(rows):
+        return whole
+    return min(whole, SHARED_TOKEN_COST * shared_tokens(rows))
+
+
+def shares_prompts(rows: list[Sample]) -> bool:
+    """Whether a micro-batch runs its prompts shared (when allowed): prompts repeat and that is cheaper."""
+    return run_cost(rows) < run_cost(rows, share=False)
+
+
 def micro_batches(indices: list[int], samples: list[Sample], size: int,
                    max_tokens: int | None = None, by_prompt: bool = False) -> list[list[int]]:
     """At most ``size`` rows, and at most ``max_tokens`` padded tokens (rows × the longest row),
@@ -41,7 +64,8 @@ def micro_batches(indices: list[int], samples: list[Sample], size: int,
     `sample_logprobs`), two orders are cut and the one with fewer tokens to run is kept: rows of
     a prompt together (one prompt pass per group; their completions padded to the group's
     longest), or by completion length (little padding, prompts shared only where rows of one
-    land together). The totals passed to aggregate_loss keep the result independent of the cut.
+    land together), each micro-batch costed by `run_cost`. The totals passed to aggregate_loss
+    keep the result independent of the cut.
 
     The token cap is what keeps memory bounded when rows are long (multi-turn episodes): the
     activations a backward pass keeps grow with the tokens in the micro-batch (about 1.1 MB a
@@ -55,7 +79,7 @@ def micro_batches(indices: list[int], samples: list[Sample], size: int,
     together = cut(sorted(indices, key=lambda i: (len(samples[i].prompt_ids), samples[i].prompt_ids,
                                                   len(samples[i].completion.token_ids))))
     by_length = cut(sorted(indices, key=lambda i: (len(samples[i].completion.token_ids), samples[i].prompt_ids)))
-    return min(together, by_length, key=lambda cuts: sum(shared_tokens([samples[i] for i in c]) for c in cuts))
+    return min(together, by_length, key=lambda cuts: sum(run_cost([samples[i] for i in c]) for c in cuts))
 
 
 def shared_tokens(rows: list[Sample]) -> int:
@@ -78,11 +102,12 @@ def sample_logprobs(model: PreTrainedModel, rows: list[Sample], batch: dict[str,
                     pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprobs_BT, entropy_BT) of a micro-batch's completion tokens at the sampling temperature,
     in `collate`'s layout (`batch`). Rows that share a prompt have it encoded once
-    (rlvr.train.logprobs.shared_prompt_logprobs) when ``s.share_prompts`` and the model allows
-    it; otherwise each row runs whole (token_logprobs). Both give the same values to float rounding."""
+    (rlvr.train.logprobs.shared_prompt_logprobs) when ``s.share_prompts``, the model allows it
+    and it is cheaper (`shares_prompts`); otherwise each row runs whole (token_logprobs). Both
+    give the same values to float rounding."""
     prompts: dict[tuple[int, ...], int] = {}
     row_prompt = [prompts.setdefault(tuple(x.prompt_ids), len(prompts)) for x in rows]
-    if not (s.share_prompts and len(prompts) < len(rows) and can_share_prompts(model)):
+    if not (s.share_prompts and shares_prompts(rows) and can_share_prompts(model)):
         return token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
                               temperature=s.temperature, chunk_size=s.logprob_chunk)
     logprobs_N, entropy_N = shared_prompt_logprobs(
