@@ -112,8 +112,8 @@ class StaticDecoder:
             keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
             if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
                 raise TypeError(f"expected a key/value cache layer, got {type(layer).__name__}")
-            self.prompt_keys.append(keys)
-            self.prompt_values.append(values)
+            self.prompt_keys.append(keys.contiguous())  # a no-op for transformers' own caches today
+            self.prompt_values.append(values.contiguous())
         prompts = len(mask_PT)
         self.n = n
         # left padding: -inf on a prompt row's pad columns, added to its scores before the softmax
