@@ -345,9 +345,10 @@ def test_static_decoder_shares_prompt_keys_through_every_layout(
     """The static decoder keeps one copy of each prompt's keys and values for its n samples. Rows
     leave in a pattern that makes it first re-lay the shared buffers (every prompt keeps a slot
     per running sample of its busiest prompt), then give up sharing (each running row its own
-    prompt row, the prompt's columns joined to its buffers), then grow the buffers. At every step each running row's logits must equal a full
-    forward pass over its own prompt + tokens (no cache, no padding); fp32 on 2 layers, where
-    the two only differ in summation order (~1e-6), so 1e-4 catches a wrong column or row."""
+    prompt row, the prompt's columns joined to its buffers), then grow the buffers. At every
+    step each running row's logits must equal a full forward pass over its own prompt + tokens
+    (no cache, no padding); fp32 on 2 layers, where the two only differ in summation order
+    (~1e-6), so 1e-4 catches a wrong column or row."""
     from rlvr.rollout.static_decode import GROW, FusedWeights, StaticDecoder
 
     monkeypatch.setattr(static_decode, "SHARE_FROM", 0)  # share even the tests' short prompts

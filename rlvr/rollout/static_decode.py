@@ -18,9 +18,9 @@ module runs the same weights with
   compaction, instead of a copy of the whole cache at every step where one row finishes.
 
 The prefill still runs the Hugging Face forward (it is one call per prompt batch); its cache is
-the shared prompt part, used as it is (no copy). The model's own modules compute the norms, the rotary embedding (any
-rope scaling it has) and the activation, so numerics match the Hugging Face path to float
-rounding. Supported: the architectures in `SUPPORTED` without sliding windows.
+the shared prompt part, used as it is (no copy). The model's own modules compute the norms, the
+rotary embedding (any rope scaling it has) and the activation, so numerics match the Hugging Face
+path to float rounding. Supported: the architectures in `SUPPORTED` without sliding windows.
 """
 
 from __future__ import annotations
@@ -114,25 +114,24 @@ class StaticDecoder:
                 raise TypeError(f"expected a key/value cache layer, got {type(layer).__name__}")
             self.prompt_keys.append(keys.contiguous())  # a no-op for transformers' own caches today
             self.prompt_values.append(values.contiguous())
-        prompts = len(mask_PT)
-        self.n = n
         # left padding: -inf on a prompt row's pad columns, added to its scores before the softmax
         # (once joined, the row covers all of its buffer's columns, zeros past the prompt)
-        self.neg_PW = torch.zeros(mask_PT.shape, dtype=self.prompt_keys[0].dtype,
-                                         device=mask_PT.device).masked_fill_(mask_PT == 0, float("-inf"))
-        shape = (prompts, self.n_kv, n, GROW, self.head_dim)
-        self.keys = [self.prompt_keys[0].new_empty(shape) for _ in self.prompt_keys]  # sampled tokens only
-        self.values = [self.prompt_keys[0].new_empty(shape) for _ in self.prompt_keys]
+        self.neg_PW = torch.zeros(mask_PT.shape, dtype=self.prompt_keys[0].dtype, device=mask_PT.device)
+        self.neg_PW.masked_fill_(mask_PT == 0, float("-inf"))
         self.pos_B = mask_PT.sum(-1).repeat_interleave(n)  # each slot's next position: real prompt tokens only
-        self.col = 0  # the generated buffers' column the next token's key and value go to
-        self.slots = torch.arange(prompts * n, device=mask_PT.device)
-        if (n - 1) * prompts * mask_PT.shape[1] < SHARE_FROM:  # a row of its own for every sample
+        prompts = len(mask_PT)
+        if (n - 1) * prompts * mask_PT.shape[1] < SHARE_FROM:  # a prompt row of its own for every sample
             rows = torch.arange(prompts, device=mask_PT.device).repeat_interleave(n)
             self.prompt_keys = [k[rows] for k in self.prompt_keys]
             self.prompt_values = [v[rows] for v in self.prompt_values]
-            self.neg_PW, self.n = self.neg_PW[rows], 1
-            self.keys = [k.view(len(rows), self.n_kv, 1, GROW, self.head_dim) for k in self.keys]
-            self.values = [v.view(len(rows), self.n_kv, 1, GROW, self.head_dim) for v in self.values]
+            self.neg_PW, prompts, n = self.neg_PW[rows], len(rows), 1
+        self.n = n
+        shape = (prompts, self.n_kv, n, GROW, self.head_dim)
+        self.keys = [self.prompt_keys[0].new_empty(shape) for _ in self.prompt_keys]  # sampled tokens only
+        self.values = [self.prompt_keys[0].new_empty(shape) for _ in self.prompt_keys]
+        self.col = 0  # the generated buffers' column the next token's key and value go to
+        self.slots = torch.arange(prompts * n, device=mask_PT.device)
+        if n == 1:
             self._join()
 
     def _join(self) -> None:
@@ -140,7 +139,8 @@ class StaticDecoder:
         width = self.neg_PW.shape[1]
         self.keys = [torch.cat([p[:, :, None], k], dim=3) for p, k in zip(self.prompt_keys, self.keys)]
         self.values = [torch.cat([p[:, :, None], v], dim=3) for p, v in zip(self.prompt_values, self.values)]
-        self.neg_PW = torch.cat([self.neg_PW, self.neg_PW.new_zeros((len(self.neg_PW), self.keys[0].shape[3] - width))], 1)
+        past_prompt = self.neg_PW.new_zeros((len(self.neg_PW), self.keys[0].shape[3] - width))
+        self.neg_PW = torch.cat([self.neg_PW, past_prompt], 1)
         self.prompt_keys, self.prompt_values = [], []
         self.col += width
 
