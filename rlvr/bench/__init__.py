@@ -96,7 +96,7 @@ def _llama_cpp(ids: list[list[int]], group: int, new_tokens: int) -> float | str
 
 
 def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, checkpointing: bool = False,
-                 share_prompts: bool = True) -> dict[str, Any]:
+                 share_prompts: bool = True, micro_batch_tokens: int | None = None) -> dict[str, Any]:
     """One update of `batch` samples in groups of 8 (G samples of one prompt). ``tokens_per_s``
     counts every sample's prompt and completion (the work a per-sample learner does); the
     achieved GFLOP/s and its fraction of the matmul rate count the tokens actually run, each
@@ -115,7 +115,8 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     params = sum(p.numel() for p in model.parameters())
     learner = Learner(model, lr=1e-6)
     groups = fake_groups(batch, min(8, batch), prompt, completion, model.config.vocab_size)
-    settings = UpdateSettings(micro_batch_size=micro_batch, max_tokens=completion, share_prompts=share_prompts)
+    settings = UpdateSettings(micro_batch_size=micro_batch, max_tokens=completion, share_prompts=share_prompts,
+                              micro_batch_tokens=micro_batch_tokens)
     update_policy(learner, groups, settings, pad_token_id=0)  # warm-up: allocators, kernel choice
     start = time.perf_counter()
     update_policy(learner, groups, settings, pad_token_id=0)
@@ -123,14 +124,14 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     tokens = batch * (prompt + completion)
     samples = [x for g in groups for x in g.samples]
     cuts = [[samples[i] for i in c] for c in micro_batches(list(range(len(samples))), samples, micro_batch,
-                                                            by_prompt=True)]
+                                                            micro_batch_tokens, by_prompt=True)]
     # the tokens actually run: a micro-batch runs its prompts shared where that is cheaper
     shared = [share_prompts and not checkpointing and shares_prompts(rows) for rows in cuts]
     run_tokens = sum(shared_tokens(rows) if on else run_cost(rows, share=False) for rows, on in zip(cuts, shared))
     achieved = 6 * params * run_tokens / seconds / 1e9
     ceiling = matmul_gflops(model.dtype)
     return {"part": "learner", "dtype": str(model.dtype), "batch": batch, "prompt": prompt, "completion": completion,
-            "micro_batch": micro_batch, "activation_checkpointing": checkpointing, "shared_prompts": any(shared),
+            "micro_batch": micro_batch, "micro_batch_tokens": micro_batch_tokens, "activation_checkpointing": checkpointing, "shared_prompts": any(shared),
             "tokens": tokens, "tokens_run": run_tokens,
             "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1), "gflops": round(achieved, 1),
             "matmul_gflops": round(ceiling, 1), "fraction_of_matmul": round(achieved / ceiling, 3),

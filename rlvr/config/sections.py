@@ -232,8 +232,8 @@ class TrainConfig(_Section):
     """Optimizer steps per epoch (the rollouts are split into this many parts)."""
     micro_batch_size: int = Field(8, ge=1)
     """Sequences per forward/backward; gradients accumulate over a mini-batch."""
-    micro_batch_tokens: int | None = Field(4096, ge=1)
-    """Padded tokens (rows × longest row) per forward/backward at most, whatever micro_batch_size says: memory grows with them (long multi-turn episodes). Unset = no cap."""
+    micro_batch_tokens: int | None = Field(1024, ge=1)
+    """Padded tokens (rows × longest row) per forward/backward at most, whatever micro_batch_size says: the activations a backward keeps grow with them (~1.5 MB a token on SmolLM2-135M in fp32). 1,024 ran as fast as 2,048-4,096 on CPUs (docs/LOG.md); raise it on a GPU. Unset = no cap."""
     lr: float = Field(1e-5, gt=0)
     """Peak learning rate (AdamW)."""
     warmup_steps: int = Field(0, ge=0)
