@@ -1,4 +1,4 @@
-"""The `rlvr` command: train, sft, dpo, sample, eval, contamination, report, filter, bench, sandbox, tasks,
+"""The `rlvr` command: train, sft, dpo, sample, serve, eval, contamination, report, filter, bench, sandbox, tasks,
 config. Each subcommand is a thin call into the library."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ EXAMPLES = """examples:
   rlvr sft --config configs/demo.toml sft.data=data/chats.jsonl name=my-sft
   rlvr dpo --config configs/demo.toml dpo.data=pairs.jsonl dpo.beta=0.1
   rlvr sample --model runs/demo/checkpoints/step_000030 "What is 3 + 4?"
+  rlvr serve --model runs/demo --port 8000    # OpenAI-compatible, at http://127.0.0.1:8000/v1
   rlvr tasks
   rlvr config            # every config key with its default and meaning
   rlvr sandbox run solution.py --stdin input.txt --timeout 5
@@ -60,6 +61,31 @@ def _add_sample(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
     s.add_argument("--system", default=None, help="system prompt")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true", help="print JSON lines with token ids and logprobs")
+
+
+def _add_serve(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr serve`."""
+    from rlvr.serve.protocol import Limits
+
+    d = Limits()
+    v = sub.add_parser("serve", help="an OpenAI-compatible server (chat, completions, token ids) for a model or checkpoint",
+                       description="Serves /v1/chat/completions, /v1/completions and /v1/models on the embedded "
+                       "engine; every response carries the exact prompt and completion token ids. Binds the "
+                       "loopback address unless --host says otherwise. docs/interop.md has the details.")
+    v.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model, checkpoint folder or run dir")
+    v.add_argument("--name", help="the model name clients send (default: --model as given)")
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--api-key", default=os.environ.get("RLVR_API_KEY"),
+                   help="require `Authorization: Bearer KEY` (default: $RLVR_API_KEY, else none)")
+    v.add_argument("--dtype", default="auto", help="auto, fp32, bf16 or fp16")
+    v.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    v.add_argument("--seed", type=int, default=0, help="the engine's random stream (requests without a seed)")
+    v.add_argument("--max-batch-size", type=int, default=64, help="sequences the engine samples at once")
+    v.add_argument("--max-n", type=int, default=d.max_n, help="completions per request at most")
+    v.add_argument("--max-tokens", type=int, default=d.max_tokens, help="max_tokens at most (and the default)")
+    v.add_argument("--max-concurrent", type=int, default=d.max_concurrent, help="requests in flight at most (429 above)")
+    v.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="request body size at most (413 above)")
 
 
 def _add_bench(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -171,7 +197,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvr", description="RL post-training of language models.",
                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_sample, _add_bench, _add_eval, _add_contamination, _add_filter, _add_report,
+    for add in (_add_train, _add_sample, _add_serve, _add_bench, _add_eval, _add_contamination, _add_filter, _add_report,
                 _add_sandbox):
         add(sub)
     sub.add_parser("tasks", help="list the reasoning-gym tasks")
@@ -191,13 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # malloc reuses freed memory instead of page-faulting it back in; see rlvr.runtime
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
-    if args.command in ("train", "sft", "dpo", "sample", "eval", "contamination", "filter"):
+    if args.command in ("train", "sft", "dpo", "sample", "serve", "eval", "contamination", "filter"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars would bury rlvr's own progress
     try:
         return _COMMANDS[args.command](args)
     except (ConfigError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ImportError as err:
+        from rlvr.log.tracking import MissingExtra
+
+        if not isinstance(err, MissingExtra):
+            raise
         print(f"error: {err}", file=sys.stderr)
         return 2
     except RuntimeError as err:
@@ -259,6 +292,26 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from rlvr.log.tracking import import_extra
+    from rlvr.serve.protocol import Limits
+
+    for module in ("fastapi", "uvicorn"):
+        import_extra(module, f"rlvr serve needs {module}: pip install 'rlvr[serve]'")
+    from rlvr.serve.server import is_loopback, load_served, serve_forever
+
+    limits = Limits(max_n=args.max_n, max_tokens=args.max_tokens, max_concurrent=args.max_concurrent,
+                    max_body_bytes=args.max_body_bytes)
+    if not is_loopback(args.host) and not args.api_key:
+        print(f"warning: serving on {args.host} without an API key: anyone who can reach it can use the model "
+              "(pass --api-key or set RLVR_API_KEY)", file=sys.stderr)
+    served = load_served(args.model, name=args.name, dtype=args.dtype, device=args.device, seed=args.seed,
+                         max_batch_size=args.max_batch_size)
+    print(f"serving {served.name!r} at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    serve_forever(served, host=args.host, port=args.port, limits=limits, api_key=args.api_key)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from rlvr.bench import compare_grpo, run_part
     from rlvr.models import cpu_description, cpu_line
@@ -278,12 +331,16 @@ def _bench(args: argparse.Namespace) -> int:
             sizes = [int(b) for b in args.batch_sizes.split(",")]
             emit(run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens))
         elif part == "learner":
-            # fastest, the same without shared prompts, and smallest memory; then a long system prompt
-            for prompt, completion, micro, checkpointing, share in ((64, 192, 8, False, True), (64, 192, 8, False, False),
-                                                                    (64, 192, 4, True, True), (448, 64, 8, False, True),
-                                                                    (448, 64, 8, False, False)):
+            from rlvr.config.sections import TrainConfig
+
+            cap = TrainConfig().micro_batch_tokens  # what a run uses by default
+            # 8 rows a micro-batch, the same without shared prompts, the default token cap, the smallest
+            # memory; then a long system prompt
+            for prompt, completion, micro, tokens, checkpointing, share in (
+                    (64, 192, 8, None, False, True), (64, 192, 8, None, False, False), (64, 192, 8, cap, False, True),
+                    (64, 192, 4, None, True, True), (448, 64, 8, None, False, True), (448, 64, 8, None, False, False)):
                 emit(run_part("learner", batch=16, prompt=prompt, completion=completion, micro_batch=micro,
-                              checkpointing=checkpointing, share_prompts=share))
+                              micro_batch_tokens=tokens, checkpointing=checkpointing, share_prompts=share))
         else:
             for p, g in [tuple(int(x) for x in s.split("x")) for s in args.grpo_shapes.split(",")]:
                 emit(compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps))
@@ -447,7 +504,7 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"train": _train, "sft": _train, "dpo": _train, "sample": _sample, "bench": _bench, "eval": _eval, "contamination": _contamination,
+_COMMANDS = {"train": _train, "sft": _train, "dpo": _train, "sample": _sample, "serve": _serve, "bench": _bench, "eval": _eval, "contamination": _contamination,
              "report": _report, "filter": _filter, "sandbox": _sandbox, "tasks": _tasks, "config": _config}
 
 if __name__ == "__main__":

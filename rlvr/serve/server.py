@@ -1,0 +1,86 @@
+"""Loading a model to serve, and running the server in the foreground or a background thread."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from rlvr.serve.app import CallHook, Served, create_app
+from rlvr.serve.protocol import Limits
+
+
+def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", device: str = "cpu", seed: int = 0,
+                max_batch_size: int = 64) -> Served:
+    """A model, checkpoint folder or run directory (its latest checkpoint), on the embedded engine."""
+    from rlvr.eval.run import resolve_model
+    from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
+    from rlvr.rollout.engine import EmbeddedEngine
+
+    path = resolve_model(spec)
+    tokenizer = load_tokenizer(path)
+    torch_device = resolve_device(device)
+    model = load_model(path, resolve_dtype(dtype, torch_device), torch_device)
+    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
+                            max_batch_size=max_batch_size)
+    return Served(name or spec, tokenizer, engine, model, context_length(model))
+
+
+def context_length(model: Any) -> int:
+    """The longest sequence the model's positions cover (a generous default where it does not say)."""
+    return int(getattr(model.config, "max_position_embeddings", None) or 32768)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_forever(served: Served, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits = Limits(),
+                  api_key: str | None = None) -> None:
+    """Serve until interrupted (the `rlvr serve` command)."""
+    app = create_app(served, limits=limits, api_key=api_key)
+    uvicorn.run(app, host=host, port=port, log_level="info", limit_concurrency=limits.max_concurrent * 2)
+
+
+class BackgroundServer:
+    """The server in a daemon thread on a free port of the loopback address: for a trainer that
+    hands its URL to agents, and for tests. Use as a context manager, or call `close`."""
+
+    def __init__(self, served: Served, *, limits: Limits = Limits(), api_key: str | None = None,
+                 on_call: CallHook | None = None, host: str = "127.0.0.1", timeout: float = 30.0) -> None:
+        self.app = create_app(served, limits=limits, api_key=api_key, on_call=on_call)
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, 0))
+        self.port = int(self._socket.getsockname()[1])
+        self.base_url = f"http://{host}:{self.port}/v1"
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+                                        name="rlvr-serve", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the rlvr server did not start on port {self.port}")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self._socket.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,307 @@
+"""`rlvr serve` driven by the real `openai` client: token ids and log-probs exactly as the engine
+sampled them, OpenAI's request fields, tool calls, limits and errors, batching, the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+
+from rlvr.rollout.engine import EmbeddedEngine, draw_seeds
+from rlvr.serve.app import Served
+from rlvr.serve.protocol import Limits
+from rlvr.serve.server import BackgroundServer
+from rlvr.serve.backend import TOOLS_PREAMBLE
+from rlvr.types import Completion, SamplingParams
+from tests.tiny import EOS_ID, make_tiny_model, make_tiny_tokenizer
+
+KEY = "test-key"
+
+
+def tiny_served() -> Served:
+    tokenizer, model = make_tiny_tokenizer(), make_tiny_model()
+    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[EOS_ID], seed=0)
+    return Served("tiny", tokenizer, engine, model, context_length=256)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[BackgroundServer]:
+    with BackgroundServer(tiny_served(), api_key=KEY, limits=Limits(max_n=8, max_tokens=64)) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server: BackgroundServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
+
+
+def chat_ids(messages: list[dict[str, str]]) -> list[int]:
+    """The prompt's ids computed here, independently of the server: the template, then the tokenizer."""
+    tok = make_tiny_tokenizer()
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def reference(prompt: list[int], params: SamplingParams, seed: int) -> list[Completion]:
+    """What the engine samples for this prompt and request seed, called directly."""
+    tokenizer, model = make_tiny_tokenizer(), make_tiny_model()
+    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[EOS_ID])
+    return engine.generate([prompt], params, seeds=draw_seeds(torch.Generator().manual_seed(seed), 1, params))[0]
+
+
+def extra(obj: Any, name: str) -> Any:
+    """A field the OpenAI types do not declare (the token ids), as the client keeps it."""
+    return (obj.model_extra or {})[name]
+
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?"}]
+
+
+def test_chat_returns_the_exact_ids_and_logprobs(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, n=3, seed=7, max_tokens=12,  # type: ignore[arg-type]
+                                       temperature=0.9, logprobs=True, top_logprobs=3)
+    prompt = chat_ids(MESSAGES)
+    assert extra(r, "prompt_token_ids") == prompt
+    want = reference(prompt, SamplingParams(temperature=0.9, max_new_tokens=12, n=3), seed=7)
+    tok = make_tiny_tokenizer()
+    model = make_tiny_model()
+    for choice, c in zip(r.choices, want, strict=True):
+        ids = extra(choice, "token_ids")
+        assert ids == list(c.token_ids)
+        assert choice.message.content == tok.decode(ids, skip_special_tokens=True)
+        assert choice.finish_reason == c.finish_reason
+        got = [x.logprob for x in choice.logprobs.content]
+        assert got == pytest.approx(list(c.logprobs), abs=1e-6)  # floats through JSON: exact up to printing
+        # each log-prob is the model's at temperature 0.9, recomputed here by a full forward
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+        expected = (logits / 0.9).log_softmax(-1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+        assert got == pytest.approx(expected.tolist(), abs=1e-4)  # fp32, other batch shapes: summation order
+        for pos in choice.logprobs.content:
+            tops = [t.logprob for t in pos.top_logprobs]
+            assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+            assert pos.logprob <= tops[0] + 1e-5  # nothing is likelier than the top entry
+    assert r.usage.prompt_tokens == len(prompt)
+    assert r.usage.completion_tokens == sum(len(extra(c, "token_ids")) for c in r.choices)
+
+
+def test_a_seed_repeats_and_no_seed_varies(client: openai.OpenAI) -> None:
+    def ask(**kw: Any) -> list[int]:
+        r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=16, **kw)  # type: ignore[arg-type]
+        return extra(r.choices[0], "token_ids")  # type: ignore[no-any-return]
+    assert ask(seed=3) == ask(seed=3)
+    assert len({tuple(ask()) for _ in range(4)}) > 1
+
+
+def test_greedy_and_max_completion_tokens(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_completion_tokens=5)  # type: ignore[arg-type]
+    want = reference(chat_ids(MESSAGES), SamplingParams(temperature=0, max_new_tokens=5), seed=0)[0]
+    assert extra(r.choices[0], "token_ids") == list(want.token_ids)
+    assert len(want.token_ids) == 5 and r.choices[0].finish_reason == "length"
+
+
+def test_stop_string_ends_the_text_but_stays_in_the_ids(client: openai.OpenAI) -> None:
+    params = SamplingParams(temperature=1.0, max_new_tokens=40)
+    ids = list(reference(chat_ids(MESSAGES), params, seed=11)[0].token_ids)
+    tok = make_tiny_tokenizer()
+    # a character that first appears a few tokens in (one token per byte: index = position)
+    text = tok.decode(ids, skip_special_tokens=True)
+    k, char = next((k, ch) for k, ch in enumerate(text) if k >= 3 and ch.isascii() and ch not in text[:k])
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, seed=11, max_tokens=40, stop=[char])  # type: ignore[arg-type]
+    assert r.choices[0].message.content == text[:k]
+    assert extra(r.choices[0], "token_ids") == ids[: k + 1]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_completions_from_text_and_from_token_ids(client: openai.OpenAI) -> None:
+    tok = make_tiny_tokenizer()
+    r = client.completions.create(model="tiny", prompt="Once upon", max_tokens=8, seed=5, n=2, logprobs=2)
+    prompt = tok("Once upon")["input_ids"]
+    want = reference(prompt, SamplingParams(max_new_tokens=8, n=2), seed=5)
+    for choice, c in zip(r.choices, want, strict=True):
+        assert extra(choice, "prompt_token_ids") == prompt
+        assert extra(choice, "token_ids") == list(c.token_ids)
+        assert choice.logprobs.token_logprobs == pytest.approx(list(c.logprobs), abs=1e-6)
+        assert all(1 <= len(t) <= 2 for t in choice.logprobs.top_logprobs)  # keyed by text: bytes may collide
+    by_ids = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, seed=5, n=2)
+    assert [extra(c, "token_ids") for c in by_ids.choices] == [list(c.token_ids) for c in want]
+    two = client.completions.create(model="tiny", prompt=[prompt, prompt[:3]], max_tokens=4, n=2)
+    assert [c.index for c in two.choices] == [0, 1, 2, 3]
+    assert [extra(c, "prompt_token_ids") for c in two.choices] == [prompt, prompt, prompt[:3], prompt[:3]]
+
+
+def test_streaming_gives_the_same_completion(client: openai.OpenAI) -> None:
+    plain = client.chat.completions.create(model="tiny", messages=MESSAGES, seed=9, max_tokens=10)  # type: ignore[arg-type]
+    chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, seed=9, max_tokens=10,  # type: ignore[arg-type]
+                                                 stream=True))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == plain.choices[0].message.content
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == plain.choices[0].finish_reason
+
+
+def test_models_and_health(client: openai.OpenAI, server: BackgroundServer) -> None:
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    assert httpx.get(server.base_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"n": 9}, "n"),                                    # over max_n = 8
+    ({"max_tokens": 65}, "max_tokens"),                 # over the server's max_tokens = 64
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty"),  # would sample from another distribution
+    ({"top_logprobs": 3}, None),                        # without logprobs: true
+    ({"extra_body": {"colour": "red"}}, "colour"),  # unknown fields are named, not ignored
+    ({"stop": [""]}, "stop"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": []}, "messages"),
+])
+def test_bad_requests_get_a_400_naming_the_field(client: openai.OpenAI, kwargs: dict[str, Any], param: str | None) -> None:
+    kwargs = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**kwargs)
+    body = err.value.body
+    assert isinstance(body, dict) and body["param"] == param, body
+    if param:
+        assert param.split(".")[0] in body["message"]
+
+
+def test_context_overflow_and_wrong_model_and_key(client: openai.OpenAI, server: BackgroundServer) -> None:
+    long = [{"role": "user", "content": "x" * 200}]  # 219 tokens rendered
+    with pytest.raises(openai.BadRequestError, match="219 tokens and max_tokens = 40: over the model's context of 256"):
+        client.chat.completions.create(model="tiny", messages=long, max_tokens=40)  # type: ignore[arg-type]
+    r = client.chat.completions.create(model="tiny", messages=long, temperature=0)  # type: ignore[arg-type]
+    assert len(extra(r.choices[0], "token_ids")) <= 256 - 219  # the default fits the context
+    with pytest.raises(openai.BadRequestError, match="the prompt is 259 tokens; the model's context is 256"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x" * 240}])  # type: ignore[arg-type]
+    with pytest.raises(openai.NotFoundError, match="serves model 'tiny'"):
+        client.chat.completions.create(model="gpt-4o", messages=MESSAGES)  # type: ignore[arg-type]
+    for key in ("wrong", ""):
+        bad = openai.OpenAI(base_url=server.base_url, api_key=key or "x", max_retries=0,
+                            default_headers={} if key else {"Authorization": ""})
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+    r = httpx.post(server.base_url + "/chat/completions", content=b"{" + b" " * (3 * 2**20) + b"}",
+                   headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 413 and "max_body_bytes" in r.json()["error"]["message"]
+    r = httpx.post(server.base_url + "/chat/completions", content=b"{not json",
+                   headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+
+
+class ScriptedEngine:
+    """An engine whose completions are given texts (for what a random tiny model never writes, such
+    as a tool call), slow on demand, counting its calls."""
+
+    def __init__(self, texts: list[str], delay: float = 0.0) -> None:
+        self.tok = make_tiny_tokenizer()
+        self.texts, self.delay, self.calls = texts, delay, 0
+        self.eos_token_ids, self.pad_token_id, self.version = [EOS_ID], 0, None
+        self.generator = torch.Generator().manual_seed(0)
+        self.fail = False
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, progress: Any = None, *,
+                 seeds: Any = None) -> list[list[Completion]]:
+        self.calls += 1
+        time.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError("out of memory")
+        ids = self.tok(self.texts[0], add_special_tokens=False)["input_ids"] + [EOS_ID]
+        return [[Completion(tuple(ids), tuple([-0.5] * len(ids)), "stop", self.texts[0]) for _ in range(params.n)]
+                for _ in prompts]
+
+
+def scripted(texts: list[str], delay: float = 0.0, **limits: Any) -> tuple[BackgroundServer, ScriptedEngine]:
+    engine = ScriptedEngine(texts, delay)
+    served = Served("tiny", engine.tok, engine, None, context_length=4096)  # type: ignore[arg-type]
+    return BackgroundServer(served, limits=Limits(**limits)), engine
+
+
+def test_tool_calls_in_and_out() -> None:
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    server, _ = scripted([f"Let me add.\n{call}"])
+    tools = [{"type": "function", "function": {"name": "add", "description": "Add two integers.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+    with server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+        r = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=tools)  # type: ignore[arg-type]
+        message = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert message.content == "Let me add."
+        (tc,) = message.tool_calls  # type: ignore[misc]
+        assert tc.function.name == "add" and json.loads(tc.function.arguments) == {"a": 2, "b": 3}
+        # the template knows no tools: they go into the system turn, earlier calls into the text
+        history = [*MESSAGES, message.model_dump(exclude_none=True),
+                   {"role": "tool", "tool_call_id": tc.id, "content": "5"}]
+        again = client.chat.completions.create(model="tiny", messages=history, tools=tools)  # type: ignore[arg-type]
+        prompt = make_tiny_tokenizer().decode(extra(again, "prompt_token_ids"))
+        schema = json.dumps(tools[0])
+        assert TOOLS_PREAMBLE.format(tools=schema) in prompt and "Be brief." in prompt
+        assert f'<|im_start|>assistant\nLet me add.\n<tool_call>\n{json.dumps({"name": "add", "arguments": {"a": 2, "b": 3}})}' \
+               '\n</tool_call><|im_end|>' in prompt
+        assert "<|im_start|>tool\n5<|im_end|>" in prompt
+        none = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=tools, tool_choice="none")  # type: ignore[arg-type]
+        assert none.choices[0].message.tool_calls is None and "<tool_call>" in (none.choices[0].message.content or "")
+
+
+def test_concurrent_requests_share_engine_calls_and_the_limit_holds() -> None:
+    server, engine = scripted(["ok"], delay=0.5, max_concurrent=4)
+
+    async def burst(k: int) -> list[Any]:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+        return await asyncio.gather(*[client.chat.completions.create(model="tiny", messages=MESSAGES)  # type: ignore[arg-type]
+                                      for _ in range(k)], return_exceptions=True)
+    with server:
+        results = asyncio.run(burst(4))
+        assert all(r.choices[0].message.content == "ok" for r in results)
+        assert engine.calls == 2  # the first alone; the three that came while it ran, together
+        results = asyncio.run(burst(6))
+        refused = [r for r in results if isinstance(r, openai.RateLimitError)]
+        assert len(refused) == 2 and "max_concurrent" in str(refused[0])
+
+
+def test_an_engine_failure_is_a_500_that_says_so() -> None:
+    server, engine = scripted(["ok"])
+    engine.fail = True
+    with server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+        with pytest.raises(openai.InternalServerError, match="out of memory"):
+            client.chat.completions.create(model="tiny", messages=MESSAGES)  # type: ignore[arg-type]
+        engine.fail = False
+        assert client.chat.completions.create(model="tiny", messages=MESSAGES).choices[0].message.content == "ok"  # type: ignore[arg-type]
+
+
+def test_rlvr_serve_command(tiny_dir: Any) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "serve", "--model", str(tiny_dir), "--name", "t",
+                             "--port", str(port), "--max-tokens", "8"], stderr=subprocess.PIPE, text=True)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                assert [m.id for m in client.models.list()] == ["t"]
+                break
+            except openai.APIConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.2)
+        r = client.chat.completions.create(model="t", messages=MESSAGES)  # type: ignore[arg-type]
+        assert 1 <= len(extra(r.choices[0], "token_ids")) <= 8  # --max-tokens is the default
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
