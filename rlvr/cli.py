@@ -302,6 +302,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     limits = Limits(max_n=args.max_n, max_tokens=args.max_tokens, max_concurrent=args.max_concurrent,
                     max_body_bytes=args.max_body_bytes)
+    args.api_key = args.api_key or None  # an empty RLVR_API_KEY is no key
     if not is_loopback(args.host) and not args.api_key:
         print(f"warning: serving on {args.host} without an API key: anyone who can reach it can use the model "
               "(pass --api-key or set RLVR_API_KEY)", file=sys.stderr)

@@ -23,6 +23,7 @@ from rlvr.serve.protocol import Limits
 from rlvr.serve.server import BackgroundServer
 from rlvr.serve.backend import TOOLS_PREAMBLE
 from rlvr.types import Completion, SamplingParams
+from tests.test_openai_agent import byte_symbol
 from tests.tiny import EOS_ID, make_tiny_model, make_tiny_tokenizer
 
 KEY = "test-key"
@@ -144,14 +145,53 @@ def test_streaming_gives_the_same_completion(client: openai.OpenAI) -> None:
     plain = client.chat.completions.create(model="tiny", messages=MESSAGES, seed=9, max_tokens=10)  # type: ignore[arg-type]
     chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, seed=9, max_tokens=10,  # type: ignore[arg-type]
                                                  stream=True))
-    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks)  # every chunk has a choice
     assert text == plain.choices[0].message.content
-    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == plain.choices[0].finish_reason
+    assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+    assert extra(chunks[0], "prompt_token_ids") == extra(plain, "prompt_token_ids")
+    assert extra(chunks[0].choices[0], "token_ids") == extra(plain.choices[0], "token_ids")
+    with_usage = list(client.chat.completions.create(model="tiny", messages=MESSAGES, seed=9, max_tokens=10,  # type: ignore[arg-type]
+                                                     stream=True, stream_options={"include_usage": True}))
+    assert with_usage[-1].choices == [] and with_usage[-1].usage == plain.usage
 
 
 def test_models_and_health(client: openai.OpenAI, server: BackgroundServer) -> None:
     assert [m.id for m in client.models.list()] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
     assert httpx.get(server.base_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+
+
+def post(server: BackgroundServer, body: bytes, route: str = "/chat/completions") -> httpx.Response:
+    return httpx.post(server.base_url + route, content=body,
+                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+
+
+def test_what_json_can_carry_but_a_tokenizer_cannot_and_errors_in_openais_layout(server: BackgroundServer) -> None:
+    for body, param in ((b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages.0.content"),
+                        (b'{"prompt": "a\\udfff"}', "prompt"),
+                        (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["\\ud800"]}', "stop")):
+        r = post(server, body, "/completions" if b"prompt" in body else "/chat/completions")
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    for method, route, status in (("GET", "/nothing", 404), ("GET", "/chat/completions", 405)):
+        r = httpx.request(method, server.base_url + route, headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = post(server, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": null, "n": null, "stream": null}')
+    assert r.status_code == 200  # null is the default, as OpenAI takes it
+
+
+def test_top_logprobs_leave_out_what_top_k_removed_and_bytes_rebuild_the_text(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, seed=4, max_tokens=12, logprobs=True,  # type: ignore[arg-type]
+                                       top_logprobs=5, extra_body={"top_k": 2})
+    content = r.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert all(1 <= len(pos.top_logprobs) <= 2 for pos in content)  # only what top-k = 2 could sample
+    assert json.dumps(r.model_dump())  # every number is finite (no -Infinity in the JSON)
+    ids = extra(r.choices[0], "token_ids")
+    tok = make_tiny_tokenizer()
+    byte_of = {byte_symbol(b): b for b in range(256)}
+    sampled = b"".join(bytes(pos.bytes or []) for pos, t in zip(content, ids) if t > 2)
+    assert sampled == bytes(byte_of[tok.convert_ids_to_tokens(t)] for t in ids if t > 2)
 
 
 @pytest.mark.parametrize("kwargs, param", [
@@ -160,7 +200,14 @@ def test_models_and_health(client: openai.OpenAI, server: BackgroundServer) -> N
     ({"temperature": -1}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),  # would sample from another distribution
-    ({"top_logprobs": 3}, None),                        # without logprobs: true
+    ({"top_logprobs": 3}, "top_logprobs"),              # without logprobs: true
+    ({"seed": 2**64}, "seed"),                          # torch's generators take 64 bits
+    ({"n": True}, "n"),                                 # strict types: a bool is not a count
+    ({"extra_body": {"temperature": "1"}}, "temperature"),
+    ({"extra_body": {"max_tokens": 4, "max_completion_tokens": 5}}, "max_completion_tokens"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content"),
     ({"extra_body": {"colour": "red"}}, "colour"),  # unknown fields are named, not ignored
     ({"stop": [""]}, "stop"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
@@ -265,7 +312,7 @@ def test_concurrent_requests_share_engine_calls_and_the_limit_holds() -> None:
     with server:
         results = asyncio.run(burst(4))
         assert all(r.choices[0].message.content == "ok" for r in results)
-        assert engine.calls == 2  # the first alone; the three that came while it ran, together
+        assert engine.calls <= 2  # those that came while the first ran (or with it) were sampled together
         results = asyncio.run(burst(6))
         refused = [r for r in results if isinstance(r, openai.RateLimitError)]
         assert len(refused) == 2 and "max_concurrent" in str(refused[0])
@@ -305,3 +352,36 @@ def test_rlvr_serve_command(tiny_dir: Any) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_call_that_cannot_be_read_keeps_every_call_in_the_text() -> None:
+    from rlvr.serve.backend import tool_calls
+
+    good = '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>'
+    text = f'Thinking. <tool_call>{{"name": "add", "arguments": {{"a": 1,}}}}</tool_call>\n{good}'
+    assert tool_calls(text) == (text, [])
+    assert tool_calls('<tool_call>{"name": "", "arguments": {}}</tool_call>')[1] == []
+    content, calls = tool_calls(f"Thinking. {good}")
+    assert content == "Thinking." and [c["function"]["name"] for c in calls] == ["add"]
+
+
+def test_the_text_is_cut_only_at_the_stop_string_that_ended_sampling() -> None:
+    from rlvr.serve.backend import visible_text
+
+    tok = make_tiny_tokenizer()
+    ids = tok("ab-c", add_special_tokens=False)["input_ids"]
+    across = tok("c", add_special_tokens=False)["input_ids"] + [1] + tok("-", add_special_tokens=False)["input_ids"]
+
+    def completion(token_ids: list[int], reason: str) -> Completion:
+        return Completion(tuple(token_ids), (0.0,) * len(token_ids), reason, tok.decode(token_ids, skip_special_tokens=True))  # type: ignore[arg-type]
+    assert visible_text(completion(ids, "stop"), ("-c",), [EOS_ID], tok) == "ab"  # "-c" ended it: cut
+    assert visible_text(completion(ids + [EOS_ID], "stop"), ("b",), [EOS_ID], tok) == "ab-c"  # EOS ended it
+    # the engine saw "c<|im_start|>-", not "c-", and ran on to the length limit: no cut
+    assert visible_text(completion(across, "length"), ("c-",), [EOS_ID], tok) == "c-"
+
+
+def test_an_empty_api_key_is_no_key() -> None:
+    served = tiny_served()
+    with BackgroundServer(served, api_key="") as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="anything", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["tiny"]

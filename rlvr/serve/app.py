@@ -18,18 +18,19 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from rlvr.rollout.engine import Engine
-from rlvr.serve.backend import Batcher, BadRequest, Job, render_chat, tool_calls, visible_text
-from rlvr.serve.protocol import ChatRequest, CompletionRequest, Limits, error_body
+from rlvr.serve.backend import Batcher, Job, render_chat, token_bytes, tool_calls, visible_text
+from rlvr.serve.protocol import ChatRequest, CompletionRequest, Invalid, Limits, error_body, utf8
 from rlvr.types import Completion, SamplingParams
 
 
@@ -45,12 +46,23 @@ class Served:
     context_length: int
 
 
-CallHook = Callable[[list[int], list[Completion]], None]
-"""Called with (prompt ids, completions) after every served prompt (a trainer records them)."""
+class Recorder(Protocol):
+    """What a trainer plugs in to see every call: the tag is the ``{tag}`` of a request sent to
+    ``/e/{tag}/v1/...`` (one per agent episode), None for plain ``/v1`` routes."""
+
+    def admit(self, tag: str | None, prompt_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """The parameters to sample this prompt with (e.g. the token budget an episode has left);
+        raise Invalid to refuse the call."""
+        ...
+
+    def record(self, tag: str | None, prompt_ids: list[int], completions: list[Completion]) -> None:
+        """A prompt served, with its completions exactly as sampled."""
+        ...
 
 
 def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None = None,
-               on_call: CallHook | None = None) -> FastAPI:
+               recorder: Recorder | None = None) -> FastAPI:
+    api_key = api_key or None  # an empty key is no key (not one that only "Bearer " matches)
     batcher = Batcher(served.engine, served.model)
 
     @asynccontextmanager
@@ -75,7 +87,7 @@ def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Any:
-        if api_key is not None and request.url.path.startswith("/v1"):
+        if api_key is not None and "/v1/" in request.url.path + "/":
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 return JSONResponse(error_body("missing or wrong API key (Authorization: Bearer <key>)",
@@ -99,53 +111,95 @@ def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None
             return JSONResponse(error_body(f"the body is not valid JSON: {message}"), 400)
         return JSONResponse(error_body(f"{param or 'body'}: {message}", param=param or None), 400)
 
-    @app.exception_handler(BadRequest)
-    async def bad(_: Request, err: BadRequest) -> JSONResponse:
-        return JSONResponse(error_body(str(err), param=err.param), 400)
+    @app.exception_handler(Invalid)
+    async def bad(_: Request, err: Invalid) -> JSONResponse:
+        message = str(err) if err.param is None or err.param in str(err) else f"{err.param}: {err}"
+        return JSONResponse(error_body(message, param=err.param), 400)
 
     @app.exception_handler(_Refused)
     async def refused(_: Request, err: _Refused) -> JSONResponse:
         return JSONResponse(error_body(err.message, kind=err.kind, code=err.code), err.status)
 
+    @app.exception_handler(HTTPException)
+    async def http(_: Request, err: HTTPException) -> JSONResponse:  # unknown routes, wrong methods, unparsable bodies
+        return JSONResponse(error_body(str(err.detail), code=f"http_{err.status_code}"), err.status_code)
+
     @app.exception_handler(Exception)
     async def failed(_: Request, err: Exception) -> JSONResponse:
-        return JSONResponse(error_body(f"the engine failed: {type(err).__name__}: {err}", kind="server_error"), 500)
+        return JSONResponse(error_body(f"internal server error: {type(err).__name__}: {err}", kind="server_error"), 500)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0, "owned_by": "rlvr"}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest) -> Any:
+    async def chat(req: ChatRequest, tag: str | None = None) -> Any:
+        req.check()
         with slot():
-            _check_model(served, req.model)
+            if tag is None:  # an episode's agent may name any model: the policy is the only one
+                _check_model(served, req.model)
             tools = req.tools if req.tool_choice != "none" else None
             prompt = render_chat(served.tokenizer, req.messages, tools)
             params = _params(served, limits, req, len(prompt))
-            top = _top(limits, req.top_logprobs, served) if req.logprobs else 0
+            if recorder is not None:
+                params = recorder.admit(tag, prompt, params)
+            top = _top(limits, req.top_logprobs, served, "top_logprobs") if req.logprobs else 0
             job = await _sampled(batcher, Job([prompt], params, req.seed, top))
-        if on_call is not None:
-            on_call(prompt, job.result[0])
+        if recorder is not None:
+            recorder.record(tag, prompt, job.result[0])
         body = _chat_body(served, req, job, bool(tools))
-        return _sse(body, chat=True) if req.stream else body
+        return _sse(body, chat=True, usage=_wants_usage(req)) if req.stream else body
 
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> Any:
+    async def completions(req: CompletionRequest, tag: str | None = None) -> Any:
+        req.check()
         with slot():
-            _check_model(served, req.model)
+            if tag is None:  # an episode's agent may name any model: the policy is the only one
+                _check_model(served, req.model)
             prompts = [_prompt_ids(served, p) for p in _listed(req)]
             params = _params(served, limits, req, max(len(p) for p in prompts), rows=len(prompts))
-            top = _top(limits, req.logprobs, served) if req.logprobs is not None else 0
+            if recorder is not None:
+                for p in prompts:
+                    params = recorder.admit(tag, p, params)
+            top = _top(limits, req.logprobs, served, "logprobs") if req.logprobs is not None else 0
             job = await _sampled(batcher, Job(prompts, params, req.seed, top))
-        if on_call is not None:
+        if recorder is not None:
             for prompt, group in zip(prompts, job.result):
-                on_call(prompt, group)
+                recorder.record(tag, prompt, group)
         body = _completion_body(served, req, job)
-        return _sse(body, chat=False) if req.stream else body
+        return _sse(body, chat=False, usage=_wants_usage(req)) if req.stream else body
+
+    @app.get("/v1/models")
+    async def plain_models() -> dict[str, Any]:
+        return await models()
+
+    @app.get("/v1/models/{model:path}")
+    async def one_model(model: str) -> dict[str, Any]:
+        _check_model(served, model)
+        return (await models())["data"][0]  # type: ignore[no-any-return]
+
+    @app.post("/v1/chat/completions")
+    async def plain_chat(req: ChatRequest) -> Any:
+        return await chat(req)
+
+    @app.post("/v1/completions")
+    async def plain_completions(req: CompletionRequest) -> Any:
+        return await completions(req)
+
+    # the same routes under /e/{tag}/v1: a trainer gives each agent episode its own base URL
+
+    @app.get("/e/{tag}/v1/models")
+    async def tagged_models(tag: str) -> dict[str, Any]:
+        return await models()
+
+    @app.post("/e/{tag}/v1/chat/completions")
+    async def tagged_chat(tag: str, req: ChatRequest) -> Any:
+        return await chat(req, tag)
+
+    @app.post("/e/{tag}/v1/completions")
+    async def tagged_completions(tag: str, req: CompletionRequest) -> Any:
+        return await completions(req, tag)
 
     return app
 
@@ -160,7 +214,7 @@ async def _sampled(batcher: Batcher, job: Job) -> Job:
     try:
         return await batcher.run(job)
     except ValueError as e:  # the engine's own check of the request (e.g. an empty prompt)
-        raise BadRequest(str(e)) from e
+        raise Invalid(str(e)) from e
     except Exception as e:  # noqa: BLE001 - an infrastructure failure: a 500 that says so, and the server goes on
         raise _Refused(500, f"the engine failed: {type(e).__name__}: {e}", "engine_error", "server_error") from e
 
@@ -174,20 +228,21 @@ def _listed(req: CompletionRequest) -> list[str | list[int]]:
     try:
         return req.prompts()
     except ValueError as e:
-        raise BadRequest(str(e), "prompt") from e
+        raise Invalid(str(e), "prompt") from e
 
 
 def _prompt_ids(served: Served, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
+        utf8(prompt, "prompt")
         ids = [int(i) for i in served.tokenizer(prompt)["input_ids"]]
     else:
         vocab = len(served.tokenizer)
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
-            raise BadRequest(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", "prompt")
+            raise Invalid(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", "prompt")
         ids = list(prompt)
     if not ids:
-        raise BadRequest("prompt is empty", "prompt")
+        raise Invalid("prompt is empty", "prompt")
     return ids
 
 
@@ -196,47 +251,52 @@ def _params(served: Served, limits: Limits, req: ChatRequest | CompletionRequest
     field = "max_completion_tokens" if isinstance(req, ChatRequest) and req.max_completion_tokens else "max_tokens"
     room = served.context_length - prompt_len
     if room < 1:
-        raise BadRequest(f"the prompt is {prompt_len} tokens; the model's context is {served.context_length}",
+        raise Invalid(f"the prompt is {prompt_len} tokens; the model's context is {served.context_length}",
                          "messages" if isinstance(req, ChatRequest) else "prompt")
     asked = req.token_limit()
     if asked is not None and asked > limits.max_tokens:
-        raise BadRequest(f"{field} = {asked} is over this server's limit of {limits.max_tokens}", field)
+        raise Invalid(f"{field} = {asked} is over this server's limit of {limits.max_tokens}", field)
     if asked is not None and asked > room:
-        raise BadRequest(f"the prompt is {prompt_len} tokens and {field} = {asked}: over the model's context of "
+        raise Invalid(f"the prompt is {prompt_len} tokens and {field} = {asked}: over the model's context of "
                          f"{served.context_length}", field)
     if req.n * rows > limits.max_n:
-        raise BadRequest(f"n = {req.n}" + (f" for {rows} prompts" if rows > 1 else "") +
+        raise Invalid(f"n = {req.n}" + (f" for {rows} prompts" if rows > 1 else "") +
                          f" is over this server's limit of {limits.max_n} completions per request", "n")
     try:
-        stop = req.stops()
+        stop = tuple(utf8(x, "stop") for x in req.stops())
+    except Invalid:
+        raise
     except ValueError as e:
-        raise BadRequest(str(e), "stop") from e
+        raise Invalid(str(e), "stop") from e
     if len(stop) > limits.max_stop:
-        raise BadRequest(f"{len(stop)} stop strings; at most {limits.max_stop}", "stop")
+        raise Invalid(f"{len(stop)} stop strings; at most {limits.max_stop}", "stop")
     return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, n=req.n, stop=stop,
                           max_new_tokens=asked if asked is not None else min(limits.max_tokens, room))
 
 
-def _top(limits: Limits, k: int | None, served: Served) -> int:
+def _top(limits: Limits, k: int | None, served: Served, field: str) -> int:
     if not k:
         return 0
     if k > limits.max_top_logprobs:
-        raise BadRequest(f"top_logprobs = {k}; at most {limits.max_top_logprobs}", "top_logprobs")
+        raise Invalid(f"{field} = {k}; at most {limits.max_top_logprobs}", field)
     if served.model is None:
-        raise BadRequest("top_logprobs needs the model in this process (the embedded engine)", "top_logprobs")
+        raise Invalid(f"{field} needs the model in this process (the embedded engine)", field)
     return k
 
 
+def _wants_usage(req: ChatRequest | CompletionRequest) -> bool:
+    return bool((req.stream_options or {}).get("include_usage"))
+
+
 def _piece(tokenizer: Any, token_id: int) -> dict[str, Any]:
-    text = tokenizer.decode([token_id])
-    return {"token": text, "bytes": list(text.encode("utf-8"))}
+    return {"token": tokenizer.decode([token_id]), "bytes": token_bytes(tokenizer, token_id)}
 
 
 def _chat_body(served: Served, req: ChatRequest, job: Job, tools: bool) -> dict[str, Any]:
     prompt, group = job.prompts[0], job.result[0]
     choices = []
     for i, c in enumerate(group):
-        text = visible_text(c, job.params.stop)
+        text = visible_text(c, job.params.stop, served.engine.eos_token_ids, served.tokenizer)
         content, calls = tool_calls(text) if tools else (text, [])
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
@@ -258,7 +318,7 @@ def _completion_body(served: Served, req: CompletionRequest, job: Job) -> dict[s
     choices = []
     for p, (prompt, group) in enumerate(zip(job.prompts, job.result)):
         for j, c in enumerate(group):
-            text = visible_text(c, job.params.stop)
+            text = visible_text(c, job.params.stop, served.engine.eos_token_ids, served.tokenizer)
             logprobs = None
             if req.logprobs is not None:
                 pieces = [served.tokenizer.decode([t]) for t in c.token_ids]
@@ -280,9 +340,10 @@ def _usage(prompts: list[list[int]], groups: list[list[Completion]]) -> dict[str
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _sse(body: dict[str, Any], *, chat: bool) -> StreamingResponse:
-    """A finished response as a server-sent event stream (each choice in one chunk, then its end):
-    for clients that only stream. Sampling is not incremental here; the events come at once."""
+def _sse(body: dict[str, Any], *, chat: bool, usage: bool) -> StreamingResponse:
+    """A finished response as a server-sent event stream (each choice in one chunk, then its end,
+    then the usage if `stream_options.include_usage` asked for it): for clients that only stream.
+    Sampling is not incremental here; the events come at once."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     head = {k: body[k] for k in ("id", "created", "model")}
 
@@ -299,10 +360,11 @@ def _sse(body: dict[str, Any], *, chat: bool) -> StreamingResponse:
             else:
                 first = {**choice, "finish_reason": None}
                 last = {"index": choice["index"], "text": "", "logprobs": None, "finish_reason": choice["finish_reason"]}
-            for part in (first, last):
-                yield f"data: {json.dumps({**head, 'object': kind, 'choices': [part]})}\n\n"
-        if chat:
-            yield f"data: {json.dumps({**head, 'object': kind, 'choices': [], 'usage': body['usage'], 'prompt_token_ids': body['prompt_token_ids']})}\n\n"
+            ids = {"prompt_token_ids": body["prompt_token_ids"]} if chat else {}
+            for part, more in ((first, ids), (last, {})):
+                yield f"data: {json.dumps({**head, 'object': kind, 'choices': [part], **more})}\n\n"
+        if usage:
+            yield f"data: {json.dumps({**head, 'object': kind, 'choices': [], 'usage': body['usage']})}\n\n"
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")

@@ -15,6 +15,7 @@ ids; a stop string ends the text where it starts (OpenAI's convention) but stays
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import queue
 import threading
@@ -28,7 +29,7 @@ import torch
 from rlvr.agents.tools import parse_tool_calls
 from rlvr.rollout.engine import Engine, draw_seeds
 from rlvr.rollout.sampling import process_logits
-from rlvr.serve.protocol import Message, ToolSpec
+from rlvr.serve.protocol import Invalid, Message, ToolSpec, utf8
 from rlvr.types import Completion, SamplingParams
 
 TOOLS_PREAMBLE = ("You may call one or more functions to help with the user's request. The functions are "
@@ -39,25 +40,18 @@ TOOLS_PREAMBLE = ("You may call one or more functions to help with the user's re
 convention that `parse_tool_calls` reads back."""
 
 
-class BadRequest(ValueError):
-    """A request the server cannot serve as asked (a 400 naming ``param``)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 def render_chat(tokenizer: Any, messages: Sequence[Message], tools: Sequence[ToolSpec] | None) -> list[int]:
     """Token ids of the conversation rendered by the model's chat template, ending with the
     assistant turn's header. Tools and earlier tool calls go through the template where it knows
     them, else into the system turn and the assistant's text in the Hermes convention."""
     template = getattr(tokenizer, "chat_template", None)
     if not template:
-        raise BadRequest("this model has no chat template; use /v1/completions", "messages")
+        raise Invalid("this model has no chat template; use /v1/completions", "messages")
     native = "tool_calls" in template
     rendered = []
-    for m in messages:
-        entry: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+    for k, m in enumerate(messages):
+        entry: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                                 "content": utf8(m.text(), f"messages.{k}.content")}
         if m.tool_calls:
             calls = [{"name": c.function.name, "arguments": _arguments(c.function.arguments)} for c in m.tool_calls]
             if native:
@@ -84,7 +78,7 @@ def render_chat(tokenizer: Any, messages: Sequence[Message], tools: Sequence[Too
     try:
         text = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False, **kwargs)
     except Exception as e:  # noqa: BLE001 - a template's own complaint (e.g. roles out of order) is the caller's
-        raise BadRequest(f"the chat template cannot render these messages: {e}", "messages") from e
+        raise Invalid(f"the chat template cannot render these messages: {e}", "messages") from e
     return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
@@ -100,21 +94,50 @@ def _arguments(arguments: str | dict[str, Any]) -> dict[str, Any] | str:
 
 
 def tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content before the calls, the calls in OpenAI's layout) of a completion's text; text
-    with no readable call is all content (an agent sees a malformed call as the model wrote it)."""
-    calls = [c for c in parse_tool_calls(text) if c.error is None]
-    if not calls:
+    """(content before the calls, the calls in OpenAI's layout) of a completion's text. Unless
+    every call in it can be read, it is all content: the agent sees what the model wrote, rather
+    than some of its calls with the others gone."""
+    calls = parse_tool_calls(text)
+    if not calls or any(c.error is not None or not c.name for c in calls):
         return text, []
     content = text.split("<tool_call>", 1)[0].strip() or None
     return content, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                       "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
 
 
-def visible_text(c: Completion, stop: Sequence[str]) -> str:
-    """The completion's text as a client sees it: special tokens dropped, cut at a stop string."""
+def visible_text(c: Completion, stop: Sequence[str], eos_token_ids: Sequence[int], tokenizer: Any) -> str:
+    """The completion's text as a client sees it: special tokens dropped, and where a stop string
+    ended it (the engine matches it in the text of the last tokens), cut where it begins. A stop
+    string that the engine saw across a special token (dropped from the text) is not cut."""
     text = c.text
-    hits = [text.find(s) for s in stop if s in text]
+    if c.finish_reason != "stop" or not c.token_ids or c.token_ids[-1] in eos_token_ids:
+        return text
+    tail = len(tokenizer.decode(c.token_ids[-1:], skip_special_tokens=True))
+    starts = [text.rfind(s) for s in stop]
+    hits = [i for i, s in zip(starts, stop) if i >= 0 and i + len(s) >= len(text) - tail]
     return text[: min(hits)] if hits else text
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> list[int]:
+    """The bytes a token stands for (a piece of a character has no text of its own): byte-level
+    BPE pieces through GPT-2's byte table, SentencePiece byte tokens (<0xAB>) as that byte,
+    anything else as its decoded text."""
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if isinstance(piece, str):
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return [int(piece[3:5], 16)]
+        table = _byte_table()
+        if piece and all(ch in table for ch in piece) and tokenizer.decode([token_id]) != piece:
+            return [table[ch] for ch in piece]
+    return list(tokenizer.decode([token_id]).encode("utf-8"))
+
+
+@functools.cache
+def _byte_table() -> dict[str, int]:
+    """GPT-2's byte-level table, inverted: the character each byte is written as → the byte."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + k): b for k, b in enumerate(others)}}
 
 
 @torch.no_grad()
@@ -133,7 +156,9 @@ def top_logprobs(model: Any, prompt_ids: list[int], completions: Sequence[Comple
             logits_TV = model(input_ids=ids, logits_to_keep=len(c.token_ids) + 1).logits[0, :-1]
             lp_TV = process_logits(logits_TV, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
             values, indices = lp_TV.topk(k, dim=-1)
-            out.append([list(zip(i.tolist(), v.tolist())) for i, v in zip(indices, values)])
+            # tokens that top-k or top-p removed (log-prob -inf) are not among the likeliest: left out
+            out.append([[(t, lp) for t, lp in zip(i.tolist(), v.tolist()) if lp != float("-inf")]
+                        for i, v in zip(indices, values)])
     finally:
         model.train(was_training)
     return out
@@ -195,26 +220,35 @@ class Batcher:
                 self._sample(params, entries)
 
     def _sample(self, params: SamplingParams, entries: list[Any]) -> None:
-        try:
-            prompts, seeds = [], []
-            for job, _, _ in entries:
-                generator = torch.Generator().manual_seed(job.seed) if job.seed is not None else self.engine.generator
-                prompts += job.prompts
+        ready, prompts, seeds = [], [], []
+        for entry in entries:  # a job whose seeds cannot be drawn fails alone
+            job, future, loop = entry
+            try:
+                generator = torch.Generator().manual_seed(job.seed % 2**64) if job.seed is not None \
+                    else self.engine.generator
                 seeds += draw_seeds(generator, len(job.prompts), params)
+            except Exception as e:  # noqa: BLE001 - handed to that request, which answers with it
+                loop.call_soon_threadsafe(_fail, future, e)
+                continue
+            ready.append(entry)
+            prompts += job.prompts
+        if not ready:
+            return
+        try:
             self.batches += 1
             results = self.engine.generate(prompts, params, seeds=seeds)  # type: ignore[call-arg]
             start = 0
-            for job, _, _ in entries:
+            for job, _, _ in ready:
                 job.result = results[start : start + len(job.prompts)]
                 start += len(job.prompts)
                 if job.top_k_logprobs and self.model is not None:
                     job.top = [top_logprobs(self.model, p, group, job.top_k_logprobs, params)
                                for p, group in zip(job.prompts, job.result)]
         except Exception as e:  # noqa: BLE001 - handed to each waiting request, which answers with it
-            for _, future, loop in entries:
+            for _, future, loop in ready:
                 loop.call_soon_threadsafe(_fail, future, e)
             return
-        for job, future, loop in entries:
+        for job, future, loop in ready:
             loop.call_soon_threadsafe(_succeed, future, job)
 
 

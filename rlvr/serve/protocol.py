@@ -1,9 +1,10 @@
 """The OpenAI requests `rlvr serve` accepts, validated as carefully as the config.
 
-A field the server does not know is refused (400, naming it) rather than silently ignored,
-except the handful that OpenAI clients and agent frameworks send by default and that change
-nothing here (`user`, `store`, `metadata`, `stream_options`, `parallel_tool_calls`, …), which
-are accepted and ignored. Limits on what one request may ask (`n`, `max_tokens`, stop strings)
+A top-level field the server does not know is refused (400, naming it) rather than silently
+ignored, except the handful that OpenAI clients and agent frameworks send by default and that
+change nothing here (`IGNORED`), which are accepted and ignored; inside messages, fields other
+clients echo back (`refusal`, `annotations`, …) are ignored. A null for any field means its
+default, as OpenAI takes it. Types are strict: `"1"` is not a number, `true` is not an integer. Limits on what one request may ask (`n`, `max_tokens`, stop strings)
 come from `Limits`, so an over-limit request is a 400 naming the field, never an exhausted
 machine.
 """
@@ -37,18 +38,21 @@ class Limits:
 
 
 # Sent by OpenAI clients and agent frameworks by default; nothing here depends on them.
-IGNORED = frozenset({"user", "store", "metadata", "stream_options", "parallel_tool_calls", "service_tier",
-                     "return_token_ids", "prompt_cache_key", "safety_identifier"})
+IGNORED = frozenset({"user", "store", "metadata", "parallel_tool_calls", "service_tier", "return_token_ids",
+                     "prompt_cache_key", "safety_identifier"})
+
+SEED_RANGE = (-(2**63), 2**63 - 1)
+"""What `seed` may be (a 64-bit integer, as torch's generators take it)."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
     @classmethod
     def _drop_ignored(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if k not in IGNORED}
+        if isinstance(data, dict):  # null means the default (OpenAI's clients send explicit nulls)
+            return {k: v for k, v in data.items() if k not in IGNORED and v is not None}
         return data
 
 
@@ -91,6 +95,15 @@ class Message(BaseModel):
     tool_calls: list[ToolCallSpec] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            other = [p.get("type") for p in v if isinstance(p, dict) and p.get("type") != "text"]
+            if other:
+                raise ValueError(f"only text content parts are served, not {other[0]!r}")
+        return v
+
     @model_validator(mode="after")
     def _has_content(self) -> Message:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
@@ -113,8 +126,9 @@ class _Sampling(_Strict):
     top_k: int = Field(0, ge=0)  # vLLM's extension: 0 (or -1) = all
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: bool = False
+    stream_options: dict[str, Any] | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
 
@@ -147,17 +161,16 @@ class ChatRequest(_Sampling):
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto"] | dict[str, Any] | None = None
 
-    @model_validator(mode="after")
-    def _consistent(self) -> ChatRequest:
+    def check(self) -> None:
+        """The checks that span fields (each names the field to fix)."""
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
+            raise Invalid("top_logprobs needs logprobs: true", "top_logprobs")
         if isinstance(self.tool_choice, dict):
-            raise ValueError('tool_choice: only "auto" and "none" are supported (a forced call would need '
-                             'constrained decoding, which would change the policy\'s samples)')
+            raise Invalid('only "auto" and "none" are supported (forcing a call would need constrained decoding, '
+                          "which would change the policy's samples)", "tool_choice")
         if self.max_tokens is not None and self.max_completion_tokens is not None \
                 and self.max_tokens != self.max_completion_tokens:
-            raise ValueError("max_tokens and max_completion_tokens disagree; set one")
-        return self
+            raise Invalid("max_tokens and max_completion_tokens disagree; set one", "max_completion_tokens")
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -172,15 +185,14 @@ class CompletionRequest(_Sampling):
     suffix: str | None = None
     best_of: int | None = None
 
-    @model_validator(mode="after")
-    def _consistent(self) -> CompletionRequest:
+    def check(self) -> None:
+        """The checks that span fields (each names the field to fix)."""
         if self.echo:
-            raise ValueError("echo is not supported")
+            raise Invalid("echo is not supported", "echo")
         if self.suffix:
-            raise ValueError("suffix is not supported")
+            raise Invalid("suffix is not supported", "suffix")
         if self.best_of not in (None, self.n):
-            raise ValueError("best_of is not supported (it would return a selection, not the policy's samples)")
-        return self
+            raise Invalid("best_of is not supported (it would return a selection, not the policy's samples)", "best_of")
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts as a list (a list of strings or of token lists is a batch)."""
@@ -195,6 +207,23 @@ class CompletionRequest(_Sampling):
 
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+
+class Invalid(ValueError):
+    """A request the server cannot serve as asked: a 400 naming ``param``."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def utf8(text: str, param: str) -> str:
+    """The text, if it can be encoded (JSON can carry lone surrogates, which no tokenizer takes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise Invalid(f"{param} is not valid Unicode ({e.reason} at position {e.start})", param) from e
+    return text
 
 
 def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,

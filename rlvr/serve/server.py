@@ -10,7 +10,7 @@ from typing import Any
 
 import uvicorn
 
-from rlvr.serve.app import CallHook, Served, create_app
+from rlvr.serve.app import Recorder, Served, create_app
 from rlvr.serve.protocol import Limits
 
 
@@ -48,7 +48,7 @@ def serve_forever(served: Served, *, host: str = "127.0.0.1", port: int = 8000, 
                   api_key: str | None = None) -> None:
     """Serve until interrupted (the `rlvr serve` command)."""
     app = create_app(served, limits=limits, api_key=api_key)
-    uvicorn.run(app, host=host, port=port, log_level="info", limit_concurrency=limits.max_concurrent * 2)
+    uvicorn.run(app, host=host, port=port, log_level="info")  # the app bounds requests in flight (429), not uvicorn
 
 
 class BackgroundServer:
@@ -56,8 +56,8 @@ class BackgroundServer:
     hands its URL to agents, and for tests. Use as a context manager, or call `close`."""
 
     def __init__(self, served: Served, *, limits: Limits = Limits(), api_key: str | None = None,
-                 on_call: CallHook | None = None, host: str = "127.0.0.1", timeout: float = 30.0) -> None:
-        self.app = create_app(served, limits=limits, api_key=api_key, on_call=on_call)
+                 recorder: Recorder | None = None, host: str = "127.0.0.1", timeout: float = 30.0) -> None:
+        self.app = create_app(served, limits=limits, api_key=api_key, recorder=recorder)
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, 0))
