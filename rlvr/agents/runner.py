@@ -45,7 +45,7 @@ from rlvr.errors import InfrastructureError
 from rlvr.rollout.engine import Engine
 from rlvr.types import Completion, SamplingParams
 
-Ending = Literal["done", "max_turns", "budget", "context", "void", "infra"]
+Ending = Literal["done", "max_turns", "budget", "context", "void", "infra", "error", "timeout"]
 
 
 @dataclass(frozen=True)
@@ -365,7 +365,6 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
     spans. ``mask_unfinished`` (SUPO's overlong masking) keeps episodes that did not end "done"
     out of the loss."""
     from rlvr.data import render_prompt
-    from rlvr.types import Group, Sample
 
     envs = [factory(examples[i], rewards, **(kwargs or {})) for i in indices for _ in range(n)]
     tasks = [env.initial_observation() for env in envs]
@@ -377,6 +376,19 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
 
     episodes = run_episodes(engine, tokenizer, envs, prompts, params, limits, delta, eos_token_ids,
                             summarize=summarize, restart=restart)
+    return as_groups(examples, indices, n, episodes, mask_unfinished=mask_unfinished)
+
+
+FAILED: tuple[str, ...] = ("infra", "error", "timeout")
+"""Endings that give no verdict on the policy (the environment or the agent's own code failed):
+counted in env/error and excluded from the update."""
+
+
+def as_groups(examples: Sequence[Any], indices: list[int], n: int, episodes: Sequence[Episode], *,
+              mask_unfinished: bool = False) -> list[Any]:
+    """Episodes (n per example index, in order) as Groups (see episode_groups)."""
+    from rlvr.types import Group, Sample
+
     groups = []
     for k, i in enumerate(indices):
         mine = episodes[k * n : (k + 1) * n]
@@ -385,7 +397,7 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
         samples = tuple(Sample(ep.prompt_ids, ep.completion, ep.reward, {
             "env": ep.reward, "turns": float(ep.turns), "tool_calls": ep.metrics.get("tool_calls", 0.0),
             **({"env/excluded": 1.0} if mask_unfinished and ep.ending != "done" else {}),
-            **({"env/error": 1.0, "env/excluded": 1.0} if ep.ending == "infra" else {})}, i,
+            **({"env/error": 1.0, "env/excluded": 1.0} if ep.ending in FAILED else {})}, i,
             segments=tuple(ep.segments)) for ep in mine)
         groups.append(Group(examples[i].prompt, samples, {
             "id": examples[i].id, "answer": examples[i].answer, "env_metrics": [ep.metrics for ep in mine],

@@ -149,6 +149,10 @@ def make_episodes(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: l
         return None
     if cfg.sampler.templates:
         raise ValueError("sampler.templates and env.name do not combine: an environment writes its own prompt")
+    from rlvr.agents.openai_agent import EPISODE_BUILDERS
+
+    if e.name in EPISODE_BUILDERS:  # the agent runs its own episodes (e.g. through rlvr's OpenAI server)
+        return EPISODE_BUILDERS[e.name](e, tokenizer, rewards, params, system_prompt=cfg.task.system_prompt)
     factory = env_factory(e.name)
     limits = Limits(max_turns=e.max_turns, max_turn_tokens=cfg.sampling.max_new_tokens,
                     max_total_tokens=e.max_total_tokens, max_context=e.max_context, max_void_turns=e.max_void_turns)
