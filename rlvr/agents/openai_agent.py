@@ -256,7 +256,7 @@ def _why(outcome: Any) -> str:
 
 def _episode(tokenizer: Any, example: Any, ep: _Episode, outcome: Any, rewards: list[Any],
              system_prompt: str | None) -> Episode:
-    from rlvr.data import render_prompt
+    from rlvr.data.tasks import render_example
     from rlvr.rewards.combine import score_group
 
     segments, text, spans = trajectory(tokenizer, ep.calls)
@@ -282,7 +282,7 @@ def _episode(tokenizer: Any, example: Any, ep: _Episode, outcome: Any, rewards: 
     if ending in FAILED:
         metrics["error"] = 1.0
     if not segments:  # nothing was sampled: an empty completion of the task's prompt, excluded above
-        segments = [(tuple(render_prompt(tokenizer, example.prompt, system_prompt)), Completion((), (), "stop", ""))]
+        segments = [(tuple(render_example(tokenizer, example, system_prompt)), Completion((), (), "stop", ""))]
     (prompt_ids, completion), earlier = segments[-1], segments[:-1]
     return Episode(prompt_ids, completion, reward, len(ep.calls), ending, metrics, [reward], spans, earlier, text)
 

@@ -84,6 +84,12 @@ class RunConfig(_Section):
         if isinstance(data, dict) and not data.get("rewards"):
             task = data.get("task")
             source = task.get("source", "reasoning_gym") if isinstance(task, dict) else "reasoning_gym"
+            params = task.get("params") if isinstance(task, dict) else None
+            layout = params.get("format", "rlvr") if isinstance(params, dict) else "rlvr"
+            if layout != "rlvr":
+                raise ValueError(f"task.params.format = {layout!r} needs [[rewards]]: name the reward functions written for "
+                                 f"that data, e.g. [[rewards]] fn = \"mypkg.rewards:accuracy\" (style is read from "
+                                 "the signature)")
             if source == "humaneval":
                 data = {**data, "rewards": [{"fn": "unit_tests"}]}
             elif source == "text":

@@ -31,7 +31,7 @@ class TaskConfig(_Section):
     name: str = "chain_sum"
     """reasoning-gym task name (`rlvr tasks` lists them)."""
     params: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the source: the reasoning-gym task's (e.g. {min_terms = 2, max_digits = 1}); for "jsonl", "parquet" and "hf" the row's columns, prompt_column ("prompt") and answer_column ("answer", scored with math-verify by default), and for "hf" the split ("train"); for "text" context_chars (512), target_words (1), min_context_words (8) and the JSONL column ("text"); for "facts" countries (60)."""
+    """Keyword arguments of the source: the reasoning-gym task's (e.g. {min_terms = 2, max_digits = 1}); for "jsonl", "parquet" and "hf" the row's columns, prompt_column ("prompt") and answer_column ("answer", scored with math-verify by default), format, the row layout ("rlvr"; "trl": TRL's prompt-only layout, `prompt` a string or chat messages; "verl": verl's parquet, `prompt` messages and `reward_model.ground_truth`; docs/interop.md), and for "hf" the split ("train"); for "text" context_chars (512), target_words (1), min_context_words (8) and the JSONL column ("text"); for "facts" countries (60)."""
     mixture: list[MixtureEntry] = Field(default_factory=list)
     """A weighted mix of reasoning-gym tasks instead of one, e.g. [{name = "chain_sum", weight = 2}, {name = "leg_counting"}]; each prompt is scored by its own task."""
     path: str | None = None
@@ -65,6 +65,8 @@ class RewardConfig(_Section):
     """Time limit of one call; unset: 60 s for your own functions, none for built-ins (they bound their own time)."""
     group: bool = False
     """Call the function once per prompt with the list of its completions; it returns one value each (built-in majority_vote is one)."""
+    style: Literal["auto", "rlvr", "trl", "verl"] = "auto"
+    """How the function is called: "rlvr" fn(prompt, completion, **row); "trl" as TRL's GRPOTrainer calls reward functions (prompts, completions, completion_ids, **columns as lists, once per prompt; None = no value for that sample); "verl" as verl's compute_score(data_source, solution_str, ground_truth, extra_info). "auto" reads the signature (rlvr.rewards.styles)."""
     sources: list[str] = Field(default_factory=list)
     """Score only prompts from these sources (the example field sampler.source_field, e.g. the reasoning-gym task); empty = every prompt. Routes each source of a mixture to its own verifier."""
 

@@ -5,7 +5,8 @@ from rlvr.data.tasks import (
     jsonl_examples,
     list_tasks,
     reasoning_gym_examples,
+    render_example,
     render_prompt,
 )
 
-__all__ = ["Example", "jsonl_examples", "list_tasks", "reasoning_gym_examples", "render_prompt"]
+__all__ = ["Example", "jsonl_examples", "list_tasks", "reasoning_gym_examples", "render_example", "render_prompt"]

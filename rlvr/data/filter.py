@@ -39,7 +39,7 @@ def pass_rates(model_spec: str, cfg: RunConfig, *, n: int, limit: int | None = N
                progress: Callable[[int], None] | None = None) -> list[Rated]:
     """Each of the config's training prompts (the first ``limit``) rated by n samples, generated
     ``batch`` prompts at a time."""
-    from rlvr.data import render_prompt
+    from rlvr.data import render_example
     from rlvr.eval.run import resolve_model
     from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
     from rlvr.rewards import build_rewards
@@ -55,7 +55,7 @@ def pass_rates(model_spec: str, cfg: RunConfig, *, n: int, limit: int | None = N
     model = load_model(path, resolve_dtype("auto")).eval()
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=cfg.seed)
     examples = load_examples(cfg)[0][:limit]
-    ids = [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in examples]
+    ids = [render_example(tokenizer, ex, cfg.task.system_prompt) for ex in examples]
     rewards = build_rewards(cfg.reward_specs())
     s = cfg.sampling
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,

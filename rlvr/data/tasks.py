@@ -148,6 +148,7 @@ def jsonl_examples(
     prompt_column: str = "prompt",
     answer_column: str | None = "answer",
     instruction: str = "",
+    format: str = "rlvr",
 ) -> list[Example]:
     """One Example per non-blank line of a JSONL file; every column becomes a reward field.
 
@@ -159,11 +160,12 @@ def jsonl_examples(
         raise FileNotFoundError(f"JSONL prompt file not found: {path}")
     with path.open(encoding="utf-8") as f:
         rows = [(f"{path}:{n}", read_json_row(line, f"{path}:{n}")) for n, line in enumerate(f, start=1) if line.strip()]
-    return _examples(rows, str(path), prompt_column, answer_column, instruction)
+    return _examples(rows, str(path), prompt_column, answer_column, instruction, format)
 
 
 def parquet_examples(
     path: str | Path, *, prompt_column: str = "prompt", answer_column: str | None = "answer", instruction: str = "",
+    format: str = "rlvr",
 ) -> list[Example]:
     """One Example per row of a Parquet file (read with pyarrow); columns as in ``jsonl_examples``."""
     import pyarrow.parquet as pq
@@ -173,12 +175,12 @@ def parquet_examples(
         raise FileNotFoundError(f"Parquet prompt file not found: {path}")
     rows = pq.read_table(path).to_pylist()
     return _examples([(f"{path}:row {i}", row) for i, row in enumerate(rows)], str(path), prompt_column,
-                     answer_column, instruction)
+                     answer_column, instruction, format)
 
 
 def hf_examples(
     name: str, *, split: str = "train", prompt_column: str = "prompt", answer_column: str | None = "answer",
-    instruction: str = "",
+    instruction: str = "", format: str = "rlvr",
 ) -> list[Example]:
     """One Example per row of a Hugging Face dataset: a directory written by ``save_to_disk``, or a
     name ``load_dataset`` knows (a hub id, fetched and cached by `datasets`); ``split`` picks the split."""
@@ -192,26 +194,90 @@ def hf_examples(
     else:
         table = datasets.load_dataset(name, split=split)
     return _examples([(f"{name}[{split}]:row {i}", dict(row)) for i, row in enumerate(table)], f"{name}[{split}]",
-                     prompt_column, answer_column, instruction)
+                     prompt_column, answer_column, instruction, format)
+
+
+LAYOUTS = ("rlvr", "trl", "verl")
 
 
 def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column: str, answer_column: str | None,
-              instruction: str) -> list[Example]:
-    """Examples from (where, row) pairs: every column becomes a reward field."""
+              instruction: str, layout: str = "rlvr") -> list[Example]:
+    """Examples from (where, row) pairs: every column becomes a reward field.
+
+    Layouts (``layout``: the readers' ``format``, from ``task.params``):
+    - "rlvr": ``prompt_column`` holds the prompt text, ``answer_column`` the answer.
+    - "trl": TRL's prompt-only layout: ``prompt`` holds a string or a list of chat messages; the
+      answer column is optional (TRL rewards read whichever columns they like).
+    - "verl": verl's parquet layout: ``prompt`` holds chat messages, ``reward_model.ground_truth``
+      the answer, beside ``data_source`` and ``extra_info``.
+
+    A prompt given as messages is rendered as that conversation (its system turn included); its
+    last user message is the example's prompt text (logs, rlvr-style rewards), and the messages
+    ride along in ``fields["prompt_messages"]`` (TRL-style rewards receive them)."""
+    from rlvr.rewards.styles import PROMPT_MESSAGES
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"task.params.format must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     examples = []
     for where, row in rows:
-        for column in (prompt_column, answer_column):
-            if column is not None and column not in row:
+        if layout == "verl":
+            prompt_column, answer_column = "prompt", None
+        required = [prompt_column] + ([answer_column] if layout == "rlvr" and answer_column else [])
+        for column in required:
+            if column not in row:
                 raise ValueError(f"{where}: no {column!r} column; the row has {sorted(row)}")
-        if not isinstance(row[prompt_column], str):
-            raise ValueError(f"{where}: {prompt_column!r} must be a string")
-        answer = row.get(answer_column) if answer_column else row.get("answer")
+        prompt = row[prompt_column]
+        messages = None
+        if layout == "rlvr" or isinstance(prompt, str) and layout == "trl":
+            if not isinstance(prompt, str):
+                raise ValueError(f"{where}: {prompt_column!r} must be a string" +
+                                 (" (a list of chat messages needs task.params.format = \"trl\" or \"verl\")"
+                                  if isinstance(prompt, list) else ""))
+            text = _with_instruction(prompt, instruction)
+        else:
+            messages = _chat_messages(prompt, f"{where}: {prompt_column!r}")
+            last = max(k for k, m in enumerate(messages) if m["role"] == "user")
+            messages[last] = {**messages[last], "content": _with_instruction(messages[last]["content"], instruction)}
+            text = messages[last]["content"]
+        if layout == "verl":
+            from rlvr.rewards.styles import ground_truth
+
+            answer = ground_truth(row)
+        else:
+            answer = row.get(answer_column) if answer_column else row.get("answer")
         answer = None if answer is None else str(answer)
-        examples.append(Example(prompt=_with_instruction(row[prompt_column], instruction), answer=answer,
-                                fields={**row, "answer": answer}, id=str(row.get("id", where))))
+        fields = {**row, "answer": answer, **({PROMPT_MESSAGES: messages} if messages is not None else {})}
+        examples.append(Example(prompt=text, answer=answer, fields=fields, id=str(row.get("id", where))))
     if not examples:
         raise ValueError(f"{source}: no examples (it is empty)")
     return examples
+
+
+def _chat_messages(value: Any, where: str) -> list[dict[str, str]]:
+    """A prompt given as chat messages, checked: [{"role", "content"}, ...] with a user turn."""
+    if not isinstance(value, list) or not value or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
+        raise ValueError(f"{where} must be a string or a non-empty list of {{\"role\": ..., \"content\": a string}} "
+                         f"messages, got {str(value)[:200]}")
+    if not any(m["role"] == "user" for m in value):
+        raise ValueError(f"{where} has no user message")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def render_example(tokenizer: Any, example: Example, system_prompt: str | None = None) -> list[int]:
+    """Token ids of an example's prompt: its chat messages where it has them (TRL's and verl's
+    layouts), else its text (`render_prompt`)."""
+    from rlvr.rewards.styles import PROMPT_MESSAGES
+
+    messages = example.fields.get(PROMPT_MESSAGES)
+    if messages is None:
+        return render_prompt(tokenizer, example.prompt, system_prompt)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{example.id}: a prompt given as chat messages needs a tokenizer with a chat template")
+    if system_prompt and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
 def render_prompt(tokenizer: Any, prompt: str, system_prompt: str | None = None) -> list[int]:

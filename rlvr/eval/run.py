@@ -32,7 +32,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     and the judge also scores its reasoning >= 0.5 (Wen et al., "Reinforcement Learning with
     Verifiable Rewards Implicitly Incentivizes Correct Reasoning in Base LLMs", arXiv:2506.14245).
     Only samples with a correct answer are sent to the judge."""
-    from rlvr.data import render_prompt
+    from rlvr.data import render_example, render_prompt
     from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
     from rlvr.train.data import load_examples
@@ -50,7 +50,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     held = held[:prompts]
     if not held:
         raise ValueError("no held-out prompts: set task.eval_size > 0")
-    ids = [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in held]
+    ids = [render_example(tokenizer, ex, cfg.task.system_prompt) for ex in held]
     rewards = build_rewards(cfg.reward_specs())
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=n, top_p=cfg.sampling.top_p,
                             top_k=cfg.sampling.top_k, stop=tuple(cfg.sampling.stop))

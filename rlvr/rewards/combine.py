@@ -42,11 +42,12 @@ from rlvr.errors import InfrastructureError
 from rlvr.rewards.builtin import GROUP_REWARDS, REWARDS
 from rlvr.rewards.extract import EXTRACTORS
 from rlvr.rewards.intrinsic import INTRINSIC
+from rlvr.rewards.styles import NO_VALUE, STYLES, detect_style, trl_style, verl_style
 from rlvr.sandbox import SandboxUnavailable
 
 logger = logging.getLogger("rlvr.rewards")
 
-_SPEC_KEYS = {"fn", "weight", "name", "kwargs", "timeout_s", "group", "sources", "source_field"}
+_SPEC_KEYS = {"fn", "weight", "name", "kwargs", "timeout_s", "group", "sources", "source_field", "style"}
 USER_TIMEOUT_S = 60.0
 _WARNED: set[tuple[str, str]] = set()
 
@@ -71,6 +72,8 @@ class RewardFn:
     """Per-source routing: only examples whose ``source_field`` is one of these are scored by it
     (the others get no value for it, not a zero); empty = all."""
     source_field: str = "task"
+    wants_completion_ids: bool = False
+    """Called with ``completion_ids=`` (the sampled token ids), as TRL's reward functions are."""
 
     def applies(self, example: dict[str, Any]) -> bool:
         return not self.sources or str(example.get(self.source_field, "default")) in self.sources
@@ -151,6 +154,20 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
             rewards.append(RewardFn(name, INTRINSIC[fn_spec], weight, {}, intrinsic=True, **routing))
             continue
         fn = load_callable(fn_spec)
+        style = str(spec.get("style") or "auto")
+        if style not in STYLES:
+            raise ValueError(f"reward {name!r}: style must be one of {', '.join(STYLES)}, got {style!r}")
+        if style == "auto":
+            style = "rlvr" if fn in REWARDS.values() else detect_style(fn)
+        if style == "trl":
+            if kwargs:
+                raise ValueError(f"reward {name!r}: a TRL-style reward takes its inputs from the dataset's columns, "
+                                 "not kwargs")
+            fn, spec = trl_style(fn), {**spec, "group": True}
+        elif style == "verl":
+            if kwargs:
+                raise ValueError(f"reward {name!r}: a verl-style reward takes no kwargs")
+            fn = verl_style(fn)
         _check_kwargs(name, fn, kwargs)
         timeout = spec.get("timeout_s")
         if timeout is None and fn not in REWARDS.values():
@@ -159,7 +176,7 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
             raise ValueError(f"reward {name!r}: timeout_s must be > 0, got {timeout}")
         group = bool(spec.get("group", False)) or fn in GROUP_REWARDS.values()
         rewards.append(RewardFn(name, fn, weight, kwargs, None if timeout is None else float(timeout), group,
-                                **routing))
+                                wants_completion_ids=getattr(fn, "wants_completion_ids", False), **routing))
     return rewards
 
 
@@ -185,6 +202,7 @@ def _warn_once(name: str, kind: str, message: str) -> None:
 
 
 _EXCLUDED = "excluded"
+_NO_VALUE = "no value"  # a TRL-style None: this reward does not apply to this sample
 _UNAVAILABLE = "unavailable"  # an InfrastructureError: no verdict, not the completion's fault
 _INFRA = "infrastructure"
 _POOL: dict[str, ThreadPoolExecutor] = {}
@@ -209,12 +227,14 @@ def _invoke(reward: RewardFn, prompt: str, completion: str | list[str], fields: 
 
 
 def _call(reward: RewardFn, prompt: str, completions: list[str], example: dict[str, Any],
-          on_error: str) -> list[float | str | None]:
+          on_error: str, completion_ids: list[Any] | None = None) -> list[float | str | None]:
     """Each completion's value as a finite float, _EXCLUDED where the reward returned None, or
     None (after a warning) where it failed; with on_error = "stop", a failure raises RewardError.
     A group reward is called once with all the completions; any other once per completion."""
     # a data row's own "prompt" column (JSONL's default) is the prompt already passed
     fields = {k: v for k, v in example.items() if k not in ("prompt", "completion")}
+    if reward.wants_completion_ids:
+        fields["completion_ids"] = completion_ids
     if not reward.group:
         return [_one(reward, prompt, c, fields, on_error) for c in completions]
     try:
@@ -248,6 +268,8 @@ def _one(reward: RewardFn, prompt: str, completion: str, fields: dict[str, Any],
 
 
 def _checked_value(reward: RewardFn, value: Any, completion: str, on_error: str) -> float | str | None:
+    if value is NO_VALUE:
+        return _NO_VALUE
     if value is None:
         return _EXCLUDED
     if isinstance(value, InfrastructureError):
@@ -282,25 +304,31 @@ def score(
 
 
 def score_group(
-    rewards: list[RewardFn], prompt: str, completions: list[str], example: dict[str, Any], on_error: str = "zero"
+    rewards: list[RewardFn], prompt: str, completions: list[str], example: dict[str, Any], on_error: str = "zero",
+    completion_ids: list[Any] | None = None,
 ) -> list[tuple[float, dict[str, float]]]:
     """For each completion of one prompt: the weighted total reward and each reward's raw value.
 
     A reward that fails contributes 0.0, and the dict gains ``f"{name}/error": 1.0``; one that
     returns None contributes 0.0 and the dict gains ``f"{name}/excluded": 1.0`` (each key is
-    absent otherwise); an InfrastructureError gains both. A reward routed to other sources has no key at all. ``on_error = "stop"`` raises RewardError on a failure instead.
+    absent otherwise); an InfrastructureError gains both. A reward routed to other sources, or a
+    TRL-style reward that returned None for a completion (rlvr.rewards.styles), has no key at all.
+    ``completion_ids`` (each completion's token ids) reach the rewards that ask for them (TRL's).
+    ``on_error = "stop"`` raises RewardError on a failure instead.
     """
     if on_error not in ("zero", "stop"):
         raise ValueError(f"on_error must be 'zero' or 'stop', got {on_error!r}")
     # intrinsic rewards are filled in later, from the policy; routed ones only score their sources
     rewards = [r for r in rewards if not r.intrinsic and r.applies(example)]
-    per_reward = [_call(reward, prompt, completions, example, on_error) for reward in rewards]
+    per_reward = [_call(reward, prompt, completions, example, on_error, completion_ids) for reward in rewards]
     out = []
     for k in range(len(completions)):
         total = 0.0
         values: dict[str, float] = {}
         for reward, results in zip(rewards, per_reward):
             value = results[k]
+            if value == _NO_VALUE:  # as a reward routed elsewhere: no key, no contribution
+                continue
             if value == _UNAVAILABLE:
                 values.update({reward.name: 0.0, f"{reward.name}/error": 1.0, f"{reward.name}/excluded": 1.0})
                 continue

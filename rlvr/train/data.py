@@ -17,7 +17,7 @@ from rlvr.agents.envs import env_factory
 from rlvr.agents.runner import ChatDelta, Limits, Summarize, episode_groups
 from rlvr.algos.registry import check_keywords, keyword_options
 from rlvr.config import RunConfig
-from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_prompt
+from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_example, render_prompt
 from rlvr.data.sampler import Sampler, UniformSampler
 from rlvr.data.tasks import (
     CODE_INSTRUCTION,
@@ -70,7 +70,7 @@ def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[
             return [prompt_ids(tokenizer, ex.fields["context"], think_open) for ex in exs]
     else:
         def encode(exs: list[Example]) -> list[list[int]]:
-            return [render_prompt(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in exs]
+            return [render_example(tokenizer, ex, cfg.task.system_prompt) for ex in exs]
     s = cfg.sampling
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
                             stop=tuple(s.stop), n=cfg.algo.group_size)
@@ -94,6 +94,8 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
     """Training and held-out examples; no held-out prompt text appears in training."""
     t = cfg.task
     default = CODE_INSTRUCTION if t.source == "humaneval" else "Put the final answer inside <answer></answer> tags."
+    if t.params.get("format", "rlvr") != "rlvr":  # another trainer's data: its prompts are used as they are
+        default = ""
     instruction = default if t.instruction is None else t.instruction
     if t.source == "reasoning_gym" and t.mixture:
         pool = reasoning_gym_mixture([(m.name, m.weight, m.params) for m in t.mixture], size=t.size + t.eval_size,

@@ -39,7 +39,8 @@ def generate_groups(
     groups = []
     for i, group, prompts in zip(indices, completions, sample_prompts):
         ex = examples[i]
-        scored = score_group(rewards, ex.prompt, [c.text for c in group], ex.fields, on_error)
+        scored = score_group(rewards, ex.prompt, [c.text for c in group], ex.fields, on_error,
+                             completion_ids=[c.token_ids for c in group])
         samples = [Sample(tuple(p), c, total, parts, i) for p, c, (total, parts) in zip(prompts, group, scored)]
         groups.append(Group(ex.prompt, tuple(samples), {"id": ex.id, "answer": ex.answer}))
     return groups

@@ -1,0 +1,121 @@
+"""Reward functions written for TRL or verl, called the way they expect (`[[rewards]] style`).
+
+rlvr calls a reward as ``fn(prompt, completion, **example)`` (or, with ``group = true``, with the
+list of a prompt's completions). Functions written for other trainers keep their own signatures:
+
+- **TRL** (``GRPOTrainer``'s reward functions): ``f(prompts, completions, completion_ids,
+  trainer_state, log_extra, log_metric, **dataset_columns) -> list[float | None]``, sync or
+  ``async def``. Called once per prompt with its G completions. Every dataset column arrives as
+  a list with one entry per completion. Prompts and completions are strings, or, for a dataset
+  whose prompt is a list of chat messages, the messages and ``[{"role": "assistant",
+  "content": ...}]``. `completion_ids` are the sampled token ids. `trainer_state` is None (there
+  is no TRL trainer), and `log_extra`/`log_metric` accept and drop their values. In TRL a None
+  means "this function does not apply to this sample" (a multi-task reward). Here it gives that
+  sample no value for this reward, which is what a routed reward gives (no key, no
+  contribution), not rlvr's None (exclude the sample).
+- **verl** (``compute_score``): ``f(data_source, solution_str, ground_truth, extra_info=None)
+  -> float | dict``, one completion at a time. ``ground_truth`` is the row's
+  ``reward_model.ground_truth`` (verl's parquet layout), else its ``ground_truth``, else its
+  answer. A dict gives its ``"score"``.
+
+Keyword arguments a function does not accept are left out (unless it takes ``**kwargs``), so
+`def f(completions, solution, **kwargs)` and `def f(completions, **kwargs)` both work.
+
+``style = "auto"`` (the default) reads the signature: a parameter ``completions`` without
+``prompt`` or ``completion`` means TRL (rlvr's own group rewards take ``prompt, completions``); ``solution_str`` with ``ground_truth`` means verl; anything else is
+rlvr's own convention, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+STYLES = ("auto", "rlvr", "trl", "verl")
+
+NO_VALUE = object()
+"""What a reward returns for "no value for this sample" (TRL's None): no key, no contribution."""
+
+PROMPT_MESSAGES = "prompt_messages"
+"""The example field holding a prompt given as chat messages (TRL's conversational layout, verl's
+parquet): TRL rewards receive the messages, as TRL would pass them."""
+
+
+def detect_style(fn: Callable[..., Any]) -> str:
+    """"trl", "verl" or "rlvr", from the parameter names (see module docstring)."""
+    try:
+        names = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: rlvr's own
+        return "rlvr"
+    if "completions" in names and not {"prompt", "completion"} & names:  # rlvr's group rewards take (prompt, completions)
+        return "trl"
+    if {"solution_str", "ground_truth"} <= names:
+        return "verl"
+    return "rlvr"
+
+
+def _accepted(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments `fn` takes (all of them if it has **kwargs)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def _value(result: Any) -> Any:
+    return asyncio.run(result) if inspect.iscoroutine(result) else result
+
+
+def _drop(*_: Any, **__: Any) -> None:
+    """log_extra / log_metric: TRL's loggers, whose values rlvr does not keep."""
+
+
+def trl_style(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A group reward (prompt, completions, **example) calling a TRL reward function."""
+    def call(prompt: str, completions: Sequence[str], *, completion_ids: Sequence[Sequence[int]] | None = None,
+             **fields: Any) -> Any:
+        n = len(completions)
+        messages = fields.pop(PROMPT_MESSAGES, None)
+        if messages is not None:
+            prompts: list[Any] = [messages] * n
+            texts: list[Any] = [[{"role": "assistant", "content": c}] for c in completions]
+        else:
+            prompts, texts = [prompt] * n, list(completions)
+        columns = {k: [v] * n for k, v in fields.items()}
+        ids = [list(x) for x in completion_ids] if completion_ids is not None else None
+        kwargs = _accepted(fn, {"prompts": prompts, "completions": texts, "completion_ids": ids, "trainer_state": None,
+                                "log_extra": _drop, "log_metric": _drop, **columns})
+        values = _value(fn(**kwargs))
+        if isinstance(values, list | tuple):
+            return [NO_VALUE if v is None else v for v in values]
+        return values  # the caller reports a result that is not one value per completion
+
+    call.__name__ = getattr(fn, "__name__", "trl_reward")
+    call.wants_completion_ids = True  # type: ignore[attr-defined]
+    return call
+
+
+def ground_truth(fields: dict[str, Any]) -> Any:
+    """verl's ground truth: ``reward_model.ground_truth``, else ``ground_truth``, else the answer."""
+    model = fields.get("reward_model")
+    if isinstance(model, dict) and "ground_truth" in model:
+        return model["ground_truth"]
+    return fields.get("ground_truth", fields.get("answer"))
+
+
+def verl_style(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A per-completion reward (prompt, completion, **example) calling a verl compute_score."""
+    def call(prompt: str, completion: str, **fields: Any) -> Any:
+        kwargs = _accepted(fn, {"data_source": fields.get("data_source"), "solution_str": completion,
+                                "ground_truth": ground_truth(fields), "extra_info": fields.get("extra_info")})
+        value = _value(fn(**kwargs))
+        if isinstance(value, dict):
+            if "score" not in value:
+                raise TypeError(f"a verl reward's dict needs a 'score' (got keys {sorted(value)})")
+            return value["score"]
+        return value
+
+    call.__name__ = getattr(fn, "__name__", "compute_score")
+    return call
