@@ -295,12 +295,12 @@ def agent_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: Samplin
     entry, timeout = kwargs.pop("entry", None), kwargs.pop("timeout", 300.0)
     if kwargs:
         raise ValueError(f"env.kwargs for openai_agent: unknown {', '.join(sorted(kwargs))} (it takes entry, timeout)")
-    if not isinstance(entry, str):
+    if not isinstance(entry, str) and not callable(entry):
         raise ValueError('env.name = "openai_agent" needs env.kwargs.entry = "package.module:function", the '
                          "agent's episode function")
     if not isinstance(timeout, int | float) or timeout <= 0:
         raise ValueError(f"env.kwargs.timeout must be a positive number of seconds, got {timeout!r}")
-    fn = load_agent(entry)
+    fn = entry if callable(entry) else load_agent(entry)
     limits = AgentLimits(env.max_turns, env.max_total_tokens, env.max_context, float(timeout))
 
     def episodes(engine: Engine, examples: list[Any], indices: list[int], n: int, *,
@@ -311,5 +311,21 @@ def agent_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: Samplin
     return episodes
 
 
-EPISODE_BUILDERS = {"openai_agent": agent_episodes}
+def _verifiers(*args: Any, **kwargs: Any) -> Callable[..., list[Any]]:
+    from rlvr.agents.verifiers_env import verifiers_episodes
+
+    return verifiers_episodes(*args, **kwargs)
+
+
+def _verifiers_dataset(env_kwargs: dict[str, Any]) -> list[Any]:
+    from rlvr.agents.verifiers_env import environment_examples
+
+    return environment_examples(env_kwargs)
+
+
+EPISODE_BUILDERS: dict[str, Callable[..., Callable[..., list[Any]]]] = {"openai_agent": agent_episodes,
+                                                                        "verifiers": _verifiers}
 """Environments whose episodes are run by something other than rlvr's turn-by-turn runner."""
+
+ENV_DATASETS: dict[str, Callable[[dict[str, Any]], list[Any]]] = {"verifiers": _verifiers_dataset}
+"""Environments that bring their own prompts (task.source = "env"), from env.kwargs."""

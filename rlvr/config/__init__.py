@@ -81,6 +81,11 @@ class RunConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _default_rewards(cls, data: Any) -> Any:
+        env = data.get("env") if isinstance(data, dict) else None
+        if isinstance(env, dict) and env.get("name") == "verifiers":  # the environment brings its prompts
+            task = data.get("task") if isinstance(data.get("task"), dict) else {}
+            if "source" not in task:
+                data = {**data, "task": {**task, "source": "env"}}
         if isinstance(data, dict) and not data.get("rewards"):
             task = data.get("task")
             source = task.get("source", "reasoning_gym") if isinstance(task, dict) else "reasoning_gym"

