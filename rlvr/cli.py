@@ -78,6 +78,8 @@ def _add_serve(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--api-key", default=os.environ.get("RLVR_API_KEY"),
                    help="require `Authorization: Bearer KEY` (default: $RLVR_API_KEY, else none)")
+    v.add_argument("--engine", default="embedded", choices=["embedded", "vllm"],
+                   help="embedded (any device) or vllm (a CUDA GPU with vLLM installed; docs/distributed.md)")
     v.add_argument("--dtype", default="auto", help="auto, fp32, bf16 or fp16")
     v.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     v.add_argument("--seed", type=int, default=0, help="the engine's random stream (requests without a seed)")
@@ -307,7 +309,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"warning: serving on {args.host} without an API key: anyone who can reach it can use the model "
               "(pass --api-key or set RLVR_API_KEY)", file=sys.stderr)
     served = load_served(args.model, name=args.name, dtype=args.dtype, device=args.device, seed=args.seed,
-                         max_batch_size=args.max_batch_size)
+                         max_batch_size=args.max_batch_size, backend=args.engine)
     print(f"serving {served.name!r} at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     serve_forever(served, host=args.host, port=args.port, limits=limits, api_key=args.api_key)
     return 0

@@ -47,10 +47,12 @@ class Engine(Protocol):
         ...
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, progress: Callable[[int], None] | None = None
+        self, prompts: list[list[int]], params: SamplingParams, progress: Callable[[int], None] | None = None, *,
+        seeds: list[list[int]] | None = None,
     ) -> list[list[Completion]]:
         """`params.n` completions for each prompt (token ids), in prompt order; `progress(k)` is
-        called as k more prompts finish."""
+        called as k more prompts finish. ``seeds[i][j]`` seeds sample j of prompt i (default:
+        drawn from `generator`)."""
         ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

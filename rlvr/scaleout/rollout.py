@@ -116,10 +116,14 @@ class RayEngine:
                                "stuck or its node gone") from err
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+                 progress: Callable[[int], None] | None = None, *,
+                 seeds: list[list[int]] | None = None) -> list[list[Completion]]:
+        """As the embedded engine's: each sample's stream from ``seeds`` (default: drawn here), so
+        the workers sample what one engine would."""
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
-        seeds = draw_seeds(self.generator, len(prompts), params)
+        if seeds is None:
+            seeds = draw_seeds(self.generator, len(prompts), params)
         size = -(-len(prompts) // len(self.workers))
         shards = [(k, range(s, min(s + size, len(prompts)))) for k, s in enumerate(range(0, len(prompts), size))]
         pending = {k: self._submit(k, prompts, params, seeds, rows) for k, rows in shards}

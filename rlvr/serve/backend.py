@@ -236,7 +236,7 @@ class Batcher:
             return
         try:
             self.batches += 1
-            results = self.engine.generate(prompts, params, seeds=seeds)  # type: ignore[call-arg]
+            results = self.engine.generate(prompts, params, seeds=seeds)
             start = 0
             for job, _, _ in ready:
                 job.result = results[start : start + len(job.prompts)]

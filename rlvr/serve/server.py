@@ -15,14 +15,31 @@ from rlvr.serve.protocol import Limits
 
 
 def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", device: str = "cpu", seed: int = 0,
-                max_batch_size: int = 64) -> Served:
-    """A model, checkpoint folder or run directory (its latest checkpoint), on the embedded engine."""
+                max_batch_size: int = 64, backend: str = "embedded") -> Served:
+    """A model, checkpoint folder or run directory (its latest checkpoint), on the embedded engine
+    or (``backend = "vllm"``, a CUDA GPU) on vLLM, which holds the model itself (no top_logprobs)."""
     from rlvr.eval.run import resolve_model
     from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
 
     path = resolve_model(spec)
     tokenizer = load_tokenizer(path)
+    if backend == "vllm":
+        from transformers import AutoConfig, GenerationConfig
+
+        from rlvr.rollout.vllm_engine import VLLMEngine
+
+        eos = {tokenizer.eos_token_id} - {None}
+        try:
+            generation = GenerationConfig.from_pretrained(path).eos_token_id
+            eos |= set(generation if isinstance(generation, list) else [generation]) - {None}
+        except OSError:
+            pass
+        vllm = VLLMEngine(path, tokenizer, eos_token_ids=eos, seed=seed, dtype="auto" if dtype == "auto" else dtype)
+        context = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or 32768)
+        return Served(name or spec, tokenizer, vllm, None, context)
+    if backend != "embedded":
+        raise ValueError(f"backend must be \"embedded\" or \"vllm\", not {backend!r}")
     torch_device = resolve_device(device)
     model = load_model(path, resolve_dtype(dtype, torch_device), torch_device)
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
