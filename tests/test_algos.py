@@ -38,7 +38,7 @@ def test_registries() -> None:
     assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd", "bapo", "rec", "r2vpo", "nft", "luffy"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
     assert set(DIVERGENCES) == {"forward_kl", "js"}
-    assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 # --- advantages ------------------------------------------------------------------------
@@ -294,6 +294,12 @@ def test_aggregate_seq_mean_token_mean() -> None:
     close(aggregate_loss(t(LOSS), t(MASK), mode="seq-mean-token-mean", total_seqs=2), 4.0)
 
 
+def test_aggregate_seq_mean_token_sum() -> None:
+    # row sums 10 and 11, the empty row 0: 21 / 3 seqs = 7; with total_seqs 2: 21 / 2 = 10.5
+    close(aggregate_loss(t(LOSS), t(MASK), mode="seq-mean-token-sum"), 7.0)
+    close(aggregate_loss(t(LOSS), t(MASK), mode="seq-mean-token-sum", total_seqs=2), 10.5)
+
+
 def test_aggregate_seq_mean_token_sum_norm() -> None:
     # 21 / (3 seqs * 4 max_tokens) = 1.75
     close(aggregate_loss(t(LOSS), t(MASK), mode="seq-mean-token-sum-norm", max_tokens=4), 1.75)
@@ -335,8 +341,9 @@ def test_aggregate_micro_batches_sum_to_whole(mode: str) -> None:
     close(grad_parts, grad_whole, atol=1e-12)
     # hand values: token sum = 10 + 5 + 21 + 6 = 42
     #   token-mean 42 / 10 = 4.2; seq-mean-token-mean (2.5 + 5 + 7 + 3) / 4 = 4.375;
-    #   sum-norm 42 / (4 * 4) = 2.625
-    expected = {"token-mean": 4.2, "seq-mean-token-mean": 4.375, "seq-mean-token-sum-norm": 2.625}
+    #   seq-mean-token-sum 42 / 4 = 10.5; sum-norm 42 / (4 * 4) = 2.625
+    expected = {"token-mean": 4.2, "seq-mean-token-mean": 4.375, "seq-mean-token-sum": 10.5,
+                "seq-mean-token-sum-norm": 2.625}
     close(whole.detach(), expected[mode])
 
 
@@ -368,7 +375,7 @@ def test_aggregate_seq_mean_token_mean_matches_loop() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"mode": "seq-mean"}, "token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"),
+        ({"mode": "seq-mean"}, "token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm"),
         ({"mode": "seq-mean-token-sum-norm"}, "max_tokens"),
         ({"mode": "seq-mean-token-sum-norm", "max_tokens": 0}, "max_tokens"),
         ({"mode": "token-mean", "total_tokens": 0.0}, "total_tokens"),

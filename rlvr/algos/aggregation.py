@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def aggregate_loss(
@@ -34,6 +34,11 @@ def aggregate_loss(
         short answers are pushed up harder per token, with A < 0 long wrong answers are pushed
         down more weakly, so wrong answers drift longer. This is the length bias of Liu et al.,
         "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783.
+    "seq-mean-token-sum":       sum_bt loss_bt mask_bt / total_seqs
+        (default total_seqs = B). verl's mode of that name: each sequence contributes the sum of
+        its token losses, so a sequence weighs in proportion to its length, as in token-mean,
+        but the normaliser counts sequences, not tokens: the loss grows with the mean length
+        (about mean(L_b) times token-mean), and a batch of longer answers takes a larger step.
     "seq-mean-token-sum-norm":  sum_bt loss_bt mask_bt / (total_seqs * max_tokens)
         (default total_seqs = B; max_tokens required). Dr.GRPO's constant normaliser
         (arXiv:2503.20783): a token's weight depends neither on its sequence's length nor on
@@ -41,7 +46,7 @@ def aggregate_loss(
         about mean(L_b) / max_tokens, which the learning rate absorbs.
 
     Gradient accumulation: pass the totals of the whole mini-batch to every micro-batch; all
-    three modes are then sums over sequences with fixed weights, so the micro-batch
+    modes are then sums over sequences with fixed weights, so the micro-batch
     aggregates sum to the mini-batch aggregate exactly.
 
     Args:
@@ -70,5 +75,7 @@ def aggregate_loss(
     if mode == "seq-mean-token-mean":
         lengths_B = mask_BT.sum(dim=1).clamp(min=1).to(loss_BT.dtype)
         return (masked_loss_BT.sum(dim=1) / lengths_B).sum() / num_seqs
+    if mode == "seq-mean-token-sum":
+        return masked_loss_BT.sum() / num_seqs
     assert max_tokens is not None  # checked above; narrows the type
     return masked_loss_BT.sum() / (num_seqs * max_tokens)

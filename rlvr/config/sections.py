@@ -155,8 +155,8 @@ class AlgoConfig(_Section):
     """Multi-turn episodes: "episode" gives every token the episode's advantage; "turn" gives each turn's tokens the group-relative advantage of its return-to-go from the environment's turn rewards (rlvr.algos.turn_advantages; with advantage = "grpo")."""
     turn_gamma: float = Field(1.0, ge=0, le=1)
     """Discount of later turns' rewards in the return-to-go of credit = "turn"."""
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    """How per-token losses become one number; "seq-mean-token-sum-norm" divides by max_new_tokens (Dr.GRPO)."""
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses become one number; "seq-mean-token-sum" sums each sequence's tokens and averages over sequences (verl's mode); "seq-mean-token-sum-norm" divides that by max_new_tokens (Dr.GRPO)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL penalty to a frozen copy of the initial model (0 = no reference model)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
