@@ -1,4 +1,5 @@
-"""rlvr's loss aggregation against verl's `agg_loss`, as a numeric oracle (not a test: verl is
+"""rlvr's loss aggregation and its SAPO and GMPO losses against verl's (`agg_loss`,
+`compute_policy_loss_sapo`, `compute_policy_loss_geo_mean`), as a numeric oracle (not a test: verl is
 not a dependency). Run with a Python that has verl 0.9.1 (installed --no-deps, plus the few
 modules its core_algos imports; docs/algorithms.md says how) and rlvr on the path:
 
@@ -14,6 +15,49 @@ import torch
 import verl.trainer.ppo.core_algos as core_algos
 
 from rlvr.algos.aggregation import AGGREGATIONS, aggregate_loss
+from rlvr.algos.smooth_losses import gmpo_loss, sapo_loss
+
+
+def batches(generator: torch.Generator, dtype: torch.dtype, count: int = 200):  # type: ignore[no-untyped-def]
+    """Random (logprobs, old logprobs, advantages, mask): rows of 1-32 tokens, some empty, one
+    advantage per row (outcome advantages), log-ratios up to about ±1."""
+    for trial in range(count):
+        b, t = int(torch.randint(1, 9, (1,), generator=generator)), int(torch.randint(1, 33, (1,), generator=generator))
+        lengths = torch.randint(0, t + 1, (b,), generator=generator)
+        if trial % 4 == 0:
+            lengths[0] = 0
+        if int(lengths.sum()) == 0:
+            continue
+        mask = (torch.arange(t)[None, :] < lengths[:, None]).to(dtype)
+        old = -torch.rand(b, t, generator=generator, dtype=dtype) * 3
+        new = old + torch.randn(b, t, generator=generator, dtype=dtype) * 0.5
+        adv = torch.randn(b, 1, generator=generator, dtype=dtype).expand(b, t).clone()
+        yield new, old, adv, mask
+
+
+def losses(generator: torch.Generator, dtype: torch.dtype) -> dict[str, float]:
+    """Largest |verl − rlvr| of the aggregated loss and of its gradient, per loss."""
+    from verl.workers.config import ActorConfig
+
+    config = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=1, rollout_n=1,
+                         clip_ratio_low=0.4, clip_ratio_high=0.4)
+    registry = core_algos.POLICY_LOSS_REGISTRY
+    worst = {"sapo": 0.0, "sapo grad": 0.0, "gmpo": 0.0, "gmpo grad": 0.0}
+    for new, old, adv, mask in batches(generator, dtype):
+        rows, non_empty = new.shape[0], int((mask.sum(-1) > 0).sum())
+        for name, theirs_fn, ours_fn, seqs in (
+                ("sapo", registry["sapo"], lambda *a: sapo_loss(*a, tau_pos=1.0, tau_neg=1.05), non_empty),
+                ("gmpo", registry["geo_mean"], lambda *a: gmpo_loss(*a, clip_low=0.4, clip_high=0.4), rows)):
+            a = new.clone().requires_grad_()
+            theirs, _ = theirs_fn(old, a, adv, mask, "seq-mean-token-mean", config)
+            (grad_theirs,) = torch.autograd.grad(theirs, a)
+            b = new.clone().requires_grad_()
+            loss_BT, _ = ours_fn(b, old, adv, mask)
+            ours = aggregate_loss(loss_BT, mask, mode="seq-mean-token-mean", total_seqs=seqs)
+            (grad_ours,) = torch.autograd.grad(ours, b)
+            worst[name] = max(worst[name], float((theirs - ours).detach().abs()))
+            worst[f"{name} grad"] = max(worst[f"{name} grad"], float((grad_theirs - grad_ours).abs().max()))
+    return worst
 
 
 def main() -> None:
@@ -37,6 +81,7 @@ def main() -> None:
                 ours = aggregate_loss(loss, mask, mode=mode, total_seqs=non_empty, max_tokens=t)
                 worst[mode] = max(worst[mode], float((theirs - ours).abs()))
         print(dtype, {mode: f"{diff:.2e}" for mode, diff in worst.items()})
+        print(dtype, {name: f"{diff:.2e}" for name, diff in losses(generator, dtype).items()})
 
 
 if __name__ == "__main__":

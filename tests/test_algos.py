@@ -35,7 +35,8 @@ def test_registries() -> None:
     assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "bnpo", "remax", "stratified",
                                "global_pool", "rft"}
     assert LOSSES["ppo_clip"] is ppo_clip_loss
-    assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd", "bapo", "rec", "r2vpo", "nft", "luffy"}
+    assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd", "bapo", "rec", "r2vpo", "nft", "luffy",
+                            "sapo", "gmpo"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
     assert set(DIVERGENCES) == {"forward_kl", "js"}
     assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -419,3 +420,55 @@ def test_every_entry_of_a_registry_takes_the_same_positional_arguments() -> None
 
     for key, fn in ESTIMATORS.items():  # the record's type is part of the signature
         assert inspect.signature(fn).parameters["inputs"].annotation in (AdvantageInputs, "AdvantageInputs"), key
+
+
+# --- SAPO and GMPO (rlvr.algos.smooth_losses) ---------------------------------------------
+
+
+def test_sapo_gate_by_hand() -> None:
+    from rlvr.algos.smooth_losses import sapo_loss
+
+    # on-policy (r = 1): f = σ(0)·4/τ = 2/τ, and f'(1) = 4σ(1 − σ) = 1: the policy-gradient gradient
+    new = torch.tensor([[0.0, 0.5, 0.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[0.0, 0.0, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 2.0, -1.0]], dtype=torch.float64)
+    loss_BT, metrics = sapo_loss(new, old, adv, torch.ones(1, 3, dtype=torch.bool), tau_pos=1.0, tau_neg=1.05)
+    r = math.exp(0.5)
+    sigma = 1 / (1 + math.exp(-(r - 1)))  # τ = 1 for A = 2 > 0
+    close(loss_BT.detach(), torch.tensor([[-2.0, -2.0 * 4 * sigma, 2 / 1.05]], dtype=torch.float64), atol=1e-12)
+    (grad,) = torch.autograd.grad(loss_BT.sum(), new)
+    # d/dℓ of −A f(e^ℓ) = −A · 4σ(1 − σ) · r
+    close(grad, torch.tensor([[-1.0, -2.0 * 4 * sigma * (1 - sigma) * r, 1.0]], dtype=torch.float64), atol=1e-12)
+    close(metrics["gate_mean"], (1 + 4 * sigma * (1 - sigma) + 1) / 3, atol=1e-12)
+
+
+def test_gmpo_geometric_mean_with_log_space_clip_by_hand() -> None:
+    from rlvr.algos.smooth_losses import gmpo_loss
+
+    new = torch.tensor([[0.1, 0.6, 9.0], [0.1, 0.6, 9.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)  # the third token is masked junk
+    loss_BT, metrics = gmpo_loss(new, old, adv, mask, clip_low=0.4, clip_high=0.4)
+    # A > 0: min(0.1, 0.4), min(0.6, 0.4) → mean 0.25; A < 0: max(ℓ, −0.4) keeps both → mean 0.35
+    s0, s1 = math.exp(0.25), math.exp(0.35)
+    close(loss_BT.detach(), torch.tensor([[-s0, -s0, 0.0], [s1, s1, 0.0]], dtype=torch.float64), atol=1e-12)
+    (grad,) = torch.autograd.grad(loss_BT[:, 0].sum(), new)  # one token's copy of each row's loss
+    # row 0: the clipped token gets no gradient; d(−s)/dℓ_1 = −s/2. Row 1: d(s)/dℓ_t = s/2 each
+    close(grad, torch.tensor([[-s0 / 2, 0.0, 0.0], [s1 / 2, s1 / 2, 0.0]], dtype=torch.float64), atol=1e-12)
+    close(metrics["clip_fraction"], 0.25, atol=1e-12)  # 1 of 4 trained tokens clipped
+
+
+@pytest.mark.parametrize("name", ["sapo", "gmpo"])
+def test_smooth_losses_are_zero_for_equal_rewards_and_ignore_masked_junk(name: str) -> None:
+    from rlvr.algos.losses import LOSSES
+
+    new = torch.tensor([[0.3, float("nan")], [-0.2, 0.1]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[0.0, float("inf")], [0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool)
+    loss_BT, _ = LOSSES[name](new, old, torch.zeros(2, 2, dtype=torch.float64), mask)  # A = 0: equal rewards
+    (grad,) = torch.autograd.grad(loss_BT.sum(), new)
+    assert torch.equal(loss_BT.detach(), torch.zeros(2, 2, dtype=torch.float64)) and torch.equal(grad, torch.zeros_like(grad))
+    loss_BT, _ = LOSSES[name](new, old, torch.ones(2, 2, dtype=torch.float64), mask)
+    (grad,) = torch.autograd.grad(loss_BT.sum(), new)
+    assert torch.isfinite(loss_BT).all() and loss_BT[0, 1] == 0 and grad[0, 1] == 0

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from rlvr.algos.masked import log_ratio, masked_mean
+from rlvr.algos.smooth_losses import gmpo_loss, sapo_loss
 
 
 def ppo_clip_loss(
@@ -577,6 +578,8 @@ LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "r2vpo": r2vpo_loss,
     "nft": nft_loss,
     "luffy": luffy_loss,
+    "sapo": sapo_loss,
+    "gmpo": gmpo_loss,
 }
 """Keywords named in ``rlvr.algos.registry.LOOP_INPUTS`` are filled in by the training loop."""
 
