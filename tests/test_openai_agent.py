@@ -274,19 +274,3 @@ def test_an_openai_agents_sdk_agent_runs_unchanged() -> None:
             assert INSTRUCTIONS in prompt and '"name": "python"' in prompt and g.prompt in prompt
             assert sample.completion.token_ids and set(sample.completion.loss_mask or {1}) <= {0, 1}
 
-
-def test_agent_episodes_sample_on_ray_rollout_workers(tmp_path: Path) -> None:
-    """The server's engine calls go to a Ray rollout worker (RayEngine takes per-sample seeds)."""
-    pytest.importorskip("ray")
-    from rlvr.config import load_config
-    from rlvr.train.loop import train
-    from tests.test_train import overrides, read_metrics
-
-    tok = ascii_tokenizer()
-    make_tiny_model(vocab_size=len(tok)).save_pretrained(tmp_path / "m")
-    tok.save_pretrained(tmp_path / "m")
-    train(load_config(None, [*overrides(tmp_path / "m", tmp_path, "ray", train__steps=2), 'env.name="openai_agent"',
-                             'env.kwargs={entry = "tests.test_openai_agent:agent_for_training"}',
-                             "env.max_total_tokens=16", "dist.rollout_workers=1", "dist.ray.timeout_s=120"]), quiet=True)
-    rows = read_metrics(tmp_path / "ray")
-    assert len(rows) == 2 and rows[-1]["env/turns"] == 2.0 and rows[-1]["env/ending/done"] == 1.0

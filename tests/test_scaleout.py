@@ -169,3 +169,19 @@ def test_two_learners_train_ppo_with_a_critic_as_one_does(tiny_dir: Path, tmp_pa
 def test_settings_that_cannot_work_are_refused(tiny_dir: Path, tmp_path: Path, extra: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_config(None, [*overrides(tiny_dir, tmp_path, "x"), *extra])
+
+
+def test_agent_episodes_sample_on_ray_rollout_workers(tmp_path: Path) -> None:
+    """Black-box agent episodes (rlvr.agents.openai_agent): the server's engine calls go to a Ray
+    rollout worker (RayEngine takes per-sample seeds)."""
+    from tests.test_openai_agent import ascii_tokenizer
+    from tests.tiny import make_tiny_model
+
+    tok = ascii_tokenizer()
+    make_tiny_model(vocab_size=len(tok)).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    train(load_config(None, [*overrides(tmp_path / "m", tmp_path, "ray", train__steps=2), 'env.name="openai_agent"',
+                             'env.kwargs={entry = "tests.test_openai_agent:agent_for_training"}',
+                             "env.max_total_tokens=16", "dist.rollout_workers=1", "dist.ray.timeout_s=120"]), quiet=True)
+    rows = read_metrics(tmp_path / "ray")
+    assert len(rows) == 2 and rows[-1]["env/turns"] == 2.0 and rows[-1]["env/ending/done"] == 1.0
