@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from rlvr.algos.masked import log_ratio, masked_mean
+from rlvr.algos.masked import log_ratio, masked_inputs, masked_mean
 from rlvr.algos.smooth_losses import gmpo_loss, sapo_loss
 
 
@@ -115,7 +115,7 @@ def pg_loss(
     which equals PPO's at ratio 1, i.e. on-policy. ``old_logprobs_BT`` only feeds the
     ``ratio_mean`` metric (how far off-policy the data is).
     """
-    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     loss_BT = -advantages_BT * logprobs_BT
     return loss_BT, {"ratio_mean": masked_mean(torch.exp(log_ratio_BT), mask_BT)}
 
@@ -144,7 +144,7 @@ def cispo_loss(
     """
     if not 0.0 <= min_weight <= 1.0 <= max_weight:
         raise ValueError(f"need 0 <= min_weight <= 1 <= max_weight, got {min_weight}, {max_weight}")
-    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     ratio_BT = torch.exp(log_ratio_BT.detach())
     weight_BT = ratio_BT.clamp(min_weight, max_weight)
     loss_BT = -weight_BT * advantages_BT * logprobs_BT
@@ -221,7 +221,7 @@ def topr_loss(
     ratios); ``level = "token"`` uses each token's own ratio, as some implementations do.
     Metric ``topr_clamped_fraction``: negative-advantage tokens whose ratio exceeded 1.
     """
-    mask_BT, logprobs_BT, advantages_BT, _ = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    mask_BT, logprobs_BT, advantages_BT, _ = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     ratio_BT = torch.exp(log_ratio(logprobs_BT, old_logprobs_BT, mask_BT, level))
     negative_BT = advantages_BT < 0
     alpha_BT = torch.where(negative_BT, ratio_BT.clamp(0.0, 1.0), torch.ones_like(ratio_BT))
@@ -254,7 +254,7 @@ def opmd_loss(
     """
     if tau < 0:
         raise ValueError(f"tau must be >= 0, got {tau}")
-    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     penalty_BT = 0.5 * log_ratio_BT**2
     loss_BT = -advantages_BT * logprobs_BT + tau * penalty_BT
     return loss_BT, {"opmd_penalty": masked_mean(penalty_BT, mask_BT),
@@ -381,7 +381,7 @@ def rec_loss(
             raise ValueError(f"rec: {name} must be one of {', '.join(allowed)}; got {value!r}")
     if temperature <= 0:
         raise ValueError(f"rec: temperature must be > 0, got {temperature}")
-    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     ratio_BT = torch.exp(log_ratio_BT.detach())
     inside_BT = (ratio_BT >= 1 - eps_low) & (ratio_BT <= 1 + eps_high)
     up_BT, down_BT = advantages_BT >= 0, advantages_BT <= 0
@@ -433,7 +433,7 @@ def r2vpo_loss(
     if delta < 0 or eta < 0 or lam_init < 0:
         raise ValueError(f"r2vpo: need delta, eta, lam_init >= 0; got {delta}, {eta}, {lam_init}")
     lam = float(loss_state.setdefault("lam", lam_init))
-    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     ratio_BT = torch.exp(log_ratio_BT)
     spread_BT = (ratio_BT - 1.0) ** 2
     loss_BT = torch.where(mask_BT, -ratio_BT * advantages_BT + lam * spread_BT, torch.zeros_like(ratio_BT))
@@ -490,7 +490,7 @@ def nft_loss(
     if prompt_weight not in ("dr_grpo", "grpo", "none"):
         raise ValueError(f"nft: prompt_weight must be dr_grpo, grpo or none; got {prompt_weight!r}")
     mixed_BT = (group_accuracy_BT > 0) & (group_accuracy_BT < 1)
-    mask_BT, logprobs_BT, _, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT,
+    mask_BT, logprobs_BT, _, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT,
                                                     mask_BT.bool() & mixed_BT)
     r_BT = group_accuracy_BT.clamp(accuracy_clamp, 1 - accuracy_clamp).to(logprobs_BT.dtype)
     log_ratio_BT = log_ratio_BT.clamp(max=max_log_ratio)
@@ -540,30 +540,13 @@ def luffy_loss(
     off_BT = offpolicy_BT.bool() & mask_BT.bool()
     on_loss_BT, metrics = ppo_clip_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT.bool() & ~off_BT,
                                         clip_low=clip_low, clip_high=clip_high)
-    _, _, advantages_BT, log_ratio_BT = _masked(logprobs_BT, old_logprobs_BT, advantages_BT, off_BT)
+    _, _, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, off_BT)
     ratio_BT = torch.exp(log_ratio_BT)
     off_loss_BT = torch.where(off_BT, -advantages_BT * ratio_BT / (ratio_BT + shaping_gamma), 0.0)
     trained = mask_BT.bool()
     metrics = {**metrics, "offpolicy_fraction": off_BT.sum() / trained.sum().clamp(min=1),
                "offpolicy_prob_mean": masked_mean(ratio_BT.detach(), off_BT)}
     return torch.where(off_BT, off_loss_BT, on_loss_BT), metrics
-
-
-def _masked(
-    logprobs_BT: Tensor, old_logprobs_BT: Tensor, advantages_BT: Tensor, mask_BT: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(bool mask, logprobs, advantages, log π_θ - log π_old), each 0 at masked positions.
-
-    `torch.where`, not multiplication, so a NaN or inf at a masked position reaches neither the
-    loss nor the gradient (0 · NaN = NaN). The log-ratio keeps its gradient; detach it for
-    weights that must not carry one.
-    """
-    mask_BT = mask_BT.bool()
-    zeros_BT = torch.zeros_like(logprobs_BT)
-    logprobs_BT = torch.where(mask_BT, logprobs_BT, zeros_BT)
-    advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
-    log_ratio_BT = torch.where(mask_BT, logprobs_BT - old_logprobs_BT, zeros_BT)
-    return mask_BT, logprobs_BT, advantages_BT, log_ratio_BT
 
 
 LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {

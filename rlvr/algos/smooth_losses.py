@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlvr.algos.masked import masked_mean
+from rlvr.algos.masked import masked_inputs, masked_mean
 
 
 def sapo_loss(
@@ -39,15 +39,12 @@ def sapo_loss(
     """
     if tau_pos <= 0 or tau_neg <= 0:
         raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos}, {tau_neg}")
-    mask_BT = mask_BT.bool()
-    zeros_BT = torch.zeros_like(logprobs_BT)
-    log_ratio_BT = torch.where(mask_BT, logprobs_BT - old_logprobs_BT, zeros_BT).clamp(-20.0, 20.0)
-    advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
-    ratio_BT = torch.exp(log_ratio_BT)
+    mask_BT, _, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    ratio_BT = torch.exp(log_ratio_BT.clamp(-20.0, 20.0))
     tau_BT = torch.where(advantages_BT > 0, torch.tensor(tau_pos, dtype=ratio_BT.dtype, device=ratio_BT.device),
                          torch.tensor(tau_neg, dtype=ratio_BT.dtype, device=ratio_BT.device))
     sigma_BT = torch.sigmoid(tau_BT * (ratio_BT - 1.0))
-    loss_BT = torch.where(mask_BT, -sigma_BT * (4.0 / tau_BT) * advantages_BT, zeros_BT)
+    loss_BT = torch.where(mask_BT, -sigma_BT * (4.0 / tau_BT) * advantages_BT, 0.0)
     with torch.no_grad():
         metrics = {"gate_mean": masked_mean((4 * sigma_BT * (1 - sigma_BT)).detach(), mask_BT),
                    "ratio_mean": masked_mean(ratio_BT.detach(), mask_BT)}
@@ -83,10 +80,8 @@ def gmpo_loss(
     """
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
-    mask_BT = mask_BT.bool()
-    zeros_BT = torch.zeros_like(logprobs_BT)
-    log_ratio_BT = torch.where(mask_BT, logprobs_BT - old_logprobs_BT, zeros_BT)
-    advantages_BT = torch.where(mask_BT, advantages_BT, torch.zeros_like(advantages_BT))
+    mask_BT, _, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    zeros_BT = torch.zeros_like(log_ratio_BT)
     lengths_B = mask_BT.sum(-1)
     has_tokens_B = lengths_B > 0
     advantages_B = advantages_BT.sum(-1) / lengths_B.clamp(min=1)
