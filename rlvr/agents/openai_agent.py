@@ -217,16 +217,15 @@ def agent_episode_groups(engine: Engine, tokenizer: Any, fn: Callable[..., Any],
     """n episodes of the agent on each example index, as Groups (rlvr.agents.runner.as_groups)."""
     from rlvr.serve.app import Served
     from rlvr.serve.protocol import Limits
-    from rlvr.serve.server import BackgroundServer
+    from rlvr.serve.server import BackgroundServer, context_length
 
     jobs = [(i, f"{k}-{secrets.token_hex(4)}") for k, i in enumerate(j for j in indices for _ in range(n))]
     recorder = EpisodeRecorder(params, limits, [tag for _, tag in jobs])
-    model = getattr(engine, "model", None)
-    context = int(getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 1 << 20)
-    served = Served("policy", tokenizer, engine, model, context_length=context)
+    model = getattr(engine, "model", None)  # None where the engine holds it elsewhere (Ray workers, vLLM)
+    served = Served("policy", tokenizer, engine, model, context_length=context_length(model, default=1 << 20))
     key = secrets.token_urlsafe(16)
     # the recorder clips each call to the episode's limits (an agent's own max_tokens is not refused)
-    server_limits = Limits(max_tokens=context, max_concurrent=len(jobs) + 8)
+    server_limits = Limits(max_tokens=served.context_length, max_concurrent=len(jobs) + 8)
 
     async def everything(root: str) -> list[Any]:
         return list(await asyncio.gather(*(_run_one(fn, f"{root}/e/{tag}/v1", key, row_of(examples[i]), limits.timeout)
@@ -295,12 +294,18 @@ def agent_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: Samplin
     entry, timeout = kwargs.pop("entry", None), kwargs.pop("timeout", 300.0)
     if kwargs:
         raise ValueError(f"env.kwargs for openai_agent: unknown {', '.join(sorted(kwargs))} (it takes entry, timeout)")
-    if not isinstance(entry, str) and not callable(entry):
+    if not isinstance(entry, str):
         raise ValueError('env.name = "openai_agent" needs env.kwargs.entry = "package.module:function", the '
                          "agent's episode function")
+    return episodes_of(load_agent(entry), env, timeout, tokenizer, rewards, params, system_prompt=system_prompt)
+
+
+def episodes_of(fn: Callable[..., Any], env: Any, timeout: Any, tokenizer: Any, rewards: list[Any],
+                params: SamplingParams, *, system_prompt: str | None = None) -> Callable[..., list[Any]]:
+    """The episode builder (rlvr.train.data.Episodes) running `fn` as the agent, under the env
+    config's limits (max_turns, max_total_tokens, max_context, mask_unfinished) and `timeout`."""
     if not isinstance(timeout, int | float) or timeout <= 0:
         raise ValueError(f"env.kwargs.timeout must be a positive number of seconds, got {timeout!r}")
-    fn = entry if callable(entry) else load_agent(entry)
     limits = AgentLimits(env.max_turns, env.max_total_tokens, env.max_context, float(timeout))
 
     def episodes(engine: Engine, examples: list[Any], indices: list[int], n: int, *,

@@ -24,7 +24,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from rlvr.agents.openai_agent import agent_episodes
+from rlvr.agents.openai_agent import episodes_of
 from rlvr.data.tasks import Example
 from rlvr.rewards.styles import PROMPT_MESSAGES
 from rlvr.types import SamplingParams
@@ -110,9 +110,7 @@ def verifiers_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: Sam
             raise RuntimeError(f"the verifiers rollout failed: {error}")
         return float(out["reward"])
 
-    class Agent:  # what agent_episodes reads: the episode function, with env's limits and timeout
-        kwargs = {"entry": run_episode, **rest}
-        max_turns, max_total_tokens, max_context = env.max_turns, env.max_total_tokens, env.max_context
-        mask_unfinished = env.mask_unfinished
-
-    return agent_episodes(Agent, tokenizer, rewards, params, system_prompt=system_prompt)
+    timeout = rest.pop("timeout", 300.0)
+    if rest:
+        raise ValueError(f"env.kwargs for verifiers: unknown {', '.join(sorted(rest))} (it takes load, args, timeout)")
+    return episodes_of(run_episode, env, timeout, tokenizer, rewards, params, system_prompt=system_prompt)

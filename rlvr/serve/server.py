@@ -47,9 +47,10 @@ def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", devi
     return Served(name or spec, tokenizer, engine, model, context_length(model))
 
 
-def context_length(model: Any) -> int:
-    """The longest sequence the model's positions cover (a generous default where it does not say)."""
-    return int(getattr(model.config, "max_position_embeddings", None) or 32768)
+def context_length(model: Any, default: int = 32768) -> int:
+    """The longest sequence the model's positions cover (`default` where it does not say, or
+    where the model is not in this process)."""
+    return int(getattr(getattr(model, "config", None), "max_position_embeddings", None) or default)
 
 
 def is_loopback(host: str) -> bool:
