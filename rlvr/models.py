@@ -290,12 +290,15 @@ def load_model(spec: str, dtype: torch.dtype | str = "auto", device: torch.devic
     return model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is narrower
 
 
-def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Every token id that ends a completion: the tokenizer's EOS and the generation config's."""
+def eos_token_ids(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, *,
+                  generation_config: Any = None) -> list[int]:
+    """Every token id that ends a completion: the tokenizer's EOS and the generation config's
+    (the model's, or ``generation_config`` where the model is not loaded here, e.g. vLLM's)."""
     ids = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    generation = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    gen_eos = getattr(generation, "eos_token_id", None)
     if isinstance(gen_eos, int):
         ids.add(gen_eos)
     elif gen_eos:

@@ -24,23 +24,21 @@ def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", devi
 
     path = resolve_model(spec)
     tokenizer = load_tokenizer(path)
-    if backend == "vllm":
+    torch_device = resolve_device(device)
+    if backend == "vllm":  # the model lives in vLLM: its configs are read, the weights are not loaded here
         from transformers import AutoConfig, GenerationConfig
 
         from rlvr.rollout.vllm_engine import VLLMEngine
 
-        eos = {tokenizer.eos_token_id} - {None}
         try:
-            generation = GenerationConfig.from_pretrained(path).eos_token_id
-            eos |= set(generation if isinstance(generation, list) else [generation]) - {None}
+            generation = GenerationConfig.from_pretrained(path)
         except OSError:
-            pass
-        vllm = VLLMEngine(path, tokenizer, eos_token_ids=eos, seed=seed, dtype="auto" if dtype == "auto" else dtype)
-        context = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or 32768)
-        return Served(name or spec, tokenizer, vllm, None, context)
+            generation = None
+        vllm = VLLMEngine(path, tokenizer, eos_token_ids=eos_token_ids(None, tokenizer, generation_config=generation),
+                          seed=seed, dtype=str(resolve_dtype(dtype, torch_device)).removeprefix("torch."))
+        return Served(name or spec, tokenizer, vllm, None, context_length(AutoConfig.from_pretrained(path)))
     if backend != "embedded":
         raise ValueError(f"backend must be \"embedded\" or \"vllm\", not {backend!r}")
-    torch_device = resolve_device(device)
     model = load_model(path, resolve_dtype(dtype, torch_device), torch_device)
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
                             max_batch_size=max_batch_size)
@@ -48,9 +46,9 @@ def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", devi
 
 
 def context_length(model: Any, default: int = 32768) -> int:
-    """The longest sequence the model's positions cover (`default` where it does not say, or
-    where the model is not in this process)."""
-    return int(getattr(getattr(model, "config", None), "max_position_embeddings", None) or default)
+    """The longest sequence a model (or its config) covers with positions: `default` where it does
+    not say, or where the model is not in this process (None)."""
+    return int(getattr(getattr(model, "config", model), "max_position_embeddings", None) or default)
 
 
 def is_loopback(host: str) -> bool:
