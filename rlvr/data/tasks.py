@@ -276,8 +276,7 @@ def render_example(tokenizer: Any, example: Example, system_prompt: str | None =
         raise ValueError(f"{example.id}: a prompt given as chat messages needs a tokenizer with a chat template")
     if system_prompt and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_prompt}, *messages]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    return chat_prompt_ids(tokenizer, messages)
 
 
 def render_prompt(tokenizer: Any, prompt: str, system_prompt: str | None = None) -> list[int]:
@@ -293,12 +292,17 @@ def render_prompt(tokenizer: Any, prompt: str, system_prompt: str | None = None)
         messages = [{"role": "user", "content": prompt}]
         if system_prompt:
             messages.insert(0, {"role": "system", "content": system_prompt})
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        text = f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
-        ids = tokenizer(text)["input_ids"]
-    return [int(i) for i in ids]
+        return chat_prompt_ids(tokenizer, messages)
+    text = f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
+    return [int(i) for i in tokenizer(text)["input_ids"]]
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
+    """Token ids of a conversation rendered by the chat template, ending with the assistant turn's
+    header: rendered to text, then tokenized without special tokens, since the template writes
+    them (see render_prompt). ``template_kwargs`` go to the template (e.g. ``tools``)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kwargs)
+    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
 CODE_INSTRUCTION = "Write the complete Python function in a ```python code block."

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from rlvr.agents.tools import parse_tool_calls
+from rlvr.data.tasks import chat_prompt_ids
 from rlvr.rollout.engine import Engine, draw_seeds
 from rlvr.rollout.sampling import process_logits
 from rlvr.serve.protocol import Invalid, Message, ToolSpec, utf8
@@ -76,10 +77,9 @@ def render_chat(tokenizer: Any, messages: Sequence[Message], tools: Sequence[Too
             else:
                 rendered.insert(0, {"role": "system", "content": preamble})
     try:
-        text = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False, **kwargs)
+        return chat_prompt_ids(tokenizer, rendered, **kwargs)
     except Exception as e:  # noqa: BLE001 - a template's own complaint (e.g. roles out of order) is the caller's
         raise Invalid(f"the chat template cannot render these messages: {e}", "messages") from e
-    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
 def _arguments(arguments: str | dict[str, Any]) -> dict[str, Any] | str:
