@@ -85,48 +85,8 @@ def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None
         finally:
             active[0] -= 1
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Any:
-        if api_key is not None and "/v1/" in request.url.path + "/":
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return JSONResponse(error_body("missing or wrong API key (Authorization: Bearer <key>)",
-                                               kind="authentication_error", code="invalid_api_key"), 401)
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > limits.max_body_bytes):
-            return JSONResponse(error_body(f"the request body is over {limits.max_body_bytes} bytes (max_body_bytes)",
-                                           code="body_too_large"), 413)
-        if request.method == "POST" and size is None:  # a chunked body could be any size
-            return JSONResponse(error_body("send the body with a Content-Length", code="length_required"), 411)
-        return await call_next(request)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0]
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        # pydantic names the union member it tried (e.g. "str", "list[TextPart]"): keep the field path
-        param = ".".join(p for p in loc if not any(c in p for c in "[]'\"") and p not in ("str", "int", "list"))
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            return JSONResponse(error_body(f"the body is not valid JSON: {message}"), 400)
-        return JSONResponse(error_body(f"{param or 'body'}: {message}", param=param or None), 400)
-
-    @app.exception_handler(Invalid)
-    async def bad(_: Request, err: Invalid) -> JSONResponse:
-        message = str(err) if err.param is None or err.param in str(err) else f"{err.param}: {err}"
-        return JSONResponse(error_body(message, param=err.param), 400)
-
-    @app.exception_handler(_Refused)
-    async def refused(_: Request, err: _Refused) -> JSONResponse:
-        return JSONResponse(error_body(err.message, kind=err.kind, code=err.code), err.status)
-
-    @app.exception_handler(HTTPException)
-    async def http(_: Request, err: HTTPException) -> JSONResponse:  # unknown routes, wrong methods, unparsable bodies
-        return JSONResponse(error_body(str(err.detail), code=f"http_{err.status_code}"), err.status_code)
-
-    @app.exception_handler(Exception)
-    async def failed(_: Request, err: Exception) -> JSONResponse:
-        return JSONResponse(error_body(f"internal server error: {type(err).__name__}: {err}", kind="server_error"), 500)
+    _guard(app, limits, api_key)
+    _error_layout(app)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -202,6 +162,58 @@ def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None
         return await completions(req, tag)
 
     return app
+
+
+def _guard(app: FastAPI, limits: Limits, api_key: str | None) -> None:
+    """Before any route: the API key (401), the body's declared size (413), and a Content-Length on
+    every POST (411), in OpenAI's error layout."""
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Any:
+        if api_key is not None and "/v1/" in request.url.path + "/":
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return JSONResponse(error_body("missing or wrong API key (Authorization: Bearer <key>)",
+                                               kind="authentication_error", code="invalid_api_key"), 401)
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > limits.max_body_bytes):
+            return JSONResponse(error_body(f"the request body is over {limits.max_body_bytes} bytes (max_body_bytes)",
+                                           code="body_too_large"), 413)
+        if request.method == "POST" and size is None:  # a chunked body could be any size
+            return JSONResponse(error_body("send the body with a Content-Length", code="length_required"), 411)
+        return await call_next(request)
+
+
+def _error_layout(app: FastAPI) -> None:
+    """Every failure answered in OpenAI's error layout: validation (400 naming the field), the
+    server's own refusals, HTTP errors (unknown routes, wrong methods, unparsable bodies), and any
+    other exception (500)."""
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0]
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        # pydantic names the union member it tried (e.g. "str", "list[TextPart]"): keep the field path
+        param = ".".join(p for p in loc if not any(c in p for c in "[]'\"") and p not in ("str", "int", "list"))
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            return JSONResponse(error_body(f"the body is not valid JSON: {message}"), 400)
+        return JSONResponse(error_body(f"{param or 'body'}: {message}", param=param or None), 400)
+
+    @app.exception_handler(Invalid)
+    async def bad(_: Request, err: Invalid) -> JSONResponse:
+        message = str(err) if err.param is None or err.param in str(err) else f"{err.param}: {err}"
+        return JSONResponse(error_body(message, param=err.param), 400)
+
+    @app.exception_handler(_Refused)
+    async def refused(_: Request, err: _Refused) -> JSONResponse:
+        return JSONResponse(error_body(err.message, kind=err.kind, code=err.code), err.status)
+
+    @app.exception_handler(HTTPException)
+    async def http(_: Request, err: HTTPException) -> JSONResponse:  # unknown routes, wrong methods, unparsable bodies
+        return JSONResponse(error_body(str(err.detail), code=f"http_{err.status_code}"), err.status_code)
+
+    @app.exception_handler(Exception)
+    async def failed(_: Request, err: Exception) -> JSONResponse:
+        return JSONResponse(error_body(f"internal server error: {type(err).__name__}: {err}", kind="server_error"), 500)
 
 
 class _Refused(Exception):
