@@ -1,5 +1,7 @@
-"""rlvr's loss aggregation and its SAPO and GMPO losses against verl's (`agg_loss`,
-`compute_policy_loss_sapo`, `compute_policy_loss_geo_mean`), as a numeric oracle (not a test: verl is
+"""rlvr's loss aggregation, its SAPO, GMPO, Clip-Cov and KL-Cov losses and its geometric-mean
+sequence mask against verl's (`agg_loss`, `compute_policy_loss_sapo`, `compute_policy_loss_geo_mean`,
+`compute_policy_loss_clip_cov`, `compute_policy_loss_kl_cov`, `compute_rollout_rejection_mask` with
+"seq_mean_k1"), as a numeric oracle (not a test: verl is
 not a dependency). Run with a Python that has verl 0.9.1 (installed --no-deps, plus the few
 modules its core_algos imports; docs/algorithms.md says how) and rlvr on the path:
 
@@ -15,6 +17,8 @@ import torch
 import verl.trainer.ppo.core_algos as core_algos
 
 from rlvr.algos.aggregation import AGGREGATIONS, aggregate_loss
+from rlvr.algos.entropy_control import clip_cov_loss, kl_cov_loss, token_covariance
+from rlvr.algos.offpolicy import geometric_mask
 from rlvr.algos.smooth_losses import gmpo_loss, sapo_loss
 
 
@@ -60,6 +64,67 @@ def losses(generator: torch.Generator, dtype: torch.dtype) -> dict[str, float]:
     return worst
 
 
+def covariance_losses(generator: torch.Generator, dtype: torch.dtype) -> dict[str, float]:
+    """Largest |verl − rlvr| of Clip-Cov's and KL-Cov's token-mean loss and gradient. Clip-Cov's
+    random draw: both start from the same global seed and draw with one torch.randperm over the
+    candidates in row-major order. KL-Cov's top-k is compared where it is unique: a batch whose
+    k-th and (k+1)-th largest covariances tie (e.g. one row: its outcome advantage is constant, so
+    every covariance is 0, up to rounding) may choose either, in verl and here; those are counted,
+    not compared.
+    Also counts the batches where Clip-Cov chose a token at all."""
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    policy_loss = PolicyLossConfig(clip_cov_ratio=0.05, clip_cov_lb=0.5, clip_cov_ub=3.0, kl_cov_ratio=0.05,
+                                   ppo_kl_coef=1.0)
+    config = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=1, rollout_n=1,
+                         clip_ratio_low=0.2, clip_ratio_high=0.28, policy_loss=policy_loss)
+    ours_fns = {"clip_cov": lambda *a: clip_cov_loss(*a, clip_ratio=0.05, cov_low=0.5, cov_high=3.0, clip_low=0.2,
+                                                     clip_high=0.28),
+                "kl_cov": lambda *a: kl_cov_loss(*a, kl_ratio=0.05, kl_coef=1.0)}
+    worst = {"clip_cov": 0.0, "clip_cov grad": 0.0, "kl_cov": 0.0, "kl_cov grad": 0.0, "batches with a choice": 0.0,
+             "kl_cov ties skipped": 0.0}
+    for trial, (new, old, adv, mask) in enumerate(batches(generator, dtype)):
+        tokens = mask.sum()
+        covariance = token_covariance(new, adv, mask)[mask.bool()].sort(descending=True).values
+        k = max(1, int(0.05 * int(tokens)))
+        # (a difference under 1e-6, on covariances of order 1, is rounding: zeros computed as ±1e-16)
+        tied = len(covariance) > k and bool(covariance[k - 1] - covariance[k] < 1e-6)
+        worst["kl_cov ties skipped"] += float(tied)
+        for name in ("clip_cov", "kl_cov")[: 1 if tied else 2]:
+            a = new.clone().requires_grad_()
+            torch.manual_seed(trial)
+            theirs, _ = core_algos.POLICY_LOSS_REGISTRY[name](old, a, adv, mask, "token-mean", config)
+            (grad_theirs,) = torch.autograd.grad(theirs, a)
+            b = new.clone().requires_grad_()
+            torch.manual_seed(trial)
+            loss_BT, metrics = ours_fns[name](b, old, adv, mask)
+            ours = loss_BT.sum() / tokens
+            (grad_ours,) = torch.autograd.grad(ours, b)
+            worst[name] = max(worst[name], float((theirs - ours).detach().abs()))
+            worst[f"{name} grad"] = max(worst[f"{name} grad"], float((grad_theirs - grad_ours).abs().max()))
+            if name == "clip_cov":
+                worst["batches with a choice"] += float(metrics["cov_clipped_fraction"] > 0)
+    return worst
+
+
+def geometric_masks(generator: torch.Generator, dtype: torch.dtype) -> dict[str, float]:
+    """Rows kept differently by rlvr's geo_mask and verl's seq_mean_k1 rejection (verl bounds
+    exp(mean log(μ / π_old)) in [a, b], so rlvr's bounds are [1/b, 1/a]); and the share of rows
+    masked, so that the comparison is not vacuous."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
+
+    differ = masked = rows = 0
+    for old, sampler, _, mask in batches(generator, dtype):
+        old = sampler + (old - sampler) * 0.004  # log-ratios of about ±0.002, around the bounds
+        verl_mask, _ = compute_rollout_rejection_mask(old - sampler, mask, "seq_mean_k1", "0.999_1.001")
+        weights, _ = geometric_mask(old, sampler, mask, low=1 / 1.001, high=1 / 0.999)
+        has = mask.sum(-1) > 0
+        differ += int(((verl_mask.sum(-1) > 0) != (weights.sum(-1) > 0))[has].sum())
+        masked += int((weights.sum(-1) == 0)[has].sum())
+        rows += int(has.sum())
+    return {"rows kept differently": float(differ), "rows masked (share)": masked / rows}
+
+
 def main() -> None:
     generator = torch.Generator().manual_seed(0)
     for dtype in (torch.float64, torch.float32):
@@ -82,6 +147,8 @@ def main() -> None:
                 worst[mode] = max(worst[mode], float((theirs - ours).abs()))
         print(dtype, {mode: f"{diff:.2e}" for mode, diff in worst.items()})
         print(dtype, {name: f"{diff:.2e}" for name, diff in losses(generator, dtype).items()})
+        print(dtype, {name: f"{diff:.2e}" for name, diff in covariance_losses(generator, dtype).items()})
+        print(dtype, geometric_masks(generator, dtype))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def test_registries() -> None:
                                "global_pool", "rft"}
     assert LOSSES["ppo_clip"] is ppo_clip_loss
     assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd", "bapo", "rec", "r2vpo", "nft", "luffy",
-                            "sapo", "gmpo"}
+                            "sapo", "gmpo", "clip_cov", "kl_cov"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
     assert set(DIVERGENCES) == {"forward_kl", "js"}
     assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")

@@ -30,9 +30,11 @@ def test_minimal_grpo_example_runs(tiny_dir: Path) -> None:
 
 
 def test_unknown_key_names_the_nearest(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "algo.entropy_cof=0.3"]) == 2
+    assert main(["train", "algo.kl_cof=0.3"]) == 2
     err = capsys.readouterr().err
-    assert "unknown config key 'algo.entropy_cof'" in err and "did you mean 'algo.entropy_coef'" in err
+    assert "unknown config key 'algo.kl_cof'" in err and "did you mean 'algo.kl_coef'" in err
+    assert main(["train", "algo.entropy_coef=0.3"]) == 2  # a key of an earlier version says where it went
+    assert "'algo.entropy_coef' is now algo.entropy.coef" in capsys.readouterr().err
 
 
 def test_bad_value_names_the_key_and_what_is_allowed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,6 +8,7 @@ import dataclasses
 import copy
 import io
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -420,13 +421,14 @@ def test_a_step_without_gradients_is_a_step_with_zero_gradients() -> None:
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("loss", sorted(set(LOSSES) - {"bapo"}))
+@pytest.mark.parametrize("loss", sorted(set(LOSSES) - {"bapo", "clip_cov", "kl_cov"}))
 @pytest.mark.parametrize("offpolicy", ["none", "tis"])
 def test_micro_batch_size_does_not_change_the_gradient_of_any_loss(loss: str, offpolicy: str) -> None:
     """Two mini-batches with a large SGD step between them: the second is off-policy, so ratios,
     clipping and importance weights are exercised (the engine log-probs in make_groups are all
-    -1, far from the model's, so tis truncates too). BAPO is the documented exception: it
-    searches its clip bounds on the batch it is given, i.e. per micro-batch, as its authors do."""
+    -1, far from the model's, so tis truncates too). The documented exceptions compute a statistic
+    of the batch they are given, i.e. per micro-batch, as their authors do: BAPO searches its clip
+    bounds there, Clip-Cov and KL-Cov choose their tokens by covariance there."""
     def grads(micro: int) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
         # r2vpo's penalty is quadratic in an unclipped ratio: after a full-size SGD step the ratios
         # reach the hundreds and fp32 rounding of the forward pass is amplified past the tolerance;
@@ -657,3 +659,50 @@ def test_a_token_cap_cuts_micro_batches_without_changing_the_gradient() -> None:
     assert _micro_batches(list(range(6)), samples, 4) == _micro_batches(list(range(6)), samples, 4, None)
     assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=6, micro_batch_tokens=12)),
                        recorded_grads(groups, UpdateSettings(micro_batch_size=6)))
+
+
+def reference_grads(groups: list[Group], keep: Callable[[float, torch.Tensor], torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """The gradient of plain per-sample REINFORCE over completion tokens, token-mean over every
+    completion token, with each sample's tokens weighted by ``keep(advantage, entropy_T)``."""
+    model = exact_model()
+    samples = [s for g in groups for s in g.samples]
+    advantages = ESTIMATORS["grpo"](torch.tensor([g.rewards for g in groups])).flatten()
+    total_tokens = sum(len(s.completion.token_ids) for s in samples)
+    for s, a in zip(samples, advantages.tolist()):
+        ids = torch.tensor([s.prompt_ids + s.completion.token_ids])
+        logp_TV = model(input_ids=ids).logits[0, :-1].log_softmax(-1)
+        completion = slice(len(s.prompt_ids) - 1, None)
+        lp_T = logp_TV.gather(-1, ids[0, 1:, None]).squeeze(-1)[completion]
+        entropy_T = -(logp_TV.exp() * logp_TV).sum(-1)[completion].detach()
+        ((-a * lp_T * keep(a, entropy_T)).sum() / total_tokens).backward()
+    return [{n: p.grad for n, p in model.named_parameters() if p.grad is not None}]
+
+
+def test_high_entropy_selection_trains_only_the_top_tokens_of_the_forward_pass() -> None:
+    """algo.entropy = {top = 0.3}: the policy gradient of the tokens whose entropy is at or above
+    the 0.7-quantile of all trained tokens of the pass (one micro-batch here), over the same
+    token count as without it."""
+    groups = make_groups(GROUPS)
+    got = recorded_grads(groups, UpdateSettings(micro_batch_size=6, entropy_top=0.3))
+    model = exact_model()
+    entropies = []
+    with torch.no_grad():
+        for s in (s for g in groups for s in g.samples):
+            logp_TV = model(input_ids=torch.tensor([s.prompt_ids + s.completion.token_ids])).logits[0, :-1].log_softmax(-1)
+            entropies.append(-(logp_TV.exp() * logp_TV).sum(-1)[len(s.prompt_ids) - 1:])
+    threshold = torch.quantile(torch.cat(entropies), 0.7)
+    assert_grads_close(got, reference_grads(groups, lambda a, entropy_T: (entropy_T >= threshold).to(EXACT)))
+    every = recorded_grads(groups, UpdateSettings(micro_batch_size=6))[0]
+    assert any(not torch.allclose(got[0][name], every[name]) for name in every)
+
+
+def test_opsm_drops_the_negative_samples_that_drifted_from_the_sampler() -> None:
+    """The samples were "sampled" at log-prob -1 per token, far above the tiny model's (~-5.5):
+    every row has drifted past δ = 1, so OPSM keeps exactly the rows with a positive advantage
+    (the correction's advantages and log-probs come from the update itself)."""
+    groups = make_groups(GROUPS)
+    got = recorded_grads(groups, UpdateSettings(micro_batch_size=2, offpolicy="opsm", offpolicy_kwargs={"delta": 1.0}))
+    assert_grads_close(got, reference_grads(groups, lambda a, entropy_T: torch.full_like(entropy_T, float(a >= 0))))
+    kept_all = recorded_grads(groups, UpdateSettings(micro_batch_size=2, offpolicy="opsm",
+                                                     offpolicy_kwargs={"delta": 100.0}))
+    assert_grads_close(kept_all, reference_grads(groups, lambda a, entropy_T: torch.ones_like(entropy_T)))

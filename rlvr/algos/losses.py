@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from rlvr.algos.masked import log_ratio, masked_inputs, masked_mean
+from rlvr.algos.entropy_control import clip_cov_loss, kl_cov_loss
 from rlvr.algos.smooth_losses import gmpo_loss, sapo_loss
 
 
@@ -563,6 +564,8 @@ LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "luffy": luffy_loss,
     "sapo": sapo_loss,
     "gmpo": gmpo_loss,
+    "clip_cov": clip_cov_loss,
+    "kl_cov": kl_cov_loss,
 }
 """Keywords named in ``rlvr.algos.registry.LOOP_INPUTS`` are filled in by the training loop."""
 

@@ -8,11 +8,14 @@ Learning with LLMs: Formulation and Practices", arXiv:2512.01374). A correction 
 token's loss by a detached importance weight built from ρ = π_old / μ.
 
 Every function takes ``(old_logprobs_BT, sampler_logprobs_BT, mask_BT, **kwargs)`` and returns
-``(weights_BT, metrics)``; weights are 0 at masked positions and carry no gradient.
+``(weights_BT, metrics)``; weights are 0 at masked positions and carry no gradient. A correction
+that needs more names it as a keyword from rlvr.algos.registry.LOOP_INPUTS (``advantages_BT``,
+``logprobs_BT``: OPSM), and the update passes it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -65,6 +68,61 @@ def masked_is(
                         "is_weight_mean": masked_mean(weights_BT, mask_BT)}
 
 
+def geometric_mask(
+    old_logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, mask_BT: Tensor, *, low: float = 0.999, high: float = 1.001,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Geometric-mean sequence mask: a row is trained (weight 1) only if the geometric mean of
+    its token ratios, ρ_geo = exp(mean_t log(π_old / μ)), lies in [low, high]; else weight 0.
+
+    Unlike the product of the ratios (``mis`` with level "sequence"), the geometric mean does not
+    grow with the length, so one bound serves short and long rows. verl's "Geo-RS" rejection
+    sampling (``rollout_rs = "seq_mean_k1"``; its presets use ±0.1%, the defaults here) and
+    SkyRL's geometric sequence mask; motivated by Yao et al., "Your Efficient RL Framework
+    Secretly Brings You Off-Policy RL Training" (2025), and the Qwen team's arXiv:2512.01374.
+    verl bounds exp(mean log(μ / π_old)), the reciprocal: its [a, b] is this [1/b, 1/a]
+    (docs/algorithms.md). The kept rows are not reweighted. Metric ``is_masked_fraction``.
+    """
+    if not 0.0 < low <= 1.0 <= high:
+        raise ValueError(f"need 0 < low <= 1 <= high, got {low}, {high}")
+    mask_BT = mask_BT.bool()
+    lengths_B1 = mask_BT.sum(-1, keepdim=True).clamp(min=1)
+    mean_log_ratio_B1 = log_ratio(old_logprobs_BT, sampler_logprobs_BT, mask_BT).sum(-1, keepdim=True) / lengths_B1
+    inside_B1 = (mean_log_ratio_B1 >= math.log(low)) & (mean_log_ratio_B1 <= math.log(high))
+    weights_BT = (mask_BT & inside_B1).to(old_logprobs_BT.dtype)
+    return weights_BT, {"is_masked_fraction": masked_mean(~inside_B1.expand_as(mask_BT), mask_BT)}
+
+
+def offpolicy_sequence_mask(
+    old_logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, mask_BT: Tensor, *,
+    advantages_BT: Tensor, logprobs_BT: Tensor, delta: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Off-policy sequence masking (OPSM): a row with a negative advantage whose tokens have
+    drifted too far from the policy that sampled them is left out of the update.
+
+    M_b = 0  if  mean_t A_b,t < 0  and  1/|y_b| Σ_t log(μ(y_t) / π_θ(y_t)) > delta,  else 1
+
+    DeepSeek-AI, "DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models",
+    arXiv:2512.02556, Eq. 9 (μ: the sampling engine's probabilities; π_θ: the policy being
+    trained, detached). Negative samples far off-policy are the ones whose gradient can push the
+    policy anywhere; positive ones are kept. The decision is per row: the advantage's sign is its
+    token mean, the drift its token mean (a row is kept or dropped whole). The paper gives no
+    value for δ, so ``delta`` has no default: the logged ``mismatch_logratio_abs`` shows the drift
+    on-policy; TRL's documentation uses 0.5 as an example. Checked against TRL's
+    ``GRPOTrainer.get_off_policy_mask`` (tests/test_offpolicy_masks.py). Metric
+    ``opsm_masked_fraction`` (rows dropped, among rows with tokens).
+    """
+    if delta < 0:
+        raise ValueError(f"delta must be >= 0, got {delta}")
+    mask_BT = mask_BT.bool()
+    lengths_B = mask_BT.sum(-1)
+    drift_B = log_ratio(sampler_logprobs_BT, logprobs_BT.detach(), mask_BT).sum(-1) / lengths_B.clamp(min=1)
+    advantage_B = torch.where(mask_BT, advantages_BT, 0.0).sum(-1) / lengths_B.clamp(min=1)
+    dropped_B = (advantage_B < 0) & (drift_B > delta)
+    weights_BT = (mask_BT & ~dropped_B[:, None]).to(old_logprobs_BT.dtype)
+    rows = (lengths_B > 0).sum().clamp(min=1)
+    return weights_BT, {"opsm_masked_fraction": (dropped_B & (lengths_B > 0)).sum() / rows}
+
+
 def mismatch_metrics(old_logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, mask_BT: Tensor) -> dict[str, Tensor]:
     """How far the learner's log-probs are from the engine's: logged every step, corrected or not."""
     mask_BT = mask_BT.bool()
@@ -77,4 +135,6 @@ CORRECTIONS: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "none": no_correction,
     "tis": truncated_is,
     "mis": masked_is,
+    "geo_mask": geometric_mask,
+    "opsm": offpolicy_sequence_mask,
 }

@@ -14,8 +14,11 @@ LOOP_INPUTS: dict[str, str] = {
     "group_accuracy_BT": "the share of correct samples in the sample's group, on every token (NFT)",
     "offpolicy_BT": "1 on the tokens of an expert demonstration mixed into its group (LUFFY)",
     "loss_state": "a dict the loss keeps across steps, saved in checkpoints (R²VPO's dual variable)",
+    "advantages_BT": "the per-token advantages (an off-policy correction's input: OPSM)",
+    "logprobs_BT": "the policy's log-probs of the sampled tokens in this pass, detached (OPSM)",
 }
-"""Keywords of the policy losses that the training loop fills in, never a config setting.
+"""Keywords of the policy losses and off-policy corrections that the training loop fills in,
+never a config setting (a loss takes log-probs and advantages positionally).
 (An advantage estimator's inputs beyond the rewards arrive as one record instead:
 rlvr.algos.advantages.AdvantageInputs.)"""
 

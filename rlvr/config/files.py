@@ -60,6 +60,7 @@ MOVED: dict[str, str] = {
     **{f"expert.{k}": f"expert.kwargs.{k} (with mode = \"chord\")"
        for k in ("mu_peak", "mu_valley", "mu_warmup_steps", "mu_decay_steps", "weighting")},
     "algo.divergence_coef": "algo.divergence_kwargs.coef",
+    "algo.entropy_coef": "algo.entropy.coef",
     **{f"algo.rehearsal_{k}": f"algo.divergence_kwargs.{k}" for k in ("prompts", "k", "min_correct", "batch", "exclude")},
     **{f"rlp.{k}": f"task.params.{k} (task.source = \"text\")" for k in ("context_chars", "target_words",
                                                                          "min_context_words")},

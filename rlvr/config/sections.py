@@ -169,8 +169,8 @@ class AlgoConfig(_Section):
     """DPH-RL: a mass-covering divergence to the initial policy on its own stored samples (rlvr.algos.DIVERGENCES)."""
     divergence_kwargs: dict[str, Any] = {}
     """DPH-RL's knobs (rlvr.train.methods.rehearsal.RehearsalOptions): coef (0.05), the divergence term's weight; prompts (256), training prompts the initial policy is screened on (0 = all); k (4) samples per screened prompt; min_correct (all k), correct samples a prompt needs to join the rehearsal set (lower it for a weak model); batch (16), stored samples per update; exclude (true), RL samples only the prompts that did not join the set."""
-    entropy_coef: float = 0.0
-    """Entropy bonus weight (subtracted from the loss)."""
+    entropy: dict[str, Any] = {}
+    """Entropy terms (rlvr.algos.entropy_control.EntropyOptions): coef (0), the weight of an entropy bonus subtracted from the loss; top (1), the fraction of each forward pass's trained tokens, by highest entropy, that the policy loss trains, e.g. {top = 0.2} (the "forking tokens" of arXiv:2506.01939). Clip-Cov and KL-Cov are losses (algo.loss)."""
 
 
     @field_validator("advantage", "loss", "offpolicy")
@@ -198,7 +198,8 @@ class AlgoConfig(_Section):
             check_keywords(what, ESTIMATORS[self.advantage], self.advantage_kwargs, required=True)
         check_keywords(f"algo.loss_kwargs for {self.loss!r}", LOSSES[self.loss], self.loss_kwargs)
         check_keywords(f"algo.offpolicy_kwargs for {self.offpolicy!r}", CORRECTIONS[self.offpolicy],
-                       self.offpolicy_kwargs)
+                       self.offpolicy_kwargs, required=True)
+        self.entropy_options()
         if self.kl_adaptive:
             if self.kl_placement != "reward" or self.kl_coef == 0:
                 raise ValueError("algo.kl_adaptive adapts a KL penalty in the reward: set algo.kl_placement = "
@@ -213,6 +214,13 @@ class AlgoConfig(_Section):
             raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn rewards: "
                              "use it with advantage = \"grpo\", no shaping and no KL in the reward")
         return self
+
+    def entropy_options(self) -> Any:
+        """The entropy bonus and token selection, from algo.entropy."""
+        from rlvr.algos.entropy_control import EntropyOptions
+        from rlvr.algos.registry import options
+
+        return options("algo.entropy", EntropyOptions, self.entropy)
 
     def divergence_options(self) -> Any:
         """DPH-RL's options, from divergence_kwargs."""

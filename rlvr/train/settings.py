@@ -43,6 +43,9 @@ class UpdateSettings:
     policy_weight: float = 1.0
     """Weight of the policy loss against the step's LossTerms (CHORD sets 1 − μ beside its μ·SFT term)."""
     entropy_coef: float = 0.0
+    entropy_top: float = 1.0
+    """The fraction of each forward pass's trained tokens, by highest entropy, that the policy loss
+    trains (rlvr.algos.entropy_control.high_entropy_tokens; 1 = all)."""
     epochs: int = 1
     mini_batches: int = 1
     micro_batch_size: int = 8
@@ -86,7 +89,7 @@ def settings_from_config(cfg: RunConfig, rewards: list[RewardFn]) -> UpdateSetti
         reward_components=("env",) if cfg.env.name else tuple(r.name for r in rewards if r.weight != 0),
         aggregation=a.aggregation, max_tokens=cfg.env.max_total_tokens if cfg.env.name else s.max_new_tokens,
         kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, kl_placement=a.kl_placement,
-        entropy_coef=a.entropy_coef,
+        entropy_coef=a.entropy_options().coef, entropy_top=a.entropy_options().top,
         epochs=tr.epochs, mini_batches=tr.mini_batches, micro_batch_size=tr.micro_batch_size,
         micro_batch_tokens=tr.micro_batch_tokens, temperature=s.temperature, logprob_chunk=tr.logprob_chunk,
     )

@@ -16,7 +16,9 @@ import torch
 from transformers import PreTrainedModel
 
 from rlvr.algos import CORRECTIONS, KL_ESTIMATORS, LOSSES, aggregate_loss, mismatch_metrics
+from rlvr.algos.entropy_control import high_entropy_tokens
 from rlvr.algos.losses import STATE_UPDATES
+from rlvr.algos.registry import loop_inputs
 from rlvr.train.advantages import (check_combination, compute_advantages, outcome_advantages, shaped_rewards,
                                    turn_credit, units)
 from rlvr.train.batches import (collate, micro_batches, old_rows, sample_logprobs, score_certainty, score_logprobs,
@@ -319,8 +321,13 @@ def _accumulate(
     demos = torch.tensor([b.samples[i].off_policy for i in micro], device=where_BT.device)
     if demos.any():
         sampler_BT = torch.where(demos[:, None], old_BT, sampler_BT)
-    weights_BT, is_metrics = CORRECTIONS[s.offpolicy](old_BT, sampler_BT, mask_BT, **s.offpolicy_kwargs)
+    correction = CORRECTIONS[s.offpolicy]
+    given = {"advantages_BT": adv_BT, "logprobs_BT": logprobs_BT.detach()}
+    weights_BT, is_metrics = correction(old_BT, sampler_BT, mask_BT, **s.offpolicy_kwargs,
+                                        **{name: given[name] for name in loop_inputs(correction)})
     loss_BT = loss_BT * weights_BT
+    if s.entropy_top < 1.0:  # only the high-entropy ("forking") tokens carry the policy gradient
+        loss_BT = torch.where(high_entropy_tokens(entropy_BT, mask_BT, s.entropy_top), loss_BT, 0.0)
     loss_metrics = {**loss_metrics, **is_metrics, **mismatch_metrics(old_BT, sampler_BT, mask_BT)}
     if b.ref is not None:
         kl_BT = KL_ESTIMATORS[s.kl_estimator](logprobs_BT, token_rows(b.ref, micro, where_BT))

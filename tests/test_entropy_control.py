@@ -1,0 +1,106 @@
+"""Clip-Cov, KL-Cov and the high-entropy token selection (rlvr.algos.entropy_control), on
+hand-computed values; the comparison with verl's code is bench/verl_oracle.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlvr.algos.entropy_control import clip_cov_loss, high_entropy_tokens, kl_cov_loss, token_covariance
+
+F64 = torch.float64
+
+
+def t(values: object) -> torch.Tensor:
+    return torch.tensor(values, dtype=F64)
+
+
+# One row of four trained tokens (and a padded fifth, with garbage that must not leak).
+# mean log π = (-0.1 - 2 - 1 - 1) / 4 = -1.025; mean A = (2 - 0.5 + 0 + 0) / 4 = 0.375
+# cov = (0.925 · 1.625, -0.975 · -0.875, 0.025 · -0.375, 0.025 · -0.375)
+#     = (1.503125, 0.853125, -0.009375, -0.009375): only token 0 lies in (1, 5).
+LOGPROBS = [[-0.1, -2.0, -1.0, -1.0, float("nan")]]
+ADVANTAGES = [[2.0, -0.5, 0.0, 0.0, 1e6]]
+MASK = [[1, 1, 1, 1, 0]]
+
+
+def test_token_covariance_is_the_centred_product_over_trained_tokens() -> None:
+    cov = token_covariance(t(LOGPROBS), t(ADVANTAGES), t(MASK))
+    torch.testing.assert_close(cov[0, :4], t([1.503125, 0.853125, -0.009375, -0.009375]), atol=1e-12, rtol=0)
+    assert cov[0, 4] == float("-inf")
+
+
+def test_clip_cov_cuts_the_gradient_of_the_high_covariance_token_only() -> None:
+    logprobs = t(LOGPROBS).requires_grad_()
+    loss, metrics = clip_cov_loss(logprobs, t(LOGPROBS).nan_to_num(0.0), t(ADVANTAGES), t(MASK))
+    # on-policy, ratio 1: loss_t = -A_t, except token 0, chosen (the only candidate)
+    torch.testing.assert_close(loss, t([[0.0, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
+    (grad,) = torch.autograd.grad(loss.sum(), logprobs)
+    torch.testing.assert_close(grad, t([[0.0, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)  # d(-A·r)/dlogπ = -A·r
+    assert float(metrics["cov_clipped_fraction"]) == pytest.approx(0.25)
+
+
+def test_clip_cov_leaves_tokens_ppo_already_clipped_and_chooses_ratio_n_of_the_rest() -> None:
+    # token 0's ratio is e^0.5 > 1.2 with A > 0: PPO's clip holds it, so it is no candidate
+    old = t([[-0.6, -2.0, -1.0, -1.0, 0.0]])
+    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK))
+    torch.testing.assert_close(loss, t([[-2.0 * 1.2, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
+    assert float(metrics["cov_clipped_fraction"]) == 0.0 and float(metrics["clip_fraction"]) == 0.25
+    # 40 rows like the first: 40 candidates, clip_ratio 0.05 of 160 tokens chooses 8
+    rows = 40
+    torch.manual_seed(0)
+    loss, metrics = clip_cov_loss(t(LOGPROBS * rows), t(LOGPROBS * rows).nan_to_num(0.0), t(ADVANTAGES * rows),
+                                  t(MASK * rows), clip_ratio=0.05)
+    assert int((loss[:, 0] == 0).sum()) == 8 and bool((loss[:, 1] == 0.5).all())
+
+
+def test_kl_cov_penalises_the_largest_covariance_tokens_without_clipping() -> None:
+    old = t([[-0.2, -1.9, -1.0, -1.0, 0.0]])  # log r = (0.1, -0.1, 0, 0)
+    logprobs = t(LOGPROBS).requires_grad_()
+    loss, metrics = kl_cov_loss(logprobs, old, t(ADVANTAGES), t(MASK), kl_ratio=0.25, kl_coef=1.0)
+    # one token (0.25 · 4) of largest covariance: token 0, which also gets + |log r|
+    expected = [[-2.0 * math.exp(0.1) + 0.1, 0.5 * math.exp(-0.1), 0.0, 0.0, 0.0]]
+    torch.testing.assert_close(loss, t(expected), atol=1e-12, rtol=0)
+    (grad,) = torch.autograd.grad(loss.sum(), logprobs)
+    torch.testing.assert_close(grad, t([[-2.0 * math.exp(0.1) + 1.0, 0.5 * math.exp(-0.1), 0.0, 0.0, 0.0]]),
+                               atol=1e-12, rtol=0)
+    assert float(metrics["cov_penalised_fraction"]) == 0.25
+    # kl_coef 0: the plain unclipped surrogate, whatever the ratio
+    loss, _ = kl_cov_loss(t(LOGPROBS), old - 5.0, t(ADVANTAGES), t(MASK), kl_coef=0.0)
+    torch.testing.assert_close(loss[0, :2], t([-2.0 * math.exp(5.1), 0.5 * math.exp(4.9)]), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("loss_fn", [clip_cov_loss, kl_cov_loss])
+def test_equal_rewards_give_zero_and_an_empty_batch_is_fine(loss_fn) -> None:  # type: ignore[no-untyped-def]
+    """On-policy (ratio 1) with zero advantages, no loss and no gradient. (Off-policy, KL-Cov's
+    |log r| still holds its chosen token back: a trust region, whatever the advantage.)"""
+    logprobs = t(LOGPROBS).nan_to_num(0.0).requires_grad_()
+    loss, _ = loss_fn(logprobs, logprobs.detach(), torch.zeros(1, 5, dtype=F64), t(MASK))
+    (grad,) = torch.autograd.grad(loss.sum(), logprobs)
+    assert float(loss.detach().abs().sum()) == 0.0 and float(grad.abs().sum()) == 0.0
+    loss, _ = loss_fn(logprobs, logprobs.detach(), t(ADVANTAGES), torch.zeros(1, 5))
+    assert float(loss.detach().abs().sum()) == 0.0
+
+
+def test_bad_settings_are_refused() -> None:
+    args = (t(LOGPROBS), t(LOGPROBS), t(ADVANTAGES), t(MASK))
+    with pytest.raises(ValueError, match="clip_ratio"):
+        clip_cov_loss(*args, clip_ratio=0.0)
+    with pytest.raises(ValueError, match="cov_low"):
+        clip_cov_loss(*args, cov_low=5.0, cov_high=1.0)
+    with pytest.raises(ValueError, match="kl_ratio"):
+        kl_cov_loss(*args, kl_ratio=2.0)
+    with pytest.raises(ValueError, match="top"):
+        high_entropy_tokens(t(LOGPROBS), t(MASK), 0.0)
+
+
+def test_high_entropy_tokens_keep_the_top_fraction_of_trained_tokens() -> None:
+    entropy = t([[1.0, 2.0, 3.0], [4.0, 5.0, 100.0]])
+    mask = t([[1, 1, 1], [1, 1, 0]])  # 100 is padding: not a trained token, not in the quantile
+    # quantile 0.6 of (1, 2, 3, 4, 5) = 1 + 0.6 · 4 = 3.4: tokens 4 and 5 (40%)
+    assert high_entropy_tokens(entropy, mask, 0.4).tolist() == [[False, False, False], [True, True, False]]
+    assert high_entropy_tokens(entropy, mask, 1.0).tolist() == mask.bool().tolist()
+    # ties at the threshold all stay
+    assert int(high_entropy_tokens(torch.ones(2, 3), torch.ones(2, 3), 0.2).sum()) == 6
