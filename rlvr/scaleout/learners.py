@@ -48,7 +48,7 @@ def _free_port() -> int:
 
 class LearnerWorker:
     """A Ray actor: one learner rank, a replica of the driver's policy, learner, reference model and
-    (advantage = "gae") critic's credit."""
+    per-token credit (PPO's critic, a distillation teacher)."""
 
     def __init__(self, cfg: Any, threads: int) -> None:
         from rlvr.lora import apply_lora
@@ -72,10 +72,10 @@ class LearnerWorker:
                                warmup_steps=tr.warmup_steps, total_steps=tr.steps * tr.epochs * tr.mini_batches,
                                schedule=tr.schedule)
         self.ref_model = load_model(cfg.model, dtype, device).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
-        from rlvr.train.methods.ppo import critic_credit
+        from rlvr.train.methods import per_token_credit
 
-        # PPO's value model (advantage = "gae"): a replica of the driver's, loaded below
-        self.credit = critic_credit(cfg, model, tr.steps * tr.epochs * tr.mini_batches)
+        # per-token credit: PPO's value model (a replica of the driver's, loaded below), or a teacher
+        self.credit = per_token_credit(cfg, model, tr.steps * tr.epochs * tr.mini_batches)
 
     def join(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> int:
         dist.init_process_group(backend(self.cfg), init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,

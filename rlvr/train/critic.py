@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from rlvr.algos.distill import OpdOptions
 from rlvr.algos.registry import within
 
 
@@ -89,5 +90,7 @@ class GaeOptions:
             raise ValueError(f"critic_lr and value_clip must be > 0 (got {self.critic_lr}, {self.value_clip})")
 
 
-PER_TOKEN: dict[str, type[GaeOptions]] = {"gae": GaeOptions}
-"""Advantages computed per token by a critic, by ``algo.advantage`` name, with their options."""
+PER_TOKEN: dict[str, type] = {"gae": GaeOptions, "opd": OpdOptions}
+"""Advantages computed per token by a model beside the policy, by ``algo.advantage`` name, with
+their options: PPO's critic (rlvr.train.methods.ppo), on-policy distillation's teacher
+(rlvr.train.methods.distill)."""

@@ -110,13 +110,14 @@ class Method:
 
 
 # The methods' modules import the seams above, so they are imported here, below them.
-from rlvr.train.methods import expert, intrinsic, kl, loss_state, ppo, rehearsal, remax, rlp  # noqa: E402
+from rlvr.train.methods import distill, expert, intrinsic, kl, loss_state, ppo, rehearsal, remax, rlp  # noqa: E402
 
 METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
     "remax": remax.build,            # ReMax: a greedy completion per prompt as the baseline
     "kl": kl.build,                  # a reference model for the KL term; its coefficient, fixed or adaptive
     "loss_state": loss_state.build,  # what a stateful loss keeps across steps (R²VPO's λ)
     "ppo": ppo.build,                # PPO's learned critic and GAE (advantage = "gae")
+    "distill": distill.build,        # on-policy distillation: a teacher's per-token reverse KL (advantage = "opd")
     "rehearsal": rehearsal.build,    # DPH-RL: a divergence to the initial policy on its stored samples
     "luffy": expert.build_luffy,     # LUFFY: each group gets its prompt's demonstration
     "chord": expert.build_chord,     # CHORD: (1 − μ)·RL + μ·SFT on the step's demonstrations
@@ -125,6 +126,12 @@ METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
     "relift": expert.build_relift,   # ReLIFT: SFT steps on the prompts RL keeps failing
 }
 """Every method, by name; the order is the order their hooks run in."""
+
+
+def per_token_credit(cfg: Any, policy: PreTrainedModel, optimizer_steps: int) -> Credit | None:
+    """The per-token `Credit` the config asks for (PPO's critic, a distillation teacher), or None:
+    what a data-parallel learner rank builds for itself (rlvr.scaleout.learners)."""
+    return ppo.critic_credit(cfg, policy, optimizer_steps) or distill.teacher_credit(cfg, policy)
 
 
 def build_methods(run: Run, info: SetupInfo) -> dict[str, Method]:

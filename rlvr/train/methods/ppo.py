@@ -89,9 +89,9 @@ def critic_credit(cfg: RunConfig, policy: PreTrainedModel, optimizer_steps: int)
     """PPO's critic, initialised from the policy, when ``cfg`` asks for a per-token advantage; else None.
     (Each data-parallel learner rank builds its own replica the same way.)"""
     a, tr = cfg.algo, cfg.train
-    if a.advantage not in PER_TOKEN:
+    if PER_TOKEN.get(a.advantage) is not GaeOptions:
         return None
-    options = PER_TOKEN[a.advantage](**a.advantage_kwargs)
+    options = GaeOptions(**a.advantage_kwargs)
     critic = Learner(Critic(policy), lr=options.critic_lr, betas=tr.betas, weight_decay=tr.weight_decay,
                      grad_clip=tr.grad_clip, warmup_steps=tr.warmup_steps, total_steps=optimizer_steps,
                      schedule=tr.schedule)
