@@ -149,6 +149,36 @@ def test_void_turns_end_the_episode_and_async_environments_are_awaited(
     assert [e.completion for e in sync] == [e.completion for e in concurrent]
 
 
+class SometimesVoid(Counter):
+    """Done after 3 turns; turn `void_at` (1-based) is void (0: none is)."""
+
+    def __init__(self, void_at: int) -> None:
+        super().__init__(3)
+        self.void_at = void_at
+
+    def step(self, action: str) -> StepResult:
+        result = super().step(action)
+        return StepResult(result.observation, result.reward, result.done,
+                          metrics={"tool_calls": 1.0, "void": float(self.seen == self.void_at)})
+
+
+def test_void_turn_filtering_excludes_every_episode_with_a_void_turn(
+        tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    """env.mask = ["void"] (SimpleTIR): an episode with one void turn anywhere is excluded, though
+    it finished; the void-run limit (2 in a row) never ends these. "unfinished" alone keeps them."""
+    from rlvr.agents.runner import as_groups
+    from rlvr.data import Example
+
+    episodes, _ = setup(tiny_model, tiny_tokenizer, [SometimesVoid(k) for k in (0, 1, 3)], Limits(max_turns=5))
+    assert [e.ending for e in episodes] == ["done"] * 3 and [e.metrics["void"] for e in episodes] == [0, 1, 1]
+    examples = [Example(prompt="count", answer="3", fields={}, id="a")]
+    excluded = [[x.excluded for x in g.samples] for g in as_groups(examples, [0], 3, episodes, mask=("void",))]
+    assert excluded == [[False, True, True]]
+    assert [x.excluded for x in as_groups(examples, [0], 3, episodes, mask=("unfinished",))[0].samples] == [False] * 3
+    with pytest.raises(ValueError, match="env.mask: unknown 'voids'"):
+        as_groups(examples, [0], 3, episodes, mask=("voids",))
+
+
 def test_bad_inputs_are_clear_errors(tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast) -> None:
     with pytest.raises(ValueError, match="max_turns"):
         Limits(max_turns=0)
@@ -421,9 +451,10 @@ def test_training_with_summarised_episodes_and_turn_credit(tiny_dir: Any, tmp_pa
     samples = [json.loads(line) for line in (tmp_path / "supo" / "samples.jsonl").read_text().splitlines()]
     summarised = [s for s in samples if SEGMENT_MARK in s["completion"]]
     assert summarised and all(any(s["completion"][a:b] == SEGMENT_MARK for a, b, _ in s["masked"]) for s in summarised)
-    # SUPO's overlong masking: episodes the guesser did not finish stay out of the loss
+    # SUPO's overlong masking: episodes the guesser did not finish stay out of the loss (and with
+    # SimpleTIR's filtering, those with a void turn)
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "masked", train__steps=1), *extra,
-                             "env.mask_unfinished=true"]), quiet=True)
+                             'env.mask=["unfinished", "void"]']), quiet=True)
     samples = [json.loads(line) for line in (tmp_path / "masked" / "samples.jsonl").read_text().splitlines()]
     unfinished = [s for s in samples if s["finish_reason"] == "length"]
     assert unfinished and all(s["masked"] == [[0, len(s["completion"]), "excluded"]] for s in unfinished)

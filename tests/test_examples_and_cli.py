@@ -35,6 +35,8 @@ def test_unknown_key_names_the_nearest(capsys: pytest.CaptureFixture[str]) -> No
     assert "unknown config key 'algo.kl_cof'" in err and "did you mean 'algo.kl_coef'" in err
     assert main(["train", "algo.entropy_coef=0.3"]) == 2  # a key of an earlier version says where it went
     assert "'algo.entropy_coef' is now algo.entropy.coef" in capsys.readouterr().err
+    assert main(["train", "env.mask_unfinished=true"]) == 2
+    assert """'env.mask_unfinished' is now env.mask = ["unfinished"]""" in capsys.readouterr().err
 
 
 def test_bad_value_names_the_key_and_what_is_allowed(capsys: pytest.CaptureFixture[str]) -> None:

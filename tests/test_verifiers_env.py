@@ -69,7 +69,7 @@ class Env:
     def __init__(self, kind: str, **kw: Any) -> None:
         self.kwargs = {"load": "tests.test_verifiers_env:load_environment", "args": {"kind": kind}}
         self.max_turns, self.max_total_tokens, self.max_context = kw.get("max_turns", 4), 64, 4096
-        self.mask_unfinished = False
+        self.mask: list[str] = []
 
 
 def roomy_tiny_model(vocab_size: int | None = None) -> Any:

@@ -46,7 +46,7 @@ import inspect
 import logging
 import secrets
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,7 +213,7 @@ async def _run_one(fn: Callable[..., Any], base_url: str, key: str, row: dict[st
 def agent_episode_groups(engine: Engine, tokenizer: Any, fn: Callable[..., Any], examples: Sequence[Any],
                          indices: list[int], n: int, rewards: list[Any], params: SamplingParams,
                          limits: AgentLimits, *, system_prompt: str | None = None,
-                         mask_unfinished: bool = False) -> list[Any]:
+                         mask: Collection[str] = ()) -> list[Any]:
     """n episodes of the agent on each example index, as Groups (rlvr.agents.runner.as_groups)."""
     from rlvr.serve.app import Served
     from rlvr.serve.protocol import Limits
@@ -242,7 +242,7 @@ def agent_episode_groups(engine: Engine, tokenizer: Any, fn: Callable[..., Any],
     if failures:
         _logger.warning("%d of %d agent episodes failed (counted in env/error, excluded from the update); the "
                         "first: %s", len(failures), len(episodes), _why(failures[0][1]))
-    return as_groups(examples, indices, n, episodes, mask_unfinished=mask_unfinished)
+    return as_groups(examples, indices, n, episodes, mask=mask)
 
 
 def _why(outcome: Any) -> str:
@@ -303,7 +303,7 @@ def agent_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: Samplin
 def episodes_of(fn: Callable[..., Any], env: Any, timeout: Any, tokenizer: Any, rewards: list[Any],
                 params: SamplingParams, *, system_prompt: str | None = None) -> Callable[..., list[Any]]:
     """The episode builder (rlvr.train.data.Episodes) running `fn` as the agent, under the env
-    config's limits (max_turns, max_total_tokens, max_context, mask_unfinished) and `timeout`."""
+    config's limits (max_turns, max_total_tokens, max_context, mask) and `timeout`."""
     if not isinstance(timeout, int | float) or timeout <= 0:
         raise ValueError(f"env.kwargs.timeout must be a positive number of seconds, got {timeout!r}")
     limits = AgentLimits(env.max_turns, env.max_total_tokens, env.max_context, float(timeout))
@@ -311,7 +311,7 @@ def episodes_of(fn: Callable[..., Any], env: Any, timeout: Any, tokenizer: Any, 
     def episodes(engine: Engine, examples: list[Any], indices: list[int], n: int, *,
                  sampling: SamplingParams | None = None) -> list[Any]:
         return agent_episode_groups(engine, tokenizer, fn, examples, indices, n, rewards, sampling or params, limits,
-                                    system_prompt=system_prompt, mask_unfinished=env.mask_unfinished)
+                                    system_prompt=system_prompt, mask=tuple(env.mask))
 
     return episodes
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -357,13 +357,12 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
                    rewards: list[Any], params: SamplingParams, limits: Limits, delta: ChatDelta,
                    eos_token_ids: Sequence[int], *, system_prompt: str | None = None,
                    kwargs: dict[str, Any] | None = None, summarize: Summarize | None = None,
-                   mask_unfinished: bool = False) -> list[Any]:
+                   mask: Collection[str] = ()) -> list[Any]:
     """n episodes of each example index (one fresh environment each), as Groups whose samples
     carry the episodes' trajectories. A sample's reward is its episode's return (reward part
     "env", followed by "turns" and "tool_calls", which do not count in the reward); the group's
     metadata keeps each episode's metrics, ending, turn rewards, text (all segments) and injected
-    spans. ``mask_unfinished`` (SUPO's overlong masking) keeps episodes that did not end "done"
-    out of the loss."""
+    spans. ``mask`` names the episodes kept out of the loss (rlvr.agents.runner.masked_episode)."""
     from rlvr.data import render_prompt
 
     envs = [factory(examples[i], rewards, **(kwargs or {})) for i in indices for _ in range(n)]
@@ -376,7 +375,7 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
 
     episodes = run_episodes(engine, tokenizer, envs, prompts, params, limits, delta, eos_token_ids,
                             summarize=summarize, restart=restart)
-    return as_groups(examples, indices, n, episodes, mask_unfinished=mask_unfinished)
+    return as_groups(examples, indices, n, episodes, mask=mask)
 
 
 FAILED: tuple[str, ...] = ("infra", "error", "timeout")
@@ -384,8 +383,23 @@ FAILED: tuple[str, ...] = ("infra", "error", "timeout")
 counted in env/error and excluded from the update."""
 
 
+def masked_episode(episode: Episode, mask: Collection[str]) -> bool:
+    """Whether ``mask`` (env.mask) keeps the episode out of the loss: "unfinished" when it ended
+    without the environment saying done (SUPO's overlong masking: Lu et al., "Scaling LLM
+    Multi-turn RL with End-to-end Summarization-based Context Management", arXiv:2510.06727);
+    "void" when any of its turns was void, reported by the environment as ``metrics["void"]``:
+    neither a valid action nor an answer (SimpleTIR's void-turn filtering: Xue et al., "SimpleTIR:
+    End-to-End Reinforcement Learning for Multi-Turn Tool-Integrated Reasoning",
+    arXiv:2509.02479, which drops such trajectories from the update to keep multi-turn training
+    from collapsing)."""
+    unknown = set(mask) - {"unfinished", "void"}
+    if unknown:
+        raise ValueError(f"env.mask: unknown {sorted(unknown)[0]!r} (use \"unfinished\" or \"void\")")
+    return ("unfinished" in mask and episode.ending != "done") or ("void" in mask and episode.metrics.get("void", 0) > 0)
+
+
 def as_groups(examples: Sequence[Any], indices: list[int], n: int, episodes: Sequence[Episode], *,
-              mask_unfinished: bool = False) -> list[Any]:
+              mask: Collection[str] = ()) -> list[Any]:
     """Episodes (n per example index, in order) as Groups (see episode_groups)."""
     from rlvr.types import Group, Sample
 
@@ -393,10 +407,10 @@ def as_groups(examples: Sequence[Any], indices: list[int], n: int, episodes: Seq
     for k, i in enumerate(indices):
         mine = episodes[k * n : (k + 1) * n]
         # "turns" and "tool_calls" ride along as weight-0 parts: advantage_kwargs.stratum can stratify by them (SAN)
-        # SUPO's overlong masking: an unfinished episode is excluded from the loss (as a reward's None is)
+        # env.mask: an unfinished or a void episode is excluded from the loss (as a reward's None is)
         samples = tuple(Sample(ep.prompt_ids, ep.completion, ep.reward, {
             "env": ep.reward, "turns": float(ep.turns), "tool_calls": ep.metrics.get("tool_calls", 0.0),
-            **({"env/excluded": 1.0} if mask_unfinished and ep.ending != "done" else {}),
+            **({"env/excluded": 1.0} if masked_episode(ep, mask) else {}),
             **({"env/error": 1.0, "env/excluded": 1.0} if ep.ending in FAILED else {})}, i,
             segments=tuple(ep.segments)) for ep in mine)
         groups.append(Group(examples[i].prompt, samples, {

@@ -67,6 +67,7 @@ MOVED: dict[str, str] = {
     **{f"rlp.{k}": f"the kwargs of the information_gain reward: rewards = [{{fn = \"information_gain\", kwargs = "
                    f"{{{k} = ...}}}}]" for k in ("think_open", "think_close", "ema_decay")},
     **{f"sampler.replay_{k}": f"sampler.replay.{k}" for k in ("fraction", "capacity", "max_age")},
+    "env.mask_unfinished": "env.mask = [\"unfinished\"]",
     "env.summarize_at": "env.summarize.at", "env.summary_rounds": "env.summarize.rounds",
     "env.summary_tokens": "env.summarize.max_tokens", "env.summary_instruction": "env.summarize.instruction",
     "expert.relift_batch": "expert.kwargs.batch (with mode = \"relift\")",

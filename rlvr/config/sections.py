@@ -347,8 +347,8 @@ class EnvConfig(_Section):
     """The chat role observations are rendered with ("user", or "tool" where the template has it)."""
     summarize: dict[str, Any] = Field(default_factory=dict)
     """SUPO context management, e.g. {at = 1536}: when the working context would reach `at` tokens, the policy summarises and the episode continues from the task plus the summary; at most rounds (2) summaries per episode, each of at most max_tokens (96) tokens (they count against max_total_tokens), asked for by instruction and continued after header (rlvr.agents.runner.Summarize). Empty = never."""
-    mask_unfinished: bool = False
-    """SUPO's overlong masking: episodes that end without the environment saying done (turn, token, context or summary limits) stay out of the loss."""
+    mask: list[Literal["unfinished", "void"]] = Field(default_factory=list)
+    """Episodes left out of the loss (their reward replaced by their group's mean, so the baseline does not move): "unfinished", SUPO's overlong masking (ended without the environment saying done: turn, token, context or summary limits); "void", SimpleTIR's void-turn filtering (any turn the environment reported void: neither a valid action nor an answer)."""
 
 
 class DistConfig(_Section):

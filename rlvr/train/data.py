@@ -174,7 +174,7 @@ def make_episodes(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: l
                  sampling: SamplingParams | None = None) -> list[Group]:
         return episode_groups(engine, tokenizer, factory, examples, indices, n, rewards, sampling or params, limits,
                               delta, engine.eos_token_ids, system_prompt=cfg.task.system_prompt,
-                              kwargs=dict(e.kwargs), summarize=summarize, mask_unfinished=e.mask_unfinished)
+                              kwargs=dict(e.kwargs), summarize=summarize, mask=tuple(e.mask))
 
     return episodes
 
