@@ -136,9 +136,9 @@ class AlgoConfig(_Section):
     group_size: int = Field(8, ge=1)
     """G: completions sampled per prompt."""
     advantage: str = "grpo"
-    """Advantage estimator, by name (rlvr.algos.ESTIMATORS; or per token: "gae", PPO's critic, rlvr.train.methods.ppo; "opd", on-policy distillation from a teacher, rlvr.train.methods.distill; docs/algorithms.md)."""
+    """Advantage estimator, by name (rlvr.algos.ESTIMATORS; or per token: "gae", PPO's critic, rlvr.train.methods.ppo; "opd", on-policy distillation from a teacher, rlvr.train.methods.distill; "process", a process reward model's step scores, rlvr.train.methods.process; docs/algorithms.md)."""
     advantage_kwargs: dict[str, Any] = {}
-    """Keyword arguments of the estimator, e.g. {normalize_std = false} for grpo, {stratum = "tool_calls"} for stratified, {lam = 0.95, critic_lr = 1e-5, value_clip = 0.2} for gae, {teacher = "runs/strong", coef = 1.0, outcome_weight = 0.0} for opd."""
+    """Keyword arguments of the estimator, e.g. {normalize_std = false} for grpo, {stratum = "tool_calls"} for stratified, {lam = 0.95, critic_lr = 1e-5, value_clip = 0.2} for gae, {teacher = "runs/strong", coef = 1.0, outcome_weight = 0.0} for opd, {prm = "mypkg.prm:score", delimiter = "\n\n"} for process."""
     loss: str = "ppo_clip"
     """Policy loss, by name (rlvr.algos.LOSSES; docs/algorithms.md)."""
     loss_kwargs: dict[str, Any] = {}

@@ -75,7 +75,9 @@ class LearnerWorker:
         from rlvr.train.methods import per_token_credit
 
         # per-token credit: PPO's value model (a replica of the driver's, loaded below), or a teacher
-        self.credit = per_token_credit(cfg, model, tr.steps * tr.epochs * tr.mini_batches)
+        from rlvr.models import load_tokenizer
+
+        self.credit = per_token_credit(cfg, model, tr.steps * tr.epochs * tr.mini_batches, load_tokenizer(cfg.model))
 
     def join(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> int:
         dist.init_process_group(backend(self.cfg), init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from rlvr.algos.distill import OpdOptions
+from rlvr.algos.process import ProcessOptions
 from rlvr.algos.registry import within
 
 
@@ -90,7 +91,7 @@ class GaeOptions:
             raise ValueError(f"critic_lr and value_clip must be > 0 (got {self.critic_lr}, {self.value_clip})")
 
 
-PER_TOKEN: dict[str, type] = {"gae": GaeOptions, "opd": OpdOptions}
+PER_TOKEN: dict[str, type] = {"gae": GaeOptions, "opd": OpdOptions, "process": ProcessOptions}
 """Advantages computed per token by a model beside the policy, by ``algo.advantage`` name, with
 their options: PPO's critic (rlvr.train.methods.ppo), on-policy distillation's teacher
-(rlvr.train.methods.distill)."""
+(rlvr.train.methods.distill), a process reward model (rlvr.train.methods.process)."""

@@ -110,7 +110,8 @@ class Method:
 
 
 # The methods' modules import the seams above, so they are imported here, below them.
-from rlvr.train.methods import distill, expert, intrinsic, kl, loss_state, ppo, rehearsal, remax, rlp  # noqa: E402
+from rlvr.train.methods import (distill, expert, intrinsic, kl, loss_state, ppo, process, rehearsal,  # noqa: E402
+                                remax, rlp)
 
 METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
     "remax": remax.build,            # ReMax: a greedy completion per prompt as the baseline
@@ -118,6 +119,7 @@ METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
     "loss_state": loss_state.build,  # what a stateful loss keeps across steps (R²VPO's λ)
     "ppo": ppo.build,                # PPO's learned critic and GAE (advantage = "gae")
     "distill": distill.build,        # on-policy distillation: a teacher's per-token reverse KL (advantage = "opd")
+    "process": process.build,        # process supervision: a PRM's step scores as token advantages (advantage = "process")
     "rehearsal": rehearsal.build,    # DPH-RL: a divergence to the initial policy on its stored samples
     "luffy": expert.build_luffy,     # LUFFY: each group gets its prompt's demonstration
     "chord": expert.build_chord,     # CHORD: (1 − μ)·RL + μ·SFT on the step's demonstrations
@@ -128,10 +130,12 @@ METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
 """Every method, by name; the order is the order their hooks run in."""
 
 
-def per_token_credit(cfg: Any, policy: PreTrainedModel, optimizer_steps: int) -> Credit | None:
-    """The per-token `Credit` the config asks for (PPO's critic, a distillation teacher), or None:
-    what a data-parallel learner rank builds for itself (rlvr.scaleout.learners)."""
-    return ppo.critic_credit(cfg, policy, optimizer_steps) or distill.teacher_credit(cfg, policy)
+def per_token_credit(cfg: Any, policy: PreTrainedModel, optimizer_steps: int, tokenizer: Any = None) -> Credit | None:
+    """The per-token `Credit` the config asks for (PPO's critic, a distillation teacher, a process
+    reward model), or None: what a data-parallel learner rank builds for itself
+    (rlvr.scaleout.learners; there a function PRM sees the group's answer, not the example's fields)."""
+    return (ppo.critic_credit(cfg, policy, optimizer_steps) or distill.teacher_credit(cfg, policy)
+            or process.process_credit(cfg, policy, tokenizer))
 
 
 def build_methods(run: Run, info: SetupInfo) -> dict[str, Method]:

@@ -1,0 +1,114 @@
+"""Process reward models: a score for each reasoning step of a completion.
+
+A PRM is anything with ``score(prompts, steps, examples) -> scores``: for each completion, its
+prompt's text, its steps' texts (rlvr.algos.process.split_steps) and its example's fields, one
+float per step. Two come built in: a Python function, and a token-classification model trained in
+TRL's PRM layout (`ClassifierPRM`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+
+class PRM(Protocol):
+    def score(self, prompts: Sequence[str], steps: Sequence[Sequence[str]],
+              examples: Sequence[dict[str, Any]]) -> list[list[float]]: ...
+
+
+def checked_scores(scores: Any, steps: Sequence[str], where: str) -> list[float]:
+    """``scores`` as one finite float per step, or a ValueError saying what came back and where."""
+    try:
+        values = [float(v) for v in scores]
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: a process reward must return one number per step, got {scores!r}") from None
+    if len(values) != len(steps):
+        raise ValueError(f"{where}: {len(values)} scores for {len(steps)} steps")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{where}: a step score is not finite: {values}")
+    return values
+
+
+class FunctionPRM:
+    """A Python function as the PRM: ``fn(prompt, steps, **example) -> list[float]``, one score per
+    step (a rule-based checker of each step, or a call to a hosted PRM)."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        self.fn, self.name = fn, name
+
+    def score(self, prompts: Sequence[str], steps: Sequence[Sequence[str]],
+              examples: Sequence[dict[str, Any]]) -> list[list[float]]:
+        return [checked_scores(self.fn(prompt, list(s), **example), s, f"process reward {self.name!r}")
+                for prompt, s, example in zip(prompts, steps, examples)]
+
+
+class ClassifierPRM:
+    """A token-classification model as the PRM, in TRL's PRM layout: the input is the prompt's
+    tokens (after the tokenizer's BOS, if it has one), then each step's tokens followed by the
+    separator's; a step's label sits on the last token of its separator. Its score is the
+    probability of the "correct" class there: softmax(logits)[-1] with two or more labels,
+    sigmoid(logit) with one. (Lightman et al., "Let's Verify Step by Step", arXiv:2305.20050,
+    define the PRM score of a step as this probability.)"""
+
+    def __init__(self, model: Any, tokenizer: Any, separator: str = "\n", batch_size: int = 8) -> None:
+        self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
+        self.separator_ids = tokenizer.encode(separator, add_special_tokens=False)
+        if not self.separator_ids:
+            raise ValueError(f"the PRM's step separator {separator!r} encodes to no tokens")
+
+    @classmethod
+    def load(cls, spec: str, separator: str, dtype: torch.dtype, device: torch.device) -> ClassifierPRM:
+        from transformers import AutoModelForTokenClassification
+
+        from rlvr.models import load_tokenizer, resolve_model_path
+
+        path = resolve_model_path(spec)
+        model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype).to(device).requires_grad_(False)
+        return cls(model, load_tokenizer(spec), separator)
+
+    def layout(self, prompt: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
+        """(input_ids, the positions of the steps' labels)."""
+        tok = self.tokenizer
+        ids = ([tok.bos_token_id] if tok.bos_token_id is not None else []) + tok(prompt, add_special_tokens=False)["input_ids"]
+        positions = []
+        for step in steps:
+            ids += tok(step, add_special_tokens=False)["input_ids"] + self.separator_ids
+            positions.append(len(ids) - 1)
+        return ids, positions
+
+    @torch.no_grad()
+    def score(self, prompts: Sequence[str], steps: Sequence[Sequence[str]],
+              examples: Sequence[dict[str, Any]]) -> list[list[float]]:
+        device = next(self.model.parameters()).device
+        out: list[list[float]] = []
+        items = [self.layout(p, s) for p, s in zip(prompts, steps)]
+        for start in range(0, len(items), self.batch_size):
+            chunk = items[start : start + self.batch_size]
+            width = max(len(ids) for ids, _ in chunk)
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            attention = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, (ids, _) in enumerate(chunk):  # right padding: a causal model's positions stay put
+                input_ids[row, : len(ids)] = torch.tensor(ids)
+                attention[row, : len(ids)] = 1
+            logits_BTC = self.model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float()
+            for row, (_, positions) in enumerate(chunk):
+                at_CS = logits_BTC[row, positions]
+                probs = torch.sigmoid(at_CS[:, 0]) if at_CS.shape[-1] == 1 else at_CS.softmax(-1)[:, -1]
+                out.append(probs.cpu().tolist())
+        return out
+
+
+def load_prm(spec: str, separator: str = "\n", dtype: torch.dtype = torch.float32,
+             device: torch.device | str = "cpu") -> PRM:
+    """``spec`` "module:function" → FunctionPRM; else a token-classification model (a name,
+    checkpoint folder or run directory) → ClassifierPRM."""
+    if ":" in spec and not spec.startswith(("/", ".")) and "/" not in spec.split(":", 1)[0]:
+        from rlvr.rewards.combine import load_callable
+
+        return FunctionPRM(load_callable(spec), spec)
+    return ClassifierPRM.load(spec, separator, dtype, torch.device(device))
