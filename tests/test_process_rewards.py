@@ -159,3 +159,11 @@ def test_a_classifier_prm_loads_from_a_folder(tmp_path: Path) -> None:
     prm = load_prm(str(tmp_path / "prm"), separator="\n")
     assert isinstance(prm, ClassifierPRM)
     assert prm.score(["Q?"], [["s1"]], [{}]) == ClassifierPRM(model, tok).score(["Q?"], [["s1"]], [{}])
+
+
+def test_the_arithmetic_prm_checks_equations_and_the_final_answer() -> None:
+    prm = load_prm("arithmetic_steps")
+    steps = ["3 + 4 = 7\n\n", "7 * 2 = 15\n\n", "so we double it\n\n", "the answer is 14"]
+    assert prm.score(["p"], [steps], [{"answer": "14"}]) == [[1.0, 0.0, 0.5, 1.0]]
+    assert prm.score(["p"], [["12 - 5 = 7", "7"]], [{"answer": 8}]) == [[1.0, 0.0]]
+    assert prm.score(["p"], [["no number"]], [{"answer": "3"}]) == [[0.0]]

@@ -9,6 +9,7 @@ TRL's PRM layout (`ClassifierPRM`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -103,10 +104,42 @@ class ClassifierPRM:
         return out
 
 
+_EQUATION = re.compile(r"(-?\d+(?:\.\d+)?)\s*([-+*/×x])\s*(-?\d+(?:\.\d+)?)\s*=\s*(-?\d+(?:\.\d+)?)")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def arithmetic_steps(prompt: str, steps: list[str], answer: Any = None, **example: Any) -> list[float]:
+    """A rule-based PRM for arithmetic: a step with a wrong equation "a op b = c" scores 0, one whose
+    equations are all right scores 1, one without an equation 0.5; the last step scores 1 if its
+    last number is the answer, else 0. (A checker, not a learned PRM: for arithmetic tasks such as
+    reasoning-gym's chain_sum, and for trying process supervision without a PRM model.)"""
+    def right(match: re.Match[str]) -> bool:
+        a, op, b, c = float(match[1]), match[2], float(match[3]), float(match[4])
+        value = {"+": a + b, "-": a - b, "*": a * b, "×": a * b, "x": a * b, "/": a / b if b else math.nan}[op]
+        return abs(value - c) < 1e-9
+    scores = []
+    for step in steps:
+        equations = list(_EQUATION.finditer(step))
+        scores.append(0.5 if not equations else float(all(right(m) for m in equations)))
+    if steps:
+        numbers = _NUMBER.findall(steps[-1])
+        try:
+            scores[-1] = float(bool(numbers) and answer is not None and float(numbers[-1]) == float(answer))
+        except ValueError:  # an answer that is not a number
+            scores[-1] = 0.0
+    return scores
+
+
+PRMS: dict[str, Callable[..., list[float]]] = {"arithmetic_steps": arithmetic_steps}
+"""Built-in function PRMs, by name."""
+
+
 def load_prm(spec: str, separator: str = "\n", dtype: torch.dtype = torch.float32,
              device: torch.device | str = "cpu") -> PRM:
-    """``spec`` "module:function" → FunctionPRM; else a token-classification model (a name,
-    checkpoint folder or run directory) → ClassifierPRM."""
+    """``spec`` a key of PRMS or "module:function" → FunctionPRM; else a token-classification
+    model (a name, checkpoint folder or run directory) → ClassifierPRM."""
+    if spec in PRMS:
+        return FunctionPRM(PRMS[spec], spec)
     if ":" in spec and not spec.startswith(("/", ".")) and "/" not in spec.split(":", 1)[0]:
         from rlvr.rewards.combine import load_callable
 
