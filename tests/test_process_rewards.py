@@ -121,7 +121,7 @@ def test_the_credit_gives_each_token_its_steps_normalised_scores() -> None:
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
     assert credit.summarise({}) == {"process/step_score": 0.6, "process/steps": 2.5}
-    mixed = ProcessCredit(credit.prm, ProcessOptions(prm="unused", outcome_weight=0.5), tok)
+    mixed = ProcessCredit(credit.scorer.prm, ProcessOptions(prm="unused", outcome_weight=0.5), tok)
     got = mixed.advantages([group], list(group.samples), {0, 1}, torch.tensor([[1.0, 0.0]]), None, UpdateSettings(), 0)
     grpo = 0.5 / math.sqrt(0.5)  # (1 − 0.5) / std(1, 0) = 0.5 / √0.5 (Bessel)
     torch.testing.assert_close(got[0], want[0] + 0.5 * grpo, atol=1e-5, rtol=0)
@@ -167,3 +167,41 @@ def test_the_arithmetic_prm_checks_equations_and_the_final_answer() -> None:
     assert prm.score(["p"], [steps], [{"answer": "14"}]) == [[1.0, 0.0, 0.5, 1.0]]
     assert prm.score(["p"], [["12 - 5 = 7", "7"]], [{"answer": 8}]) == [[1.0, 0.0]]
     assert prm.score(["p"], [["no number"]], [{"answer": "3"}]) == [[0.0]]
+
+
+def test_gae_credit_puts_each_step_score_on_its_last_token() -> None:
+    """credit = "gae": the rewards GAE sees are the raw step scores at the steps' last tokens,
+    plus outcome_weight × the outcome reward on the last token."""
+    from rlvr.train.methods.process import StepRewardCritic, StepScorer
+    from rlvr.train.methods.ppo import CriticCredit
+
+    tok = make_tiny_tokenizer()
+    group = Group("p", tuple(Sample((1,), completion(tok, t), r, {"r": r}, 0)
+                             for t, r in zip(["1\n\nx", "y\n\n2\n\n3"], (1.0, 0.0))))
+    options = ProcessOptions(prm="arithmetic_steps", credit="gae", outcome_weight=0.5)
+    scorer = StepScorer(load_prm("tests.test_process_rewards:digits_are_right"), options, tok)
+    critic = StepRewardCritic(CriticCredit(None, None), scorer)  # type: ignore[arg-type]  # placement only
+    placed = critic._placed([group], list(group.samples), {0, 1}, torch.tensor([[1.0, 0.0]]))
+    assert placed == [[(2, 1.0), (4, 0.0), (4, 0.5)], [(2, 0.0), (5, 1.0), (7, 1.0), (7, 0.0)]]
+    with pytest.raises(ValueError, match="credit must be"):
+        ProcessOptions(prm="x", credit="turn")
+
+
+def test_a_run_with_process_rewards_and_gae_trains_a_critic_and_resumes(tiny_dir: Path, tmp_path: Path) -> None:
+    from rlvr.train.loop import train
+    from tests.test_train import FP32, TIMING
+
+    extra = ['algo.advantage="process"', "train.micro_batch_size=4", *FP32,
+             'algo.advantage_kwargs={prm = "tests.test_process_rewards:digits_are_right", delimiter = " ", '
+             'credit = "gae", gae = {lam = 0.9}}']
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "straight", train__steps=3), *extra]), quiet=True)
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "resumed", train__steps=2), *extra]), quiet=True)
+    train(resume=tmp_path / "resumed", overrides=("train.steps=3",), quiet=True)
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
+    assert all("value_loss" in r and "process/step_score" in r for r in a)
+    for ra, rb in zip(a, b, strict=True):
+        assert {k: v for k, v in ra.items() if k not in TIMING} == {k: v for k, v in rb.items() if k not in TIMING}
+    with pytest.raises(ValueError, match="gae: unknown keyword 'lamda'"):
+        train(load_config(None, [*overrides(tiny_dir, tmp_path, "bad"), 'algo.advantage="process"',
+                                 'algo.advantage_kwargs={prm = "arithmetic_steps", credit = "gae", gae = {lamda = 0.9}}']),
+              quiet=True)

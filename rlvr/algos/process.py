@@ -7,7 +7,7 @@ Shapes: ``_S`` the steps of one completion, ``_N`` its tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -114,10 +114,20 @@ class ProcessOptions:
     """Weight of the outcome advantage added to every token (0 = process rewards only)."""
     outcome: str = "grpo"
     """The outcome estimator (rlvr.algos.ESTIMATORS) of that mix."""
+    credit: str = "group"
+    """How step scores become advantages: "group", normalised over the group's steps and summed
+    from each token on (process_advantages); "gae", as rewards on each step's last token for PPO's
+    critic and GAE (with outcome_weight × the outcome reward on the last token)."""
+    gae: dict[str, Any] = field(default_factory=dict)
+    """With credit = "gae": GAE's and the critic's options (rlvr.train.critic.GaeOptions)."""
 
     def __post_init__(self) -> None:
         from rlvr.algos.advantages import ESTIMATORS
 
+        if self.credit not in ("group", "gae"):
+            raise ValueError(f"credit must be \"group\" or \"gae\", got {self.credit!r}")
+        if self.gae and self.credit != "gae":
+            raise ValueError("gae holds the options of credit = \"gae\"")
         if not self.delimiter:
             raise ValueError("delimiter must not be empty")
         if self.outcome_weight < 0:

@@ -122,7 +122,7 @@ class RunConfig(_Section):
                 f"train.mini_batches = {self.train.mini_batches} must divide prompts_per_step × "
                 f"group_size = {batch}"
             )
-        if self.lora.rank and self.algo.advantage == "gae":
+        if self.lora.rank and (self.algo.advantage == "gae" or self.algo.advantage_kwargs.get("credit") == "gae"):
             raise ValueError("lora.rank > 0 with advantage = \"gae\" is not supported yet: the critic copies the "
                              "policy's trunk, which LoRA wraps; use an outcome estimator or full fine-tuning")
         self._check_rlp()

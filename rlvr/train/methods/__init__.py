@@ -135,7 +135,7 @@ def per_token_credit(cfg: Any, policy: PreTrainedModel, optimizer_steps: int, to
     reward model), or None: what a data-parallel learner rank builds for itself
     (rlvr.scaleout.learners; there a function PRM sees the group's answer, not the example's fields)."""
     return (ppo.critic_credit(cfg, policy, optimizer_steps) or distill.teacher_credit(cfg, policy)
-            or process.process_credit(cfg, policy, tokenizer))
+            or process.process_credit(cfg, policy, tokenizer, optimizer_steps))
 
 
 def build_methods(run: Run, info: SetupInfo) -> dict[str, Method]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,12 +34,19 @@ if TYPE_CHECKING:
     from rlvr.train.run import Run
 
 
+Placed = Callable[[list[Group], list[Sample], set[int], torch.Tensor], list[list[tuple[int, float]] | None]]
+"""Per sample, the rewards GAE sees and the token each sits on, from the groups, the samples, the
+kept ones and the (shaped) outcome rewards; None for a sample keeps the outcome placement
+(`reward_positions`). Process supervision's step scores come this way."""
+
+
 class CriticCredit:
     """GAE with a critic, as the update's `Credit` seam: values and returns are computed in
-    `advantages`, the value loss in `backward`, and the critic steps in `step`."""
+    `advantages`, the value loss in `backward`, and the critic steps in `step`. ``placed``, when
+    given, decides where the rewards sit (see `Placed`)."""
 
-    def __init__(self, critic: Learner, options: GaeOptions) -> None:
-        self.critic, self.options = critic, options
+    def __init__(self, critic: Learner, options: GaeOptions, placed: Placed | None = None) -> None:
+        self.critic, self.options, self.placed = critic, options, placed
         self._values: list[torch.Tensor] = []
         self._returns: list[torch.Tensor] = []
         self._norms: list[float] = []
@@ -51,8 +58,9 @@ class CriticCredit:
                              "advantage = \"gae\" is not supported with them")
         self._values = score_values(self.critic.model, samples, s, pad_token_id, kept)
         turn_rewards = [tr for g in groups for tr in g.metadata.get("turn_rewards", [None] * len(g.samples))]
+        placed = self.placed(groups, samples, kept, rewards_PG) if self.placed is not None else None
         advantages, self._returns = token_advantages(samples, rewards_PG, kl_N, self._values, kept, s.kl_coef,
-                                                     turn_rewards, self.options)
+                                                     turn_rewards, self.options, placed)
         self._norms = []
         return advantages
 
@@ -88,14 +96,20 @@ class CriticCredit:
 def critic_credit(cfg: RunConfig, policy: PreTrainedModel, optimizer_steps: int) -> CriticCredit | None:
     """PPO's critic, initialised from the policy, when ``cfg`` asks for a per-token advantage; else None.
     (Each data-parallel learner rank builds its own replica the same way.)"""
-    a, tr = cfg.algo, cfg.train
+    a = cfg.algo
     if PER_TOKEN.get(a.advantage) is not GaeOptions:
         return None
-    options = GaeOptions(**a.advantage_kwargs)
+    return new_critic(cfg, policy, optimizer_steps, GaeOptions(**a.advantage_kwargs))
+
+
+def new_critic(cfg: RunConfig, policy: PreTrainedModel, optimizer_steps: int, options: GaeOptions,
+               placed: Placed | None = None) -> CriticCredit:
+    """A critic initialised from the policy, with its own AdamW on the run's schedule."""
+    tr = cfg.train
     critic = Learner(Critic(policy), lr=options.critic_lr, betas=tr.betas, weight_decay=tr.weight_decay,
                      grad_clip=tr.grad_clip, warmup_steps=tr.warmup_steps, total_steps=optimizer_steps,
                      schedule=tr.schedule)
-    return CriticCredit(critic, options)
+    return CriticCredit(critic, options, placed)
 
 
 class CriticMethod(Method):
@@ -137,11 +151,12 @@ def score_values(
 def token_advantages(
     samples: list[Sample], rewards_PG: torch.Tensor, kl_N: list[torch.Tensor] | None, values: list[torch.Tensor],
     kept: set[int], kl_coef: float, turn_rewards: list[Sequence[float] | None], options: GaeOptions,
+    placed: list[list[tuple[int, float]] | None] | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """GAE over the kept samples: -β·KL on every token (``kl_N``, when the KL sits in the reward);
     the outcome reward on the last token, or for an episode each turn's reward on that turn's last
     sampled token (``turn_rewards``, one entry per sample; what shaping changed in the total stays
-    on the last token)."""
+    on the last token); or, where ``placed`` gives a sample's (position, reward) list, those."""
     rewards_B = rewards_PG.flatten()
     rows = sorted(kept)
     width = max((len(samples[i].completion.token_ids) for i in rows), default=0)
@@ -152,7 +167,9 @@ def token_advantages(
         n = len(samples[i].completion.token_ids)
         mask_BT[r, :n] = True
         rewards_BT[r, :n] = -kl_coef * kl_N[i] if kl_N is not None else 0.0
-        for position, reward in reward_positions(samples[i].completion, float(rewards_B[i]), turn_rewards[i]):
+        where = placed[i] if placed is not None and placed[i] is not None else None
+        for position, reward in where if where is not None else reward_positions(samples[i].completion,
+                                                                                float(rewards_B[i]), turn_rewards[i]):
             rewards_BT[r, position] += reward
         values_BT[r, :n] = values[i]
     advantages = [torch.zeros(len(x.completion.token_ids)) for x in samples]

@@ -5,7 +5,9 @@ optionally plus the outcome advantage.
 
 It plugs into the update through the `Credit` seam: `advantages` splits the completions into
 steps, asks the PRM, and places each step's normalised score on the tokens up to its end;
-nothing is trained beside the policy.
+nothing is trained beside the policy. With ``credit = "gae"`` the step scores are instead rewards
+on each step's last token for PPO's critic and GAE (rlvr.train.methods.ppo), whose critic is
+trained and checkpointed as PPO's is.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 from rlvr.algos.process import ProcessOptions, process_advantages, split_steps, step_end_tokens
 from rlvr.rewards.process import PRM, load_prm
 from rlvr.train.advantages import outcome_advantages
-from rlvr.train.critic import PER_TOKEN
+from rlvr.train.critic import PER_TOKEN, GaeOptions
+from rlvr.train.methods.ppo import CriticCredit, new_critic
 from rlvr.train.methods import Method, Plan, SetupInfo
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Group, Sample
@@ -30,38 +33,57 @@ if TYPE_CHECKING:
     from rlvr.train.run import Run
 
 
-class ProcessCredit:
-    """Step scores from a PRM as per-token advantages: rlvr.train.update.Credit.
-
-    ``fields_of(group)`` gives the fields of the group's example (what a function PRM receives as
-    keywords, as a reward function does)."""
+class StepScorer:
+    """The step scores of a batch of samples: each completion split on the delimiter, each step's
+    last token located, the PRM asked once for the whole batch. ``fields_of(group)`` gives the
+    fields of the group's example (what a function PRM receives as keywords, as a reward function
+    does). Keeps the last call's metrics."""
 
     def __init__(self, prm: PRM, options: ProcessOptions, tokenizer: Any,
-                 fields_of: Callable[[Group], dict[str, Any]] = lambda g: {"answer": g.metadata.get("answer")}) -> None:
-        self.prm, self.options, self.tokenizer, self.fields_of = prm, options, tokenizer, fields_of
-        self._metrics: dict[str, float] = {}
+                 fields_of: Callable[[Group], dict[str, Any]] | None = None) -> None:
+        self.prm, self.options, self.tokenizer = prm, options, tokenizer
+        self.fields_of = fields_of or (lambda g: {"answer": g.metadata.get("answer")})
+        self.metrics: dict[str, float] = {}
 
-    def advantages(self, groups: list[Group], samples: list[Sample], kept: set[int], rewards_PG: torch.Tensor,
-                   kl_N: list[torch.Tensor] | None, s: UpdateSettings, pad_token_id: int) -> list[torch.Tensor]:
-        o = self.options
+    def __call__(self, groups: list[Group], samples: list[Sample],
+                 kept: set[int]) -> tuple[list[list[float]], list[list[int]]]:
         if len(samples) != sum(len(g.samples) for g in groups) or any(x.completion.turn_index for x in samples):
             raise ValueError("advantage = \"process\" scores the reasoning steps of single-turn completions: "
                              "multi-turn episodes (env.name) are not supported")
-        outcome_B = None
-        if o.outcome_weight:
-            outcome_B = outcome_advantages(groups, rewards_PG, dataclasses.replace(s, advantage=o.outcome,
-                                                                                  advantage_kwargs={})).flatten()
         prompts, steps, examples, ends = [], [], [], []
         for g in groups:
             fields = self.fields_of(g)
             for x in g.samples:
-                spans = split_steps(x.completion.text, o.delimiter) or [(0, 0)]  # an empty completion: one empty step
+                spans = split_steps(x.completion.text, self.options.delimiter) or [(0, 0)]  # empty: one empty step
                 prompts.append(g.prompt)
                 steps.append([x.completion.text[a:b] for a, b in spans])
                 examples.append(fields)
                 ends.append(step_end_tokens(self.tokenizer, x.completion.token_ids, spans)
                             if x.completion.token_ids else [])
         scores = self.prm.score(prompts, steps, examples)
+        every = [v for i in kept for v in scores[i]]
+        self.metrics = {"process/step_score": statistics.fmean(every),
+                        "process/steps": statistics.fmean(len(scores[i]) for i in kept)} if every else {}
+        return scores, ends
+
+
+class ProcessCredit:
+    """Step scores as group-normalised per-token advantages (credit = "group"):
+    rlvr.train.update.Credit, with nothing to train."""
+
+    def __init__(self, prm: PRM, options: ProcessOptions, tokenizer: Any,
+                 fields_of: Callable[[Group], dict[str, Any]] | None = None) -> None:
+        self.scorer = StepScorer(prm, options, tokenizer, fields_of)
+        self.options = options
+
+    def advantages(self, groups: list[Group], samples: list[Sample], kept: set[int], rewards_PG: torch.Tensor,
+                   kl_N: list[torch.Tensor] | None, s: UpdateSettings, pad_token_id: int) -> list[torch.Tensor]:
+        o = self.options
+        scores, ends = self.scorer(groups, samples, kept)
+        outcome_B = None
+        if o.outcome_weight:
+            outcome_B = outcome_advantages(groups, rewards_PG, dataclasses.replace(s, advantage=o.outcome,
+                                                                                  advantage_kwargs={})).flatten()
         out: list[torch.Tensor] = []
         first = 0
         for g in groups:
@@ -79,9 +101,6 @@ class ProcessCredit:
                     a = a + o.outcome_weight * float(outcome_B[i])
                 out.append(a)
             first += len(g.samples)
-        every = [v for i in kept for v in scores[i]]
-        self._metrics = {"process/step_score": statistics.fmean(every),
-                         "process/steps": statistics.fmean(len(scores[i]) for i in kept)} if every else {}
         return out
 
     def backward(self, batch: dict[str, torch.Tensor], micro: list[int], s: UpdateSettings,
@@ -92,7 +111,7 @@ class ProcessCredit:
         pass
 
     def summarise(self, sums: dict[str, float]) -> dict[str, float]:
-        return dict(self._metrics)
+        return dict(self.scorer.metrics)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -101,26 +120,60 @@ class ProcessCredit:
         pass
 
 
-def process_credit(cfg: RunConfig, policy: Any, tokenizer: Any,
-                   fields_of: Callable[[Group], dict[str, Any]] | None = None) -> ProcessCredit | None:
-    """The PRM's credit when ``cfg`` asks for process supervision, else None. A model PRM is
+class StepRewardCritic(CriticCredit):
+    """Step scores as rewards on each step's last token, for PPO's critic and GAE (credit = "gae");
+    outcome_weight × the (shaped) outcome reward sits on the last token."""
+
+    def __init__(self, critic: CriticCredit, scorer: StepScorer) -> None:
+        super().__init__(critic.critic, critic.options, self._placed)
+        self.scorer = scorer
+
+    def _placed(self, groups: list[Group], samples: list[Sample], kept: set[int],
+                rewards_PG: torch.Tensor) -> list[list[tuple[int, float]] | None]:
+        scores, ends = self.scorer(groups, samples, kept)
+        rewards_B, w = rewards_PG.flatten(), self.scorer.options.outcome_weight
+        out: list[list[tuple[int, float]] | None] = []
+        for i, x in enumerate(samples):
+            n = len(x.completion.token_ids)
+            out.append([*zip(ends[i], scores[i]), *([(n - 1, w * float(rewards_B[i]))] if w and n else [])])
+        return out
+
+    def summarise(self, sums: dict[str, float]) -> dict[str, float]:
+        return super().summarise(sums) | self.scorer.metrics
+
+
+def process_credit(cfg: RunConfig, policy: Any, tokenizer: Any, optimizer_steps: int = 1,
+                   fields_of: Callable[[Group], dict[str, Any]] | None = None) -> ProcessCredit | StepRewardCritic | None:
+    """The PRM's credit when ``cfg`` asks for process supervision, else None: group-normalised
+    step advantages, or (credit = "gae") a critic initialised from the policy. A model PRM is
     loaded frozen in the policy's dtype and on its device."""
     if PER_TOKEN.get(cfg.algo.advantage) is not ProcessOptions:
         return None
     options = ProcessOptions(**cfg.algo.advantage_kwargs)
     weight = next(policy.parameters())
     prm = load_prm(options.prm, options.separator, weight.dtype, weight.device)
-    if fields_of is None:
-        return ProcessCredit(prm, options, tokenizer)
-    return ProcessCredit(prm, options, tokenizer, fields_of)
+    if options.credit == "group":
+        return ProcessCredit(prm, options, tokenizer, fields_of)
+    from rlvr.algos.registry import options as checked
+
+    gae = checked("algo.advantage_kwargs.gae", GaeOptions, options.gae)
+    return StepRewardCritic(new_critic(cfg, policy, optimizer_steps, gae), StepScorer(prm, options, tokenizer, fields_of))
 
 
 class ProcessSupervision(Method):
-    def __init__(self, credit: ProcessCredit) -> None:
+    def __init__(self, credit: ProcessCredit | StepRewardCritic) -> None:
         self.credit = credit
+        if isinstance(credit, StepRewardCritic):  # the critic's weights and optimizer are part of every checkpoint
+            self.state_key, self.state_required = "critic", True
 
     def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
         return dataclasses.replace(plan, extras=dataclasses.replace(plan.extras, credit=self.credit))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.credit.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.credit.load_state_dict(state)
 
 
 def build(run: Run, info: SetupInfo) -> Method | None:
@@ -130,5 +183,5 @@ def build(run: Run, info: SetupInfo) -> Method | None:
         example = by_id.get(group.metadata.get("id"))  # type: ignore[arg-type]
         return dict(example.fields) if example is not None else {"answer": group.metadata.get("answer")}
 
-    credit = process_credit(run.cfg, run.learner.model, run.tokenizer, fields_of)
+    credit = process_credit(run.cfg, run.learner.model, run.tokenizer, info.optimizer_steps, fields_of)
     return None if credit is None else ProcessSupervision(credit)
