@@ -706,3 +706,32 @@ def test_opsm_drops_the_negative_samples_that_drifted_from_the_sampler() -> None
     kept_all = recorded_grads(groups, UpdateSettings(micro_batch_size=2, offpolicy="opsm",
                                                      offpolicy_kwargs={"delta": 100.0}))
     assert_grads_close(kept_all, reference_grads(groups, lambda a, entropy_T: torch.ones_like(entropy_T)))
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 8])
+def test_before_the_first_optimizer_step_the_ratio_is_exactly_one(monkeypatch: pytest.MonkeyPatch,
+                                                                    micro_batch_size: int) -> None:
+    """With several mini-batches the old log-probs are scored before the update, in a pass whose
+    micro-batching may round differently from the training pass's. The first mini-batch must still
+    see log r = 0 exactly (the policy has not moved), or a loss with a kink at r = 1 (KL-Cov's
+    |log r|) takes its gradient's sign from rounding; later mini-batches see the scored ones."""
+    seen: list[torch.Tensor] = []
+    ppo = LOSSES["ppo_clip"]
+
+    def recording(logprobs_BT: torch.Tensor, old_BT: torch.Tensor, adv_BT: torch.Tensor, mask_BT: torch.Tensor,
+                  **kw: object) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        seen.append((logprobs_BT.detach() - old_BT)[mask_BT.bool()])
+        return ppo(logprobs_BT, old_BT, adv_BT, mask_BT, **kw)
+
+    monkeypatch.setitem(LOSSES, "ppo_clip", recording)
+    recorder = SGDRecorder(exact_model(), lr=1.0)
+    steps: list[int] = []  # how many forward passes the loss had seen at each optimizer step
+    step = recorder.step
+    monkeypatch.setattr(recorder, "step", lambda: (steps.append(len(seen)), step())[1])
+    # scoring runs 16-row micro-batches, training `micro_batch_size` rows: different roundings
+    settings = UpdateSettings(loss="ppo_clip", micro_batch_size=micro_batch_size, mini_batches=2)
+    update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
+                  generator=torch.Generator().manual_seed(0))
+    assert len(steps) == 2 and 0 < steps[0] < len(seen)
+    assert all(bool((d == 0).all()) for d in seen[: steps[0]])
+    assert any(bool((d != 0).any()) for d in seen[steps[0]:])  # the SGD step moved the policy

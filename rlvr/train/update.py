@@ -128,7 +128,7 @@ def update_policy(
     # (GRPO groups whose rewards are all equal are common: 30-90% of groups late in a run.)
     needs_all = kl_in_loss or s.entropy_coef != 0 or credit is not None
     trained = {i for i in kept if needs_all or bool(batch.advantages[i].any())}
-    batch.old = _old_logprobs(model, groups, batch, owner, trained, s, pad_token_id)
+    batch.old, batch.scored = _old_logprobs(model, groups, batch, owner, trained, s, pad_token_id)
     if kl_in_loss and batch.ref is None:
         batch.ref = score_logprobs(ref_model, samples, s, pad_token_id, trained)  # type: ignore[arg-type]
     elif not kl_in_loss:
@@ -161,8 +161,9 @@ def _result(metrics: dict[str, float], groups: list[Group], advantages: list[tor
 
 
 def _old_logprobs(model: PreTrainedModel, groups: list[Group], batch: _Batch, owner: list[int], trained: set[int],
-                  s: UpdateSettings, pad_token_id: int) -> Sequence[torch.Tensor | None] | None:
-    """The "old" policy's log-probs of the PPO ratio, per trained row (None: the current policy's, detached).
+                  s: UpdateSettings, pad_token_id: int) -> tuple[Sequence[torch.Tensor | None] | None, set[int]]:
+    """The "old" policy's log-probs of the PPO ratio, per trained row (None: the current policy's,
+    detached), and the rows whose old log-probs are the current policy's scored before the update.
 
     With one optimizer step per rollout batch the policy has not moved yet, so the old log-probs
     equal the current ones and the extra forward pass is skipped. A replayed group (rollout
@@ -175,12 +176,13 @@ def _old_logprobs(model: PreTrainedModel, groups: list[Group], batch: _Batch, ow
     replayed_episodes = {i for i, (g, x) in enumerate((g, x) for g in groups for x in g.samples)
                          if g.replay_age is not None or g.staleness or x.off_policy}
     replayed = [u for u, i in enumerate(owner) if i in replayed_episodes]
+    scored = set() if old is None else {i for i in trained if i not in set(replayed)}
     if not replayed:
-        return old
+        return old, scored
     out: list[torch.Tensor | None] = list(old) if old is not None else [None] * len(samples)
     for i in replayed:
         out[i] = torch.tensor(samples[i].completion.logprobs, dtype=torch.float32)
-    return out
+    return out, scored
 
 
 def _optimise(
@@ -192,10 +194,17 @@ def _optimise(
     sums: dict[str, float] = defaultdict(float)
     grad_norms = []
     learner.model.train()
-    for _ in range(s.epochs):
+    for epoch in range(s.epochs):
         order = torch.randperm(len(samples), generator=generator).tolist()
         size = len(samples) // s.mini_batches
         for k in range(s.mini_batches):
+            # Before the first optimizer step the policy has not moved: a scored row's old log-probs
+            # are its current ones, taken detached from this very forward pass rather than from the
+            # scoring pass, whose micro-batching rounds differently. The ratio is then exactly 1,
+            # as with one optimizer step per rollout batch; a loss with a kink at 1 (KL-Cov's
+            # |log r|) would otherwise take its gradient's sign from that rounding.
+            old = batch.old if epoch or k or batch.old is None else \
+                [None if i in batch.scored else o for i, o in enumerate(batch.old)]
             mini = [i for i in order[k * size : (k + 1) * size] if i not in dropped]
             totals = {"total_tokens": float(sum(samples[i].completion.trainable() for i in mini)),
                       "total_seqs": float(len(mini))}
@@ -205,7 +214,7 @@ def _optimise(
             step_sums: dict[str, float] = defaultdict(float)
             # data-parallel learners each take their share of the micro-batches (rlvr.train.parallel)
             for micro in share(micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens, s.share_prompts)):
-                _accumulate(learner, credit, batch, micro, s, totals, pad_token_id, device, step_sums)
+                _accumulate(learner, credit, batch, old, micro, s, totals, pad_token_id, device, step_sums)
             if world()[0] == 0:
                 for term in terms:
                     term.add(learner, s, pad_token_id, device, step_sums)
@@ -277,8 +286,6 @@ def _summary(sums: dict[str, float], grad_norms: list[float], kl_in_loss: bool,
 
 
 @dataclass
-
-
 class _Batch:
     """Per-sample completion-token tensors of one update (None where not used)."""
 
@@ -290,12 +297,15 @@ class _Batch:
     loss_rows: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     """Per-token loss inputs the loop fills in (rlvr.algos.registry.LOOP_INPUTS), per sample."""
     loss_state: dict[str, float] = field(default_factory=dict)
+    scored: set[int] = field(default_factory=set)
+    """The rows whose `old` is the current policy's, scored before the update."""
 
 
 def _accumulate(
     learner: Learner,
     credit: Credit | None,
     b: _Batch,
+    old: Sequence[torch.Tensor | None] | None,
     micro: list[int],
     s: UpdateSettings,
     totals: dict[str, float],
@@ -308,7 +318,7 @@ def _accumulate(
     # per-token values sit on every completion token; the loss and its metrics see the trained ones
     mask_BT, where_BT = batch["loss_mask"], batch["completion_mask"]
     logprobs_BT, entropy_BT = sample_logprobs(learner.model, [b.samples[i] for i in micro], batch, s, pad_token_id)
-    old_BT = logprobs_BT.detach() if b.old is None else old_rows(b.old, micro, logprobs_BT.detach(), where_BT)
+    old_BT = logprobs_BT.detach() if old is None else old_rows(old, micro, logprobs_BT.detach(), where_BT)
     adv_BT = token_rows(b.advantages, micro, where_BT)
     inputs: dict[str, Any] = {name: token_rows(rows, micro, where_BT) for name, rows in b.loss_rows.items()}
     if keeps_state(LOSSES[s.loss]):
