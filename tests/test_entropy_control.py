@@ -43,11 +43,19 @@ def test_clip_cov_cuts_the_gradient_of_the_high_covariance_token_only() -> None:
 
 
 def test_clip_cov_leaves_tokens_ppo_already_clipped_and_chooses_ratio_n_of_the_rest() -> None:
-    # token 0's ratio is e^0.5 > 1.2 with A > 0: PPO's clip holds it, so it is no candidate
+    # token 0's ratio is e^0.5 > 1.2 with A > 0: a clip of 0.2 holds it, so it is no candidate
     old = t([[-0.6, -2.0, -1.0, -1.0, 0.0]])
-    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK))
+    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK), clip_low=0.2, clip_high=0.2)
     torch.testing.assert_close(loss, t([[-2.0 * 1.2, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
     assert float(metrics["cov_clipped_fraction"]) == 0.0 and float(metrics["clip_fraction"]) == 0.25
+    # the authors' recipe clips the ratio to [0, 2] (clip_low = clip_high = 1): e^0.5 is inside,
+    # so token 0 (covariance 1.503 as above, ratio aside) is the one candidate and is cut
+    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK))
+    torch.testing.assert_close(loss, t([[0.0, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
+    assert float(metrics["clip_fraction"]) == 0.0 and float(metrics["cov_clipped_fraction"]) == 0.25
+    old = t([[-1.2, -2.0, -1.0, -1.0, 0.0]])  # ratio e^1.1 > 2: clipped even there
+    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK))
+    torch.testing.assert_close(loss, t([[-2.0 * 2.0, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
     # 40 rows like the first: 40 candidates, clip_ratio 0.05 of 160 tokens chooses 8
     rows = 40
     torch.manual_seed(0)

@@ -3,8 +3,9 @@ entropy (Clip-Cov, KL-Cov), and the selection of the high-entropy "forking" toke
 the policy gradient.
 
 Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
-arXiv:2505.22617: under policy gradient, a token's contribution to the change of the policy's
-entropy is minus the covariance between its log-probability and its advantage. A confident
+arXiv:2505.22617: under (natural) policy gradient, the change of the policy's entropy is
+minus the covariance between the tokens' log-probabilities and their advantages (for a plain
+softmax policy gradient, with the advantage weighted by the token's probability). A confident
 token with a high advantage lowers the entropy, so limiting the update of the few tokens with the
 largest covariance keeps the entropy, and the exploration, from collapsing early in training.
 
@@ -63,8 +64,8 @@ def clip_cov_loss(
     clip_ratio: float = 2e-4,
     cov_low: float = 1.0,
     cov_high: float = 5.0,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
+    clip_low: float = 1.0,
+    clip_high: float = 1.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clip-Cov: PPO's clipped loss, with the gradient of a few high-covariance tokens cut.
 
@@ -77,9 +78,12 @@ def clip_cov_loss(
     generator, which rlvr seeds from the run's seed and keeps in every checkpoint. The means and
     N are over the tokens the loss sees in one forward pass (a micro-batch; groups whose
     advantages are all zero are not run, see rlvr.train.update), as in verl. Defaults are the
-    authors' recipes (and verl 0.9.1's): clip_ratio 2e-4, bounds 1 and 5, a symmetric clip of
-    0.2. Checked against verl's ``compute_policy_loss_clip_cov``, which says it is adapted from
-    the authors' code (docs/algorithms.md).
+    authors' Clip-Cov recipes (recipe/dapo/7b_clip_cov.sh and 32b_clip_cov.sh in their
+    repository, PRIME-RL/Entropy-Mechanism-of-RL): clip_ratio 2e-4, bounds 1 and 5, and PPO's
+    clip opened to clip_low = clip_high = 1 (the ratio clamped to [0, 2], so that the covariance
+    cut, not the clip, is the trust region). verl 0.9.1's ``compute_policy_loss_clip_cov`` has
+    the same formula and takes the actor's clip (0.2 by default there); it is the numeric check
+    (docs/algorithms.md), run with a clip of 0.2 so that the clip's exclusion is exercised.
 
     Metrics: ``cov_clipped_fraction`` (trained tokens chosen), ``clip_fraction`` (PPO's clip
     active), ``ratio_mean``.
@@ -88,8 +92,8 @@ def clip_cov_loss(
         raise ValueError(f"clip_ratio must be in (0, 1], got {clip_ratio}")
     if cov_low >= cov_high:
         raise ValueError(f"cov_low must be below cov_high, got {cov_low}, {cov_high}")
-    if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
-        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    if not 0.0 <= clip_low <= 1.0 or clip_high < 0.0:
+        raise ValueError(f"need 0 <= clip_low <= 1 and clip_high >= 0, got {clip_low}, {clip_high}")
     mask_BT, _, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     ratio_BT = torch.exp(log_ratio_BT)
     loss_BT = -advantages_BT * ratio_BT
