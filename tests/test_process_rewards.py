@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForTokenClassification
 
-from rlvr.algos.process import ProcessOptions, process_advantages, split_steps, step_end_tokens
+from rlvr.algos.process import ProcessOptions, process_advantages, split_steps, step_end_tokens, step_text
 from rlvr.config import ConfigError, load_config
 from rlvr.rewards.process import ClassifierPRM, FunctionPRM, load_prm
 from rlvr.train.methods.process import ProcessCredit
@@ -29,6 +29,12 @@ def test_steps_are_split_on_the_delimiter_keeping_it_with_the_step_it_closes() -
     assert split_steps("one step") == [(0, 8)]
     assert [("x\n\n")[a:b] for a, b in split_steps("x\n\n")] == ["x\n\n"]
     assert split_steps("") == []
+    text = "\n\nfirst\n\nsecond"  # a leading delimiter joins the first step
+    assert [text[a:b] for a, b in split_steps(text)] == ["\n\nfirst\n\n", "second"]
+    assert split_steps("  ") == [(0, 2)]
+    # what a PRM reads: bare steps, as TRL's PRM data has them (the PRM adds its separator)
+    assert [step_text(text, span) for span in split_steps(text)] == ["first", "second"]
+    assert [step_text(t, span, "Next:") for t in ["a Next: b Next:"] for span in split_steps(t, "Next:")] == ["a", "b"]
     assert [t[a:b] for t in ["1. a\n2. b"] for a, b in split_steps(t, "\n")] == ["1. a\n", "2. b"]
     with pytest.raises(ValueError, match="empty"):
         split_steps("x", "")
@@ -130,6 +136,23 @@ def test_the_credit_gives_each_token_its_steps_normalised_scores() -> None:
     only = credit.advantages([group], list(group.samples), {1}, torch.tensor([[1.0, 0.0]]), None, UpdateSettings(), 0)
     torch.testing.assert_close(only[1], process_advantages([[0.0, 1.0, 1.0]], [[2, 5, 7]], [8])[0])
     assert float(only[0].abs().sum()) == 0
+
+
+def test_the_prm_reads_bare_steps() -> None:
+    """A classifier PRM trained on TRL's layout saw each step followed by its separator only: the
+    delimiter that ended the step in the completion is not passed on."""
+    tok = make_tiny_tokenizer()
+    seen: list[list[str]] = []
+
+    class Recording:
+        def score(self, prompts: Any, steps: Any, examples: Any) -> list[list[float]]:
+            seen.extend(steps)
+            return [[1.0] * len(s) for s in steps]
+
+    group = Group("p", (Sample((1,), completion(tok, "1 + 1 = 2\n\nso 2\n\n"), 1.0, {"r": 1.0}, 0),))
+    ProcessCredit(Recording(), ProcessOptions(prm="unused"), tok).advantages(  # type: ignore[arg-type]
+        [group], list(group.samples), {0}, torch.tensor([[1.0]]), None, UpdateSettings(), 0)
+    assert seen == [["1 + 1 = 2", "so 2"]]
 
 
 def test_process_needs_its_prm(tiny_dir: Path, tmp_path: Path) -> None:

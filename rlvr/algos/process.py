@@ -17,8 +17,9 @@ from torch import Tensor
 def split_steps(text: str, delimiter: str = "\n\n") -> list[tuple[int, int]]:
     """The character spans [start, end) of the reasoning steps of ``text``: the pieces between
     occurrences of ``delimiter``, each ending with the delimiter that closes it (the last one ends
-    with the text). Pieces of whitespace only join the step before them, so a blank line or a
-    trailing delimiter is not a step of its own. Text without the delimiter is one step."""
+    with the text). Pieces of whitespace only join the step before them (or, at the start, the
+    step after them), so a blank line or a leading or trailing delimiter is not a step of its own.
+    Text without the delimiter is one step."""
     if not delimiter:
         raise ValueError("the step delimiter must not be empty")
     spans: list[tuple[int, int]] = []
@@ -26,12 +27,24 @@ def split_steps(text: str, delimiter: str = "\n\n") -> list[tuple[int, int]]:
     while start < len(text):
         found = text.find(delimiter, start)
         end = len(text) if found < 0 else found + len(delimiter)
-        if spans and not text[start:end].strip():
-            spans[-1] = (spans[-1][0], end)
+        if not text[start:end].strip():
+            if spans:
+                spans[-1] = (spans[-1][0], end)
         else:
-            spans.append((start, end))
+            spans.append((start if spans else 0, end))
         start = end
+    if not spans and text:  # whitespace only: one step
+        spans.append((0, len(text)))
     return spans
+
+
+def step_text(text: str, span: tuple[int, int], delimiter: str = "\n\n") -> str:
+    """A step as a PRM reads it: its span's text without the delimiters that close it and without
+    surrounding whitespace (TRL's PRM data holds bare steps; the separator is added by the PRM)."""
+    piece = text[span[0] : span[1]].strip()
+    while delimiter.strip() and piece.endswith(delimiter.strip()):
+        piece = piece[: -len(delimiter.strip())].rstrip()
+    return piece
 
 
 def step_end_tokens(tokenizer: Any, token_ids: Sequence[int], spans: list[tuple[int, int]]) -> list[int]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.algos.process import ProcessOptions, process_advantages, split_steps, step_end_tokens
+from rlvr.algos.process import ProcessOptions, process_advantages, split_steps, step_end_tokens, step_text
 from rlvr.rewards.process import PRM, load_prm
 from rlvr.train.advantages import outcome_advantages
 from rlvr.train.critic import PER_TOKEN, GaeOptions
@@ -56,7 +56,7 @@ class StepScorer:
             for x in g.samples:
                 spans = split_steps(x.completion.text, self.options.delimiter) or [(0, 0)]  # empty: one empty step
                 prompts.append(g.prompt)
-                steps.append([x.completion.text[a:b] for a, b in spans])
+                steps.append([step_text(x.completion.text, span, self.options.delimiter) for span in spans])
                 examples.append(fields)
                 ends.append(step_end_tokens(self.tokenizer, x.completion.token_ids, spans)
                             if x.completion.token_ids else [])
