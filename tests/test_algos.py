@@ -472,3 +472,34 @@ def test_smooth_losses_are_zero_for_equal_rewards_and_ignore_masked_junk(name: s
     loss_BT, _ = LOSSES[name](new, old, torch.ones(2, 2, dtype=torch.float64), mask)
     (grad,) = torch.autograd.grad(loss_BT.sum(), new)
     assert torch.isfinite(loss_BT).all() and loss_BT[0, 1] == 0 and grad[0, 1] == 0
+
+
+def test_sapo_and_gmpo_aggregate_per_sequence_unless_told_otherwise() -> None:
+    """Their papers (and verl) average a per-sequence objective over sequences; a token mean would
+    weight GMPO's rows, whose every token repeats the row's loss, by their length."""
+    from rlvr.config import load_config
+    from rlvr.train.settings import settings_from_config
+
+    def aggregation(*extra: str) -> str:
+        return settings_from_config(load_config(None, list(extra)), []).aggregation
+
+    assert aggregation() == "token-mean"
+    assert aggregation('algo.loss="gmpo"') == aggregation('algo.loss="sapo"') == "seq-mean-token-mean"
+    assert aggregation('algo.loss="gmpo"', 'algo.aggregation="token-mean"') == "token-mean"
+    assert aggregation('algo.aggregation="seq-mean-token-sum"') == "seq-mean-token-sum"
+
+
+ROW_WISE = [['algo.loss="gmpo"'], ['algo.offpolicy="opsm"', "algo.offpolicy_kwargs={delta = 0.5}"]]
+PER_TOKEN = [['algo.advantage="gae"'], ['algo.credit="turn"'],
+             ['algo.advantage="process"', 'algo.advantage_kwargs={prm = "arithmetic_steps"}']]
+
+
+@pytest.mark.parametrize("row_wise", ROW_WISE)
+@pytest.mark.parametrize("per_token", PER_TOKEN)
+def test_row_advantage_losses_refuse_per_token_credit(row_wise: list[str], per_token: list[str]) -> None:
+    """GMPO and OPSM read one advantage per row (its token mean): per-token credit would be lost."""
+    from rlvr.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="takes one advantage per row"):
+        load_config(None, [*row_wise, *per_token])
+    load_config(None, row_wise)  # each is fine alone

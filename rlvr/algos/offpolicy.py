@@ -138,3 +138,7 @@ CORRECTIONS: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "geo_mask": geometric_mask,
     "opsm": offpolicy_sequence_mask,
 }
+
+ROW_ADVANTAGE: frozenset[str] = frozenset({"opsm"})
+"""Corrections that read one advantage per row (its token mean): a config refuses them with
+per-token credit (a critic, a teacher, a PRM, turn credit), whose tokens' signs can differ."""

@@ -155,8 +155,8 @@ class AlgoConfig(_Section):
     """Multi-turn episodes: "episode" gives every token the episode's advantage; "turn" gives each turn's tokens the group-relative advantage of its return-to-go from the environment's turn rewards (rlvr.algos.turn_advantages; with advantage = "grpo")."""
     turn_gamma: float = Field(1.0, ge=0, le=1)
     """Discount of later turns' rewards in the return-to-go of credit = "turn"."""
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
-    """How per-token losses become one number; "seq-mean-token-sum" sums each sequence's tokens and averages over sequences (verl's mode); "seq-mean-token-sum-norm" divides that by max_new_tokens (Dr.GRPO)."""
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] | None = None
+    """How per-token losses become one number (unset: the loss's paper's, rlvr.algos.losses.LOSS_AGGREGATION: "seq-mean-token-mean" for sapo and gmpo, else "token-mean"); "seq-mean-token-sum" sums each sequence's tokens and averages over sequences (verl's mode); "seq-mean-token-sum-norm" divides that by max_new_tokens (Dr.GRPO)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL penalty to a frozen copy of the initial model (0 = no reference model)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -209,6 +209,15 @@ class AlgoConfig(_Section):
             raise ValueError("algo.divergence_kwargs are the knobs of DPH-RL's divergence: set algo.divergence")
         if self.divergence != "none":
             self.divergence_options()
+        from rlvr.algos import losses, offpolicy
+
+        row_wise = [f"{kind} = {name!r}" for kind, name, names in [("algo.loss", self.loss, losses.ROW_ADVANTAGE),
+                    ("algo.offpolicy", self.offpolicy, offpolicy.ROW_ADVANTAGE)] if name in names]
+        per_token = (f"advantage = {self.advantage!r}" if self.advantage in PER_TOKEN
+                     else "credit = \"turn\"" if self.credit == "turn" else None)
+        if row_wise and per_token:
+            raise ValueError(f"{row_wise[0]} takes one advantage per row (the mean of its tokens'), and {per_token} "
+                             "gives each token its own: use an outcome estimator, or another loss or correction")
         if self.credit == "turn" and (self.advantage != "grpo" or self.shaping or self.kl_placement == "reward"
                                       and self.kl_coef > 0):
             raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn rewards: "
