@@ -19,6 +19,7 @@ from math_verify import parse, verify
 from rlvr.rewards.code import unit_tests_group_reward
 from rlvr.rewards.extract import extract_answer
 from rlvr.rewards.judges import llm_judge_reward, local_judge_reward, reward_model_reward
+from rlvr.rewards.visual import exact_answer_reward, iou_reward, multiple_choice_reward
 
 _Scorer = Callable[[str | None, dict[str, Any]], float]
 _SCORERS: dict[tuple[str, str], _Scorer] = {}
@@ -156,4 +157,7 @@ REWARDS: dict[str, Callable[..., Any]] = {
     "reward_model": reward_model_reward,
     "llm_judge": llm_judge_reward,
     "local_judge": local_judge_reward,
+    "iou": iou_reward,
+    "multiple_choice": multiple_choice_reward,
+    "exact_answer": exact_answer_reward,
 }
