@@ -99,10 +99,10 @@ def locate_task(rng: random.Random, params: dict[str, Any]) -> tuple[Image.Image
     for box in boxes[1:]:
         colour, kind = rng.choice(others)
         draw_shape(draw, kind, box, COLOURS[colour])
-    box = list(boxes[0])
+    target_box = list(boxes[0])
     question = (f"Give the bounding box of the {target[0]} {target[1]} in the {width}x{height} image, "
                 "in pixels, as [x1, y1, x2, y2].")
-    return image, question, str(box), {"box": box, "image_size": [width, height], "target": " ".join(target)}
+    return image, question, str(target_box), {"box": target_box, "image_size": [width, height], "target": " ".join(target)}
 
 
 def compare_task(rng: random.Random, params: dict[str, Any]) -> tuple[Image.Image, str, str, dict[str, Any]]:
@@ -140,7 +140,7 @@ def digits_task(rng: random.Random, params: dict[str, Any]) -> tuple[Image.Image
     length = rng.randint(int(params.get("min_length", 2)), int(params.get("max_length", 4)))
     text = str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(length - 1))
     font = _font(int(params.get("font_size", 24)))
-    x1, y1, x2, y2 = draw.textbbox((0, 0), text, font=font)
+    x1, y1, x2, y2 = (int(v) for v in draw.textbbox((0, 0), text, font=font))
     if x2 - x1 > width or y2 - y1 > height:
         raise ValueError(f"{length} digits at font size {params.get('font_size', 24)} do not fit a {width}x{height} image")
     x = rng.randint(0, width - (x2 - x1)) - x1
