@@ -6,6 +6,8 @@ them in fixtures.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -68,3 +70,44 @@ def make_tiny_model(
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return model.to(dtype).eval()
+
+
+IMAGE = "<image>"
+IMAGE_SIDE, PATCH = 32, 8
+"""The tiny VLM's image side and patch: (32 / 8)² = 16 image tokens per image."""
+
+CHATML_IMAGE_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tiny_vlm(seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """A random Llava (a 1-layer SigLIP on 32 × 32 images, patch 8, and the tiny Llama above with
+    an `<image>` token, id 259) and its processor, built in code: (model, processor).
+
+    The processor is a LlavaProcessor over SigLIP's PIL image processor (torchvision is not
+    installed) with the tiny tokenizer and a ChatML template that writes `<image>` for an image
+    part; it expands each to 16 image tokens."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor, SiglipVisionConfig
+    from transformers.models.siglip import SiglipImageProcessorPil
+
+    tokenizer = make_tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE]})  # type: ignore[dict-item]
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=IMAGE_SIDE, patch_size=PATCH)
+    text = make_tiny_model(vocab_size=len(tokenizer), seed=seed).config
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=tokenizer.convert_tokens_to_ids(IMAGE),
+                         vision_feature_layer=-1, vision_feature_select_strategy="full", projector_hidden_act="gelu",
+                         tie_word_embeddings=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config)
+    processor = LlavaProcessor(image_processor=SiglipImageProcessorPil(size={"height": IMAGE_SIDE, "width": IMAGE_SIDE}),
+                               tokenizer=tokenizer, patch_size=PATCH, vision_feature_select_strategy="full",
+                               chat_template=CHATML_IMAGE_TEMPLATE, image_token=IMAGE)
+    return model.to(dtype).eval(), processor

@@ -1,0 +1,63 @@
+"""Images in prompts (rlvr.data.images): reading a row's image, and rendering a prompt with images
+through a VLM's processor, checked on a tiny Llava built in code (tests.tiny.make_tiny_vlm)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from rlvr.data.images import image_token_ids, load_image, render_with_images
+from rlvr.data.visual import visual_examples
+from tests.tiny import IMAGE, IMAGE_SIDE, PATCH, make_tiny_vlm
+
+TOKENS_PER_IMAGE = (IMAGE_SIDE // PATCH) ** 2
+
+
+def test_images_load_from_what_rows_hold(tmp_path: Path) -> None:
+    picture = Image.new("RGBA", (5, 4), (10, 20, 30, 255))
+    data = io.BytesIO()
+    picture.save(data, format="PNG")
+    (tmp_path / "a.png").write_bytes(data.getvalue())
+    for value in [picture, data.getvalue(), str(tmp_path / "a.png"), tmp_path / "a.png",
+                  {"bytes": data.getvalue(), "path": None}, {"bytes": None, "path": str(tmp_path / "a.png")}]:
+        image = load_image(value, "rows.jsonl:3")
+        assert image.mode == "RGB" and image.size == (5, 4) and image.getpixel((0, 0)) == (10, 20, 30)
+    with pytest.raises(ValueError, match="rows.jsonl:3: image file not found"):
+        load_image(str(tmp_path / "missing.png"), "rows.jsonl:3")
+    with pytest.raises(ValueError, match="rows.jsonl:3: cannot read the image"):
+        load_image(b"not an image", "rows.jsonl:3")
+    with pytest.raises(ValueError, match="must be a file path, bytes or a PIL image, got int"):
+        load_image(7, "rows.jsonl:3")
+
+
+def test_a_prompt_with_images_renders_to_image_tokens_and_pixels() -> None:
+    model, processor = make_tiny_vlm()
+    tokenizer = processor.tokenizer
+    image = visual_examples("count", size=1)[0].fields["images"][0]
+    ids, media = render_with_images(processor, "How many?", [image, image], system_prompt="Be brief.")
+    image_id = tokenizer.convert_tokens_to_ids(IMAGE)
+    assert image_token_ids(processor) == {image_id}
+    assert ids.count(image_id) == 2 * TOKENS_PER_IMAGE
+    # the text around the images is the chat template's, tokenized as the text-only path does
+    text = tokenizer.decode([i for i in ids if i != image_id])
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"
+    assert set(media) == {"pixel_values"} and tuple(media["pixel_values"].shape) == (2, 3, IMAGE_SIDE, IMAGE_SIDE)
+    with pytest.raises(ValueError, match="no images"):
+        render_with_images(processor, "How many?", [])
+
+
+def test_the_pixels_reach_the_model() -> None:
+    """The rendered ids and pixel inputs are what the model's forward takes, and its next-token
+    distribution depends on the image (a wrong placement would leave it unchanged or fail)."""
+    model, processor = make_tiny_vlm()
+    a, b = (ex.fields["images"][0] for ex in visual_examples("locate", size=2, seed=0))
+    logits = []
+    for image in (a, b, a):
+        ids, media = render_with_images(processor, "Where?", [image])
+        logits.append(model(input_ids=torch.tensor([ids]), **media).logits[0, -1])
+    torch.testing.assert_close(logits[0], logits[2])
+    assert (logits[0] - logits[1]).abs().max() > 1e-3
