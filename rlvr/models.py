@@ -277,10 +277,28 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def is_vision_language(spec: str) -> bool:
+    """Whether ``spec`` names an image-text-to-text model: its config has a vision part."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(spec))
+    except OSError as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise _not_loadable(spec, err) from err
+    return getattr(config, "vision_config", None) is not None
+
+
 def load_model(spec: str, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu") -> PreTrainedModel:
-    """A causal LM in `dtype` ("auto" = bfloat16 where the device supports it natively, else float32)."""
+    """A causal LM in `dtype` ("auto" = bfloat16 where the device supports it natively, else float32).
+    A vision-language model is refused here rather than loaded without its vision part (some
+    load as causal LMs): `load_vlm` loads those."""
     if isinstance(dtype, str):
         dtype = resolve_dtype(dtype, device)
+    if is_vision_language(spec):
+        raise ValueError(f"{spec!r} is a vision-language model: rlvr's training loop does not take images yet "
+                         "(docs/vlm.md says what exists); loading it as a text-only model would drop its vision part")
     try:
         model = AutoModelForCausalLM.from_pretrained(resolve_model_path(spec), dtype=dtype)
     except OSError as err:
@@ -288,6 +306,30 @@ def load_model(spec: str, dtype: torch.dtype | str = "auto", device: torch.devic
             raise
         raise _not_loadable(spec, err) from err
     return model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is narrower
+
+
+def load_vlm(spec: str, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu") -> tuple[PreTrainedModel, Any]:
+    """An image-text-to-text model (`AutoModelForImageTextToText`: Qwen2.5-VL, SmolVLM, Gemma 3,
+    Llava, ...) in `dtype`, and its processor (`AutoProcessor`): (model, processor)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    if isinstance(dtype, str):
+        dtype = resolve_dtype(dtype, device)
+    if not is_vision_language(spec):
+        raise ValueError(f"{spec!r} is not a vision-language model (its config has no vision part): use load_model")
+    path = resolve_model_path(spec)
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
+        processor = AutoProcessor.from_pretrained(path)
+    except OSError as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise _not_loadable(spec, err) from err
+    if getattr(processor, "tokenizer", None) is None or getattr(processor, "image_processor", None) is None:
+        raise ValueError(f"{spec!r}: its processor has no tokenizer or no image processor ({type(processor).__name__})")
+    if processor.tokenizer.pad_token_id is None:
+        processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    return model.to(torch.device(device)), processor  # type: ignore[arg-type]
 
 
 def eos_token_ids(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, *,

@@ -61,3 +61,20 @@ def test_the_pixels_reach_the_model() -> None:
         logits.append(model(input_ids=torch.tensor([ids]), **media).logits[0, -1])
     torch.testing.assert_close(logits[0], logits[2])
     assert (logits[0] - logits[1]).abs().max() > 1e-3
+
+
+def test_a_vlm_loads_with_its_processor_and_is_refused_as_a_text_model(tmp_path: Path, tiny_dir: Path) -> None:
+    from rlvr.models import is_vision_language, load_model, load_vlm
+
+    model, processor = make_tiny_vlm()
+    model.save_pretrained(tmp_path / "vlm")
+    processor.save_pretrained(tmp_path / "vlm")
+    assert is_vision_language(str(tmp_path / "vlm")) and not is_vision_language(str(tiny_dir))
+    loaded, loaded_processor = load_vlm(str(tmp_path / "vlm"), "fp32")
+    ids, media = render_with_images(loaded_processor, "Where?", [Image.new("RGB", (9, 7), (200, 0, 0))])
+    torch.testing.assert_close(loaded(input_ids=torch.tensor([ids]), **media).logits,
+                               model(input_ids=torch.tensor([ids]), **media).logits)
+    with pytest.raises(ValueError, match="is a vision-language model: rlvr's training loop does not take images yet"):
+        load_model(str(tmp_path / "vlm"), "fp32")
+    with pytest.raises(ValueError, match="is not a vision-language model"):
+        load_vlm(str(tiny_dir), "fp32")
