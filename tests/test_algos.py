@@ -484,12 +484,13 @@ def test_sapo_and_gmpo_aggregate_per_sequence_unless_told_otherwise() -> None:
         return settings_from_config(load_config(None, list(extra)), []).aggregation
 
     assert aggregation() == "token-mean"
-    assert aggregation('algo.loss="gmpo"') == aggregation('algo.loss="sapo"') == "seq-mean-token-mean"
+    assert aggregation('algo.loss="gmpo"') == aggregation('algo.loss="sapo"') == aggregation('algo.loss="gspo"') \
+        == "seq-mean-token-mean"
     assert aggregation('algo.loss="gmpo"', 'algo.aggregation="token-mean"') == "token-mean"
     assert aggregation('algo.aggregation="seq-mean-token-sum"') == "seq-mean-token-sum"
 
 
-ROW_WISE = [['algo.loss="gmpo"'], ['algo.offpolicy="opsm"', "algo.offpolicy_kwargs={delta = 0.5}"]]
+ROW_WISE = [['algo.loss="gmpo"'], ['algo.loss="gspo"'], ['algo.offpolicy="opsm"', "algo.offpolicy_kwargs={delta = 0.5}"]]
 PER_TOKEN = [['algo.advantage="gae"'], ['algo.credit="turn"'],
              ['algo.advantage="process"', 'algo.advantage_kwargs={prm = "arithmetic_steps"}']]
 
@@ -497,7 +498,7 @@ PER_TOKEN = [['algo.advantage="gae"'], ['algo.credit="turn"'],
 @pytest.mark.parametrize("row_wise", ROW_WISE)
 @pytest.mark.parametrize("per_token", PER_TOKEN)
 def test_row_advantage_losses_refuse_per_token_credit(row_wise: list[str], per_token: list[str]) -> None:
-    """GMPO and OPSM read one advantage per row (its token mean): per-token credit would be lost."""
+    """GMPO, GSPO and OPSM read one advantage per row: per-token credit would be lost."""
     from rlvr.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="takes one advantage per row"):

@@ -63,7 +63,10 @@ def test_count_answers_are_the_regions_of_that_colour() -> None:
         assert colour in ex.prompt
         assert regions(colour_mask(ex.fields["images"][0], colour)) == int(ex.answer)  # type: ignore[arg-type]
         answers.append(int(ex.answer))  # type: ignore[arg-type]
-    assert 0 in answers and max(answers) >= 2  # not a constant a policy could learn blind
+    assert 0 in answers and max(answers) >= 2
+    # no answer a policy could give blind scores much (the commonest about a third), "0" the fewest
+    many = [ex.answer for ex in visual_examples("count", size=400, seed=5)]
+    assert max(many.count(a) for a in set(many)) / len(many) < 0.4 and many.count("0") / len(many) < 0.15
 
 
 def test_locate_boxes_are_the_extent_of_the_target() -> None:
@@ -130,6 +133,11 @@ def test_iou_reward_scores_one_box_and_refuses_hedges() -> None:
     assert iou_reward("", "I cannot see it", **gold) == 0.0
     assert iou_reward("", "<answer>[0, 0, 100, 100]</answer>", **gold) == pytest.approx(0.01)  # the whole image
     assert iou_reward("", "[10, 10, 20, 20]", answer="[10, 10, 20, 20]") == 1.0  # the reference in the answer
+    assert iou_reward("", "[10, 10, 20, 20]", box=[20, 20, 10, 10]) == 1.0  # a reference's corners put in order
+    # a reference in [0, 1] is compared as it is, whatever `coordinates` says
+    assert iou_reward("", "[0.1, 0.1, 0.2, 0.2]", box=[0.1, 0.1, 0.2, 0.2], coordinates="normalized") == 1.0
+    with pytest.raises(ValueError, match="threshold must be in"):
+        iou_reward("", "[10, 10, 20, 20]", **gold, threshold=0.0)
     with pytest.raises(ValueError, match="needs the reference box"):
         iou_reward("", "[1, 2, 3, 4]", answer="unknown")
 
@@ -140,7 +148,10 @@ def test_multiple_choice_reads_one_letter_and_refuses_hedges() -> None:
              "<answer>(B) the green one</answer>": "B", "<answer>the green one</answer>": "B",
              "answer is A. No wait, the answer is B": "B", "Answer: A": "A",
              "<answer>A or B</answer>": None, "A or B": None, "<answer>(A) the green one</answer>": None,
-             "The answer is a red one": None, "<answer>C</answer>": None, "": None}
+             "The answer is a red one": None, "<answer>C</answer>": None, "": None,
+             "The answer is A, because option B is smaller.": "A", "The answer is A or B": None,
+             "Answer: A/B": None, "answer: A, B, C, D or E": None, "The answer I pick is B": "B",
+             "Final Answer: **B**": "B", "The answer is A, a red one": "A"}
     for text, letter in chose.items():
         assert chosen_letter(text, options) == letter, text
         assert multiple_choice_reward("", text, answer="B", choices=options) == float(letter == "B")
@@ -148,6 +159,16 @@ def test_multiple_choice_reads_one_letter_and_refuses_hedges() -> None:
     assert multiple_choice_reward("", "B", answer="B", choices=["x", "y"]) == 1.0
     with pytest.raises(ValueError, match="not one of the options"):
         multiple_choice_reward("", "A", answer="Z", choices=options)
+
+
+def test_exact_answers_compare_numbers_without_their_commas() -> None:
+    from rlvr.rewards.visual import exact_answer_reward
+
+    for text in ["<answer>1,234</answer>", "it is 1,234", "<answer> 1234 </answer>"]:
+        assert exact_answer_reward("", text, answer="1234") == 1.0, text
+    assert exact_answer_reward("", "<answer>12,34</answer>", answer="1234") == 0.0  # not a thousands comma
+    assert exact_answer_reward("", "maybe 1234 or 1235", answer="1234") == 0.0  # the last number answers
+    assert exact_answer_reward("", "<answer>0407</answer>", answer="407") == 0.0  # a digit string is text
 
 
 def test_the_visual_rewards_are_built_in_and_score_their_families() -> None:

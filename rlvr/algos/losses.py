@@ -569,15 +569,18 @@ LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
 }
 """Keywords named in ``rlvr.algos.registry.LOOP_INPUTS`` are filled in by the training loop."""
 
-LOSS_AGGREGATION: dict[str, str] = {"sapo": "seq-mean-token-mean", "gmpo": "seq-mean-token-mean"}
+LOSS_AGGREGATION: dict[str, str] = {"sapo": "seq-mean-token-mean", "gmpo": "seq-mean-token-mean",
+                                     "gspo": "seq-mean-token-mean"}
 """The aggregation a loss's paper defines it with, used when ``algo.aggregation`` is not set
-(every other loss: "token-mean"). SAPO and GMPO are per-sequence objectives averaged over
-sequences; verl 0.9.1 hard-codes that mean for both, whatever its ``loss_agg_mode``. (GMPO's
-per-token loss repeats its row's value, so a token mean would weight rows by their length.)"""
+(every other loss: "token-mean"; rlvr 0.2.0 on, before which every loss took "token-mean").
+SAPO, GMPO and GSPO are per-sequence objectives averaged over sequences; verl 0.9.1 hard-codes
+that mean for SAPO and GMPO, whatever its ``loss_agg_mode``. (GMPO's and GSPO's per-token losses
+repeat the row's value, so a token mean would weight rows by their length.)"""
 
-ROW_ADVANTAGE: frozenset[str] = frozenset({"gmpo"})
-"""Losses that take one advantage per row (its token mean, as verl's GMPO does): a config refuses
-them with per-token credit (a critic, a teacher, a PRM, turn credit)."""
+ROW_ADVANTAGE: frozenset[str] = frozenset({"gmpo", "gspo"})
+"""Losses that take one advantage per row (GMPO its token mean, as verl's does; GSPO its first
+trained token's): a config refuses them with per-token credit (a critic, a teacher, a PRM, turn
+credit)."""
 
 STATE_UPDATES: dict[str, Callable[..., None]] = {"r2vpo": r2vpo_dual_step}
 """Per-loss updates of ``loss_state`` after each optimizer step, called with the loss's keyword

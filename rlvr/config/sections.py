@@ -156,7 +156,7 @@ class AlgoConfig(_Section):
     turn_gamma: float = Field(1.0, ge=0, le=1)
     """Discount of later turns' rewards in the return-to-go of credit = "turn"."""
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] | None = None
-    """How per-token losses become one number (unset: the loss's paper's, rlvr.algos.losses.LOSS_AGGREGATION: "seq-mean-token-mean" for sapo and gmpo, else "token-mean"); "seq-mean-token-sum" sums each sequence's tokens and averages over sequences (verl's mode); "seq-mean-token-sum-norm" divides that by max_new_tokens (Dr.GRPO)."""
+    """How per-token losses become one number (unset: the loss's paper's, rlvr.algos.losses.LOSS_AGGREGATION: "seq-mean-token-mean" for sapo, gmpo and gspo, else "token-mean"); "seq-mean-token-sum" sums each sequence's tokens and averages over sequences (verl's mode); "seq-mean-token-sum-norm" divides that by max_new_tokens (Dr.GRPO)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL penalty to a frozen copy of the initial model (0 = no reference model)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"

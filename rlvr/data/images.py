@@ -38,6 +38,11 @@ def load_image(value: Any, where: str) -> Image.Image:
         image.load()
     except (OSError, Image.DecompressionBombError) as err:
         raise ValueError(f"{where}: cannot read the image: {err}") from None
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")  # transparency over white, not over black as a plain conversion gives
+        flat = Image.new("RGB", rgba.size, (255, 255, 255))
+        flat.paste(rgba, mask=rgba.getchannel("A"))
+        return flat
     return image.convert("RGB") if image.mode != "RGB" else image
 
 

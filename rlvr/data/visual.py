@@ -76,13 +76,14 @@ def _canvas(params: dict[str, Any]) -> tuple[Image.Image, ImageDraw.ImageDraw, i
 def count_task(rng: random.Random, params: dict[str, Any]) -> tuple[Image.Image, str, str, dict[str, Any]]:
     """Shapes of random colours and kinds; how many are of one colour (0 included)."""
     image, draw, width, height = _canvas(params)
-    n = rng.randint(int(params.get("min_shapes", 1)), int(params.get("max_shapes", 6)))
+    n = rng.randint(int(params.get("min_shapes", 2)), int(params.get("max_shapes", 8)))
     side_low, side_high = int(params.get("min_side", 12)), int(params.get("max_side", 24))
     boxes = place(rng, [rng.randint(side_low, side_high) for _ in range(n)], width, height)
     colours = [rng.choice(list(COLOURS)) for _ in boxes]
     for box, colour in zip(boxes, colours):
         draw_shape(draw, rng.choice(KINDS), box, COLOURS[colour])
-    asked = rng.choice(list(COLOURS))
+    # mostly a colour that is there, so that "0" is a minority answer (about 8%), not a blind guess
+    asked = rng.choice(colours) if rng.random() < 0.75 else rng.choice(list(COLOURS))
     count = colours.count(asked)
     return image, f"How many {asked} shapes are in the image?", str(count), {"colour": asked, "count": count}
 
@@ -157,7 +158,8 @@ VISUAL_TASKS: dict[str, Callable[[random.Random, dict[str, Any]], tuple[Image.Im
 }
 """The synthetic visual task families, by name."""
 
-REWARD_OF: dict[str, str] = {"count": "exact", "locate": "iou", "compare": "multiple_choice", "digits": "exact"}
+REWARD_OF: dict[str, str] = {"count": "exact_answer", "locate": "iou", "compare": "multiple_choice",
+                             "digits": "exact_answer"}
 """How each family's answer is checked (the built-in reward that scores it)."""
 
 

@@ -4,7 +4,8 @@ reference (Visual-RFT's grounding reward), a multiple-choice letter, and an exac
 Each is a plain reward, ``(prompt, completion, **example) -> float``; the example's fields give
 the reference (``box``, ``answer``, ``choices``), as rlvr.data.visual's tasks and a dataset's
 columns do. Parsing is lenient about layout and strict about ambiguity: an answer that names two
-different boxes or letters scores 0, so a policy cannot hedge its way to a reward.
+boxes, or two letters where one is asked for, scores 0, so a policy cannot hedge its way to a
+reward.
 """
 
 from __future__ import annotations
@@ -48,14 +49,18 @@ def iou_reward(prompt: str, completion: str, *, box: Any = None, answer: Any = N
     """The IoU of the completion's box with the reference ``box`` (or one parsed from ``answer``).
 
     Visual-RFT (Liu et al., "Visual-RFT: Visual Reinforcement Fine-Tuning", arXiv:2503.01785)
-    rewards grounding with the IoU of the predicted box; ``threshold`` makes it 1 at IoU ≥
-    threshold and 0 below (an accuracy-style reward). The box is read from the <answer> tag if
-    the completion has one, else from the whole completion; the answer must hold exactly one box
-    (several, or none, score 0: listing candidates is not an answer). ``coordinates``: "pixels",
-    "normalized" (each in [0, 1], scaled by ``image_size`` = [width, height]) or "auto"
-    (normalized when the four numbers lie in [0, 1] and the reference's do not, with an image
-    size known); Qwen2.5-VL answers in pixels, other VLMs in [0, 1] or [0, 1000].
+    rewards grounding with the IoU of the predicted box; ``threshold`` in (0, 1] makes it 1 at
+    IoU ≥ threshold and 0 below (an accuracy-style reward). The box is read from the <answer> tag
+    if the completion has one, else from the whole completion; the answer must hold exactly one
+    box (several, or none, score 0: listing candidates is not an answer). ``coordinates`` says
+    what the prediction's numbers are: "pixels" (compared as they are), "normalized" (each in
+    [0, 1], of the image's ``image_size`` = [width, height]) or "auto" (normalized when all four
+    lie in [0, 1] and the reference's do not, with an image size known). A reference in [0, 1]
+    itself is compared as it is. (Qwen2.5-VL answers in pixels; models that answer in other
+    units, e.g. thousandths, need the reference in those units.)
     """
+    if threshold is not None and not 0.0 < threshold <= 1.0:
+        raise ValueError(f"iou_reward: threshold must be in (0, 1], got {threshold}")
     if box is None and answer is not None:
         gold = parse_boxes(str(answer))
         box = gold[0] if len(gold) == 1 else None
@@ -63,23 +68,30 @@ def iou_reward(prompt: str, completion: str, *, box: Any = None, answer: Any = N
         raise ValueError("iou_reward needs the reference box: a `box` field [x1, y1, x2, y2] or an answer holding one")
     if coordinates not in ("auto", "pixels", "normalized"):
         raise ValueError(f"coordinates must be \"auto\", \"pixels\" or \"normalized\", got {coordinates!r}")
+    x1, y1, x2, y2 = map(float, box)
+    reference = (min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
     tagged = extract_tag(completion)
     found = parse_boxes(tagged if tagged is not None else completion)
     if len(found) != 1:
         return 0.0
     predicted = found[0]
-    small = all(0.0 <= v <= 1.0 for v in predicted) and not all(0.0 <= float(v) <= 1.0 for v in box)
-    if coordinates == "normalized" or (coordinates == "auto" and small and image_size is not None):
+    reference_normalized = all(0.0 <= v <= 1.0 for v in reference)
+    small = all(0.0 <= v <= 1.0 for v in predicted)
+    scale = not reference_normalized and (coordinates == "normalized" or coordinates == "auto" and small
+                                          and image_size is not None)
+    if scale:
         if image_size is None:
             raise ValueError("coordinates = \"normalized\" needs the image's size (an `image_size` field [width, height])")
         width, height = map(float, image_size)
         predicted = (predicted[0] * width, predicted[1] * height, predicted[2] * width, predicted[3] * height)
-    iou = box_iou(predicted, box)
+    iou = box_iou(predicted, reference)
     return float(iou >= threshold) if threshold is not None else iou
 
 
 _TAGGED = re.compile(r"^\(?([A-Za-z])\)?[.:)]?(?:\s+(.*))?$", re.DOTALL)
-_FINAL = re.compile(r"(?i:answer|option|choice)(?:\s+(?i:is))?\s*[:\-]?\s*(?:\(([A-Za-z])\)|([A-Z])(?![A-Za-z]))")
+_CHOICE = r"(?:\(([A-Za-z])\)|\b([A-Z])(?![A-Za-z]))"
+_FINAL = re.compile(r"(?i:\banswer\b)(?:[^\n.]{0,40}?(?i:\bis\b)|\s*:)\s*[:\-]?\s*\**\s*" + _CHOICE +
+                    r"\**(\s*(?:(?i:or|and)\b|/|,)\s*(?:\([A-Za-z]\)|[A-Z](?![A-Za-z])))?")
 
 
 def _plain(text: str) -> str:
@@ -92,8 +104,9 @@ def chosen_letter(completion: str, options: dict[str, str]) -> str | None:
     With an <answer> tag: its content must be one letter, bracketed or not ("B", "(b)", "B."),
     optionally followed by that option's own text ("(B) the green one"), or be an option's text
     alone; anything else ("A or B", "B, probably") chooses nothing. Without a tag: the letter
-    after the last "answer (is)", "option" or "choice" (a capital, or any case in brackets), or
-    the whole completion if it is one such letter."""
+    of the last "answer is" or "answer:" (a few words may sit between "answer" and "is", and
+    bold marks around the letter; a capital, or any case in brackets), unless a second letter
+    follows it ("A or B", "A/B", "A, B"); or the whole completion if it is one such letter."""
     tagged = extract_tag(completion)
     if tagged is not None:
         m = _TAGGED.match(tagged.strip())
@@ -101,10 +114,9 @@ def chosen_letter(completion: str, options: dict[str, str]) -> str | None:
             return m.group(1).upper()
         by_text = [k for k, v in options.items() if v and _plain(v) == _plain(tagged)]
         return by_text[0] if len(by_text) == 1 else None
-    finals = [(m.group(1) or m.group(2)).upper() for m in _FINAL.finditer(completion)]
-    finals = [f for f in finals if f in options]
+    finals = [m for m in _FINAL.finditer(completion) if (m.group(1) or m.group(2)).upper() in options]
     if finals:
-        return finals[-1]
+        return None if finals[-1].group(3) else (finals[-1].group(1) or finals[-1].group(2)).upper()
     m = _TAGGED.match(completion.strip())
     return m.group(1).upper() if m and not m.group(2) and m.group(1).upper() in options else None
 
@@ -121,8 +133,15 @@ def multiple_choice_reward(prompt: str, completion: str, *, answer: str, choices
     return float(chosen_letter(completion, options) == gold)
 
 
+def _normal(answer: str) -> str:
+    text = answer.strip()
+    return text.replace(",", "") if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", text) else text
+
+
 def exact_answer_reward(prompt: str, completion: str, *, answer: str, **_: Any) -> float:
-    """1 if the completion's answer (its <answer> tag, else its last number) equals ``answer``
-    as text, after trimming whitespace; e.g. a count or a digit string read from an image."""
+    """1 if the completion's answer equals ``answer`` as text (whitespace trimmed, thousands
+    commas dropped from a number), else 0; e.g. a count or a digit string read from an image.
+    The answer is the <answer> tag's content, else the completion's last number (so a completion
+    that names several numbers answers with its last)."""
     got = extract_tag_or_last_number(completion)
-    return float(got is not None and got.strip() == str(answer).strip())
+    return float(got is not None and _normal(got) == _normal(str(answer)))

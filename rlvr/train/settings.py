@@ -34,6 +34,8 @@ class UpdateSettings:
     environment's return), for BNPO's decomposition; () = every part that is not a flag
     ("<name>/error", "<name>/excluded")."""
     aggregation: str = "token-mean"
+    """rlvr.algos.AGGREGATIONS; from a config, the loss's own where algo.aggregation is unset
+    (settings_from_config; rlvr.algos.losses.LOSS_AGGREGATION), here the plain token mean."""
     max_tokens: int = 128
     """The generation budget: sampling.max_new_tokens, or an episode's env.max_total_tokens
     (the constant normaliser of "seq-mean-token-sum-norm", overlong shaping's L_max)."""

@@ -176,7 +176,7 @@ def _old_logprobs(model: PreTrainedModel, groups: list[Group], batch: _Batch, ow
     replayed_episodes = {i for i, (g, x) in enumerate((g, x) for g in groups for x in g.samples)
                          if g.replay_age is not None or g.staleness or x.off_policy}
     replayed = [u for u, i in enumerate(owner) if i in replayed_episodes]
-    scored = set() if old is None else {i for i in trained if i not in set(replayed)}
+    scored = set() if old is None else trained - set(replayed)
     if not replayed:
         return old, scored
     out: list[torch.Tensor | None] = list(old) if old is not None else [None] * len(samples)
