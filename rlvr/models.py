@@ -306,7 +306,8 @@ def load_model(spec: str, dtype: torch.dtype | str = "auto", device: torch.devic
     return model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is narrower
 
 
-def load_vlm(spec: str, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu") -> tuple[PreTrainedModel, Any]:
+def load_vlm(spec: str, dtype: torch.dtype | str = "auto",
+             device: torch.device | str = "cpu") -> tuple[PreTrainedModel, Any]:
     """An image-text-to-text model (`AutoModelForImageTextToText`: Qwen2.5-VL, SmolVLM, Gemma 3,
     Llava, ...) in `dtype`, and its processor (`AutoProcessor`): (model, processor)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor

@@ -216,7 +216,7 @@ class AlgoConfig(_Section):
         per_token = (f"advantage = {self.advantage!r}" if self.advantage in PER_TOKEN
                      else "credit = \"turn\"" if self.credit == "turn" else None)
         if row_wise and per_token:
-            raise ValueError(f"{row_wise[0]} takes one advantage per row (the mean of its tokens'), and {per_token} "
+            raise ValueError(f"{row_wise[0]} takes one advantage per row, and {per_token} "
                              "gives each token its own: use an outcome estimator, or another loss or correction")
         if self.credit == "turn" and (self.advantage != "grpo" or self.shaping or self.kl_placement == "reward"
                                       and self.kl_coef > 0):

@@ -71,7 +71,8 @@ def render_with_images(processor: Any, prompt: str, images: list[Any], system_pr
                                          tokenize=False)
     encoded = processor(images=pictures, text=text, return_tensors="pt", add_special_tokens=False)
     ids = [int(i) for i in encoded["input_ids"][0]]
-    media = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask") and isinstance(v, torch.Tensor)}
+    media = {k: v for k, v in encoded.items()
+             if k not in ("input_ids", "attention_mask") and isinstance(v, torch.Tensor)}
     if not media:
         raise ValueError(f"{where}: the processor returned no pixel inputs for {len(pictures)} image(s)")
     return ids, media

@@ -103,7 +103,8 @@ def locate_task(rng: random.Random, params: dict[str, Any]) -> tuple[Image.Image
     target_box = list(boxes[0])
     question = (f"Give the bounding box of the {target[0]} {target[1]} in the {width}x{height} image, "
                 "in pixels, as [x1, y1, x2, y2].")
-    return image, question, str(target_box), {"box": target_box, "image_size": [width, height], "target": " ".join(target)}
+    fields = {"box": target_box, "image_size": [width, height], "target": " ".join(target)}
+    return image, question, str(target_box), fields
 
 
 def compare_task(rng: random.Random, params: dict[str, Any]) -> tuple[Image.Image, str, str, dict[str, Any]]:
@@ -143,7 +144,8 @@ def digits_task(rng: random.Random, params: dict[str, Any]) -> tuple[Image.Image
     font = _font(int(params.get("font_size", 24)))
     x1, y1, x2, y2 = (int(v) for v in draw.textbbox((0, 0), text, font=font))
     if x2 - x1 > width or y2 - y1 > height:
-        raise ValueError(f"{length} digits at font size {params.get('font_size', 24)} do not fit a {width}x{height} image")
+        raise ValueError(f"{length} digits at font size {params.get('font_size', 24)} do not fit "
+                         f"a {width}x{height} image")
     x = rng.randint(0, width - (x2 - x1)) - x1
     y = rng.randint(0, height - (y2 - y1)) - y1
     draw.text((x, y), text, fill=(0, 0, 0), font=font)

@@ -110,8 +110,9 @@ def chosen_letter(completion: str, options: dict[str, str]) -> str | None:
     tagged = extract_tag(completion)
     if tagged is not None:
         m = _TAGGED.match(tagged.strip())
-        if m and m.group(1).upper() in options and (not m.group(2) or _plain(m.group(2)) == _plain(options[m.group(1).upper()])):
-            return m.group(1).upper()
+        letter = m.group(1).upper() if m else None
+        if m and letter in options and (not m.group(2) or _plain(m.group(2)) == _plain(options[letter])):
+            return letter
         by_text = [k for k, v in options.items() if v and _plain(v) == _plain(tagged)]
         return by_text[0] if len(by_text) == 1 else None
     finals = [m for m in _FINAL.finditer(completion) if (m.group(1) or m.group(2)).upper() in options]

@@ -90,7 +90,8 @@ def settings_from_config(cfg: RunConfig, rewards: list[RewardFn]) -> UpdateSetti
         credit=a.credit, turn_gamma=a.turn_gamma,
         # the parts that make up the reward (BNPO's decomposition fits these), not flags or weight-0 diagnostics
         reward_components=("env",) if cfg.env.name else tuple(r.name for r in rewards if r.weight != 0),
-        aggregation=a.aggregation or LOSS_AGGREGATION.get(a.loss, "token-mean"), max_tokens=cfg.env.max_total_tokens if cfg.env.name else s.max_new_tokens,
+        aggregation=a.aggregation or LOSS_AGGREGATION.get(a.loss, "token-mean"),
+        max_tokens=cfg.env.max_total_tokens if cfg.env.name else s.max_new_tokens,
         kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, kl_placement=a.kl_placement,
         entropy_coef=a.entropy_options().coef, entropy_top=a.entropy_options().top,
         epochs=tr.epochs, mini_batches=tr.mini_batches, micro_batch_size=tr.micro_batch_size,
