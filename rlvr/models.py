@@ -300,8 +300,8 @@ def load_model(spec: str, dtype: torch.dtype | str = "auto", device: torch.devic
     if isinstance(dtype, str):
         dtype = resolve_dtype(dtype, device)
     if is_vision_language(spec):
-        raise ValueError(f"{spec!r} is a vision-language model: rlvr's training loop does not take images yet "
-                         "(docs/vlm.md says what exists); loading it as a text-only model would drop its vision part")
+        raise ValueError(f"{spec!r} is a vision-language model: load it with load_vlm (its processor too); loading "
+                         "it as a text-only model would drop its vision part")
     model = _loaded(spec, lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=dtype))
     return model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is narrower
 
@@ -310,19 +310,37 @@ def load_vlm(spec: str, dtype: torch.dtype | str = "auto",
              device: torch.device | str = "cpu") -> tuple[PreTrainedModel, Any]:
     """An image-text-to-text model (`AutoModelForImageTextToText`: Qwen2.5-VL, SmolVLM, Gemma 3,
     Llava, ...) in `dtype`, and its processor (`AutoProcessor`): (model, processor)."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
     if isinstance(dtype, str):
         dtype = resolve_dtype(dtype, device)
     if not is_vision_language(spec):
         raise ValueError(f"{spec!r} is not a vision-language model (its config has no vision part): use load_model")
     model = _loaded(spec, lambda path: AutoModelForImageTextToText.from_pretrained(path, dtype=dtype))
+    return model.to(torch.device(device)), load_processor(spec)  # type: ignore[arg-type]
+
+
+def load_policy(spec: str, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu",
+                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Any]:
+    """(model, tokenizer, processor) of whatever ``spec`` names: a causal LM with no processor
+    (None), or a vision-language model with its processor (whose tokenizer is the one returned)."""
+    if is_vision_language(spec):
+        model, processor = load_vlm(spec, dtype, device)
+        return model, processor.tokenizer, processor
+    return load_model(spec, dtype, device), load_tokenizer(spec), None
+
+
+def load_processor(spec: str) -> Any:
+    """A vision-language model's processor (`AutoProcessor`: its tokenizer, image processor and
+    chat template), with a pad token."""
+    from transformers import AutoProcessor
+
     processor = _loaded(spec, AutoProcessor.from_pretrained)
     if getattr(processor, "tokenizer", None) is None or getattr(processor, "image_processor", None) is None:
         raise ValueError(f"{spec!r}: its processor has no tokenizer or no image processor ({type(processor).__name__})")
     if processor.tokenizer.pad_token_id is None:
         processor.tokenizer.pad_token = processor.tokenizer.eos_token
-    return model.to(torch.device(device)), processor  # type: ignore[arg-type]
+    return processor
 
 
 def eos_token_ids(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, *,

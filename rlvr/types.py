@@ -7,8 +7,12 @@ token `t` of sequence `b` given the tokens before it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 FinishReason = Literal["stop", "length"]
 
@@ -66,6 +70,20 @@ class Completion:
         return len(self.token_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
+@dataclass(frozen=True, eq=False)
+class PromptMedia:
+    """The images of a prompt for a vision-language model, in two forms: the images themselves
+    (PIL, what vLLM's multimodal inputs take) and the pixel inputs the processor made of them
+    (``pixel_values``, and e.g. ``image_grid_thw``; batch of one prompt), what a Hugging Face
+    forward takes beside the prompt's ids, whose image tokens they fill.
+
+    Compared by identity (``eq=False``): the G samples of a prompt hold the same object, and two
+    prompts with the same text but different images are different prompts."""
+
+    images: tuple[Any, ...]
+    inputs: Mapping[str, torch.Tensor]
+
+
 @dataclass(frozen=True)
 class Sample:
     """A completion of one prompt, scored."""
@@ -85,6 +103,13 @@ class Sample:
     """Earlier segments of an episode whose context was summarised (SUPO), as (prompt_ids,
     completion) pairs in order; ``prompt_ids``/``completion`` above are the last segment. Every
     segment is trained with this sample's advantage."""
+    media: PromptMedia | None = None
+    """The prompt's images (a vision-language model's prompt); None for text."""
+
+    @property
+    def prompt_key(self) -> tuple[tuple[int, ...], PromptMedia | None]:
+        """What makes two samples' prompts the same: their ids and their images."""
+        return self.prompt_ids, self.media
 
     @property
     def num_tokens(self) -> int:

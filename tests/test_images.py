@@ -74,7 +74,7 @@ def test_a_vlm_loads_with_its_processor_and_is_refused_as_a_text_model(tmp_path:
     ids, media = render_with_images(loaded_processor, "Where?", [Image.new("RGB", (9, 7), (200, 0, 0))])
     torch.testing.assert_close(loaded(input_ids=torch.tensor([ids]), **media).logits,
                                model(input_ids=torch.tensor([ids]), **media).logits)
-    with pytest.raises(ValueError, match="is a vision-language model: rlvr's training loop does not take images yet"):
+    with pytest.raises(ValueError, match="is a vision-language model: load it with load_vlm"):
         load_model(str(tmp_path / "vlm"), "fp32")
     with pytest.raises(ValueError, match="is not a vision-language model"):
         load_vlm(str(tiny_dir), "fp32")

@@ -86,9 +86,11 @@ CHATML_IMAGE_TEMPLATE = (
 )
 
 
-def make_tiny_vlm(seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+def make_tiny_vlm(seed: int = 0, dtype: torch.dtype = torch.float32, *, text_hidden: int = 32, text_layers: int = 2,
+                  vision_hidden: int = 32, vision_layers: int = 1, initializer_range: float = 0.2) -> tuple[Any, Any]:
     """A random Llava (a 1-layer SigLIP on 32 × 32 images, patch 8, and the tiny Llama above with
-    an `<image>` token, id 259) and its processor, built in code: (model, processor).
+    an `<image>` token, id 259) and its processor, built in code: (model, processor). The keyword
+    arguments make it larger (examples/vlm_from_scratch.py trains one from scratch).
 
     The processor is a LlavaProcessor over SigLIP's PIL image processor (torchvision is not
     installed) with the tiny tokenizer and a ChatML template that writes `<image>` for an image
@@ -98,9 +100,12 @@ def make_tiny_vlm(seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[An
 
     tokenizer = make_tiny_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE]})  # type: ignore[dict-item]
-    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                image_size=IMAGE_SIDE, patch_size=PATCH)
-    text = make_tiny_model(vocab_size=len(tokenizer), seed=seed).config
+    vision = SiglipVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
+                                num_hidden_layers=vision_layers, num_attention_heads=2, image_size=IMAGE_SIDE,
+                                patch_size=PATCH)
+    text = LlamaConfig(**{**make_tiny_model(vocab_size=len(tokenizer), seed=seed).config.to_dict(),
+                          "hidden_size": text_hidden, "intermediate_size": 2 * text_hidden,
+                          "num_hidden_layers": text_layers, "initializer_range": initializer_range})
     config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=tokenizer.convert_tokens_to_ids(IMAGE),
                          vision_feature_layer=-1, vision_feature_select_strategy="full", projector_hidden_act="gelu",
                          tie_word_embeddings=True)

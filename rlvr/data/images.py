@@ -12,11 +12,14 @@ pixel inputs the model's forward takes.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
+
+from rlvr.types import PromptMedia
 
 
 def load_image(value: Any, where: str) -> Image.Image:
@@ -76,6 +79,45 @@ def render_with_images(processor: Any, prompt: str, images: list[Any], system_pr
     if not media:
         raise ValueError(f"{where}: the processor returned no pixel inputs for {len(pictures)} image(s)")
     return ids, media
+
+
+def batched_inputs(media: Sequence[PromptMedia | None], device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The pixel inputs of a batch of prompts for one forward: each prompt's inputs (batch of one
+    prompt each) joined along the first dimension in row order, prompts without images skipped.
+    That is how the models whose processors give one entry per image (Llava, Gemma 3) or per
+    image patch (Qwen2-VL's ``pixel_values`` with its ``image_grid_thw``) read a batch: the
+    image features fill the ids' image tokens in row-major order. Floating-point inputs take ``dtype`` (the model's), others
+    keep theirs. Empty for a text-only batch."""
+    present = [m.inputs for m in media if m is not None]
+    if not present:
+        return {}
+    keys = set(present[0])
+    if any(set(inputs) != keys for inputs in present):
+        raise ValueError(f"prompts in one batch carry different pixel inputs: {sorted(keys)} vs "
+                         f"{sorted(next(set(i) for i in present if set(i) != keys))}")
+    out = {}
+    for key in sorted(keys):
+        parts = [inputs[key] for inputs in present]
+        if any(p.shape[1:] != parts[0].shape[1:] for p in parts):
+            raise ValueError(f"pixel input {key!r} has shapes {sorted({tuple(p.shape) for p in parts})} across the "
+                             "batch's prompts and cannot be joined (a processor that pads per batch, e.g. to a "
+                             "common number of images, needs prompts with the same number of images)")
+        joined = torch.cat(parts)
+        out[key] = joined.to(device=device, dtype=dtype if dtype is not None and joined.is_floating_point() else None)
+    return out
+
+
+def refuse_3d_positions(model: Any) -> None:
+    """A ValueError for a model that places image tokens on 3-D rotary positions it computes
+    itself (Qwen2-VL and its successors: ``get_rope_index``). rlvr's engine and learner pass
+    positions counted over a row's real tokens, right for 1-D rotary models (Llava, SmolVLM,
+    Gemma 3) and wrong for these, whose image tokens share positions along a grid."""
+    inner = getattr(model, "model", model)
+    if hasattr(model, "get_rope_index") or hasattr(inner, "get_rope_index"):
+        raise ValueError(f"{type(model).__name__} places image tokens on 3-D rotary positions (get_rope_index), "
+                         "which rlvr's embedded engine and learner do not compute yet; models with 1-D positions "
+                         "(Llava, SmolVLM, Gemma 3) work (docs/vlm.md)")
 
 
 def image_token_ids(processor: Any) -> set[int]:

@@ -149,23 +149,25 @@ def jsonl_examples(
     answer_column: str | None = "answer",
     instruction: str = "",
     format: str = "rlvr",
+    image_column: str | None = None,
 ) -> list[Example]:
     """One Example per non-blank line of a JSONL file; every column becomes a reward field.
 
     ``fields["answer"]`` is the ``answer_column`` value as a string (None when
-    ``answer_column`` is None and the row has no "answer" column).
+    ``answer_column`` is None and the row has no "answer" column). ``image_column`` names the
+    column holding the prompt's image or images (file paths, relative ones to the file's folder).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"JSONL prompt file not found: {path}")
     with path.open(encoding="utf-8") as f:
         rows = [(f"{path}:{n}", read_json_row(line, f"{path}:{n}")) for n, line in enumerate(f, start=1) if line.strip()]
-    return _examples(rows, str(path), prompt_column, answer_column, instruction, format)
+    return _examples(rows, str(path), prompt_column, answer_column, instruction, format, image_column, path.parent)
 
 
 def parquet_examples(
     path: str | Path, *, prompt_column: str = "prompt", answer_column: str | None = "answer", instruction: str = "",
-    format: str = "rlvr",
+    format: str = "rlvr", image_column: str | None = None,
 ) -> list[Example]:
     """One Example per row of a Parquet file (read with pyarrow); columns as in ``jsonl_examples``."""
     import pyarrow.parquet as pq
@@ -175,12 +177,12 @@ def parquet_examples(
         raise FileNotFoundError(f"Parquet prompt file not found: {path}")
     rows = pq.read_table(path).to_pylist()
     return _examples([(f"{path}:row {i}", row) for i, row in enumerate(rows)], str(path), prompt_column,
-                     answer_column, instruction, format)
+                     answer_column, instruction, format, image_column, path.parent)
 
 
 def hf_examples(
     name: str, *, split: str = "train", prompt_column: str = "prompt", answer_column: str | None = "answer",
-    instruction: str = "", format: str = "rlvr",
+    instruction: str = "", format: str = "rlvr", image_column: str | None = None,
 ) -> list[Example]:
     """One Example per row of a Hugging Face dataset: a directory written by ``save_to_disk``, or a
     name ``load_dataset`` knows (a hub id, fetched and cached by `datasets`); ``split`` picks the split."""
@@ -194,14 +196,15 @@ def hf_examples(
     else:
         table = datasets.load_dataset(name, split=split)
     return _examples([(f"{name}[{split}]:row {i}", dict(row)) for i, row in enumerate(table)], f"{name}[{split}]",
-                     prompt_column, answer_column, instruction, format)
+                     prompt_column, answer_column, instruction, format, image_column)
 
 
 LAYOUTS = ("rlvr", "trl", "verl")
 
 
 def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column: str, answer_column: str | None,
-              instruction: str, layout: str = "rlvr") -> list[Example]:
+              instruction: str, layout: str = "rlvr", image_column: str | None = None,
+              folder: Path | None = None) -> list[Example]:
     """Examples from (where, row) pairs: every column becomes a reward field.
 
     Layouts (``layout``: the readers' ``format``, from ``task.params``):
@@ -213,7 +216,12 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
 
     A prompt given as messages is rendered as that conversation (its system turn included); its
     last user message is the example's prompt text (logs, rlvr-style rewards), and the messages
-    ride along in ``fields["prompt_messages"]`` (TRL-style rewards receive them)."""
+    ride along in ``fields["prompt_messages"]`` (TRL-style rewards receive them).
+
+    ``image_column``: the column holding the prompt's image or a list of them (a path, bytes, a
+    PIL image or a `datasets` Image value), kept as a list in ``fields["images"]``; relative
+    paths are taken from ``folder`` (the file's) where the file is there. The images are read
+    when the prompt is rendered (rlvr.data.images.load_image)."""
     from rlvr.rewards.styles import PROMPT_MESSAGES
 
     if layout not in LAYOUTS:
@@ -247,10 +255,27 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
             answer = row.get(answer_column) if answer_column else row.get("answer")
         answer = None if answer is None else str(answer)
         fields = {**row, "answer": answer, **({PROMPT_MESSAGES: messages} if messages is not None else {})}
+        if image_column is not None:
+            if messages is not None:
+                raise ValueError(f"{where}: a prompt given as chat messages cannot take images from {image_column!r} "
+                                 "yet; give the prompt as text")
+            fields["images"] = _row_images(row, image_column, where, folder)
         examples.append(Example(prompt=text, answer=answer, fields=fields, id=str(row.get("id", where))))
     if not examples:
         raise ValueError(f"{source}: no examples (it is empty)")
     return examples
+
+
+def _row_images(row: dict[str, Any], column: str, where: str, folder: Path | None) -> list[Any]:
+    """A row's images as a list (none, one, or several), relative paths resolved against ``folder``."""
+    if column not in row:
+        raise ValueError(f"{where}: no {column!r} column (task.params.image_column); the row has {sorted(row)}")
+    value = row[column]
+    images = [] if value is None else list(value) if isinstance(value, list | tuple) else [value]
+    if folder is not None:
+        images = [str(folder / x) if isinstance(x, str) and not Path(x).is_absolute() and (folder / x).is_file()
+                  else x for x in images]
+    return images
 
 
 def _chat_messages(value: Any, where: str) -> list[dict[str, str]]:

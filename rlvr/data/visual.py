@@ -47,24 +47,30 @@ def draw_shape(draw: ImageDraw.ImageDraw, kind: str, box: Box, colour: tuple[int
 
 
 def place(rng: random.Random, sizes: list[int], width: int, height: int, gap: int = 2,
-          tries: int = 200) -> list[Box]:
+          tries: int = 200, layouts: int = 20) -> list[Box]:
     """Non-overlapping square boxes of the given sides inside a width × height canvas (at least
-    `gap` pixels apart), by rejection sampling; a ValueError when they do not fit."""
-    boxes: list[Box] = []
+    `gap` pixels apart), by rejection sampling; a ValueError when they do not fit. A layout whose
+    first boxes leave no room for the next (a large square in the middle) starts over, up to
+    ``layouts`` times."""
     for side in sizes:
         if side > min(width, height):
             raise ValueError(f"a shape of side {side} does not fit a {width}x{height} image")
-        for _ in range(tries):
-            x, y = rng.randrange(0, width - side + 1), rng.randrange(0, height - side + 1)
-            box = (x, y, x + side, y + side)
-            if all(box[2] + gap <= b[0] or b[2] + gap <= box[0] or box[3] + gap <= b[1] or b[3] + gap <= box[1]
-                   for b in boxes):
-                boxes.append(box)
+    for _ in range(layouts):
+        boxes: list[Box] = []
+        for side in sizes:
+            for _ in range(tries):
+                x, y = rng.randrange(0, width - side + 1), rng.randrange(0, height - side + 1)
+                box = (x, y, x + side, y + side)
+                if all(box[2] + gap <= b[0] or b[2] + gap <= box[0] or box[3] + gap <= b[1] or b[3] + gap <= box[1]
+                       for b in boxes):
+                    boxes.append(box)
+                    break
+            else:
                 break
-        else:
-            raise ValueError(f"could not place {len(sizes)} shapes in a {width}x{height} image: "
-                             "use fewer or smaller shapes, or a larger image")
-    return boxes
+        if len(boxes) == len(sizes):
+            return boxes
+    raise ValueError(f"could not place {len(sizes)} shapes in a {width}x{height} image: "
+                     "use fewer or smaller shapes, or a larger image")
 
 
 def _canvas(params: dict[str, Any]) -> tuple[Image.Image, ImageDraw.ImageDraw, int, int]:
@@ -165,6 +171,11 @@ REWARD_OF: dict[str, str] = {"count": "exact_answer", "locate": "iou", "compare"
 """How each family's answer is checked (the built-in reward that scores it)."""
 
 
+PARAMS = {"width", "height", "min_shapes", "max_shapes", "min_side", "max_side", "min_distractors", "max_distractors",
+          "min_difference", "min_length", "max_length", "font_size"}
+"""The keys of ``params`` the families read."""
+
+
 def visual_examples(task: str, *, size: int, seed: int = 0, params: dict[str, Any] | None = None,
                     instruction: str = "") -> list[Example]:
     """``size`` examples of a synthetic visual task family (a name in VISUAL_TASKS; ``"mixed"``
@@ -175,11 +186,20 @@ def visual_examples(task: str, *, size: int, seed: int = 0, params: dict[str, An
     if any(f not in VISUAL_TASKS for f in families):
         raise ValueError(f"unknown visual task {task!r}: one of {', '.join([*VISUAL_TASKS, 'mixed'])}")
     params = dict(params or {})
+    unknown = sorted(set(params) - PARAMS)
+    if unknown:
+        raise ValueError(f"unknown visual task parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(PARAMS))}")
     out = []
     for i in range(size):
         rng = random.Random(f"{task}/{seed}/{i}")  # str seeds hash deterministically (SHA-512)
         family = rng.choice(families)
-        image, question, answer, extra = VISUAL_TASKS[family](rng, params)
+        try:
+            image, question, answer, extra = VISUAL_TASKS[family](rng, params)
+        except ValueError as err:
+            if "randrange" not in str(err):
+                raise
+            raise ValueError(f"visual task {family!r}: a min_*/max_* pair of {params} is empty (min above max, with "
+                             f"the family's defaults for the ones not given; docs/vlm.md lists them)") from None
         prompt = f"{question} {instruction}".strip()
         fields = {"task": family, "answer": answer, "images": [image], **extra}
         out.append(Example(prompt=prompt, answer=answer, fields=fields, id=f"visual/{task}/{seed}/{i}"))

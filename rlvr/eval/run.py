@@ -33,9 +33,9 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     Verifiable Rewards Implicitly Incentivizes Correct Reasoning in Base LLMs", arXiv:2506.14245).
     Only samples with a correct answer are sent to the judge."""
     from rlvr.data import render_example, render_prompt
-    from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+    from rlvr.models import eos_token_ids, load_policy, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.train.data import load_examples
+    from rlvr.train.data import load_examples, render_with_processor
     from rlvr.train.rollouts import generate_groups, is_correct
     from rlvr.train.batches import score_certainty
 
@@ -43,18 +43,22 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     if bad:
         raise ValueError(f"k = {bad[0]} needs n >= k samples per prompt (n = {n})")
     path = resolve_model(model_spec)
-    tokenizer = load_tokenizer(path)
-    model = load_model(path, resolve_dtype("auto")).eval()
+    model, tokenizer, processor = load_policy(path, resolve_dtype("auto"))
+    model.eval()
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed)
     _, held = load_examples(cfg)
     held = held[:prompts]
     if not held:
         raise ValueError("no held-out prompts: set task.eval_size > 0")
-    ids = [render_example(tokenizer, ex, cfg.task.system_prompt) for ex in held]
+    media = None
+    if processor is not None:  # a vision-language model: prompts with images carry their pixel inputs
+        ids, media = render_with_processor(processor, held, cfg.task.system_prompt)
+    else:
+        ids = [render_example(tokenizer, ex, cfg.task.system_prompt) for ex in held]
     rewards = build_rewards(cfg.reward_specs())
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=n, top_p=cfg.sampling.top_p,
                             top_k=cfg.sampling.top_k, stop=tuple(cfg.sampling.stop))
-    groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params)
+    groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params, media=media)
     fmt = str(rewards[0].kwargs.get("extract", "tag_or_last_number"))
     judge = build_rewards([cot_judge])[0] if cot_judge else None
     names = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "distinct_2"]

@@ -21,7 +21,7 @@ watch ``distinct_completion_fraction`` for collapse.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from transformers import PreTrainedModel
@@ -32,12 +32,14 @@ from rlvr.lora import causal_lm
 @torch.no_grad()
 def token_certainty(
     model: PreTrainedModel, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, target_mask_BT: torch.Tensor,
-    *, temperature: float = 1.0, chunk_size: int = 256,
+    *, temperature: float = 1.0, chunk_size: int = 256, media: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(self_certainty_B, negative_entropy_B): per-row means over the tokens where target_mask_BT is
-    set, of KL(U ‖ p_t) and of -H(p_t), p_t the temperature-scaled distribution that predicted token t."""
+    set, of KL(U ‖ p_t) and of -H(p_t), p_t the temperature-scaled distribution that predicted token t.
+    ``media``: the rows' pixel inputs (a vision-language model)."""
     model = causal_lm(model)  # a LoRA policy: the wrapped model, adapters in its layers
-    hidden_BTH = model.base_model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).last_hidden_state
+    hidden_BTH = model.base_model(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
+                                  **(media or {})).last_hidden_state
     select_BT = target_mask_BT[:, 1:].bool()
     hidden_NH = hidden_BTH[:, :-1][select_BT]
     weight_VH = model.get_output_embeddings().weight

@@ -22,16 +22,17 @@ policy that really produced it; `Completion.swapped_at` says where the weights c
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlvr.data.images import batched_inputs, refuse_3d_positions
 from rlvr.models import with_cache
 from rlvr.rollout.sampling import sample_tokens
 from rlvr.rollout.static_decode import FusedWeights, StaticDecoder, unsupported_reason
-from rlvr.types import Completion, FinishReason, SamplingParams
+from rlvr.types import Completion, FinishReason, PromptMedia, SamplingParams
 
 
 class Engine(Protocol):
@@ -52,7 +53,11 @@ class Engine(Protocol):
     ) -> list[list[Completion]]:
         """`params.n` completions for each prompt (token ids), in prompt order; `progress(k)` is
         called as k more prompts finish. ``seeds[i][j]`` seeds sample j of prompt i (default:
-        drawn from `generator`)."""
+        drawn from `generator`).
+
+        An engine that samples from a vision-language model also takes ``media=`` (one
+        `PromptMedia` or None per prompt: the images whose tokens the prompt holds); callers pass
+        it only when a prompt has images, so text-only engines need not know the keyword."""
         ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -145,8 +150,10 @@ class EmbeddedEngine:
         progress: Callable[[int], None] | None = None,
         *,
         seeds: list[list[int]] | None = None,
+        media: Sequence[PromptMedia | None] | None = None,
     ) -> list[list[Completion]]:
         """Sample `params.n` completions per prompt; `progress(k)` is called as prompts finish.
+        ``media[i]``: prompt i's images (a vision-language model), prefilled with its ids.
 
         Each sample draws its tokens from a random stream of its own, seeded by ``seeds[i][j]``
         (by default drawn from the engine's generator, `draw_seeds`). So what a sample gets does
@@ -157,6 +164,10 @@ class EmbeddedEngine:
             seeds = self.draw_seeds(len(prompts), params)
         if len(seeds) != len(prompts) or any(len(row) != params.n for row in seeds):
             raise ValueError(f"seeds must be {len(prompts)} rows of n = {params.n}")
+        if media is not None and len(media) != len(prompts):
+            raise ValueError(f"media must give one entry (or None) per prompt: {len(media)} for {len(prompts)} prompts")
+        if media is not None and any(m is not None for m in media):
+            refuse_3d_positions(self.model)
         per_chunk = max(1, self.max_batch_size // params.n)
         out: list[list[Completion]] = []
         with self._busy:
@@ -166,7 +177,8 @@ class EmbeddedEngine:
                 for start in range(0, len(prompts), per_chunk):
                     self._take_offer()
                     chunk = prompts[start : start + per_chunk]
-                    out += self._generate_chunk(chunk, params, seeds[start : start + per_chunk])
+                    out += self._generate_chunk(chunk, params, seeds[start : start + per_chunk],
+                                                None if media is None else media[start : start + per_chunk])
                     if progress:
                         progress(len(chunk))
             finally:
@@ -180,7 +192,8 @@ class EmbeddedEngine:
 
     @torch.no_grad()
     def _generate_chunk(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[list[int]]
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[list[int]],
+        media: Sequence[PromptMedia | None] | None = None,
     ) -> list[list[Completion]]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
@@ -190,7 +203,7 @@ class EmbeddedEngine:
             torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
             if params.temperature > 0 else torch.zeros(params.max_new_tokens, dtype=torch.float64)
             for row in seeds for seed in row]).to(self.device)
-        cache, logits_PV, mask_PT = self._prefill(prompts)
+        cache, logits_PV, mask_PT = self._prefill(prompts, media)
         logits = logits_PV.repeat_interleave(n, 0)
         decoder = self._decoder(cache, mask_PT, n)
         del cache
@@ -227,7 +240,8 @@ class EmbeddedEngine:
                 running = rows.tolist()
                 for r in running:
                     swapped_at[r].append(step + 1)
-                cache, logits, mask_RT = self._prefill([prompts[r // n] + tokens[r] for r in running])
+                cache, logits, mask_RT = self._prefill([prompts[r // n] + tokens[r] for r in running],
+                                                       None if media is None else [media[r // n] for r in running])
                 decoder = self._decoder(cache, mask_RT, 1)
                 del cache
                 continue
@@ -238,8 +252,10 @@ class EmbeddedEngine:
             for i in range(len(prompts))
         ]
 
-    def _prefill(self, prompts: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
-        """Prefill each prompt once (the decoders repeat the cache for the n samples).
+    def _prefill(self, prompts: list[list[int]], media: Sequence[PromptMedia | None] | None = None,
+                 ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """Prefill each prompt once (the decoders repeat the cache for the n samples), with the
+        pixel inputs of the prompts that have images: the model fills their image tokens.
 
         Returns (cache, next-token logits_PV, attention mask_PT). Prompts are left-padded;
         positions count real tokens only, as in the learner's right-padded rows.
@@ -256,6 +272,7 @@ class EmbeddedEngine:
         logits = self.model(
             input_ids=ids_PT, attention_mask=mask_PT, position_ids=pos_PT,
             logits_to_keep=1, **with_cache(self.model, cache),
+            **batched_inputs(media or (), self.device, self.model.dtype),
         ).logits[:, -1]
         return cache, logits, mask_PT
 

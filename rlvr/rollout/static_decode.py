@@ -41,6 +41,8 @@ than the reads they save (fp32 on an Intel Xeon, 54-token prompts: 0.97-0.99× a
 def unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why the static decoder cannot run `model`, or None when it can."""
     config = model.config
+    if getattr(config, "vision_config", None) is not None:
+        return "a vision-language model decodes through its own forward (its prefill takes the pixel inputs)"
     if config.model_type not in SUPPORTED:
         return f"model type {config.model_type!r} is not one of {', '.join(SUPPORTED)}"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):

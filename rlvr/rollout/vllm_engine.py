@@ -25,13 +25,13 @@ engine through the same checks and skip vLLM, saying so, where CUDA or vllm is m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
 from rlvr.rollout.engine import draw_seeds
-from rlvr.types import Completion, FinishReason, SamplingParams
+from rlvr.types import Completion, FinishReason, PromptMedia, SamplingParams
 
 INSTALL_HINT = "pip install vllm   (needs a CUDA GPU)"
 
@@ -71,9 +71,13 @@ class VLLMEngine:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  progress: Callable[[int], None] | None = None, *,
-                 seeds: list[list[int]] | None = None) -> list[list[Completion]]:
+                 seeds: list[list[int]] | None = None,
+                 media: Sequence[PromptMedia | None] | None = None) -> list[list[Completion]]:
         """As the embedded engine's; vLLM seeds a request, not a sample, so a prompt's n samples
-        share the stream of ``seeds[i][0]``."""
+        share the stream of ``seeds[i][0]``. A prompt's images (``media[i].images``) go in as
+        vLLM's multimodal data beside its token ids; the ids already hold the processor's
+        expanded image tokens, which vLLM's multimodal processor detects as applied (its "prompt
+        update detection", docs.vllm.ai, design/mm_processing) instead of expanding them again."""
         import vllm
         from vllm.inputs import TokensPrompt
 
@@ -87,7 +91,13 @@ class VLLMEngine:
             max_tokens=params.max_new_tokens, stop=list(params.stop) or None, stop_token_ids=self.eos_token_ids,
             logprobs=0, seed=None if greedy else seeds[k][0] % (2**31 - 1), skip_special_tokens=True,
             include_stop_str_in_output=True, ignore_eos=False) for k in range(len(prompts))]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests, use_tqdm=False)
+        if media is not None and len(media) != len(prompts):
+            raise ValueError(f"media must give one entry (or None) per prompt: {len(media)} for {len(prompts)} prompts")
+        inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        for prompt, m in zip(inputs, media or ()):
+            if m is not None:
+                prompt["multi_modal_data"] = {"image": list(m.images) if len(m.images) > 1 else m.images[0]}
+        outputs = self.llm.generate(inputs, requests, use_tqdm=False)
         groups = [[self._completion(o) for o in out.outputs] for out in outputs]
         if progress:
             progress(len(prompts))

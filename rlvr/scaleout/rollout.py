@@ -16,14 +16,14 @@ being sampled go on under the new weights from their next token (`EmbeddedEngine
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from rlvr.scaleout import require_ray
 from rlvr.rollout.engine import EmbeddedEngine, draw_seeds
-from rlvr.types import Completion, SamplingParams
+from rlvr.types import Completion, PromptMedia, SamplingParams
 
 log = logging.getLogger("rlvr.scaleout")
 
@@ -34,10 +34,11 @@ class RolloutWorker:
     def __init__(self, model_spec: str, state: dict[str, torch.Tensor], version: int, *, dtype: str,
                  max_batch_size: int, decoder: str, eos_token_ids: list[int], threads: int,
                  partial: bool = False, backend: str = "embedded", vllm_kwargs: dict[str, Any] | None = None) -> None:
-        from rlvr.models import load_model, load_tokenizer, resolve_dtype
+        from rlvr.models import is_vision_language, load_model, load_processor, load_tokenizer, load_vlm, resolve_dtype
 
         torch.set_num_threads(threads)
-        tokenizer = load_tokenizer(model_spec)
+        vision = is_vision_language(model_spec)
+        tokenizer = load_processor(model_spec).tokenizer if vision else load_tokenizer(model_spec)
         self.engine: Any
         if backend == "vllm":  # on this actor's GPU (dist.ray.gpus_per_worker)
             from rlvr.rollout.vllm_engine import VLLMEngine
@@ -46,16 +47,17 @@ class RolloutWorker:
                                      dtype=str(resolve_dtype(dtype, "cuda")).removeprefix("torch."), **(vllm_kwargs or {}))
             self.engine.update_weights(state)
         else:
-            model = load_model(model_spec, resolve_dtype(dtype))
+            model = load_vlm(model_spec, resolve_dtype(dtype))[0] if vision else load_model(model_spec, resolve_dtype(dtype))
             model.load_state_dict(state)
             self.engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids,
                                          max_batch_size=max_batch_size, decoder=decoder)  # type: ignore[arg-type]
         self.engine.version = version
         self.partial = partial
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[list[int]]) -> list[list[Completion]]:
-        return self.engine.generate(prompts, params, seeds=seeds)
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[list[int]],
+                 media: list[PromptMedia | None] | None = None) -> list[list[Completion]]:
+        images = {"media": media} if media is not None else {}
+        return self.engine.generate(prompts, params, seeds=seeds, **images)
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
         if self.partial:  # taken up by the sampling under way, if any, at its next token
@@ -117,30 +119,35 @@ class RayEngine:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  progress: Callable[[int], None] | None = None, *,
-                 seeds: list[list[int]] | None = None) -> list[list[Completion]]:
+                 seeds: list[list[int]] | None = None,
+                 media: Sequence[PromptMedia | None] | None = None) -> list[list[Completion]]:
         """As the embedded engine's: each sample's stream from ``seeds`` (default: drawn here), so
-        the workers sample what one engine would."""
+        the workers sample what one engine would. A prompt's images (``media``) go with it to its
+        worker."""
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
         if seeds is None:
             seeds = draw_seeds(self.generator, len(prompts), params)
         size = -(-len(prompts) // len(self.workers))
         shards = [(k, range(s, min(s + size, len(prompts)))) for k, s in enumerate(range(0, len(prompts), size))]
-        pending = {k: self._submit(k, prompts, params, seeds, rows) for k, rows in shards}
+        pending = {k: self._submit(k, prompts, params, seeds, rows, media) for k, rows in shards}
         out: list[list[Completion]] = [[] for _ in prompts]
         for k, rows in shards:
-            for i, group in zip(rows, self._collect(k, pending[k], prompts, params, seeds, rows)):
+            for i, group in zip(rows, self._collect(k, pending[k], prompts, params, seeds, rows, media)):
                 out[i] = group
             if progress:
                 progress(len(rows))
         return out
 
     def _submit(self, k: int, prompts: list[list[int]], params: SamplingParams, seeds: list[list[int]],
-                rows: range) -> Any:
-        return self.workers[k].generate.remote([prompts[i] for i in rows], params, [seeds[i] for i in rows])
+                rows: range, media: Sequence[PromptMedia | None] | None) -> Any:
+        if media is not None:
+            media = [media[i] for i in rows]
+        return self.workers[k].generate.remote([prompts[i] for i in rows], params, [seeds[i] for i in rows], media)
 
     def _collect(self, k: int, ref: Any, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[list[int]], rows: range) -> list[list[Completion]]:
+                 seeds: list[list[int]], rows: range, media: Sequence[PromptMedia | None] | None,
+                 ) -> list[list[Completion]]:
         """Worker k's shard; if the worker died, a restarted one runs it again with the same seeds."""
         for attempt in range(3):
             try:
@@ -152,7 +159,7 @@ class RayEngine:
                             k, type(err).__name__, len(rows))
                 self.restarts += 1
                 self.workers[k] = self._start()
-                ref = self._submit(k, prompts, params, seeds, rows)
+                ref = self._submit(k, prompts, params, seeds, rows, media)
         raise AssertionError("unreachable")
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

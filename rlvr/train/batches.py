@@ -7,10 +7,11 @@ from collections.abc import Iterator, Sequence
 import torch
 from transformers import PreTrainedModel
 
+from rlvr.data.images import batched_inputs, refuse_3d_positions
 from rlvr.rewards.intrinsic import token_certainty
 from rlvr.train.logprobs import can_share_prompts, shared_prompt_logprobs, token_budget_batches, token_logprobs
 from rlvr.train.settings import UpdateSettings
-from rlvr.types import Sample
+from rlvr.types import PromptMedia, Sample
 
 
 def collate(samples: list[Sample], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -46,7 +47,7 @@ def run_cost(rows: list[Sample], share: bool = True) -> float:
     """One micro-batch's learner cost in whole-row tokens: its rows padded to the longest, or,
     with ``share`` where prompts repeat and it is cheaper, its `shared_tokens` at SHARED_TOKEN_COST."""
     whole = len(rows) * max(x.num_tokens for x in rows)
-    if not share or len({x.prompt_ids for x in rows}) == len(rows):
+    if not share or len({x.prompt_key for x in rows}) == len(rows):
         return whole
     return min(whole, SHARED_TOKEN_COST * shared_tokens(rows))
 
@@ -77,7 +78,7 @@ def micro_batches(indices: list[int], samples: list[Sample], size: int,
     if not by_prompt:
         return cut(sorted(indices, key=lambda i: samples[i].num_tokens))
     together = cut(sorted(indices, key=lambda i: (len(samples[i].prompt_ids), samples[i].prompt_ids,
-                                                  len(samples[i].completion.token_ids))))
+                                                  samples[i].prompt_index, len(samples[i].completion.token_ids))))
     by_length = cut(sorted(indices, key=lambda i: (len(samples[i].completion.token_ids), samples[i].prompt_ids)))
     return min(together, by_length, key=lambda cuts: sum(run_cost([samples[i] for i in c]) for c in cuts))
 
@@ -86,8 +87,8 @@ def shared_tokens(rows: list[Sample]) -> int:
     """The tokens `sample_logprobs` runs for one micro-batch with its prompts shared: each
     distinct prompt once (padded to the longest), and each completion but its last token
     (padded to the longest)."""
-    prompts = {x.prompt_ids for x in rows}
-    return len(prompts) * max(map(len, prompts)) + len(rows) * (max(len(x.completion.token_ids) for x in rows) - 1)
+    prompts = {x.prompt_key: len(x.prompt_ids) for x in rows}
+    return len(prompts) * max(prompts.values()) + len(rows) * (max(len(x.completion.token_ids) for x in rows) - 1)
 
 
 def batches(samples: list[Sample], indices: list[int], pad_token_id: int, device: torch.device, size: int,
@@ -105,14 +106,19 @@ def sample_logprobs(model: PreTrainedModel, rows: list[Sample], batch: dict[str,
     (rlvr.train.logprobs.shared_prompt_logprobs) when ``s.share_prompts``, the model allows it
     and it is cheaper (`shares_prompts`); otherwise each row runs whole (token_logprobs). Both
     give the same values to float rounding."""
-    prompts: dict[tuple[int, ...], int] = {}
-    row_prompt = [prompts.setdefault(tuple(x.prompt_ids), len(prompts)) for x in rows]
+    prompts: dict[tuple[tuple[int, ...], PromptMedia | None], int] = {}
+    row_prompt = [prompts.setdefault(x.prompt_key, len(prompts)) for x in rows]
+    device, dtype = batch["input_ids"].device, next(model.parameters()).dtype
+    if any(x.media is not None for x in rows):
+        refuse_3d_positions(model)
     if not (s.share_prompts and shares_prompts(rows) and can_share_prompts(model)):
         return token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
-                              temperature=s.temperature, chunk_size=s.logprob_chunk)
+                              temperature=s.temperature, chunk_size=s.logprob_chunk,
+                              media=batched_inputs([x.media for x in rows], device, dtype))
     logprobs_N, entropy_N = shared_prompt_logprobs(
-        model, [list(p) for p in prompts], [list(x.completion.token_ids) for x in rows], row_prompt, pad_token_id,
-        temperature=s.temperature, chunk_size=s.logprob_chunk)
+        model, [list(ids) for ids, _ in prompts], [list(x.completion.token_ids) for x in rows], row_prompt,
+        pad_token_id, temperature=s.temperature, chunk_size=s.logprob_chunk,
+        media=batched_inputs([m for _, m in prompts], device, dtype))
     where_BT = batch["completion_mask"]
     zeros = torch.zeros(where_BT.shape, dtype=logprobs_N.dtype, device=where_BT.device)
     return zeros.masked_scatter(where_BT, logprobs_N), zeros.masked_scatter(where_BT, entropy_N)
@@ -158,7 +164,8 @@ def score_certainty(
     for micro, batch in batches(samples, list(range(len(samples))), pad, device, micro_batch_size):
         certainty[micro], negative_entropy[micro] = token_certainty(
             model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"], temperature=temperature,
-            chunk_size=chunk_size)
+            chunk_size=chunk_size, media=batched_inputs([samples[i].media for i in micro], device,
+                                                        next(model.parameters()).dtype))
     return certainty, negative_entropy
 
 

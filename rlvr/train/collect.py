@@ -31,7 +31,7 @@ from rlvr.data.sampler import Sampler
 from rlvr.rewards import RewardFn
 from rlvr.rollout.engine import Engine
 from rlvr.train.rollouts import generate_groups, is_correct
-from rlvr.types import Completion, Group, Sample, SamplingParams
+from rlvr.types import Completion, Group, PromptMedia, Sample, SamplingParams
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run
@@ -55,6 +55,8 @@ class Source:
     """Multi-turn environments: (prompt indices, n) → groups of n episodes each (env.name)."""
     rescore: Callable[[list[Group]], list[Group]] | None = None
     """Fills in rewards that need the policy (intrinsic ones) before a strategy looks at them."""
+    media: list[PromptMedia | None] | None = None
+    """Each prompt's images (TaskData.media), None for a text task."""
     generated: int = 0
     """Completions sampled so far this step."""
     tokens: int = 0
@@ -75,7 +77,7 @@ class Source:
             per_sample = [self.variants(i, n, self.rng) for i in indices] if self.variants else None
             groups = generate_groups(self.engine, self.examples, self.prompt_ids, indices, self.rewards,
                                      dataclasses.replace(self.params, n=n), on_error=self.on_error,
-                                     per_sample_prompts=per_sample)
+                                     per_sample_prompts=per_sample, media=self.media)
         if self.rescore is not None:
             groups = self.rescore(groups)
         self.generated += n * len(indices)
@@ -421,6 +423,10 @@ def collect(run: Run, step: int) -> Collected:
     n = cfg.train.prompts_per_step
     rng = np.random.default_rng([cfg.seed, step, 7])
     replayed = replay.take(n, step, rng) if replay is not None else []
+    if task.media is not None:  # a checkpoint keeps a replayed group's ids, not its images: they are the prompt's
+        media = task.media
+        replayed = [dataclasses.replace(g, samples=tuple(dataclasses.replace(x, media=media[x.prompt_index])
+                                                         for x in g.samples)) for g in replayed]
 
     def rescore(groups: list[Group]) -> list[Group]:
         for method in run.methods.values():
@@ -431,6 +437,6 @@ def collect(run: Run, step: int) -> Collected:
     source = Source(run.engine, task.examples, task.prompt_ids, task.rewards, task.params, run.rollouts.sampler, rng,
                     on_error=cfg.on_reward_error, variants=task.variants,
                     episodes=None if episodes is None else lambda ix, k: episodes(run.engine, task.examples, ix, k),
-                    rescore=rescore if any(r.intrinsic for r in task.rewards) else None)
+                    rescore=rescore if any(r.intrinsic for r in task.rewards) else None, media=task.media)
     gathered = ROLLOUTS[cfg.sampler.rollouts](source, n - len(replayed), **cfg.sampler.rollouts_kwargs)
     return Collected(gathered, replayed, source.tokens, time.perf_counter() - t0)

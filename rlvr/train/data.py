@@ -5,6 +5,7 @@ episodes when the task is an environment."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from rlvr.agents.runner import ChatDelta, Limits, Summarize, episode_groups
 from rlvr.algos.registry import check_keywords, keyword_options
 from rlvr.config import RunConfig
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_example, render_prompt
+from rlvr.data.images import load_image, render_with_images
 from rlvr.data.sampler import Sampler, UniformSampler
 from rlvr.data.tasks import (
     CODE_INSTRUCTION,
@@ -28,7 +30,7 @@ from rlvr.data.tasks import (
 )
 from rlvr.rewards import RewardFn
 from rlvr.rollout.engine import Engine
-from rlvr.types import Group, SamplingParams
+from rlvr.types import Group, PromptMedia, SamplingParams
 
 
 class Episodes(Protocol):
@@ -55,12 +57,38 @@ class TaskData:
     """Sampling of a training step: temperature, top-p/k, the token budget, n = the group size."""
     episodes: Episodes | None = None
     variants: Variants | None = None
+    media: list[PromptMedia | None] | None = None
+    """Each training prompt's images (a vision-language model's task), aligned with prompt_ids;
+    None when no prompt has any."""
+    eval_media: list[PromptMedia | None] | None = None
+    """The same for the held-out prompts."""
+
+    def __post_init__(self) -> None:
+        for name, ids, media in (("media", self.prompt_ids, self.media),
+                                 ("eval_media", self.eval_ids, self.eval_media)):
+            if media is not None and len(media) != len(ids):
+                raise ValueError(f"TaskData.{name} has {len(media)} entries for {len(ids)} prompts")
 
 
-def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[RewardFn]) -> TaskData:
+def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[RewardFn],
+              processor: Any = None) -> TaskData:
     """The run's examples rendered for the engine: a chat prompt, or (task.source = "text", RLP)
-    the raw context and the thought's opening marker."""
+    the raw context and the thought's opening marker. Examples with images
+    (``fields["images"]``) are rendered by a vision-language model's ``processor``, their images
+    kept beside the ids (TaskData.media)."""
     examples, held = load_examples(cfg)
+    with_images = [ex for ex in examples + held if ex.fields.get("images")]
+    if with_images and processor is None:
+        raise ValueError(f"{with_images[0].id}: the prompt has images, and {cfg.model!r} is a text-only model; "
+                         "use a vision-language model (docs/vlm.md)")
+    if with_images and (cfg.env.name or cfg.sampler.templates):
+        raise ValueError("prompts with images do not combine with " +
+                         ("env.name" if cfg.env.name else "sampler.templates") + " yet (docs/vlm.md)")
+    if with_images:
+        params = _sampling(cfg)
+        train, train_media = render_with_processor(processor, examples, cfg.task.system_prompt)
+        evals, eval_media = render_with_processor(processor, held, cfg.task.system_prompt)
+        return TaskData(examples, train, held, evals, rewards, params, media=train_media, eval_media=eval_media)
     if cfg.task.source == "text":
         from rlvr.train.methods.rlp import prompt_ids
 
@@ -71,17 +99,42 @@ def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[
     else:
         def encode(exs: list[Example]) -> list[list[int]]:
             return [render_example(tokenizer, ex, cfg.task.system_prompt) for ex in exs]
-    s = cfg.sampling
-    params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
-                            stop=tuple(s.stop), n=cfg.algo.group_size)
+    params = _sampling(cfg)
     return TaskData(examples, encode(examples), held, encode(held), rewards, params,
                     episodes=make_episodes(cfg, tokenizer, rewards, params))
+
+
+def _sampling(cfg: RunConfig) -> SamplingParams:
+    s = cfg.sampling
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
+                          stop=tuple(s.stop), n=cfg.algo.group_size)
+
+
+def render_with_processor(processor: Any, examples: list[Example], system_prompt: str | None,
+                          ) -> tuple[list[list[int]], list[PromptMedia | None] | None]:
+    """Each example's prompt ids and its images (None without; the list None when no example
+    has any), rendered by a vision-language model's processor."""
+    ids: list[list[int]] = []
+    media: list[PromptMedia | None] = []
+    for ex in examples:
+        images = ex.fields.get("images") or []
+        if not images:
+            ids.append(render_example(processor.tokenizer, ex, system_prompt))
+            media.append(None)
+            continue
+        pictures = [load_image(image, f"{ex.id}: image {k}") for k, image in enumerate(images)]
+        row, inputs = render_with_images(processor, ex.prompt, pictures, system_prompt, where=ex.id)
+        ids.append(row)
+        media.append(PromptMedia(tuple(pictures), inputs))
+    return ids, media if any(m is not None for m in media) else None
 
 
 def with_variants(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, task: TaskData) -> TaskData:
     """The task with its prompt templates (sampler.templates), once its training examples are final."""
     if not cfg.sampler.templates:
         return task
+    if task.media is not None:
+        raise ValueError("sampler.templates re-renders prompts as text, which would drop their images")
     from rlvr.train.collect import template_variants
 
     render = lambda text: render_prompt(tokenizer, text, cfg.task.system_prompt)  # noqa: E731
@@ -105,6 +158,11 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
                                       instruction=instruction)
     elif t.source == "humaneval":
         pool = humaneval_examples(instruction=instruction)
+    elif t.source == "visual":  # synthetic images drawn in-process (rlvr.data.visual)
+        from rlvr.data.visual import visual_examples
+
+        pool = visual_examples(t.name, size=t.size + t.eval_size, seed=cfg.seed, params=dict(t.params),
+                               instruction=instruction)
     elif t.source == "facts":  # questions about an invented world (the search environment's corpus)
         from rlvr.agents.search import facts_examples
 
@@ -131,23 +189,44 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
                        [k for k in keyword_options(read) if k != "instruction"])
         pool = read(t.path, instruction=instruction, **t.params)
     held: list[Example] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, tuple[str, ...]]] = set()
     for ex in pool:
         if len(held) >= t.eval_size:
             break
-        if ex.prompt not in seen:
+        if prompt_key(ex) not in seen:
             held.append(ex)
-            seen.add(ex.prompt)
-    train = [ex for ex in pool if ex.prompt not in seen]
+            seen.add(prompt_key(ex))
+    train = [ex for ex in pool if prompt_key(ex) not in seen]
     if not train:
         raise ValueError(f"no training prompts left after holding out {len(held)} for evaluation; "
                          "raise task.size, lower task.eval_size, or widen the task's parameters")
-    distinct = len({ex.prompt for ex in train})
+    distinct = len({prompt_key(ex) for ex in train})
     if distinct < 4 * cfg.train.prompts_per_step:  # a few steps' worth: almost surely not what was meant
         logger.warning("only %d distinct training prompts (task.size = %d, less duplicates and the %d held-out "
                        "texts): the task has few distinct prompts. Widen task.params or lower task.eval_size "
                        "if that is not intended.", distinct, t.size, len(held))
     return train, held
+
+
+def prompt_key(ex: Example) -> tuple[str, tuple[str, ...]]:
+    """What makes two prompts the same: the text, and the images' content (a digest of each
+    image's pixels or bytes) where it has any: one question asked of two images is two prompts."""
+    images = ex.fields.get("images") or ()
+    return ex.prompt, tuple(_digest(image) for image in images)
+
+
+def _digest(image: Any) -> str:
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        data = image.tobytes() + repr((image.mode, image.size)).encode()
+    elif isinstance(image, dict):  # a `datasets` Image value
+        data = image.get("bytes") or str(image.get("path")).encode()
+    elif isinstance(image, bytes | bytearray):
+        data = bytes(image)
+    else:  # a path: the same path is the same image
+        data = str(image).encode()
+    return hashlib.sha1(data).hexdigest()
 
 
 def make_episodes(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[RewardFn],

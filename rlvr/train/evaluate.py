@@ -50,7 +50,8 @@ def _held_out(run: Run, params: SamplingParams, rescore: bool = True) -> list[Gr
     everything = list(range(len(task.eval_examples)))
     if task.episodes is not None:
         return task.episodes(run.engine, task.eval_examples, everything, params.n, sampling=params)
-    groups = generate_groups(run.engine, task.eval_examples, task.eval_ids, everything, task.rewards, params)
+    groups = generate_groups(run.engine, task.eval_examples, task.eval_ids, everything, task.rewards, params,
+                             media=task.eval_media)
     if rescore:  # rewards from the policy itself (RLP's information gain of the greedy thoughts)
         for method in run.methods.values():
             groups = method.rescore(run, groups, task.eval_examples, held_out=True)

@@ -10,6 +10,7 @@ of probabilities) exists at a time, forward or backward.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -100,6 +101,7 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 256,
     position_ids_BT: torch.Tensor | None = None,
+    media: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprobs_BT, entropy_BT) of each token where target_mask_BT is set, 0 elsewhere.
 
@@ -109,12 +111,14 @@ def token_logprobs(
     Rows are right-padded; positions are 0..T-1 as in the engine's left-padded prompts.
     Packed rows (several sequences per row, rlvr.train.offline) pass their own position_ids_BT
     and a [B, 1, T, T] boolean attention mask that keeps each sequence to itself.
+    ``media``: the rows' pixel inputs (rlvr.data.images.batched_inputs), for a vision-language
+    model whose ids hold image tokens.
     """
     if target_mask_BT[:, 0].any():
         raise ValueError("the first token of a row has no prediction; target_mask[:, 0] must be 0")
     model = causal_lm(model)  # a LoRA policy: the wrapped model, adapters in its layers
     hidden_BTH = model.base_model(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
-                                  position_ids=position_ids_BT).last_hidden_state
+                                  position_ids=position_ids_BT, **(media or {})).last_hidden_state
     select_BT = target_mask_BT[:, 1:].bool()
     hidden_NH = hidden_BTH[:, :-1][select_BT]
     targets_N = input_ids_BT[:, 1:][select_BT]
@@ -146,6 +150,7 @@ def shared_prompt_logprobs(
     *,
     temperature: float = 1.0,
     chunk_size: int = 256,
+    media: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprobs_N, entropy_N) of every completion token, rows in order, each prompt encoded once.
 
@@ -166,7 +171,8 @@ def shared_prompt_logprobs(
     The first completion token is scored from the prompt pass's last hidden state, the others
     from the completion pass; the last completion token is never fed (it predicts nothing).
     Prompts are right-padded (pads attend to the real tokens before them, so no row of the
-    attention is empty) and masked out of every completion's attention.
+    attention is empty) and masked out of every completion's attention. ``media``: the prompts'
+    pixel inputs, in prompt order (a vision-language model), taken by the prompt pass.
     """
     from transformers import DynamicCache
 
@@ -176,7 +182,8 @@ def shared_prompt_logprobs(
     ids_PL, mask_PL = _right_padded(prompts, width, pad_token_id, device)
     cache = DynamicCache()
     prompt_PLH = lm.base_model(input_ids=ids_PL, attention_mask=mask_PL, position_ids=torch.arange(
-        width, device=device).expand(len(prompts), width), **with_cache(lm.base_model, cache)).last_hidden_state
+        width, device=device).expand(len(prompts), width), **with_cache(lm.base_model, cache),
+        **(media or {})).last_hidden_state
     if cache.get_seq_length() != width:  # a model that ignored the cache request: the completions would lose their prompt
         raise RuntimeError(f"{type(lm).__name__} kept no key/value cache of the prompts; shared prompts need one "
                            "(UpdateSettings.share_prompts=False runs every row whole)")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Callable
+from typing import Any
 
 from rlvr.data import Example
 from rlvr.rewards import RewardFn, extract_answer
 from rlvr.rewards.combine import score_group
 from rlvr.rollout.engine import Engine
-from rlvr.types import Group, Sample, SamplingParams
+from rlvr.types import Group, PromptMedia, Sample, SamplingParams
 
 
 def generate_groups(
@@ -23,25 +24,32 @@ def generate_groups(
     progress: Callable[[int], None] | None = None,
     on_error: str = "zero",
     per_sample_prompts: list[list[list[int]]] | None = None,
+    media: list[PromptMedia | None] | None = None,
 ) -> list[Group]:
     """`params.n` scored completions for each prompt index, one Group per prompt.
 
     ``per_sample_prompts[k]`` (prompt augmentation) gives the n prompts the samples of the k-th
-    index are drawn from, in place of its own; rewards still see the example's prompt."""
+    index are drawn from, in place of its own; rewards still see the example's prompt.
+    ``media[i]``: prompt i's images (TaskData.media), sampled from and kept on its samples."""
+    chosen: list[PromptMedia | None] = [None] * len(indices) if media is None else [media[i] for i in indices]
     if per_sample_prompts is None:
-        completions = engine.generate([prompt_ids[i] for i in indices], params, progress)
+        extra: dict[str, Any] = {"media": chosen} if any(m is not None for m in chosen) else {}  # text engines need not know it
+        completions = engine.generate([prompt_ids[i] for i in indices], params, progress, **extra)
         sample_prompts = [[prompt_ids[i]] * params.n for i in indices]
     else:
+        if media is not None:
+            raise ValueError("prompt augmentation (per_sample_prompts) does not take images")
         flat = engine.generate([p for row in per_sample_prompts for p in row], dataclasses.replace(params, n=1),
                                progress)
         completions = [[flat[k * params.n + j][0] for j in range(params.n)] for k in range(len(indices))]
         sample_prompts = per_sample_prompts
     groups = []
-    for i, group, prompts in zip(indices, completions, sample_prompts):
+    for i, group, prompts, images in zip(indices, completions, sample_prompts, chosen):
         ex = examples[i]
         scored = score_group(rewards, ex.prompt, [c.text for c in group], ex.fields, on_error,
                              completion_ids=[c.token_ids for c in group])
-        samples = [Sample(tuple(p), c, total, parts, i) for p, c, (total, parts) in zip(prompts, group, scored)]
+        samples = [Sample(tuple(p), c, total, parts, i, media=images)
+                   for p, c, (total, parts) in zip(prompts, group, scored)]
         groups.append(Group(ex.prompt, tuple(samples), {"id": ex.id, "answer": ex.answer}))
     return groups
 

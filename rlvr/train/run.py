@@ -23,7 +23,17 @@ from rlvr.config import RunConfig, load_config, to_toml, written_version
 from rlvr.errors import RunDirError
 from rlvr.log import tracking
 from rlvr.lora import ADAPTER_DIR, apply_lora
-from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype, resolve_model_path
+from rlvr.models import (
+    eos_token_ids,
+    is_vision_language,
+    load_model,
+    load_processor,
+    load_tokenizer,
+    load_vlm,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
+)
 from rlvr.rewards import build_rewards
 from rlvr.rollout.engine import EmbeddedEngine, Engine
 from rlvr.runtime import keep_freed_memory
@@ -59,15 +69,21 @@ class Run:
     """The methods composed beside the step (rlvr.train.methods), by name, in hook order."""
     command: str = "train"
     """The CLI command that runs it (train, sft, dpo), for the resume hints it prints."""
+    processor: Any = None
+    """A vision-language model's processor (its tokenizer, image processor, chat template): what
+    renders prompts with images and what checkpoints save; None for a text model."""
 
 
 def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dtype: torch.dtype,
-            tokenizer: PreTrainedTokenizerBase) -> tuple[PreTrainedModel, Engine, bool]:
+            tokenizer: PreTrainedTokenizerBase, vision: bool = False) -> tuple[PreTrainedModel, Engine, bool]:
     """The trained model, the rollout engine, and whether they share one set of weights."""
     engine_dtype = resolve_dtype(cfg.engine.dtype, device)
     lora = cfg.lora.rank > 0
+    if vision and lora:
+        raise ValueError("lora.rank > 0 with a vision-language model is not supported yet: train it whole "
+                         "(docs/vlm.md)")
     # With LoRA a checkpoint holds the merged model and its adapter: a resumed run puts the adapter back on the base
-    model = load_model(cfg.model if lora else spec, dtype, device)
+    model = load_vlm(spec, dtype, device)[0] if vision else load_model(cfg.model if lora else spec, dtype, device)
     if cfg.train.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Same dtype: the engine samples from the learner's own weights, so updates need no copy. With
@@ -100,21 +116,23 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     torch.manual_seed(cfg.seed)
     sandbox.configure(cfg.sandbox.isolation, cfg.sandbox.sandbox_limits(), cfg.sandbox.parallelism)  # for code rewards
     spec = model_spec or cfg.model
-    tokenizer = load_tokenizer(spec)
+    processor = load_processor(spec) if is_vision_language(spec) else None
+    tokenizer = load_tokenizer(spec) if processor is None else processor.tokenizer
     device = resolve_device(cfg.train.device)
     dtype = resolve_dtype(cfg.train.precision, device)
-    model, engine, shared = _policy(cfg, spec, model_spec is not None, device, dtype, tokenizer)
+    model, engine, shared = _policy(cfg, spec, model_spec is not None, device, dtype, tokenizer,
+                                    vision=processor is not None)
     tr = cfg.train
     optimizer_steps = optimizer_steps or tr.steps * tr.epochs * tr.mini_batches
     learner = Learner(model, lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
                       warmup_steps=tr.warmup_steps, total_steps=optimizer_steps, schedule=tr.schedule)
     rewards = build_rewards(cfg.reward_specs())
-    task = load_task(cfg, tokenizer, rewards)
+    task = load_task(cfg, tokenizer, rewards, processor)
     sc = cfg.sampler
     replay = ReplayBuffer(**sc.replay) if sc.replay else None
     updater = Updater(learner, pad_token_id=engine.pad_token_id, seed=cfg.seed, shared_weights=shared)
     run = Run(cfg, run_dir, tokenizer, engine, learner, task, settings_from_config(cfg, rewards),
-              Rollouts(make_sampler(cfg, task.examples), replay), updater, methods={})
+              Rollouts(make_sampler(cfg, task.examples), replay), updater, methods={}, processor=processor)
     run.methods = build_methods(run, SetupInfo(device, dtype, optimizer_steps, resuming=model_spec is not None,
                                                quiet=quiet))
     for method in run.methods.values():  # e.g. DPH-RL (exclude): RL trains on what π_0 could not solve
@@ -154,7 +172,7 @@ def _restore(run: Run, state: dict[str, Any]) -> None:
 def save(run: Run, step: int) -> Path:
     """A checkpoint of the run at `step` (after any collection under way has finished)."""
     run.rollouts.drain()  # the sampler and the replay buffer are saved between collections
-    return ckpt.save_checkpoint(run.dir, step, run.learner.model, run.tokenizer, _state(run),
+    return ckpt.save_checkpoint(run.dir, step, run.learner.model, run.processor or run.tokenizer, _state(run),
                                 keep=run.cfg.keep_checkpoints, resume_command=f"rlvr {run.command} --resume {run.dir}")
 
 

@@ -177,7 +177,9 @@ class Rehearse(Method):
                              "so none is left for RL; raise task.size or algo.divergence_kwargs.min_correct, or "
                              "set algo.divergence_kwargs.exclude = false")
         return dataclasses.replace(task, examples=examples,
-                                   prompt_ids=[ids for i, ids in enumerate(task.prompt_ids) if i not in solved])
+                                   prompt_ids=[ids for i, ids in enumerate(task.prompt_ids) if i not in solved],
+                                   media=None if task.media is None else
+                                   [m for i, m in enumerate(task.media) if i not in solved])
 
     def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
         term = Divergence(self.rehearsal.next_batch(self.options.batch), self.divergence, self.options.coef)
@@ -204,7 +206,7 @@ def screen(run: Run, info: SetupInfo, o: RehearsalOptions) -> Rehearsal:
     order = screen_order(len(task.examples), o.prompts, run.cfg.seed)
     with ScreeningProgress(len(order), o.k, disable=info.quiet) as progress:
         groups = generate_groups(engine, task.examples, task.prompt_ids, order, task.rewards,
-                                 dataclasses.replace(task.params, n=o.k), progress=progress.advance)
+                                 dataclasses.replace(task.params, n=o.k), progress=progress.advance, media=task.media)
         primary = task.rewards[0].name
         needed = o.min_correct or o.k
         keep = [next(x for x in g.samples if is_correct(x, primary)) for g in groups

@@ -29,7 +29,8 @@ class GreedyBaseline(Method):
         if task.episodes is not None:
             greedy = task.episodes(run.engine, task.examples, indices, 1, sampling=greedy_params)
         else:
-            greedy = generate_groups(run.engine, task.examples, task.prompt_ids, indices, task.rewards, greedy_params)
+            greedy = generate_groups(run.engine, task.examples, task.prompt_ids, indices, task.rewards, greedy_params,
+                                     media=task.media)
         groups = [dataclasses.replace(g, greedy_reward=b.samples[0].reward)
                   for g, b in zip(plan.groups, greedy)]
         return dataclasses.replace(plan, groups=groups, own=groups[: len(plan.own)])
