@@ -16,6 +16,7 @@ to improve (docs/LOG.md has the curves). Real models: docs/vlm.md.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -26,8 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.tiny, when run from anywhere
 
 from rlvr.data.images import batched_inputs, render_with_images  # noqa: E402
-from rlvr.data.visual import visual_examples  # noqa: E402
-from rlvr.rewards.visual import exact_answer_reward  # noqa: E402
+from rlvr.data.visual import REWARD_OF, visual_examples  # noqa: E402
+from rlvr.rewards import REWARDS  # noqa: E402
 from rlvr.train.logprobs import token_logprobs  # noqa: E402
 from tests.tiny import make_tiny_vlm  # noqa: E402
 
@@ -53,16 +54,18 @@ def greedy_accuracy(model: torch.nn.Module, processor: object, task: str, params
     examples = visual_examples(task, size=size, seed=seed, params=params, instruction=INSTRUCTION)
     prompts = [render_with_images(processor, ex.prompt, ex.fields["images"]) for ex in examples]
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[tokenizer.eos_token_id], max_batch_size=64)
-    out = engine.generate([p for p, _ in prompts], SamplingParams(temperature=0.0, max_new_tokens=16),
+    out = engine.generate([p for p, _ in prompts], SamplingParams(temperature=0.0, max_new_tokens=24),
                           media=[PromptMedia(tuple(ex.fields["images"]), m) for ex, (_, m) in zip(examples, prompts)])
-    return sum(exact_answer_reward(ex.prompt, group[0].text, **ex.fields) >= 1 for ex, group in zip(examples, out)) / size
+    rewards = {family: REWARDS[name] for family, name in REWARD_OF.items()}
+    return sum(rewards[ex.fields["task"]](ex.prompt, group[0].text, **ex.fields) >= 1
+               for ex, group in zip(examples, out)) / size
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/tiny-vlm")
     p.add_argument("--task", default="count")
-    p.add_argument("--max-shapes", type=int, default=4)
+    p.add_argument("--params", default="{}", help="the task's parameters, as JSON (rlvr.data.visual)")
     p.add_argument("--train-size", type=int, default=2000)
     p.add_argument("--sft-steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=32)
@@ -71,7 +74,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.manual_seed(args.seed)
-    params = {"max_shapes": args.max_shapes}
+    params = json.loads(args.params)
     model, processor = make_tiny_vlm(seed=args.seed, text_hidden=128, text_layers=4, vision_hidden=64,
                                      vision_layers=2, initializer_range=0.02)
     model.train()

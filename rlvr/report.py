@@ -8,6 +8,7 @@ line is ignored). The page's script and style live in rlvr/assets/report.html.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections import OrderedDict
@@ -81,6 +82,8 @@ def rollouts(run_dir: Path, max_steps: int) -> tuple[dict[int, list[dict[str, An
         groups = by_step.setdefault(int(row["step"]), OrderedDict())
         key = str(row.get("prompt_id") or row.get("prompt"))
         group = groups.setdefault(key, {"id": row.get("prompt_id"), "prompt": row.get("prompt", ""), "samples": []})
+        if row.get("images") and "images" not in group:
+            group["images"] = _inlined(run_dir, row["images"])
         group["samples"].append({k: row.get(k) for k in ("completion", "reward", "rewards", "advantage",
                                                           "finish_reason", "completion_tokens", "masked")})
     steps = sorted(by_step)
@@ -91,6 +94,18 @@ def rollouts(run_dir: Path, max_steps: int) -> tuple[dict[int, list[dict[str, An
                 f"`rlvr report --max-steps N` keeps more.")
         steps = pick
     return {s: list(by_step[s].values()) for s in steps}, note
+
+
+def _inlined(run_dir: Path, paths: list[str]) -> list[str]:
+    """A group's thumbnails (``images/<sha1>.png`` in the run directory, rlvr.train.records) as
+    data URIs, so that the report stays one file; a path of any other form, or a missing file,
+    is left out (the page never reads outside the run's images folder)."""
+    out = []
+    for path in paths:
+        file = run_dir / path
+        if isinstance(path, str) and re.fullmatch(r"images/[0-9a-f]{40}\.png", path) and file.is_file():
+            out.append("data:image/png;base64," + base64.b64encode(file.read_bytes()).decode("ascii"))
+    return out
 
 
 def facts(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:

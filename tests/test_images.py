@@ -78,3 +78,24 @@ def test_a_vlm_loads_with_its_processor_and_is_refused_as_a_text_model(tmp_path:
         load_model(str(tmp_path / "vlm"), "fp32")
     with pytest.raises(ValueError, match="is not a vision-language model"):
         load_vlm(str(tiny_dir), "fp32")
+
+
+def test_per_token_processor_outputs_are_refused_not_dropped() -> None:
+    """A processor that returns a per-token tensor beside the pixels (Gemma 3's token_type_ids)
+    needs it padded with each row; rather than drop it or join it wrongly, rendering says so."""
+    _, processor = make_tiny_vlm()
+
+    class WithTokenTypes:
+        chat_template = processor.chat_template
+        tokenizer = processor.tokenizer
+
+        def apply_chat_template(self, *args: object, **kwargs: object) -> object:
+            return processor.apply_chat_template(*args, **kwargs)
+
+        def __call__(self, **kwargs: object) -> dict:
+            out = dict(processor(**kwargs))
+            out["token_type_ids"] = torch.zeros_like(out["input_ids"])
+            return out
+
+    with pytest.raises(ValueError, match=r"per-token inputs \(token_type_ids\)"):
+        render_with_images(WithTokenTypes(), "How many?", [Image.new("RGB", (8, 8))])

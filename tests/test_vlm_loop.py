@@ -5,6 +5,7 @@ the prompt shared by its group) equal the engine's. On a tiny Llava built in cod
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,12 @@ def test_grpo_on_images_trains_the_vision_part_and_resumes_exactly(vlm_dir: Path
                if not torch.equal(a, b)}
     assert {"vision_tower", "multi_modal_projector", "language_model"} <= changed, changed
     assert image_token_ids(processor) == {processor.tokenizer.convert_tokens_to_ids(IMAGE)}
+    # the rollout browser shows each prompt's image: a thumbnail per prompt, inlined in the report
+    logged = [json.loads(line) for line in (tmp_path / "vlm" / "samples.jsonl").read_text().splitlines()]
+    assert all(len(r["images"]) == 1 and (tmp_path / "vlm" / r["images"][0]).is_file() for r in logged)
+    html = (tmp_path / "vlm" / "report.html").read_text()
+    prompts = {(r["step"], r["prompt_id"]) for r in logged}
+    assert html.count("data:image/png;base64,") == len(prompts)
     train(load_config(None, visual_overrides(vlm_dir, tmp_path, "vlm2", train__steps=1)), quiet=True)
     train(resume=tmp_path / "vlm2", overrides=("train.steps=2",), quiet=True)
     resumed = read_metrics(tmp_path / "vlm2")
@@ -205,3 +212,17 @@ def test_rlvr_eval_takes_a_vision_language_model(vlm_dir: Path, tmp_path: Path) 
     result = evaluate_model(str(vlm_dir), cfg, n=2, ks=[1, 2], prompts=3, temperature=1.0, max_new_tokens=4)
     assert result["prompts"] == 3 and 0 <= result["pass@1"] <= result["pass@2"] <= 1
     assert result["response_length"] > 0 and result["token_entropy"] > 0
+
+
+def test_the_report_inlines_only_the_runs_own_thumbnails(tmp_path: Path) -> None:
+    from rlvr.report import rollouts
+
+    (tmp_path / "images").mkdir()
+    name = "images/" + "a" * 40 + ".png"
+    (tmp_path / name).write_bytes(b"png")
+    (tmp_path / "secret.png").write_bytes(b"secret")
+    rows = [{"step": 1, "prompt_id": "p", "prompt": "x", "completion": "y", "reward": 0, "images": [name, "secret.png",
+                                                                                                     "images/../secret.png"]}]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    groups, _ = rollouts(tmp_path, 10)
+    assert groups[1][0]["images"] == ["data:image/png;base64,cG5n"]

@@ -78,6 +78,11 @@ def render_with_images(processor: Any, prompt: str, images: list[Any], system_pr
              if k not in ("input_ids", "attention_mask") and isinstance(v, torch.Tensor)}
     if not media:
         raise ValueError(f"{where}: the processor returned no pixel inputs for {len(pictures)} image(s)")
+    per_token = sorted(k for k, v in media.items() if v.dim() == 2 and tuple(v.shape) == (1, len(ids)))
+    if per_token:  # e.g. Gemma 3's token_type_ids: they would have to follow each row's padding
+        raise ValueError(f"{where}: the processor returns per-token inputs ({', '.join(per_token)}), which rlvr "
+                         "does not pad and pass along yet; models whose processors return only pixel inputs "
+                         "(Llava, SmolVLM without image splitting) work (docs/vlm.md)")
     return ids, media
 
 

@@ -30,7 +30,7 @@ from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import Collected
 from rlvr.train.evaluate import evaluate
 from rlvr.train.methods import Plan
-from rlvr.train.records import sample_rows, summarise, summary_line, write_report
+from rlvr.train.records import Thumbnails, sample_rows, summarise, summary_line, write_report
 from rlvr.train.rollouts import group_metrics
 from rlvr.train.run import Run, RunDirError, open_run, save, setup
 from rlvr.train.stop import GracefulStop, Interrupted, stop_if_requested
@@ -133,6 +133,7 @@ def _train_loop(run: Run, start: int, quiet: bool, began: float) -> dict[str, An
         return summary
     trackers = _trackers(run, start, progress)
     metrics_sink, samples_sink = JsonlSink(run.dir / "metrics.jsonl"), JsonlSink(run.dir / "samples.jsonl")
+    thumbnails = Thumbnails(run.dir)
     try:
         with progress, GracefulStop(progress) as stop:
             if start == 0 and ckpt.latest_checkpoint(run.dir) is None:
@@ -158,7 +159,7 @@ def _train_loop(run: Run, start: int, quiet: bool, began: float) -> dict[str, An
                 metrics_sink.write(metrics)
                 trackers.log(step, metrics)
                 if step % cfg.samples_every == 0:
-                    for row in sample_rows(step, groups):
+                    for row in sample_rows(step, groups, thumbnails):
                         samples_sink.write(row)
                 progress.step(step, metrics)
                 stop_if_requested(run, step, stop, progress)

@@ -2,21 +2,58 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 from pathlib import Path
 from typing import Any
 
 from rlvr.log import ConsoleProgress
 from rlvr.log.sinks import read_jsonl
-from rlvr.types import Group
+from rlvr.types import Group, PromptMedia
+
+THUMBNAIL_SIDE = 128
+"""The longest side of the prompt images the report shows (pixels)."""
 
 
-def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
+class Thumbnails:
+    """Writes each prompt image once, shrunk to a thumbnail, as ``<run>/images/<sha1>.png``, and
+    names it for samples.jsonl (the report's rollout browser shows them beside their group)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.dir = run_dir / "images"
+        self._known: dict[int, tuple[PromptMedia, list[str]]] = {}
+
+    def __call__(self, media: PromptMedia) -> list[str]:
+        known = self._known.get(id(media))
+        if known is not None and known[0] is media:
+            return known[1]
+        paths = [self._write(image) for image in media.images]
+        self._known[id(media)] = (media, paths)
+        return paths
+
+    def _write(self, image: Any) -> str:
+        small = image.copy()
+        small.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
+        data = io.BytesIO()
+        small.save(data, format="PNG")
+        name = f"{hashlib.sha1(data.getvalue()).hexdigest()}.png"
+        path = self.dir / name
+        if not path.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data.getvalue())
+        return f"images/{name}"
+
+
+def sample_rows(step: int, groups: list[Group], thumbnails: Thumbnails | None = None) -> list[dict[str, Any]]:
     """One row per sample; "advantage" is what update_policy used (the token mean for gae).
     "masked" lists [start, end, reason] character spans of the completion whose tokens had loss
     mask 0 (today a whole completion: a reward excluded it, or it was truncated under
-    algo.mask_truncated); the report's rollout browser marks them."""
+    algo.mask_truncated); the report's rollout browser marks them. A prompt with images gets
+    "images", its thumbnails' paths in the run directory (written by ``thumbnails``)."""
     rows = []
     for g in groups:
+        media = g.samples[0].media if g.samples else None
+        images = {"images": thumbnails(media)} if thumbnails is not None and media is not None else {}
         reasons = g.masked or [None] * len(g.samples)
         injected = g.metadata.get("injected_spans") or [[] for _ in g.samples]
         texts = g.metadata.get("texts") or [s.completion.text for s in g.samples]  # an episode: all its segments
@@ -30,7 +67,7 @@ def sample_rows(step: int, groups: list[Group]) -> list[dict[str, Any]]:
                 [[a, b, "injected"] for a, b in injected[k]],
                 **({"policy_version": s.completion.policy_version} if s.completion.policy_version is not None else {}),
                 **({"swapped_at": list(s.completion.swapped_at)} if s.completion.swapped_at else {}),
-                **({"expert": True} if s.off_policy else {})})
+                **({"expert": True} if s.off_policy else {}), **images})
     return rows
 
 
