@@ -112,3 +112,23 @@ def test_high_entropy_tokens_keep_the_top_fraction_of_trained_tokens() -> None:
     assert high_entropy_tokens(entropy, mask, 1.0).tolist() == mask.bool().tolist()
     # ties at the threshold all stay
     assert int(high_entropy_tokens(torch.ones(2, 3), torch.ones(2, 3), 0.2).sum()) == 6
+
+
+def test_kl_cov_with_one_step_per_batch_says_it_trains_as_the_policy_gradient(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """On-policy (ρ = 1) KL-Cov's |log ρ| term and its gradient are zero: a config with one
+    optimizer step per batch is told so, one with two mini-batches is not."""
+    from rlvr.config import load_config
+    from rlvr.train.settings import settings_from_config
+
+    logprobs = t(LOGPROBS).nan_to_num(0.0).requires_grad_()
+    loss, _ = kl_cov_loss(logprobs, logprobs.detach(), t(ADVANTAGES), t(MASK), kl_ratio=1.0, kl_coef=1.0)
+    (grad,) = torch.autograd.grad(loss.sum(), logprobs)
+    torch.testing.assert_close(grad, -t(ADVANTAGES) * t(MASK), atol=1e-12, rtol=0)  # every token penalised, none moved
+    with caplog.at_level("WARNING", logger="rlvr.train"):
+        settings_from_config(load_config(None, ['algo.loss="kl_cov"']), [])
+    assert "trains as the plain policy gradient" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlvr.train"):
+        settings_from_config(load_config(None, ['algo.loss="kl_cov"', "train.mini_batches=2"]), [])
+    assert "plain policy gradient" not in caplog.text

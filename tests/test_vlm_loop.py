@@ -226,3 +226,20 @@ def test_the_report_inlines_only_the_runs_own_thumbnails(tmp_path: Path) -> None
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     groups, _ = rollouts(tmp_path, 10)
     assert groups[1][0]["images"] == ["data:image/png;base64,cG5n"]
+
+
+def test_mixed_families_are_scored_by_their_own_rewards(vlm_dir: Path, tmp_path: Path) -> None:
+    """docs/vlm.md's routing: with task.name = "mixed", each example goes to the reward of its
+    family (the `task` field), and every reward scores only its own family's samples."""
+    routed = ('[{fn = "exact_answer", sources = ["count", "digits"]}, {fn = "multiple_choice", sources = ["compare"]},'
+              ' {fn = "iou", sources = ["locate"]}]')
+    cfg = load_config(None, visual_overrides(vlm_dir, tmp_path, "mixed", task__name='"mixed"', rewards=routed,
+                                             train__steps=1, train__prompts_per_step=8, task__params="{}"))
+    train(cfg, quiet=True)
+    logged = [json.loads(line) for line in (tmp_path / "mixed" / "samples.jsonl").read_text().splitlines()]
+    expected = {"count": "exact_answer", "digits": "exact_answer", "compare": "multiple_choice", "locate": "iou"}
+    family = {ex.id: ex.fields["task"] for ex in visual_examples("mixed", size=cfg.task.size + cfg.task.eval_size,
+                                                                 seed=cfg.seed)}
+    for row in logged:
+        assert set(row["rewards"]) == {expected[family[row["prompt_id"]]]}, row
+    assert len({family[row["prompt_id"]] for row in logged}) >= 2  # the eight prompts came from several families

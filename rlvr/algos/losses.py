@@ -582,6 +582,11 @@ ROW_ADVANTAGE: frozenset[str] = frozenset({"gmpo", "gspo"})
 trained token's): a config refuses them with per-token credit (a critic, a teacher, a PRM, turn
 credit)."""
 
+ACTS_OFF_POLICY: dict[str, str] = {"kl_cov": "its penalty β·|log ρ| and the penalty's gradient are zero until the "
+                                              "policy has moved"}
+"""Losses that differ from the policy gradient only once the policy has moved from the one that
+sampled (ρ ≠ 1): with one optimizer step per batch they train exactly as −ρA (a run says so)."""
+
 STATE_UPDATES: dict[str, Callable[..., None]] = {"r2vpo": r2vpo_dual_step}
 """Per-loss updates of ``loss_state`` after each optimizer step, called with the loss's keyword
 arguments and the step's token-mean metrics."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.algos.losses import LOSS_AGGREGATION
+from rlvr.algos.losses import ACTS_OFF_POLICY, LOSS_AGGREGATION
 from rlvr.config import RunConfig
 from rlvr.rewards import RewardFn
 
@@ -82,6 +83,10 @@ class UpdateSettings:
 def settings_from_config(cfg: RunConfig, rewards: list[RewardFn]) -> UpdateSettings:
     """The update settings a run's config gives."""
     a, s, tr = cfg.algo, cfg.sampling, cfg.train
+    if a.loss in ACTS_OFF_POLICY and tr.epochs * tr.mini_batches == 1:
+        logging.getLogger("rlvr.train").warning(
+            "algo.loss = %r with one optimizer step per batch (train.epochs = train.mini_batches = 1): %s, so it "
+            "trains as the plain policy gradient; set train.mini_batches >= 2 to use it", a.loss, ACTS_OFF_POLICY[a.loss])
     return UpdateSettings(
         advantage=a.advantage, advantage_kwargs=dict(a.advantage_kwargs),
         loss=a.loss, loss_kwargs=dict(a.loss_kwargs), offpolicy=a.offpolicy,
