@@ -1,8 +1,8 @@
 """A vision-language model learns a synthetic visual task from scratch on a CPU: SFT here, then GRPO
 with `rlvr train` raises its held-out accuracy further.
 
-    python examples/vlm_from_scratch.py --out runs/tiny-vlm            # build, SFT, evaluate (minutes)
-    rlvr train --config configs/vlm_count.toml model=runs/tiny-vlm/sft  # GRPO on top, held-out every 10 steps
+    python examples/vlm_from_scratch.py --out runs/tiny-vlm             # build, SFT, evaluate (~6 min)
+    rlvr train --config configs/vlm_digits.toml model=runs/tiny-vlm/sft  # GRPO on top, held-out every 10 steps
 
 No pretrained VLM can be installed here, so the model is a small Llava built in code (a SigLIP
 vision tower and a Llama language model with a byte-level tokenizer, tests/tiny.py), randomly
@@ -64,19 +64,20 @@ def greedy_accuracy(model: torch.nn.Module, processor: object, task: str, params
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/tiny-vlm")
-    p.add_argument("--task", default="count")
-    p.add_argument("--params", default="{}", help="the task's parameters, as JSON (rlvr.data.visual)")
+    p.add_argument("--task", default="digits")
+    p.add_argument("--params", default='{"min_length": 1, "max_length": 1, "font_size": 80}',
+                   help="the task's parameters, as JSON (rlvr.data.visual); the default is configs/vlm_digits.toml's")
     p.add_argument("--train-size", type=int, default=2000)
-    p.add_argument("--sft-steps", type=int, default=300)
+    p.add_argument("--sft-steps", type=int, default=600)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.manual_seed(args.seed)
     params = json.loads(args.params)
     model, processor = make_tiny_vlm(seed=args.seed, text_hidden=128, text_layers=4, vision_hidden=64,
-                                     vision_layers=2, initializer_range=0.02)
+                                     vision_layers=2)
     model.train()
     tokenizer = processor.tokenizer
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; rendering "

@@ -78,10 +78,14 @@ class PromptMedia:
     forward takes beside the prompt's ids, whose image tokens they fill.
 
     Compared by identity (``eq=False``): the G samples of a prompt hold the same object, and two
-    prompts with the same text but different images are different prompts."""
+    prompts with the same text but different images are different prompts. `prompt_media` makes
+    one from what a processor returned."""
 
     images: tuple[Any, ...]
     inputs: Mapping[str, torch.Tensor]
+    tokens: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    """Per-token inputs over the prompt's ids (1-D, the prompt's length; e.g. Qwen2-VL's
+    ``mm_token_type_ids``), zero-padded with each row where a batch is made."""
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,11 @@ def test_a_vlm_loads_with_its_processor_and_is_refused_as_a_text_model(tmp_path:
         load_vlm(str(tiny_dir), "fp32")
 
 
-def test_per_token_processor_outputs_are_refused_not_dropped() -> None:
-    """A processor that returns a per-token tensor beside the pixels (Gemma 3's token_type_ids)
-    needs it padded with each row; rather than drop it or join it wrongly, rendering says so."""
+def test_per_token_processor_outputs_are_kept_per_token() -> None:
+    """A processor that returns a per-token tensor beside the pixels (Gemma 3's token_type_ids,
+    Qwen2-VL's mm_token_type_ids) keeps it over the prompt's ids, for padding with each row."""
+    from rlvr.data.images import prompt_media
+
     _, processor = make_tiny_vlm()
 
     class WithTokenTypes:
@@ -94,8 +96,11 @@ def test_per_token_processor_outputs_are_refused_not_dropped() -> None:
 
         def __call__(self, **kwargs: object) -> dict:
             out = dict(processor(**kwargs))
-            out["token_type_ids"] = torch.zeros_like(out["input_ids"])
+            out["token_type_ids"] = (out["input_ids"] == processor.tokenizer.convert_tokens_to_ids(IMAGE)).long()
             return out
 
-    with pytest.raises(ValueError, match=r"per-token inputs \(token_type_ids\)"):
-        render_with_images(WithTokenTypes(), "How many?", [Image.new("RGB", (8, 8))])
+    image = Image.new("RGB", (8, 8))
+    ids, inputs = render_with_images(WithTokenTypes(), "How many?", [image])
+    media = prompt_media([image], inputs, len(ids))
+    assert set(media.inputs) == {"pixel_values"} and set(media.tokens) == {"token_type_ids"}
+    assert int(media.tokens["token_type_ids"].sum()) == TOKENS_PER_IMAGE and len(media.tokens["token_type_ids"]) == len(ids)

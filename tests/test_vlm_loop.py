@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlvr.config import load_config
-from rlvr.data.images import batched_inputs, image_token_ids, render_with_images
+from rlvr.data.images import batched_inputs, image_token_ids, prompt_media, render_with_images
 from rlvr.data.visual import visual_examples
 from rlvr.models import load_vlm
 from rlvr.rollout.engine import EmbeddedEngine
@@ -22,7 +22,7 @@ from rlvr.train.loop import train
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import PromptMedia, Sample, SamplingParams
 from tests.test_train import TIMING, overrides, read_metrics
-from tests.tiny import IMAGE, make_tiny_vlm
+from tests.tiny import IMAGE, make_tiny_qwen2_vl, make_tiny_vlm
 
 # The engine's tokens are scored once incrementally (prefill, then one token at a time from the
 # cache) and once over whole rows; in float32 the two summation orders differ by ~1e-6 per
@@ -30,9 +30,11 @@ from tests.tiny import IMAGE, make_tiny_vlm
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def vlm() -> tuple[Any, Any]:
-    return make_tiny_vlm(seed=1)
+@pytest.fixture(scope="module", params=["llava", "qwen2-vl"])
+def vlm(request: pytest.FixtureRequest) -> tuple[Any, Any]:
+    """A Llava (1-D positions, pixel inputs only) and a Qwen2-VL (3-D image positions and a
+    per-token input, ``mm_token_type_ids``)."""
+    return make_tiny_vlm(seed=1) if request.param == "llava" else make_tiny_qwen2_vl(seed=1)
 
 
 def prompts_with_images(processor: Any, count: int = 3, seed: int = 0) -> tuple[list[list[int]], list[PromptMedia]]:
@@ -43,7 +45,7 @@ def prompts_with_images(processor: Any, count: int = 3, seed: int = 0) -> tuple[
         images = ex.fields["images"] * (2 if k == count - 1 else 1)
         row, inputs = render_with_images(processor, ex.prompt, images)
         ids.append(row)
-        media.append(PromptMedia(tuple(images), inputs))
+        media.append(prompt_media(images, inputs, len(row)))
     return ids, media
 
 
@@ -59,9 +61,9 @@ def test_the_engine_samples_from_the_image(vlm: tuple[Any, Any]) -> None:
     ids = [rendered[0][0]] * 2
     params = SamplingParams(temperature=1.0, max_new_tokens=3, n=2)
     out = engine.generate(ids, params, seeds=[[5, 6], [5, 6]],
-                          media=[PromptMedia(tuple(a), rendered[0][1]), PromptMedia(tuple(b), rendered[1][1])])
+                          media=[prompt_media(a, rendered[0][1], len(ids[0])), prompt_media(b, rendered[1][1], len(ids[0]))])
     assert out[0][0].logprobs[0] != pytest.approx(out[1][0].logprobs[0], abs=1e-6)
-    same = PromptMedia(tuple(a), rendered[0][1])
+    same = prompt_media(a, rendered[0][1], len(ids[0]))
     again = engine.generate(ids, params, seeds=[[5, 6], [5, 6]], media=[same, same])
     assert again[0][0].logprobs == again[1][0].logprobs
 
@@ -85,8 +87,8 @@ def test_learner_logprobs_equal_the_engines(vlm: tuple[Any, Any], share: bool) -
         torch.testing.assert_close(learner, torch.tensor(s.completion.logprobs, dtype=learner.dtype), atol=ATOL, rtol=0)
     # the pixels reach the learner: the same rows scored with another prompt's images differ
     moved = [Sample(s.prompt_ids, s.completion, 0.0, {}, s.prompt_index,
-                    media=PromptMedia(s.media.images, media[(s.prompt_index + 1) % 2].inputs) if s.prompt_index < 2
-                    else s.media) for s in samples]
+                    media=PromptMedia(s.media.images, media[(s.prompt_index + 1) % 2].inputs, s.media.tokens)
+                    if s.prompt_index < 2 else s.media) for s in samples]
     with torch.no_grad():
         other_BT, _ = sample_logprobs(model, moved, batch, settings, tokenizer.pad_token_id)
     assert not torch.allclose(other_BT[:4], logprobs_BT[:4], atol=1e-3)
@@ -100,10 +102,17 @@ def test_batched_inputs_join_prompts_in_row_order() -> None:
     assert joined["pixel_values"][:, 0, 0, 0].tolist() == [0.0, 1.0, 1.0]
     assert joined["grid"].tolist() == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
     assert batched_inputs([None, None]) == {}
-    with pytest.raises(ValueError, match="different pixel inputs"):
+    with pytest.raises(ValueError, match="different image inputs"):
         batched_inputs([a, PromptMedia((), {"pixel_values": torch.zeros(1, 3, 2, 2)})])
     with pytest.raises(ValueError, match="cannot be joined"):
         batched_inputs([a, PromptMedia((), {"pixel_values": torch.zeros(1, 3, 4, 4), "grid": torch.tensor([[1, 1, 1]])})])
+    # per-token inputs follow each row's layout: left-padded (the engine) or from column 0 (the learner)
+    c = prompt_media((), {"pixel_values": torch.zeros(1, 3, 2, 2), "kind": torch.tensor([[0, 1, 1]])}, length=3)
+    assert set(c.inputs) == {"pixel_values"} and c.tokens["kind"].tolist() == [0, 1, 1]
+    assert batched_inputs([c, None, c], starts=[2, 0, 0], width=5)["kind"].tolist() == [
+        [0, 0, 0, 1, 1], [0, 0, 0, 0, 0], [0, 1, 1, 0, 0]]
+    with pytest.raises(ValueError, match="need the rows' layout"):
+        batched_inputs([c])
 
 
 @pytest.fixture(scope="module")

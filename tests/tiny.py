@@ -116,3 +116,51 @@ def make_tiny_vlm(seed: int = 0, dtype: torch.dtype = torch.float32, *, text_hid
                                tokenizer=tokenizer, patch_size=PATCH, vision_feature_select_strategy="full",
                                chat_template=CHATML_IMAGE_TEMPLATE, image_token=IMAGE)
     return model.to(dtype).eval(), processor
+
+
+QWEN_IMAGE_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tiny_qwen2_vl(seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """A random Qwen2-VL (a 1-layer vision tower on 32 × 32 images, patch 8, 2 × 2 merge: 4 image
+    tokens per image, placed on 3-D rotary positions; a 2-layer text model over the tiny
+    tokenizer with Qwen's vision tokens) and its processor, built in code: (model, processor).
+
+    transformers builds a Qwen2VLProcessor only with a video processor, which needs torchvision
+    (not installed here); images need none, so the check is skipped for that one argument."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil, Qwen2VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    tokenizer = make_tiny_tokenizer()
+    specials = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})  # type: ignore[dict-item]
+    start, end, image, video = (tokenizer.convert_tokens_to_ids(t) for t in specials)
+    text = {"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+            "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}, "initializer_range": 0.2,
+            "pad_token_id": PAD_ID, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID}
+    vision = {"depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2, "patch_size": PATCH,
+              "spatial_merge_size": 2, "in_chans": 3, "temporal_patch_size": 2}
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=image, video_token_id=video,
+                           vision_start_token_id=start, vision_end_token_id=end)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2VLForConditionalGeneration(config)
+    images = Qwen2VLImageProcessorPil(min_pixels=IMAGE_SIDE**2, max_pixels=IMAGE_SIDE**2, patch_size=PATCH,
+                                      merge_size=2, temporal_patch_size=2)
+    check = ProcessorMixin.check_argument_for_proper_class
+    try:
+        ProcessorMixin.check_argument_for_proper_class = (  # type: ignore[method-assign]
+            lambda self, name, arg: None if arg is None else check(self, name, arg))
+        processor = Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=None,
+                                     chat_template=QWEN_IMAGE_TEMPLATE)
+    finally:
+        ProcessorMixin.check_argument_for_proper_class = check  # type: ignore[method-assign]
+    return model.to(dtype).eval(), processor

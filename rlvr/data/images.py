@@ -11,8 +11,9 @@ pixel inputs the model's forward takes.
 
 from __future__ import annotations
 
+import inspect
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,51 +79,77 @@ def render_with_images(processor: Any, prompt: str, images: list[Any], system_pr
              if k not in ("input_ids", "attention_mask") and isinstance(v, torch.Tensor)}
     if not media:
         raise ValueError(f"{where}: the processor returned no pixel inputs for {len(pictures)} image(s)")
-    per_token = sorted(k for k, v in media.items() if v.dim() == 2 and tuple(v.shape) == (1, len(ids)))
-    if per_token:  # e.g. Gemma 3's token_type_ids: they would have to follow each row's padding
-        raise ValueError(f"{where}: the processor returns per-token inputs ({', '.join(per_token)}), which rlvr "
-                         "does not pad and pass along yet; models whose processors return only pixel inputs "
-                         "(Llava, SmolVLM without image splitting) work (docs/vlm.md)")
     return ids, media
 
 
+def prompt_media(images: Sequence[Any], inputs: Mapping[str, torch.Tensor], length: int) -> PromptMedia:
+    """A prompt's `PromptMedia` from what `render_with_images` returned for its ``length`` ids:
+    tensors of shape (1, length) are per-token inputs (Qwen2-VL's ``mm_token_type_ids``, Gemma 3's
+    ``token_type_ids``), the others pixel inputs."""
+    tokens = {k: v[0] for k, v in inputs.items() if v.dim() == 2 and tuple(v.shape) == (1, length)}
+    return PromptMedia(tuple(images), {k: v for k, v in inputs.items() if k not in tokens}, tokens)
+
+
 def batched_inputs(media: Sequence[PromptMedia | None], device: torch.device | str | None = None,
-                   dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The pixel inputs of a batch of prompts for one forward: each prompt's inputs (batch of one
-    prompt each) joined along the first dimension in row order, prompts without images skipped.
+                   dtype: torch.dtype | None = None, *, starts: Sequence[int] | None = None,
+                   width: int | None = None) -> dict[str, torch.Tensor]:
+    """The image inputs of a batch of rows for one forward: each prompt's pixel inputs (batch of
+    one prompt each) joined along the first dimension in row order, rows without images skipped.
     That is how the models whose processors give one entry per image (Llava, Gemma 3) or per
     image patch (Qwen2-VL's ``pixel_values`` with its ``image_grid_thw``) read a batch: the
-    image features fill the ids' image tokens in row-major order. Floating-point inputs take ``dtype`` (the model's), others
-    keep theirs. Empty for a text-only batch."""
-    present = [m.inputs for m in media if m is not None]
+    image features fill the ids' image tokens in row-major order. Per-token inputs are laid out
+    as [rows, ``width``], row i's prompt from column ``starts[i]`` (its left padding in the
+    engine, 0 in the learner's right-padded rows), zeros elsewhere (text, completions, padding).
+    Floating-point inputs take ``dtype`` (the model's), others keep theirs. Empty for a text-only
+    batch."""
+    present = [m for m in media if m is not None]
     if not present:
         return {}
-    keys = set(present[0])
-    if any(set(inputs) != keys for inputs in present):
-        raise ValueError(f"prompts in one batch carry different pixel inputs: {sorted(keys)} vs "
-                         f"{sorted(next(set(i) for i in present if set(i) != keys))}")
+    keys, token_keys = set(present[0].inputs), set(present[0].tokens)
+    for entry in present:
+        if set(entry.inputs) != keys or set(entry.tokens) != token_keys:
+            raise ValueError(f"prompts in one batch carry different image inputs: {sorted(keys | token_keys)} vs "
+                             f"{sorted(set(entry.inputs) | set(entry.tokens))}")
     out = {}
     for key in sorted(keys):
-        parts = [inputs[key] for inputs in present]
+        parts = [entry.inputs[key] for entry in present]
         if any(p.shape[1:] != parts[0].shape[1:] for p in parts):
             raise ValueError(f"pixel input {key!r} has shapes {sorted({tuple(p.shape) for p in parts})} across the "
                              "batch's prompts and cannot be joined (a processor that pads per batch, e.g. to a "
                              "common number of images, needs prompts with the same number of images)")
         joined = torch.cat(parts)
         out[key] = joined.to(device=device, dtype=dtype if dtype is not None and joined.is_floating_point() else None)
+    if token_keys:
+        if starts is None or width is None:
+            raise ValueError(f"per-token inputs {sorted(token_keys)} need the rows' layout (starts and width)")
+        for key in sorted(token_keys):
+            grid = torch.zeros((len(media), width), dtype=present[0].tokens[key].dtype)
+            for row, (item, start) in enumerate(zip(media, starts)):
+                if item is not None:
+                    grid[row, start : start + len(item.tokens[key])] = item.tokens[key]
+            out[key] = grid.to(device)
     return out
 
 
-def refuse_3d_positions(model: Any) -> None:
-    """A ValueError for a model that places image tokens on 3-D rotary positions it computes
-    itself (Qwen2-VL and its successors: ``get_rope_index``). rlvr's engine and learner pass
-    positions counted over a row's real tokens, right for 1-D rotary models (Llava, SmolVLM,
-    Gemma 3) and wrong for these, whose image tokens share positions along a grid."""
+def multimodal_positions(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
+                         inputs: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    """The 3-D rotary positions ([3, B, T]) of a model that places image tokens on a grid
+    (Qwen2-VL and its successors: ``get_rope_index``), for rows padded as ``attention_mask_BT``
+    says; None for a model with 1-D positions. Text tokens after the images continue from the
+    largest position so far, so a row's next position is its last one + 1."""
     inner = getattr(model, "model", model)
-    if hasattr(model, "get_rope_index") or hasattr(inner, "get_rope_index"):
-        raise ValueError(f"{type(model).__name__} places image tokens on 3-D rotary positions (get_rope_index), "
-                         "which rlvr's embedded engine and learner do not compute yet; models with 1-D positions "
-                         "(Llava, SmolVLM, Gemma 3) work (docs/vlm.md)")
+    get_rope_index = getattr(inner, "get_rope_index", None)
+    if get_rope_index is None or not inputs:
+        return None
+    accepted = inspect.signature(get_rope_index).parameters
+    given = {"input_ids": input_ids_BT, "attention_mask": attention_mask_BT, **inputs}
+    positions, _ = get_rope_index(**{k: v for k, v in given.items() if k in accepted})
+    return positions  # type: ignore[no-any-return]
+
+
+def uses_multimodal_positions(model: Any) -> bool:
+    """Whether ``model`` computes 3-D rotary positions for its image tokens (`multimodal_positions`)."""
+    return hasattr(getattr(model, "model", model), "get_rope_index")
 
 
 def image_token_ids(processor: Any) -> set[int]:

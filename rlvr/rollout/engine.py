@@ -28,7 +28,7 @@ from typing import Literal, Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlvr.data.images import batched_inputs, refuse_3d_positions
+from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.models import with_cache
 from rlvr.rollout.sampling import sample_tokens
 from rlvr.rollout.static_decode import FusedWeights, StaticDecoder, unsupported_reason
@@ -166,8 +166,6 @@ class EmbeddedEngine:
             raise ValueError(f"seeds must be {len(prompts)} rows of n = {params.n}")
         if media is not None and len(media) != len(prompts):
             raise ValueError(f"media must give one entry (or None) per prompt: {len(media)} for {len(prompts)} prompts")
-        if media is not None and any(m is not None for m in media):
-            refuse_3d_positions(self.model)
         per_chunk = max(1, self.max_batch_size // params.n)
         out: list[list[Completion]] = []
         with self._busy:
@@ -185,10 +183,11 @@ class EmbeddedEngine:
                 self.model.train(was_training)
         return out
 
-    def _decoder(self, cache: DynamicCache, mask_PT: torch.Tensor, n: int) -> StaticDecoder | HFDecoder:
+    def _decoder(self, cache: DynamicCache, mask_PT: torch.Tensor, n: int,
+                 offsets_P: torch.Tensor | None = None) -> StaticDecoder | HFDecoder:
         if self.decoder == "static":
             return StaticDecoder(self.model, self._fused_weights(), cache, mask_PT, n)
-        return HFDecoder(self.model, cache, mask_PT, n)
+        return HFDecoder(self.model, cache, mask_PT, n, offsets_P)
 
     @torch.no_grad()
     def _generate_chunk(
@@ -203,9 +202,9 @@ class EmbeddedEngine:
             torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
             if params.temperature > 0 else torch.zeros(params.max_new_tokens, dtype=torch.float64)
             for row in seeds for seed in row]).to(self.device)
-        cache, logits_PV, mask_PT = self._prefill(prompts, media)
+        cache, logits_PV, mask_PT, offsets_P = self._prefill(prompts, media)
         logits = logits_PV.repeat_interleave(n, 0)
-        decoder = self._decoder(cache, mask_PT, n)
+        decoder = self._decoder(cache, mask_PT, n, offsets_P)
         del cache
         version = self.version
         swapped_at: list[list[int]] = [[] for _ in range(len(prompts) * n)]
@@ -240,9 +239,10 @@ class EmbeddedEngine:
                 running = rows.tolist()
                 for r in running:
                     swapped_at[r].append(step + 1)
-                cache, logits, mask_RT = self._prefill([prompts[r // n] + tokens[r] for r in running],
-                                                       None if media is None else [media[r // n] for r in running])
-                decoder = self._decoder(cache, mask_RT, 1)
+                cache, logits, mask_RT, offsets_R = self._prefill(
+                    [prompts[r // n] + tokens[r] for r in running],
+                    None if media is None else [media[r // n] for r in running])
+                decoder = self._decoder(cache, mask_RT, 1, offsets_R)
                 del cache
                 continue
             logits = decoder.step(tok_B)
@@ -253,12 +253,14 @@ class EmbeddedEngine:
         ]
 
     def _prefill(self, prompts: list[list[int]], media: Sequence[PromptMedia | None] | None = None,
-                 ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+                 ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Prefill each prompt once (the decoders repeat the cache for the n samples), with the
         pixel inputs of the prompts that have images: the model fills their image tokens.
 
-        Returns (cache, next-token logits_PV, attention mask_PT). Prompts are left-padded;
-        positions count real tokens only, as in the learner's right-padded rows.
+        Returns (cache, next-token logits_PV, attention mask_PT, position offsets_P). Prompts are
+        left-padded; positions count real tokens only, as in the learner's right-padded rows. A
+        model with 3-D image positions (Qwen2-VL) gets them from its own `get_rope_index`, and
+        offsets_P says how far each row's next position is from its length (None: not at all).
         """
         width = max(len(p) for p in prompts)
         ids_PT = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -267,14 +269,17 @@ class EmbeddedEngine:
             ids_PT[i, width - len(p) :] = torch.tensor(p)
             mask_PT[i, width - len(p) :] = 1
         ids_PT, mask_PT = ids_PT.to(self.device), mask_PT.to(self.device)
-        pos_PT = (mask_PT.cumsum(-1) - 1).clamp(min=0)
+        images = batched_inputs(media or (), self.device, self.model.dtype, starts=[width - len(p) for p in prompts],
+                                width=width)
+        grid = multimodal_positions(self.model, ids_PT, mask_PT, images)
+        pos = (mask_PT.cumsum(-1) - 1).clamp(min=0) if grid is None else grid
         cache = DynamicCache()
         logits = self.model(
-            input_ids=ids_PT, attention_mask=mask_PT, position_ids=pos_PT,
-            logits_to_keep=1, **with_cache(self.model, cache),
-            **batched_inputs(media or (), self.device, self.model.dtype),
+            input_ids=ids_PT, attention_mask=mask_PT, position_ids=pos, logits_to_keep=1,
+            **with_cache(self.model, cache), **images,
         ).logits[:, -1]
-        return cache, logits, mask_PT
+        offsets = None if grid is None else grid.amax(dim=(0, 2)) + 1 - mask_PT.sum(-1)
+        return cache, logits, mask_PT, offsets
 
     @torch.no_grad()
     def _fused_weights(self) -> FusedWeights:
@@ -317,12 +322,17 @@ def draw_seeds(generator: torch.Generator, num_prompts: int, params: SamplingPar
 class HFDecoder:
     """Decode steps through the model's own forward and a `DynamicCache`: works for any causal LM."""
 
-    def __init__(self, model: PreTrainedModel, cache: DynamicCache, mask_PT: torch.Tensor, n: int) -> None:
-        """`cache` and `mask_PT` hold one row per prompt; each is repeated for its n samples."""
+    def __init__(self, model: PreTrainedModel, cache: DynamicCache, mask_PT: torch.Tensor, n: int,
+                 offsets_P: torch.Tensor | None = None) -> None:
+        """`cache` and `mask_PT` hold one row per prompt; each is repeated for its n samples.
+        ``offsets_P``: how far each prompt's next position is from its length (3-D image
+        positions run ahead of or behind the token count)."""
         if n > 1:
             cache.batch_repeat_interleave(n)
         self.model, self.cache, self.mask_BT = model, cache, mask_PT.repeat_interleave(n, 0)
         self.next_pos_B = self.mask_BT.sum(-1)
+        if offsets_P is not None:
+            self.next_pos_B = self.next_pos_B + offsets_P.repeat_interleave(n, 0)
 
     def keep(self, idx: torch.Tensor) -> None:
         """Keep only running rows `idx`."""

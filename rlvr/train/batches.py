@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from transformers import PreTrainedModel
 
-from rlvr.data.images import batched_inputs, refuse_3d_positions
+from rlvr.data.images import batched_inputs, uses_multimodal_positions
 from rlvr.rewards.intrinsic import token_certainty
 from rlvr.train.logprobs import can_share_prompts, shared_prompt_logprobs, token_budget_batches, token_logprobs
 from rlvr.train.settings import UpdateSettings
@@ -109,12 +109,12 @@ def sample_logprobs(model: PreTrainedModel, rows: list[Sample], batch: dict[str,
     prompts: dict[tuple[tuple[int, ...], PromptMedia | None], int] = {}
     row_prompt = [prompts.setdefault(x.prompt_key, len(prompts)) for x in rows]
     device, dtype = batch["input_ids"].device, next(model.parameters()).dtype
-    if any(x.media is not None for x in rows):
-        refuse_3d_positions(model)
-    if not (s.share_prompts and shares_prompts(rows) and can_share_prompts(model)):
+    # a prompt's cache serves its completions only where positions are a plain count and no input runs per token
+    plain = not any(x.media is not None and (x.media.tokens or uses_multimodal_positions(model)) for x in rows)
+    if not (s.share_prompts and plain and shares_prompts(rows) and can_share_prompts(model)):
         return token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
                               temperature=s.temperature, chunk_size=s.logprob_chunk,
-                              media=batched_inputs([x.media for x in rows], device, dtype))
+                              media=row_inputs([x.media for x in rows], batch, dtype))
     logprobs_N, entropy_N = shared_prompt_logprobs(
         model, [list(ids) for ids, _ in prompts], [list(x.completion.token_ids) for x in rows], row_prompt,
         pad_token_id, temperature=s.temperature, chunk_size=s.logprob_chunk,
@@ -122,6 +122,14 @@ def sample_logprobs(model: PreTrainedModel, rows: list[Sample], batch: dict[str,
     where_BT = batch["completion_mask"]
     zeros = torch.zeros(where_BT.shape, dtype=logprobs_N.dtype, device=where_BT.device)
     return zeros.masked_scatter(where_BT, logprobs_N), zeros.masked_scatter(where_BT, entropy_N)
+
+
+def row_inputs(media: list[PromptMedia | None], batch: dict[str, torch.Tensor], dtype: torch.dtype,
+               ) -> dict[str, torch.Tensor]:
+    """The image inputs of `collate`'s right-padded rows (rlvr.data.images.batched_inputs): every
+    prompt starts at column 0. A model with 3-D image positions computes them from these."""
+    ids = batch["input_ids"]
+    return batched_inputs(media, ids.device, dtype, starts=[0] * len(media), width=ids.shape[1])
 
 
 def scored_batches(model: PreTrainedModel, samples: list[Sample], s: UpdateSettings, pad_token_id: int,
@@ -164,8 +172,8 @@ def score_certainty(
     for micro, batch in batches(samples, list(range(len(samples))), pad, device, micro_batch_size):
         certainty[micro], negative_entropy[micro] = token_certainty(
             model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"], temperature=temperature,
-            chunk_size=chunk_size, media=batched_inputs([samples[i].media for i in micro], device,
-                                                        next(model.parameters()).dtype))
+            chunk_size=chunk_size, media=row_inputs([samples[i].media for i in micro], batch,
+                                                    next(model.parameters()).dtype))
     return certainty, negative_entropy
 
 
