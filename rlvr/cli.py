@@ -269,7 +269,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _sample(args: argparse.Namespace) -> int:
     from rlvr.data import render_prompt
-    from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+    from rlvr.models import eos_token_ids, load_policy, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
     from rlvr.eval.run import resolve_model
     from rlvr.types import SamplingParams
@@ -278,8 +278,7 @@ def _sample(args: argparse.Namespace) -> int:
     prompts = args.prompts or [line.strip() for line in sys.stdin if line.strip()]
     if not prompts:
         raise ValueError("no prompts given (pass them as arguments or one per line on stdin)")
-    tokenizer = load_tokenizer(model_spec)
-    model = load_model(model_spec, resolve_dtype("auto"))
+    model, tokenizer, _ = load_policy(model_spec, resolve_dtype("auto"))  # a VLM answers text prompts too
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=args.seed)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens, n=args.n)

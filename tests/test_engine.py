@@ -354,7 +354,7 @@ def test_static_decoder_shares_prompt_keys_through_every_layout(
     monkeypatch.setattr(static_decode, "SHARE_FROM", 0)  # share even the tests' short prompts
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]  # 2, 19 and 4 tokens: left padding
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
-    cache, logits, mask_PT = engine._prefill(prompts)
+    cache, logits, mask_PT, _ = engine._prefill(prompts)
     n = 4
     decoder = StaticDecoder(tiny_model, FusedWeights(tiny_model), cache, mask_PT, n)
     rows = list(range(len(prompts) * n))  # which sample each running row is
@@ -391,7 +391,7 @@ def test_static_decoder_shares_only_where_it_saves_enough_reads(tiny_model: Mode
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
     short, wide = [1, 5, 7], [1, 5, 7] * (SHARE_FROM // 3 // 3 + 1)  # (4 - 1) · 1 · width below / above it
     for prompt, shared in ((short, False), (wide, True)):
-        cache, _, mask_PT = engine._prefill([prompt])
+        cache, _, mask_PT, _ = engine._prefill([prompt])
         decoder = StaticDecoder(tiny_model, FusedWeights(tiny_model), cache, mask_PT, 4)
         assert bool(decoder.prompt_keys) == shared and decoder.n == (4 if shared else 1)
         assert len(decoder.step(torch.tensor([9, 9, 9, 9]))) == 4

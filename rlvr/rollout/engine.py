@@ -12,6 +12,10 @@ Two decoders run the steps after the prefill: `"static"` (rlvr.rollout.static_de
 preallocated cache and fused projections, for Llama-family models) and `"hf"` (the model's own
 forward with a `DynamicCache`, for any causal LM). `decoder="auto"` picks static where it applies.
 
+Vision-language models: a prompt's images (`PromptMedia`) are prefilled with its ids, and the HF
+decoder goes on from the cache; a model with 3-D image positions (Qwen2-VL) gets them from its
+own `get_rope_index` and decodes on from each row's largest position + 1.
+
 Partial rollouts (`offer_weights`): new weights offered while a call is sampling take over at
 the next token. The running sequences are prefilled again, prompt and tokens so far, under the
 new weights (their old KV cache was computed by the old ones), and sampling goes on. Each token's
