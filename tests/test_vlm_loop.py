@@ -80,6 +80,8 @@ def test_learner_logprobs_equal_the_engines(vlm: tuple[Any, Any], share: bool) -
                for c in group]
     settings = UpdateSettings(share_prompts=share, micro_batch_size=len(samples))
     batch = collate(samples, tokenizer.pad_token_id, torch.device("cpu"))
+    images_BT = torch.isin(batch["input_ids"], torch.tensor(sorted(image_token_ids(processor))))
+    assert images_BT.any() and not (images_BT & batch["loss_mask"]).any()  # image tokens are never trained
     with torch.no_grad():
         logprobs_BT, _ = sample_logprobs(model, samples, batch, settings, tokenizer.pad_token_id)
     for row, s in enumerate(samples):
