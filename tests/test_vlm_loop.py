@@ -254,3 +254,28 @@ def test_mixed_families_are_scored_by_their_own_rewards(vlm_dir: Path, tmp_path:
     for row in logged:
         assert set(row["rewards"]) == {expected[family[row["prompt_id"]]]}, row
     assert len({family[row["prompt_id"]] for row in logged}) >= 2  # the eight prompts came from several families
+
+
+def test_parquet_rows_with_image_bytes_render(vlm_dir: Path, tmp_path: Path) -> None:
+    """A Parquet file as `datasets` writes an Image column: {"bytes", "path"} structs."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlvr.models import load_processor
+    from rlvr.train.data import load_task
+
+    pictures = []
+    for ex in visual_examples("digits", size=3, seed=2):
+        data = io.BytesIO()
+        ex.fields["images"][0].save(data, format="PNG")
+        pictures.append({"bytes": data.getvalue(), "path": None})
+    table = pa.table({"prompt": ["What number?"] * 3, "answer": ["1", "2", "3"], "image": pictures})
+    pq.write_table(table, tmp_path / "rows.parquet")
+    processor = load_processor(str(vlm_dir))
+    cfg = load_config(None, visual_overrides(vlm_dir, tmp_path, "pq", task__source='"parquet"',
+                                             task__path=f'"{tmp_path / "rows.parquet"}"', task__size=2, task__eval_size=1,
+                                             task__params='{image_column = "image"}'))
+    task = load_task(cfg, processor.tokenizer, [], processor)
+    assert task.media is not None and all(m is not None and m.images[0].size == (128, 128) for m in task.media)
