@@ -101,10 +101,9 @@ def _inlined(run_dir: Path, paths: list[str]) -> list[str]:
     data URIs, so that the report stays one file; a path of any other form, or a missing file,
     is left out (the page never reads outside the run's images folder)."""
     out = []
-    for path in paths:
-        file = run_dir / path
-        if isinstance(path, str) and re.fullmatch(r"images/[0-9a-f]{40}\.png", path) and file.is_file():
-            out.append("data:image/png;base64," + base64.b64encode(file.read_bytes()).decode("ascii"))
+    for path in paths if isinstance(paths, list) else []:
+        if isinstance(path, str) and re.fullmatch(r"images/[0-9a-f]{40}\.png", path) and (run_dir / path).is_file():
+            out.append("data:image/png;base64," + base64.b64encode((run_dir / path).read_bytes()).decode("ascii"))
     return out
 
 

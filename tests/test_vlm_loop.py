@@ -279,3 +279,51 @@ def test_parquet_rows_with_image_bytes_render(vlm_dir: Path, tmp_path: Path) -> 
                                              task__params='{image_column = "image"}'))
     task = load_task(cfg, processor.tokenizer, [], processor)
     assert task.media is not None and all(m is not None and m.images[0].size == (128, 128) for m in task.media)
+
+
+def test_the_engine_never_samples_an_image_placeholder(vlm: tuple[Any, Any]) -> None:
+    """A completion holding an image token would stand for an image nobody gave (and the
+    learner's forward would fail on it). With the placeholder's logit pushed up by 30, an engine
+    that bans it samples none (and still valid log-probs); one that does not, mostly that token."""
+    model, processor = vlm
+    tokenizer = processor.tokenizer
+    image = sorted(image_token_ids(processor))
+    ids, media = prompts_with_images(processor, count=2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, n=2)
+    head = model.get_output_embeddings()
+    push = head.register_forward_hook(lambda module, args, out: out.index_add(
+        -1, torch.tensor(image), torch.full((*out.shape[:-1], len(image)), 30.0, dtype=out.dtype)))
+    try:
+        free = EmbeddedEngine(model, tokenizer, eos_token_ids=[tokenizer.eos_token_id])
+        banned = EmbeddedEngine(model, tokenizer, eos_token_ids=[tokenizer.eos_token_id], banned_token_ids=image)
+        loose = [t for g in free.generate(ids, params, media=media) for c in g for t in c.token_ids]
+        kept = [c for g in banned.generate(ids, params, media=media) for c in g]
+    finally:
+        push.remove()
+    assert sum(t in image for t in loose) > len(loose) // 2
+    assert not any(t in image for c in kept for t in c.token_ids)
+    assert all(len(c.token_ids) > 0 and all(lp > -50 for lp in c.logprobs) for c in kept)
+
+
+def test_what_does_not_take_images_yet_says_so() -> None:
+    """A critic would score image-token ids without their pixels: refused, not silently wrong."""
+    from rlvr.train.critic import Critic
+
+    with pytest.raises(ValueError, match="critic .* vision-language model is not supported yet"):
+        Critic(make_tiny_vlm()[0])
+
+
+def test_a_rehearsal_set_read_back_gets_its_images(tmp_path: Path) -> None:
+    """DPH-RL's rehearsal file keeps ids, not images; read back (every resume), its samples get
+    their prompts' images from the task, or their divergence would be scored without pixels."""
+    from types import SimpleNamespace
+
+    from rlvr.train.methods.rehearsal import Rehearsal, screen
+    from rlvr.types import Completion
+
+    a = PromptMedia((), {"pixel_values": torch.zeros(1, 3, 2, 2)})
+    b = PromptMedia((), {"pixel_values": torch.ones(1, 3, 2, 2)})
+    sample = Sample((1, 2), Completion((3,), (-0.5,), "stop", "x"), 1.0, {}, 1, media=b)
+    Rehearsal([sample], screened=2).save(tmp_path)
+    run = SimpleNamespace(dir=tmp_path, task=SimpleNamespace(media=[a, b]))
+    assert screen(run, None, None).samples[0].media is b  # type: ignore[arg-type]

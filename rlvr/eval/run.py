@@ -35,6 +35,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     from rlvr.data import render_example, render_prompt
     from rlvr.models import eos_token_ids, load_policy, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.data.images import image_token_ids
     from rlvr.train.data import load_examples, render_with_processor
     from rlvr.train.rollouts import generate_groups, is_correct
     from rlvr.train.batches import score_certainty
@@ -45,7 +46,8 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     path = resolve_model(model_spec)
     model, tokenizer, processor = load_policy(path, resolve_dtype("auto"))
     model.eval()
-    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed)
+    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
+                            banned_token_ids=image_token_ids(processor) if processor is not None else ())
     _, held = load_examples(cfg)
     held = held[:prompts]
     if not held:

@@ -89,7 +89,12 @@ class EmbeddedEngine:
         max_batch_size: int = 64,
         seed: int = 0,
         decoder: Literal["auto", "static", "hf"] = "auto",
+        banned_token_ids: Iterable[int] = (),
     ) -> None:
+        """``banned_token_ids``: tokens never sampled (a VLM's image placeholders,
+        rlvr.data.images.image_token_ids: a completion holding one would stand for an image
+        nobody gave); their probability goes to the others, and the log-probs are of that
+        distribution, as after top-k."""
         reason = unsupported_reason(model)
         if decoder == "static" and reason:
             raise ValueError(f"decoder='static' cannot run this model: {reason}; use decoder='hf'")
@@ -99,6 +104,8 @@ class EmbeddedEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(set(eos_token_ids))
+        banned = sorted(set(banned_token_ids))
+        self._banned = torch.tensor(banned, dtype=torch.long) if banned else None
         self.max_batch_size = max_batch_size
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.device = next(model.parameters()).device
@@ -217,7 +224,10 @@ class EmbeddedEngine:
         logps: list[list[float]] = [[] for _ in range(len(prompts) * n)]
         reasons: list[FinishReason] = ["length"] * (len(prompts) * n)
         max_stop = max((len(s.encode("utf-8")) for s in params.stop), default=0)
+        banned = None if self._banned is None else self._banned.to(self.device)
         for step in range(params.max_new_tokens):
+            if banned is not None:
+                logits = logits.index_fill(-1, banned, float("-inf"))
             tok_B, lp_B = sample_tokens(
                 logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                 uniforms_B=uniforms_BT[rows, step],

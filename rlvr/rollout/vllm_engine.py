@@ -52,7 +52,8 @@ class VLLMEngine:
     ``tensor_parallel_size``, ``max_model_len``, ``enforce_eager``, ...)."""
 
     def __init__(self, model: str, tokenizer: Any, *, eos_token_ids: Iterable[int], seed: int = 0,
-                 dtype: str = "auto", enable_sleep_mode: bool = False, **llm_kwargs: Any) -> None:
+                 dtype: str = "auto", enable_sleep_mode: bool = False, banned_token_ids: Iterable[int] = (),
+                 **llm_kwargs: Any) -> None:
         if not torch.cuda.is_available():
             raise ValueError("engine.backend = \"vllm\" needs a CUDA GPU, and this machine has none "
                              "(the embedded engine runs anywhere: engine.backend = \"embedded\")")
@@ -64,6 +65,8 @@ class VLLMEngine:
                             worker_extension_cls=f"{__name__}.WorkerWeights", **llm_kwargs)
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(set(int(i) for i in eos_token_ids))
+        self.banned = {int(i): -100.0 for i in banned_token_ids}
+        """Tokens never sampled (a VLM's image placeholders), through vLLM's ``logit_bias``."""
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.generator = torch.Generator().manual_seed(seed)
         self.version: int | None = None
@@ -90,7 +93,8 @@ class VLLMEngine:
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
             max_tokens=params.max_new_tokens, stop=list(params.stop) or None, stop_token_ids=self.eos_token_ids,
             logprobs=0, seed=None if greedy else seeds[k][0] % (2**31 - 1), skip_special_tokens=True,
-            include_stop_str_in_output=True, ignore_eos=False) for k in range(len(prompts))]
+            include_stop_str_in_output=True, ignore_eos=False, logit_bias=self.banned or None)
+            for k in range(len(prompts))]
         if media is not None and len(media) != len(prompts):
             raise ValueError(f"media must give one entry (or None) per prompt: {len(media)} for {len(prompts)} prompts")
         inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]

@@ -34,23 +34,27 @@ class RolloutWorker:
     def __init__(self, model_spec: str, state: dict[str, torch.Tensor], version: int, *, dtype: str,
                  max_batch_size: int, decoder: str, eos_token_ids: list[int], threads: int,
                  partial: bool = False, backend: str = "embedded", vllm_kwargs: dict[str, Any] | None = None) -> None:
+        from rlvr.data.images import image_token_ids
         from rlvr.models import is_vision_language, load_model, load_processor, load_tokenizer, load_vlm, resolve_dtype
 
         torch.set_num_threads(threads)
         vision = is_vision_language(model_spec)
-        tokenizer = load_processor(model_spec).tokenizer if vision else load_tokenizer(model_spec)
+        processor: Any = load_processor(model_spec) if vision else None
+        tokenizer = processor.tokenizer if vision else load_tokenizer(model_spec)
+        banned = image_token_ids(processor) if vision else set()  # as the local engine: never an image placeholder
         self.engine: Any
         if backend == "vllm":  # on this actor's GPU (dist.ray.gpus_per_worker)
             from rlvr.rollout.vllm_engine import VLLMEngine
 
             self.engine = VLLMEngine(model_spec, tokenizer, eos_token_ids=eos_token_ids,
-                                     dtype=str(resolve_dtype(dtype, "cuda")).removeprefix("torch."), **(vllm_kwargs or {}))
+                                     dtype=str(resolve_dtype(dtype, "cuda")).removeprefix("torch."),
+                                     banned_token_ids=banned, **(vllm_kwargs or {}))
             self.engine.update_weights(state)
         else:
             model = load_vlm(model_spec, resolve_dtype(dtype))[0] if vision else load_model(model_spec, resolve_dtype(dtype))
             model.load_state_dict(state)
-            self.engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids,
-                                         max_batch_size=max_batch_size, decoder=decoder)  # type: ignore[arg-type]
+            self.engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids, max_batch_size=max_batch_size,
+                                         decoder=decoder, banned_token_ids=banned)  # type: ignore[arg-type]
         self.engine.version = version
         self.partial = partial
 

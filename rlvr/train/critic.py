@@ -26,6 +26,9 @@ class Critic(nn.Module):
 
     def __init__(self, policy: PreTrainedModel) -> None:
         super().__init__()
+        if getattr(policy.config, "vision_config", None) is not None:
+            raise ValueError("a critic (algo.advantage = \"gae\") for a vision-language model is not supported yet: "
+                             "its values would need the prompts' pixel inputs; use a critic-free estimator (docs/vlm.md)")
         self.trunk = copy.deepcopy(policy.base_model).train()
         self.trunk.requires_grad_(True)
         hidden = policy.config.hidden_size

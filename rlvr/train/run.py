@@ -20,6 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr import sandbox
 from rlvr.config import RunConfig, load_config, to_toml, written_version
+from rlvr.data.images import image_token_ids
 from rlvr.errors import RunDirError
 from rlvr.log import tracking
 from rlvr.lora import ADAPTER_DIR, apply_lora
@@ -75,10 +76,12 @@ class Run:
 
 
 def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dtype: torch.dtype,
-            tokenizer: PreTrainedTokenizerBase, vision: bool = False) -> tuple[PreTrainedModel, Engine, bool]:
+            tokenizer: PreTrainedTokenizerBase, processor: Any = None) -> tuple[PreTrainedModel, Engine, bool]:
     """The trained model, the rollout engine, and whether they share one set of weights."""
     engine_dtype = resolve_dtype(cfg.engine.dtype, device)
     lora = cfg.lora.rank > 0
+    vision = processor is not None
+    banned = image_token_ids(processor) if vision else set()  # a completion never holds an image placeholder
     if vision and lora:
         raise ValueError("lora.rank > 0 with a vision-language model is not supported yet: train it whole "
                          "(docs/vlm.md)")
@@ -100,10 +103,12 @@ def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dty
         from rlvr.rollout.vllm_engine import VLLMEngine
 
         engine = VLLMEngine(resolve_model_path(spec), tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
-                            seed=cfg.seed, dtype=str(engine_dtype).removeprefix("torch."), **cfg.engine.vllm_kwargs)
+                            seed=cfg.seed, dtype=str(engine_dtype).removeprefix("torch."), banned_token_ids=banned,
+                            **cfg.engine.vllm_kwargs)
     else:
         engine = EmbeddedEngine(engine_model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
-                                max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed, decoder=cfg.engine.decoder)
+                                max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed, decoder=cfg.engine.decoder,
+                                banned_token_ids=banned)
     return model, engine, shared
 
 
@@ -120,8 +125,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     tokenizer = load_tokenizer(spec) if processor is None else processor.tokenizer
     device = resolve_device(cfg.train.device)
     dtype = resolve_dtype(cfg.train.precision, device)
-    model, engine, shared = _policy(cfg, spec, model_spec is not None, device, dtype, tokenizer,
-                                    vision=processor is not None)
+    model, engine, shared = _policy(cfg, spec, model_spec is not None, device, dtype, tokenizer, processor)
     tr = cfg.train
     optimizer_steps = optimizer_steps or tr.steps * tr.epochs * tr.mini_batches
     learner = Learner(model, lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,

@@ -85,8 +85,9 @@ def settings_from_config(cfg: RunConfig, rewards: list[RewardFn]) -> UpdateSetti
     a, s, tr = cfg.algo, cfg.sampling, cfg.train
     if a.loss in ACTS_OFF_POLICY and tr.epochs * tr.mini_batches == 1:
         logging.getLogger("rlvr.train").warning(
-            "algo.loss = %r with one optimizer step per batch (train.epochs = train.mini_batches = 1): %s, so it "
-            "trains as the plain policy gradient; set train.mini_batches >= 2 to use it", a.loss, ACTS_OFF_POLICY[a.loss])
+            "algo.loss = %r with one optimizer step per batch (train.epochs = train.mini_batches = 1): %s, so on "
+            "fresh on-policy samples it trains as the plain policy gradient (it acts only on stale, replayed or "
+            "expert rows); set train.mini_batches >= 2 to use it", a.loss, ACTS_OFF_POLICY[a.loss])
     return UpdateSettings(
         advantage=a.advantage, advantage_kwargs=dict(a.advantage_kwargs),
         loss=a.loss, loss_kwargs=dict(a.loss_kwargs), offpolicy=a.offpolicy,

@@ -95,6 +95,9 @@ OPTIONS: dict[str, type] = {"chord": ChordOptions, "luffy": NoOptions, "relift":
 def demonstration(run: Run, index: int, prompt_ids: tuple[int, ...]) -> Sample:
     """The expert sample for training prompt `index` (see module docstring)."""
     cfg = run.cfg
+    if run.task.media is not None:
+        raise ValueError("expert demonstrations (expert.mode) on prompts with images are not supported yet: "
+                         "a demonstration is rendered as text (docs/vlm.md)")
     example: Example = run.task.examples[index]
     text = demonstration_text(example, cfg.expert.template)
     messages = with_system([{"role": "user", "content": example.prompt}, {"role": "assistant", "content": text}],

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from transformers import PreTrainedModel
 
 from rlvr.algos.kl import AdaptiveKL, KLController
-from rlvr.models import load_model
+from rlvr.models import load_policy
 from rlvr.train.methods import Method, SetupInfo, Plan
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def build(run: Run, info: SetupInfo) -> Method | None:
     a = run.cfg.algo
     if a.kl_coef <= 0:
         return None
-    ref_model = load_model(run.cfg.model, info.dtype, info.device).eval().requires_grad_(False)
+    ref_model = load_policy(run.cfg.model, info.dtype, info.device)[0].eval().requires_grad_(False)
     if a.kl_adaptive:
         adaptive = AdaptiveKL(**a.kl_adaptive)
         return Reference(ref_model, KLController(a.kl_coef, adaptive.target, adaptive.horizon))

@@ -198,7 +198,11 @@ class Rehearse(Method):
 def screen(run: Run, info: SetupInfo, o: RehearsalOptions) -> Rehearsal:
     """The run's rehearsal set: read back from the run directory, or screened now with the initial policy."""
     if (run.dir / FILE).is_file():
-        return Rehearsal.load(run.dir)
+        rehearsal = Rehearsal.load(run.dir)
+        if run.task.media is not None:  # the file keeps ids, not images: they are the (unfiltered) task's
+            media = run.task.media
+            rehearsal.samples = [dataclasses.replace(x, media=media[x.prompt_index]) for x in rehearsal.samples]
+        return rehearsal
     if info.resuming:
         raise RunDirError(f"{run.dir} has no {FILE}: algo.divergence needs samples of the initial policy, "
                                   "which a resumed run no longer has; start a new run to use it")
