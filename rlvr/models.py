@@ -310,6 +310,12 @@ def load_vlm(spec: str, dtype: torch.dtype | str = "auto",
              device: torch.device | str = "cpu") -> tuple[PreTrainedModel, Any]:
     """An image-text-to-text model (`AutoModelForImageTextToText`: Qwen2.5-VL, SmolVLM, Gemma 3,
     Llava, ...) in `dtype`, and its processor (`AutoProcessor`): (model, processor)."""
+    return load_vlm_model(spec, dtype, device), load_processor(spec)
+
+
+def load_vlm_model(spec: str, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu",
+                   ) -> PreTrainedModel:
+    """The model of `load_vlm` alone, for a caller that holds its processor already."""
     from transformers import AutoModelForImageTextToText
 
     if isinstance(dtype, str):
@@ -317,7 +323,7 @@ def load_vlm(spec: str, dtype: torch.dtype | str = "auto",
     if not is_vision_language(spec):
         raise ValueError(f"{spec!r} is not a vision-language model (its config has no vision part): use load_model")
     model = _loaded(spec, lambda path: AutoModelForImageTextToText.from_pretrained(path, dtype=dtype))
-    return model.to(torch.device(device)), load_processor(spec)  # type: ignore[arg-type]
+    return model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is narrower
 
 
 def load_policy(spec: str, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu",

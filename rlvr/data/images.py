@@ -137,8 +137,7 @@ def multimodal_positions(model: Any, input_ids_BT: torch.Tensor, attention_mask_
     (Qwen2-VL and its successors: ``get_rope_index``), for rows padded as ``attention_mask_BT``
     says; None for a model with 1-D positions. Text tokens after the images continue from the
     largest position so far, so a row's next position is its last one + 1."""
-    inner = getattr(model, "model", model)
-    get_rope_index = getattr(inner, "get_rope_index", None)
+    get_rope_index = _rope_index(model)
     if get_rope_index is None or not inputs:
         return None
     accepted = inspect.signature(get_rope_index).parameters
@@ -149,7 +148,12 @@ def multimodal_positions(model: Any, input_ids_BT: torch.Tensor, attention_mask_
 
 def uses_multimodal_positions(model: Any) -> bool:
     """Whether ``model`` computes 3-D rotary positions for its image tokens (`multimodal_positions`)."""
-    return hasattr(getattr(model, "model", model), "get_rope_index")
+    return _rope_index(model) is not None
+
+
+def _rope_index(model: Any) -> Any:
+    """The model's ``get_rope_index`` (on its inner model, where Hugging Face puts it), or None."""
+    return getattr(getattr(model, "model", model), "get_rope_index", None)
 
 
 def image_token_ids(processor: Any) -> set[int]:

@@ -35,7 +35,14 @@ class RolloutWorker:
                  max_batch_size: int, decoder: str, eos_token_ids: list[int], threads: int,
                  partial: bool = False, backend: str = "embedded", vllm_kwargs: dict[str, Any] | None = None) -> None:
         from rlvr.data.images import image_token_ids
-        from rlvr.models import is_vision_language, load_model, load_processor, load_tokenizer, load_vlm, resolve_dtype
+        from rlvr.models import (
+            is_vision_language,
+            load_model,
+            load_processor,
+            load_tokenizer,
+            load_vlm_model,
+            resolve_dtype,
+        )
 
         torch.set_num_threads(threads)
         vision = is_vision_language(model_spec)
@@ -51,7 +58,8 @@ class RolloutWorker:
                                      banned_token_ids=banned, **(vllm_kwargs or {}))
             self.engine.update_weights(state)
         else:
-            model = load_vlm(model_spec, resolve_dtype(dtype))[0] if vision else load_model(model_spec, resolve_dtype(dtype))
+            load = load_vlm_model if vision else load_model  # the processor is loaded above
+            model = load(model_spec, resolve_dtype(dtype))
             model.load_state_dict(state)
             self.engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids, max_batch_size=max_batch_size,
                                          decoder=decoder, banned_token_ids=banned)  # type: ignore[arg-type]

@@ -188,19 +188,20 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
         check_keywords(f"task.params for source {t.source!r}", read, t.params,
                        [k for k in keyword_options(read) if k != "instruction"])
         pool = read(t.path, instruction=instruction, **t.params)
+    keys = [prompt_key(ex) for ex in pool]  # an image's digest is computed once
     held: list[Example] = []
     seen: set[tuple[str, tuple[str, ...]]] = set()
-    for ex in pool:
+    for ex, key in zip(pool, keys):
         if len(held) >= t.eval_size:
             break
-        if prompt_key(ex) not in seen:
+        if key not in seen:
             held.append(ex)
-            seen.add(prompt_key(ex))
-    train = [ex for ex in pool if prompt_key(ex) not in seen]
+            seen.add(key)
+    train = [ex for ex, key in zip(pool, keys) if key not in seen]
     if not train:
         raise ValueError(f"no training prompts left after holding out {len(held)} for evaluation; "
                          "raise task.size, lower task.eval_size, or widen the task's parameters")
-    distinct = len({prompt_key(ex) for ex in train})
+    distinct = len({key for key in keys if key not in seen})
     if distinct < 4 * cfg.train.prompts_per_step:  # a few steps' worth: almost surely not what was meant
         logger.warning("only %d distinct training prompts (task.size = %d, less duplicates and the %d held-out "
                        "texts): the task has few distinct prompts. Widen task.params or lower task.eval_size "

@@ -30,7 +30,7 @@ from rlvr.models import (
     load_model,
     load_processor,
     load_tokenizer,
-    load_vlm,
+    load_vlm_model,
     resolve_device,
     resolve_dtype,
     resolve_model_path,
@@ -86,7 +86,7 @@ def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dty
         raise ValueError("lora.rank > 0 with a vision-language model is not supported yet: train it whole "
                          "(docs/vlm.md)")
     # With LoRA a checkpoint holds the merged model and its adapter: a resumed run puts the adapter back on the base
-    model = load_vlm(spec, dtype, device)[0] if vision else load_model(cfg.model if lora else spec, dtype, device)
+    model = load_vlm_model(spec, dtype, device) if vision else load_model(cfg.model if lora else spec, dtype, device)
     if cfg.train.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Same dtype: the engine samples from the learner's own weights, so updates need no copy. With
