@@ -156,8 +156,11 @@ def _rope_index(model: Any) -> Any:
     return getattr(getattr(model, "model", model), "get_rope_index", None)
 
 
-def image_token_ids(processor: Any) -> set[int]:
-    """The token ids that stand for image content in a processor's prompts (never trained)."""
+def image_token_ids(processor: Any | None) -> set[int]:
+    """The token ids that stand for image content in a processor's prompts (never trained, never
+    sampled); none without a processor (a text-only model)."""
+    if processor is None:
+        return set()
     tokenizer = processor.tokenizer
     out = set()
     for name in ("image_token_id", "image_token", "boi_token", "eoi_token", "video_token"):

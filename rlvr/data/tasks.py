@@ -234,19 +234,7 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
         for column in required:
             if column not in row:
                 raise ValueError(f"{where}: no {column!r} column; the row has {sorted(row)}")
-        prompt = row[prompt_column]
-        messages = None
-        if layout == "rlvr" or isinstance(prompt, str) and layout == "trl":
-            if not isinstance(prompt, str):
-                raise ValueError(f"{where}: {prompt_column!r} must be a string" +
-                                 (" (a list of chat messages needs task.params.format = \"trl\" or \"verl\")"
-                                  if isinstance(prompt, list) else ""))
-            text = _with_instruction(prompt, instruction)
-        else:
-            messages = _chat_messages(prompt, f"{where}: {prompt_column!r}")
-            last = max(k for k, m in enumerate(messages) if m["role"] == "user")
-            messages[last] = {**messages[last], "content": _with_instruction(messages[last]["content"], instruction)}
-            text = messages[last]["content"]
+        text, messages = _row_prompt(row[prompt_column], where, prompt_column, layout, instruction)
         if layout == "verl":
             from rlvr.rewards.styles import ground_truth
 
@@ -264,6 +252,22 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
     if not examples:
         raise ValueError(f"{source}: no examples (it is empty)")
     return examples
+
+
+def _row_prompt(prompt: Any, where: str, column: str, layout: str, instruction: str,
+                ) -> tuple[str, list[dict[str, Any]] | None]:
+    """A row's prompt text with the instruction, and its chat messages when it was given as a
+    conversation (the instruction then goes on its last user message)."""
+    if layout == "rlvr" or isinstance(prompt, str) and layout == "trl":
+        if not isinstance(prompt, str):
+            raise ValueError(f"{where}: {column!r} must be a string" +
+                             (" (a list of chat messages needs task.params.format = \"trl\" or \"verl\")"
+                              if isinstance(prompt, list) else ""))
+        return _with_instruction(prompt, instruction), None
+    messages = _chat_messages(prompt, f"{where}: {column!r}")
+    last = max(k for k, m in enumerate(messages) if m["role"] == "user")
+    messages[last] = {**messages[last], "content": _with_instruction(messages[last]["content"], instruction)}
+    return messages[last]["content"], messages
 
 
 def _row_images(row: dict[str, Any], column: str, where: str, folder: Path | None) -> list[Any]:

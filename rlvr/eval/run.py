@@ -6,13 +6,18 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlvr.config import RunConfig
 from rlvr.eval.metrics import avg_at_k, distinct_n, maj_at_k, pass_at_k
 from rlvr.rewards import build_rewards, extract_answer
 from rlvr.rewards.combine import score_group
 from rlvr.types import SamplingParams
+
+if TYPE_CHECKING:
+    from rlvr.data import Example
+    from rlvr.rewards import RewardFn
+    from rlvr.types import Group
 
 
 def resolve_model(spec: str) -> str:
@@ -37,7 +42,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     from rlvr.rollout.engine import EmbeddedEngine
     from rlvr.data.images import image_token_ids
     from rlvr.train.data import load_examples, render_with_processor
-    from rlvr.train.rollouts import generate_groups, is_correct
+    from rlvr.train.rollouts import generate_groups
     from rlvr.train.batches import score_certainty
 
     bad = [k for k in ks if not 1 <= k <= n]
@@ -47,7 +52,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     model, tokenizer, processor = load_policy(path, resolve_dtype("auto"))
     model.eval()
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
-                            banned_token_ids=image_token_ids(processor) if processor is not None else ())
+                            banned_token_ids=image_token_ids(processor))
     _, held = load_examples(cfg)
     held = held[:prompts]
     if not held:
@@ -61,8 +66,25 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=n, top_p=cfg.sampling.top_p,
                             top_k=cfg.sampling.top_k, stop=tuple(cfg.sampling.stop))
     groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params, media=media)
-    fmt = str(rewards[0].kwargs.get("extract", "tag_or_last_number"))
     judge = build_rewards([cot_judge])[0] if cot_judge else None
+    per_prompt = _per_prompt(groups, held, rewards, judge, n, ks)
+    samples = [x for g in groups for x in g.samples]
+    _, negative_entropy = score_certainty(model, samples, engine.pad_token_id,
+                                          temperature=temperature if temperature > 0 else 1.0, micro_batch_size=16)
+    result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n}
+    result |= {name: statistics.fmean(values) for name, values in per_prompt.items()}
+    result["response_length"] = statistics.fmean(len(x.completion.token_ids) for x in samples)
+    result["token_entropy"] = -float(negative_entropy.mean())
+    return result
+
+
+def _per_prompt(groups: list[Group], held: list[Example], rewards: list[RewardFn], judge: RewardFn | None, n: int,
+                ks: list[int]) -> dict[str, list[float]]:
+    """Each metric's value on every prompt: pass@k and maj@k from the first reward's correctness,
+    avg@n, distinct-2, and CoT-pass@k where a judge is given."""
+    from rlvr.train.rollouts import is_correct
+
+    fmt = str(rewards[0].kwargs.get("extract", "tag_or_last_number"))
     names = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "distinct_2"]
     names += [f"cot_pass@{k}" for k in ks] if judge else []
     per_prompt: dict[str, list[float]] = {name: [] for name in names}
@@ -80,14 +102,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
             for k in ks:
                 per_prompt[f"cot_pass@{k}"].append(pass_at_k(n, sound, k))
         per_prompt["distinct_2"].append(distinct_n([x.completion.text for x in g.samples], 2))
-    samples = [x for g in groups for x in g.samples]
-    _, negative_entropy = score_certainty(model, samples, engine.pad_token_id,
-                                          temperature=temperature if temperature > 0 else 1.0, micro_batch_size=16)
-    result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n}
-    result |= {name: statistics.fmean(values) for name, values in per_prompt.items()}
-    result["response_length"] = statistics.fmean(len(x.completion.token_ids) for x in samples)
-    result["token_entropy"] = -float(negative_entropy.mean())
-    return result
+    return per_prompt
 
 
 def markdown_table(results: list[dict[str, Any]], ks: list[int]) -> str:

@@ -208,11 +208,7 @@ class EmbeddedEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
         n, eos = params.n, torch.tensor(self.eos_token_ids, device=self.device)
-        # each sample's uniforms for every step, from its own stream (inverse-CDF sampling takes one per token)
-        uniforms_BT = torch.stack([
-            torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-            if params.temperature > 0 else torch.zeros(params.max_new_tokens, dtype=torch.float64)
-            for row in seeds for seed in row]).to(self.device)
+        uniforms_BT = self._uniforms(params, seeds)
         cache, logits_PV, mask_PT, offsets_P = self._prefill(prompts, media)
         logits = logits_PV.repeat_interleave(n, 0)
         decoder = self._decoder(cache, mask_PT, n, offsets_P)
@@ -250,14 +246,9 @@ class EmbeddedEngine:
                 decoder.keep(idx)
                 rows, tok_B = rows[idx], tok_B[idx]
             if self._offered is not None and self._take_offer():  # partial rollouts: newer weights go on from here
-                running = rows.tolist()
-                for r in running:
+                for r in rows.tolist():
                     swapped_at[r].append(step + 1)
-                cache, logits, mask_RT, offsets_R = self._prefill(
-                    [prompts[r // n] + tokens[r] for r in running],
-                    None if media is None else [media[r // n] for r in running])
-                decoder = self._decoder(cache, mask_RT, 1, offsets_R)
-                del cache
+                decoder, logits = self._reprefill(prompts, tokens, rows.tolist(), n, media)
                 continue
             logits = decoder.step(tok_B)
         return [
@@ -265,6 +256,23 @@ class EmbeddedEngine:
              for j in range(n)]
             for i in range(len(prompts))
         ]
+
+    def _uniforms(self, params: SamplingParams, seeds: list[list[int]]) -> torch.Tensor:
+        """Each sample's uniforms for every step, from its own seed's stream (inverse-CDF sampling
+        takes one per token), so a sample does not depend on what else is in the batch."""
+        return torch.stack([
+            torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+            if params.temperature > 0 else torch.zeros(params.max_new_tokens, dtype=torch.float64)
+            for row in seeds for seed in row]).to(self.device)
+
+    def _reprefill(self, prompts: list[list[int]], tokens: list[list[int]], running: list[int], n: int,
+                   media: Sequence[PromptMedia | None] | None) -> tuple[StaticDecoder | HFDecoder, torch.Tensor]:
+        """A decoder for the running samples under newly taken weights: each sample's prompt and
+        tokens so far prefilled again, one row per sample; and the rows' next-token logits."""
+        cache, logits, mask_RT, offsets_R = self._prefill(
+            [prompts[r // n] + tokens[r] for r in running],
+            None if media is None else [media[r // n] for r in running])
+        return self._decoder(cache, mask_RT, 1, offsets_R), logits
 
     def _prefill(self, prompts: list[list[int]], media: Sequence[PromptMedia | None] | None = None,
                  ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -48,7 +48,7 @@ class RolloutWorker:
         vision = is_vision_language(model_spec)
         processor: Any = load_processor(model_spec) if vision else None
         tokenizer = processor.tokenizer if vision else load_tokenizer(model_spec)
-        banned = image_token_ids(processor) if vision else set()  # as the local engine: never an image placeholder
+        banned = image_token_ids(processor)  # as the local engine: never an image placeholder
         self.engine: Any
         if backend == "vllm":  # on this actor's GPU (dist.ray.gpus_per_worker)
             from rlvr.rollout.vllm_engine import VLLMEngine

@@ -146,6 +146,32 @@ logger = logging.getLogger("rlvr.train")
 def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
     """Training and held-out examples; no held-out prompt text appears in training."""
     t = cfg.task
+    pool = _task_pool(cfg)
+    keys = [prompt_key(ex) for ex in pool]  # an image's digest is computed once
+    held: list[Example] = []
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    for ex, key in zip(pool, keys):
+        if len(held) >= t.eval_size:
+            break
+        if key not in seen:
+            held.append(ex)
+            seen.add(key)
+    train = [ex for ex, key in zip(pool, keys) if key not in seen]
+    if not train:
+        raise ValueError(f"no training prompts left after holding out {len(held)} for evaluation; "
+                         "raise task.size, lower task.eval_size, or widen the task's parameters")
+    distinct = len({key for key in keys if key not in seen})
+    if distinct < 4 * cfg.train.prompts_per_step:  # a few steps' worth: almost surely not what was meant
+        logger.warning("only %d distinct training prompts (task.size = %d, less duplicates and the %d held-out "
+                       "texts): the task has few distinct prompts. Widen task.params or lower task.eval_size "
+                       "if that is not intended.", distinct, t.size, len(held))
+    return train, held
+
+
+def _task_pool(cfg: RunConfig) -> list[Example]:
+    """Every example the task's source gives (training and held-out alike), with the instruction
+    the task asks for (or the source's default)."""
+    t = cfg.task
     default = CODE_INSTRUCTION if t.source == "humaneval" else "Put the final answer inside <answer></answer> tags."
     if t.params.get("format", "rlvr") != "rlvr":  # another trainer's data: its prompts are used as they are
         default = ""
@@ -188,25 +214,7 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
         check_keywords(f"task.params for source {t.source!r}", read, t.params,
                        [k for k in keyword_options(read) if k != "instruction"])
         pool = read(t.path, instruction=instruction, **t.params)
-    keys = [prompt_key(ex) for ex in pool]  # an image's digest is computed once
-    held: list[Example] = []
-    seen: set[tuple[str, tuple[str, ...]]] = set()
-    for ex, key in zip(pool, keys):
-        if len(held) >= t.eval_size:
-            break
-        if key not in seen:
-            held.append(ex)
-            seen.add(key)
-    train = [ex for ex, key in zip(pool, keys) if key not in seen]
-    if not train:
-        raise ValueError(f"no training prompts left after holding out {len(held)} for evaluation; "
-                         "raise task.size, lower task.eval_size, or widen the task's parameters")
-    distinct = len({key for key in keys if key not in seen})
-    if distinct < 4 * cfg.train.prompts_per_step:  # a few steps' worth: almost surely not what was meant
-        logger.warning("only %d distinct training prompts (task.size = %d, less duplicates and the %d held-out "
-                       "texts): the task has few distinct prompts. Widen task.params or lower task.eval_size "
-                       "if that is not intended.", distinct, t.size, len(held))
-    return train, held
+    return pool
 
 
 def prompt_key(ex: Example) -> tuple[str, tuple[str, ...]]:

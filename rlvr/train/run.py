@@ -81,7 +81,7 @@ def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dty
     engine_dtype = resolve_dtype(cfg.engine.dtype, device)
     lora = cfg.lora.rank > 0
     vision = processor is not None
-    banned = image_token_ids(processor) if vision else set()  # a completion never holds an image placeholder
+    banned = image_token_ids(processor)  # a completion never holds an image placeholder
     if vision and lora:
         raise ValueError("lora.rank > 0 with a vision-language model is not supported yet: train it whole "
                          "(docs/vlm.md)")
