@@ -140,11 +140,14 @@ def test_grpo_on_images_trains_the_vision_part_and_resumes_exactly(vlm_dir: Path
     """Two GRPO steps on the synthetic count task: the parameters change, the vision tower's and
     projector's included (their gradient reaches them only through the pixel inputs of the
     learner's forward); the checkpoint loads back as a VLM with its processor; a run stopped
-    after step 1 and resumed repeats step 2 exactly."""
-    summary = train(load_config(None, visual_overrides(vlm_dir, tmp_path, "vlm")), quiet=True)
+    after step 1 and resumed repeats step 2 exactly, a group replayed from the checkpoint's
+    buffer included (the checkpoint keeps its ids; its images come back from the task)."""
+    replay = {"sampler__replay": "{fraction = 0.5}"}
+    summary = train(load_config(None, visual_overrides(vlm_dir, tmp_path, "vlm", **replay)), quiet=True)
     assert summary is not None
     rows = read_metrics(tmp_path / "vlm")
     assert len(rows) == 2 and all(r["zero_std_fraction"] < 1 for r in rows)
+    assert rows[1]["replay/groups"] >= 1
     before, _ = load_vlm(str(vlm_dir), "float32")
     after, processor = load_vlm(str(tmp_path / "vlm" / "checkpoints" / "step_000002"), "float32")
     changed = {name.split(".")[1] for (name, a), b in zip(before.named_parameters(), after.parameters())
@@ -157,7 +160,7 @@ def test_grpo_on_images_trains_the_vision_part_and_resumes_exactly(vlm_dir: Path
     html = (tmp_path / "vlm" / "report.html").read_text()
     prompts = {(r["step"], r["prompt_id"]) for r in logged}
     assert html.count("data:image/png;base64,") == len(prompts)
-    train(load_config(None, visual_overrides(vlm_dir, tmp_path, "vlm2", train__steps=1)), quiet=True)
+    train(load_config(None, visual_overrides(vlm_dir, tmp_path, "vlm2", train__steps=1, **replay)), quiet=True)
     train(resume=tmp_path / "vlm2", overrides=("train.steps=2",), quiet=True)
     resumed = read_metrics(tmp_path / "vlm2")
     assert {k: v for k, v in resumed[1].items() if k not in TIMING} == {k: v for k, v in rows[1].items() if k not in TIMING}

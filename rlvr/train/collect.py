@@ -289,6 +289,13 @@ class ReplayBuffer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.items = [(int(s), _group_from_state(g)) for s, g in state["items"]]
 
+    def attach_media(self, media: list[PromptMedia | None]) -> None:
+        """Give the groups read back from a checkpoint their prompts' images (`TaskData.media`, by
+        prompt index): the checkpoint keeps a group's token ids, not its pixels."""
+        self.items = [(s, dataclasses.replace(g, samples=tuple(dataclasses.replace(x, media=media[x.prompt_index])
+                                                                for x in g.samples)))
+                      for s, g in self.items]
+
 
 def _completion_state(c: Completion) -> dict[str, Any]:
     return {"token_ids": list(c.token_ids), "logprobs": list(c.logprobs), "finish_reason": c.finish_reason,
@@ -423,10 +430,6 @@ def collect(run: Run, step: int) -> Collected:
     n = cfg.train.prompts_per_step
     rng = np.random.default_rng([cfg.seed, step, 7])
     replayed = replay.take(n, step, rng) if replay is not None else []
-    if task.media is not None:  # a checkpoint keeps a replayed group's ids, not its images: they are the prompt's
-        media = task.media
-        replayed = [dataclasses.replace(g, samples=tuple(dataclasses.replace(x, media=media[x.prompt_index])
-                                                         for x in g.samples)) for g in replayed]
 
     def rescore(groups: list[Group]) -> list[Group]:
         for method in run.methods.values():

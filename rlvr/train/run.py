@@ -159,6 +159,8 @@ def _state(run: Run) -> dict[str, Any]:
 def _restore(run: Run, state: dict[str, Any]) -> None:
     run.learner.load_state_dict(state["learner"])
     run.rollouts.load_state_dict(state)
+    if run.rollouts.replay is not None and run.task.media is not None:
+        run.rollouts.replay.attach_media(run.task.media)
     run.engine.generator.set_state(state["engine_rng"])
     run.updater.load_state_dict(state)
     for name, method in run.methods.items():
