@@ -3,9 +3,9 @@ shared, noisy machine. Each part runs in its own subprocess (a clean peak-memory
 allocator state carried over) and prints one JSON line; the parent prints the table.
 
 Parts:
-  generate  rlvr's engine (both decoders) vs HF `generate` and llama.cpp (when llama-cpp-python
-            is installed) on the bundled model, every row forced to the same length, at several
-            batch sizes
+  generate  rlvr's engine (both decoders, and the static one on float16 and int8 weight copies,
+            `engine.dtype`) vs HF `generate` and llama.cpp (when llama-cpp-python is installed)
+            on the bundled model, every row forced to the same length, at several batch sizes
   learner   one GRPO update: tokens/s, achieved GFLOP/s (6 × parameters per token) against a
             matrix product of the model's shapes measured in the same process, and peak RSS
   grpo      one GRPO step end to end, rlvr vs TRL's GRPOTrainer at identical settings (needs `trl`)
@@ -54,6 +54,7 @@ def prompt_ids(tokenizer: Any, count: int) -> list[list[int]]:
 def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = True) -> dict[str, Any]:
     from rlvr.models import load_model, load_tokenizer
     from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.rollout.static_decode import weights_unavailable
     from rlvr.types import SamplingParams
 
     tokenizer, model = load_tokenizer(MODEL), load_model(MODEL, "auto")
@@ -63,13 +64,17 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
         ids = prompt_ids(tokenizer, max(1, batch // group))
         params = SamplingParams(max_new_tokens=new_tokens, n=group)
         row: dict[str, Any] = {"batch": batch}
-        for decoder in ("static", "hf"):
+        for name, decoder, weights in (("static", "static", "model"), ("static_float16", "static", "float16"),
+                                       ("static_int8", "static", "int8"), ("hf", "hf", "model")):
+            if weights_unavailable(weights):
+                row[f"rlvr_{name}_tok_s"] = str(weights_unavailable(weights))
+                continue
             engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch,  # no EOS: full length
-                                    decoder=decoder)  # type: ignore[arg-type]
+                                    decoder=decoder, weights=weights)  # type: ignore[arg-type]
             engine.generate(ids[:1], SamplingParams(max_new_tokens=2, n=1))
             start = time.perf_counter()
             engine.generate(ids, params)
-            row[f"rlvr_{decoder}_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
+            row[f"rlvr_{name}_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
         tokenizer.padding_side = "left"
         padded = tokenizer.pad({"input_ids": [i for i in ids for _ in range(group)]}, return_tensors="pt")
         start = time.perf_counter()

@@ -35,7 +35,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.models import with_cache
 from rlvr.rollout.sampling import sample_tokens
-from rlvr.rollout.static_decode import FusedWeights, StaticDecoder, unsupported_reason
+from rlvr.rollout.static_decode import FusedWeights, StaticDecoder, unsupported_reason, weights_unavailable
 from rlvr.types import Completion, FinishReason, PromptMedia, SamplingParams
 
 
@@ -90,17 +90,34 @@ class EmbeddedEngine:
         seed: int = 0,
         decoder: Literal["auto", "static", "hf"] = "auto",
         banned_token_ids: Iterable[int] = (),
+        weights: str = "model",
     ) -> None:
         """``banned_token_ids``: tokens never sampled (a VLM's image placeholders,
         rlvr.data.images.image_token_ids: a completion holding one would stand for an image
         nobody gave); their probability goes to the others, and the log-probs are of that
-        distribution, as after top-k."""
+        distribution, as after top-k.
+
+        ``weights`` (`engine.dtype`'s "float16" and "int8"): "model" decodes with the model's own weights; "float16"
+        or "int8" with copies in that format (rlvr.rollout.static_decode.Float16, Int8; the
+        static decoder on CPU only). The prompt's prefill always runs the model itself. The
+        completions' log-probs are the engine's own, so the learner sees the difference as a
+        rollout/training mismatch (`algo.offpolicy` corrects it)."""
         reason = unsupported_reason(model)
         if decoder == "static" and reason:
             raise ValueError(f"decoder='static' cannot run this model: {reason}; use decoder='hf'")
         if decoder not in ("auto", "static", "hf"):
             raise ValueError(f"decoder must be 'auto', 'static' or 'hf', not {decoder!r}")
         self.decoder = "static" if decoder == "static" or (decoder == "auto" and reason is None) else "hf"
+        self.weights = weights
+        if weights != "model":
+            why = weights_unavailable(weights)
+            if why is None and self.decoder != "static":
+                why = (f"engine.dtype = {weights!r} runs in the static decoder, which "
+                       f"{'this model cannot use: ' + str(reason) if reason else 'decoder=hf turns off'}")
+            if why is None and next(model.parameters()).device.type != "cpu":
+                why = f"engine.dtype = {weights!r} runs fbgemm's CPU kernels; on a GPU use bfloat16 or float32"
+            if why is not None:
+                raise ValueError(why)
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(set(eos_token_ids))
@@ -313,7 +330,7 @@ class EmbeddedEngine:
         versions = tuple((id(p), p._version) for p in self.model.parameters())
         if self._fused is None or self._fused[0] != versions:
             self._fused = None  # free the old copies before making new ones
-            self._fused = (versions, FusedWeights(self.model))
+            self._fused = (versions, FusedWeights(self.model, self.weights))
         return self._fused[1]
 
     def _hit_stop(self, rows: torch.Tensor, tokens: list[list[int]], stop: tuple[str, ...], max_stop: int) -> torch.Tensor:

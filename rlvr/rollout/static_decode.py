@@ -25,6 +25,8 @@ path to float rounding. Supported: the architectures in `SUPPORTED` without slid
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -57,25 +59,94 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     return None
 
 
-class FusedWeights:
-    """The decoder's weights, copied from the model's current parameters as [in, out] matrices
-    (`x @ W` on a contiguous [in, out] matrix ran ~15% faster than `nn.Linear`'s `x @ W.T` at
-    batch 64 here), with q/k/v fused into one matrix and the MLP's gate/up into another."""
+class Dense:
+    """`x @ W` on a contiguous [in, out] copy of an [out, in] weight (`x @ W` this way ran ~15%
+    faster than `nn.Linear`'s `x @ W.T` at batch 64 here): the model's own numbers."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
-        self.qkv: list[torch.Tensor] = []
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.w = weight.T.contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w
+
+
+class Float16:
+    """The weight stored in float16 and multiplied in fp32 by fbgemm's fp16 GEMM: half the bytes
+    to read per decoded token, and no per-call repacking of the weight, which is what makes fp32
+    products slow when a few rows decode (docs/performance.md). Activations and accumulation stay
+    in fp32, so each row's result is its own, whatever else is in the batch; the weight's rounding
+    (relative 2^-11) is 8× finer than bfloat16's."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        w = weight.detach().float()
+        if w.abs().max() > torch.finfo(torch.float16).max:
+            raise ValueError("engine.dtype = 'float16': a weight exceeds float16's range (65504); use float32 or bfloat16")
+        self.packed = torch.ops.quantized.linear_prepack_fp16(w.contiguous(), None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed).to(x.dtype)
+
+
+class Int8:
+    """The weight in int8, one symmetric scale per output channel (max |w| / 127), and each call's
+    activations quantized to 8 bits by fbgemm (W8A8 dynamic quantization, as FlashRL's int8
+    rollouts: Liu, Yao et al., "FlashRL: 8-bit rollouts, full power RL", 2025, which pairs them
+    with truncated importance sampling). A quarter of fp32's bytes; the products are off by about
+    2% of their largest value, and the activations' scale is taken over the whole batch, so a
+    row's result depends on the other rows. Pair with `algo.offpolicy = "tis"`."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        w = weight.detach().float().contiguous()
+        scales = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny).double()
+        zeros = torch.zeros(len(w), dtype=torch.long)
+        with warnings.catch_warnings():  # quantized tensors are deprecated; fbgemm's packed weight is what is used
+            warnings.simplefilter("ignore", UserWarning)
+            q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(q, None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x.float().contiguous(), self.packed, True).to(x.dtype)
+
+
+Projection = Dense | Float16 | Int8
+WEIGHTS: dict[str, type[Float16] | type[Int8]] = {"float16": Float16, "int8": Int8}
+"""Weight formats besides "model" (the engine model's own weights, `Dense`): `engine.dtype`'s
+"float16" and "int8"."""
+
+
+def weights_unavailable(fmt: str) -> str | None:
+    """Why the weight format `fmt` cannot run here, or None when it can."""
+    if fmt == "model":
+        return None
+    if fmt not in WEIGHTS:
+        return f"the decoder's weights must be 'model', {', '.join(repr(k) for k in WEIGHTS)}, not {fmt!r}"
+    if not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
+        return f"engine.dtype = {fmt!r} needs fbgemm's CPU kernels, which this PyTorch build lacks"
+    return None
+
+
+class FusedWeights:
+    """The decoder's weights, copied from the model's current parameters, with q/k/v fused into
+    one projection and the MLP's gate/up into another. ``fmt`` "model" keeps the model's numbers
+    (`Dense`) and leaves the output head to the model; "float16" and "int8" store every
+    projection and the output head in that format (`Float16`, `Int8`)."""
+
+    def __init__(self, model: PreTrainedModel, fmt: str = "model") -> None:
+        make: type[Dense] | type[Float16] | type[Int8] = Dense if fmt == "model" else WEIGHTS[fmt]
+        self.qkv: list[Projection] = []
         self.qkv_bias: list[torch.Tensor | None] = []
-        self.o: list[torch.Tensor] = []
-        self.gate_up: list[torch.Tensor] = []
-        self.down: list[torch.Tensor] = []
+        self.o: list[Projection] = []
+        self.gate_up: list[Projection] = []
+        self.down: list[Projection] = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).T.contiguous())
+            self.qkv.append(make(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])))
             biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
             self.qkv_bias.append(torch.cat(biases) if all(b is not None for b in biases) else None)
-            self.o.append(attn.o_proj.weight.T.contiguous())
-            self.gate_up.append(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).T.contiguous())
-            self.down.append(mlp.down_proj.weight.T.contiguous())
+            self.o.append(make(attn.o_proj.weight))
+            self.gate_up.append(make(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])))
+            self.down.append(make(mlp.down_proj.weight))
+        self.head: Projection | None = None if fmt == "model" else make(model.lm_head.weight)
 
 
 class StaticDecoder:
@@ -217,9 +288,9 @@ class StaticDecoder:
         q_dim, kv_dim = self.n_heads * d, kv * d
         for i, layer in enumerate(model.layers):
             x_BH = layer.input_layernorm(h_B1H)[:, 0]
-            qkv = x_BH @ self.weights.qkv[i]
-            if self.weights.qkv_bias[i] is not None:
-                qkv += self.weights.qkv_bias[i]
+            qkv, bias = self.weights.qkv[i](x_BH), self.weights.qkv_bias[i]
+            if bias is not None:
+                qkv += bias
             q = qkv[:, :q_dim].view(batch, kv, group, d)
             k = qkv[:, q_dim : q_dim + kv_dim].view(batch, kv, 1, d)
             v = qkv[:, q_dim + kv_dim :].view(batch, kv, 1, d)
@@ -244,13 +315,16 @@ class StaticDecoder:
                 out = probs[..., :width].reshape(prompts, kv, n * group, width) @ self.prompt_values[i]
                 out_PKNGD = out.view(prompts, kv, n, group, d) + probs[..., width:] @ values[:, :, :, : col + 1]
                 attn_BH = out_PKNGD.transpose(1, 2).reshape(batch, q_dim)
-            h_B1H = h_B1H + (attn_BH @ self.weights.o[i])[:, None]
+            h_B1H = h_B1H + self.weights.o[i](attn_BH)[:, None]
             x_BH = layer.post_attention_layernorm(h_B1H)[:, 0]
-            gate, up = (x_BH @ self.weights.gate_up[i]).chunk(2, dim=-1)
-            h_B1H = h_B1H + ((layer.mlp.act_fn(gate) * up) @ self.weights.down[i])[:, None]
+            gate, up = self.weights.gate_up[i](x_BH).chunk(2, dim=-1)
+            h_B1H = h_B1H + self.weights.down[i](layer.mlp.act_fn(gate) * up)[:, None]
         self.col += 1
         self.pos_B += 1
-        return self.model.lm_head(model.norm(h_B1H[self.slots]))[:, -1]
+        last_R1H = model.norm(h_B1H[self.slots])
+        if self.weights.head is None:  # the model's own head (hooks on it see what a forward would give them)
+            return self.model.lm_head(last_R1H)[:, -1]
+        return self.weights.head(last_R1H[:, -1])
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

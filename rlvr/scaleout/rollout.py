@@ -43,6 +43,7 @@ class RolloutWorker:
             load_vlm_model,
             resolve_dtype,
         )
+        from rlvr.rollout.static_decode import WEIGHTS
 
         torch.set_num_threads(threads)
         vision = is_vision_language(model_spec)
@@ -59,10 +60,12 @@ class RolloutWorker:
             self.engine.update_weights(state)
         else:
             load = load_vlm_model if vision else load_model  # the processor is loaded above
-            model = load(model_spec, resolve_dtype(dtype))
+            weights = dtype if dtype in WEIGHTS else "model"  # float16/int8: decoding on copies in that format
+            model = load(model_spec, resolve_dtype("auto" if weights != "model" else dtype))
             model.load_state_dict(state)
             self.engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids, max_batch_size=max_batch_size,
-                                         decoder=decoder, banned_token_ids=banned)  # type: ignore[arg-type]
+                                         decoder=decoder, banned_token_ids=banned,  # type: ignore[arg-type]
+                                         weights=weights)
         self.engine.version = version
         self.partial = partial
 

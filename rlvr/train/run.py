@@ -37,6 +37,7 @@ from rlvr.models import (
 )
 from rlvr.rewards import build_rewards
 from rlvr.rollout.engine import EmbeddedEngine, Engine
+from rlvr.rollout.static_decode import WEIGHTS
 from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import ReplayBuffer, Rollouts
@@ -78,7 +79,8 @@ class Run:
 def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dtype: torch.dtype,
             tokenizer: PreTrainedTokenizerBase, processor: Any = None) -> tuple[PreTrainedModel, Engine, bool]:
     """The trained model, the rollout engine, and whether they share one set of weights."""
-    engine_dtype = resolve_dtype(cfg.engine.dtype, device)
+    weights = cfg.engine.dtype if cfg.engine.dtype in WEIGHTS else "model"  # decoding on float16/int8 copies
+    engine_dtype = dtype if weights != "model" else resolve_dtype(cfg.engine.dtype, device)
     lora = cfg.lora.rank > 0
     vision = processor is not None
     banned = image_token_ids(processor)  # a completion never holds an image placeholder
@@ -108,7 +110,7 @@ def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dty
     else:
         engine = EmbeddedEngine(engine_model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
                                 max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed, decoder=cfg.engine.decoder,
-                                banned_token_ids=banned)
+                                banned_token_ids=banned, weights=weights)
     return model, engine, shared
 
 

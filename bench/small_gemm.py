@@ -1,0 +1,82 @@
+"""Matrix-product kernels at the decoder's small batch sizes, shape by shape (issue 20's batch-1..16
+lead): is the static decoder's `x @ W` (MKL's sgemm on a contiguous [in, out] matrix) the fastest
+way to run the bundled model's shapes when only a few rows are decoding?
+
+    python bench/small_gemm.py [--threads N] [--batches 1,2,4,8,16,32,64]
+
+Variants, all fp32 and all the same product up to summation order:
+  x@W       the static decoder's form: x [M, in] @ W [in, out], contiguous
+  linear    F.linear(x, W_t) on the [out, in] weight (nn.Linear, the model's lm_head)
+  (Wx)^T    (W_t @ x^T)^T: the same product with the long side as the rows
+  onednn    oneDNN's prepacked linear (torch.ops.mkldnn._linear_pointwise on a weight reordered
+            by _reorder_linear_weight for batch 8), what inductor's CPU backend calls
+Prints ms per product and the fastest variant per (shape, M); nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+# the bundled SmolLM2-135M's decode products: hidden 576, 9 heads and 3 kv heads of 64, MLP 1536
+SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
+
+
+def best_of(fn: Callable[[], object], seconds: float = 0.15, rounds: int = 3) -> float:
+    """The fastest of `rounds` mean times (ms) over `seconds` each: the least disturbed by a busy machine."""
+    fn()
+    means = []
+    for _ in range(rounds):
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            fn()
+            n += 1
+        means.append((time.perf_counter() - start) / n * 1e3)
+    return min(means)
+
+
+def variants(w_io: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    w_oi = w_io.T.contiguous()
+    out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "x@W": lambda x: x @ w_io,
+        "linear": lambda x: F.linear(x, w_oi),
+        "(Wx)^T": lambda x: (w_oi @ x.T).T,
+    }
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w_oi, 8)
+        out["onednn"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (RuntimeError, AttributeError):  # a torch build without oneDNN's linear
+        pass
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"threads {args.threads}; ms per product (best of 3), fastest marked *")
+    for name, (k, n) in SHAPES.items():
+        w = torch.randn(k, n) * 0.02
+        fns = variants(w)
+        print(f"\n{name} [{k} x {n}]   " + "".join(f"{v:>10}" for v in fns))
+        for m in batches:
+            x = torch.randn(m, k)
+            ref = x.double() @ w.double()
+            for v, fn in fns.items():  # every variant is the same product (fp32 rounding over k terms)
+                assert torch.allclose(fn(x).double(), ref, atol=1e-4, rtol=1e-4), (name, m, v)
+            times = {v: best_of(lambda: fn(x)) for v, fn in fns.items()}
+            fastest = min(times, key=times.__getitem__)
+            cells = "".join(f"{t:>9.3f}{'*' if v == fastest else ' '}" for v, t in times.items())
+            print(f"  M={m:<4}          {cells}")
+
+
+if __name__ == "__main__":
+    main()
