@@ -3,8 +3,8 @@ shared, noisy machine. Each part runs in its own subprocess (a clean peak-memory
 allocator state carried over) and prints one JSON line; the parent prints the table.
 
 Parts:
-  generate  rlvr's engine (both decoders, and the static one on float16 and int8 weight copies,
-            `engine.dtype`) vs HF `generate` and llama.cpp (when llama-cpp-python is installed)
+  generate  rlvr's engine (both decoders, and the static one on float16 weight copies,
+            `engine.dtype = "float16"`) vs HF `generate` and llama.cpp (when llama-cpp-python is installed)
             on the bundled model, every row forced to the same length, at several batch sizes
   learner   one GRPO update: tokens/s, achieved GFLOP/s (6 × parameters per token) against a
             matrix product of the model's shapes measured in the same process, and peak RSS
@@ -65,7 +65,7 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
         params = SamplingParams(max_new_tokens=new_tokens, n=group)
         row: dict[str, Any] = {"batch": batch}
         for name, decoder, weights in (("static", "static", "model"), ("static_float16", "static", "float16"),
-                                       ("static_int8", "static", "int8"), ("hf", "hf", "model")):
+                                       ("hf", "hf", "model")):
             if weights_unavailable(weights):
                 row[f"rlvr_{name}_tok_s"] = str(weights_unavailable(weights))
                 continue

@@ -97,8 +97,8 @@ class LoraConfig(_Section):
 
 
 class EngineConfig(_Section):
-    dtype: Literal["auto", "bfloat16", "float32", "float16", "int8"] = "auto"
-    """Rollout dtype; "auto" = bfloat16 on a bf16 GPU, or on a CPU where bf16 is measured faster than fp32. On CPU the static decoder also takes "float16" (float16 copies of the learner's weights, fp32 products: 1.2-3x faster decoding of small batches, a mismatch 8x finer than bfloat16's) and "int8" (W8A8, faster still, ~2% error: pair with algo.offpolicy = "tis"); docs/performance.md."""
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
+    """Rollout dtype; "auto" = bfloat16 on a bf16 GPU, or on a CPU where bf16 is measured faster than fp32. On CPU the static decoder also takes "float16": float16 copies of the learner's weights, fp32 products (1.3-2.4x faster decoding of small batches, a sampler/learner mismatch of ~0.002-0.004 nats a token; docs/performance.md)."""
     max_batch_size: int = Field(64, ge=1)
     """Most sequences decoded together; finished sequences leave the batch at once."""
     decoder: Literal["auto", "static", "hf"] = "auto"
@@ -110,7 +110,7 @@ class EngineConfig(_Section):
 
     @model_validator(mode="after")
     def _weight_formats_are_the_embedded_engines(self) -> EngineConfig:
-        if self.dtype in ("float16", "int8") and self.backend != "embedded":
+        if self.dtype == "float16" and self.backend != "embedded":
             raise ValueError(f"engine.dtype = {self.dtype!r} is the embedded engine's, on CPU; with backend = "
                              f"{self.backend!r} use bfloat16 or float32, or the backend's own quantization")
         return self

@@ -97,9 +97,9 @@ class EmbeddedEngine:
         nobody gave); their probability goes to the others, and the log-probs are of that
         distribution, as after top-k.
 
-        ``weights`` (`engine.dtype`'s "float16" and "int8"): "model" decodes with the model's own weights; "float16"
-        or "int8" with copies in that format (rlvr.rollout.static_decode.Float16, Int8; the
-        static decoder on CPU only). The prompt's prefill always runs the model itself. The
+        ``weights`` (`engine.dtype = "float16"`): "model" decodes with the model's own weights;
+        "float16" with float16 copies (rlvr.rollout.static_decode.Float16; the static decoder on
+        CPU only). The prompt's prefill always runs the model itself. The
         completions' log-probs are the engine's own, so the learner sees the difference as a
         rollout/training mismatch (`algo.offpolicy` corrects it)."""
         reason = unsupported_reason(model)

@@ -17,6 +17,11 @@ module runs the same weights with
 - finished rows kept in the buffers until a quarter of them are dead, then removed in one
   compaction, instead of a copy of the whole cache at every step where one row finishes.
 
+On CPU the projections and the output head can run on float16 copies of the weights
+(`engine.dtype = "float16"`, `Float16`): fbgemm's prepacked kernel reads half the bytes per
+token and skips the per-call repacking that makes MKL's fp32 products slow when 2-16 rows
+decode (docs/performance.md).
+
 The prefill still runs the Hugging Face forward (it is one call per prompt batch); its cache is
 the shared prompt part, used as it is (no copy). The model's own modules compute the norms, the
 rotary embedding (any rope scaling it has) and the activation, so numerics match the Hugging Face
@@ -24,8 +29,6 @@ path to float rounding. Supported: the architectures in `SUPPORTED` without slid
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -87,31 +90,11 @@ class Float16:
         return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed).to(x.dtype)
 
 
-class Int8:
-    """The weight in int8, one symmetric scale per output channel (max |w| / 127), and each call's
-    activations quantized to 8 bits by fbgemm (W8A8 dynamic quantization, as FlashRL's int8
-    rollouts: Liu, Yao et al., "FlashRL: 8-bit rollouts, full power RL", 2025, which pairs them
-    with truncated importance sampling). A quarter of fp32's bytes; the products are off by about
-    2% of their largest value, and the activations' scale is taken over the whole batch, so a
-    row's result depends on the other rows. Pair with `algo.offpolicy = "tis"`."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        w = weight.detach().float().contiguous()
-        scales = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny).double()
-        zeros = torch.zeros(len(w), dtype=torch.long)
-        with warnings.catch_warnings():  # quantized tensors are deprecated; fbgemm's packed weight is what is used
-            warnings.simplefilter("ignore", UserWarning)
-            q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
-        self.packed = torch.ops.quantized.linear_prepack(q, None)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x.float().contiguous(), self.packed, True).to(x.dtype)
-
-
-Projection = Dense | Float16 | Int8
-WEIGHTS: dict[str, type[Float16] | type[Int8]] = {"float16": Float16, "int8": Int8}
-"""Weight formats besides "model" (the engine model's own weights, `Dense`): `engine.dtype`'s
-"float16" and "int8"."""
+Projection = Dense | Float16
+WEIGHTS: dict[str, type[Float16]] = {"float16": Float16}
+"""Weight formats besides "model" (the engine model's own weights, `Dense`): `engine.dtype =
+"float16"`. Int8 (fbgemm's W8A8 dynamic quantization) was tried and left out: on the bundled
+model it moved the sampled tokens' log-probs by 0.49 nats on average (docs/LOG.md)."""
 
 
 def weights_unavailable(fmt: str) -> str | None:
@@ -128,11 +111,11 @@ def weights_unavailable(fmt: str) -> str | None:
 class FusedWeights:
     """The decoder's weights, copied from the model's current parameters, with q/k/v fused into
     one projection and the MLP's gate/up into another. ``fmt`` "model" keeps the model's numbers
-    (`Dense`) and leaves the output head to the model; "float16" and "int8" store every
-    projection and the output head in that format (`Float16`, `Int8`)."""
+    (`Dense`) and leaves the output head to the model; "float16" stores every projection and the
+    output head in float16 (`Float16`)."""
 
     def __init__(self, model: PreTrainedModel, fmt: str = "model") -> None:
-        make: type[Dense] | type[Float16] | type[Int8] = Dense if fmt == "model" else WEIGHTS[fmt]
+        make: type[Dense] | type[Float16] = Dense if fmt == "model" else WEIGHTS[fmt]
         self.qkv: list[Projection] = []
         self.qkv_bias: list[torch.Tensor | None] = []
         self.o: list[Projection] = []
