@@ -10,6 +10,8 @@ Variants, all fp32 and all the same product up to summation order:
   (Wx)^T    (W_t @ x^T)^T: the same product with the long side as the rows
   onednn    oneDNN's prepacked linear (torch.ops.mkldnn._linear_pointwise on a weight reordered
             by _reorder_linear_weight for batch 8), what inductor's CPU backend calls
+  fp16w     fbgemm's prepacked float16 weight, fp32 activations and sums (`engine.dtype =
+            "float16"`, rlvr.rollout.static_decode.Float16): the product of the rounded weight
 Prints ms per product and the fastest variant per (shape, M); nothing here is a test.
 """
 
@@ -51,6 +53,9 @@ def variants(w_io: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Ten
         out["onednn"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     except (RuntimeError, AttributeError):  # a torch build without oneDNN's linear
         pass
+    from rlvr.rollout.static_decode import Float16
+
+    out["fp16w"] = Float16(w_oi)
     return out
 
 
@@ -69,8 +74,8 @@ def main() -> None:
         print(f"\n{name} [{k} x {n}]   " + "".join(f"{v:>10}" for v in fns))
         for m in batches:
             x = torch.randn(m, k)
-            ref = x.double() @ w.double()
             for v, fn in fns.items():  # every variant is the same product (fp32 rounding over k terms)
+                ref = x.double() @ (w.half() if v == "fp16w" else w).double()
                 assert torch.allclose(fn(x).double(), ref, atol=1e-4, rtol=1e-4), (name, m, v)
             times = {v: best_of(lambda: fn(x)) for v, fn in fns.items()}
             fastest = min(times, key=times.__getitem__)
