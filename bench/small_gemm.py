@@ -4,7 +4,7 @@ way to run the bundled model's shapes when only a few rows are decoding?
 
     python bench/small_gemm.py [--threads N] [--batches 1,2,4,8,16,32,64]
 
-Variants, all fp32 and all the same product up to summation order:
+Variants, all the same product up to summation order (fp16w: of the float16-rounded weight):
   x@W       the static decoder's form: x [M, in] @ W [in, out], contiguous
   linear    F.linear(x, W_t) on the [out, in] weight (nn.Linear, the model's lm_head)
   (Wx)^T    (W_t @ x^T)^T: the same product with the long side as the rows
@@ -53,9 +53,10 @@ def variants(w_io: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Ten
         out["onednn"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     except (RuntimeError, AttributeError):  # a torch build without oneDNN's linear
         pass
-    from rlvr.rollout.static_decode import Float16
+    from rlvr.rollout.static_decode import Float16, weights_unavailable
 
-    out["fp16w"] = Float16(w_oi)
+    if weights_unavailable("float16") is None:
+        out["fp16w"] = Float16(w_oi)
     return out
 
 

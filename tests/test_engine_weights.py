@@ -81,13 +81,29 @@ def test_the_engine_refuses_what_the_formats_cannot_run(
 
 
 def test_a_run_logs_the_mismatch_float16_brings(tiny_dir: Path, tmp_path: Path) -> None:
-    """One GRPO step with the engine sharing the learner's fp32 weights, and one on float16
-    copies: the sampler/learner log-ratio is ~0 (summation order) for the first; the second's
-    11-bit weights move it, but by far less than a nat."""
+    """Two GRPO steps (lr 1e-3) with the engine sharing the learner's fp32 weights, and two on
+    float16 copies: the sampler/learner log-ratio is ~0 (summation order) for the first; the
+    second's 11-bit weights move it to ~5e-4 here, at step 2 too, so the copies follow the
+    learner's update (copies left stale after step 1 put step 2 at ~0.04, for both)."""
     mismatch = {}
     for fmt in ("float32", "float16"):
-        cfg = load_config(None, overrides(tiny_dir, tmp_path, fmt, train__steps=1, engine__dtype=f'"{fmt}"',
+        cfg = load_config(None, overrides(tiny_dir, tmp_path, fmt, engine__dtype=f'"{fmt}"',
                                           engine__decoder='"static"', algo__offpolicy='"tis"') + FP32[:1])
         train(cfg, quiet=True)
-        mismatch[fmt] = read_metrics(tmp_path / fmt)[0]["mismatch_logratio_abs"]
-    assert mismatch["float32"] < 1e-4 < mismatch["float16"] < 0.05, mismatch
+        mismatch[fmt] = [row["mismatch_logratio_abs"] for row in read_metrics(tmp_path / fmt)]
+    assert max(mismatch["float32"]) < 1e-4 < min(mismatch["float16"]), mismatch
+    assert max(mismatch["float16"]) < 0.005, mismatch
+
+
+def test_rollout_workers_decode_the_learners_dtype(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ray rollout worker with engine.dtype = "float16" holds the model in the dtype of the
+    weights it is sent (the learner's), as the local engine shares the learner's model, not in
+    what "auto" picks on its machine."""
+    from rlvr.models import load_model
+    from rlvr.scaleout.rollout import RolloutWorker
+
+    monkeypatch.setenv("RLVR_AUTO_DTYPE", "bf16")
+    state = load_model(str(tiny_dir), torch.float32).state_dict()
+    worker = RolloutWorker(str(tiny_dir), state, 0, dtype="float16", max_batch_size=8, decoder="static",
+                           eos_token_ids=[EOS_ID], threads=1)
+    assert worker.engine.model.dtype == torch.float32 and worker.engine.weights == "float16"

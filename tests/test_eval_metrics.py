@@ -77,6 +77,10 @@ def test_rlvr_eval_compares_models_on_the_same_prompts(tiny_dir: Path, tmp_path:
     assert table.startswith("| model | pass@1 | pass@2 | pass@4 | maj@1 |") and table.count("\n") == 4
     assert capsys.readouterr().out == table
     assert main(["eval", "--model", str(tiny_dir), "--k", "8", "--n", "4", *overrides]) == 2  # k > n: a clear error
+    # the config's engine.dtype = "float16" samples on float16 weight copies, and the results say so
+    assert main(["eval", "--model", str(tiny_dir), "--k", "1", "--n", "2", "--prompts", "2", "--max-new-tokens", "4",
+                 "--out", str(out), *overrides, 'engine.dtype="float16"']) == 0
+    assert results[0]["engine_weights"] == "model" and json.loads(out.read_text())[0]["engine_weights"] == "float16"
 
 
 def test_evaluation_during_training_lands_in_the_metrics(tiny_dir: Path, tmp_path: Path) -> None:

@@ -206,7 +206,8 @@ def test_bench_generate_prints_the_ratio_to_hf(capsys: pytest.CaptureFixture[str
     row = result["rows"][0]
     assert result["part"] == "generate" and row["rlvr_vs_hf"] > 0
     assert row["rlvr_static_tok_s"] > 0 and row["rlvr_hf_tok_s"] > 0
-    assert row["rlvr_static_float16_tok_s"] > 0  # fbgemm is in the CPU wheel
+    float16 = row["rlvr_static_float16_tok_s"]  # a number, or why the format cannot run here (no fbgemm)
+    assert float16 > 0 if isinstance(float16, float) else "fbgemm" in float16
     assert isinstance(row["llama_cpp_tok_s"], float) or "not installed" in row["llama_cpp_tok_s"]
 
 

@@ -40,6 +40,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     from rlvr.data import render_example, render_prompt
     from rlvr.models import eos_token_ids, load_policy, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.rollout.static_decode import WEIGHTS
     from rlvr.data.images import image_token_ids
     from rlvr.train.data import load_examples, render_with_processor
     from rlvr.train.rollouts import generate_groups
@@ -52,7 +53,8 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     model, tokenizer, processor = load_policy(path, resolve_dtype("auto"))
     model.eval()
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
-                            banned_token_ids=image_token_ids(processor))
+                            banned_token_ids=image_token_ids(processor),
+                            weights=cfg.engine.dtype if cfg.engine.dtype in WEIGHTS else "model")
     _, held = load_examples(cfg)
     held = held[:prompts]
     if not held:
@@ -71,7 +73,8 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     samples = [x for g in groups for x in g.samples]
     _, negative_entropy = score_certainty(model, samples, engine.pad_token_id,
                                           temperature=temperature if temperature > 0 else 1.0, micro_batch_size=16)
-    result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n}
+    result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n,
+                              "engine_weights": engine.weights}  # "model", or "float16" (engine.dtype)
     result |= {name: statistics.fmean(values) for name, values in per_prompt.items()}
     result["response_length"] = statistics.fmean(len(x.completion.token_ids) for x in samples)
     result["token_entropy"] = -float(negative_entropy.mean())

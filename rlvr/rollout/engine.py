@@ -115,7 +115,7 @@ class EmbeddedEngine:
                 why = (f"engine.dtype = {weights!r} runs in the static decoder, which "
                        f"{'this model cannot use: ' + str(reason) if reason else 'decoder=hf turns off'}")
             if why is None and next(model.parameters()).device.type != "cpu":
-                why = f"engine.dtype = {weights!r} runs fbgemm's CPU kernels; on a GPU use bfloat16 or float32"
+                why = f"engine.dtype = {weights!r} runs fbgemm's CPU kernels; on a GPU use bfloat16 or float32 (or train.device = \"cpu\")"
             if why is not None:
                 raise ValueError(why)
         self.model = model

@@ -102,9 +102,10 @@ def weights_unavailable(fmt: str) -> str | None:
     if fmt == "model":
         return None
     if fmt not in WEIGHTS:
-        return f"the decoder's weights must be 'model', {', '.join(repr(k) for k in WEIGHTS)}, not {fmt!r}"
-    if not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
-        return f"engine.dtype = {fmt!r} needs fbgemm's CPU kernels, which this PyTorch build lacks"
+        return f"the decoder's weights must be 'model' or {' or '.join(repr(k) for k in WEIGHTS)}, not {fmt!r}"
+    if torch.backends.quantized.engine not in ("fbgemm", "x86"):
+        return (f"engine.dtype = {fmt!r} needs fbgemm's CPU kernels (torch.backends.quantized.engine "
+                f"'x86' or 'fbgemm'); this PyTorch uses {torch.backends.quantized.engine!r}")
     return None
 
 

@@ -60,8 +60,11 @@ class RolloutWorker:
             self.engine.update_weights(state)
         else:
             load = load_vlm_model if vision else load_model  # the processor is loaded above
-            weights = dtype if dtype in WEIGHTS else "model"  # float16/int8: decoding on copies in that format
-            model = load(model_spec, resolve_dtype("auto" if weights != "model" else dtype))
+            weights = dtype if dtype in WEIGHTS else "model"
+            # float16: the learner's model in the learner's dtype (that of the weights sent), as the local
+            # engine shares it, decoding on float16 copies
+            learner_dtype = next(v.dtype for v in state.values() if v.is_floating_point())
+            model = load(model_spec, learner_dtype if weights != "model" else resolve_dtype(dtype))
             model.load_state_dict(state)
             self.engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids, max_batch_size=max_batch_size,
                                          decoder=decoder, banned_token_ids=banned,  # type: ignore[arg-type]
