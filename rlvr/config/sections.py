@@ -98,7 +98,7 @@ class LoraConfig(_Section):
 
 class EngineConfig(_Section):
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
-    """Rollout dtype; "auto" = bfloat16 on a bf16 GPU, or on a CPU where bf16 is measured faster than fp32. On CPU the static decoder also takes "float16": float16 copies of the learner's weights multiplied in fp32 (1.3-2.4x faster decoding of small batches, a sampler/learner mismatch of ~0.002-0.004 nats a token), repacked after every update (~5 s for 135M parameters on one core), so it pays when a step decodes for long, and in `rlvr eval`; docs/performance.md."""
+    """Rollout dtype; "auto" = bfloat16 on a bf16 GPU, or on a CPU where bf16 is measured faster than fp32. On CPU the static decoder also takes "float16": float16 copies of the learner's weights multiplied in fp32 (1.3-2.4x faster decoding of small batches, a sampler/learner mismatch of ~0.002-0.004 nats a token), repacked after every update (~5 s for 135M parameters on one core), so it pays when a step decodes long completions a few rows at a time; docs/performance.md."""
     max_batch_size: int = Field(64, ge=1)
     """Most sequences decoded together; finished sequences leave the batch at once."""
     decoder: Literal["auto", "static", "hf"] = "auto"
