@@ -66,8 +66,9 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
         row: dict[str, Any] = {"batch": batch}
         for name, decoder, weights in (("static", "static", "model"), ("static_float16", "static", "float16"),
                                        ("hf", "hf", "model")):
-            if weights_unavailable(weights):
-                row[f"rlvr_{name}_tok_s"] = str(weights_unavailable(weights))
+            why = weights_unavailable(weights)
+            if why is not None:
+                row[f"rlvr_{name}_tok_s"] = why
                 continue
             engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch,  # no EOS: full length
                                     decoder=decoder, weights=weights)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from rlvr.types import PromptMedia
+from rlvr.types import PromptMedia, Sample
 
 
 def load_image(value: Any, where: str) -> Image.Image:
@@ -80,6 +81,12 @@ def render_with_images(processor: Any, prompt: str, images: list[Any], system_pr
     if not media:
         raise ValueError(f"{where}: the processor returned no pixel inputs for {len(pictures)} image(s)")
     return ids, media
+
+
+def with_prompt_media(samples: Sequence[Sample], media: Sequence[PromptMedia | None]) -> list[Sample]:
+    """The samples with their prompts' images (`TaskData.media`, by prompt index), for samples
+    read back from a file or checkpoint, which keeps a sample's ids but not its pixels."""
+    return [dataclasses.replace(x, media=media[x.prompt_index]) for x in samples]
 
 
 def prompt_media(images: Sequence[Any], inputs: Mapping[str, torch.Tensor], length: int) -> PromptMedia:

@@ -40,7 +40,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     from rlvr.data import render_example, render_prompt
     from rlvr.models import eos_token_ids, load_policy, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.rollout.static_decode import WEIGHTS
+    from rlvr.rollout.static_decode import decode_weights
     from rlvr.data.images import image_token_ids
     from rlvr.train.data import load_examples, render_with_processor
     from rlvr.train.rollouts import generate_groups
@@ -54,7 +54,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     model.eval()
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
                             banned_token_ids=image_token_ids(processor),
-                            weights=cfg.engine.dtype if cfg.engine.dtype in WEIGHTS else "model")
+                            weights=decode_weights(cfg.engine.dtype))
     _, held = load_examples(cfg)
     held = held[:prompts]
     if not held:

@@ -108,13 +108,14 @@ class EmbeddedEngine:
         if decoder not in ("auto", "static", "hf"):
             raise ValueError(f"decoder must be 'auto', 'static' or 'hf', not {decoder!r}")
         self.decoder = "static" if decoder == "static" or (decoder == "auto" and reason is None) else "hf"
+        self.device = next(model.parameters()).device
         self.weights = weights
         if weights != "model":
             why = weights_unavailable(weights)
             if why is None and self.decoder != "static":
                 why = (f"engine.dtype = {weights!r} runs in the static decoder, which "
                        f"{'this model cannot use: ' + str(reason) if reason else 'decoder=hf turns off'}")
-            if why is None and next(model.parameters()).device.type != "cpu":
+            if why is None and self.device.type != "cpu":
                 why = f"engine.dtype = {weights!r} runs fbgemm's CPU kernels; on a GPU use bfloat16 or float32 (or train.device = \"cpu\")"
             if why is not None:
                 raise ValueError(why)
@@ -125,7 +126,6 @@ class EmbeddedEngine:
         self._banned = torch.tensor(banned, dtype=torch.long) if banned else None
         self.max_batch_size = max_batch_size
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
-        self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._fused: tuple[tuple[tuple[int, int], ...], FusedWeights] | None = None
         self.version: int | None = None

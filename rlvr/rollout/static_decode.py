@@ -97,6 +97,12 @@ WEIGHTS: dict[str, type[Float16]] = {"float16": Float16}
 model it moved the sampled tokens' log-probs by 0.49 nats on average (docs/LOG.md)."""
 
 
+def decode_weights(dtype: str) -> str:
+    """The decoder's weight format for an `engine.dtype`: its own name for a format of `WEIGHTS`
+    ("float16"), "model" for a dtype the engine model itself takes."""
+    return dtype if dtype in WEIGHTS else "model"
+
+
 def weights_unavailable(fmt: str) -> str | None:
     """Why the weight format `fmt` cannot run here, or None when it can."""
     if fmt == "model":

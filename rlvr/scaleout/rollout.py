@@ -43,7 +43,7 @@ class RolloutWorker:
             load_vlm_model,
             resolve_dtype,
         )
-        from rlvr.rollout.static_decode import WEIGHTS
+        from rlvr.rollout.static_decode import decode_weights
 
         torch.set_num_threads(threads)
         vision = is_vision_language(model_spec)
@@ -60,7 +60,7 @@ class RolloutWorker:
             self.engine.update_weights(state)
         else:
             load = load_vlm_model if vision else load_model  # the processor is loaded above
-            weights = dtype if dtype in WEIGHTS else "model"
+            weights = decode_weights(dtype)
             # float16: the learner's model in the learner's dtype (that of the weights sent), as the local
             # engine shares it, decoding on float16 copies
             learner_dtype = next(v.dtype for v in state.values() if v.is_floating_point())

@@ -27,6 +27,7 @@ import numpy as np
 
 from rlvr.algos.registry import check_keywords
 from rlvr.data import Example
+from rlvr.data.images import with_prompt_media
 from rlvr.data.sampler import Sampler
 from rlvr.rewards import RewardFn
 from rlvr.rollout.engine import Engine
@@ -292,8 +293,7 @@ class ReplayBuffer:
     def attach_media(self, media: list[PromptMedia | None]) -> None:
         """Give the groups read back from a checkpoint their prompts' images (`TaskData.media`, by
         prompt index): the checkpoint keeps a group's token ids, not its pixels."""
-        self.items = [(s, dataclasses.replace(g, samples=tuple(dataclasses.replace(x, media=media[x.prompt_index])
-                                                                for x in g.samples)))
+        self.items = [(s, dataclasses.replace(g, samples=tuple(with_prompt_media(g.samples, media))))
                       for s, g in self.items]
 
 

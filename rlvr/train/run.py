@@ -37,7 +37,7 @@ from rlvr.models import (
 )
 from rlvr.rewards import build_rewards
 from rlvr.rollout.engine import EmbeddedEngine, Engine
-from rlvr.rollout.static_decode import WEIGHTS
+from rlvr.rollout.static_decode import decode_weights
 from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import ReplayBuffer, Rollouts
@@ -79,7 +79,7 @@ class Run:
 def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dtype: torch.dtype,
             tokenizer: PreTrainedTokenizerBase, processor: Any = None) -> tuple[PreTrainedModel, Engine, bool]:
     """The trained model, the rollout engine, and whether they share one set of weights."""
-    weights = cfg.engine.dtype if cfg.engine.dtype in WEIGHTS else "model"  # float16: the learner's model, float16 copies
+    weights = decode_weights(cfg.engine.dtype)  # float16: the learner's model, float16 copies
     engine_dtype = dtype if weights != "model" else resolve_dtype(cfg.engine.dtype, device)
     lora = cfg.lora.rank > 0
     vision = processor is not None

@@ -28,6 +28,7 @@ import torch
 
 from rlvr.algos import DIVERGENCES, aggregate_loss
 from rlvr.algos.registry import within
+from rlvr.data.images import with_prompt_media
 from rlvr.errors import RunDirError
 from rlvr.log import ScreeningProgress
 from rlvr.train.data import TaskData
@@ -200,8 +201,7 @@ def screen(run: Run, info: SetupInfo, o: RehearsalOptions) -> Rehearsal:
     if (run.dir / FILE).is_file():
         rehearsal = Rehearsal.load(run.dir)
         if run.task.media is not None:  # the file keeps ids, not images: they are the (unfiltered) task's
-            media = run.task.media
-            rehearsal.samples = [dataclasses.replace(x, media=media[x.prompt_index]) for x in rehearsal.samples]
+            rehearsal.samples = with_prompt_media(rehearsal.samples, run.task.media)
         return rehearsal
     if info.resuming:
         raise RunDirError(f"{run.dir} has no {FILE}: algo.divergence needs samples of the initial policy, "
