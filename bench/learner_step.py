@@ -2,6 +2,7 @@
 
     python bench/learner_step.py --batch 16 --prompt 64 --completion 192 --precision fp32
     python bench/learner_step.py --naive ...   # full-vocabulary logits, for comparison
+    python bench/learner_step.py --optimizer adamw_compact --micro-batch 2   # train.optimizer's memory
     python bench/learner_step.py --chunk 1024 --no-malloc-tuning --profile   # the variants in docs/LOG.md
 
 Prints one JSON line: seconds, tokens/s and peak RSS of the process (ru_maxrss).
@@ -44,6 +45,7 @@ def main() -> None:
     ap.add_argument("--completion", type=int, default=192)
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--optimizer", default="adamw", choices=["adamw", "adamw_compact"], help="train.optimizer")
     ap.add_argument("--naive", action="store_true")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     ap.add_argument("--steps", type=int, default=2, help="timed: the last one (the first primes allocators)")
@@ -54,7 +56,7 @@ def main() -> None:
     if not args.no_malloc_tuning:
         keep_freed_memory()
     model = load_model("builtin:smollm2-135m-instruct", args.precision)
-    learner = Learner(model, lr=1e-6)
+    learner = Learner(model, lr=1e-6, optimizer=args.optimizer)
     groups = fake_groups(args.batch, args.group, args.prompt, args.completion, model.config.vocab_size)
     settings = UpdateSettings(micro_batch_size=args.micro_batch, max_tokens=args.completion, logprob_chunk=args.chunk)
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -74,7 +76,8 @@ def main() -> None:
             profiler.stop()
             print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
     tokens = args.batch * (args.prompt + args.completion)
-    print(json.dumps({"mode": "naive" if args.naive else "rlvr", "precision": args.precision, "batch": args.batch,
+    print(json.dumps({"mode": "naive" if args.naive else "rlvr", "precision": args.precision,
+                      "optimizer": args.optimizer, "batch": args.batch,
                       "micro_batch": args.batch if args.naive else args.micro_batch,
                       "checkpointing": args.checkpointing,
                       "tokens": tokens, "seconds": round(seconds, 1), "tokens_per_s": round(tokens / seconds, 1),

@@ -262,7 +262,9 @@ class TrainConfig(_Section):
     micro_batch_tokens: int | None = Field(1024, ge=1)
     """Padded tokens (rows × longest row) per forward/backward at most, whatever micro_batch_size says: the activations a backward keeps grow with them (~1.5 MB a token on SmolLM2-135M in fp32). 1,024 ran as fast as 2,048-4,096 on CPUs (docs/LOG.md); raise it on a GPU. Unset = no cap."""
     lr: float = Field(1e-5, gt=0)
-    """Peak learning rate (AdamW)."""
+    """Peak learning rate."""
+    optimizer: Literal["adamw", "adamw_compact"] = "adamw"
+    """"adamw" = torch's AdamW; "adamw_compact" = the same update with the moments kept in 1 + 2 bytes a weight between steps instead of 8 (block-wise, stochastically rounded: rlvr.train.compact_adamw), 1.08 -> 0.41 GB on SmolLM2-135M, for more time per optimizer step (docs/performance.md)."""
     warmup_steps: int = Field(0, ge=0)
     """Optimizer steps of linear warmup from 0 to lr."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"

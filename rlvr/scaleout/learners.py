@@ -53,7 +53,7 @@ class LearnerWorker:
     def __init__(self, cfg: Any, threads: int) -> None:
         from rlvr.lora import apply_lora
         from rlvr.models import load_model, resolve_device, resolve_dtype
-        from rlvr.train.learner import Learner
+        from rlvr.train.learner import learner_for
 
         torch.set_num_threads(threads)
         self.cfg = cfg
@@ -68,9 +68,7 @@ class LearnerWorker:
             model = apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
                                targets=cfg.lora.targets)
         tr = cfg.train
-        self.learner = Learner(model, lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
-                               warmup_steps=tr.warmup_steps, total_steps=tr.steps * tr.epochs * tr.mini_batches,
-                               schedule=tr.schedule)
+        self.learner = learner_for(model, tr, tr.steps * tr.epochs * tr.mini_batches)
         self.ref_model = load_model(cfg.model, dtype, device).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
         from rlvr.train.methods import per_token_credit
 

@@ -5,16 +5,37 @@ CPUs where bf16 is measured faster, see rlvr.models.fast_bf16) and an fp32 maste
 copied to the fp32 masters, clipped and stepped there, and the masters are rounded back into the
 model. Updates smaller than bf16's resolution therefore accumulate instead of vanishing, which is
 the instability of plain bf16 training. Precision "fp32" trains the model's own fp32 weights.
+
+The optimizer is AdamW ("adamw", torch's fused kernel where it runs) or AdamW with compact moments
+("adamw_compact", rlvr.train.compact_adamw: 3 bytes a weight of optimizer state instead of 8, for
+more time per step than the fused kernel).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlvr.train.compact_adamw import CompactAdamW
 from rlvr.train.parallel import all_reduce_grads
+
+
+
+def _adamw(params: list[torch.Tensor], **hyper: Any) -> torch.optim.Optimizer:
+    # the fused kernel: one pass per tensor instead of a dozen elementwise ops (the default on a
+    # CPU); on SmolLM2-135M in fp32, 0.09 s a step against 0.4-1.5 s (docs/LOG.md)
+    fused = all(p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(params, fused=fused or None, **hyper)
+
+
+if TYPE_CHECKING:
+    from rlvr.config.sections import TrainConfig
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {"adamw": _adamw, "adamw_compact": CompactAdamW}
+"""train.optimizer -> a constructor taking the fp32 weights, lr, betas and weight_decay."""
 
 
 def lr_lambda(step: int, *, warmup_steps: int, total_steps: int, schedule: str) -> float:
@@ -46,8 +67,12 @@ class Learner:
         warmup_steps: int = 0,
         total_steps: int = 1,
         schedule: str = "constant",
+        optimizer: str = "adamw",
     ) -> None:
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
         self.model = model
+        self.optimizer_name = optimizer
         self.grad_clip = grad_clip
         self.base_lr, self.betas, self.weight_decay = lr, betas, weight_decay
         self.applied_lr = lr  # the learning rate of the last optimizer step
@@ -57,11 +82,8 @@ class Learner:
         self.masters = (
             [p.detach().float().clone().requires_grad_(True) for p in self.params] if self.mixed else self.params
         )
-        # the fused kernel: one pass per tensor instead of a dozen elementwise ops (the default on a
-        # CPU); on SmolLM2-135M in fp32, 0.09 s a step against 0.4-1.5 s (docs/LOG.md)
-        self.fused = all(m.device.type in ("cpu", "cuda") for m in self.masters)
-        self.optimizer = torch.optim.AdamW(self.masters, lr=lr, betas=betas, weight_decay=weight_decay,
-                                           fused=self.fused or None)
+        self.optimizer = OPTIMIZERS[optimizer](self.masters, lr=lr, betas=betas, weight_decay=weight_decay)
+        self.fused = bool(self.optimizer.defaults.get("fused"))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: lr_lambda(s, warmup_steps=warmup_steps, total_steps=total_steps, schedule=schedule),
@@ -107,12 +129,17 @@ class Learner:
         return float(norm)
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                                 "optimizer_name": self.optimizer_name}
         if self.mixed:
             state["masters"] = [m.detach().clone() for m in self.masters]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("optimizer_name", "adamw")  # checkpoints from before the choice were AdamW's
+        if saved != self.optimizer_name:
+            raise ValueError(f"the checkpoint's optimizer state is {saved!r}'s, and this run's optimizer is "
+                             f"{self.optimizer_name!r}: resume with train.optimizer = {saved!r}")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         # The saved state carries the old run's hyperparameters; this learner's (e.g. a resumed run
@@ -120,10 +147,18 @@ class Learner:
         self.scheduler.base_lrs = [self.base_lr] * len(self.optimizer.param_groups)
         for group, factor in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
             group.update(initial_lr=self.base_lr, betas=self.betas, weight_decay=self.weight_decay,
-                         lr=self.base_lr * factor(self.scheduler.last_epoch),
-                         fused=self.fused or None, foreach=None)  # a checkpoint from before the fused kernel
+                         lr=self.base_lr * factor(self.scheduler.last_epoch))
+            if "fused" in group:  # AdamW's: a checkpoint from before the fused kernel
+                group.update(fused=self.fused or None, foreach=None)
         if self.mixed:
             with torch.no_grad():
                 for p, m, saved in zip(self.params, self.masters, state["masters"]):
                     m.copy_(saved)
                     p.copy_(saved)
+
+
+def learner_for(model: Any, train: TrainConfig, total_steps: int, *, lr: float | None = None) -> Learner:
+    """The learner a run's `train` section describes (lr: another rate, e.g. the critic's)."""
+    return Learner(model, lr=train.lr if lr is None else lr, betas=train.betas, weight_decay=train.weight_decay,
+                   grad_clip=train.grad_clip, warmup_steps=train.warmup_steps, total_steps=total_steps,
+                   schedule=train.schedule, optimizer=train.optimizer)

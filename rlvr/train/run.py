@@ -42,7 +42,7 @@ from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import ReplayBuffer, Rollouts
 from rlvr.train.data import TaskData, load_task, make_sampler, with_variants
-from rlvr.train.learner import Learner
+from rlvr.train.learner import Learner, learner_for
 from rlvr.train.methods import Method, SetupInfo, build_methods
 from rlvr.train.update import UpdateSettings, settings_from_config
 from rlvr.train.updater import Updater
@@ -130,8 +130,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     model, engine, shared = _policy(cfg, spec, model_spec is not None, device, dtype, tokenizer, processor)
     tr = cfg.train
     optimizer_steps = optimizer_steps or tr.steps * tr.epochs * tr.mini_batches
-    learner = Learner(model, lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
-                      warmup_steps=tr.warmup_steps, total_steps=optimizer_steps, schedule=tr.schedule)
+    learner = learner_for(model, tr, optimizer_steps)
     rewards = build_rewards(cfg.reward_specs())
     task = load_task(cfg, tokenizer, rewards, processor)
     sc = cfg.sampler

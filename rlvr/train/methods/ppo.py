@@ -24,7 +24,7 @@ from rlvr.algos import aggregate_loss
 from rlvr.algos.advantages import gae_advantages
 from rlvr.train.batches import batches, token_rows
 from rlvr.train.critic import PER_TOKEN, Critic, GaeOptions, value_loss
-from rlvr.train.learner import Learner
+from rlvr.train.learner import Learner, learner_for
 from rlvr.train.methods import Method, Plan, SetupInfo
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Completion, Group, Sample
@@ -104,11 +104,8 @@ def critic_credit(cfg: RunConfig, policy: PreTrainedModel, optimizer_steps: int)
 
 def new_critic(cfg: RunConfig, policy: PreTrainedModel, optimizer_steps: int, options: GaeOptions,
                placed: Placed | None = None) -> CriticCredit:
-    """A critic initialised from the policy, with its own AdamW on the run's schedule."""
-    tr = cfg.train
-    critic = Learner(Critic(policy), lr=options.critic_lr, betas=tr.betas, weight_decay=tr.weight_decay,
-                     grad_clip=tr.grad_clip, warmup_steps=tr.warmup_steps, total_steps=optimizer_steps,
-                     schedule=tr.schedule)
+    """A critic initialised from the policy, with its own optimizer (train.optimizer) on the run's schedule."""
+    critic = learner_for(Critic(policy), cfg.train, optimizer_steps, lr=options.critic_lr)
     return CriticCredit(critic, options, placed)
 
 
