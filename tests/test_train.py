@@ -82,8 +82,9 @@ def test_two_steps_change_parameters_and_write_the_run(tiny_dir: Path, tmp_path:
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000002")
 
 
-def test_interrupted_and_resumed_run_matches_uninterrupted(tiny_dir: Path, tmp_path: Path) -> None:
-    extra = {"train__steps": 4}
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_compact"])  # compact: its rounding stream resumes too
+def test_interrupted_and_resumed_run_matches_uninterrupted(tiny_dir: Path, tmp_path: Path, optimizer: str) -> None:
+    extra = {"train__steps": 4, "train__optimizer": f'"{optimizer}"'}
     train(load_config(None, overrides(tiny_dir, tmp_path, "straight", **extra)), quiet=True)
     _calls["n"] = 0
     with pytest.raises(Interrupted):  # Ctrl-C during step 3: the loop finishes step 3, saves, stops

@@ -138,8 +138,8 @@ class Learner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state.get("optimizer_name", "adamw")  # checkpoints from before the choice were AdamW's
         if saved != self.optimizer_name:
-            raise ValueError(f"the checkpoint's optimizer state is {saved!r}'s, and this run's optimizer is "
-                             f"{self.optimizer_name!r}: resume with train.optimizer = {saved!r}")
+            raise ValueError(f"the checkpoint holds the optimizer state of train.optimizer = {saved!r}, and this run "
+                             f"uses {self.optimizer_name!r}: resume with train.optimizer = {saved!r}")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         # The saved state carries the old run's hyperparameters; this learner's (e.g. a resumed run
