@@ -41,7 +41,7 @@ def test_each_value_decodes_to_a_level_at_most_one_spacing_away(code: Code, deco
     for seed in range(3):
         d = roundings(x, code, decode, dtype, seed)
         assert ((d - x).abs() <= x * 2.0**-code.bits).all()
-    codes, _ = encode(torch.zeros(2, BLOCK), torch.zeros(2, BLOCK, dtype=torch.int32), code)
+    codes, _ = encode(torch.zeros(2, BLOCK), torch.zeros(2, BLOCK, dtype=torch.int32), code)  # floor 0
     assert (codes == 0).all()  # the first moment's 0 decodes to 0; the optimizer stores no second-moment 0
 
 

@@ -78,11 +78,12 @@ def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
     return (exponent << 23).view(torch.float32)
 
 
-def encode(x: torch.Tensor, noise: torch.Tensor, code: Code) -> tuple[torch.Tensor, torch.Tensor]:
+def encode(x: torch.Tensor, noise: torch.Tensor, code: Code, *, floor: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Code non-negative fp32 values [blocks, BLOCK], rounding stochastically with `noise`
-    (uniform int32 in [0, 2^code.dropped), same shape): (codes int32 in 0..top, 0 for zero; each
-    block's top octave as a biased fp32 exponent, uint8). A value under the lowest level codes 1
-    with the probability value / lowest level, else 0: unbiased down to zero."""
+    (uniform int32 in [0, 2^code.dropped), same shape): (codes int32 in floor..top, 0 for zero; each
+    block's top octave as a biased fp32 exponent, uint8). With floor 0, a value under the lowest
+    level codes 1 with the probability value / lowest level, else 0: unbiased down to zero; with
+    floor 1 it codes 1."""
     largest = x.amax(dim=1)
     if not torch.isfinite(largest).all():  # an inf or NaN codes `top` (its weight is NaN anyway), the rest as usual
         bad = ~torch.isfinite(largest)
@@ -94,12 +95,14 @@ def encode(x: torch.Tensor, noise: torch.Tensor, code: Code) -> tuple[torch.Tens
     exponent = largest.view(torch.int32) >> 23
     scaled = x * _power_of_two(254 - exponent)[:, None]  # top octave -> [1, 2): exact, a power of two
     q = (scaled.view(torch.int32) + noise) >> code.dropped
-    codes = q.sub_(code.offset).clamp_(0, code.top)
-    # under the lowest level (code 1), the octave's rounding would use a level that code 0 does not
-    # decode to: round between 0 and the lowest level instead, with the same noise as a fraction
-    lowest = float(_LOWEST[code])
-    under = scaled < lowest
-    codes.mul_(~under).add_(under & (noise * (lowest / (1 << code.dropped)) < scaled))
+    codes = q.sub_(code.offset).clamp_(floor, code.top)
+    if floor == 0:
+        # under the lowest level (code 1), the octave's rounding would use a level that code 0 does
+        # not decode to: round between 0 and the lowest level instead, the noise as a fraction
+        lowest = float(_LOWEST[code])
+        under = scaled < lowest
+        if under.any():
+            codes.mul_(~under).add_(under & (noise * (lowest / (1 << code.dropped)) < scaled))
     return codes, exponent.to(torch.uint8)
 
 
@@ -165,10 +168,18 @@ class CompactAdamW(torch.optim.Optimizer):
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         if closure is not None:
             raise ValueError("CompactAdamW.step takes no closure")
+        # one draw of noise per step and device, 4 chunks' worth, read at random offsets: each value's
+        # rounding stays uniform and independent of the value, for a small fraction of a draw each
+        pools: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
-                    self._step_one(p, p.grad, group)
+                if p.grad is None:
+                    continue
+                if p.device not in pools:
+                    pool = torch.randint(0, 1 << FIRST.dropped, (4 * CHUNK,), dtype=torch.int32, device=p.device,
+                                         generator=self._generator(p.device))
+                    pools[p.device] = pool, pool >> FIRST.dropped - SECOND.dropped
+                self._step_one(p, p.grad, group, *pools[p.device])
         return None
 
     def _state(self, p: torch.Tensor) -> dict[str, Any]:
@@ -186,7 +197,8 @@ class CompactAdamW(torch.optim.Optimizer):
                          v_exponent=torch.zeros(blocks, dtype=torch.uint8, device=device))
         return state
 
-    def _step_one(self, p: torch.Tensor, grad: torch.Tensor, group: dict[str, Any]) -> None:
+    def _step_one(self, p: torch.Tensor, grad: torch.Tensor, group: dict[str, Any], m_pool: torch.Tensor,
+                  v_pool: torch.Tensor) -> None:
         state = self._state(p)
         state["step"] += 1
         beta1, beta2 = group["betas"]
@@ -196,13 +208,8 @@ class CompactAdamW(torch.optim.Optimizer):
         first = state["step"] == 1  # the moments start at exactly zero
         weights, grads = p.view(-1), grad.reshape(-1)
         n = weights.numel()
-        # one draw of noise per weight tensor (at most 4 chunks' worth), read at random offsets: each
-        # value's rounding stays uniform and independent of the value, for ~1 draw per 2 values
         chunks, padded_n = -(-n // CHUNK), _blocks(n) * BLOCK
-        pool_size = min(4 * CHUNK, 2 * padded_n)
-        pool = torch.randint(0, 1 << FIRST.dropped, (pool_size,), dtype=torch.int32, device=p.device,
-                             generator=self._generator(p.device))
-        offsets = torch.randint(0, pool_size - min(CHUNK, padded_n) + 1, (2 * chunks,),
+        offsets = torch.randint(0, m_pool.numel() - min(CHUNK, padded_n) + 1, (2 * chunks,),
                                 generator=self._generator(torch.device("cpu"))).tolist()
         for i, start in enumerate(range(0, n, CHUNK)):
             end = min(n, start + CHUNK)
@@ -222,8 +229,8 @@ class CompactAdamW(torch.optim.Optimizer):
             size = padded.stop - padded.start
             if size > end - start:  # the tensor's last, partial block
                 m, v = (torch.nn.functional.pad(x, (0, size - x.numel())) for x in (m, v))
-            m_noise = pool[offsets[2 * i] : offsets[2 * i] + size].view(-1, BLOCK)
-            v_noise = pool[offsets[2 * i + 1] : offsets[2 * i + 1] + size].view(-1, BLOCK) >> SECOND.bits - FIRST.bits
+            m_noise = m_pool[offsets[2 * i] : offsets[2 * i] + size].view(-1, BLOCK)
+            v_noise = v_pool[offsets[2 * i + 1] : offsets[2 * i + 1] + size].view(-1, BLOCK)
             self._store(state, padded, blocks, m.view(-1, BLOCK), v.view(-1, BLOCK), m_noise, v_noise)
 
     @staticmethod
@@ -232,5 +239,5 @@ class CompactAdamW(torch.optim.Optimizer):
         codes, state["m_exponent"][blocks] = encode(m.abs(), m_noise, FIRST)
         sign = m.view(torch.int32) >> 31  # -1 where negative, else 0
         state["m"][padded] = codes.bitwise_xor_(sign).sub_(sign).view(-1)  # two's complement: -codes where negative
-        codes, state["v_exponent"][blocks] = encode(v, v_noise, SECOND)
-        state["v"][padded] = codes.clamp_(min=1).view(-1)
+        codes, state["v_exponent"][blocks] = encode(v, v_noise, SECOND, floor=1)
+        state["v"][padded] = codes.view(-1)
