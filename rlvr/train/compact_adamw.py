@@ -69,7 +69,7 @@ class Code:
 
 
 FIRST, SECOND = Code(bits=3, top=127), Code(bits=10, top=32767)
-_FIRST_LEVELS = FIRST.levels()
+_FIRST_LEVELS: dict[torch.device, torch.Tensor] = {}  # the first moment's code -> value table, per device
 _LOWEST = {code: code.levels()[code.top + 1] for code in (FIRST, SECOND)}  # code 1's value, top octave [1, 2)
 
 
@@ -108,7 +108,10 @@ def encode(x: torch.Tensor, noise: torch.Tensor, code: Code, *, floor: int = 0) 
 
 def decode_first(codes: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     """fp32 values [blocks, BLOCK] of signed int8 codes (0 = zero) and their blocks' exponents."""
-    values = _FIRST_LEVELS.to(codes.device).index_select(0, codes.view(-1).to(torch.int32).add_(FIRST.top))
+    if codes.device not in _FIRST_LEVELS:
+        _FIRST_LEVELS[codes.device] = FIRST.levels().to(codes.device)
+    levels = _FIRST_LEVELS[codes.device]
+    values = levels.index_select(0, codes.view(-1).to(torch.int32).add_(FIRST.top))
     return values.view(codes.shape).mul_(_power_of_two(exponent.to(torch.int32))[:, None])
 
 
