@@ -70,7 +70,8 @@ class Code:
 
 FIRST, SECOND = Code(bits=3, top=127), Code(bits=10, top=32767)
 _FIRST_LEVELS: dict[torch.device, torch.Tensor] = {}  # the first moment's code -> value table, per device
-_LOWEST = {code: code.levels()[code.top + 1] for code in (FIRST, SECOND)}  # code 1's value, top octave [1, 2)
+_LOWEST = {code: torch.tensor((1 + code.offset) << code.dropped, dtype=torch.int32).view(torch.float32)
+           for code in (FIRST, SECOND)}  # code 1's value, top octave [1, 2) (levels()'s entry for code 1)
 
 
 def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
@@ -85,8 +86,8 @@ def encode(x: torch.Tensor, noise: torch.Tensor, code: Code, *, floor: int = 0) 
     level codes 1 with the probability value / lowest level, else 0: unbiased down to zero; with
     floor 1 it codes 1."""
     largest = x.amax(dim=1)
-    if not torch.isfinite(largest).all():  # an inf or NaN codes `top` (its weight is NaN anyway), the rest as usual
-        bad = ~torch.isfinite(largest)
+    bad = ~torch.isfinite(largest)
+    if bad.any():  # an inf or NaN codes `top` (its weight is NaN anyway), the rest as usual
         largest[bad] = torch.nan_to_num(x[bad], nan=0.0, posinf=0.0).amax(dim=1)
     # The top octave is the one holding the block's largest value after rounding: a value at or
     # above the octave's last level may round up to the next power of two. 2^-111..2^126 keeps
