@@ -8,6 +8,9 @@ Variants, all the same product up to summation order (fp16w: of the float16-roun
   x@W       the static decoder's form: x [M, in] @ W [in, out], contiguous
   linear    F.linear(x, W_t) on the [out, in] weight (nn.Linear, the model's lm_head)
   (Wx)^T    (W_t @ x^T)^T: the same product with the long side as the rows
+  Dense     the static decoder's fp32 projection: x@W at one row, (Wx)^T from two
+  mklpack   MKL's packed sgemm (torch.ops.mkl._mkl_linear on a weight packed once by
+            _mkl_reorder_linear_weight): x@W's own kernel without packing the weight on every call
   onednn    oneDNN's prepacked linear (torch.ops.mkldnn._linear_pointwise on a weight reordered
             by _reorder_linear_weight for batch 8), what inductor's CPU backend calls
   fp16w     fbgemm's prepacked float16 weight, fp32 activations and sums (`engine.dtype =
@@ -23,6 +26,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from rlvr.rollout.static_decode import Dense, Float16, weights_unavailable
 
 # the bundled SmolLM2-135M's decode products: hidden 576, 9 heads and 3 kv heads of 64, MLP 1536
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
@@ -47,13 +52,18 @@ def variants(w_io: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Ten
         "x@W": lambda x: x @ w_io,
         "linear": lambda x: F.linear(x, w_oi),
         "(Wx)^T": lambda x: (w_oi @ x.T).T,
+        "Dense": Dense(w_oi),  # the static decoder's fp32 projection: x@W at one row, (Wx)^T from two
     }
+    try:
+        mkl_packed = torch.ops.mkl._mkl_reorder_linear_weight(w_oi, 8)
+        out["mklpack"] = lambda x: torch.ops.mkl._mkl_linear(x, mkl_packed, w_oi, None, x.shape[0])
+    except (RuntimeError, AttributeError):  # a torch build without MKL
+        pass
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(w_oi, 8)
         out["onednn"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     except (RuntimeError, AttributeError):  # a torch build without oneDNN's linear
         pass
-    from rlvr.rollout.static_decode import Float16, weights_unavailable
 
     if weights_unavailable("float16") is None:
         out["fp16w"] = Float16(w_oi)
@@ -64,6 +74,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
+    ap.add_argument("--stack", action="store_true",
+                    help="also time the 30 layers' products plus the head in turn, distinct weights: a "
+                         "working set far bigger than the cache, as in decoding")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -82,6 +95,25 @@ def main() -> None:
             fastest = min(times, key=times.__getitem__)
             cells = "".join(f"{t:>9.3f}{'*' if v == fastest else ' '}" for v, t in times.items())
             print(f"  M={m:<4}          {cells}")
+    if args.stack:
+        stack(batches)
+
+
+def stack(batches: list[int], layers: int = 30) -> None:
+    """One decode step's products: every layer's qkv, o, gate_up and down, then the head."""
+    shapes = [SHAPES[s] for _ in range(layers) for s in ("qkv", "o", "gate_up", "down")] + [SHAPES["lm_head"]]
+    products = [variants(torch.randn(k, n) * 0.02) for k, n in shapes]
+    names = list(products[0])
+    print(f"\nstack: {layers} layers x 4 products + head, ms per step   " + "".join(f"{v:>10}" for v in names))
+    for m in batches:
+        inputs = [torch.randn(m, k) for k, _ in shapes]
+        times = {}
+        for v in names:
+            fns = [p[v] for p in products]
+            times[v] = best_of(lambda: [fn(x) for fn, x in zip(fns, inputs)], seconds=0.6)
+        fastest = min(times, key=times.__getitem__)
+        cells = "".join(f"{t:>9.2f}{'*' if v == fastest else ' '}" for v, t in times.items())
+        print(f"  M={m:<4}          {cells}")
 
 
 if __name__ == "__main__":

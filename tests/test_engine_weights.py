@@ -66,7 +66,34 @@ def test_the_static_decoder_on_float16_weights_matches_a_full_forward(
         for r, row_logits in enumerate(logits):
             ids = torch.tensor([prompts[r // n] + tokens[r]])
             torch.testing.assert_close(row_logits, model(input_ids=ids).logits[0, -1], atol=1e-4, rtol=0)
-    assert isinstance(FusedWeights(model).qkv[0], Dense) and FusedWeights(model).head is None
+    fp32 = FusedWeights(model)
+    assert isinstance(fp32.qkv[0], Dense) and isinstance(fp32.head, Dense)
+    assert fp32.head.w_oi is not None and fp32.head.w_oi.data_ptr() == model.lm_head.weight.data_ptr()  # no copy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_gives_the_product_for_every_row_count(dtype: torch.dtype) -> None:
+    """`Dense` runs one row and several rows in different forms (fp32: `x @ W` on an [in, out]
+    copy, then `(W xᵀ)ᵀ` on the weight itself): each is the product x Wᵀ up to summation order.
+    Bound: fp32 accumulation of 64 terms, ≤ 64 · 2^-24 of Σ|x·w| (< 1e-5 of it); bf16 rounds the
+    result to 8 bits (2^-8 of |y| ≤ Σ|x·w|). The [out, in] form reuses the weight's storage."""
+    gen = torch.Generator().manual_seed(0)
+    w_oi = (torch.randn(96, 64, generator=gen) * 0.05).to(dtype)
+    bound = 1e-5 if dtype == torch.float32 else 2**-8
+    for single_row in (True, False):
+        dense = Dense(w_oi, single_row=single_row)
+        for rows in (1, 2, 3, 17):
+            x = torch.randn(rows, 64, generator=gen).to(dtype)
+            y = dense(x)
+            assert y.shape == (rows, 96) and y.dtype == dtype and y.is_contiguous()
+            exact = x.double() @ w_oi.double().T
+            scale = x.double().abs() @ w_oi.double().abs().T
+            assert ((y.double() - exact).abs() / scale).max() < bound, (single_row, rows)
+    fp32 = Dense(w_oi, single_row=False)
+    if dtype == torch.float32:
+        assert fp32.w_oi is not None and fp32.w_oi.data_ptr() == w_oi.data_ptr() and fp32.w_io is None
+    else:  # not MKL's sgemm: the [in, out] copy only, as before
+        assert fp32.w_oi is None and fp32.w_io is not None
 
 
 def test_the_engine_refuses_what_the_formats_cannot_run(

@@ -9,9 +9,10 @@ module runs the same weights with
   preallocated buffer per layer for the sampled tokens only, written in place one column per
   step (grown in blocks when full);
 - the query, key and value projections fused into one matrix product, and the MLP's gate and up
-  projections into another, all stored as contiguous [in, out] matrices (a copy of the layer
-  weights, ~0.8× the model's size; the engine rebuilds it when a parameter's version counter
-  shows a change, so learner updates are always seen);
+  projections into another, stored as contiguous [in, out] matrices for one row and, in fp32
+  on the CPU, also as [out, in] ones for more rows (`Dense`: ~0.8× the model's size, 1.3× in
+  fp32; the engine rebuilds them when a parameter's version counter shows a change, so learner
+  updates are always seen);
 - attention for the single new token as two batched matrix products over the key/value heads,
   with the query heads of each group stacked, so nothing is repeated;
 - finished rows kept in the buffers until a quarter of them are dead, then removed in one
@@ -63,14 +64,29 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
 
 
 class Dense:
-    """`x @ W` on a contiguous [in, out] copy of an [out, in] weight (`x @ W` this way ran ~15%
-    faster than `nn.Linear`'s `x @ W.T` at batch 64 here): the model's own numbers."""
+    """A projection on the model's own numbers.
 
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.w = weight.T.contiguous()
+    One row runs as `x @ W` on a contiguous [in, out] copy of the [out, in] weight (~15% faster
+    than `nn.Linear`'s `x @ Wᵀ` here). From two rows on, an fp32 weight on the CPU runs as
+    `(W xᵀ)ᵀ` on the [out, in] weight itself (the model's tensor, no copy, where it is already
+    contiguous): MKL's sgemm packs the large operand on every call of the `x @ W` form, so 2-16
+    rows cost 2-4× one row, while with the weight on the left it takes its skinny-matrix path
+    (bench/small_gemm.py --stack, Zen 3: the 30 layers and head at 4 rows 50 ms against 161 ms,
+    at 64 rows 189 against 265; docs/LOG.md). Other dtypes and devices keep `x @ W` (their
+    products do not come from MKL's sgemm and were not measured). ``single_row`` False leaves out
+    the [in, out] copy, and one row runs as `nn.Linear` does (the output head: a copy the size
+    of the embedding matrix for a few ms a token at one row)."""
+
+    def __init__(self, weight: torch.Tensor, *, single_row: bool = True) -> None:
+        w = weight.detach()
+        self.w_oi = w.contiguous() if w.dtype == torch.float32 and w.device.type == "cpu" else None
+        self.w_io = w.T.contiguous() if single_row or self.w_oi is None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.w
+        if self.w_oi is not None and (len(x) > 1 or self.w_io is None):
+            return torch.nn.functional.linear(x, self.w_oi) if len(x) == 1 else (self.w_oi @ x.T).T.contiguous()
+        assert self.w_io is not None
+        return x @ self.w_io
 
 
 class Float16:
@@ -116,10 +132,10 @@ def weights_unavailable(fmt: str) -> str | None:
 
 
 class FusedWeights:
-    """The decoder's weights, copied from the model's current parameters, with q/k/v fused into
-    one projection and the MLP's gate/up into another. ``fmt`` "model" keeps the model's numbers
-    (`Dense`) and leaves the output head to the model; "float16" stores every projection and the
-    output head in float16 (`Float16`)."""
+    """The decoder's weights, from the model's current parameters, with q/k/v fused into one
+    projection and the MLP's gate/up into another. ``fmt`` "model" keeps the model's numbers
+    (`Dense`; the output head too where it runs as `(W xᵀ)ᵀ`, else the head is left to the
+    model); "float16" stores every projection and the output head in float16 (`Float16`)."""
 
     def __init__(self, model: PreTrainedModel, fmt: str = "model") -> None:
         make: type[Dense] | type[Float16] = Dense if fmt == "model" else WEIGHTS[fmt]
@@ -136,7 +152,12 @@ class FusedWeights:
             self.o.append(make(attn.o_proj.weight))
             self.gate_up.append(make(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])))
             self.down.append(make(mlp.down_proj.weight))
-        self.head: Projection | None = None if fmt == "model" else make(model.lm_head.weight)
+        head = model.lm_head.weight
+        if fmt != "model":
+            self.head: Projection | None = make(head)
+        else:  # the model's own head unless the (W xᵀ)ᵀ form applies; no copy either way
+            dense = Dense(head, single_row=False)
+            self.head = dense if dense.w_oi is not None else None
 
 
 class StaticDecoder:
@@ -312,9 +333,17 @@ class StaticDecoder:
         self.col += 1
         self.pos_B += 1
         last_R1H = model.norm(h_B1H[self.slots])
-        if self.weights.head is None:  # the model's own head (hooks on it see what a forward would give them)
+        if self.weights.head is None or _hooked(self.model.lm_head):  # hooks see what a forward gives them
             return self.model.lm_head(last_R1H)[:, -1]
         return self.weights.head(last_R1H[:, -1])
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    """Whether running `module` would call a forward hook (its own or a global one)."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(module._forward_hooks or module._forward_pre_hooks
+                or nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
