@@ -20,8 +20,7 @@ module runs the same weights with
 
 On CPU the projections and the output head can run on float16 copies of the weights
 (`engine.dtype = "float16"`, `Float16`): fbgemm's prepacked kernel reads half the bytes per
-token and skips the per-call repacking that makes MKL's fp32 products slow when 2-16 rows
-decode (docs/performance.md).
+token and never repacks the weight (docs/performance.md).
 
 The prefill still runs the Hugging Face forward (it is one call per prompt batch); its cache is
 the shared prompt part, used as it is (no copy). The model's own modules compute the norms, the
@@ -91,10 +90,9 @@ class Dense:
 
 class Float16:
     """The weight stored in float16 and multiplied in fp32 by fbgemm's fp16 GEMM: half the bytes
-    to read per decoded token, and no per-call repacking of the weight, which is what makes fp32
-    products slow when a few rows decode (docs/performance.md). Activations and accumulation stay
-    in fp32, so each row's result is its own, whatever else is in the batch; the weight's rounding
-    (relative 2^-11) is 8× finer than bfloat16's."""
+    to read per decoded token, and the weight packed once, not on every call (docs/performance.md).
+    Activations and accumulation stay in fp32, so each row's result is its own, whatever else is
+    in the batch; the weight's rounding (relative 2^-11) is 8× finer than bfloat16's."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         w = weight.detach().float()
