@@ -33,7 +33,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     tokenizer, model = load_tokenizer(MODEL), load_model(MODEL, "auto")
-    print(f"{cpu_description()}; {model.dtype}; {torch.get_num_threads()} threads; tok/s, best of {args.rounds}")
+    cpu = cpu_description()
+    print(f"{cpu['model']} (family {cpu['family']} model {cpu['model_id']}), {model.dtype}, "
+          f"{torch.get_num_threads()} threads; tok/s, best of {args.rounds}")
     forms: dict[str, Callable[..., torch.Tensor]] = {"x@W (before)": before, "Dense (now)": static_decode.Dense.__call__}
     print("| batch | " + " | ".join(forms) + " | ratio |\n|---|---|---|---|")
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
@@ -42,13 +44,16 @@ def main() -> None:
         engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch, decoder="static")
         engine.generate(ids[:1], SamplingParams(max_new_tokens=2, n=1))  # warm-up; builds the copies
         best = dict.fromkeys(forms, 0.0)
-        for _ in range(args.rounds):
-            for name, call in forms.items():
-                static_decode.Dense.__call__ = call  # type: ignore[method-assign]
-                start = time.perf_counter()
-                engine.generate(ids, SamplingParams(max_new_tokens=args.new_tokens, n=group))
-                best[name] = max(best[name], batch * args.new_tokens / (time.perf_counter() - start))
-        static_decode.Dense.__call__ = forms["Dense (now)"]  # type: ignore[method-assign]
+        for round_ in range(args.rounds):
+            order = list(forms) if round_ % 2 == 0 else list(reversed(forms))  # neither side always first
+            for name in order:
+                static_decode.Dense.__call__ = forms[name]  # type: ignore[method-assign]
+                try:
+                    start = time.perf_counter()
+                    engine.generate(ids, SamplingParams(max_new_tokens=args.new_tokens, n=group))
+                    best[name] = max(best[name], batch * args.new_tokens / (time.perf_counter() - start))
+                finally:
+                    static_decode.Dense.__call__ = forms["Dense (now)"]  # type: ignore[method-assign]
         old, new = best.values()
         print(f"| {batch} | {old:.1f} | {new:.1f} | {new / old:.2f} |", flush=True)
 

@@ -9,8 +9,8 @@ Variants, all the same product up to summation order (fp16w: of the float16-roun
   linear    F.linear(x, W_t) on the [out, in] weight (nn.Linear, the model's lm_head)
   (Wx)^T    (W_t @ x^T)^T: the same product with the long side as the rows
   Dense     the static decoder's fp32 projection: x@W at one row, (Wx)^T from two
-  mklpack   MKL's packed sgemm (torch.ops.mkl._mkl_linear on a weight packed once by
-            _mkl_reorder_linear_weight): x@W's own kernel without packing the weight on every call
+  mklpack   MKL's packed sgemm (torch.ops.mkl._mkl_linear on a weight packed once, for 8 rows, by
+            _mkl_reorder_linear_weight; every row count checked against the reference below)
   onednn    oneDNN's prepacked linear (torch.ops.mkldnn._linear_pointwise on a weight reordered
             by _reorder_linear_weight for batch 8), what inductor's CPU backend calls
   fp16w     fbgemm's prepacked float16 weight, fp32 activations and sums (`engine.dtype =
@@ -51,7 +51,7 @@ def variants(w_io: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Ten
     out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "x@W": lambda x: x @ w_io,
         "linear": lambda x: F.linear(x, w_oi),
-        "(Wx)^T": lambda x: (w_oi @ x.T).T,
+        "(Wx)^T": lambda x: (w_oi @ x.T).T,  # without Dense's copy back to row-major
         "Dense": Dense(w_oi),  # the static decoder's fp32 projection: x@W at one row, (Wx)^T from two
     }
     try:

@@ -250,18 +250,23 @@ def test_unsupported_architecture_falls_back_to_hf(tiny_tokenizer: Tokenizer) ->
 
 def test_static_decoder_sees_in_place_parameter_changes(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
     """The fused weight copies are cached between calls; an optimizer-style in-place update to a
-    parameter must invalidate them."""
+    parameter, or new storage given to one (`p.data = ...`, which keeps its version counter),
+    must invalidate them. The changed weights are fused ones (q/k/v, gate/up): copies, not the
+    model's own tensors."""
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
     before = engine.generate(prompts, params)
     assert engine.generate(prompts, params) == before  # cached copies, same weights
-    with torch.no_grad():
-        tiny_model.model.layers[1].mlp.down_proj.weight.mul_(-3.0)
-    after = engine.generate(prompts, params)
-    assert after != before
-    for prompt, group in zip(prompts, after):
-        assert list(group[0].token_ids) == reference_greedy(tiny_model, prompt, 6)
+    mlp = tiny_model.model.layers[1].mlp
+    for change in (lambda: mlp.up_proj.weight.mul_(-3.0), lambda: setattr(mlp.gate_proj.weight, "data", mlp.gate_proj.weight * -3.0)):
+        with torch.no_grad():
+            change()
+        after = engine.generate(prompts, params)
+        assert after != before
+        for prompt, group in zip(prompts, after):
+            assert list(group[0].token_ids) == reference_greedy(tiny_model, prompt, 6)
+        before = after
 
 
 def test_a_sample_does_not_depend_on_its_batch(tiny_model: Model, tiny_tokenizer: Tokenizer, decoder: str) -> None:

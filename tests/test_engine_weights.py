@@ -69,6 +69,7 @@ def test_the_static_decoder_on_float16_weights_matches_a_full_forward(
     fp32 = FusedWeights(model)
     assert isinstance(fp32.qkv[0], Dense) and isinstance(fp32.head, Dense)
     assert fp32.head.w_oi is not None and fp32.head.w_oi.data_ptr() == model.lm_head.weight.data_ptr()  # no copy
+    assert FusedWeights(copy.deepcopy(model).bfloat16()).head is None  # bf16: the model's own head, no copy made
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -89,11 +90,11 @@ def test_dense_gives_the_product_for_every_row_count(dtype: torch.dtype) -> None
             exact = x.double() @ w_oi.double().T
             scale = x.double().abs() @ w_oi.double().abs().T
             assert ((y.double() - exact).abs() / scale).max() < bound, (single_row, rows)
-    fp32 = Dense(w_oi, single_row=False)
+    head_like = Dense(w_oi, single_row=False)
     if dtype == torch.float32:
-        assert fp32.w_oi is not None and fp32.w_oi.data_ptr() == w_oi.data_ptr() and fp32.w_io is None
+        assert head_like.w_oi is not None and head_like.w_oi.data_ptr() == w_oi.data_ptr() and head_like.w_io is None
     else:  # not MKL's sgemm: the [in, out] copy only, as before
-        assert fp32.w_oi is None and fp32.w_io is not None
+        assert head_like.w_oi is None and head_like.w_io is not None
 
 
 def test_the_engine_refuses_what_the_formats_cannot_run(

@@ -127,7 +127,7 @@ class EmbeddedEngine:
         self.max_batch_size = max_batch_size
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._fused: tuple[tuple[tuple[int, int], ...], FusedWeights] | None = None
+        self._fused: tuple[tuple[tuple[object, ...], ...], FusedWeights] | None = None
         self.version: int | None = None
         """The weights' version, stamped on every completion (`Completion.policy_version`); set by
         whoever versions them (a rollout worker). None for the local loop's engine."""
@@ -325,9 +325,11 @@ class EmbeddedEngine:
         """The static decoder's weight copies, rebuilt only when a parameter has changed.
 
         Every in-place change to a tensor (an optimizer step, `load_state_dict`, `copy_`) bumps
-        its version counter, so comparing versions tells whether the copies are stale.
+        its version counter, and a parameter given new storage (`p.data = ...`, `module.to(...)`)
+        changes its address, dtype or device (its version stays), so comparing these tells
+        whether the copies are stale.
         """
-        versions = tuple((id(p), p._version) for p in self.model.parameters())
+        versions = tuple((id(p), p._version, p.data_ptr(), p.dtype, p.device) for p in self.model.parameters())
         if self._fused is None or self._fused[0] != versions:
             self._fused = None  # free the old copies before making new ones
             self._fused = (versions, FusedWeights(self.model, self.weights))

@@ -31,6 +31,7 @@ path to float rounding. Supported: the architectures in `SUPPORTED` without slid
 from __future__ import annotations
 
 import torch
+from torch.nn.modules import module as nn_module
 from transformers import DynamicCache, PreTrainedModel
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -65,20 +66,22 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
 class Dense:
     """A projection on the model's own numbers.
 
-    One row runs as `x @ W` on a contiguous [in, out] copy of the [out, in] weight (~15% faster
-    than `nn.Linear`'s `x @ Wᵀ` here). From two rows on, an fp32 weight on the CPU runs as
-    `(W xᵀ)ᵀ` on the [out, in] weight itself (the model's tensor, no copy, where it is already
-    contiguous): MKL's sgemm packs the large operand on every call of the `x @ W` form, so 2-16
-    rows cost 2-4× one row, while with the weight on the left it takes its skinny-matrix path
-    (bench/small_gemm.py --stack, Zen 3: the 30 layers and head at 4 rows 50 ms against 161 ms,
-    at 64 rows 189 against 265; docs/LOG.md). Other dtypes and devices keep `x @ W` (their
-    products do not come from MKL's sgemm and were not measured). ``single_row`` False leaves out
-    the [in, out] copy, and one row runs as `nn.Linear` does (the output head: a copy the size
-    of the embedding matrix for a few ms a token at one row)."""
+    One row runs as `x @ W` on a contiguous [in, out] copy of the [out, in] weight (1.4× faster
+    than `nn.Linear`'s `x @ Wᵀ` or a matrix-vector product on the [out, in] weight, over a decode
+    step's products on a Zen 3). From two rows on, where `left_form` applies (fp32 weights on a
+    CPU whose PyTorch multiplies through MKL), it runs as `(W xᵀ)ᵀ` on the [out, in] weight
+    itself (the model's tensor, no copy, where it is already contiguous). Measured, not
+    explained: MKL's `x @ W` costs 1.6-4.8× as much for 2-16 rows as for one, and the same
+    product with the weight on the left does not (bench/small_gemm.py --stack, Zen 3: a decode
+    step's products at 4 rows 50 ms against 161, at 64 rows 189 against 265; docs/LOG.md,
+    2026-11-26). Elsewhere (bf16 goes through oneDNN; other BLAS libraries, GPUs) nothing was
+    measured and `x @ W` stays. ``single_row`` False leaves out the [in, out] copy, and one row
+    runs as `nn.Linear` does (the output head: a copy the size of the embedding matrix, for a
+    few ms a token at one row)."""
 
     def __init__(self, weight: torch.Tensor, *, single_row: bool = True) -> None:
         w = weight.detach()
-        self.w_oi = w.contiguous() if w.dtype == torch.float32 and w.device.type == "cpu" else None
+        self.w_oi = w.contiguous() if left_form(w) else None
         self.w_io = w.T.contiguous() if single_row or self.w_oi is None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,6 +89,11 @@ class Dense:
             return torch.nn.functional.linear(x, self.w_oi) if len(x) == 1 else (self.w_oi @ x.T).T.contiguous()
         assert self.w_io is not None
         return x @ self.w_io
+
+
+def left_form(weight: torch.Tensor) -> bool:
+    """Whether `Dense` runs several rows as `(W xᵀ)ᵀ`: fp32 on a CPU, products through MKL."""
+    return weight.dtype == torch.float32 and weight.device.type == "cpu" and torch.backends.mkl.is_available()
 
 
 class Float16:
@@ -153,9 +161,10 @@ class FusedWeights:
         head = model.lm_head.weight
         if fmt != "model":
             self.head: Projection | None = make(head)
-        else:  # the model's own head unless the (W xᵀ)ᵀ form applies; no copy either way
-            dense = Dense(head, single_row=False)
-            self.head = dense if dense.w_oi is not None else None
+        elif left_form(head) and model.lm_head.bias is None:  # no copy: the head's own weight
+            self.head = Dense(head, single_row=False)
+        else:  # the model's own head
+            self.head = None
 
 
 class StaticDecoder:
@@ -338,8 +347,6 @@ class StaticDecoder:
 
 def _hooked(module: torch.nn.Module) -> bool:
     """Whether running `module` would call a forward hook (its own or a global one)."""
-    from torch.nn.modules import module as nn_module
-
     return bool(module._forward_hooks or module._forward_pre_hooks
                 or nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
 
