@@ -259,7 +259,9 @@ def test_static_decoder_sees_in_place_parameter_changes(tiny_model: Model, tiny_
     before = engine.generate(prompts, params)
     assert engine.generate(prompts, params) == before  # cached copies, same weights
     mlp = tiny_model.model.layers[1].mlp
-    for change in (lambda: mlp.up_proj.weight.mul_(-3.0), lambda: setattr(mlp.gate_proj.weight, "data", mlp.gate_proj.weight * -3.0)):
+    in_place = lambda: mlp.up_proj.weight.mul_(-3.0)  # noqa: E731
+    new_storage = lambda: setattr(mlp.gate_proj.weight, "data", mlp.gate_proj.weight * -3.0)  # noqa: E731
+    for change in (in_place, new_storage):
         with torch.no_grad():
             change()
         after = engine.generate(prompts, params)

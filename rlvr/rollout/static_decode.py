@@ -85,10 +85,10 @@ class Dense:
         self.w_io = w.T.contiguous() if single_row or self.w_oi is None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w_oi is not None and (len(x) > 1 or self.w_io is None):
-            return torch.nn.functional.linear(x, self.w_oi) if len(x) == 1 else (self.w_oi @ x.T).T.contiguous()
-        assert self.w_io is not None
-        return x @ self.w_io
+        if self.w_io is not None and (len(x) == 1 or self.w_oi is None):
+            return x @ self.w_io
+        assert self.w_oi is not None
+        return torch.nn.functional.linear(x, self.w_oi) if len(x) == 1 else (self.w_oi @ x.T).T.contiguous()
 
 
 def left_form(weight: torch.Tensor) -> bool:

@@ -61,17 +61,19 @@ class Code:
         """code = (fp32 pattern >> dropped) - offset, for values scaled so the top octave is [1, 2)."""
         return (127 << self.bits) - (self.top + 1) + (1 << self.bits)
 
+    def positive(self, codes: torch.Tensor) -> torch.Tensor:
+        """The values of codes 1..top (int32), top octave [1, 2)."""
+        return ((codes + self.offset) << self.dropped).view(torch.float32)
+
     def levels(self) -> torch.Tensor:
         """Code -> value (top octave [1, 2)), for codes -top..top: 0 at the middle, negatives negative."""
-        q = torch.arange(1, self.top + 1, dtype=torch.int32) + self.offset
-        up = (q << self.dropped).view(torch.float32)
+        up = self.positive(torch.arange(1, self.top + 1, dtype=torch.int32))
         return torch.cat([-up.flip(0), torch.zeros(1), up])
 
 
 FIRST, SECOND = Code(bits=3, top=127), Code(bits=10, top=32767)
 _FIRST_LEVELS: dict[torch.device, torch.Tensor] = {}  # the first moment's code -> value table, per device
-_LOWEST = {code: torch.tensor((1 + code.offset) << code.dropped, dtype=torch.int32).view(torch.float32)
-           for code in (FIRST, SECOND)}  # code 1's value, top octave [1, 2) (levels()'s entry for code 1)
+_LOWEST = {code: code.positive(torch.tensor(1, dtype=torch.int32)) for code in (FIRST, SECOND)}  # code 1's value
 
 
 def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
