@@ -734,3 +734,20 @@ def test_before_the_first_optimizer_step_the_ratio_is_exactly_one(monkeypatch: p
     assert len(steps) == 2 and 0 < steps[0] < len(seen)
     assert all(bool((d == 0).all()) for d in seen[: steps[0]])
     assert any(bool((d != 0).any()) for d in seen[steps[0]:])  # the SGD step moved the policy
+
+
+def test_token_rows_puts_per_sample_values_on_the_micro_batch_device() -> None:
+    """Per-sample advantages and log-probs stay on the CPU; the micro-batch runs where the model
+    is. A fake CUDA mask (no GPU needed) makes a device mix raise as it did on a real H200,
+    where `train.device = "cuda"` failed at the first update before the values were moved."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from rlvr.train.batches import token_rows
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        mask_BT = torch.tensor([[False, True, True], [True, True, False]], device="cuda")
+        out_BT = token_rows([torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])], [0, 1], mask_BT)
+        assert out_BT.device.type == "cuda" and out_BT.shape == (2, 3)
+    mask_BT = torch.tensor([[False, True, True], [True, True, False]])  # and on the CPU, the values themselves
+    assert token_rows([torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])], [0, 1], mask_BT).tolist() == \
+        [[0.0, 1.0, 2.0], [3.0, 4.0, 0.0]]

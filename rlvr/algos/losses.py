@@ -315,8 +315,8 @@ def bapo_loss(
         lows = [low_start + k * low_step for k in range(int((low_max - low_start) / low_step + 1e-9) + 1)]
         highs = [high_start + k * high_step for k in range(int((high_max - high_start) / high_step + 1e-9) + 1)]
         candidates = [(lo, high_start) for lo in lows] + [(lows[-1], hi) for hi in highs[1:]]
-        lo_C = torch.tensor([c[0] for c in candidates], dtype=ratio_N.dtype)[:, None]
-        hi_C = torch.tensor([c[1] for c in candidates], dtype=ratio_N.dtype)[:, None]
+        lo_C = torch.tensor([c[0] for c in candidates], dtype=ratio_N.dtype, device=ratio_N.device)[:, None]
+        hi_C = torch.tensor([c[1] for c in candidates], dtype=ratio_N.dtype, device=ratio_N.device)[:, None]
         pos_C = torch.where((adv_N > 0) & (ratio_N <= hi_C), adv_N * ratio_N, 0.0).sum(-1)
         neg_C = torch.where((adv_N < 0) & (ratio_N >= lo_C), -adv_N * ratio_N, 0.0).sum(-1)
         share_C = torch.where(pos_C + neg_C > 0, pos_C / (pos_C + neg_C).clamp(min=1e-30), torch.ones_like(pos_C))

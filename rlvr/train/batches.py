@@ -186,7 +186,8 @@ def old_rows(old: Sequence[torch.Tensor | None], micro: list[int], current_BT: t
 
 
 def token_rows(per_sample: list[torch.Tensor], micro: list[int], mask_BT: torch.Tensor) -> torch.Tensor:
-    """Scatter per-sample completion values into the micro-batch's [B, T] layout."""
+    """Scatter per-sample completion values into the micro-batch's [B, T] layout, on the mask's
+    device (per-sample values are kept on the CPU; the micro-batch runs where the model is)."""
     values = torch.cat([per_sample[i] for i in micro])
     out = torch.zeros(mask_BT.shape, dtype=torch.promote_types(values.dtype, torch.float32), device=mask_BT.device)
-    return out.masked_scatter(mask_BT, values.to(out.dtype))
+    return out.masked_scatter(mask_BT, values.to(device=out.device, dtype=out.dtype))
