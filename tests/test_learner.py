@@ -736,6 +736,7 @@ def test_before_the_first_optimizer_step_the_ratio_is_exactly_one(monkeypatch: p
     assert any(bool((d != 0).any()) for d in seen[steps[0]:])  # the SGD step moved the policy
 
 
+@pytest.mark.dtype_independent
 def test_token_rows_puts_per_sample_values_on_the_micro_batch_device() -> None:
     """Per-sample advantages and log-probs stay on the CPU; the micro-batch runs where the model
     is. A fake CUDA mask (no GPU needed) makes a device mix raise as it did on a real H200,

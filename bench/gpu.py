@@ -1,0 +1,391 @@
+"""rlvr on a CUDA GPU: the engine's and the learner's agreement with HF there, and their speed on
+realistic shapes (random weights of Qwen2 0.5B and 1.5B configs) against HF `generate` on the
+same GPU. Issue 20's GPU checks; not a test: run by hand where a GPU is lent.
+
+    python bench/gpu.py --out gpu.json                     # everything (a few minutes on an H100)
+    python bench/gpu.py --device cpu --smoke --out x.json  # the same code on tiny shapes, to check the script
+    python bench/gpu.py make-model DIR --shape smollm2-135m --tokenizer TOKDIR --seed 1
+
+Random weights serve speed (what runs is the same work as for trained weights), and the
+agreement checks compare two computations of the same model. Each part's result (or its error)
+is written to --out as soon as it is known, so a part that fails or a call cut short still
+leaves the others' numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+# Shapes of public configs (config.json of each model), with random weights.
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+                         tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192),
+    "qwen2-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                       num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                       tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768),
+    "qwen2-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                       num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                       tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768),
+    # tiny, for the agreement checks and --smoke (a Qwen2 for its q/k/v biases, a Llama without)
+    "tiny-llama": dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=512, tie_word_embeddings=False,
+                       max_position_embeddings=1024),
+    "tiny-qwen2": dict(model_type="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True,
+                       max_position_embeddings=1024),
+}
+
+
+def config_for(shape: str, **extra: Any) -> PretrainedConfig:
+    fields = dict(SHAPES[shape])
+    model_type = fields.pop("model_type")
+    return AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=2, pad_token_id=2, **fields, **extra)
+
+
+def random_model(shape: str, dtype: torch.dtype, device: str, seed: int = 0, **extra: Any) -> Any:
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config_for(shape, **extra), dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+class NoText:
+    """The engine's tokenizer, for token ids that stand for no text (random weights)."""
+
+    pad_token_id = 0
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        return ""
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (count, length), generator=gen).tolist()
+
+
+# --- agreement --------------------------------------------------------------------------------
+
+def part_agreement(device: str) -> dict[str, Any]:
+    """Engine vs HF on the same fp32 model: the engine's log-prob of each token it sampled against
+    a plain HF forward of the whole sequence (the learner/engine mismatch at its source), and
+    greedy tokens of the static decoder against the HF decoder's, prompts of unequal lengths."""
+    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.types import SamplingParams
+
+    out: dict[str, Any] = {}
+    for shape in ("tiny-llama", "tiny-qwen2"):
+        # initializer_range 0.2: peaked distributions, so greedy ties (equal to rounding) are rare
+        model = random_model(shape, torch.float32, device, seed=1, initializer_range=0.2)
+        if shape == "tiny-qwen2":  # non-zero q/k/v biases, which the static decoder adds itself
+            with torch.no_grad():
+                for layer in model.model.layers:
+                    for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                        proj.bias.normal_(0, 0.2)
+        prompts = [random_prompts(1, n, 512, seed=n)[0] for n in (5, 17, 9, 30)]
+        row: dict[str, Any] = {}
+        greedy: dict[str, list[list[int]]] = {}
+        for decoder in ("static", "hf"):
+            engine = EmbeddedEngine(model, NoText(), eos_token_ids=[], decoder=decoder)  # type: ignore[arg-type]
+            sampled = engine.generate(prompts, SamplingParams(max_new_tokens=40, n=3))
+            worst = 0.0
+            for prompt, group in zip(prompts, sampled):
+                for c in group:
+                    ids = torch.tensor([prompt + list(c.token_ids)], device=device)
+                    with torch.no_grad():
+                        logp = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)
+                    ref = logp.gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+                    worst = max(worst, (ref - torch.tensor(c.logprobs, device=device)).abs().max().item())
+            row[f"{decoder}_logprob_max_abs_diff"] = worst
+            done = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=40, n=1))
+            greedy[decoder] = [list(g[0].token_ids) for g in done]
+        same = sum(a == b for s, h in zip(greedy["static"], greedy["hf"]) for a, b in zip(s, h))
+        row["greedy_tokens_equal"] = f"{same}/{sum(len(s) for s in greedy['static'])}"
+        out[shape] = row
+    return out
+
+
+# --- every method on the device ---------------------------------------------------------------
+
+def method_settings() -> dict[str, dict[str, Any]]:
+    """One update setting per loss, off-policy correction, outcome estimator and aggregation,
+    plus the KL placements and the entropy options: the update's seams, each exercised once."""
+    from rlvr.algos.aggregation import AGGREGATIONS
+    from rlvr.algos.advantages import ESTIMATORS
+    from rlvr.algos.losses import LOSSES
+    from rlvr.algos.offpolicy import CORRECTIONS
+
+    out: dict[str, dict[str, Any]] = {f"loss={n}": {"loss": n} for n in LOSSES}
+    needs = {"opsm": {"delta": 1.0}}  # a correction's required keywords
+    out |= {f"offpolicy={n}": {"offpolicy": n, "offpolicy_kwargs": needs.get(n, {})} for n in CORRECTIONS if n != "none"}
+    # remax reads each group's greedy reward and stratified its examples' strata: not in random groups
+    out |= {f"advantage={n}": {"advantage": n} for n in ESTIMATORS if n not in ("grpo", "remax", "stratified")}
+    out |= {f"aggregation={n}": {"aggregation": n} for n in AGGREGATIONS if n != "token-mean"}
+    out |= {"kl=loss": {"kl_coef": 0.1, "kl_placement": "loss"}, "kl=reward": {"kl_coef": 0.1, "kl_placement": "reward"},
+            "entropy_top=0.2": {"entropy_top": 0.2}, "entropy_coef=0.01": {"entropy_coef": 0.01},
+            "share_prompts=False": {"share_prompts": False}}
+    return out
+
+
+def part_methods(device: str) -> dict[str, Any]:
+    """Each setting of `method_settings` as one fp32 update (two mini-batches, so the second runs
+    off-policy) of the same tiny model on the CPU and on `device`: an error on one side only is
+    a device bug; otherwise the largest relative difference of the update's metrics and of the
+    parameter change (fp32 summation order, Adam's sign of near-zero gradients)."""
+    import copy
+
+    from rlvr.bench import fake_groups
+    from rlvr.train.learner import Learner
+    from rlvr.train.update import UpdateSettings, update_policy
+
+    base = random_model("tiny-llama", torch.float32, "cpu", seed=3)
+    groups = fake_groups(16, 8, 12, 10, base.config.vocab_size)
+    results: dict[str, Any] = {}
+    for label, extra in method_settings().items():
+        sides: dict[str, Any] = {}
+        for where in ("cpu", device):
+            model = copy.deepcopy(base).to(where).train()
+            before = [p.detach().clone() for p in model.parameters()]
+            try:
+                ref = copy.deepcopy(model).eval() if extra.get("kl_coef") else None
+                settings = UpdateSettings(micro_batch_size=4, mini_batches=2, max_tokens=10, **extra)
+                res = update_policy(Learner(model, lr=1e-3), groups, settings, pad_token_id=0, ref_model=ref,
+                                    generator=torch.Generator().manual_seed(0))  # same mini-batches
+                delta = torch.cat([(p.detach() - b).flatten().cpu() for p, b in zip(model.parameters(), before)])
+                sides[where] = (res.metrics, delta)
+            except Exception as e:  # noqa: BLE001 - recorded per side
+                sides[where] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        cpu, dev = sides["cpu"], sides[device]
+        if isinstance(cpu, str) or isinstance(dev, str):
+            results[label] = {"cpu": cpu if isinstance(cpu, str) else "ok", "device": dev if isinstance(dev, str) else "ok"}
+            continue
+        keys = [k for k in cpu[0] if isinstance(cpu[0][k], float) and k in dev[0]]
+        worst = max(keys, key=lambda k: abs(cpu[0][k] - dev[0][k]) / max(abs(cpu[0][k]), 1e-6))
+        results[label] = {"metric_rel_diff": abs(cpu[0][worst] - dev[0][worst]) / max(abs(cpu[0][worst]), 1e-6),
+                          "worst_metric": worst, "loss_cpu": cpu[0].get("loss"), "loss_device": dev[0].get("loss"),
+                          "delta_rel_diff": float((cpu[1] - dev[1]).norm() / cpu[1].norm().clamp(min=1e-30))}
+    return results
+
+
+# --- engine speed -----------------------------------------------------------------------------
+
+def part_engine(device: str, shape: str, batches: list[int], prompt: int, new_tokens: int,
+                dtype: torch.dtype) -> dict[str, Any]:
+    """Decode tokens/s of the engine's two decoders and of HF `generate`, every row forced to
+    `new_tokens` (no EOS), G = min(8, batch) samples per prompt as in GRPO."""
+    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.types import SamplingParams
+
+    model = random_model(shape, dtype, device)
+    vocab = model.config.vocab_size
+    rows = []
+    for batch in batches:
+        group = min(8, batch)
+        ids = random_prompts(batch // group, prompt, vocab, seed=batch)
+        row: dict[str, Any] = {"batch": batch}
+        for decoder in ("static", "hf"):
+            engine = EmbeddedEngine(model, NoText(), eos_token_ids=[], max_batch_size=batch,  # type: ignore[arg-type]
+                                    decoder=decoder)  # type: ignore[arg-type]
+            engine.generate(ids, SamplingParams(max_new_tokens=4, n=group))  # warm-up at this shape
+            sync(device)
+            start = time.perf_counter()
+            engine.generate(ids, SamplingParams(max_new_tokens=new_tokens, n=group))
+            sync(device)
+            row[f"rlvr_{decoder}_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
+        input_ids = torch.tensor([p for p in ids for _ in range(group)], device=device)
+        kwargs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, top_k=0,
+                      top_p=1.0, temperature=1.0, pad_token_id=0)
+        model.generate(**kwargs, max_new_tokens=4, min_new_tokens=4)  # warm-up
+        sync(device)
+        start = time.perf_counter()
+        model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+        sync(device)
+        row["hf_generate_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
+        row["static_vs_hf_generate"] = round(row["rlvr_static_tok_s"] / row["hf_generate_tok_s"], 2)
+        rows.append(row)
+        print(f"  engine {shape} {row}", flush=True)
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    return {"shape": shape, "parameters": params, "dtype": str(dtype), "prompt": prompt,
+            "new_tokens": new_tokens, "rows": rows}
+
+
+# --- learner speed ----------------------------------------------------------------------------
+
+def matmul_tflops(device: str, dtype: torch.dtype, m: int, k: int, n: int, reps: int = 20) -> float:
+    a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * m * k * n * reps / (time.perf_counter() - start) / 1e12
+
+
+def part_learner(device: str, shape: str, batch: int, prompt: int, completion: int, micro_batch: int,
+                 dtype: torch.dtype, share_prompts: bool) -> dict[str, Any]:
+    """One GRPO update (`update_policy`, AdamW) of `batch` samples in groups of 8: tokens/s, the
+    achieved TFLOP/s at 6 × parameters per token run, against a matrix product of the model's
+    MLP shape in the same process, and peak GPU memory."""
+    from rlvr.bench import fake_groups
+    from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
+    from rlvr.train.learner import Learner
+    from rlvr.train.update import UpdateSettings, update_policy
+
+    model = random_model(shape, dtype, device)
+    model.train()
+    params = sum(p.numel() for p in model.parameters())
+    learner = Learner(model, lr=1e-6)
+    groups = fake_groups(batch, min(8, batch), prompt, completion, model.config.vocab_size)
+    settings = UpdateSettings(micro_batch_size=micro_batch, max_tokens=completion, share_prompts=share_prompts)
+    update_policy(learner, groups, settings, pad_token_id=0)  # warm-up: allocator, kernel choice
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    sync(device)
+    start = time.perf_counter()
+    update_policy(learner, groups, settings, pad_token_id=0)
+    sync(device)
+    seconds = time.perf_counter() - start
+    samples = [x for g in groups for x in g.samples]
+    cuts = [[samples[i] for i in c] for c in micro_batches(list(range(len(samples))), samples, micro_batch,
+                                                            None, by_prompt=True)]
+    shared = [share_prompts and shares_prompts(rows) for rows in cuts]
+    run_tokens = sum(shared_tokens(rows) if on else run_cost(rows, share=False) for rows, on in zip(cuts, shared))
+    achieved = 6 * params * run_tokens / seconds / 1e12
+    cfg = model.config
+    ceiling = matmul_tflops(device, dtype, micro_batch * (prompt + completion), cfg.hidden_size, cfg.intermediate_size)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
+    del model, learner
+    return {"shape": shape, "parameters": params, "dtype": str(dtype), "batch": batch, "prompt": prompt,
+            "completion": completion, "micro_batch": micro_batch, "shared_prompts": any(shared),
+            "tokens": batch * (prompt + completion), "tokens_run": run_tokens, "seconds": round(seconds, 3),
+            "tokens_per_s": round(batch * (prompt + completion) / seconds, 1), "tflops": round(achieved, 1),
+            "matmul_tflops": round(ceiling, 1), "fraction_of_matmul": round(achieved / ceiling, 3),
+            "peak_gpu_memory_gib": None if peak is None else round(peak, 2)}
+
+
+# --- a model folder for `rlvr train` ----------------------------------------------------------
+
+def make_model(folder: str, shape: str, tokenizer: str, seed: int) -> None:
+    """A random-weight model folder `rlvr train` loads like any checkpoint, with a real tokenizer's
+    files copied beside it (its vocabulary must be the shape's)."""
+    import shutil
+
+    model = random_model(shape, torch.float32, "cpu", seed=seed)
+    model.save_pretrained(folder)
+    for f in Path(tokenizer).iterdir():
+        if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
+            shutil.copy(f, Path(folder) / f.name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["make-model"]:
+        mp = argparse.ArgumentParser(prog="gpu.py make-model")
+        mp.add_argument("folder")
+        mp.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
+        mp.add_argument("--tokenizer", required=True, help="a folder holding tokenizer.json and its config")
+        mp.add_argument("--seed", type=int, default=0)
+        margs = mp.parse_args(argv[1:])
+        make_model(margs.folder, margs.shape, margs.tokenizer, margs.seed)
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes and sizes: checks the script, measures nothing")
+    ap.add_argument("--parts", default="agreement,methods,engine,learner")
+    args = ap.parse_args(argv)
+    dev, bf16 = args.device, torch.bfloat16
+    result: dict[str, Any] = {"torch": torch.__version__, "device": dev, "python": sys.version.split()[0]}
+    if dev.startswith("cuda"):
+        props = torch.cuda.get_device_properties(0)
+        result["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
+                         "multiprocessors": props.multi_processor_count}
+    import transformers
+
+    result["transformers"] = transformers.__version__
+    if args.smoke:
+        engines = [("tiny-qwen2", [1, 8], 8, 8)]
+        learners = [("tiny-llama", 16, 8, 16, 8)]
+    else:
+        engines = [("smollm2-135m", [1, 8, 64], 64, 128), ("qwen2-0.5b", [1, 8, 64, 256], 64, 128),
+                   ("qwen2-1.5b", [1, 64], 64, 128)]
+        learners = [("smollm2-135m", 64, 64, 192, 16), ("qwen2-0.5b", 64, 64, 192, 16),
+                    ("qwen2-0.5b", 64, 64, 192, 64), ("qwen2-1.5b", 64, 64, 192, 16)]
+    jobs: list[tuple[str, Callable[[], dict[str, Any]]]] = []
+    parts = args.parts.split(",")
+    if "agreement" in parts:
+        jobs.append(("agreement", partial(part_agreement, dev)))
+    if "methods" in parts and dev != "cpu":  # CPU against itself says nothing
+        jobs.append(("methods", partial(part_methods, dev)))
+    if "engine" in parts:
+        for shape, batches, prompt, new in engines:
+            jobs.append((f"engine/{shape}", partial(part_engine, dev, shape, batches, prompt, new, bf16)))
+    if "learner" in parts:
+        for shape, batch, prompt, completion, micro in learners:
+            for share in (True, False):
+                jobs.append((f"learner/{shape}/mb{micro}/{'shared' if share else 'per-sample'}",
+                             partial(part_learner, dev, shape, batch, prompt, completion, micro, bf16, share)))
+    for name, job in jobs:
+        start = time.perf_counter()
+        try:
+            result[name] = job()
+        except Exception:  # keep the other parts' numbers; say what broke
+            result[name] = {"error": traceback.format_exc(limit=6)}
+        result[name]["wall_s"] = round(time.perf_counter() - start, 1)
+        print(f"{name}: {json.dumps(result[name])}", flush=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        if dev.startswith("cuda"):
+            torch.cuda.empty_cache()
+    summarize(result)
+
+
+def summarize(result: dict[str, Any]) -> None:
+    """The figures that matter, one line each (the call's output tail carries them back)."""
+    print("\n== summary", result.get("gpu", result["device"]), "torch", result["torch"])
+    for name, part in result.items():
+        if not isinstance(part, dict) or name == "gpu":
+            continue
+        if "error" in part:
+            print(f"{name}: ERROR {part['error'].strip().splitlines()[-1]}")
+        elif name.startswith("engine/"):
+            for r in part["rows"]:
+                print(f"{name} b{r['batch']}: static {r['rlvr_static_tok_s']} hf-decoder {r['rlvr_hf_tok_s']} "
+                      f"hf-generate {r['hf_generate_tok_s']} tok/s (static/generate {r['static_vs_hf_generate']})")
+        elif name.startswith("learner/"):
+            print(f"{name}: {part['tokens_per_s']} tok/s, {part['tflops']} TFLOP/s = {part['fraction_of_matmul']} "
+                  f"of {part['matmul_tflops']}, peak {part['peak_gpu_memory_gib']} GiB, {part['seconds']} s")
+        elif name == "methods":
+            for label, r in part.items():
+                if not isinstance(r, dict):
+                    continue
+                if "cpu" in r:
+                    flag = "DEVICE-ONLY FAILURE" if r["cpu"] == "ok" else "fails on both"
+                    print(f"methods {label}: {flag}: cpu {r['cpu']} | device {r['device']}")
+                else:
+                    print(f"methods {label}: metrics rel diff {r['metric_rel_diff']:.1e} ({r['worst_metric']}), "
+                          f"param change rel diff {r['delta_rel_diff']:.1e}")
+        else:
+            print(f"{name}: {json.dumps(part)}")
+
+
+if __name__ == "__main__":
+    main()
