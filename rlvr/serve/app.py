@@ -63,28 +63,15 @@ class Recorder(Protocol):
 def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None = None,
                recorder: Recorder | None = None) -> FastAPI:
     api_key = api_key or None  # an empty key is no key (not one that only "Bearer " matches)
-    batcher = Batcher(served.engine, served.model)
+    handlers = _Handlers(served, limits, recorder, Batcher(served.engine, served.model))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        batcher.close()
+        handlers.batcher.close()
 
     app = FastAPI(title="rlvr", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.state.batcher = batcher
-    active = [0]
-
-    @contextmanager
-    def slot() -> Iterator[None]:
-        if active[0] >= limits.max_concurrent:
-            raise _Refused(429, f"{active[0]} requests are in flight, the server's limit (max_concurrent)",
-                           "rate_limit_exceeded")
-        active[0] += 1
-        try:
-            yield
-        finally:
-            active[0] -= 1
-
+    app.state.batcher = handlers.batcher
     _guard(app, limits, api_key)
     _error_layout(app)
 
@@ -92,12 +79,68 @@ def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0, "owned_by": "rlvr"}]}
+    @app.get("/v1/models")
+    async def plain_models() -> dict[str, Any]:
+        return handlers.models()
 
-    async def chat(req: ChatRequest, tag: str | None = None) -> Any:
+    @app.get("/v1/models/{model:path}")
+    async def one_model(model: str) -> dict[str, Any]:
+        _check_model(served, model)
+        return handlers.models()["data"][0]  # type: ignore[no-any-return]
+
+    @app.post("/v1/chat/completions")
+    async def plain_chat(req: ChatRequest) -> Any:
+        return await handlers.chat(req)
+
+    @app.post("/v1/completions")
+    async def plain_completions(req: CompletionRequest) -> Any:
+        return await handlers.completions(req)
+
+    # the same routes under /e/{tag}/v1: a trainer gives each agent episode its own base URL
+
+    @app.get("/e/{tag}/v1/models")
+    async def tagged_models(tag: str) -> dict[str, Any]:
+        return handlers.models()
+
+    @app.post("/e/{tag}/v1/chat/completions")
+    async def tagged_chat(tag: str, req: ChatRequest) -> Any:
+        return await handlers.chat(req, tag)
+
+    @app.post("/e/{tag}/v1/completions")
+    async def tagged_completions(tag: str, req: CompletionRequest) -> Any:
+        return await handlers.completions(req, tag)
+
+    return app
+
+
+class _Handlers:
+    """What the routes do, shared by the plain /v1 routes and the tagged /e/{tag}/v1 ones (a tag
+    names an agent episode; the recorder, if any, sees each call under it)."""
+
+    def __init__(self, served: Served, limits: Limits, recorder: Recorder | None, batcher: Batcher) -> None:
+        self.served, self.limits, self.recorder, self.batcher = served, limits, recorder, batcher
+        self.active = 0
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """One request in flight, refused (429) beyond ``limits.max_concurrent``."""
+        if self.active >= self.limits.max_concurrent:
+            raise _Refused(429, f"{self.active} requests are in flight, the server's limit (max_concurrent)",
+                           "rate_limit_exceeded")
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list",
+                "data": [{"id": self.served.name, "object": "model", "created": 0, "owned_by": "rlvr"}]}
+
+    async def chat(self, req: ChatRequest, tag: str | None = None) -> Any:
+        served, limits, recorder = self.served, self.limits, self.recorder
         req.check()
-        with slot():
+        with self.slot():
             if tag is None:  # an episode's agent may name any model: the policy is the only one
                 _check_model(served, req.model)
             tools = req.tools if req.tool_choice != "none" else None
@@ -106,16 +149,17 @@ def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None
             if recorder is not None:
                 params = recorder.admit(tag, prompt, params)
             top = _top(limits, req.top_logprobs, served, "top_logprobs") if req.logprobs else 0
-            job = await _sampled(batcher, Job([prompt], params, req.seed, top))
+            job = await _sampled(self.batcher, Job([prompt], params, req.seed, top))
         if recorder is not None:
             recorder.record(tag, prompt, job.result[0])
         body = _chat_body(served, req, job, bool(tools))
         return _sse(body, chat=True, usage=_wants_usage(req)) if req.stream else body
 
-    async def completions(req: CompletionRequest, tag: str | None = None) -> Any:
+    async def completions(self, req: CompletionRequest, tag: str | None = None) -> Any:
+        served, limits, recorder = self.served, self.limits, self.recorder
         req.check()
-        with slot():
-            if tag is None:  # an episode's agent may name any model: the policy is the only one
+        with self.slot():
+            if tag is None:
                 _check_model(served, req.model)
             prompts = [_prompt_ids(served, p) for p in _listed(req)]
             params = _params(served, limits, req, max(len(p) for p in prompts), rows=len(prompts))
@@ -123,45 +167,12 @@ def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None
                 for p in prompts:
                     params = recorder.admit(tag, p, params)
             top = _top(limits, req.logprobs, served, "logprobs") if req.logprobs is not None else 0
-            job = await _sampled(batcher, Job(prompts, params, req.seed, top))
+            job = await _sampled(self.batcher, Job(prompts, params, req.seed, top))
         if recorder is not None:
             for prompt, group in zip(prompts, job.result):
                 recorder.record(tag, prompt, group)
         body = _completion_body(served, req, job)
         return _sse(body, chat=False, usage=_wants_usage(req)) if req.stream else body
-
-    @app.get("/v1/models")
-    async def plain_models() -> dict[str, Any]:
-        return await models()
-
-    @app.get("/v1/models/{model:path}")
-    async def one_model(model: str) -> dict[str, Any]:
-        _check_model(served, model)
-        return (await models())["data"][0]  # type: ignore[no-any-return]
-
-    @app.post("/v1/chat/completions")
-    async def plain_chat(req: ChatRequest) -> Any:
-        return await chat(req)
-
-    @app.post("/v1/completions")
-    async def plain_completions(req: CompletionRequest) -> Any:
-        return await completions(req)
-
-    # the same routes under /e/{tag}/v1: a trainer gives each agent episode its own base URL
-
-    @app.get("/e/{tag}/v1/models")
-    async def tagged_models(tag: str) -> dict[str, Any]:
-        return await models()
-
-    @app.post("/e/{tag}/v1/chat/completions")
-    async def tagged_chat(tag: str, req: ChatRequest) -> Any:
-        return await chat(req, tag)
-
-    @app.post("/e/{tag}/v1/completions")
-    async def tagged_completions(tag: str, req: CompletionRequest) -> Any:
-        return await completions(req, tag)
-
-    return app
 
 
 def _guard(app: FastAPI, limits: Limits, api_key: str | None) -> None:
