@@ -752,3 +752,18 @@ def test_token_rows_puts_per_sample_values_on_the_micro_batch_device() -> None:
     mask_BT = torch.tensor([[False, True, True], [True, True, False]])  # and on the CPU, the values themselves
     assert token_rows([torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])], [0, 1], mask_BT).tolist() == \
         [[0.0, 1.0, 2.0], [3.0, 4.0, 0.0]]
+
+
+@pytest.mark.dtype_independent
+def test_token_rows_joins_rows_scored_on_the_device_with_rows_stored_on_the_cpu() -> None:
+    """A replayed or demonstration row's old log-probs are its stored ones (CPU) while a fresh
+    row's come from a scoring pass on the model's device: one micro-batch can hold both."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from rlvr.train.batches import token_rows
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        mask_BT = torch.ones(2, 2, dtype=torch.bool, device="cuda")
+        scored = torch.zeros(2, device="cuda")
+        out_BT = token_rows([torch.tensor([1.0, 2.0]), scored], [0, 1], mask_BT)
+        assert out_BT.device.type == "cuda"

@@ -126,7 +126,9 @@ class EmbeddedEngine:
         self._banned = torch.tensor(banned, dtype=torch.long) if banned else None
         self.max_batch_size = max_batch_size
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # on the CPU whatever the device: a seed draws the same sample seeds on a CPU and a GPU,
+        # and a checkpoint's stream (run.py's engine_rng) resumes on either
+        self.generator = torch.Generator().manual_seed(seed)
         self._fused: tuple[tuple[tuple[object, ...], ...], FusedWeights] | None = None
         self.version: int | None = None
         """The weights' version, stamped on every completion (`Completion.policy_version`); set by

@@ -187,7 +187,9 @@ def old_rows(old: Sequence[torch.Tensor | None], micro: list[int], current_BT: t
 
 def token_rows(per_sample: list[torch.Tensor], micro: list[int], mask_BT: torch.Tensor) -> torch.Tensor:
     """Scatter per-sample completion values into the micro-batch's [B, T] layout, on the mask's
-    device (per-sample values are kept on the CPU; the micro-batch runs where the model is)."""
-    values = torch.cat([per_sample[i] for i in micro])
+    device. Per-sample values are kept on the CPU, but a row's old log-probs can come from a
+    scoring pass on the model's device beside a replayed row's stored ones: each goes where the
+    micro-batch runs before they are joined."""
+    values = torch.cat([per_sample[i].to(mask_BT.device) for i in micro])
     out = torch.zeros(mask_BT.shape, dtype=torch.promote_types(values.dtype, torch.float32), device=mask_BT.device)
-    return out.masked_scatter(mask_BT, values.to(device=out.device, dtype=out.dtype))
+    return out.masked_scatter(mask_BT, values.to(out.dtype))

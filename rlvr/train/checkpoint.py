@@ -112,7 +112,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def load_state(checkpoint: Path) -> dict[str, Any]:
     # weights_only=False: the state holds RNG tuples and numpy arrays, written by rlvr itself.
-    return torch.load(Path(checkpoint) / STATE_FILE, weights_only=False)
+    # map_location: a GPU run's checkpoint loads on a CPU-only machine (the learner's
+    # load_state_dict takes each tensor to its parameter's device).
+    return torch.load(Path(checkpoint) / STATE_FILE, weights_only=False, map_location="cpu")
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:

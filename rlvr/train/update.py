@@ -250,7 +250,9 @@ def _advantages(
     kl_N = [torch.zeros(len(x.completion.token_ids)) for x in samples]
     if kl_in_reward:
         assert old is not None and ref is not None
-        kl_N = [KL_ESTIMATORS[s.kl_estimator](old[i], ref[i]) if i in kept else kl_N[i] for i in range(len(samples))]
+        # per-sample values live on the CPU (token_rows takes them to the model's device)
+        kl_N = [KL_ESTIMATORS[s.kl_estimator](old[i], ref[i]).float().cpu() if i in kept else kl_N[i]
+                for i in range(len(samples))]
         seq_kl_PG = torch.tensor([float(k.sum()) for k in kl_N]).view_as(rewards_PG)
         metrics["kl_reward"] = float(seq_kl_PG.flatten()[sorted(kept)].mean()) if kept else float("nan")
         metrics["kl_coef"] = s.kl_coef
