@@ -1,6 +1,7 @@
-"""rlvr on a CUDA GPU: the engine's and the learner's agreement with HF there, and their speed on
-realistic shapes (random weights of Qwen2 0.5B and 1.5B configs) against HF `generate` on the
-same GPU. Issue 20's GPU checks; not a test: run by hand where a GPU is lent.
+"""rlvr on a CUDA GPU: the engine's agreement with HF there, every method's update against the
+same update on the CPU, and the engine's and the learner's speed on realistic shapes (random
+weights of Qwen2 0.5B and 1.5B configs) against HF `generate` on the same GPU. Issue 20's GPU
+checks; not a test: run by hand where a GPU is lent.
 
     python bench/gpu.py --out gpu.json                     # everything (a few minutes on an H100)
     python bench/gpu.py --device cpu --smoke --out x.json  # the same code on tiny shapes, to check the script
@@ -125,48 +126,93 @@ def part_agreement(device: str) -> dict[str, Any]:
 
 def method_settings() -> dict[str, dict[str, Any]]:
     """One update setting per loss, off-policy correction, outcome estimator and aggregation,
-    plus the KL placements and the entropy options: the update's seams, each exercised once."""
+    plus the KL placements and the entropy options: the update's seams, each exercised once.
+    Keys starting with "_" are not UpdateSettings: "_groups" picks the input ("mixed": a replayed
+    group and a demonstration in each group, as `sampler.replay` and LUFFY give), "_teacher" adds
+    on-policy distillation's credit."""
     from rlvr.algos.aggregation import AGGREGATIONS
     from rlvr.algos.advantages import ESTIMATORS
     from rlvr.algos.losses import LOSSES
     from rlvr.algos.offpolicy import CORRECTIONS
 
     out: dict[str, dict[str, Any]] = {f"loss={n}": {"loss": n} for n in LOSSES}
-    needs = {"opsm": {"delta": 1.0}}  # a correction's required keywords
+    # a correction's required keywords; geo_mask's ±0.1% would mask every row of noise 0.1 nats
+    needs = {"opsm": {"delta": 0.05}, "geo_mask": {"low": 0.97, "high": 1.03}}
     out |= {f"offpolicy={n}": {"offpolicy": n, "offpolicy_kwargs": needs.get(n, {})} for n in CORRECTIONS if n != "none"}
     # remax reads each group's greedy reward and stratified its examples' strata: not in random groups
     out |= {f"advantage={n}": {"advantage": n} for n in ESTIMATORS if n not in ("grpo", "remax", "stratified")}
     out |= {f"aggregation={n}": {"aggregation": n} for n in AGGREGATIONS if n != "token-mean"}
     out |= {"kl=loss": {"kl_coef": 0.1, "kl_placement": "loss"}, "kl=reward": {"kl_coef": 0.1, "kl_placement": "reward"},
             "entropy_top=0.2": {"entropy_top": 0.2}, "entropy_coef=0.01": {"entropy_coef": 0.01},
-            "share_prompts=False": {"share_prompts": False}}
+            "share_prompts=False": {"share_prompts": False},
+            "replayed+demonstrations": {"_groups": "mixed"},
+            "replayed+demonstrations,loss=luffy": {"_groups": "mixed", "loss": "luffy"},
+            "opd": {"_teacher": True, "advantage": "opd"},
+            "opd,kl=reward": {"_teacher": True, "advantage": "opd", "kl_coef": 0.1, "kl_placement": "reward"}}
+    return out
+
+
+def method_groups(model: Any, mixed: bool) -> list[Any]:
+    """Random groups whose sampler log-probs are the model's own (fp32, CPU) plus noise of 0.1
+    nats, so that importance weights and masks act, each sample's reward its one reward part
+    (correct = 1, as NFT reads it); ``mixed``: the first group replayed and the
+    last sample of every group a demonstration."""
+    import dataclasses
+
+    from rlvr.bench import fake_groups
+
+    groups = fake_groups(16, 8, 12, 10, model.config.vocab_size)
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for g_i, g in enumerate(groups):
+        samples = []
+        for k, x in enumerate(g.samples):
+            ids = torch.tensor([list(x.prompt_ids + x.completion.token_ids)])
+            with torch.no_grad():
+                logp = model(input_ids=ids).logits[0, len(x.prompt_ids) - 1 : -1].float().log_softmax(-1)
+            own = logp.gather(-1, ids[0, len(x.prompt_ids):, None]).squeeze(-1)
+            noisy = (own + 0.1 * torch.randn(own.shape, generator=gen)).clamp(max=0.0)
+            c = dataclasses.replace(x.completion, logprobs=tuple(noisy.tolist()))
+            samples.append(dataclasses.replace(x, completion=c, off_policy=mixed and k == len(g.samples) - 1,
+                                               reward_parts={"reward": x.reward}))  # NFT reads correctness
+        out.append(dataclasses.replace(g, samples=tuple(samples), replay_age=1 if mixed and g_i == 0 else None))
     return out
 
 
 def part_methods(device: str) -> dict[str, Any]:
     """Each setting of `method_settings` as one fp32 update (two mini-batches, so the second runs
-    off-policy) of the same tiny model on the CPU and on `device`: an error on one side only is
-    a device bug; otherwise the largest relative difference of the update's metrics and of the
-    parameter change (fp32 summation order, Adam's sign of near-zero gradients)."""
+    off-policy) of the same tiny model on the CPU and on `device`, with the same mini-batch order
+    and the global generator reseeded alike (Clip-Cov draws from it): an error on one side only is
+    a device bug; otherwise the largest relative difference of the update's metrics (NaN counts
+    as a difference; a metric on one side only is reported) and of the parameter change."""
     import copy
+    import math
 
-    from rlvr.bench import fake_groups
+    from rlvr.algos.distill import OpdOptions
     from rlvr.train.learner import Learner
+    from rlvr.train.methods.distill import TeacherCredit
     from rlvr.train.update import UpdateSettings, update_policy
 
     base = random_model("tiny-llama", torch.float32, "cpu", seed=3)
-    groups = fake_groups(16, 8, 12, 10, base.config.vocab_size)
+    teacher = random_model("tiny-llama", torch.float32, "cpu", seed=4)
+    inputs = {mixed: method_groups(base, mixed) for mixed in (False, True)}
     results: dict[str, Any] = {}
     for label, extra in method_settings().items():
+        options = {k: v for k, v in extra.items() if not k.startswith("_")}
+        groups = inputs[extra.get("_groups") == "mixed"]
         sides: dict[str, Any] = {}
         for where in ("cpu", device):
+            torch.manual_seed(0)
             model = copy.deepcopy(base).to(where).train()
             before = [p.detach().clone() for p in model.parameters()]
             try:
-                ref = copy.deepcopy(model).eval() if extra.get("kl_coef") else None
-                settings = UpdateSettings(micro_batch_size=4, mini_batches=2, max_tokens=10, **extra)
+                # the reference: another model, so that the KL is not zero
+                ref = copy.deepcopy(teacher).to(where).eval() if options.get("kl_coef") else None
+                credit = TeacherCredit(copy.deepcopy(teacher).to(where), OpdOptions(teacher="in memory")) \
+                    if extra.get("_teacher") else None
+                settings = UpdateSettings(micro_batch_size=4, mini_batches=2, max_tokens=10, **options)
                 res = update_policy(Learner(model, lr=1e-3), groups, settings, pad_token_id=0, ref_model=ref,
-                                    generator=torch.Generator().manual_seed(0))  # same mini-batches
+                                    credit=credit, generator=torch.Generator().manual_seed(0))
                 delta = torch.cat([(p.detach() - b).flatten().cpu() for p, b in zip(model.parameters(), before)])
                 sides[where] = (res.metrics, delta)
             except Exception as e:  # noqa: BLE001 - recorded per side
@@ -175,10 +221,16 @@ def part_methods(device: str) -> dict[str, Any]:
         if isinstance(cpu, str) or isinstance(dev, str):
             results[label] = {"cpu": cpu if isinstance(cpu, str) else "ok", "device": dev if isinstance(dev, str) else "ok"}
             continue
+
+        def rel(k: str) -> float:
+            a, b = cpu[0][k], dev[0][k]
+            return 0.0 if a == b else abs(a - b) / max(abs(a), 1e-6) if math.isfinite(a - b) else math.inf
+
         keys = [k for k in cpu[0] if isinstance(cpu[0][k], float) and k in dev[0]]
-        worst = max(keys, key=lambda k: abs(cpu[0][k] - dev[0][k]) / max(abs(cpu[0][k]), 1e-6))
-        results[label] = {"metric_rel_diff": abs(cpu[0][worst] - dev[0][worst]) / max(abs(cpu[0][worst]), 1e-6),
-                          "worst_metric": worst, "loss_cpu": cpu[0].get("loss"), "loss_device": dev[0].get("loss"),
+        worst = max(keys, key=rel)
+        results[label] = {"metric_rel_diff": rel(worst), "worst_metric": worst, "loss_cpu": cpu[0].get("loss"),
+                          "loss_device": dev[0].get("loss"), "param_change_norm": float(cpu[1].norm()),
+                          "one_side_metrics": sorted(set(cpu[0]) ^ set(dev[0])),
                           "delta_rel_diff": float((cpu[1] - dev[1]).norm() / cpu[1].norm().clamp(min=1e-30))}
     return results
 
@@ -228,15 +280,19 @@ def part_engine(device: str, shape: str, batches: list[int], prompt: int, new_to
 
 # --- learner speed ----------------------------------------------------------------------------
 
-def matmul_tflops(device: str, dtype: torch.dtype, m: int, k: int, n: int, reps: int = 20) -> float:
+def matmul_tflops(device: str, dtype: torch.dtype, m: int, k: int, n: int, seconds: float = 0.2) -> float:
+    """The rate of an [m, k] @ [k, n] product, timed over at least `seconds` (a product of these
+    shapes takes microseconds on a GPU: a few dozen would time the clock, not the product)."""
     a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
     for _ in range(3):
         a @ b
     sync(device)
-    start = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    sync(device)
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(20):
+            a @ b
+        reps += 20
+        sync(device)
     return 2 * m * k * n * reps / (time.perf_counter() - start) / 1e12
 
 
@@ -244,7 +300,9 @@ def part_learner(device: str, shape: str, batch: int, prompt: int, completion: i
                  dtype: torch.dtype, share_prompts: bool) -> dict[str, Any]:
     """One GRPO update (`update_policy`, AdamW) of `batch` samples in groups of 8: tokens/s, the
     achieved TFLOP/s at 6 × parameters per token run, against a matrix product of the model's
-    MLP shape in the same process, and peak GPU memory."""
+    MLP shape in the same process, and peak GPU memory. 6N counts the tied head on prompt
+    tokens too, which it never runs on (a few % over), and no attention (a few % under). No token
+    cap per micro-batch (`rlvr train`'s default caps it at 1024: `train.micro_batch_tokens`)."""
     from rlvr.bench import fake_groups
     from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
     from rlvr.train.learner import Learner
@@ -382,7 +440,8 @@ def summarize(result: dict[str, Any]) -> None:
                     print(f"methods {label}: {flag}: cpu {r['cpu']} | device {r['device']}")
                 else:
                     print(f"methods {label}: metrics rel diff {r['metric_rel_diff']:.1e} ({r['worst_metric']}), "
-                          f"param change rel diff {r['delta_rel_diff']:.1e}")
+                          f"param change {r['param_change_norm']:.1e}, rel diff {r['delta_rel_diff']:.1e}"
+                          + (f", on one side only: {r['one_side_metrics']}" if r["one_side_metrics"] else ""))
         else:
             print(f"{name}: {json.dumps(part)}")
 

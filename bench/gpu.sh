@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Issue 20's GPU checks in one call of the device tool (docs/performance.md, "On a GPU"):
-#   1. bench/gpu.py: the engine's and learner's agreement with HF on CUDA, and their speed on
+# Issue 20's GPU checks in one call of the device tool (docs/performance.md, the H200 section):
+#   1. bench/gpu.py: the engine's agreement with HF on CUDA, every method's update against the
+#      CPU's, and the engine's and learner's speed on
 #      random-weight SmolLM2-135M, Qwen2-0.5B and Qwen2-1.5B shapes against HF `generate`;
 #   2. `rlvr train` end to end with train.device=cuda: on-policy distillation of one random
-#      SmolLM2-shaped model into another (the reverse KL must fall), on the demo task.
+#      SmolLM2-shaped model into another on the demo task (prints the reverse KL per step).
 # The machine has torch and transformers but not rlvr's other dependencies, nor the bundled model:
 # .gpu/site holds those packages' files and .gpu/tok the bundled model's tokenizer (made on the
 # development machine, see the LOG), carried with the call. Writes to $OUT.
-set -u
+set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/.gpu/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/env.txt"
 timeout "${BENCH_S:-300}" python3 bench/gpu.py --parts "${PARTS:-agreement,methods,engine,learner}" --out "$OUT/gpu.json" 2>&1 | grep -v -i warn | tee "$OUT/gpu.log"
-python3 bench/gpu.py make-model /tmp/student --tokenizer .gpu/tok --seed 1 2>/dev/null
-python3 bench/gpu.py make-model /tmp/teacher --tokenizer .gpu/tok --seed 2 2>/dev/null
+python3 bench/gpu.py make-model /tmp/student --tokenizer .gpu/tok --seed 1 2>&1 | grep -v -i warn
+python3 bench/gpu.py make-model /tmp/teacher --tokenizer .gpu/tok --seed 2 2>&1 | grep -v -i warn
 timeout "${TRAIN_S:-150}" python3 -m rlvr.cli train --config configs/demo.toml model=/tmp/student \
   algo.advantage=opd 'algo.advantage_kwargs={teacher="/tmp/teacher"}' train.device=cuda train.steps=8 \
   task.eval_size=16 output_dir=/tmp/runs name=opd > "$OUT/train.log" 2>&1
