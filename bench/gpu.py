@@ -129,7 +129,8 @@ def method_settings() -> dict[str, dict[str, Any]]:
     plus the KL placements and the entropy options: the update's seams, each exercised once.
     Keys starting with "_" are not UpdateSettings: "_groups" picks the input ("mixed": a replayed
     group and a demonstration in each group, as `sampler.replay` and LUFFY give), "_teacher" adds
-    on-policy distillation's credit."""
+    on-policy distillation's credit, "_critic" PPO's (GAE), "_optimizer" the learner's optimizer,
+    "_dtype" the model's (bf16: both sides round differently, so expect ~1e-2, not fp32's ~1e-5)."""
     from rlvr.algos.aggregation import AGGREGATIONS
     from rlvr.algos.advantages import ESTIMATORS
     from rlvr.algos.losses import LOSSES
@@ -148,7 +149,11 @@ def method_settings() -> dict[str, dict[str, Any]]:
             "replayed+demonstrations": {"_groups": "mixed"},
             "replayed+demonstrations,loss=luffy": {"_groups": "mixed", "loss": "luffy"},
             "opd": {"_teacher": True, "advantage": "opd"},
-            "opd,kl=reward": {"_teacher": True, "advantage": "opd", "kl_coef": 0.1, "kl_placement": "reward"}}
+            "opd,kl=reward": {"_teacher": True, "advantage": "opd", "kl_coef": 0.1, "kl_placement": "reward"},
+            "gae": {"_critic": True, "advantage": "gae"},
+            "gae,kl=reward": {"_critic": True, "advantage": "gae", "kl_coef": 0.1, "kl_placement": "reward"},
+            "optimizer=adamw_compact": {"_optimizer": "adamw_compact"},
+            "bf16": {"_dtype": torch.bfloat16}}
     return out
 
 
@@ -190,7 +195,9 @@ def part_methods(device: str) -> dict[str, Any]:
 
     from rlvr.algos.distill import OpdOptions
     from rlvr.train.learner import Learner
+    from rlvr.train.critic import Critic, GaeOptions
     from rlvr.train.methods.distill import TeacherCredit
+    from rlvr.train.methods.ppo import CriticCredit
     from rlvr.train.update import UpdateSettings, update_policy
 
     base = random_model("tiny-llama", torch.float32, "cpu", seed=3)
@@ -203,17 +210,22 @@ def part_methods(device: str) -> dict[str, Any]:
         sides: dict[str, Any] = {}
         for where in ("cpu", device):
             torch.manual_seed(0)
-            model = copy.deepcopy(base).to(where).train()
+            model = copy.deepcopy(base).to(where, extra.get("_dtype", torch.float32)).train()
             before = [p.detach().clone() for p in model.parameters()]
             try:
                 # the reference: another model, so that the KL is not zero
                 ref = copy.deepcopy(teacher).to(where).eval() if options.get("kl_coef") else None
-                credit = TeacherCredit(copy.deepcopy(teacher).to(where), OpdOptions(teacher="in memory")) \
-                    if extra.get("_teacher") else None
+                credit: TeacherCredit | CriticCredit | None = None
+                if extra.get("_teacher"):
+                    credit = TeacherCredit(copy.deepcopy(teacher).to(where), OpdOptions(teacher="in memory"))
+                if extra.get("_critic"):
+                    critic = Learner(Critic(copy.deepcopy(model)).to(where), lr=1e-3)
+                    credit = CriticCredit(critic, GaeOptions())
                 settings = UpdateSettings(micro_batch_size=4, mini_batches=2, max_tokens=10, **options)
-                res = update_policy(Learner(model, lr=1e-3), groups, settings, pad_token_id=0, ref_model=ref,
+                learner = Learner(model, lr=1e-3, optimizer=extra.get("_optimizer", "adamw"))
+                res = update_policy(learner, groups, settings, pad_token_id=0, ref_model=ref,
                                     credit=credit, generator=torch.Generator().manual_seed(0))
-                delta = torch.cat([(p.detach() - b).flatten().cpu() for p, b in zip(model.parameters(), before)])
+                delta = torch.cat([(p.detach() - b).flatten().float().cpu() for p, b in zip(model.parameters(), before)])
                 sides[where] = (res.metrics, delta)
             except Exception as e:  # noqa: BLE001 - recorded per side
                 sides[where] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
