@@ -3,7 +3,8 @@ the final model's pass@1/4/8 (`rlvr eval`, 8 samples of each of the seed's 64 he
 the greedy held-out accuracy before and after training (the run's own evaluation), the run's
 wall-clock, and the paired difference from GRPO on the same seeds (the seeds draw held-out prompts
 of different difficulty, so a method is compared with GRPO seed by seed: mean ± sd of the
-per-seed differences in pass@1 and pass@8, points). Usage:
+per-seed differences in pass@1 and pass@8, points). A label ending in "_mb2" (two mini-batches a
+step) is compared with "grpo_mb2", GRPO with the same setting. Usage:
 python bench/method_table.py /tmp/seeds [label ...]"""
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ def main() -> None:
     root = Path(sys.argv[1])
     labels = sys.argv[2:] or sorted({p.name.split("-seed")[0] for p in root.glob("*-seed*.eval.json")},
                                     key=lambda x: (x != "base", x != "grpo", x))
+    print("(GRPO's: grpo_mb2's for a *_mb2 label)\n")
     print("| method | seeds | pass@1 | pass@4 | pass@8 | greedy held-out after (before) | per seed pass@1 | run time "
           "| pass@1 − GRPO's | pass@8 − GRPO's |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    grpo = {_seed(p): json.loads(p.read_text())[0] for p in root.glob("grpo-seed*.eval.json")}
     for label in labels:
+        baseline = "grpo_mb2" if label.endswith("_mb2") else "grpo"
+        grpo = {_seed(p): json.loads(p.read_text())[0] for p in root.glob(f"{baseline}-seed*.eval.json")}
         evals = sorted(root.glob(f"{label}-seed*.eval.json"))
         rows = [json.loads(p.read_text())[0] for p in evals]
         after, before, seconds = [], [], []
@@ -45,7 +48,7 @@ def main() -> None:
         seeds = ", ".join(f"{r['pass@1'] * 100:.1f}" for r in rows)
         paired = {k: [r[k] - grpo[_seed(p)][k] for p, r in zip(evals, rows) if _seed(p) in grpo]
                   for k in ("pass@1", "pass@8")}
-        diffs = " | ".join("–" if label in ("grpo", "base") else mean_sd(v) for v in paired.values())
+        diffs = " | ".join("–" if label in (baseline, "base") else mean_sd(v) for v in paired.values())
         print(f"| {label} | {len(rows)} | {mean_sd([r['pass@1'] for r in rows])} | {mean_sd([r['pass@4'] for r in rows])} "
               f"| {mean_sd([r['pass@8'] for r in rows])} | {greedy} | {seeds} | "
               f"{mean_sd(seconds, 1.0) + ' s' if seconds else '–'} | {diffs} |")
