@@ -315,8 +315,7 @@ def part_learner(device: str, shape: str, batch: int, prompt: int, completion: i
     MLP shape in the same process, and peak GPU memory. 6N counts the tied head on prompt
     tokens too, which it never runs on (a few % over), and no attention (a few % under). No token
     cap per micro-batch (`rlvr train`'s default caps it at 1024: `train.micro_batch_tokens`)."""
-    from rlvr.bench import fake_groups
-    from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
+    from rlvr.bench import fake_groups, tokens_run
     from rlvr.train.learner import Learner
     from rlvr.train.update import UpdateSettings, update_policy
 
@@ -334,18 +333,14 @@ def part_learner(device: str, shape: str, batch: int, prompt: int, completion: i
     update_policy(learner, groups, settings, pad_token_id=0)
     sync(device)
     seconds = time.perf_counter() - start
-    samples = [x for g in groups for x in g.samples]
-    cuts = [[samples[i] for i in c] for c in micro_batches(list(range(len(samples))), samples, micro_batch,
-                                                            None, by_prompt=True)]
-    shared = [share_prompts and shares_prompts(rows) for rows in cuts]
-    run_tokens = sum(shared_tokens(rows) if on else run_cost(rows, share=False) for rows, on in zip(cuts, shared))
+    run_tokens, shared = tokens_run(groups, micro_batch, None, share_prompts)
     achieved = 6 * params * run_tokens / seconds / 1e12
     cfg = model.config
     ceiling = matmul_tflops(device, dtype, micro_batch * (prompt + completion), cfg.hidden_size, cfg.intermediate_size)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
     del model, learner
     return {"shape": shape, "parameters": params, "dtype": str(dtype), "batch": batch, "prompt": prompt,
-            "completion": completion, "micro_batch": micro_batch, "shared_prompts": any(shared),
+            "completion": completion, "micro_batch": micro_batch, "shared_prompts": shared,
             "tokens": batch * (prompt + completion), "tokens_run": run_tokens, "seconds": round(seconds, 3),
             "tokens_per_s": round(batch * (prompt + completion) / seconds, 1), "tflops": round(achieved, 1),
             "matmul_tflops": round(ceiling, 1), "fraction_of_matmul": round(achieved / ceiling, 3),

@@ -108,7 +108,6 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     achieved GFLOP/s and its fraction of the matmul rate count the tokens actually run, each
     group's prompt once when the prompts are shared (no activation checkpointing)."""
     from rlvr.models import load_model
-    from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
     from rlvr.train.learner import Learner
     from rlvr.train.update import UpdateSettings, update_policy
 
@@ -128,20 +127,28 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     update_policy(learner, groups, settings, pad_token_id=0)
     seconds = time.perf_counter() - start
     tokens = batch * (prompt + completion)
-    samples = [x for g in groups for x in g.samples]
-    cuts = [[samples[i] for i in c] for c in micro_batches(list(range(len(samples))), samples, micro_batch,
-                                                            micro_batch_tokens, by_prompt=True)]
-    # the tokens actually run: a micro-batch runs its prompts shared where that is cheaper
-    shared = [share_prompts and not checkpointing and shares_prompts(rows) for rows in cuts]
-    run_tokens = sum(shared_tokens(rows) if on else run_cost(rows, share=False) for rows, on in zip(cuts, shared))
+    run_tokens, shared = tokens_run(groups, micro_batch, micro_batch_tokens, share_prompts and not checkpointing)
     achieved = 6 * params * run_tokens / seconds / 1e9
     ceiling = matmul_gflops(model.dtype)
     return {"part": "learner", "dtype": str(model.dtype), "batch": batch, "prompt": prompt, "completion": completion,
-            "micro_batch": micro_batch, "micro_batch_tokens": micro_batch_tokens, "activation_checkpointing": checkpointing, "shared_prompts": any(shared),
+            "micro_batch": micro_batch, "micro_batch_tokens": micro_batch_tokens, "activation_checkpointing": checkpointing, "shared_prompts": shared,
             "tokens": tokens, "tokens_run": run_tokens,
             "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1), "gflops": round(achieved, 1),
             "matmul_gflops": round(ceiling, 1), "fraction_of_matmul": round(achieved / ceiling, 3),
             "peak_rss_gb": round(peak_rss_gb(), 2)}
+
+
+def tokens_run(groups: list[Any], micro_batch: int, micro_batch_tokens: int | None, share: bool) -> tuple[float, bool]:
+    """The tokens an update of `groups` runs (each micro-batch runs its prompts shared where
+    `share` allows and that is cheaper, as `update_policy` cuts them), and whether any was shared."""
+    from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
+
+    samples = [x for g in groups for x in g.samples]
+    cuts = [[samples[i] for i in c] for c in micro_batches(list(range(len(samples))), samples, micro_batch,
+                                                            micro_batch_tokens, by_prompt=True)]
+    shared = [share and shares_prompts(rows) for rows in cuts]
+    run = sum(shared_tokens(rows) if on else run_cost(rows, share=False) for rows, on in zip(cuts, shared))
+    return run, any(shared)
 
 
 def fake_groups(batch: int, group: int, prompt: int, completion: int, vocab: int) -> list[Any]:
