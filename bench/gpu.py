@@ -4,6 +4,7 @@ weights of Qwen2 0.5B and 1.5B configs) against HF `generate` on the same GPU. I
 checks; not a test: run by hand where a GPU is lent.
 
     python bench/gpu.py --out gpu.json                     # everything (a few minutes on an H100)
+    python bench/gpu.py --parts graphs,engine --out x.json # some parts
     python bench/gpu.py --device cpu --smoke --out x.json  # the same code on tiny shapes, to check the script
     python bench/gpu.py make-model DIR --shape smollm2-135m --tokenizer TOKDIR --seed 1
 
@@ -86,24 +87,21 @@ def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[
 def part_agreement(device: str) -> dict[str, Any]:
     """Engine vs HF on the same fp32 model: the engine's log-prob of each token it sampled against
     a plain HF forward of the whole sequence (the learner/engine mismatch at its source), and
-    greedy tokens of the static decoder against the HF decoder's, prompts of unequal lengths."""
+    greedy tokens of the static decoder (its steps replayed as CUDA graphs, and launched one by
+    one) against the HF decoder's, prompts of unequal lengths."""
     from rlvr.rollout.engine import EmbeddedEngine
     from rlvr.types import SamplingParams
 
     out: dict[str, Any] = {}
+    decoders = {"static": dict(decoder="static"), "static_eager": dict(decoder="static", cuda_graphs=False),
+                "hf": dict(decoder="hf")}
     for shape in ("tiny-llama", "tiny-qwen2"):
-        # initializer_range 0.2: peaked distributions, so greedy ties (equal to rounding) are rare
-        model = random_model(shape, torch.float32, device, seed=1, initializer_range=0.2)
-        if shape == "tiny-qwen2":  # non-zero q/k/v biases, which the static decoder adds itself
-            with torch.no_grad():
-                for layer in model.model.layers:
-                    for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                        proj.bias.normal_(0, 0.2)
+        model = agreement_model(shape, device)
         prompts = [random_prompts(1, n, 512, seed=n)[0] for n in (5, 17, 9, 30)]
         row: dict[str, Any] = {}
         greedy: dict[str, list[list[int]]] = {}
-        for decoder in ("static", "hf"):
-            engine = EmbeddedEngine(model, NoText(), eos_token_ids=[], decoder=decoder)  # type: ignore[arg-type]
+        for name, kwargs in decoders.items():
+            engine = EmbeddedEngine(model, NoText(), eos_token_ids=[], **kwargs)  # type: ignore[arg-type]
             sampled = engine.generate(prompts, SamplingParams(max_new_tokens=40, n=3))
             worst = 0.0
             for prompt, group in zip(prompts, sampled):
@@ -113,12 +111,63 @@ def part_agreement(device: str) -> dict[str, Any]:
                         logp = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)
                     ref = logp.gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
                     worst = max(worst, (ref - torch.tensor(c.logprobs, device=device)).abs().max().item())
-            row[f"{decoder}_logprob_max_abs_diff"] = worst
+            row[f"{name}_logprob_max_abs_diff"] = worst
             done = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=40, n=1))
-            greedy[decoder] = [list(g[0].token_ids) for g in done]
-        same = sum(a == b for s, h in zip(greedy["static"], greedy["hf"]) for a, b in zip(s, h))
-        row["greedy_tokens_equal"] = f"{same}/{sum(len(s) for s in greedy['static'])}"
+            greedy[name] = [list(g[0].token_ids) for g in done]
+        for name in ("static", "static_eager"):
+            same = sum(a == b for s, h in zip(greedy[name], greedy["hf"]) for a, b in zip(s, h))
+            row[f"{name}_greedy_tokens_equal_hf"] = f"{same}/{sum(len(s) for s in greedy[name])}"
         out[shape] = row
+    return out
+
+
+def agreement_model(shape: str, device: str) -> Any:
+    # initializer_range 0.2: peaked distributions, so greedy ties (equal to rounding) are rare
+    model = random_model(shape, torch.float32, device, seed=1, initializer_range=0.2)
+    if shape == "tiny-qwen2":  # non-zero q/k/v biases, which the static decoder adds itself
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.2)
+    return model
+
+
+def part_graphs(device: str) -> dict[str, Any]:
+    """The static decoder with CUDA graphs against the same decoder launching kernel by kernel,
+    through every layout: samples end at EOS at different steps (compactions, each re-captured),
+    run past `GROW` columns (a growth), with prompts shared and joined (`SHARE_FROM` 0 and the
+    default). Same seeds, fp32: the sampled tokens must be the same, and their log-probs equal to
+    rounding."""
+    from rlvr.rollout import static_decode
+    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.types import SamplingParams
+
+    out: dict[str, Any] = {}
+    default_share = static_decode.SHARE_FROM
+    for shape in ("tiny-llama", "tiny-qwen2"):
+        model = agreement_model(shape, device)
+        prompts = [random_prompts(1, n, 512, seed=n)[0] for n in (5, 17, 9, 30, 12, 3)]
+        for share in (0, default_share):
+            static_decode.SHARE_FROM = share
+            try:
+                runs: dict[bool, Any] = {}
+                seconds: dict[bool, float] = {}
+                for graphs in (True, False):
+                    engine = EmbeddedEngine(model, NoText(), eos_token_ids=list(range(3, 10)),  # type: ignore[arg-type]
+                                            decoder="static", cuda_graphs=graphs, seed=7)
+                    engine.cuda_graphs = graphs  # on a CPU (--smoke): the fixed-shape steps, run without capture
+                    start = time.perf_counter()
+                    runs[graphs] = engine.generate(prompts, SamplingParams(max_new_tokens=150, n=4))
+                    seconds[graphs] = time.perf_counter() - start
+            finally:
+                static_decode.SHARE_FROM = default_share
+            pairs = [(a, b) for ga, gb in zip(runs[True], runs[False]) for a, b in zip(ga, gb)]
+            lengths = [len(a.token_ids) for a, _ in pairs]
+            worst = max(max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0.0) for a, b in pairs)
+            out[f"{shape}/share_from_{share}"] = {
+                "same_tokens": f"{sum(a.token_ids == b.token_ids for a, b in pairs)}/{len(pairs)}",
+                "logprob_max_abs_diff": worst, "lengths_min_max": [min(lengths), max(lengths)],
+                "seconds_graphs_eager": [round(seconds[True], 2), round(seconds[False], 2)]}
     return out
 
 
@@ -251,8 +300,9 @@ def part_methods(device: str) -> dict[str, Any]:
 
 def part_engine(device: str, shape: str, batches: list[int], prompt: int, new_tokens: int,
                 dtype: torch.dtype) -> dict[str, Any]:
-    """Decode tokens/s of the engine's two decoders and of HF `generate`, every row forced to
-    `new_tokens` (no EOS), G = min(8, batch) samples per prompt as in GRPO."""
+    """Decode tokens/s of the engine's static decoder (its steps replayed as CUDA graphs, and
+    launched one by one) and of HF `generate`, every row forced to `new_tokens` (no EOS),
+    G = min(8, batch) samples per prompt as in GRPO."""
     from rlvr.rollout.engine import EmbeddedEngine
     from rlvr.types import SamplingParams
 
@@ -263,15 +313,15 @@ def part_engine(device: str, shape: str, batches: list[int], prompt: int, new_to
         group = min(8, batch)
         ids = random_prompts(batch // group, prompt, vocab, seed=batch)
         row: dict[str, Any] = {"batch": batch}
-        for decoder in ("static", "hf"):
+        for name, graphs in (("static", True), ("static_eager", False)):
             engine = EmbeddedEngine(model, NoText(), eos_token_ids=[], max_batch_size=batch,  # type: ignore[arg-type]
-                                    decoder=decoder)  # type: ignore[arg-type]
+                                    decoder="static", cuda_graphs=graphs)
             engine.generate(ids, SamplingParams(max_new_tokens=4, n=group))  # warm-up at this shape
             sync(device)
             start = time.perf_counter()
             engine.generate(ids, SamplingParams(max_new_tokens=new_tokens, n=group))
             sync(device)
-            row[f"rlvr_{decoder}_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
+            row[f"rlvr_{name}_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
         input_ids = torch.tensor([p for p in ids for _ in range(group)], device=device)
         kwargs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, top_k=0,
                       top_p=1.0, temperature=1.0, pad_token_id=0)
@@ -282,6 +332,7 @@ def part_engine(device: str, shape: str, batches: list[int], prompt: int, new_to
         sync(device)
         row["hf_generate_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
         row["static_vs_hf_generate"] = round(row["rlvr_static_tok_s"] / row["hf_generate_tok_s"], 2)
+        row["graphs_vs_eager"] = round(row["rlvr_static_tok_s"] / row["rlvr_static_eager_tok_s"], 2)
         rows.append(row)
         print(f"  engine {shape} {row}", flush=True)
     params = sum(p.numel() for p in model.parameters())
@@ -376,7 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and sizes: checks the script, measures nothing")
-    ap.add_argument("--parts", default="agreement,methods,engine,learner")
+    ap.add_argument("--parts", default="agreement,graphs,methods,engine,learner")
     args = ap.parse_args(argv)
     dev, bf16 = args.device, torch.bfloat16
     result: dict[str, Any] = {"torch": torch.__version__, "device": dev, "python": sys.version.split()[0]}
@@ -399,6 +450,8 @@ def main(argv: list[str] | None = None) -> None:
     parts = args.parts.split(",")
     if "agreement" in parts:
         jobs.append(("agreement", partial(part_agreement, dev)))
+    if "graphs" in parts:
+        jobs.append(("graphs", partial(part_graphs, dev)))
     if "methods" in parts and dev != "cpu":  # CPU against itself says nothing
         jobs.append(("methods", partial(part_methods, dev)))
     if "engine" in parts:
@@ -433,8 +486,9 @@ def summarize(result: dict[str, Any]) -> None:
             print(f"{name}: ERROR {part['error'].strip().splitlines()[-1]}")
         elif name.startswith("engine/"):
             for r in part["rows"]:
-                print(f"{name} b{r['batch']}: static {r['rlvr_static_tok_s']} hf-decoder {r['rlvr_hf_tok_s']} "
-                      f"hf-generate {r['hf_generate_tok_s']} tok/s (static/generate {r['static_vs_hf_generate']})")
+                print(f"{name} b{r['batch']}: static {r['rlvr_static_tok_s']} eager {r['rlvr_static_eager_tok_s']} "
+                      f"hf-generate {r['hf_generate_tok_s']} tok/s (static/generate {r['static_vs_hf_generate']}, "
+                      f"graphs/eager {r['graphs_vs_eager']})")
         elif name.startswith("learner/"):
             print(f"{name}: {part['tokens_per_s']} tok/s, {part['tflops']} TFLOP/s = {part['fraction_of_matmul']} "
                   f"of {part['matmul_tflops']}, peak {part['peak_gpu_memory_gib']} GiB, {part['seconds']} s")

@@ -197,22 +197,36 @@ def test_static_decoder_matches_hf_past_buffer_growth_and_compaction(
 ) -> None:
     """70 new tokens outgrow the first key/value block (64 columns); EOS steered in at different
     steps makes the static decoder compact its buffers. Both decoders must agree token for token,
-    the static one sharing its prompts' keys and values (0) or copying them to every sample."""
+    the static one sharing its prompts' keys and values (0) or copying them to every sample, and
+    also in the fixed shapes of its CUDA-graph steps (run here without capture)."""
     monkeypatch.setattr(static_decode, "SHARE_FROM", share_from)
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     params = SamplingParams(temperature=1.0, max_new_tokens=70, n=4)
     outs = {}
     with steer(tiny_model, everything_to(EOS_ID), bonus=2.5):  # p(EOS) ~ 0.05 per step
-        for decoder in ("static", "hf"):
-            engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=5, decoder=decoder)
-            outs[decoder] = engine.generate(prompts, params)
-    static, hf = ([c for g in outs[d] for c in g] for d in ("static", "hf"))
+        for name in ("static", "fixed", "hf"):
+            engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], seed=5,
+                                    decoder="hf" if name == "hf" else "static")
+            engine.cuda_graphs = name == "fixed"  # a CUDA device's steps, on the CPU
+            outs[name] = engine.generate(prompts, params)
+    static, fixed, hf = ([c for g in outs[d] for c in g] for d in ("static", "fixed", "hf"))
     lengths = sorted(len(c.token_ids) for c in static)
     # a quarter of the 12 rows stopped early (so the buffers were compacted), and some ran on
     assert lengths[3] < 70 and lengths[-1] == 70, lengths
-    assert [c.token_ids for c in static] == [c.token_ids for c in hf]
-    for s, h in zip(static, hf):
+    assert [c.token_ids for c in static] == [c.token_ids for c in hf] == [c.token_ids for c in fixed]
+    for s, f, h in zip(static, fixed, hf):
         torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(h.logprobs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(f.logprobs), torch.tensor(h.logprobs), atol=1e-4, rtol=0)
+
+
+def test_cuda_graphs_only_on_a_cuda_device(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    """`cuda_graphs` (on by default) applies where the model is on a CUDA device; on the CPU the
+    static decoder steps as before, and `engine.cuda_graphs = false` reaches the engine."""
+    assert not EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID]).cuda_graphs
+    from rlvr.config import RunConfig
+
+    assert RunConfig().engine.cuda_graphs
+    assert not RunConfig.model_validate({"engine": {"cuda_graphs": False}}).engine.cuda_graphs
 
 
 def test_static_decoder_handles_qkv_bias(tiny_tokenizer: Tokenizer) -> None:
@@ -346,8 +360,9 @@ def test_partial_rollouts_switch_weights_mid_sample(tiny_tokenizer: Tokenizer, d
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("graphs", [False, True], ids=["plain", "fixed-shapes"])
 def test_static_decoder_shares_prompt_keys_through_every_layout(
-    tiny_model: Model, tiny_tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Model, tiny_tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch, graphs: bool
 ) -> None:
     """The static decoder keeps one copy of each prompt's keys and values for its n samples. Rows
     leave in a pattern that makes it first re-lay the shared buffers (every prompt keeps a slot
@@ -355,7 +370,11 @@ def test_static_decoder_shares_prompt_keys_through_every_layout(
     prompt row, the prompt's columns joined to its buffers), then grow the buffers. At every
     step each running row's logits must equal a full forward pass over its own prompt + tokens
     (no cache, no padding); fp32 on 2 layers, where the two only differ in summation order
-    (~1e-6), so 1e-4 catches a wrong column or row."""
+    (~1e-6), so 1e-4 catches a wrong column or row.
+
+    ``graphs``: the step in the fixed shapes a CUDA graph replays (here run as it is, on the CPU):
+    the new key and value go to a column held in a tensor, attention reads every column with the
+    later ones masked, and finished slots keep running; it must give the same logits."""
     from rlvr.rollout.static_decode import GROW, FusedWeights, StaticDecoder
 
     monkeypatch.setattr(static_decode, "SHARE_FROM", 0)  # share even the tests' short prompts
@@ -363,7 +382,7 @@ def test_static_decoder_shares_prompt_keys_through_every_layout(
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
     cache, logits, mask_PT, _ = engine._prefill(prompts)
     n = 4
-    decoder = StaticDecoder(tiny_model, FusedWeights(tiny_model), cache, mask_PT, n)
+    decoder = StaticDecoder(tiny_model, FusedWeights(tiny_model), cache, mask_PT, n, graphs=graphs)
     rows = list(range(len(prompts) * n))  # which sample each running row is
     tokens: list[list[int]] = [[] for _ in rows]
     gen = torch.Generator().manual_seed(0)

@@ -11,6 +11,7 @@ The embedded engine runs any Hugging Face causal LM on CPU or one GPU:
 Two decoders run the steps after the prefill: `"static"` (rlvr.rollout.static_decode: a
 preallocated cache and fused projections, for Llama-family models) and `"hf"` (the model's own
 forward with a `DynamicCache`, for any causal LM). `decoder="auto"` picks static where it applies.
+On a CUDA device the static decoder replays each step as a CUDA graph (``cuda_graphs``).
 
 Vision-language models: a prompt's images (`PromptMedia`) are prefilled with its ids, and the HF
 decoder goes on from the cache; a model with 3-D image positions (Qwen2-VL) gets them from its
@@ -91,6 +92,7 @@ class EmbeddedEngine:
         decoder: Literal["auto", "static", "hf"] = "auto",
         banned_token_ids: Iterable[int] = (),
         weights: str = "model",
+        cuda_graphs: bool = True,
     ) -> None:
         """``banned_token_ids``: tokens never sampled (a VLM's image placeholders,
         rlvr.data.images.image_token_ids: a completion holding one would stand for an image
@@ -101,7 +103,10 @@ class EmbeddedEngine:
         "float16" with float16 copies (rlvr.rollout.static_decode.Float16; the static decoder on
         CPU only). The prompt's prefill always runs the model itself. The
         completions' log-probs are the engine's own, so the learner sees the difference as a
-        rollout/training mismatch (`algo.offpolicy` corrects it)."""
+        rollout/training mismatch (`algo.offpolicy` corrects it).
+
+        ``cuda_graphs``: on a CUDA device the static decoder replays each step as a CUDA graph
+        (rlvr.rollout.static_decode); False launches its kernels one by one."""
         reason = unsupported_reason(model)
         if decoder == "static" and reason:
             raise ValueError(f"decoder='static' cannot run this model: {reason}; use decoder='hf'")
@@ -110,6 +115,7 @@ class EmbeddedEngine:
         self.decoder = "static" if decoder == "static" or (decoder == "auto" and reason is None) else "hf"
         self.device = next(model.parameters()).device
         self.weights = weights
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         if weights != "model":
             why = weights_unavailable(weights)
             if why is None and self.decoder != "static":
@@ -216,7 +222,7 @@ class EmbeddedEngine:
     def _decoder(self, cache: DynamicCache, mask_PT: torch.Tensor, n: int,
                  offsets_P: torch.Tensor | None = None) -> StaticDecoder | HFDecoder:
         if self.decoder == "static":
-            return StaticDecoder(self.model, self._fused_weights(), cache, mask_PT, n)
+            return StaticDecoder(self.model, self._fused_weights(), cache, mask_PT, n, graphs=self.cuda_graphs)
         return HFDecoder(self.model, cache, mask_PT, n, offsets_P)
 
     @torch.no_grad()

@@ -22,6 +22,13 @@ On CPU the projections and the output head can run on float16 copies of the weig
 (`engine.dtype = "float16"`, `Float16`): fbgemm's prepacked kernel reads half the bytes per
 token and never repacks the weight (docs/performance.md).
 
+On a CUDA device each step is replayed as a CUDA graph (``graphs``): one launch instead of a few
+hundred small kernels, which is what bounds a small model's decode step on a GPU (13-28 ms a
+token at batch 1 on an H200, launched kernel by kernel; docs/performance.md). A graph needs fixed
+shapes, so a step in that form writes the new key and value at a column held in a tensor and
+attends over the buffers' every column, the columns not yet written masked; it is captured again
+after each layout change (a compaction, a buffer growth), at most once every `GROW` steps or so.
+
 The prefill still runs the Hugging Face forward (it is one call per prompt batch); its cache is
 the shared prompt part, used as it is (no copy). The model's own modules compute the norms, the
 rotary embedding (any rope scaling it has) and the activation, so numerics match the Hugging Face
@@ -29,6 +36,9 @@ path to float rounding. Supported: the architectures in `SUPPORTED` without slid
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Any, NamedTuple
 
 import torch
 from torch.nn.modules import module as nn_module
@@ -189,11 +199,22 @@ class StaticDecoder:
     """
 
     def __init__(
-        self, model: PreTrainedModel, weights: FusedWeights, cache: DynamicCache, mask_PT: torch.Tensor, n: int
+        self, model: PreTrainedModel, weights: FusedWeights, cache: DynamicCache, mask_PT: torch.Tensor, n: int,
+        *, graphs: bool = False,
     ) -> None:
-        """`cache` and `mask_PT` hold one row per prompt, shared by its n sample rows."""
+        """`cache` and `mask_PT` hold one row per prompt, shared by its n sample rows.
+
+        ``graphs``: run each step in fixed shapes (`_fixed_forward`), replayed as a CUDA graph on a
+        CUDA device; elsewhere the fixed-shape step runs as it is (for tests: it must equal the
+        plain step)."""
         config = model.config
         self.model, self.weights = model, weights
+        self.graphs = graphs
+        self._graph: _StepGraph | None = None  # the captured step for the current layout
+        self._tok_B: torch.Tensor | None = None  # fixed shapes: each slot's input token
+        self._col_t: torch.Tensor | None = None  # fixed shapes: the column the step writes
+        self._stream: torch.cuda.Stream | None = None
+        self._pool: Any = None  # the memory pool every capture of this decoder shares
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         self.scale = self.head_dim**-0.5
@@ -218,8 +239,11 @@ class StaticDecoder:
             self.neg_PW, prompts, n = self.neg_PW[rows], len(rows), 1
         self.n = n
         shape = (prompts, self.n_kv, n, GROW, self.head_dim)
-        self.keys = [self.prompt_keys[0].new_empty(shape) for _ in self.prompt_keys]  # sampled tokens only
-        self.values = [self.prompt_keys[0].new_empty(shape) for _ in self.prompt_keys]
+        # sampled tokens only; zeros in fixed shapes, where the columns not yet written are read
+        # (with a probability of exactly 0, and 0 times a NaN left by `new_empty` would be NaN)
+        new = self.prompt_keys[0].new_zeros if graphs else self.prompt_keys[0].new_empty
+        self.keys = [new(shape) for _ in self.prompt_keys]
+        self.values = [new(shape) for _ in self.prompt_keys]
         self.col = 0  # the generated buffers' column the next token's key and value go to
         self.slots = torch.arange(prompts * n, device=mask_PT.device)
         if n == 1:
@@ -234,6 +258,7 @@ class StaticDecoder:
         self.neg_PW = torch.cat([self.neg_PW, past_prompt], 1)
         self.prompt_keys, self.prompt_values = [], []
         self.col += width
+        self._graph = None
 
     def keep(self, idx: torch.Tensor) -> None:
         """Keep only running rows `idx` (indices into the current running rows)."""
@@ -272,13 +297,16 @@ class StaticDecoder:
         self.keys = [gather(k) for k in self.keys]
         self.values = [gather(v) for v in self.values]
         self.pos_B, self.slots, self.n = self.pos_B[source], new_slots, width
+        self._graph = None
         if width == 1 and self.prompt_keys:
             self._join()
 
     def _grow(self) -> None:
         def grown(buffer: torch.Tensor) -> torch.Tensor:
-            return torch.cat([buffer, buffer.new_empty((*buffer.shape[:3], GROW, buffer.shape[4]))], dim=3)
+            new = buffer.new_zeros if self.graphs else buffer.new_empty
+            return torch.cat([buffer, new((*buffer.shape[:3], GROW, buffer.shape[4]))], dim=3)
 
+        self._graph = None
         self.keys = [grown(k) for k in self.keys]
         self.values = [grown(v) for v in self.values]
         if not self.prompt_keys:  # joined: the mask spans the buffers
@@ -288,21 +316,103 @@ class StaticDecoder:
         """Feed one token per running row; return the next-token logits of the running rows."""
         if self.col == self.keys[0].shape[3]:
             self._grow()
-        col, batch, n = self.col, len(self.pos_B), self.n
-        prompts, width = self.neg_PW.shape
-        model = self.model.model
+        if self.graphs:
+            return self._fixed_step(tok_R)
+        batch, model = len(self.pos_B), self.model.model
         embedded_R1H = model.embed_tokens(tok_R[:, None])
         if len(tok_R) == batch:
             h_B1H = embedded_R1H
         else:  # finished slots still in the buffers run on zeros; their outputs are never read
             h_B1H = embedded_R1H.new_zeros((batch, *embedded_R1H.shape[1:]))
             h_B1H[self.slots] = embedded_R1H
+        h_B1H = self._layers(h_B1H, self.col)
+        self.col += 1
+        self.pos_B += 1
+        return self._logits(model.norm(h_B1H[self.slots]))
+
+    def _fixed_step(self, tok_R: torch.Tensor) -> torch.Tensor:
+        """`step` in fixed shapes: every slot runs (a finished one on the last token it was given;
+        its outputs are never read), replayed from the layout's CUDA graph once captured."""
+        batch = len(self.pos_B)
+        if self._tok_B is None or len(self._tok_B) != batch:
+            self._tok_B = tok_R.new_zeros(batch)
+        self._tok_B[self.slots] = tok_R
+        if self._graph is not None and not _hooked(self.model.lm_head):
+            self._graph.graph.replay()
+            logits_BV = self._graph.logits_BV
+        else:
+            self._col_t = torch.tensor([self.col], device=self.pos_B.device)
+            logits_BV = self._capture()
+        self.col += 1
+        return logits_BV[self.slots]
+
+    def _capture(self) -> torch.Tensor:
+        """Run this step in fixed shapes and, on a CUDA device, capture it for the layout's later
+        steps; the step's logits. The step runs first, on the stream the capture then uses (a
+        capture needs that warm-up: cuBLAS sets up its workspace on a stream's first product).
+        Not captured: a step whose output head has hooks (Python, run each step), and after a
+        capture failed (warned once; the steps then run in fixed shapes, uncaptured)."""
+        self._graph = None
+        if self.pos_B.device.type != "cuda" or _hooked(self.model.lm_head) or _CAPTURE_FAILED:
+            return self._fixed_forward()
+        if self._stream is None:
+            self._stream, self._pool = torch.cuda.Stream(self.pos_B.device), torch.cuda.graph_pool_handle()
+        self._stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self._stream):
+            logits_BV = self._fixed_forward()
+            # not `torch.cuda.graph`, which empties the allocator's cache at every capture; thread_local:
+            # a learner running on another thread (asynchronous rollouts) is not an error
+            graph.capture_begin(self._pool, capture_error_mode="thread_local")
+            failure: RuntimeError | None = None
+            try:  # recorded, not run: the buffers, the column and the positions stay as they are
+                captured_BV = self._fixed_forward()
+            except RuntimeError as error:  # it ran just now, so an op a graph cannot hold (a host sync)
+                failure = error
+            try:
+                graph.capture_end()
+            except RuntimeError as error:
+                failure = failure or error
+        torch.cuda.current_stream().wait_stream(self._stream)
+        if failure is not None:
+            _capture_failed(failure)
+        else:
+            self._graph = _StepGraph(graph, captured_BV)
+        return logits_BV
+
+    def _fixed_forward(self) -> torch.Tensor:
+        """Every slot's step in fixed shapes: token `_tok_B`, position `pos_B`, key/value column
+        `_col_t`, each advanced in place; the next-token logits of every slot."""
+        model = self.model.model
+        assert self._tok_B is not None and self._col_t is not None
+        h_B1H = self._layers(model.embed_tokens(self._tok_B[:, None]), self._col_t)
+        self._col_t += 1
+        self.pos_B += 1
+        return self._logits(model.norm(h_B1H))
+
+    def _logits(self, last_R1H: torch.Tensor) -> torch.Tensor:
+        if self.weights.head is None or _hooked(self.model.lm_head):  # hooks see what a forward gives them
+            return self.model.lm_head(last_R1H)[:, -1]
+        return self.weights.head(last_R1H[:, -1])
+
+    def _layers(self, h_B1H: torch.Tensor, col: int | torch.Tensor) -> torch.Tensor:
+        """The decoder layers on one new token a slot, its key and value written at column `col` of
+        the buffers: an int, and attention reads columns up to it; or a one-element tensor (fixed
+        shapes), and attention reads every column, those after `col` masked."""
+        batch, n = len(self.pos_B), self.n
+        prompts, width = self.neg_PW.shape
+        model = self.model.model
         cos, sin = model.rotary_emb(h_B1H, self.pos_B[:, None])  # _B1D each
         cos, sin = cos[:, None], sin[:, None]  # _B11D: broadcast over heads
         kv, group, d = self.n_kv, self.n_heads // self.n_kv, self.head_dim
         joined = not self.prompt_keys
-        # joined: the mask over the buffers' columns so far, _B11T; shared: over the prompt's, _P111W
-        neg = self.neg_PW[:, None, None, : col + 1] if joined else self.neg_PW[:, None, None, None]
+        upto = None if isinstance(col, torch.Tensor) else col + 1  # the columns attention reads
+        # joined: the mask over the buffers' columns read, _B11T; shared: over the prompt's, _P111W
+        neg = self.neg_PW[:, None, None, :upto] if joined else self.neg_PW[:, None, None, None]
+        ahead_T: torch.Tensor | float = 0.0  # fixed shapes: -inf on the columns after `col`
+        if isinstance(col, torch.Tensor):
+            columns = torch.arange(self.keys[0].shape[3], device=col.device)
+            ahead_T = torch.zeros(columns.shape, dtype=neg.dtype, device=col.device).masked_fill_(columns > col, float("-inf"))
         q_dim, kv_dim = self.n_heads * d, kv * d
         for i, layer in enumerate(model.layers):
             x_BH = layer.input_layernorm(h_B1H)[:, 0]
@@ -316,33 +426,53 @@ class StaticDecoder:
             k = k * cos + _rotate_half(k) * sin
             if joined:  # n = 1, the prompt in each row's own buffers: one product, as without sharing
                 keys, values = self.keys[i][:, :, 0], self.values[i][:, :, 0]  # _B,kv,T,D
-                keys[:, :, col : col + 1] = k
-                values[:, :, col : col + 1] = v
-                scores = q @ keys[:, :, : col + 1].transpose(-1, -2)  # _B,kv,group,t
-                probs = (scores * self.scale + neg).softmax(-1)
-                attn_BH = (probs @ values[:, :, : col + 1]).reshape(batch, q_dim)
+                _put(keys, 2, col, k)
+                _put(values, 2, col, v)
+                scores = q @ keys[:, :, :upto].transpose(-1, -2)  # _B,kv,group,t
+                probs = (scores * self.scale + neg + ahead_T).softmax(-1)
+                attn_BH = (probs @ values[:, :, :upto]).reshape(batch, q_dim)
             else:  # shared: a prompt row's n·group queries of a kv head in one product on its prompt
                 keys, values = self.keys[i], self.values[i]  # _P,kv,n,T,D
-                keys[:, :, :, col] = k.view(prompts, n, kv, d).transpose(1, 2)
-                values[:, :, :, col] = v.view(prompts, n, kv, d).transpose(1, 2)
+                _put(keys, 3, col, k.view(prompts, n, kv, 1, d).transpose(1, 2))
+                _put(values, 3, col, v.view(prompts, n, kv, 1, d).transpose(1, 2))
                 q_PKNGD = q.view(prompts, n, kv, group, d).transpose(1, 2)
-                on_own = (q_PKNGD @ keys[:, :, :, : col + 1].transpose(-1, -2)) * self.scale  # _P,kv,n,G,t
+                on_own = (q_PKNGD @ keys[:, :, :, :upto].transpose(-1, -2)) * self.scale + ahead_T  # _P,kv,n,G,t
                 on_prompt = q_PKNGD.reshape(prompts, kv, n * group, d) @ self.prompt_keys[i].transpose(-1, -2)
                 on_prompt = on_prompt.view(prompts, kv, n, group, width) * self.scale + neg
                 probs = torch.cat([on_prompt, on_own], dim=-1).softmax(-1)
                 out = probs[..., :width].reshape(prompts, kv, n * group, width) @ self.prompt_values[i]
-                out_PKNGD = out.view(prompts, kv, n, group, d) + probs[..., width:] @ values[:, :, :, : col + 1]
+                out_PKNGD = out.view(prompts, kv, n, group, d) + probs[..., width:] @ values[:, :, :, :upto]
                 attn_BH = out_PKNGD.transpose(1, 2).reshape(batch, q_dim)
             h_B1H = h_B1H + self.weights.o[i](attn_BH)[:, None]
             x_BH = layer.post_attention_layernorm(h_B1H)[:, 0]
             gate, up = self.weights.gate_up[i](x_BH).chunk(2, dim=-1)
             h_B1H = h_B1H + self.weights.down[i](layer.mlp.act_fn(gate) * up)[:, None]
-        self.col += 1
-        self.pos_B += 1
-        last_R1H = model.norm(h_B1H[self.slots])
-        if self.weights.head is None or _hooked(self.model.lm_head):  # hooks see what a forward gives them
-            return self.model.lm_head(last_R1H)[:, -1]
-        return self.weights.head(last_R1H[:, -1])
+        return h_B1H
+
+
+_CAPTURE_FAILED = False
+
+
+def _capture_failed(error: RuntimeError) -> None:
+    global _CAPTURE_FAILED
+    _CAPTURE_FAILED = True
+    warnings.warn(f"the static decoder could not capture its step as a CUDA graph ({error}); it steps "
+                  "without graphs from now on (engine.cuda_graphs = false silences this)", stacklevel=3)
+
+
+class _StepGraph(NamedTuple):
+    """A captured decode step and the tensor its replays write the logits of every slot to."""
+
+    graph: torch.cuda.CUDAGraph
+    logits_BV: torch.Tensor
+
+
+def _put(buffer: torch.Tensor, dim: int, col: int | torch.Tensor, value: torch.Tensor) -> None:
+    """Write `value` (size 1 along `dim`) at column `col` of `buffer`, in place."""
+    if isinstance(col, torch.Tensor):
+        buffer.index_copy_(dim, col, value)
+    else:
+        buffer.narrow(dim, col, 1).copy_(value)
 
 
 def _hooked(module: torch.nn.Module) -> bool:
