@@ -151,6 +151,7 @@ def part_graphs(device: str) -> dict[str, Any]:
             static_decode.SHARE_FROM = share
             try:
                 runs: dict[bool, Any] = {}
+                captures = 0
                 seconds: dict[bool, float] = {}
                 for graphs in (True, False):
                     engine = EmbeddedEngine(model, NoText(), eos_token_ids=list(range(3, 10)),  # type: ignore[arg-type]
@@ -159,6 +160,8 @@ def part_graphs(device: str) -> dict[str, Any]:
                     start = time.perf_counter()
                     runs[graphs] = engine.generate(prompts, SamplingParams(max_new_tokens=150, n=4))
                     seconds[graphs] = time.perf_counter() - start
+                    if graphs and engine._graphs is not None:
+                        captures = engine._graphs.captures
             finally:
                 static_decode.SHARE_FROM = default_share
             pairs = [(a, b) for ga, gb in zip(runs[True], runs[False]) for a, b in zip(ga, gb)]
@@ -167,7 +170,7 @@ def part_graphs(device: str) -> dict[str, Any]:
             out[f"{shape}/share_from_{share}"] = {
                 "same_tokens": f"{sum(a.token_ids == b.token_ids for a, b in pairs)}/{len(pairs)}",
                 "logprob_max_abs_diff": worst, "lengths_min_max": [min(lengths), max(lengths)],
-                "seconds_graphs_eager": [round(seconds[True], 2), round(seconds[False], 2)]}
+                "seconds_graphs_eager": [round(seconds[True], 2), round(seconds[False], 2)], "captures": captures}
     return out
 
 
@@ -299,7 +302,7 @@ def part_methods(device: str) -> dict[str, Any]:
 # --- engine speed -----------------------------------------------------------------------------
 
 def part_engine(device: str, shape: str, batches: list[int], prompt: int, new_tokens: int,
-                dtype: torch.dtype) -> dict[str, Any]:
+                dtype: torch.dtype, decoders: tuple[str, ...] = ("static", "static_eager")) -> dict[str, Any]:
     """Decode tokens/s of the engine's static decoder (its steps replayed as CUDA graphs, and
     launched one by one) and of HF `generate`, every row forced to `new_tokens` (no EOS),
     G = min(8, batch) samples per prompt as in GRPO."""
@@ -314,6 +317,8 @@ def part_engine(device: str, shape: str, batches: list[int], prompt: int, new_to
         ids = random_prompts(batch // group, prompt, vocab, seed=batch)
         row: dict[str, Any] = {"batch": batch}
         for name, graphs in (("static", True), ("static_eager", False)):
+            if name not in decoders:
+                continue
             engine = EmbeddedEngine(model, NoText(), eos_token_ids=[], max_batch_size=batch,  # type: ignore[arg-type]
                                     decoder="static", cuda_graphs=graphs)
             engine.generate(ids, SamplingParams(max_new_tokens=4, n=group))  # warm-up at this shape
@@ -331,8 +336,10 @@ def part_engine(device: str, shape: str, batches: list[int], prompt: int, new_to
         model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
         sync(device)
         row["hf_generate_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
-        row["static_vs_hf_generate"] = round(row["rlvr_static_tok_s"] / row["hf_generate_tok_s"], 2)
-        row["graphs_vs_eager"] = round(row["rlvr_static_tok_s"] / row["rlvr_static_eager_tok_s"], 2)
+        for name in decoders:
+            row[f"{name}_vs_hf_generate"] = round(row[f"rlvr_{name}_tok_s"] / row["hf_generate_tok_s"], 2)
+        if len(decoders) == 2:
+            row["graphs_vs_eager"] = round(row["rlvr_static_tok_s"] / row["rlvr_static_eager_tok_s"], 2)
         rows.append(row)
         print(f"  engine {shape} {row}", flush=True)
     params = sum(p.numel() for p in model.parameters())
@@ -428,6 +435,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and sizes: checks the script, measures nothing")
     ap.add_argument("--parts", default="agreement,graphs,methods,engine,learner")
+    ap.add_argument("--decoders", default="static,static_eager",
+                    help="the engine part's: static (CUDA graphs) and/or static_eager (kernel by kernel)")
+    ap.add_argument("--shapes", default="", help="the engine part's shapes, comma-separated (default: all)")
     args = ap.parse_args(argv)
     dev, bf16 = args.device, torch.bfloat16
     result: dict[str, Any] = {"torch": torch.__version__, "device": dev, "python": sys.version.split()[0]}
@@ -456,7 +466,9 @@ def main(argv: list[str] | None = None) -> None:
         jobs.append(("methods", partial(part_methods, dev)))
     if "engine" in parts:
         for shape, batches, prompt, new in engines:
-            jobs.append((f"engine/{shape}", partial(part_engine, dev, shape, batches, prompt, new, bf16)))
+            if not args.shapes or shape in args.shapes.split(","):
+                jobs.append((f"engine/{shape}", partial(part_engine, dev, shape, batches, prompt, new, bf16,
+                                                        tuple(args.decoders.split(",")))))
     if "learner" in parts:
         for shape, batch, prompt, completion, micro in learners:
             for share in (True, False):
@@ -486,9 +498,8 @@ def summarize(result: dict[str, Any]) -> None:
             print(f"{name}: ERROR {part['error'].strip().splitlines()[-1]}")
         elif name.startswith("engine/"):
             for r in part["rows"]:
-                print(f"{name} b{r['batch']}: static {r['rlvr_static_tok_s']} eager {r['rlvr_static_eager_tok_s']} "
-                      f"hf-generate {r['hf_generate_tok_s']} tok/s (static/generate {r['static_vs_hf_generate']}, "
-                      f"graphs/eager {r['graphs_vs_eager']})")
+                print(f"{name} b{r['batch']}: " + ", ".join(f"{k.removeprefix('rlvr_')} {v}" for k, v in r.items()
+                                                            if k != "batch"))
         elif name.startswith("learner/"):
             print(f"{name}: {part['tokens_per_s']} tok/s, {part['tflops']} TFLOP/s = {part['fraction_of_matmul']} "
                   f"of {part['matmul_tflops']}, peak {part['peak_gpu_memory_gib']} GiB, {part['seconds']} s")

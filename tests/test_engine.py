@@ -382,7 +382,7 @@ def test_static_decoder_shares_prompt_keys_through_every_layout(
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
     cache, logits, mask_PT, _ = engine._prefill(prompts)
     n = 4
-    decoder = StaticDecoder(tiny_model, FusedWeights(tiny_model), cache, mask_PT, n, graphs=graphs)
+    decoder = StaticDecoder(tiny_model, FusedWeights(tiny_model), cache, mask_PT, n, fixed_shapes=graphs)
     rows = list(range(len(prompts) * n))  # which sample each running row is
     tokens: list[list[int]] = [[] for _ in rows]
     gen = torch.Generator().manual_seed(0)

@@ -36,7 +36,13 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.models import with_cache
 from rlvr.rollout.sampling import sample_tokens
-from rlvr.rollout.static_decode import FusedWeights, StaticDecoder, unsupported_reason, weights_unavailable
+from rlvr.rollout.static_decode import (
+    FusedWeights,
+    StaticDecoder,
+    StepGraphs,
+    unsupported_reason,
+    weights_unavailable,
+)
 from rlvr.types import Completion, FinishReason, PromptMedia, SamplingParams
 
 
@@ -116,6 +122,7 @@ class EmbeddedEngine:
         self.device = next(model.parameters()).device
         self.weights = weights
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self._graphs: StepGraphs | None = None  # the captures' stream and memory pool, made at the first
         if weights != "model":
             why = weights_unavailable(weights)
             if why is None and self.decoder != "static":
@@ -222,7 +229,10 @@ class EmbeddedEngine:
     def _decoder(self, cache: DynamicCache, mask_PT: torch.Tensor, n: int,
                  offsets_P: torch.Tensor | None = None) -> StaticDecoder | HFDecoder:
         if self.decoder == "static":
-            return StaticDecoder(self.model, self._fused_weights(), cache, mask_PT, n, graphs=self.cuda_graphs)
+            if self.cuda_graphs and self._graphs is None and self.device.type == "cuda":
+                self._graphs = StepGraphs(self.device)
+            return StaticDecoder(self.model, self._fused_weights(), cache, mask_PT, n,
+                                 fixed_shapes=self.cuda_graphs, graphs=self._graphs)
         return HFDecoder(self.model, cache, mask_PT, n, offsets_P)
 
     @torch.no_grad()

@@ -38,7 +38,8 @@ path to float rounding. Supported: the architectures in `SUPPORTED` without slid
 from __future__ import annotations
 
 import warnings
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch.nn.modules import module as nn_module
@@ -200,21 +201,21 @@ class StaticDecoder:
 
     def __init__(
         self, model: PreTrainedModel, weights: FusedWeights, cache: DynamicCache, mask_PT: torch.Tensor, n: int,
-        *, graphs: bool = False,
+        *, fixed_shapes: bool = False, graphs: StepGraphs | None = None,
     ) -> None:
         """`cache` and `mask_PT` hold one row per prompt, shared by its n sample rows.
 
-        ``graphs``: run each step in fixed shapes (`_fixed_forward`), replayed as a CUDA graph on a
-        CUDA device; elsewhere the fixed-shape step runs as it is (for tests: it must equal the
-        plain step)."""
+        ``fixed_shapes``: run each step in the fixed shapes a CUDA graph needs (`_fixed_forward`);
+        ``graphs`` (on a CUDA device): capture it and replay it, with the captures of ``graphs``'
+        other decoders sharing one memory pool. Fixed shapes without capture serve the tests: they
+        must give what the plain step gives."""
         config = model.config
         self.model, self.weights = model, weights
-        self.graphs = graphs
-        self._graph: _StepGraph | None = None  # the captured step for the current layout
+        self.fixed, self.graphs = fixed_shapes or graphs is not None, graphs
+        self._layout = 0  # counts layout changes: a graph replays only on the layout it was captured on
+        self._graph: _StepGraph | None = None  # the last captured step
         self._tok_B: torch.Tensor | None = None  # fixed shapes: each slot's input token
         self._col_t: torch.Tensor | None = None  # fixed shapes: the column the step writes
-        self._stream: torch.cuda.Stream | None = None
-        self._pool: Any = None  # the memory pool every capture of this decoder shares
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         self.scale = self.head_dim**-0.5
@@ -241,7 +242,7 @@ class StaticDecoder:
         shape = (prompts, self.n_kv, n, GROW, self.head_dim)
         # sampled tokens only; zeros in fixed shapes, where the columns not yet written are read
         # (with a probability of exactly 0, and 0 times a NaN left by `new_empty` would be NaN)
-        new = self.prompt_keys[0].new_zeros if graphs else self.prompt_keys[0].new_empty
+        new = self.prompt_keys[0].new_zeros if self.fixed else self.prompt_keys[0].new_empty
         self.keys = [new(shape) for _ in self.prompt_keys]
         self.values = [new(shape) for _ in self.prompt_keys]
         self.col = 0  # the generated buffers' column the next token's key and value go to
@@ -258,7 +259,7 @@ class StaticDecoder:
         self.neg_PW = torch.cat([self.neg_PW, past_prompt], 1)
         self.prompt_keys, self.prompt_values = [], []
         self.col += width
-        self._graph = None
+        self._layout += 1
 
     def keep(self, idx: torch.Tensor) -> None:
         """Keep only running rows `idx` (indices into the current running rows)."""
@@ -297,16 +298,16 @@ class StaticDecoder:
         self.keys = [gather(k) for k in self.keys]
         self.values = [gather(v) for v in self.values]
         self.pos_B, self.slots, self.n = self.pos_B[source], new_slots, width
-        self._graph = None
+        self._layout += 1
         if width == 1 and self.prompt_keys:
             self._join()
 
     def _grow(self) -> None:
         def grown(buffer: torch.Tensor) -> torch.Tensor:
-            new = buffer.new_zeros if self.graphs else buffer.new_empty
+            new = buffer.new_zeros if self.fixed else buffer.new_empty
             return torch.cat([buffer, new((*buffer.shape[:3], GROW, buffer.shape[4]))], dim=3)
 
-        self._graph = None
+        self._layout += 1
         self.keys = [grown(k) for k in self.keys]
         self.values = [grown(v) for v in self.values]
         if not self.prompt_keys:  # joined: the mask spans the buffers
@@ -316,7 +317,7 @@ class StaticDecoder:
         """Feed one token per running row; return the next-token logits of the running rows."""
         if self.col == self.keys[0].shape[3]:
             self._grow()
-        if self.graphs:
+        if self.fixed:
             return self._fixed_step(tok_R)
         batch, model = len(self.pos_B), self.model.model
         embedded_R1H = model.embed_tokens(tok_R[:, None])
@@ -337,48 +338,21 @@ class StaticDecoder:
         if self._tok_B is None or len(self._tok_B) != batch:
             self._tok_B = tok_R.new_zeros(batch)
         self._tok_B[self.slots] = tok_R
-        if self._graph is not None and not _hooked(self.model.lm_head):
-            self._graph.graph.replay()
-            logits_BV = self._graph.logits_BV
-        else:
+        graph = self._graph
+        if graph is not None and graph.layout == self._layout and not _hooked(self.model.lm_head):
+            graph.graph.replay()
+            logits_BV = graph.logits_BV
+        else:  # a new layout: run the step, and capture it where that applies
+            self._graph = None  # (a graph holds the column tensor it was captured with)
             self._col_t = torch.tensor([self.col], device=self.pos_B.device)
-            logits_BV = self._capture()
+            if (self.graphs is None or self.graphs.failed or self.pos_B.device.type != "cuda"
+                    or _hooked(self.model.lm_head)):  # a hook is Python, to be run at every step
+                logits_BV = self._fixed_forward()
+            else:
+                logits_BV, captured = self.graphs.run_and_capture(self._fixed_forward)
+                self._graph = None if captured is None else _StepGraph(*captured, self._layout)
         self.col += 1
         return logits_BV[self.slots]
-
-    def _capture(self) -> torch.Tensor:
-        """Run this step in fixed shapes and, on a CUDA device, capture it for the layout's later
-        steps; the step's logits. The step runs first, on the stream the capture then uses (a
-        capture needs that warm-up: cuBLAS sets up its workspace on a stream's first product).
-        Not captured: a step whose output head has hooks (Python, run each step), and after a
-        capture failed (warned once; the steps then run in fixed shapes, uncaptured)."""
-        self._graph = None
-        if self.pos_B.device.type != "cuda" or _hooked(self.model.lm_head) or _CAPTURE_FAILED:
-            return self._fixed_forward()
-        if self._stream is None:
-            self._stream, self._pool = torch.cuda.Stream(self.pos_B.device), torch.cuda.graph_pool_handle()
-        self._stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(self._stream):
-            logits_BV = self._fixed_forward()
-            # not `torch.cuda.graph`, which empties the allocator's cache at every capture; thread_local:
-            # a learner running on another thread (asynchronous rollouts) is not an error
-            graph.capture_begin(self._pool, capture_error_mode="thread_local")
-            failure: RuntimeError | None = None
-            try:  # recorded, not run: the buffers, the column and the positions stay as they are
-                captured_BV = self._fixed_forward()
-            except RuntimeError as error:  # it ran just now, so an op a graph cannot hold (a host sync)
-                failure = error
-            try:
-                graph.capture_end()
-            except RuntimeError as error:
-                failure = failure or error
-        torch.cuda.current_stream().wait_stream(self._stream)
-        if failure is not None:
-            _capture_failed(failure)
-        else:
-            self._graph = _StepGraph(graph, captured_BV)
-        return logits_BV
 
     def _fixed_forward(self) -> torch.Tensor:
         """Every slot's step in fixed shapes: token `_tok_B`, position `pos_B`, key/value column
@@ -450,21 +424,61 @@ class StaticDecoder:
         return h_B1H
 
 
-_CAPTURE_FAILED = False
+class StepGraphs:
+    """What an engine's decode-step captures share: a side stream, one memory pool, and the last
+    graph captured, kept until the next capture has begun (PyTorch's allocator lets a capture
+    share a pool only while a graph still holds it).
 
+    A capture that fails (an op a graph cannot hold, such as a host sync in some rope scaling) is
+    warned about once; the engine's steps then run in fixed shapes without capture."""
 
-def _capture_failed(error: RuntimeError) -> None:
-    global _CAPTURE_FAILED
-    _CAPTURE_FAILED = True
-    warnings.warn(f"the static decoder could not capture its step as a CUDA graph ({error}); it steps "
-                  "without graphs from now on (engine.cuda_graphs = false silences this)", stacklevel=3)
+    def __init__(self, device: torch.device) -> None:
+        self.stream = torch.cuda.Stream(device)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.last: torch.cuda.CUDAGraph | None = None
+        self.failed = False
+        self.captures = 0
+
+    def run_and_capture(
+        self, step: Callable[[], torch.Tensor]
+    ) -> tuple[torch.Tensor, tuple[torch.cuda.CUDAGraph, torch.Tensor] | None]:
+        """Run `step` (its effects happen: this is the step the caller is at), then capture it:
+        what it returned, and the graph with the tensor its replays write (None if the capture
+        failed). The step runs first on the stream the capture uses, as its warm-up (cuBLAS sets
+        up its workspace on a stream's first product). Not `torch.cuda.graph`, which empties the
+        allocator's cache at every capture; thread_local: a learner running on another thread
+        (asynchronous rollouts) does not break the capture."""
+        self.stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        failure: RuntimeError | None = None
+        with torch.cuda.stream(self.stream):
+            out = step()
+            graph.capture_begin(self.pool, capture_error_mode="thread_local")
+            try:  # recorded, not run: what the step writes stays as it is
+                captured = step()
+            except RuntimeError as error:  # it ran just now, so an op a graph cannot hold
+                failure = error
+            try:
+                graph.capture_end()
+            except RuntimeError as error:
+                failure = failure or error
+        torch.cuda.current_stream().wait_stream(self.stream)
+        if failure is not None:
+            self.failed = True
+            warnings.warn(f"the static decoder could not capture its step as a CUDA graph ({failure}); it "
+                          "steps without graphs from now on (engine.cuda_graphs = false silences this)", stacklevel=4)
+            return out, None
+        self.last, self.captures = graph, self.captures + 1
+        return out, (graph, captured)
 
 
 class _StepGraph(NamedTuple):
-    """A captured decode step and the tensor its replays write the logits of every slot to."""
+    """A captured decode step, the tensor its replays write every slot's logits to, and the
+    layout it was captured on."""
 
     graph: torch.cuda.CUDAGraph
     logits_BV: torch.Tensor
+    layout: int
 
 
 def _put(buffer: torch.Tensor, dim: int, col: int | torch.Tensor, value: torch.Tensor) -> None:
