@@ -103,8 +103,6 @@ class EngineConfig(_Section):
     """Most sequences decoded together; finished sequences leave the batch at once."""
     decoder: Literal["auto", "static", "hf"] = "auto"
     """Decode steps: "static" (preallocated KV cache, fused projections; Llama/Mistral/Qwen2), "hf" (the model's own forward; any causal LM), "auto" = static where it applies."""
-    cuda_graphs: bool = True
-    """With train.device = "cuda", the static decoder replays each decode step as a CUDA graph (one launch instead of hundreds of small kernels, captured again after each layout change); false launches them one by one. No effect on a CPU."""
     backend: Literal["embedded", "vllm"] = "embedded"
     """Rollout engine: "embedded" (PyTorch, CPU or one GPU) or "vllm" (a CUDA GPU and pip install vllm; weights reach it after every update)."""
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)

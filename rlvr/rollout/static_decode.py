@@ -466,7 +466,7 @@ class StepGraphs:
         if failure is not None:
             self.failed = True
             warnings.warn(f"the static decoder could not capture its step as a CUDA graph ({failure}); it "
-                          "steps without graphs from now on (engine.cuda_graphs = false silences this)", stacklevel=4)
+                          "steps without graphs from now on", stacklevel=4)
             return out, None
         self.last, self.captures = graph, self.captures + 1
         return out, (graph, captured)

@@ -110,7 +110,7 @@ def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dty
     else:
         engine = EmbeddedEngine(engine_model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
                                 max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed, decoder=cfg.engine.decoder,
-                                banned_token_ids=banned, weights=weights, cuda_graphs=cfg.engine.cuda_graphs)
+                                banned_token_ids=banned, weights=weights)
     return model, engine, shared
 
 
