@@ -355,10 +355,44 @@ def test_partial_rollouts_switch_weights_mid_sample(tiny_tokenizer: Tokenizer, d
     assert all(c.swapped_at == () and c.policy_version == 2 for g in again for c in g)
 
 
+class FakeGraphs:
+    """A CPU stand-in for `StepGraphs`: a "capture" records the step without running it, and a
+    replay runs it, writing into the tensor the capture returned, as a CUDA graph writes to its
+    captured output. Each replay first checks what a real graph relies on: every tensor the step
+    reads or writes by address is still the one captured (a layout change that forgot to count
+    itself would fail here), and the column tensor holds the decoder's column."""
+
+    def __init__(self) -> None:
+        self.captures = self.replays = 0
+
+    def run_and_capture(self, step: Any) -> tuple[torch.Tensor, tuple[Any, torch.Tensor]]:
+        decoder = step.__self__
+        out = step()
+        captured = torch.empty_like(out)
+        addresses = self.addresses(decoder)
+        fakes = self
+
+        class Replay:
+            def replay(self) -> None:
+                assert fakes.addresses(decoder) == addresses, "a tensor the graph reads moved without a new layout"
+                assert int(decoder._col_t) == decoder.col
+                captured.copy_(step())
+                fakes.replays += 1
+
+        self.captures += 1
+        return out, (Replay(), captured)
+
+    @staticmethod
+    def addresses(decoder: Any) -> list[int]:
+        tensors = [*decoder.keys, *decoder.values, *decoder.prompt_keys, *decoder.prompt_values,
+                   decoder.neg_PW, decoder.pos_B, decoder._tok_B, decoder._col_t]
+        return [t.data_ptr() for t in tensors]
+
+
 @torch.no_grad()
-@pytest.mark.parametrize("graphs", [False, True], ids=["plain", "fixed-shapes"])
+@pytest.mark.parametrize("graphs", ["plain", "fixed-shapes", "replayed"])
 def test_static_decoder_shares_prompt_keys_through_every_layout(
-    tiny_model: Model, tiny_tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch, graphs: bool
+    tiny_model: Model, tiny_tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch, graphs: str
 ) -> None:
     """The static decoder keeps one copy of each prompt's keys and values for its n samples. Rows
     leave in a pattern that makes it first re-lay the shared buffers (every prompt keeps a slot
@@ -368,9 +402,10 @@ def test_static_decoder_shares_prompt_keys_through_every_layout(
     (no cache, no padding); fp32 on 2 layers, where the two only differ in summation order
     (~1e-6), so 1e-4 catches a wrong column or row.
 
-    ``graphs``: the step in the fixed shapes a CUDA graph replays (here run as it is, on the CPU):
-    the new key and value go to a column held in a tensor, attention reads every column with the
-    later ones masked, and finished slots keep running; it must give the same logits."""
+    ``graphs``: "fixed-shapes" runs the step in the fixed shapes a CUDA graph replays (on the
+    CPU, as it is): the new key and value go to a column held in a tensor, attention reads every
+    column with the later ones masked, and finished slots keep running; it must give the same
+    logits. "replayed" also captures and replays it per layout (`FakeGraphs`)."""
     from rlvr.rollout.static_decode import GROW, FusedWeights, StaticDecoder
 
     monkeypatch.setattr(static_decode, "SHARE_FROM", 0)  # share even the tests' short prompts
@@ -378,7 +413,9 @@ def test_static_decoder_shares_prompt_keys_through_every_layout(
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
     cache, logits, mask_PT, _ = engine._prefill(prompts)
     n = 4
-    decoder = StaticDecoder(tiny_model, FusedWeights(tiny_model), cache, mask_PT, n, fixed_shapes=graphs)
+    fakes = FakeGraphs()
+    decoder = StaticDecoder(tiny_model, FusedWeights(tiny_model), cache, mask_PT, n, fixed_shapes=graphs != "plain",
+                            graphs=fakes if graphs == "replayed" else None)  # type: ignore[arg-type]
     rows = list(range(len(prompts) * n))  # which sample each running row is
     tokens: list[list[int]] = [[] for _ in rows]
     gen = torch.Generator().manual_seed(0)
@@ -403,9 +440,41 @@ def test_static_decoder_shares_prompt_keys_through_every_layout(
     # shared with 3 slots per prompt row, then a row each, the prompt joined to the row's buffers
     assert layouts == [(3, 3, True), (5, 1, False)]
     assert decoder.keys[0].shape[3] == max(map(len, prompts)) + 2 * GROW  # and they grew after the join
+    if graphs == "replayed":  # captured on each of the 4 layouts (first, re-laid, joined, grown), replayed between
+        assert fakes.captures == 4 and fakes.replays == GROW + 6 - 4, (fakes.captures, fakes.replays)
 
 
 @torch.no_grad()
+@torch.no_grad()
+def test_steps_are_not_captured_where_a_graph_would_break(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    """No capture for a rotary embedding that updates its frequencies on the host (dynamic
+    scaling), nor while any module has a forward hook (a replay would skip it): such steps run
+    in fixed shapes, uncaptured, and give the same logits."""
+    from transformers import LlamaConfig
+
+    from rlvr.rollout.static_decode import FusedWeights, StaticDecoder, graphs_unsupported
+
+    assert graphs_unsupported(tiny_model) is None
+    config = LlamaConfig(**{**tiny_model.config.to_dict(), "rope_parameters": {"rope_type": "dynamic", "factor": 2.0,
+                                                                                "rope_theta": 10000.0}})
+    dynamic = LlamaForCausalLM(config).eval()
+    assert "dynamic" in str(graphs_unsupported(dynamic))
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+    for model, hooked in ((dynamic, False), (tiny_model, True)):
+        engine.model = model
+        cache, _, mask_PT, _ = engine._prefill(prompts)
+        fakes = FakeGraphs()
+        decoder = StaticDecoder(model, FusedWeights(model), cache, mask_PT, 2, fixed_shapes=True,
+                                graphs=fakes)  # type: ignore[arg-type]
+        handle = model.model.norm.register_forward_hook(lambda *a: None) if hooked else None
+        for _ in range(3):
+            decoder.step(torch.tensor([5] * 6))
+        if handle is not None:
+            handle.remove()
+        assert fakes.captures == 0
+
+
 def test_static_decoder_shares_only_where_it_saves_enough_reads(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
     """Prompt keys are shared when (n - 1) · prompts · width ≥ SHARE_FROM, else copied per sample."""
     from rlvr.rollout.static_decode import SHARE_FROM, FusedWeights, StaticDecoder

@@ -122,7 +122,7 @@ class EmbeddedEngine:
         self.device = next(model.parameters()).device
         self.weights = weights
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
-        self._graphs: StepGraphs | None = None  # the captures' stream and memory pool, made at the first
+        self._graphs: StepGraphs | None = None  # the captures' stream and memory pool, made at the first capture
         if weights != "model":
             why = weights_unavailable(weights)
             if why is None and self.decoder != "static":
@@ -232,7 +232,7 @@ class EmbeddedEngine:
             if self.cuda_graphs and self._graphs is None and self.device.type == "cuda":
                 self._graphs = StepGraphs(self.device)
             return StaticDecoder(self.model, self._fused_weights(), cache, mask_PT, n,
-                                 fixed_shapes=self.cuda_graphs, graphs=self._graphs)
+                                 fixed_shapes=self.cuda_graphs, graphs=self._graphs if self.cuda_graphs else None)
         return HFDecoder(self.model, cache, mask_PT, n, offsets_P)
 
     @torch.no_grad()
