@@ -40,7 +40,6 @@ path to float rounding. Supported: the architectures in `SUPPORTED` without slid
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
