@@ -4,8 +4,10 @@ the greedy held-out accuracy before and after training (the run's own evaluation
 wall-clock, and the paired difference from GRPO on the same seeds (the seeds draw held-out prompts
 of different difficulty, so a method is compared with GRPO seed by seed: mean ± sd of the
 per-seed differences in pass@1 and pass@8, points). A label ending in "_mb2" (two mini-batches a
-step) is compared with "grpo_mb2", GRPO with the same setting. Usage:
-python bench/method_table.py /tmp/seeds [label ...]"""
+step) is compared with "grpo_mb2", GRPO with the same setting; ``--against LABEL`` compares every
+label with LABEL instead (e.g. float16 decoding with a sequence mask against float16 decoding
+without one). Usage:
+python bench/method_table.py /tmp/seeds [label ...] [--against LABEL]"""
 
 from __future__ import annotations
 
@@ -23,15 +25,21 @@ def mean_sd(values: list[float], scale: float = 100.0) -> str:
 
 
 def main() -> None:
-    root = Path(sys.argv[1])
-    labels = sys.argv[2:] or sorted({p.name.split("-seed")[0] for p in root.glob("*-seed*.eval.json")},
+    args = sys.argv[1:]
+    against = None
+    if "--against" in args:
+        k = args.index("--against")
+        against, args = args[k + 1], args[:k] + args[k + 2:]
+    root = Path(args[0])
+    labels = args[1:] or sorted({p.name.split("-seed")[0] for p in root.glob("*-seed*.eval.json")},
                                     key=lambda x: (x != "base", x != "grpo", x))
-    print("(GRPO's: grpo_mb2's for a *_mb2 label)\n")
+    print(f"(the baseline: {against}'s)\n" if against else "(GRPO's: grpo_mb2's for a *_mb2 label)\n")
+    base = against or "GRPO"
     print("| method | seeds | pass@1 | pass@4 | pass@8 | greedy held-out after (before) | per seed pass@1 | run time "
-          "| pass@1 − GRPO's | pass@8 − GRPO's |")
+          f"| pass@1 − {base}'s | pass@8 − {base}'s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label in labels:
-        baseline = "grpo_mb2" if label.endswith("_mb2") else "grpo"
+        baseline = against or ("grpo_mb2" if label.endswith("_mb2") else "grpo")
         grpo = {_seed(p): json.loads(p.read_text())[0] for p in root.glob(f"{baseline}-seed*.eval.json")}
         evals = sorted(root.glob(f"{label}-seed*.eval.json"))
         rows = [json.loads(p.read_text())[0] for p in evals]
