@@ -123,15 +123,9 @@ class EmbeddedEngine:
         self.weights = weights
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self._graphs: StepGraphs | None = None  # the captures' stream and memory pool, made at the first capture
-        if weights != "model":
-            why = weights_unavailable(weights)
-            if why is None and self.decoder != "static":
-                why = (f"engine.dtype = {weights!r} runs in the static decoder, which "
-                       f"{'this model cannot use: ' + str(reason) if reason else 'decoder=hf turns off'}")
-            if why is None and self.device.type != "cpu":
-                why = f"engine.dtype = {weights!r} runs fbgemm's CPU kernels; on a GPU use bfloat16 or float32 (or train.device = \"cpu\")"
-            if why is not None:
-                raise ValueError(why)
+        why = _weights_problem(weights, self.decoder, reason, self.device)
+        if why is not None:
+            raise ValueError(why)
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(set(eos_token_ids))
@@ -367,6 +361,20 @@ class EmbeddedEngine:
             text=str(self.tokenizer.decode(ids, skip_special_tokens=True)),
             policy_version=version, swapped_at=tuple(swapped_at),
         )
+
+
+def _weights_problem(weights: str, decoder: str, reason: str | None, device: torch.device) -> str | None:
+    """Why the decoder's weight format `weights` cannot run with this decoder on this device
+    (``reason``: why the static decoder cannot run the model, if it cannot), or None."""
+    if weights == "model":
+        return None
+    why = weights_unavailable(weights)
+    if why is None and decoder != "static":
+        why = (f"engine.dtype = {weights!r} runs in the static decoder, which "
+               f"{'this model cannot use: ' + str(reason) if reason else 'decoder=hf turns off'}")
+    if why is None and device.type != "cpu":
+        why = f"engine.dtype = {weights!r} runs fbgemm's CPU kernels; on a GPU use bfloat16 or float32 (or train.device = \"cpu\")"
+    return why
 
 
 def draw_seeds(generator: torch.Generator, num_prompts: int, params: SamplingParams) -> list[list[int]]:

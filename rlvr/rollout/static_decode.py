@@ -352,7 +352,7 @@ class StaticDecoder:
                 logits_BV = self._fixed_forward()  # a hook is Python, to be run at every step
             else:
                 logits_BV, captured = self.graphs.run_and_capture(self._fixed_forward)
-                self._graph = None if captured is None else _StepGraph(*captured, self._layout)
+                self._graph = _StepGraph(*captured, self._layout)
         self.col += 1
         return logits_BV[self.slots]
 
