@@ -34,6 +34,7 @@ segment is a (prompt, completion) pair of its own, trained with the episode's on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Collection, Sequence
@@ -236,6 +237,17 @@ def run_episodes(engine: Engine, tokenizer: Any, envs: Sequence[Env], prompts: S
         raise ValueError("summarisation needs restart(k, summary): the prompt an episode continues from")
     eos = set(int(i) for i in eos_token_ids)
     trajs = [_Trajectory(list(p)) for p in prompts]
+    reusing = getattr(engine, "reusing_prefixes", None)  # an engine that can keep the contexts' keys and values
+    with reusing() if reusing is not None else contextlib.nullcontext():
+        _run_turns(engine, envs, trajs, params, limits, delta, eos, tokenizer, summarize, restart)
+    return [t.finish(tokenizer) for t in trajs]
+
+
+def _run_turns(engine: Engine, envs: Sequence[Env], trajs: list[_Trajectory], params: SamplingParams, limits: Limits,
+               delta: ChatDelta, eos: set[int], tokenizer: Any, summarize: Summarize | None,
+               restart: Callable[[int, str], list[int]] | None) -> None:
+    """`run_episodes`' turns: sample every active episode's action, step its environment, and
+    add the observation, until no episode is active."""
     active = list(range(len(envs)))
     while active:
         budget = {k: min(summarize.max_tokens if summarize and trajs[k].summarising else limits.max_turn_tokens,
@@ -267,7 +279,6 @@ def run_episodes(engine: Engine, tokenizer: Any, envs: Sequence[Env], prompts: S
         still += [k for k, result in zip(acting, results)
                   if _observe(trajs[k], result, limits, delta, summarize, tokenizer)]
         active = sorted(still)
-    return [t.finish(tokenizer) for t in trajs]
 
 
 def _sample_turns(engine: Engine, trajs: list[_Trajectory], budget: dict[int, int],

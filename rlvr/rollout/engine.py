@@ -27,14 +27,17 @@ policy that really produced it; `Completion.swapped_at` says where the weights c
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from typing import Literal, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.models import with_cache
+from rlvr.rollout.prefixes import PrefixPlan, PrefixStore, Stored, plan_prefixes
 from rlvr.rollout.sampling import sample_tokens
 from rlvr.rollout.static_decode import (
     FusedWeights,
@@ -123,6 +126,8 @@ class EmbeddedEngine:
         self.weights = weights
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self._graphs: StepGraphs | None = None  # the captures' stream and memory pool, made at the first capture
+        self._share_prefixes = True  # off after a cache whose layers are not plain (sliding windows)
+        self._store: PrefixStore | None = None  # prompts' keys and values, inside `reusing_prefixes`
         why = _weights_problem(weights, self.decoder, reason, self.device)
         if why is not None:
             raise ValueError(why)
@@ -312,14 +317,109 @@ class EmbeddedEngine:
         left-padded; positions count real tokens only, as in the learner's right-padded rows. A
         model with 3-D image positions (Qwen2-VL) gets them from its own `get_rope_index`, and
         offsets_P says how far each row's next position is from its length (None: not at all).
+
+        Text prompts are encoded in two parts where that saves work (rlvr.rollout.prefixes): a
+        prefix whose keys and values are already known (inside `reusing_prefixes`: a prompt
+        prefilled earlier that this one extends) or shared with other prompts of the call (the
+        episodes of a group start from one prompt), then each prompt's own suffix. The mask then
+        has padding between a row's prefix and its suffix.
         """
+        if media is not None and any(m is not None for m in media) or not self._share_prefixes:
+            return self._prefill_whole(prompts, media)
+        store = self._store
+        if store is not None:
+            store.check_weights(self._weights_key())
+        hits = [store.take(p) if store is not None else None for p in prompts]
+        rest = [i for i, hit in enumerate(hits) if hit is None]
+        plan = plan_prefixes([prompts[i] for i in rest]) if len(rest) > 1 else None
+        if plan is None and len(rest) == len(prompts):
+            out = self._prefill_whole(prompts)
+        else:
+            out = self._prefill_split(prompts, hits, rest, plan)
+        tensors = _plain_layers(out[0])
+        if tensors is None:  # e.g. sliding windows: never split
+            self._share_prefixes, self._store = False, None
+        elif store is not None:
+            store.put(prompts, *tensors, out[2])
+        return out
+
+    def _prefill_split(self, prompts: list[list[int]], hits: list[Stored | None], rest: list[int],
+                       plan: PrefixPlan | None) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, None]:
+        """`_prefill` in two parts: each prompt's prefix keys and values, from the store (``hits``)
+        or from one prefill of the shared prefixes of the ``rest`` (``plan``), gathered into one
+        left-padded cache; then every prompt's suffix, encoded after it."""
+        cut = [hit.length if hit is not None else 0 for hit in hits]
+        sources: list[tuple[list[int], list[torch.Tensor], list[torch.Tensor], torch.Tensor, list[int]]] = []
+        if plan is not None:
+            shared, _, shared_mask, _ = self._prefill_whole(plan.prefixes)
+            tensors = _plain_layers(shared)
+            if tensors is None:
+                return self._prefill_whole(prompts)  # type: ignore[return-value]  # offsets: None for text
+            sources.append((rest, *tensors, shared_mask, plan.owner))
+            for j, i in enumerate(rest):
+                cut[i] = plan.cut(j)
+        batches: dict[int, tuple[Any, list[int], list[int]]] = {}
+        for i, hit in enumerate(hits):
+            if hit is not None:
+                entry = batches.setdefault(id(hit.batch), (hit.batch, [], []))
+                entry[1].append(i)
+                entry[2].append(hit.row)
+        sources += [(dst, batch.keys, batch.values, batch.mask_PT, src) for batch, dst, src in batches.values()]
+        width = max(source[3].shape[1] for source in sources)
+        like = sources[0][1]
+        keys = [k.new_zeros((len(prompts), k.shape[1], width, k.shape[3])) for k in like]
+        values = [k.new_zeros((len(prompts), k.shape[1], width, k.shape[3])) for k in sources[0][2]]
+        prefix_mask = torch.zeros((len(prompts), width), dtype=torch.long, device=self.device)
+        for dst, src_keys, src_values, src_mask, src in sources:
+            to, of, w = torch.tensor(dst, device=self.device), torch.tensor(src, device=self.device), src_mask.shape[1]
+            for k, v, sk, sv in zip(keys, values, src_keys, src_values):
+                k[to, :, width - w:] = sk[of]
+                v[to, :, width - w:] = sv[of]
+            prefix_mask[to, width - w:] = src_mask[of]
+        cache = DynamicCache()
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            cache.update(k, v, layer)
+        ids_PS, suffix_mask_PS = self._left_padded([p[cut[i]:] for i, p in enumerate(prompts)])
+        mask_PT = torch.cat([prefix_mask, suffix_mask_PS], 1)
+        pos_PS = (mask_PT.cumsum(-1) - 1).clamp(min=0)[:, -ids_PS.shape[1]:]
+        logits = self.model(
+            input_ids=ids_PS, attention_mask=mask_PT, position_ids=pos_PS, logits_to_keep=1,
+            **with_cache(self.model, cache),
+        ).logits[:, -1]
+        return cache, logits, mask_PT, None
+
+    @contextmanager
+    def reusing_prefixes(self) -> Iterator[None]:
+        """Inside, each call keeps its prompts' keys and values, and a later prompt that extends
+        one of them encodes only what it adds (rlvr.rollout.prefixes.PrefixStore): the turns of
+        a multi-turn rollout (rlvr.agents.runner). Changed weights invalidate what is kept."""
+        self._store = PrefixStore()
+        try:
+            yield
+        finally:
+            self._store = None
+
+    def _weights_key(self) -> tuple[tuple[object, ...], ...]:
+        """Changes whenever a parameter does: every in-place change to a tensor (an optimizer
+        step, `load_state_dict`, `copy_`) bumps its version counter, and a parameter given new
+        storage (`p.data = ...`, `module.to(...)`) changes its address, dtype or device."""
+        return tuple((id(p), p._version, p.data_ptr(), p.dtype, p.device) for p in self.model.parameters())
+
+    def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and attention mask, left-padded to the longest prompt, on the device."""
         width = max(len(p) for p in prompts)
         ids_PT = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         mask_PT = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
             ids_PT[i, width - len(p) :] = torch.tensor(p)
             mask_PT[i, width - len(p) :] = 1
-        ids_PT, mask_PT = ids_PT.to(self.device), mask_PT.to(self.device)
+        return ids_PT.to(self.device), mask_PT.to(self.device)
+
+    def _prefill_whole(self, prompts: list[list[int]], media: Sequence[PromptMedia | None] | None = None,
+                       ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`_prefill` without shared prefixes: each prompt encoded whole, one left-padded batch."""
+        ids_PT, mask_PT = self._left_padded(prompts)
+        width = ids_PT.shape[1]
         images = batched_inputs(media or (), self.device, self.model.dtype, starts=[width - len(p) for p in prompts],
                                 width=width)
         grid = multimodal_positions(self.model, ids_PT, mask_PT, images)
@@ -334,14 +434,9 @@ class EmbeddedEngine:
 
     @torch.no_grad()
     def _fused_weights(self) -> FusedWeights:
-        """The static decoder's weight copies, rebuilt only when a parameter has changed.
-
-        Every in-place change to a tensor (an optimizer step, `load_state_dict`, `copy_`) bumps
-        its version counter, and a parameter given new storage (`p.data = ...`, `module.to(...)`)
-        changes its address, dtype or device (its version stays), so comparing these tells
-        whether the copies are stale.
-        """
-        versions = tuple((id(p), p._version, p.data_ptr(), p.dtype, p.device) for p in self.model.parameters())
+        """The static decoder's weight copies, rebuilt only when a parameter has changed
+        (`_weights_key`)."""
+        versions = self._weights_key()
         if self._fused is None or self._fused[0] != versions:
             self._fused = None  # free the old copies before making new ones
             self._fused = (versions, FusedWeights(self.model, self.weights))
@@ -384,6 +479,19 @@ def draw_seeds(generator: torch.Generator, num_prompts: int, params: SamplingPar
     if params.temperature == 0:
         return [[0] * params.n for _ in range(num_prompts)]
     return torch.randint(0, 2**62, (num_prompts, params.n), generator=generator, device=generator.device).tolist()
+
+
+def _plain_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    """Every layer's keys and values, if all of the cache's layers are plain ones (not sliding
+    windows or other kinds, which a prefill in two parts was not written for); else None."""
+    layers = [layer for layer in cache.layers if type(layer) is DynamicLayer]
+    if len(layers) < len(cache.layers):
+        return None
+    keys = [layer.keys for layer in layers]
+    values = [layer.values for layer in layers]
+    if not all(isinstance(t, torch.Tensor) for t in (*keys, *values)):
+        return None
+    return keys, values  # type: ignore[return-value]  # checked above
 
 
 class HFDecoder:
