@@ -13,6 +13,10 @@ preallocated cache and fused projections, for Llama-family models) and `"hf"` (t
 forward with a `DynamicCache`, for any causal LM). `decoder="auto"` picks static where it applies.
 On a CUDA device the static decoder replays each step as a CUDA graph (``cuda_graphs``).
 
+Multi-turn rollouts: a call's prompts that share a long prefix (a group's episodes start from one
+prompt) encode it once, and inside `reusing_prefixes` (the episode runner's turns) a context that
+extends a prompt prefilled earlier encodes only what was added since (rlvr.rollout.prefixes).
+
 Vision-language models: a prompt's images (`PromptMedia`) are prefilled with its ids, and the HF
 decoder goes on from the cache; a model with 3-D image positions (Qwen2-VL) gets them from its
 own `get_rope_index` and decodes on from each row's largest position + 1.
