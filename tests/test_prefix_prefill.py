@@ -89,23 +89,28 @@ def test_shared_prefill_samples_what_a_whole_prefill_samples(
     assert [list(g[0].token_ids) for g in greedy] == [reference_greedy(tiny_model, p, 6) for p in prompts]
 
 
-def test_models_whose_cache_is_not_plain_prefill_whole(
-        tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cache with other layers (sliding windows) is not split: the engine goes back to whole
-    prompts, and stays there."""
-    from rlvr.rollout import engine as engine_module
+def test_sliding_window_models_prefill_whole(tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    """A sliding window counts cache columns, so the padding a split leaves between a row's
+    prefix and its suffix would shrink the window: such models prefill whole (the split gives
+    other logits, shown by forcing it)."""
+    from transformers import MistralConfig, MistralForCausalLM
 
-    class OtherLayer:  # stands for any layer type the split was not written for
-        pass
+    from tests.tiny import BOS_ID, PAD_ID, VOCAB_SIZE
 
-    monkeypatch.setattr(engine_module, "DynamicLayer", OtherLayer)
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=4, initializer_range=0.2, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID, attn_implementation="sdpa"))
     prompts = _multi_turn_prompts(tiny_tokenizer)
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="hf")
-    _, logits_PV, mask_PT, _ = engine._prefill(prompts)
+    engine = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="hf")
     assert not engine._share_prefixes
-    assert mask_PT.shape[1] == max(len(p) for p in prompts)  # one left-padded block: no split
-    torch.testing.assert_close(logits_PV, engine._prefill_whole(prompts)[1], atol=0, rtol=0)
+    _, logits_PV, mask_PT, _ = engine._prefill(prompts)
+    whole_PV = engine._prefill_whole(prompts)[1]
+    assert mask_PT.shape[1] == max(len(p) for p in prompts)
+    torch.testing.assert_close(logits_PV, whole_PV, atol=0, rtol=0)
+    engine._share_prefixes = True
+    assert not torch.allclose(engine._prefill(prompts)[1], whole_PV, atol=1e-3)
 
 
 @pytest.mark.parametrize("decoder", ["static", "hf"])
@@ -133,11 +138,41 @@ def test_turns_that_extend_stored_prompts_sample_what_whole_prefills_sample(
             del tiny_model.forward
         assert encoded[0] == len(second) * max(len(s) - len(f) for s, f in zip(second, first))  # only what is new
         torch.testing.assert_close(logits_PV, engine._prefill_whole(second)[1], atol=1e-4, rtol=0)
-        third = [s + [7, 8] for s in second]
-        for prompt, group in zip(third, engine.generate(third, params)):
+        # the third call mixes sources of different widths: rows that extend stored prompts, and
+        # new rows that share prefixes among themselves (a plan)
+        new = [list(range(20, 40)) + [k] for k in range(3)]
+        third = [s + [7, 8] for s in second] + [f + [8] for f in first[:2]] + new
+        _, logits_PV, mask_PT, _ = engine._prefill(third)
+        torch.testing.assert_close(logits_PV, engine._prefill_whole(third)[1], atol=1e-4, rtol=0)
+        assert mask_PT.shape[1] == max(len(p) for p in third)  # the padding between prefix and suffix closed up
+        fourth = [t + [5] for t in third]
+        for prompt, group in zip(fourth, engine.generate(fourth, params)):
             torch.testing.assert_close(torch.tensor(group[0].logprobs),
                                        recompute_logprobs(tiny_model, prompt, group[0], params), atol=1e-4, rtol=0)
     assert engine._store is None  # emptied on leaving
+
+
+def test_the_store_hands_a_prompt_out_once_and_drops_what_lies_idle() -> None:
+    from rlvr.rollout import prefixes
+
+    def tensors(rows: int) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        return [torch.zeros(rows, 1, 3, 2)], [torch.zeros(rows, 1, 3, 2)], torch.ones(rows, 3, dtype=torch.long)
+
+    store = prefixes.PrefixStore()
+    store.put([[1, 2, 3], [1, 2, 4]], *tensors(2))
+    hit = store.take([1, 2, 3, 9])
+    assert hit is not None and (hit.row, hit.length) == (0, 3)
+    assert store.take([1, 2, 3, 9]) is None  # handed out once
+    assert store.take([1, 2, 4]) is None  # a prompt is not its own proper prefix
+    for _ in range(prefixes.IDLE_CALLS):
+        store.put([[7, 7, 7]], *tensors(1))
+    assert store.take([1, 2, 4, 5]) is None  # its batch lay idle for IDLE_CALLS calls
+    small = prefixes.PrefixStore(budget_bytes=80)  # one row: keys and values, 2 × 6 floats = 48 bytes
+    small.put([[1, 2, 3]], *tensors(1))
+    small.put([[4, 5, 6]], *tensors(1))
+    assert small.take([1, 2, 3, 0]) is None and small.take([4, 5, 6, 0]) is not None  # the oldest went first
+    small.put([[1, 2, 3], [4, 5, 6], [7, 8, 9]], *tensors(3))  # 144 bytes: not kept at all
+    assert small.take([7, 8, 9, 0]) is None
 
 
 def test_changed_weights_invalidate_what_is_stored(

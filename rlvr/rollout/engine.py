@@ -130,7 +130,7 @@ class EmbeddedEngine:
         self.weights = weights
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self._graphs: StepGraphs | None = None  # the captures' stream and memory pool, made at the first capture
-        self._share_prefixes = True  # off after a cache whose layers are not plain (sliding windows)
+        self._share_prefixes = windowed_attention(model) is None  # column-counted windows break on a split's padding
         self._store: PrefixStore | None = None  # prompts' keys and values, inside `reusing_prefixes`
         why = _weights_problem(weights, self.decoder, reason, self.device)
         if why is not None:
@@ -341,7 +341,7 @@ class EmbeddedEngine:
         else:
             out = self._prefill_split(prompts, hits, rest, plan)
         tensors = _plain_layers(out[0])
-        if tensors is None:  # e.g. sliding windows: never split
+        if tensors is None:  # a cache of another kind: never split
             self._share_prefixes, self._store = False, None
         elif store is not None:
             store.put(prompts, *tensors, out[2])
@@ -380,9 +380,8 @@ class EmbeddedEngine:
                 k[to, :, width - w:] = sk[of]
                 v[to, :, width - w:] = sv[of]
             prefix_mask[to, width - w:] = src_mask[of]
-        cache = DynamicCache()
-        for layer, (k, v) in enumerate(zip(keys, values)):
-            cache.update(k, v, layer)
+        cache = _cache_of(keys, values)
+        del keys, values, sources
         ids_PS, suffix_mask_PS = self._left_padded([p[cut[i]:] for i, p in enumerate(prompts)])
         mask_PT = torch.cat([prefix_mask, suffix_mask_PS], 1)
         pos_PS = (mask_PT.cumsum(-1) - 1).clamp(min=0)[:, -ids_PS.shape[1]:]
@@ -390,6 +389,7 @@ class EmbeddedEngine:
             input_ids=ids_PS, attention_mask=mask_PT, position_ids=pos_PS, logits_to_keep=1,
             **with_cache(self.model, cache),
         ).logits[:, -1]
+        cache, mask_PT = _closed_up(cache, mask_PT)
         return cache, logits, mask_PT, None
 
     @contextmanager
@@ -397,11 +397,11 @@ class EmbeddedEngine:
         """Inside, each call keeps its prompts' keys and values, and a later prompt that extends
         one of them encodes only what it adds (rlvr.rollout.prefixes.PrefixStore): the turns of
         a multi-turn rollout (rlvr.agents.runner). Changed weights invalidate what is kept."""
-        self._store = PrefixStore()
+        outer, self._store = self._store, PrefixStore()
         try:
             yield
         finally:
-            self._store = None
+            self._store = outer
 
     def _weights_key(self) -> tuple[tuple[object, ...], ...]:
         """Changes whenever a parameter does: every in-place change to a tensor (an optimizer
@@ -483,6 +483,47 @@ def draw_seeds(generator: torch.Generator, num_prompts: int, params: SamplingPar
     if params.temperature == 0:
         return [[0] * params.n for _ in range(num_prompts)]
     return torch.randint(0, 2**62, (num_prompts, params.n), generator=generator, device=generator.device).tolist()
+
+
+def windowed_attention(model: PreTrainedModel) -> str | None:
+    """Why `model` attends over windows counted in cache columns (sliding windows, chunked
+    attention), or None. A prefill in two parts leaves padding between a row's prefix and its
+    suffix, which such a window would count as tokens, so these models prefill whole."""
+    config = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return "layers that are not full attention"
+    if getattr(config, "attention_chunk_size", None):
+        return "chunked attention"
+    return None
+
+
+def _cache_of(keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicCache:
+    cache = DynamicCache()
+    for layer, (k, v) in enumerate(zip(keys, values)):
+        cache.update(k, v, layer)
+    return cache
+
+
+def _closed_up(cache: DynamicCache, mask_PT: torch.Tensor) -> tuple[DynamicCache, torch.Tensor]:
+    """The cache with each row's real columns moved to the right and the padding between them
+    cut: after a split prefill the padding between prefix and suffix would otherwise add up
+    turn after turn (each turn's width is the widest prefix plus the longest suffix). Keys
+    already hold their rotary positions and the next positions come from the mask's sums, so
+    moving columns changes nothing but the width."""
+    width = int(mask_PT.sum(-1).max())
+    if width == mask_PT.shape[1]:
+        return cache, mask_PT
+    order_PT = torch.sort(mask_PT, dim=1, stable=True).indices[:, -width:]  # pads first, then the real columns in order
+    tensors = _plain_layers(cache)
+    assert tensors is not None  # the split path builds plain caches
+
+    def gather(t: torch.Tensor) -> torch.Tensor:  # P,kv,T,D
+        return t.gather(2, order_PT[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
+
+    return _cache_of([gather(k) for k in tensors[0]], [gather(v) for v in tensors[1]]), mask_PT.gather(1, order_PT)
 
 
 def _plain_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:

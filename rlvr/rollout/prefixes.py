@@ -16,9 +16,12 @@ each left-padded to its longest row.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import logging
 from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger(__name__)
 
 WORTH_BELOW = 0.75
 """Use a plan only if its padded tokens are at most this fraction of the plain prefill's: it
@@ -92,6 +95,10 @@ def plan_prefixes(prompts: Sequence[Sequence[int]], worth_below: float = WORTH_B
 STORE_BYTES = 2 * 1024**3
 """`PrefixStore`'s bound on the keys and values it keeps; the oldest calls' go first."""
 
+IDLE_CALLS = 4
+"""A stored batch none of whose rows was taken in this many calls is dropped: its episodes have
+ended (the runner makes one call per distinct token budget in a turn, so a turn is a few calls)."""
+
 
 @dataclass
 class _Batch:
@@ -101,6 +108,8 @@ class _Batch:
     values: list[torch.Tensor]
     mask_PT: torch.Tensor
     rows: dict[tuple[int, ...], int]
+    used: int
+    """The store's call count when it was stored or a row was last taken."""
 
     @property
     def nbytes(self) -> int:
@@ -121,12 +130,15 @@ class PrefixStore:
     environment's answer, so only those two are encoded again. The caller opens it for a run of
     calls (`EmbeddedEngine.reusing_prefixes`, around a multi-turn rollout) and it is emptied when
     closed or when the weights change (they key the stored values). A stored prompt is handed out
-    once: its extension is stored in its place."""
+    once: its extension is stored in its place. Batches idle for `IDLE_CALLS` calls are dropped,
+    and the oldest go first past ``budget_bytes``."""
 
     def __init__(self, budget_bytes: int = STORE_BYTES) -> None:
         self.budget_bytes = budget_bytes
         self.batches: list[_Batch] = []
         self.weights_key: object = None
+        self.calls = 0
+        self.too_big_warned = False
 
     def check_weights(self, key: object) -> None:
         """Forget everything stored under other weights."""
@@ -136,22 +148,28 @@ class PrefixStore:
     def take(self, prompt: Sequence[int]) -> Stored | None:
         """The longest stored proper prefix of ``prompt`` (at least its last token is left to
         encode), removed from the store; None if there is none."""
-        best: Stored | None = None
-        for batch in self.batches:
-            for key, row in batch.rows.items():
-                if (len(key) < len(prompt) and (best is None or len(key) > best.length)
-                        and list(prompt[:len(key)]) == list(key)):
-                    best = Stored(batch, row, len(key))
-        if best is not None:
-            del best.batch.rows[tuple(prompt[:best.length])]
-        return best
+        lengths = sorted({len(key) for b in self.batches for key in b.rows if len(key) < len(prompt)}, reverse=True)
+        for length in lengths:
+            key = tuple(prompt[:length])
+            for batch in self.batches:
+                row = batch.rows.pop(key, None)
+                if row is not None:
+                    batch.used = self.calls
+                    return Stored(batch, row, length)
+        return None
 
     def put(self, prompts: Sequence[Sequence[int]], keys: list[torch.Tensor], values: list[torch.Tensor],
             mask_PT: torch.Tensor) -> None:
         """Keep one prefill's keys and values (references, not copies: nobody writes to them)."""
-        self.batches = [b for b in self.batches if b.rows]
-        self.batches.append(_Batch(keys, values, mask_PT, {tuple(p): i for i, p in enumerate(prompts)}))
-        while len(self.batches) > 1 and sum(b.nbytes for b in self.batches) > self.budget_bytes:
+        self.calls += 1
+        self.batches = [b for b in self.batches if b.rows and self.calls - b.used < IDLE_CALLS]
+        batch = _Batch(keys, values, mask_PT, {tuple(p): i for i, p in enumerate(prompts)}, self.calls)
+        if batch.nbytes > self.budget_bytes:
+            if not self.too_big_warned:
+                log.warning("one call's keys and values (%.1f GB) exceed the prefix store's %.1f GB: turns of "
+                            "this rollout encode their whole contexts", batch.nbytes / 1e9, self.budget_bytes / 1e9)
+                self.too_big_warned = True
+            return
+        self.batches.append(batch)
+        while sum(b.nbytes for b in self.batches) > self.budget_bytes:
             self.batches.pop(0)
-        if self.batches[0].nbytes > self.budget_bytes:
-            self.batches = []
