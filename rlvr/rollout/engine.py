@@ -37,7 +37,6 @@ from typing import Any, Literal, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import DynamicLayer
 
 from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.models import with_cache
@@ -47,6 +46,7 @@ from rlvr.rollout.static_decode import (
     FusedWeights,
     StaticDecoder,
     StepGraphs,
+    cache_tensors,
     unsupported_reason,
     weights_unavailable,
 )
@@ -340,11 +340,8 @@ class EmbeddedEngine:
             out = self._prefill_whole(prompts)
         else:
             out = self._prefill_split(prompts, hits, rest, plan)
-        tensors = _plain_layers(out[0])
-        if tensors is None:  # a cache of another kind: never split
-            self._share_prefixes, self._store = False, None
-        elif store is not None:
-            store.put(prompts, *tensors, out[2])
+        if store is not None:
+            store.put(prompts, *cache_tensors(out[0]), out[2])
         return out
 
     def _prefill_split(self, prompts: list[list[int]], hits: list[Stored | None], rest: list[int],
@@ -356,10 +353,7 @@ class EmbeddedEngine:
         sources: list[tuple[list[int], list[torch.Tensor], list[torch.Tensor], torch.Tensor, list[int]]] = []
         if plan is not None:
             shared, _, shared_mask, _ = self._prefill_whole(plan.prefixes)
-            tensors = _plain_layers(shared)
-            if tensors is None:
-                return self._prefill_whole(prompts)  # type: ignore[return-value]  # offsets: None for text
-            sources.append((rest, *tensors, shared_mask, plan.owner))
+            sources.append((rest, *cache_tensors(shared), shared_mask, plan.owner))
             for j, i in enumerate(rest):
                 cut[i] = plan.cut(j)
         batches: dict[int, tuple[Any, list[int], list[int]]] = {}
@@ -517,26 +511,12 @@ def _closed_up(cache: DynamicCache, mask_PT: torch.Tensor) -> tuple[DynamicCache
     if width == mask_PT.shape[1]:
         return cache, mask_PT
     order_PT = torch.sort(mask_PT, dim=1, stable=True).indices[:, -width:]  # pads first, then the real columns in order
-    tensors = _plain_layers(cache)
-    assert tensors is not None  # the split path builds plain caches
+    tensors = cache_tensors(cache)
 
     def gather(t: torch.Tensor) -> torch.Tensor:  # P,kv,T,D
         return t.gather(2, order_PT[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
 
     return _cache_of([gather(k) for k in tensors[0]], [gather(v) for v in tensors[1]]), mask_PT.gather(1, order_PT)
-
-
-def _plain_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
-    """Every layer's keys and values, if all of the cache's layers are plain ones (not sliding
-    windows or other kinds, which a prefill in two parts was not written for); else None."""
-    layers = [layer for layer in cache.layers if type(layer) is DynamicLayer]
-    if len(layers) < len(cache.layers):
-        return None
-    keys = [layer.keys for layer in layers]
-    values = [layer.values for layer in layers]
-    if not all(isinstance(t, torch.Tensor) for t in (*keys, *values)):
-        return None
-    return keys, values  # type: ignore[return-value]  # checked above
 
 
 class HFDecoder:

@@ -15,8 +15,8 @@ each left-padded to its longest row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch

@@ -57,6 +57,19 @@ than the reads they save (fp32 on an Intel Xeon, 54-token prompts: 0.97-0.99× a
 1.06× at 64; 454-token prompts 1.10× at 8, 1.49× at 64; docs/LOG.md)."""
 
 
+def cache_tensors(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every layer's keys and values (P × kv heads × T × head dim); TypeError for a layer that
+    holds no key/value tensors."""
+    keys, values = [], []
+    for layer in cache.layers:
+        k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
+            raise TypeError(f"expected a key/value cache layer, got {type(layer).__name__}")
+        keys.append(k)
+        values.append(v)
+    return keys, values
+
+
 def unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why the static decoder cannot run `model`, or None when it can."""
     config = model.config
@@ -223,10 +236,7 @@ class StaticDecoder:
         self.scale = self.head_dim**-0.5
         self.prompt_keys: list[torch.Tensor] = []  # _P,kv,W,D per layer; empty once joined
         self.prompt_values: list[torch.Tensor] = []
-        for layer in cache.layers:
-            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-            if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
-                raise TypeError(f"expected a key/value cache layer, got {type(layer).__name__}")
+        for keys, values in zip(*cache_tensors(cache)):
             self.prompt_keys.append(keys.contiguous())  # a no-op for transformers' own caches today
             self.prompt_values.append(values.contiguous())
         # left padding: -inf on a prompt row's pad columns, added to its scores before the softmax
