@@ -10,12 +10,15 @@ log-probs by ~1e-1 and gradients by ~1e-2 (checked below by breaking the positio
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 from rlvr.algos import LOSSES
 from rlvr.train import batches
+from rlvr.train import logprobs as logprobs_module
+from rlvr.train import update as update_module
 from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
 from rlvr.train.logprobs import can_share_prompts, shared_prompt_logprobs, token_logprobs
 from rlvr.train.update import UpdateSettings, update_policy
@@ -258,3 +261,106 @@ def test_prompts_are_shared_only_where_that_is_cheaper(monkeypatch: pytest.Monke
     groups = [Group("", tuple(group(6, 30)))]  # 8 × 36 whole = 288 tokens; shared 6 + 8 × 29 = 238, × COST > 288
     update_policy(GradRecorder(model), groups, UpdateSettings(micro_batch_size=8), pad_token_id=0)  # type: ignore[arg-type]
     assert sum(counts) == 8 * 36
+
+
+# Multi-turn rows: tokens an environment injected (loss mask 0) are context, not targets.
+SCORED = [[1, 0, 0, 1, 0], [1], [0, 0], [1, 1, 0, 0, 1, 0, 0], [0, 1, 1], [1, 0]]
+"""Flags per completion token of COMPLETIONS: injected stretches inside a row, after its last
+sampled token (rows 0, 3, 5), a row with nothing to score (2) and a one-token row (1)."""
+
+
+@pytest.mark.parametrize("chunk_size", [2, 256])
+def test_injected_tokens_are_run_but_not_scored(chunk_size: int) -> None:
+    """With ``scored``, the flagged tokens' log-probs, entropies and gradients are the whole rows'
+    at those tokens, every earlier token still in the context."""
+    model = exact_model()
+    ids, attention, target = whole_rows(PROMPTS, COMPLETIONS, ROW_PROMPT)
+    flags = torch.zeros_like(target)
+    for b, (p, row) in enumerate(zip(ROW_PROMPT, SCORED)):
+        flags[b, len(PROMPTS[p]) : len(PROMPTS[p]) + len(row)] = torch.tensor(row, dtype=torch.bool)
+    lp_BT, ent_BT = token_logprobs(model, ids, attention, target, chunk_size=chunk_size)
+    w = torch.randn(int(flags.sum()), generator=torch.Generator().manual_seed(2), dtype=lp_BT.dtype)
+    whole = grads_of(model, (lp_BT[flags] * w).sum() + 0.3 * ent_BT[flags].sum())
+    counts = count_fed_tokens(model)
+    lp_N, ent_N = shared_prompt_logprobs(model, PROMPTS, COMPLETIONS, ROW_PROMPT, 0, chunk_size=chunk_size,
+                                         scored=SCORED)
+    assert lp_N.shape == (sum(map(sum, SCORED)),)
+    # the prompts (width 8) once; each row's completion up to its last flagged token, less the last (row 3's 5)
+    assert counts == [3 * 8, 6 * (5 - 1)]
+    torch.testing.assert_close(lp_N, lp_BT[flags].detach(), atol=1e-12, rtol=1e-8)
+    torch.testing.assert_close(ent_N, ent_BT[flags].detach(), atol=1e-12, rtol=1e-8)
+    assert_grads_close([grads_of(model, (lp_N * w).sum() + 0.3 * ent_N.sum())], [whole])
+    with pytest.raises(ValueError, match="one flag per completion token"):
+        shared_prompt_logprobs(model, PROMPTS, COMPLETIONS, ROW_PROMPT, 0, scored=SCORED[:-1])
+
+
+def injected(groups: list[Group], every_tail: bool = False) -> list[Group]:
+    """Every completion of 3+ tokens with an injected middle and, for every other row (or every
+    row), an injected tail: the last sampled token followed by an observation nothing is trained on."""
+    out = []
+    for g in groups:
+        rows = []
+        for k, x in enumerate(g.samples):
+            n = len(x.completion.token_ids)
+            mask = [0 if 0 < t < n - 1 and n >= 3 else 1 for t in range(n)]
+            if (every_tail or k % 2) and n >= 2:
+                mask[-1] = 0
+            rows.append(dataclasses.replace(x, completion=dataclasses.replace(x.completion, loss_mask=tuple(mask))))
+        out.append(Group(g.prompt, tuple(rows), g.metadata))
+    return out
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "gspo", "gmpo", "cispo"])
+@pytest.mark.parametrize("share", [True, False])
+def test_episodes_with_injected_tokens_get_the_whole_row_gradient(loss: str, share: bool) -> None:
+    """The update on multi-turn rows, scored at their trained tokens only (shared prompts, or whole
+    rows cut after the last trained column), against the full computation that scores every
+    token and masks the loss: the same gradients, KL to a reference and an entropy bonus on."""
+    groups = injected(make_groups(GROUPS))
+    assert any(x.completion.loss_mask and x.completion.loss_mask[-1] == 0 for g in groups for x in g.samples)
+
+    def grads(sample_logprobs: object) -> list[dict[str, torch.Tensor]]:
+        recorder = SGDRecorder(exact_model(), lr=1.0)
+        settings = UpdateSettings(loss=loss, micro_batch_size=8, mini_batches=2, share_prompts=share,
+                                  kl_coef=0.05, entropy_coef=0.01)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(update_module, "sample_logprobs", sample_logprobs)
+            patch.setattr(batches, "sample_logprobs", sample_logprobs)
+            update_policy(recorder, groups, settings, pad_token_id=0,  # type: ignore[arg-type]
+                          ref_model=make_tiny_model(seed=1, dtype=torch.float64),
+                          generator=torch.Generator().manual_seed(0))
+        return recorder.grads
+
+    def every_token(model: object, rows: list[Sample], batch: dict[str, torch.Tensor], s: UpdateSettings,
+                    pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reference: each row whole, every completion token scored, injected ones zeroed after."""
+        lp_BT, ent_BT = token_logprobs(model, batch["input_ids"], batch["attention_mask"],  # type: ignore[arg-type]
+                                       batch["completion_mask"], temperature=s.temperature)
+        keep = batch["loss_mask"]
+        return torch.where(keep, lp_BT, 0.0), torch.where(keep, ent_BT, 0.0)
+
+    assert_grads_close(grads(batches.sample_logprobs), grads(every_token))
+
+
+def test_injected_tokens_skip_the_head_and_a_trailing_observation_is_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the saving is: the LM head scores exactly the trained tokens, and whole rows are fed
+    only up to the last trained column."""
+    groups = injected(make_groups(GROUPS), every_tail=True)
+    samples = [x for g in groups for x in g.samples]
+    scored: list[int] = []
+    original = logprobs_module._head_logprobs
+    monkeypatch.setattr(logprobs_module, "_head_logprobs",
+                        lambda lm, h, *rest: scored.append(h.shape[0]) or original(lm, h, *rest))
+    for share in (True, False):
+        scored.clear()
+        model = exact_model()
+        counts = count_fed_tokens(model)
+        update_policy(GradRecorder(model), groups, UpdateSettings(micro_batch_size=8, share_prompts=share),  # type: ignore[arg-type]
+                      pad_token_id=0)
+        assert sum(scored) == sum(x.completion.trainable() for x in samples)
+        if not share:  # micro-batches of 8 rows cut by length: each fed up to its last trained column
+            cuts = micro_batches(list(range(len(samples))), samples, 8)
+            last = [max(len(samples[i].prompt_ids) + max(t + 1 for t, f in enumerate(
+                samples[i].completion.loss_mask or ()) if f) for i in cut) for cut in cuts]
+            assert sum(counts) == sum(len(cut) * w for cut, w in zip(cuts, last))
+            assert sum(counts) < sum(len(cut) * max(samples[i].num_tokens for i in cut) for cut in cuts)

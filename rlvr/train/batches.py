@@ -101,27 +101,47 @@ def batches(samples: list[Sample], indices: list[int], pad_token_id: int, device
 
 def sample_logprobs(model: PreTrainedModel, rows: list[Sample], batch: dict[str, torch.Tensor], s: UpdateSettings,
                     pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logprobs_BT, entropy_BT) of a micro-batch's completion tokens at the sampling temperature,
-    in `collate`'s layout (`batch`). Rows that share a prompt have it encoded once
-    (rlvr.train.logprobs.shared_prompt_logprobs) when ``s.share_prompts``, the model allows it
-    and it is cheaper (`shares_prompts`); otherwise each row runs whole (token_logprobs). Both
-    give the same values to float rounding."""
+    """(logprobs_BT, entropy_BT) of a micro-batch's trained tokens (``loss_mask``) at the sampling
+    temperature, in `collate`'s layout (`batch`), 0 elsewhere. Rows that share a prompt have it
+    encoded once (rlvr.train.logprobs.shared_prompt_logprobs) when ``s.share_prompts``, the model
+    allows it and it is cheaper (`shares_prompts`); otherwise each row runs whole
+    (token_logprobs). Both give the same values to float rounding.
+
+    Tokens an environment injected are run (the trained tokens after them attend to them) but not
+    scored: every loss, metric and divergence reads the trained tokens only, and a multi-turn
+    episode is mostly observations (guess_number: 88 injected tokens to 46 sampled). Columns after
+    the last trained token are not run at all."""
     prompts: dict[tuple[tuple[int, ...], PromptMedia | None], int] = {}
     row_prompt = [prompts.setdefault(x.prompt_key, len(prompts)) for x in rows]
     device, dtype = batch["input_ids"].device, next(model.parameters()).dtype
+    trained_BT = batch["loss_mask"]
     # a prompt's cache serves its completions only where positions are a plain count and no input runs per token
     plain = not any(x.media is not None and (x.media.tokens or uses_multimodal_positions(model)) for x in rows)
     if not (s.share_prompts and plain and shares_prompts(rows) and can_share_prompts(model)):
-        return token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
-                              temperature=s.temperature, chunk_size=s.logprob_chunk,
-                              media=row_inputs([x.media for x in rows], batch, dtype))
+        return _whole_rows(model, rows, batch, s, dtype)
     logprobs_N, entropy_N = shared_prompt_logprobs(
         model, [list(ids) for ids, _ in prompts], [list(x.completion.token_ids) for x in rows], row_prompt,
         pad_token_id, temperature=s.temperature, chunk_size=s.logprob_chunk,
-        media=batched_inputs([m for _, m in prompts], device, dtype))
-    where_BT = batch["completion_mask"]
-    zeros = torch.zeros(where_BT.shape, dtype=logprobs_N.dtype, device=where_BT.device)
-    return zeros.masked_scatter(where_BT, logprobs_N), zeros.masked_scatter(where_BT, entropy_N)
+        media=batched_inputs([m for _, m in prompts], device, dtype),
+        scored=[x.completion.loss_mask or (1,) * len(x.completion.token_ids) for x in rows])
+    zeros = torch.zeros(trained_BT.shape, dtype=logprobs_N.dtype, device=trained_BT.device)
+    return zeros.masked_scatter(trained_BT, logprobs_N), zeros.masked_scatter(trained_BT, entropy_N)
+
+
+def _whole_rows(model: PreTrainedModel, rows: list[Sample], batch: dict[str, torch.Tensor], s: UpdateSettings,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_logprobs` with every row run whole (token_logprobs), up to the last trained column."""
+    trained_BT = batch["loss_mask"]
+    columns = trained_BT.any(0).nonzero()
+    width = int(columns[-1]) + 1 if len(columns) else 1
+    cut = {key: batch[key][:, :width] for key in ("input_ids", "attention_mask")}
+    logprobs_BW, entropy_BW = token_logprobs(
+        model, cut["input_ids"], cut["attention_mask"], trained_BT[:, :width], temperature=s.temperature,
+        chunk_size=s.logprob_chunk, media=row_inputs([x.media for x in rows], cut, dtype))
+    if width == trained_BT.shape[1]:
+        return logprobs_BW, entropy_BW
+    pad = (0, trained_BT.shape[1] - width)
+    return torch.nn.functional.pad(logprobs_BW, pad), torch.nn.functional.pad(entropy_BW, pad)
 
 
 def row_inputs(media: list[PromptMedia | None], batch: dict[str, torch.Tensor], dtype: torch.dtype,
@@ -148,8 +168,9 @@ def scored_batches(model: PreTrainedModel, samples: list[Sample], s: UpdateSetti
 def score_logprobs(
     model: PreTrainedModel, samples: list[Sample], s: UpdateSettings, pad: int, which: set[int]
 ) -> list[torch.Tensor]:
-    """Per-sample log-probs of the completion tokens under `model` (old policy or reference);
-    samples outside `which` are not scored (zeros: they are never trained on)."""
+    """Per-sample log-probs of the completion tokens under `model` (old policy or reference), 0
+    at tokens an environment injected (`sample_logprobs`); samples outside `which` are not
+    scored (zeros: they are never trained on)."""
     out: list[torch.Tensor] = [torch.zeros(len(smp.completion.token_ids)) for smp in samples]
     device = next(model.parameters()).device
     for micro, batch, lp_BT in scored_batches(model, samples, s, pad, device, sorted(which)):

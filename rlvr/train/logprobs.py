@@ -10,7 +10,7 @@ of probabilities) exists at a time, forward or backward.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -151,8 +151,10 @@ def shared_prompt_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 256,
     media: Mapping[str, torch.Tensor] | None = None,
+    scored: Sequence[Sequence[int]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logprobs_N, entropy_N) of every completion token, rows in order, each prompt encoded once.
+    """(logprobs_N, entropy_N) of every completion token, rows in order, each prompt encoded once;
+    with ``scored`` (a 0/1 flag per completion token of each row), of the flagged tokens only.
 
     Row b is ``prompts[row_prompt[b]] + completions[b]``. The G samples of a GRPO group share
     their prompt, and the per-row computation (token_logprobs) runs that prompt through the
@@ -173,9 +175,16 @@ def shared_prompt_logprobs(
     Prompts are right-padded (pads attend to the real tokens before them, so no row of the
     attention is empty) and masked out of every completion's attention. ``media``: the prompts'
     pixel inputs, in prompt order (a vision-language model), taken by the prompt pass.
+
+    ``scored`` leaves out what no flagged token needs: the LM head and softmax at unflagged
+    tokens (a multi-turn episode's injected observations, most of its tokens), and a row's
+    tokens after its last flagged one. Earlier unflagged tokens are still run: flagged tokens
+    after them attend to them.
     """
     from transformers import DynamicCache
 
+    if scored is not None:
+        completions, scored = _through_last_scored(completions, scored)
     lm = causal_lm(model)
     device = next(lm.parameters()).device
     width = max(len(p) for p in prompts)
@@ -199,15 +208,27 @@ def shared_prompt_logprobs(
             position_ids=lengths_B[:, None] + torch.arange(fed, device=device),
             **with_cache(lm.base_model, cache)).last_hidden_state
         hidden.append(completion_BCH)
-    targets_N = torch.tensor([t for c in completions for t in c], dtype=torch.long, device=device)
+    keep = [[True] * len(c) for c in completions] if scored is None else [[bool(f) for f in row] for row in scored]
+    targets_N = torch.tensor([t for c, k in zip(completions, keep) for t, f in zip(c, k) if f], dtype=torch.long,
+                             device=device)
     if not len(targets_N):
         return _head_logprobs(lm, hidden[0][:0], targets_N, temperature, chunk_size)
     # row b's completion tokens in order: its prompt's last state, then its completion states 0..c-2
     first = [torch.tensor([b]) for b in range(len(completions))]
-    picks = torch.cat([torch.cat([first[b], len(completions) + b * fed + torch.arange(len(c) - 1)])
+    picks = torch.cat([torch.cat([first[b], len(completions) + b * fed + torch.arange(len(c) - 1)])[torch.tensor(keep[b])]
                        for b, c in enumerate(completions) if c]).to(device)
     flat_NH = torch.cat([hidden[0], *(h.flatten(0, 1) for h in hidden[1:])])[picks]
     return _head_logprobs(lm, flat_NH, targets_N, temperature, chunk_size)
+
+
+def _through_last_scored(completions: list[list[int]], scored: Sequence[Sequence[int]],
+                         ) -> tuple[list[list[int]], list[list[int]]]:
+    """Each row's completion and flags cut after its last flagged token (nothing, where none is):
+    later tokens predict nothing scored and no scored token attends to them."""
+    if len(scored) != len(completions) or any(len(f) != len(c) for f, c in zip(scored, completions)):
+        raise ValueError("scored needs one flag per completion token of each row")
+    ends = [max((i + 1 for i, f in enumerate(flags) if f), default=0) for flags in scored]
+    return [c[:n] for c, n in zip(completions, ends)], [list(f[:n]) for f, n in zip(scored, ends)]
 
 
 def _right_padded(seqs: list[list[int]], width: int, pad_token_id: int, device: torch.device,
