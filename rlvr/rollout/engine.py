@@ -75,7 +75,12 @@ class Engine(Protocol):
 
         An engine that samples from a vision-language model also takes ``media=`` (one
         `PromptMedia` or None per prompt: the images whose tokens the prompt holds); callers pass
-        it only when a prompt has images, so text-only engines need not know the keyword."""
+        it only when a prompt has images, so text-only engines need not know the keyword.
+
+        An engine that can keep a context's keys and values from one call to the next also offers
+        ``reusing_prefixes()``, a context manager (EmbeddedEngine's): inside it, a prompt that
+        extends an earlier call's prompt plus its sample encodes only the new tokens. The episode
+        runner opens it around its turns where the engine has it; other engines need not."""
         ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
