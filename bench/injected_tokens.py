@@ -6,11 +6,12 @@
 A multi-turn episode's completion interleaves the policy's actions with observations the
 environment injected (loss mask 0). `rlvr.train.batches.sample_logprobs` runs the injected
 tokens (later actions attend to them) but scores only the trained ones, and stops each row at
-its last trained token. The "every token" side is the computation before that change: the LM
-head and its softmax at every completion token, the injected ones masked out of the loss
-afterwards. Both sides run the same update (GRPO, shared prompts as the cost model picks) on the
-same random episodes in one process, alternating, and the best of ``--repeats`` is kept; their
-gradients are compared too. Prints one JSON line.
+its last trained token. The "every token" side is `sample_logprobs` as it was before that change
+(the same choice of shared prompts or whole rows, the LM head and its softmax at every
+completion token, the loss mask applied afterwards). Both sides run the same update (GRPO) on
+the same random episodes in one process, alternating, and the best of ``--repeats`` is kept;
+their gradients are compared too (equal to fp32 rounding: no KL in the reward here, the one
+place the injected tokens' scores were read). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from rlvr.models import cpu_description, load_model
 from rlvr.train import batches
 from rlvr.train import update as update_module
-from rlvr.train.logprobs import token_logprobs
+from rlvr.train.logprobs import can_share_prompts, shared_prompt_logprobs, token_logprobs
 from rlvr.train.update import UpdateSettings, update_policy
 from rlvr.types import Completion, Group, Sample
 
@@ -57,11 +58,19 @@ def episodes(prompts: int, group: int, prompt: int, turns: int, sampled: int, in
 
 def every_token(model: Any, rows: list[Sample], batch: dict[str, torch.Tensor], s: UpdateSettings,
                 pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Before: every completion token scored, whole rows, the injected ones zeroed afterwards."""
-    lp_BT, ent_BT = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
-                                   temperature=s.temperature, chunk_size=s.logprob_chunk)
-    keep = batch["loss_mask"]
-    return torch.where(keep, lp_BT, 0.0), torch.where(keep, ent_BT, 0.0)
+    """`sample_logprobs` as it was before (9ab368f^): the same choice between shared prompts and
+    whole rows, but every completion token scored and every column run."""
+    if not (s.share_prompts and batches.shares_prompts(rows) and can_share_prompts(model)):
+        return token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
+                              temperature=s.temperature, chunk_size=s.logprob_chunk)
+    prompts: dict[Any, int] = {}
+    row_prompt = [prompts.setdefault(x.prompt_key, len(prompts)) for x in rows]
+    lp_N, ent_N = shared_prompt_logprobs(model, [list(ids) for ids, _ in prompts],
+                                         [list(x.completion.token_ids) for x in rows], row_prompt, pad,
+                                         temperature=s.temperature, chunk_size=s.logprob_chunk)
+    where_BT = batch["completion_mask"]
+    zeros = torch.zeros(where_BT.shape, dtype=lp_N.dtype, device=where_BT.device)
+    return zeros.masked_scatter(where_BT, lp_N), zeros.masked_scatter(where_BT, ent_N)
 
 
 class Recorder:
@@ -89,6 +98,7 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--whole", action="store_true", help="train.share_prompts = false: whole rows on both sides")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -96,7 +106,7 @@ def main() -> None:
     model.train()
     groups = episodes(args.prompts, args.group, args.prompt, args.turns, args.sampled, args.injected, args.trailing,
                       model.config.vocab_size)
-    settings = UpdateSettings(micro_batch_size=args.micro_batch)
+    settings = UpdateSettings(micro_batch_size=args.micro_batch, share_prompts=not args.whole)
     sides = {"scored": batches.sample_logprobs, "every_token": every_token}
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     grads: dict[str, dict[str, torch.Tensor]] = {}
@@ -117,7 +127,7 @@ def main() -> None:
     best = {name: min(v) for name, v in seconds.items()}
     print(json.dumps({"cpu": cpu_description(), "threads": args.threads, "precision": args.precision,
                       "rows": args.prompts * args.group, "prompt": args.prompt, "completion": len(row.token_ids),
-                      "trained": row.trainable(), "seconds": {k: [round(x, 2) for x in v] for k, v in seconds.items()},
+                      "trained": row.trainable(), "shared_prompts": not args.whole, "seconds": {k: [round(x, 2) for x in v] for k, v in seconds.items()},
                       "speedup": round(best["every_token"] / best["scored"], 3),
                       "grad_rel_diff_max": rel}))
 

@@ -364,3 +364,44 @@ def test_injected_tokens_skip_the_head_and_a_trailing_observation_is_not_run(mon
                 samples[i].completion.loss_mask or ()) if f) for i in cut) for cut in cuts]
             assert sum(counts) == sum(len(cut) * w for cut, w in zip(cuts, last))
             assert sum(counts) < sum(len(cut) * max(samples[i].num_tokens for i in cut) for cut in cuts)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_micro_batch_with_nothing_trained_adds_nothing(share: bool) -> None:
+    """Rows whose every token was injected (a summarised episode's last segment can be all
+    observation) still get an advantage from their group; alone in a micro-batch they score no
+    token, and the update goes on with the gradient of the other rows."""
+    groups = injected(make_groups(GROUPS))
+    first = groups[0].samples[0]
+    silent = dataclasses.replace(first, completion=dataclasses.replace(
+        first.completion, loss_mask=(0,) * len(first.completion.token_ids)))
+    groups[0] = Group(groups[0].prompt, (silent, *groups[0].samples[1:]), groups[0].metadata)
+
+    def grads(size: int) -> list[dict[str, torch.Tensor]]:
+        recorder = GradRecorder(exact_model())
+        update_policy(recorder, groups, UpdateSettings(micro_batch_size=size, share_prompts=share),  # type: ignore[arg-type]
+                      pad_token_id=0)
+        return recorder.grads
+
+    assert_grads_close(grads(1), grads(8))
+
+
+def test_a_kl_in_the_reward_is_on_the_sampled_tokens_only() -> None:
+    """With the KL in the reward, each episode's penalty sums log π_old − log π_ref (k1) over the
+    tokens the policy sampled; an observation is not the policy's choice and adds nothing."""
+    groups = injected(make_groups(GROUPS))
+    ref = make_tiny_model(seed=1, dtype=torch.float64)
+    result = update_policy(GradRecorder(exact_model()), groups, UpdateSettings(  # type: ignore[arg-type]
+        kl_coef=0.1, kl_placement="reward", kl_estimator="k1"), pad_token_id=0, ref_model=ref)
+    policy = exact_model()
+    with torch.no_grad():
+        want = []
+        for x in (x for g in groups for x in g.samples):
+            ids = torch.tensor([x.prompt_ids + x.completion.token_ids])
+            p = len(x.prompt_ids)
+            k1 = torch.zeros(len(x.completion.token_ids), dtype=torch.float64)
+            for m, sign in ((policy, 1.0), (ref, -1.0)):
+                lp = torch.log_softmax(m(ids).logits[0, :-1].double(), -1)[p - 1 :].gather(1, ids[0, p:, None])[:, 0]
+                k1 += sign * lp
+            want.append(float(k1[torch.tensor(x.completion.loss_mask, dtype=torch.bool)].sum()))
+    assert result.metrics["kl_reward"] == pytest.approx(sum(want) / len(want), rel=1e-6)

@@ -130,10 +130,11 @@ def sample_logprobs(model: PreTrainedModel, rows: list[Sample], batch: dict[str,
 
 def _whole_rows(model: PreTrainedModel, rows: list[Sample], batch: dict[str, torch.Tensor], s: UpdateSettings,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample_logprobs` with every row run whole (token_logprobs), up to the last trained column."""
+    """`sample_logprobs` with every row run whole (token_logprobs), up to the last trained column
+    (and at least over every prompt: an image's tokens are not cut from its pixels)."""
     trained_BT = batch["loss_mask"]
     columns = trained_BT.any(0).nonzero()
-    width = int(columns[-1]) + 1 if len(columns) else 1
+    width = max(int(columns[-1]) + 1 if len(columns) else 1, max(len(x.prompt_ids) for x in rows))
     cut = {key: batch[key][:, :width] for key in ("input_ids", "attention_mask")}
     logprobs_BW, entropy_BW = token_logprobs(
         model, cut["input_ids"], cut["attention_mask"], trained_BT[:, :width], temperature=s.temperature,

@@ -252,10 +252,10 @@ def _head_logprobs(lm: Any, hidden_NH: torch.Tensor, targets_N: torch.Tensor, te
         _HeadLogprobs.apply(hidden_NH[i : i + chunk_size], head.weight, targets_N[i : i + chunk_size], temperature)
         for i in range(0, hidden_NH.shape[0], chunk_size)
     ]
-    dtype = torch.promote_types(hidden_NH.dtype, torch.float32)
-    logprobs_N = torch.cat([p[0] for p in pieces]) if pieces else hidden_NH.new_zeros(0, dtype=dtype)
-    entropy_N = torch.cat([p[1] for p in pieces]) if pieces else hidden_NH.new_zeros(0, dtype=dtype)
-    return logprobs_N, entropy_N
+    if not pieces:  # nothing to score: empty, but still part of the graph, so a backward through it is a no-op
+        empty_N = hidden_NH.sum(-1).to(torch.promote_types(hidden_NH.dtype, torch.float32))
+        return empty_N, empty_N
+    return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
 
 
 def token_budget_batches(lengths: list[int], max_tokens: int | None, max_rows: int | None = None) -> list[list[int]]:

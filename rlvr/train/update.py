@@ -250,7 +250,8 @@ def _advantages(
     kl_N = [torch.zeros(len(x.completion.token_ids)) for x in samples]
     if kl_in_reward:
         assert old is not None and ref is not None
-        # per-sample values live on the CPU (token_rows takes them to the model's device)
+        # per-sample values live on the CPU (token_rows takes them to the model's device); both
+        # scores are 0 at tokens an environment injected, so the penalty is on the policy's own tokens
         kl_N = [KL_ESTIMATORS[s.kl_estimator](old[i], ref[i]).float().cpu() if i in kept else kl_N[i]
                 for i in range(len(samples))]
         seq_kl_PG = torch.tensor([float(k.sum()) for k in kl_N]).view_as(rewards_PG)

@@ -47,7 +47,8 @@ class TeacherCredit:
             outcome_s = dataclasses.replace(s, advantage=o.outcome, advantage_kwargs={})
             outcome_B = outcome_advantages(groups, rewards_PG, outcome_s).flatten()
         # the student's log-probs are the engine's, of the very tokens it sampled (no extra forward
-        # pass); the teacher scores the same tokens at the same sampling temperature
+        # pass); the teacher scores the same tokens at the same sampling temperature (not those an
+        # environment injected: both are 0 there, and so is the advantage)
         teacher = score_logprobs(self.teacher, samples, s, pad_token_id, kept)
         out, reverse_kl = [], []
         for i, x in enumerate(samples):

@@ -150,7 +150,8 @@ def token_advantages(
     kept: set[int], kl_coef: float, turn_rewards: list[Sequence[float] | None], options: GaeOptions,
     placed: list[list[tuple[int, float]] | None] | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """GAE over the kept samples: -β·KL on every token (``kl_N``, when the KL sits in the reward);
+    """GAE over the kept samples: -β·KL on every token (``kl_N``, when the KL sits in the reward;
+    0 at tokens an environment injected, which the learner does not score: the policy did not choose them);
     the outcome reward on the last token, or for an episode each turn's reward on that turn's last
     sampled token (``turn_rewards``, one entry per sample; what shaping changed in the total stays
     on the last token); or, where ``placed`` gives a sample's (position, reward) list, those."""
