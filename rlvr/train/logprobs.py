@@ -183,8 +183,8 @@ def shared_prompt_logprobs(
     """
     from transformers import DynamicCache
 
-    if scored is not None:
-        completions, scored = _through_last_scored(completions, scored)
+    flags = [[1] * len(c) for c in completions] if scored is None else scored
+    completions, flags = _through_last_scored(completions, flags)
     lm = causal_lm(model)
     device = next(lm.parameters()).device
     width = max(len(p) for p in prompts)
@@ -208,17 +208,25 @@ def shared_prompt_logprobs(
             position_ids=lengths_B[:, None] + torch.arange(fed, device=device),
             **with_cache(lm.base_model, cache)).last_hidden_state
         hidden.append(completion_BCH)
-    keep = [[True] * len(c) for c in completions] if scored is None else [[bool(f) for f in row] for row in scored]
-    targets_N = torch.tensor([t for c, k in zip(completions, keep) for t, f in zip(c, k) if f], dtype=torch.long,
-                             device=device)
-    if not len(targets_N):
-        return _head_logprobs(lm, hidden[0][:0], targets_N, temperature, chunk_size)
-    # row b's completion tokens in order: its prompt's last state, then its completion states 0..c-2
-    first = [torch.tensor([b]) for b in range(len(completions))]
-    picks = torch.cat([torch.cat([first[b], len(completions) + b * fed + torch.arange(len(c) - 1)])[torch.tensor(keep[b])]
-                       for b, c in enumerate(completions) if c]).to(device)
-    flat_NH = torch.cat([hidden[0], *(h.flatten(0, 1) for h in hidden[1:])])[picks]
+    flat_NH, targets_N = _scored_states(hidden, completions, flags, fed)
     return _head_logprobs(lm, flat_NH, targets_N, temperature, chunk_size)
+
+
+def _scored_states(hidden: list[torch.Tensor], completions: list[list[int]], flags: list[list[int]], fed: int,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden_NH, targets_N): the flagged completion tokens, rows in order, and the states that
+    predict them. ``hidden`` is the prompts' last states [B, H], then the completion pass's
+    [B, fed, H] if it ran: row b's token 0 is predicted by its prompt's last state, token j by
+    its completion state j − 1."""
+    device = hidden[0].device
+    targets_N = torch.tensor([t for c, f in zip(completions, flags) for t, keep in zip(c, f) if keep],
+                             dtype=torch.long, device=device)
+    if not len(targets_N):
+        return hidden[0][:0], targets_N
+    rows = len(completions)
+    picks = torch.cat([torch.cat([torch.tensor([b]), rows + b * fed + torch.arange(len(c) - 1)])
+                       [torch.tensor(f, dtype=torch.bool)] for b, (c, f) in enumerate(zip(completions, flags)) if c])
+    return torch.cat([hidden[0], *(h.flatten(0, 1) for h in hidden[1:])])[picks.to(device)], targets_N
 
 
 def _through_last_scored(completions: list[list[int]], scored: Sequence[Sequence[int]],
