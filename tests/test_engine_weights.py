@@ -1,14 +1,17 @@
-"""`engine.dtype = "float16"`: the static decoder on float16 copies of the weights (fbgemm's CPU kernel).
+"""`engine.dtype = "float16"` and `"int8"`: the static decoder on float16 copies of the weights
+(fbgemm's CPU kernel) or weight-only int8 ones (PyTorch's `_weight_int8pack_mm`).
 
-The products are checked against the float16-rounded weight in float64, and the wiring (fused
-q/k/v, gate/up, the output head) against a full forward pass of a model whose weights are
-already float16 values, where the copies are exact and only summation order differs. A run shows
-the mismatch the format brings: none for the model's own weights, some for float16.
+The products are checked against the rounded weight in float64, and the wiring (fused q/k/v,
+gate/up, the output head) against a full forward pass of a model whose weights are already
+values of the format, where the copies are exact and only summation order (and, for int8's
+kernel, bf16 activations) differs. A run shows the mismatch each format brings: none for the
+model's own weights, some for float16, more for int8.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rlvr.config import load_config
 from rlvr.rollout.engine import EmbeddedEngine
-from rlvr.rollout.static_decode import Dense, Float16, FusedWeights, StaticDecoder
+from rlvr.rollout.static_decode import Dense, Float16, FusedWeights, Int8, StaticDecoder
 from rlvr.train.loop import train
 from tests.test_engine_contract import PROMPTS, encode
 from tests.test_train import FP32, overrides, read_metrics
@@ -51,21 +54,9 @@ def test_the_static_decoder_on_float16_weights_matches_a_full_forward(
         p.copy_(p.half().float())
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     engine = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static", weights="float16")
-    cache, _, mask_PT, _ = engine._prefill(prompts)
     weights = FusedWeights(model, "float16")
     assert isinstance(weights.qkv[0], Float16) and isinstance(weights.head, Float16)
-    n = 2
-    decoder = StaticDecoder(model, weights, cache, mask_PT, n)
-    tokens: list[list[int]] = [[] for _ in range(len(prompts) * n)]
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(6):
-        tok = torch.randint(3, 259, (len(tokens),), generator=gen)
-        for row, t in zip(tokens, tok.tolist()):
-            row.append(t)
-        logits = decoder.step(tok)
-        for r, row_logits in enumerate(logits):
-            ids = torch.tensor([prompts[r // n] + tokens[r]])
-            torch.testing.assert_close(row_logits, model(input_ids=ids).logits[0, -1], atol=1e-4, rtol=0)
+    steps_against_a_full_forward(engine, weights, prompts, lambda full: 1e-4)
     fp32 = FusedWeights(model)
     assert isinstance(fp32.qkv[0], Dense) and isinstance(fp32.head, Dense)
     assert fp32.head.w_oi is not None and fp32.head.w_oi.data_ptr() == model.lm_head.weight.data_ptr()  # no copy
@@ -98,29 +89,41 @@ def test_dense_gives_the_product_for_every_row_count(dtype: torch.dtype) -> None
 
 
 def test_the_engine_refuses_what_the_formats_cannot_run(
-    tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast
+    tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(ValueError, match="static decoder"):
         EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="hf", weights="float16")
     with pytest.raises(ValueError, match="weights must be"):
+        EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], weights="int4")
+    for fmt in ("float16", "int8"):
+        with pytest.raises(ValueError, match="backend"):
+            load_config(None, ['engine.backend="vllm"', f'engine.dtype="{fmt}"'])
+    # int8's kernel is vectorised for AVX-512 only: elsewhere it is refused, saying why
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    with pytest.raises(ValueError, match="AVX-512.*'AVX2'"):
         EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], weights="int8")
-    with pytest.raises(ValueError, match="backend"):
-        load_config(None, ['engine.backend="vllm"', 'engine.dtype="float16"'])
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], weights="int8").weights == "int8"
 
 
-def test_a_run_logs_the_mismatch_float16_brings(tiny_dir: Path, tmp_path: Path) -> None:
-    """Two GRPO steps (lr 1e-3) with the engine sharing the learner's fp32 weights, and two on
-    float16 copies: the sampler/learner log-ratio is ~0 (summation order) for the first; the
-    second's 11-bit weights move it to ~5e-4 here, at step 2 too, so the copies follow the
-    learner's update (copies left stale after step 1 put step 2 at ~0.04, for both)."""
+def test_a_run_logs_the_mismatch_float16_and_int8_bring(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two GRPO steps (lr 1e-3) with the engine sharing the learner's fp32 weights, two on
+    float16 copies and two on int8 ones: the sampler/learner log-ratio is ~0 (summation order)
+    for the first; float16's 11-bit weights move it to ~5e-4 here, int8's (steps of 1/127 of a
+    row's largest weight, and bf16 activations in the kernel) to ~0.012, at step 2 too, so the
+    copies follow the learner's update (copies left stale after step 1 put step 2 at ~0.04)."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")  # slow on AVX2, but runs
     mismatch = {}
-    for fmt in ("float32", "float16"):
+    for fmt in ("float32", "float16", "int8"):
         cfg = load_config(None, overrides(tiny_dir, tmp_path, fmt, engine__dtype=f'"{fmt}"',
                                           engine__decoder='"static"', algo__offpolicy='"tis"') + FP32[:1])
         train(cfg, quiet=True)
         mismatch[fmt] = [row["mismatch_logratio_abs"] for row in read_metrics(tmp_path / fmt)]
     assert max(mismatch["float32"]) < 1e-4 < min(mismatch["float16"]), mismatch
-    assert max(mismatch["float16"]) < 0.005, mismatch
+    assert max(mismatch["float16"]) < 0.005 < min(mismatch["int8"]), mismatch
+    assert max(mismatch["int8"]) < 0.03, mismatch
 
 
 def test_rollout_workers_decode_the_learners_dtype(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,3 +138,89 @@ def test_rollout_workers_decode_the_learners_dtype(tiny_dir: Path, monkeypatch: 
     worker = RolloutWorker(str(tiny_dir), state, 0, dtype="float16", max_batch_size=8, decoder="static",
                            eos_token_ids=[EOS_ID], threads=1)
     assert worker.engine.model.dtype == torch.float32 and worker.engine.weights == "float16"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_weights_give_the_product_of_the_quantized_weight(dtype: torch.dtype) -> None:
+    """`Int8` stores q = round(w / s) per output row (s = max |w| / 127, itself rounded to bf16)
+    and multiplies by q · s: through PyTorch's kernel up to `KERNEL_ROWS` rows (activations
+    rounded to bf16, the sum and its scaled result each rounded to bf16: within 2 · 2^-9 of
+    Σ|x·w| of the product of the rounded activations), as a plain product on the dequantized
+    weight beyond (fp32: exact weight, fp32 sums ≤ 1e-5 of Σ|x·w|; bf16: the copy and the result
+    rounded, 2^-8). Each path is apart from the unquantized product, and the largest entry of
+    every row is exact."""
+    gen = torch.Generator().manual_seed(0)
+    w_oi = (torch.randn(96, 64, generator=gen) * 0.05).to(dtype)
+    int8 = Int8(w_oi)
+    assert int8.q.dtype == torch.int8 and int8.q.abs().amax(dim=1).eq(127).all()
+    dequantized = int8.q.double() * int8.scale.double()[:, None]
+    assert (dequantized - w_oi.double()).abs().max() <= int8.scale.double().max() / 2 * 1.01  # half a step, bf16 scale
+    for rows in (1, Int8.KERNEL_ROWS, Int8.KERNEL_ROWS + 1, 17):
+        x = torch.randn(rows, 64, generator=gen).to(dtype)
+        y = int8(x)
+        assert y.shape == (rows, 96) and y.dtype == dtype
+        kernel = rows <= Int8.KERNEL_ROWS
+        exact = (x.bfloat16() if kernel else x).double() @ dequantized.T
+        scale = x.double().abs() @ dequantized.abs().T
+        bound = 2**-8 if kernel or dtype == torch.bfloat16 else 1e-5
+        assert ((y.double() - exact).abs() / scale).max() < bound, (rows, dtype)
+        assert ((y.double() - x.double() @ w_oi.double().T).abs() / scale).max() > 1e-3  # it did quantize
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("kernel_rows", [0, 100])
+def test_the_static_decoder_on_int8_weights_matches_a_full_forward(
+    tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast, kernel_rows: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a model whose every weight row is q · 2^-e with integers |q| ≤ 127 and one |q| = 127,
+    the int8 copies are exact, so each decode step's logits must match a full forward pass: to
+    fp32 summation order (1e-4) on the dequantized path (kernel_rows 0), and within the bf16
+    rounding of the kernel path (kernel_rows 100): each product's result is off by ≤ 2^-8 of its
+    scale, and seven products in series (three a layer, two layers, the head) add to first order
+    ≤ 7 · 2^-8 < 3% of the logits' scale (seen: 1.4%), where a projection fused or split in the
+    wrong order, or a head left out, moves them by O(1)."""
+    monkeypatch.setattr(Int8, "KERNEL_ROWS", kernel_rows)
+    model = copy.deepcopy(tiny_model)
+    for name, p in model.named_parameters():
+        if p.dim() == 2:  # projections and the (tied) embedding: rows of q · 2^-e
+            live = p.abs().amax(dim=1) > 0  # the padding token's embedding row is zero, and stays so
+            step = torch.exp2(torch.floor(torch.log2(p[live].abs().amax(dim=1) / 127)))[:, None]
+            q = torch.round(p[live] / step).clamp(-127, 127)
+            q[torch.arange(len(q)), q.abs().argmax(dim=1)] = 127.0
+            p[live] = q * step
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    engine = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+    weights = FusedWeights(model, "int8")
+    assert isinstance(weights.qkv[0], Int8) and isinstance(weights.head, Int8)
+    for proj, source in ((weights.o[0], model.model.layers[0].self_attn.o_proj.weight), (weights.head, model.lm_head.weight)):
+        assert isinstance(proj, Int8)
+        torch.testing.assert_close(proj.q.float() * proj.scale.float()[:, None], source, atol=0, rtol=0)
+    worst = steps_against_a_full_forward(
+        engine, weights, prompts, lambda full: 1e-4 if kernel_rows == 0 else 0.03 * float(full.abs().max()))
+    if kernel_rows:
+        assert worst > 1e-4  # the kernel path ran, with its bf16 activations
+
+
+def steps_against_a_full_forward(engine: EmbeddedEngine, weights: FusedWeights, prompts: list[list[int]],
+                                 atol: Callable[[torch.Tensor], float]) -> float:
+    """Six decode steps of two samples a prompt on `weights`, random tokens fed; each row's logits
+    must equal a full forward pass over prompt + tokens (no cache, no padding) within
+    `atol(full logits)`. Returns the largest difference seen."""
+    model = engine.model
+    cache, _, mask_PT, _ = engine._prefill(prompts)
+    n = 2
+    decoder = StaticDecoder(model, weights, cache, mask_PT, n)
+    tokens: list[list[int]] = [[] for _ in range(len(prompts) * n)]
+    gen = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for _ in range(6):
+        tok = torch.randint(3, 259, (len(tokens),), generator=gen)
+        for row, t in zip(tokens, tok.tolist()):
+            row.append(t)
+        logits = decoder.step(tok)
+        for r, row_logits in enumerate(logits):
+            full = model(input_ids=torch.tensor([prompts[r // n] + tokens[r]])).logits[0, -1]
+            torch.testing.assert_close(row_logits, full, atol=atol(full), rtol=0)
+            worst = max(worst, float((row_logits - full).abs().max()))
+    return worst

@@ -117,9 +117,9 @@ class EmbeddedEngine:
         nobody gave); their probability goes to the others, and the log-probs are of that
         distribution, as after top-k.
 
-        ``weights`` (`engine.dtype = "float16"`): "model" decodes with the model's own weights;
-        "float16" with float16 copies (rlvr.rollout.static_decode.Float16; the static decoder on
-        CPU only). The prompt's prefill always runs the model itself. The
+        ``weights`` (`engine.dtype = "float16"` or `"int8"`): "model" decodes with the model's own
+        weights; "float16" with float16 copies, "int8" with weight-only int8 ones
+        (rlvr.rollout.static_decode.Float16, Int8; the static decoder on CPU only). The prompt's prefill always runs the model itself. The
         completions' log-probs are the engine's own, so the learner sees the difference as a
         rollout/training mismatch (`algo.offpolicy` corrects it).
 
@@ -471,7 +471,7 @@ def _weights_problem(weights: str, decoder: str, reason: str | None, device: tor
         why = (f"engine.dtype = {weights!r} runs in the static decoder, which "
                f"{'this model cannot use: ' + str(reason) if reason else 'decoder=hf turns off'}")
     if why is None and device.type != "cpu":
-        why = f"engine.dtype = {weights!r} runs fbgemm's CPU kernels; on a GPU use bfloat16 or float32 (or train.device = \"cpu\")"
+        why = f"engine.dtype = {weights!r} runs CPU kernels; on a GPU use bfloat16 or float32 (or train.device = \"cpu\")"
     return why
 
 

@@ -20,7 +20,8 @@ module runs the same weights with
 
 On CPU the projections and the output head can run on float16 copies of the weights
 (`engine.dtype = "float16"`, `Float16`): fbgemm's prepacked kernel reads half the bytes per
-token and never repacks the weight (docs/performance.md).
+token and never repacks the weight; or, on AVX-512 CPUs, on weight-only int8 copies
+(`engine.dtype = "int8"`, `Int8`): half of bfloat16's bytes (docs/performance.md).
 
 On a CUDA device each step is replayed as a CUDA graph (``graphs``): one launch instead of a few
 hundred small kernels, which is what bounds a small model's decode step on a GPU (13-28 ms a
@@ -138,11 +139,53 @@ class Float16:
         return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed).to(x.dtype)
 
 
-Projection = Dense | Float16
-WEIGHTS: dict[str, type[Float16]] = {"float16": Float16}
+class Int8:
+    """The weight stored as int8 per output channel (symmetric: scale = max |w| / 127 for each
+    row of the [out, in] weight), activations left in 16 or more bits: a quarter of fp32's bytes
+    to read per decoded token, half of bfloat16's.
+
+    Up to `KERNEL_ROWS` rows run through PyTorch's weight-only kernel (`torch._weight_int8pack_mm`,
+    the int8 weight widened inside the kernel, fp32 sums), with the activations in bfloat16 (the
+    kernel is vectorised for bfloat16 on AVX-512 only: fp32 activations ran 5-10× slower than the
+    bf16 product there, and every dtype 5-15× slower on an AVX2 CPU; docs/LOG.md). More rows run
+    as a plain product on the dequantized weight (q · scale, in the model's dtype), as fast at 8
+    rows and faster from 16: the same rounded weight either way, so a row's numbers do not change
+    with the size of its batch beyond summation order and the bf16 rounding of activations. It
+    holds both copies (1 + 2 bytes a weight in bf16).
+
+    A decode step of a few rows is memory-bound (the weights stream from memory at every token),
+    so reading half the bytes is the gain: on a Zen 4 EPYC 1.45-1.67× bf16's own weights at 1-2
+    rows, 1.3-1.5× at 4; there float16 (`Float16`) is as fast from 2 rows and adds no mismatch,
+    where int8 adds ~0.025 nats a token to bf16's ~0.04 on the bundled model (docs/performance.md).
+    Unlike fbgemm's W8A8 dynamic quantization (dropped: 0.49 nats of mismatch on the bundled
+    model), nothing here rounds the activations to 8 bits."""
+
+    KERNEL_ROWS = 4
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        w = weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        scale = scale.bfloat16().float()  # the kernel's scales are bf16: the dequantized copy uses the same
+        self.q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.scale = scale.bfloat16()
+        self.dequantized = (self.q.float() * scale[:, None]).to(weight.dtype)  # [out, in]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if len(x) <= self.KERNEL_ROWS:
+            return torch._weight_int8pack_mm(x.bfloat16().contiguous(), self.q, self.scale).to(x.dtype)
+        if left_form(self.dequantized):  # fp32 through MKL: as `Dense` runs several rows
+            return (self.dequantized @ x.T).T.contiguous()
+        # bf16: `x @ Wᵀ` on the [out, in] weight, 1.3-1.4x faster than `x @ W` for the output head
+        # on a Zen 4 and level for the projections (bench/weight_only.py, 2 threads)
+        return torch.nn.functional.linear(x, self.dequantized)
+
+
+Projection = Dense | Float16 | Int8
+WEIGHTS: dict[str, type[Float16] | type[Int8]] = {"float16": Float16, "int8": Int8}
 """Weight formats besides "model" (the engine model's own weights, `Dense`): `engine.dtype =
-"float16"`. Int8 (fbgemm's W8A8 dynamic quantization) was tried and left out: on the bundled
-model it moved the sampled tokens' log-probs by 0.49 nats on average (docs/LOG.md)."""
+"float16"` and `"int8"` (weight-only). Fbgemm's W8A8 dynamic quantization (int8 activations
+too) was tried and left out: on the bundled model it moved the sampled tokens' log-probs by 0.49
+nats on average (docs/LOG.md)."""
 
 
 def decode_weights(dtype: str) -> str:
@@ -157,6 +200,13 @@ def weights_unavailable(fmt: str) -> str | None:
         return None
     if fmt not in WEIGHTS:
         return f"the decoder's weights must be 'model' or {' or '.join(repr(k) for k in WEIGHTS)}, not {fmt!r}"
+    if fmt == "int8":
+        capability = torch.backends.cpu.get_cpu_capability()
+        if "AVX512" not in capability:
+            return (f"engine.dtype = 'int8' runs PyTorch's weight-only int8 kernel, vectorised for AVX-512 "
+                    f"CPUs only; on this CPU (PyTorch's capability {capability!r}) it is several times slower "
+                    f"than the model's own weights (docs/LOG.md): use bfloat16, float32 or float16")
+        return None
     if torch.backends.quantized.engine not in ("fbgemm", "x86"):
         return (f"engine.dtype = {fmt!r} needs fbgemm's CPU kernels (torch.backends.quantized.engine "
                 f"'x86' or 'fbgemm'); this PyTorch uses {torch.backends.quantized.engine!r}")
@@ -167,10 +217,11 @@ class FusedWeights:
     """The decoder's weights, from the model's current parameters, with q/k/v fused into one
     projection and the MLP's gate/up into another. ``fmt`` "model" keeps the model's numbers
     (`Dense`; the output head too where it runs as `(W xᵀ)ᵀ`, else the head is left to the
-    model); "float16" stores every projection and the output head in float16 (`Float16`)."""
+    model); "float16" and "int8" store every projection and the output head in that format
+    (`Float16`, `Int8`)."""
 
     def __init__(self, model: PreTrainedModel, fmt: str = "model") -> None:
-        make: type[Dense] | type[Float16] = Dense if fmt == "model" else WEIGHTS[fmt]
+        make: type[Dense] | type[Float16] | type[Int8] = Dense if fmt == "model" else WEIGHTS[fmt]
         self.qkv: list[Projection] = []
         self.qkv_bias: list[torch.Tensor | None] = []
         self.o: list[Projection] = []
