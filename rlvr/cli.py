@@ -98,6 +98,8 @@ def _add_bench(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     b.add_argument("--new-tokens", type=int, default=64, help="generate: tokens per row")
     b.add_argument("--grpo-shapes", default="1x8,8x8", help="grpo: prompts x group per step")
     b.add_argument("--grpo-steps", type=int, default=3, help="grpo: steps per side (the first is warm-up)")
+    b.add_argument("--engine-dtype", default="auto",
+                   help="grpo: rlvr's engine.dtype (e.g. int8 or float16; TRL's side is unchanged)")
 
 
 def _add_eval(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -345,7 +347,8 @@ def _bench(args: argparse.Namespace) -> int:
                               micro_batch_tokens=tokens, checkpointing=checkpointing, share_prompts=share))
         else:
             for p, g in [tuple(int(x) for x in s.split("x")) for s in args.grpo_shapes.split(",")]:
-                emit(compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps))
+                emit(compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps,
+                                  engine_dtype=args.engine_dtype))
     return 0
 
 

@@ -210,6 +210,8 @@ def test_bench_generate_prints_the_ratio_to_hf(capsys: pytest.CaptureFixture[str
     assert row["rlvr_static_tok_s"] > 0 and row["rlvr_hf_tok_s"] > 0
     float16 = row["rlvr_static_float16_tok_s"]  # a number, or why the format cannot run here (no fbgemm)
     assert float16 > 0 if isinstance(float16, float) else "fbgemm" in float16
+    int8 = row["rlvr_static_int8_tok_s"]  # a number on an AVX-512 CPU, else why not
+    assert int8 > 0 if isinstance(int8, float) else "AVX-512" in int8
     assert isinstance(row["llama_cpp_tok_s"], float) or "not installed" in row["llama_cpp_tok_s"]
 
 

@@ -3,8 +3,8 @@ shared, noisy machine. Each part runs in its own subprocess (a clean peak-memory
 allocator state carried over) and prints one JSON line; the parent prints the table.
 
 Parts:
-  generate  rlvr's engine (both decoders, and the static one on float16 weight copies,
-            `engine.dtype = "float16"`) vs HF `generate` and llama.cpp (when llama-cpp-python is installed)
+  generate  rlvr's engine (both decoders, and the static one on float16 and int8 weight copies,
+            `engine.dtype = "float16"` / `"int8"`) vs HF `generate` and llama.cpp (when llama-cpp-python is installed)
             on the bundled model, every row forced to the same length, at several batch sizes
   learner   one GRPO update: tokens/s, achieved GFLOP/s (6 × parameters per token) against a
             matrix product of the model's shapes measured in the same process, and peak RSS
@@ -65,7 +65,7 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
         params = SamplingParams(max_new_tokens=new_tokens, n=group)
         row: dict[str, Any] = {"batch": batch}
         for name, decoder, weights in (("static", "static", "model"), ("static_float16", "static", "float16"),
-                                       ("hf", "hf", "model")):
+                                       ("static_int8", "static", "int8"), ("hf", "hf", "model")):
             why = weights_unavailable(weights)
             if why is not None:
                 row[f"rlvr_{name}_tok_s"] = why
@@ -187,11 +187,12 @@ def _part_grpo(**kwargs: Any) -> dict[str, Any]:
     return part_grpo(**kwargs)
 
 
-def compare_grpo(prompts: int, group: int, max_new_tokens: int, steps: int) -> dict[str, Any]:
-    """One GRPO step, rlvr vs TRL, each side in its own fresh process."""
+def compare_grpo(prompts: int, group: int, max_new_tokens: int, steps: int, engine_dtype: str = "auto") -> dict[str, Any]:
+    """One GRPO step, rlvr (its engine in `engine_dtype`) vs TRL, each side in its own fresh process."""
     shape = {"prompts": prompts, "group": group, "max_new_tokens": max_new_tokens, "steps": steps}
-    ours, theirs = (run_part("grpo", side=side, **shape) for side in ("rlvr", "trl"))
-    result: dict[str, Any] = {"part": "grpo", **shape, "rlvr": ours, "trl": theirs}
+    ours = run_part("grpo", side="rlvr", engine_dtype=engine_dtype, **shape)
+    theirs = run_part("grpo", side="trl", **shape)
+    result: dict[str, Any] = {"part": "grpo", **shape, "engine_dtype": engine_dtype, "rlvr": ours, "trl": theirs}
     if "error" in ours or "error" in theirs:
         return result
     result["speedup"] = round(theirs["s_per_step"] / ours["s_per_step"], 2)

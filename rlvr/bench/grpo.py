@@ -29,7 +29,7 @@ def _reward_fn() -> Any:
     return score
 
 
-def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int) -> dict[str, Any]:
+def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int, engine_dtype: str = "auto") -> dict[str, Any]:
     from pathlib import Path
 
     from rlvr.config import load_config
@@ -42,6 +42,7 @@ def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int) -> dic
             'rewards=[{fn="reasoning_gym", kwargs={extract="tag_or_last_number"}}]',
             f"algo.group_size={group}", f"train.prompts_per_step={prompts}", f"train.micro_batch_size={min(16, prompts * group)}",
             f"sampling.max_new_tokens={max_new_tokens}", "train.lr=1e-6", f"train.steps={steps}",
+            f'engine.dtype="{engine_dtype}"',
         ])
         run = setup(cfg, Path(out))
         times, tokens, generate, learn = [], [], [], []
@@ -110,11 +111,12 @@ def trl_steps(prompts: int, group: int, max_new_tokens: int, steps: int) -> dict
             "steps": times}
 
 
-def part_grpo(side: str, prompts: int, group: int, max_new_tokens: int, steps: int) -> dict[str, Any]:
+def part_grpo(side: str, prompts: int, group: int, max_new_tokens: int, steps: int,
+              engine_dtype: str = "auto") -> dict[str, Any]:
     """One side of the comparison; each side runs in its own process (rlvr.bench.compare_grpo),
     so TRL's process has neither rlvr's malloc tuning nor rlvr's allocator state."""
     if side == "rlvr":
-        return {"part": "grpo", "side": side, **rlvr_steps(prompts, group, max_new_tokens, steps)}
+        return {"part": "grpo", "side": side, **rlvr_steps(prompts, group, max_new_tokens, steps, engine_dtype)}
     try:
         import trl  # noqa: F401
     except ImportError:
