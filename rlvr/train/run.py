@@ -79,7 +79,7 @@ class Run:
 def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dtype: torch.dtype,
             tokenizer: PreTrainedTokenizerBase, processor: Any = None) -> tuple[PreTrainedModel, Engine, bool]:
     """The trained model, the rollout engine, and whether they share one set of weights."""
-    weights = decode_weights(cfg.engine.dtype)  # float16: the learner's model, float16 copies
+    weights = decode_weights(cfg.engine.dtype)  # float16/int8: the learner's model, copies in that format
     engine_dtype = dtype if weights != "model" else resolve_dtype(cfg.engine.dtype, device)
     lora = cfg.lora.rank > 0
     vision = processor is not None
