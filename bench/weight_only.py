@@ -1,6 +1,8 @@
-"""Torch's weight-only int8/int4 products against the model-dtype product, on the decoder's
-shapes (SmolLM2-135M: hidden 576, fused q/k/v 960... here the projections the static decoder
-runs), at a few rows. Microseconds a call, best of `--repeat` rounds of `--calls` calls.
+"""Torch's weight-only int8/int4 products against the model-dtype product, on the products the
+static decoder runs for SmolLM2-135M (fused q/k/v, attention output, fused gate/up, MLP down,
+output head), at a few rows. Microseconds a call, best of `--repeat` rounds of `--calls` calls.
+Each call reuses one weight, which stays in cache: a real decode step streams every weight from
+memory (docs/LOG.md, session 13), so these times are the kernels' compute, not a step's.
 
     OMP_NUM_THREADS=1 python bench/weight_only.py --rows 1,4,8 --dtype bfloat16
 
