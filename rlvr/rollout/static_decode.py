@@ -138,6 +138,14 @@ class Float16:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed).to(x.dtype)
 
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why this format cannot run here (no fbgemm), or None."""
+        if torch.backends.quantized.engine not in ("fbgemm", "x86"):
+            return (f"engine.dtype = 'float16' needs fbgemm's CPU kernels (torch.backends.quantized.engine "
+                    f"'x86' or 'fbgemm'); this PyTorch uses {torch.backends.quantized.engine!r}")
+        return None
+
 
 class Int8:
     """The weight stored as int8 per output channel (symmetric: scale = max |w| / 127 for each
@@ -181,6 +189,16 @@ class Int8:
         # on a Zen 4 and level for the projections (bench/weight_only.py, 2 threads)
         return torch.nn.functional.linear(x, self.q_model) * self.scale_model
 
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why this format cannot run here (a CPU without AVX-512, where the kernel is slow), or None."""
+        capability = torch.backends.cpu.get_cpu_capability()
+        if "AVX512" not in capability:
+            return (f"engine.dtype = 'int8' runs PyTorch's weight-only int8 kernel, vectorised for AVX-512 "
+                    f"CPUs only; on this CPU (PyTorch's capability {capability!r}) it is several times slower "
+                    f"than the model's own weights (docs/LOG.md): use the model's dtype (\"auto\", bfloat16, float32)")
+        return None
+
 
 Projection = Dense | Float16 | Int8
 WEIGHTS: dict[str, type[Float16] | type[Int8]] = {"float16": Float16, "int8": Int8}
@@ -202,17 +220,7 @@ def weights_unavailable(fmt: str) -> str | None:
         return None
     if fmt not in WEIGHTS:
         return f"the decoder's weights must be 'model' or {' or '.join(repr(k) for k in WEIGHTS)}, not {fmt!r}"
-    if fmt == "int8":
-        capability = torch.backends.cpu.get_cpu_capability()
-        if "AVX512" not in capability:
-            return (f"engine.dtype = 'int8' runs PyTorch's weight-only int8 kernel, vectorised for AVX-512 "
-                    f"CPUs only; on this CPU (PyTorch's capability {capability!r}) it is several times slower "
-                    f"than the model's own weights (docs/LOG.md): use the model's dtype (\"auto\", bfloat16, float32)")
-        return None
-    if torch.backends.quantized.engine not in ("fbgemm", "x86"):
-        return (f"engine.dtype = {fmt!r} needs fbgemm's CPU kernels (torch.backends.quantized.engine "
-                f"'x86' or 'fbgemm'); this PyTorch uses {torch.backends.quantized.engine!r}")
-    return None
+    return WEIGHTS[fmt].unavailable()
 
 
 class FusedWeights:
