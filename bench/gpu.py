@@ -121,6 +121,55 @@ def part_agreement(device: str) -> dict[str, Any]:
     return out
 
 
+def part_prefixes(device: str) -> dict[str, Any]:
+    """Multi-turn prefix reuse on the device: three turns inside `reusing_prefixes`, each turn's
+    prompts the last turn's plus its sampled action and an observation, prompts sharing a prefix
+    in groups. Every sampled token's log-prob against a plain HF forward of the whole sequence,
+    and each turn's reused prefill against a whole one (static decoder, graphs on a GPU)."""
+    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.types import SamplingParams
+
+    out: dict[str, Any] = {}
+    for shape in ("tiny-llama", "tiny-qwen2"):
+        model = agreement_model(shape, device)
+        engine = EmbeddedEngine(model, NoText(), eos_token_ids=[], decoder="static", seed=3)  # type: ignore[arg-type]
+        system = random_prompts(1, 24, 512, seed=99)[0]
+        prompts = [system + q for q in random_prompts(4, 7, 512, seed=5)]
+        params = SamplingParams(temperature=1.0, max_new_tokens=12, n=1)
+        worst_logprob, worst_prefill = 0.0, 0.0
+        encoded: list[int] = []
+        with engine.reusing_prefixes():
+            for turn in range(3):
+                if turn:
+                    forward = model.forward
+
+                    def counting(*args: Any, **kwargs: Any) -> Any:  # tokens the reused prefill encodes
+                        encoded.append(int(kwargs["input_ids"].numel()))
+                        return forward(*args, **kwargs)
+
+                    model.forward = counting
+                    try:
+                        _, reused, _, _ = engine._prefill(prompts)
+                    finally:
+                        del model.forward
+                    whole = engine._prefill_whole(prompts)[1]
+                    worst_prefill = max(worst_prefill, (reused - whole).abs().max().item())
+                groups = engine.generate(prompts, params)
+                for prompt, group in zip(prompts, groups):
+                    c = group[0]
+                    ids = torch.tensor([prompt + list(c.token_ids)], device=device)
+                    with torch.no_grad():
+                        logp = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)
+                    ref = logp.gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+                    worst_logprob = max(worst_logprob, (ref - torch.tensor(c.logprobs, device=device)).abs().max().item())
+                prompts = [p + list(g[0].token_ids) + random_prompts(1, 3 + i, 512, seed=turn * 10 + i)[0]
+                           for i, (p, g) in enumerate(zip(prompts, groups))]
+        out[shape] = {"logprob_max_abs_diff": worst_logprob, "reused_vs_whole_prefill_logits_max_abs_diff": worst_prefill,
+                      "final_context_tokens": [len(p) for p in prompts],
+                      "tokens_encoded_by_reused_prefills": sum(encoded)}
+    return out
+
+
 def agreement_model(shape: str, device: str) -> Any:
     # initializer_range 0.2: peaked distributions, so greedy ties (equal to rounding) are rare
     model = random_model(shape, torch.float32, device, seed=1, initializer_range=0.2)
@@ -438,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and sizes: checks the script, measures nothing")
-    ap.add_argument("--parts", default="agreement,graphs,methods,engine,learner")
+    ap.add_argument("--parts", default="agreement,graphs,prefixes,methods,engine,learner")
     ap.add_argument("--decoders", default="static,static_eager",
                     help="the engine part's: static (CUDA graphs) and/or static_eager (kernel by kernel)")
     ap.add_argument("--shapes", default="", help="the engine part's shapes, comma-separated (default: all)")
@@ -468,6 +517,8 @@ def main(argv: list[str] | None = None) -> None:
         jobs.append(("agreement", partial(part_agreement, dev)))
     if "graphs" in parts:
         jobs.append(("graphs", partial(part_graphs, dev)))
+    if "prefixes" in parts:
+        jobs.append(("prefixes", partial(part_prefixes, dev)))
     if "methods" in parts and dev != "cpu":  # CPU against itself says nothing
         jobs.append(("methods", partial(part_methods, dev)))
     if "engine" in parts:

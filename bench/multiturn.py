@@ -49,7 +49,9 @@ def main() -> None:
     rows = {}
     for mode in ("whole", "reused"):
         done = subprocess.run([sys.executable, __file__, args.config, "--steps", str(args.steps), "--mode", mode,
-                               *overrides], capture_output=True, text=True, check=True)
+                               *overrides], capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"the {mode} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         rows[mode] = json.loads(done.stdout.strip().splitlines()[-1])
     for k in range(args.steps):
         w, r = rows["whole"][k], rows["reused"][k]

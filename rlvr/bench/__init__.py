@@ -51,13 +51,13 @@ def prompt_ids(tokenizer: Any, count: int) -> list[list[int]]:
     return [render_prompt(tokenizer, ex.prompt) for ex in examples]
 
 
-def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = True) -> dict[str, Any]:
+def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = True, model_spec: str = MODEL) -> dict[str, Any]:
     from rlvr.models import load_model, load_tokenizer
     from rlvr.rollout.engine import EmbeddedEngine
     from rlvr.rollout.static_decode import weights_unavailable
     from rlvr.types import SamplingParams
 
-    tokenizer, model = load_tokenizer(MODEL), load_model(MODEL, "auto")
+    tokenizer, model = load_tokenizer(model_spec), load_model(model_spec, "auto")
     rows = []
     for batch in batch_sizes:
         group = min(8, batch)  # G samples per prompt, as in GRPO
@@ -83,12 +83,13 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
                        do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens, top_k=0,
                        top_p=1.0, temperature=1.0, pad_token_id=tokenizer.pad_token_id)
         row["hf_generate_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
-        row["llama_cpp_tok_s"] = _llama_cpp(ids, group, new_tokens) if llama_cpp else "skipped"
+        row["llama_cpp_tok_s"] = (_llama_cpp(ids, group, new_tokens) if llama_cpp and model_spec == MODEL
+                                  else "skipped" if llama_cpp is False else "only for the bundled model's GGUF")
         row["rlvr_vs_hf"] = round(row["rlvr_static_tok_s"] / row["hf_generate_tok_s"], 2)
         if isinstance(row["llama_cpp_tok_s"], float):
             row["rlvr_vs_llama_cpp"] = round(row["rlvr_static_tok_s"] / row["llama_cpp_tok_s"], 2)
         rows.append(row)
-    return {"part": "generate", "dtype": str(model.dtype), "new_tokens": new_tokens, "rows": rows}
+    return {"part": "generate", "model": model_spec, "dtype": str(model.dtype), "new_tokens": new_tokens, "rows": rows}
 
 
 def _llama_cpp(ids: list[list[int]], group: int, new_tokens: int) -> float | str:
@@ -102,7 +103,8 @@ def _llama_cpp(ids: list[list[int]], group: int, new_tokens: int) -> float | str
 
 
 def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, checkpointing: bool = False,
-                 share_prompts: bool = True, micro_batch_tokens: int | None = None) -> dict[str, Any]:
+                 share_prompts: bool = True, micro_batch_tokens: int | None = None,
+                 model_spec: str = MODEL) -> dict[str, Any]:
     """One update of `batch` samples in groups of 8 (G samples of one prompt). ``tokens_per_s``
     counts every sample's prompt and completion (the work a per-sample learner does); the
     achieved GFLOP/s and its fraction of the matmul rate count the tokens actually run, each
@@ -114,7 +116,7 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     from rlvr.runtime import keep_freed_memory
 
     keep_freed_memory()  # as `rlvr train` does
-    model = load_model(MODEL, "auto")
+    model = load_model(model_spec, "auto")
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = sum(p.numel() for p in model.parameters())
@@ -130,7 +132,7 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     run_tokens, shared = tokens_run(groups, micro_batch, micro_batch_tokens, share_prompts and not checkpointing)
     achieved = 6 * params * run_tokens / seconds / 1e9
     ceiling = matmul_gflops(model.dtype)
-    return {"part": "learner", "dtype": str(model.dtype), "batch": batch, "prompt": prompt, "completion": completion,
+    return {"part": "learner", "model": model_spec, "dtype": str(model.dtype), "batch": batch, "prompt": prompt, "completion": completion,
             "micro_batch": micro_batch, "micro_batch_tokens": micro_batch_tokens, "activation_checkpointing": checkpointing, "shared_prompts": shared,
             "tokens": tokens, "tokens_run": run_tokens,
             "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1), "gflops": round(achieved, 1),
@@ -187,9 +189,10 @@ def _part_grpo(**kwargs: Any) -> dict[str, Any]:
     return part_grpo(**kwargs)
 
 
-def compare_grpo(prompts: int, group: int, max_new_tokens: int, steps: int, engine_dtype: str = "auto") -> dict[str, Any]:
+def compare_grpo(prompts: int, group: int, max_new_tokens: int, steps: int, engine_dtype: str = "auto",
+                 model_spec: str = MODEL) -> dict[str, Any]:
     """One GRPO step, rlvr (its engine in `engine_dtype`) vs TRL, each side in its own fresh process."""
-    shape = {"prompts": prompts, "group": group, "max_new_tokens": max_new_tokens, "steps": steps}
+    shape = {"prompts": prompts, "group": group, "max_new_tokens": max_new_tokens, "steps": steps, "model_spec": model_spec}
     ours = run_part("grpo", side="rlvr", engine_dtype=engine_dtype, **shape)
     theirs = run_part("grpo", side="trl", **shape)
     result: dict[str, Any] = {"part": "grpo", **shape, "engine_dtype": engine_dtype, "rlvr": ours, "trl": theirs}

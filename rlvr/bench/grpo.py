@@ -29,7 +29,8 @@ def _reward_fn() -> Any:
     return score
 
 
-def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int, engine_dtype: str = "auto") -> dict[str, Any]:
+def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int, engine_dtype: str = "auto",
+               model_spec: str = MODEL) -> dict[str, Any]:
     from pathlib import Path
 
     from rlvr.config import load_config
@@ -37,7 +38,7 @@ def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int, engine
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(None, [
-            f"output_dir={out}", "task.params={min_terms=2, max_terms=2, min_digits=1, max_digits=1}",
+            f"output_dir={out}", f'model="{model_spec}"', "task.params={min_terms=2, max_terms=2, min_digits=1, max_digits=1}",
             f'task.instruction="{INSTRUCTION}"', "task.eval_size=0", "task.size=200",
             'rewards=[{fn="reasoning_gym", kwargs={extract="tag_or_last_number"}}]',
             f"algo.group_size={group}", f"train.prompts_per_step={prompts}", f"train.micro_batch_size={min(16, prompts * group)}",
@@ -57,7 +58,7 @@ def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int, engine
             "steps": times}
 
 
-def trl_steps(prompts: int, group: int, max_new_tokens: int, steps: int) -> dict[str, Any]:
+def trl_steps(prompts: int, group: int, max_new_tokens: int, steps: int, model_spec: str = MODEL) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -90,7 +91,7 @@ def trl_steps(prompts: int, group: int, max_new_tokens: int, steps: int) -> dict
                 lengths.append(float(logs["completions/mean_length"]))
 
     micro = min(16, prompts * group)
-    path = resolve_model_path(MODEL)
+    path = resolve_model_path(model_spec)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with tempfile.TemporaryDirectory() as out:
@@ -112,13 +113,13 @@ def trl_steps(prompts: int, group: int, max_new_tokens: int, steps: int) -> dict
 
 
 def part_grpo(side: str, prompts: int, group: int, max_new_tokens: int, steps: int,
-              engine_dtype: str = "auto") -> dict[str, Any]:
+              engine_dtype: str = "auto", model_spec: str = MODEL) -> dict[str, Any]:
     """One side of the comparison; each side runs in its own process (rlvr.bench.compare_grpo),
     so TRL's process has neither rlvr's malloc tuning nor rlvr's allocator state."""
     if side == "rlvr":
-        return {"part": "grpo", "side": side, **rlvr_steps(prompts, group, max_new_tokens, steps, engine_dtype)}
+        return {"part": "grpo", "side": side, **rlvr_steps(prompts, group, max_new_tokens, steps, engine_dtype, model_spec)}
     try:
         import trl  # noqa: F401
     except ImportError:
         return {"part": "grpo", "error": "TRL is not installed: pip install 'rlvr[bench]'"}
-    return {"part": "grpo", "side": side, **trl_steps(prompts, group, max_new_tokens, steps)}
+    return {"part": "grpo", "side": side, **trl_steps(prompts, group, max_new_tokens, steps, model_spec)}
