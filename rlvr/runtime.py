@@ -9,13 +9,18 @@ everything from its heap and never trim it lets freed memory be reused without f
 bundled model this made a learner update 1.3-1.5x faster (docs/LOG.md). The cost: the process
 keeps its peak memory mapped until it exits (peak RSS is unchanged).
 
-It also keeps glibc to one arena. Each thread that allocates would otherwise get an arena of its
-own, and with trimming off each arena keeps its own peak. The rollout server's engine thread
-(rlvr.serve) sampling beside the learner's main thread then held two peaks. An agent run
-(configs/openai_agent.toml) reached 13.3 GB by its 8th step with the default arenas, and 6.1 GB
-with one, at the same speed; a learner update ran at the same speed either way (docs/LOG.md).
+`keep_freed_memory(one_arena=True)` also keeps glibc to one arena, for runs whose episodes go
+through rlvr's OpenAI-compatible server in this process (env "openai_agent", "verifiers"). Each
+thread that allocates would otherwise get an arena of its own, and with trimming off each arena
+keeps its own peak: the server's engine thread sampling beside the learner's main thread held
+two. An agent run (configs/openai_agent.toml) reached 13.3 GB by its 8th step with the default
+arenas, and 6.1 GB with one, at the same speed. Other runs keep the default arenas: with bf16 on
+two threads, oneDNN's worker thread allocates beside the main one, and one arena made them take
+turns, slowing a learner update by ~7% (up to 15%; docs/LOG.md, sessions 13-14). The cap has
+to come before those threads first allocate, so `rlvr.train.run.setup` asks for it first thing.
 
-Set RLVR_MALLOC_TUNING=0 to leave malloc alone.
+Set RLVR_MALLOC_TUNING=0 to leave malloc alone, or RLVR_MALLOC_TUNING=one_arena to cap the
+arenas in every run (an environment of your own that serves the policy from a thread).
 """
 
 from __future__ import annotations
@@ -29,23 +34,34 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 _applied = False
+_one_arena = False
 
 
-def keep_freed_memory() -> bool:
-    """Make glibc malloc reuse freed memory instead of unmapping it; True if it was applied."""
-    global _applied
-    if _applied:
-        return True
-    if os.environ.get("RLVR_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+def keep_freed_memory(one_arena: bool = False) -> bool:
+    """Make glibc malloc reuse freed memory instead of unmapping it, and with `one_arena` (or
+    RLVR_MALLOC_TUNING=one_arena) keep it to one arena; True if it was applied. A later call can
+    add the arena cap to an earlier call's tuning."""
+    global _applied, _one_arena
+    setting = os.environ.get("RLVR_MALLOC_TUNING", "1")
+    if setting == "0" or not sys.platform.startswith("linux"):
         return False
+    one_arena = one_arena or setting == "one_arena"
+    if _applied and (_one_arena or not one_arena):
+        return True
     name = ctypes.util.find_library("c")
     if name is None:
         return False
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(name).mallopt
     except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt)
         return False
-    _applied = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)) \
-        and bool(mallopt(_M_ARENA_MAX, 1))
+    if not _applied:
+        _applied = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    if _applied and one_arena:
+        _one_arena = bool(mallopt(_M_ARENA_MAX, 1))
     return _applied
+
+
+def one_arena_applied() -> bool:
+    """Whether malloc is kept to one arena in this process."""
+    return _one_arena
