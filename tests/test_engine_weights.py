@@ -20,7 +20,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rlvr.config import load_config
 from rlvr.rollout.engine import EmbeddedEngine
-from rlvr.rollout.static_decode import Dense, Float16, FusedWeights, Int8, StaticDecoder
+from rlvr.rollout.static_decode import Dense, Float16, FusedWeights, Int8, StaticDecoder, packed_form
 from rlvr.train.loop import train
 from tests.test_engine_contract import PROMPTS, encode
 from tests.test_train import FP32, overrides, read_metrics
@@ -60,20 +60,33 @@ def test_the_static_decoder_on_float16_weights_matches_a_full_forward(
     fp32 = FusedWeights(model)
     assert isinstance(fp32.qkv[0], Dense) and isinstance(fp32.head, Dense)
     assert fp32.head.w_oi is not None and fp32.head.w_oi.data_ptr() == model.lm_head.weight.data_ptr()  # no copy
-    assert FusedWeights(copy.deepcopy(model).bfloat16()).head is None  # bf16: the model's own head, no copy made
+    bf16 = FusedWeights(copy.deepcopy(model).bfloat16())
+    if packed_form(model.lm_head.weight.bfloat16()):  # a oneDNN-packed copy, as every projection
+        assert isinstance(bf16.head, Dense) and bf16.head.packed is not None
+    else:  # the model's own head, no copy made
+        assert bf16.head is None
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dense_gives_the_product_for_every_row_count(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("dtype, packed", [(torch.float32, False), (torch.bfloat16, True), (torch.bfloat16, False)])
+def test_dense_gives_the_product_for_every_row_count(dtype: torch.dtype, packed: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """`Dense` runs one row and several rows in different forms (fp32: `x @ W` on an [in, out]
-    copy, then `(W xᵀ)ᵀ` on the weight itself): each is the product x Wᵀ up to summation order.
+    copy, then `(W xᵀ)ᵀ` on the weight itself; bf16: oneDNN's linear on a packed copy, or `x @ W`
+    where PyTorch has no oneDNN): each is the product x Wᵀ up to summation order.
     Bound: fp32 accumulation of 64 terms, ≤ 64 · 2^-24 of Σ|x·w| (< 1e-5 of it); bf16 rounds the
     result to 8 bits (2^-8 of |y| ≤ Σ|x·w|). The [out, in] form reuses the weight's storage."""
+    from rlvr.rollout import static_decode
+
+    if packed and not packed_form(torch.zeros(1, dtype=dtype)):
+        pytest.skip("this PyTorch has no oneDNN linear")
+    if not packed:
+        monkeypatch.setattr(static_decode, "packed_form", lambda weight: False)
     gen = torch.Generator().manual_seed(0)
     w_oi = (torch.randn(96, 64, generator=gen) * 0.05).to(dtype)
     bound = 1e-5 if dtype == torch.float32 else 2**-8
     for single_row in (True, False):
         dense = Dense(w_oi, single_row=single_row)
+        assert (dense.packed is not None) == packed
         for rows in (1, 2, 3, 17):
             x = torch.randn(rows, 64, generator=gen).to(dtype)
             y = dense(x)
@@ -81,10 +94,15 @@ def test_dense_gives_the_product_for_every_row_count(dtype: torch.dtype) -> None
             exact = x.double() @ w_oi.double().T
             scale = x.double().abs() @ w_oi.double().abs().T
             assert ((y.double() - exact).abs() / scale).max() < bound, (single_row, rows)
+            if rows == 3 and packed:  # a strided view reaches oneDNN as its contiguous copy
+                wide = torch.randn(rows, 128, generator=gen).to(dtype)[:, ::2]
+                assert torch.equal(dense(wide), dense(wide.contiguous()))
     head_like = Dense(w_oi, single_row=False)
     if dtype == torch.float32:
         assert head_like.w_oi is not None and head_like.w_oi.data_ptr() == w_oi.data_ptr() and head_like.w_io is None
-    else:  # not MKL's sgemm: the [in, out] copy only, as before
+    elif packed:  # the packed copy only
+        assert head_like.w_oi is None and head_like.w_io is None
+    else:  # not MKL's sgemm: the [in, out] copy only
         assert head_like.w_oi is None and head_like.w_io is not None
 
 
@@ -212,6 +230,27 @@ def test_the_static_decoder_on_int8_weights_matches_a_full_forward(
         engine, weights, prompts, lambda full: 1e-4 if kernel_rows == 0 else 0.03 * float(full.abs().max()))
     if kernel_rows:
         assert worst > 1e-4  # the kernel path ran, with its bf16 activations
+
+
+def test_the_bf16_static_decoder_on_packed_weights_matches_a_full_forward(
+    tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """A bf16 model's decoder runs every projection and the output head on oneDNN-packed copies
+    of the same bf16 weights: each decode step's logits must match a full bf16 forward pass to
+    bf16 rounding. Both sides round every product and norm to 8 bits, in other places and
+    orders: ~10 roundings in series (two layers of three products and two norms, the final norm,
+    the head) of ≤ 2^-8 each, on each side, bound the difference to first order by 20 · 2^-8 <
+    8% of the logits' scale, where a projection fused or split in the wrong order, or a head
+    left out, moves them by O(1)."""
+    model = copy.deepcopy(tiny_model).bfloat16()
+    if not packed_form(model.lm_head.weight):
+        pytest.skip("this PyTorch has no oneDNN linear")
+    weights = FusedWeights(model)
+    assert all(isinstance(p, Dense) and p.packed is not None for p in (*weights.qkv, *weights.down, weights.head))
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    engine = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+    worst = steps_against_a_full_forward(engine, weights, prompts, lambda full: 0.08 * float(full.abs().max()))
+    assert worst > 0  # bf16 rounding differs somewhere: the comparison is not of a tensor with itself
 
 
 def steps_against_a_full_forward(engine: EmbeddedEngine, weights: FusedWeights, prompts: list[list[int]],

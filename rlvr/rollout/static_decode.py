@@ -93,29 +93,60 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
 class Dense:
     """A projection on the model's own numbers.
 
-    One row runs as `x @ W` on a contiguous [in, out] copy of the [out, in] weight (1.4× faster
-    than `nn.Linear`'s `x @ Wᵀ` or a matrix-vector product on the [out, in] weight, over a decode
-    step's products on a Zen 3). From two rows on, where `left_form` applies (fp32 weights on a
-    CPU whose PyTorch multiplies through MKL), it runs as `(W xᵀ)ᵀ` on the [out, in] weight
-    itself (the model's tensor, no copy, where it is already contiguous). Measured, not
+    **bf16 on a CPU** (where PyTorch has oneDNN): on a copy of the weight that oneDNN reorders
+    once into its own blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, what PyTorch's
+    inductor compiler does for a bf16 linear layer), multiplied by `_linear_pointwise`. The same
+    bf16 weight and fp32 sums as a plain product, in another summation order. A decode step's
+    products run 1.3-2.3× faster this way than `x @ W` at 1-64 rows (`python bench/small_gemm.py
+    --dtype bfloat16 --stack`, Zen 4 EPYC, 2 threads: 13.7 against 24.4 ms a step at one row,
+    53.9 against 71.8 at 64; docs/LOG.md, session 14): the plain product re-lays the weight out
+    on every call, which at a few rows costs more than the product itself.
+
+    **Otherwise** one row runs as `x @ W` on a contiguous [in, out] copy of the [out, in] weight
+    (1.4× faster than `nn.Linear`'s `x @ Wᵀ` or a matrix-vector product on the [out, in] weight,
+    over a decode step's products on a Zen 3). From two rows on, where `left_form` applies (fp32
+    weights on a CPU whose PyTorch multiplies through MKL), it runs as `(W xᵀ)ᵀ` on the [out, in]
+    weight itself (the model's tensor, no copy, where it is already contiguous). Measured, not
     explained: MKL's `x @ W` costs 1.6-4.8× as much for 2-16 rows as for one, and the same
     product with the weight on the left does not (bench/small_gemm.py --stack, Zen 3: a decode
     step's products at 4 rows 50 ms against 161, at 64 rows 189 against 265; docs/LOG.md,
-    2026-11-26). Elsewhere (bf16 goes through oneDNN; other BLAS libraries, GPUs) nothing was
-    measured and `x @ W` stays. ``single_row`` False leaves out the [in, out] copy, and one row
-    runs as `nn.Linear` does (the output head: a copy the size of the embedding matrix, for a
-    few ms a token at one row)."""
+    2026-11-26). Elsewhere (other BLAS libraries, GPUs) nothing was measured and `x @ W` stays.
+    ``single_row`` False leaves out the [in, out] copy, and one row runs as `nn.Linear` does (the
+    output head: a copy the size of the embedding matrix, for a few ms a token at one row)."""
 
     def __init__(self, weight: torch.Tensor, *, single_row: bool = True) -> None:
         w = weight.detach()
+        self.packed = onednn_packed(w)
         self.w_oi = w.contiguous() if left_form(w) else None
-        self.w_io = w.T.contiguous() if single_row or self.w_oi is None else None
+        self.w_io = w.T.contiguous() if self.packed is None and (single_row or self.w_oi is None) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
         if self.w_io is not None and (len(x) == 1 or self.w_oi is None):
             return x @ self.w_io
         assert self.w_oi is not None
         return torch.nn.functional.linear(x, self.w_oi) if len(x) == 1 else (self.w_oi @ x.T).T.contiguous()
+
+
+PACK_ROWS = 8
+"""The row count oneDNN lays a packed weight out for (any count runs on it)."""
+
+
+def packed_form(weight: torch.Tensor) -> bool:
+    """Whether `Dense` runs on a oneDNN-packed copy: bf16 on a CPU whose PyTorch has oneDNN."""
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def onednn_packed(weight: torch.Tensor) -> torch.Tensor | None:
+    """The [out, in] weight reordered for oneDNN's linear where `packed_form`, else None."""
+    if not packed_form(weight):
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS)
+    except (AttributeError, RuntimeError):  # a PyTorch build without oneDNN's linear
+        return None
 
 
 def left_form(weight: torch.Tensor) -> bool:
@@ -156,11 +187,12 @@ class Int8:
     the int8 weight widened inside the kernel, fp32 sums), with the activations in bfloat16 (the
     kernel is vectorised for bfloat16 on AVX-512 only: fp32 activations ran 4-7× slower than the
     bf16 product there at one row, and every dtype 5-15× slower on an AVX2 CPU; docs/LOG.md).
-    More rows run as a plain product on q held in the model's dtype (exact: |q| ≤ 127 needs 7
-    bits), scaled after, as fast at 8 rows and faster from 16: the same weight q · scale either
-    way, so a row's numbers change with the size of its batch only by where results are rounded
-    (and, for an fp32 model, by the kernel's bf16 activations and results). It holds both copies
-    of q (1 + 2 bytes a weight beside a bf16 model, 1 + 4 beside an fp32 one).
+    More rows run as `Dense` runs the model's own weights (bf16: oneDNN on a packed copy; fp32:
+    MKL's `(W xᵀ)ᵀ`), on q held in the model's dtype (exact: |q| ≤ 127 needs 7 bits), scaled
+    after, as fast at 8 rows and faster from 16: the same weight q · scale either way, so a row's
+    numbers change with the size of its batch only by where results are rounded (and, for an
+    fp32 model, by the kernel's bf16 activations and results). It holds both copies of q (1 + 2
+    bytes a weight beside a bf16 model, 1 + 4 beside an fp32 one).
 
     A decode step of a few rows is memory-bound (the weights stream from memory at every token),
     so reading half the bytes is the gain: on a Zen 4 EPYC 1.45-1.67× bf16's own weights at 1-2
@@ -177,17 +209,15 @@ class Int8:
         scale = scale.bfloat16().float()  # the kernel takes bf16 scales: both paths use these
         self.q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.scale = scale.bfloat16()
-        self.q_model = self.q.to(weight.dtype)  # [out, in], exact
+        # q in the model's dtype (exact), multiplied as `Dense` multiplies the model's own weights
+        # beyond one row: fp32 `(W xᵀ)ᵀ` through MKL, bf16 on a oneDNN-packed copy
+        self.rest = Dense(self.q.to(weight.dtype), single_row=False)
         self.scale_model = scale.to(weight.dtype)  # exact: a bf16 value
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if len(x) <= self.KERNEL_ROWS:
             return torch._weight_int8pack_mm(x.bfloat16().contiguous(), self.q, self.scale).to(x.dtype)
-        if left_form(self.q_model):  # fp32 through MKL: as `Dense` runs several rows
-            return (self.q_model @ x.T).T * self.scale_model
-        # bf16: `x @ Wᵀ` on the [out, in] weight, 1.3-1.4x faster than `x @ W` for the output head
-        # on a Zen 4 and level for the projections (bench/weight_only.py, 2 threads)
-        return torch.nn.functional.linear(x, self.q_model) * self.scale_model
+        return self.rest(x) * self.scale_model
 
     @staticmethod
     def unavailable() -> str | None:
@@ -248,8 +278,8 @@ class FusedWeights:
         head = model.lm_head.weight
         if fmt != "model":
             self.head: Projection | None = make(head)
-        elif left_form(head) and model.lm_head.bias is None:  # no copy: the head's own weight
-            self.head = Dense(head, single_row=False)
+        elif model.lm_head.bias is None and (left_form(head) or packed_form(head)):
+            self.head = Dense(head, single_row=False)  # fp32: the head's own weight; bf16: a packed copy
         else:  # the model's own head
             self.head = None
 
