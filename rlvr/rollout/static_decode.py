@@ -99,8 +99,9 @@ class Dense:
     bf16 weight and fp32 sums as a plain product, in another summation order. A decode step's
     products run 1.3-2.3× faster this way than `x @ W` at 1-64 rows (`python bench/small_gemm.py
     --dtype bfloat16 --stack`, Zen 4 EPYC, 2 threads: 13.7 against 24.4 ms a step at one row,
-    53.9 against 71.8 at 64; docs/LOG.md, session 14): the plain product re-lays the weight out
-    on every call, which at a few rows costs more than the product itself.
+    53.9 against 71.8 at 64; docs/LOG.md, session 14). The packed layout is the one oneDNN's
+    kernels read; a plain product takes the weight in PyTorch's layout on every call, and at a
+    few rows that costs more than the arithmetic (an explanation, not a measurement).
 
     **Otherwise** one row runs as `x @ W` on a contiguous [in, out] copy of the [out, in] weight
     (1.4× faster than `nn.Linear`'s `x @ Wᵀ` or a matrix-vector product on the [out, in] weight,
