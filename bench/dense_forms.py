@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    tokenizer, model = load_tokenizer(MODEL), load_model(MODEL, "auto")
+    tokenizer, model = load_tokenizer(MODEL), load_model(MODEL, torch.float32)  # the fp32 forms, whatever "auto" picks
     cpu = cpu_description()
     print(f"{cpu['model']} (family {cpu['family']} model {cpu['model_id']}), {model.dtype}, "
           f"{torch.get_num_threads()} threads; tok/s, best of {args.rounds}")

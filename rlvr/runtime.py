@@ -16,7 +16,8 @@ keeps its own peak: the server's engine thread sampling beside the learner's mai
 two. An agent run (configs/openai_agent.toml) reached 13.3 GB by its 8th step with the default
 arenas, and 6.1 GB with one, at the same speed. Other runs keep the default arenas: with bf16 on
 two threads, oneDNN's worker thread allocates beside the main one, and one arena made them take
-turns, slowing a learner update by ~7% (up to 15%; docs/LOG.md, sessions 13-14). The cap has
+turns: a learner update took 13.5 s with the default arenas and 15.5 s with one (means of
+three, Zen 4 EPYC; docs/LOG.md, sessions 13-14). The cap has
 to come before those threads first allocate, so `rlvr.train.run.setup` asks for it first thing.
 
 Set RLVR_MALLOC_TUNING=0 to leave malloc alone, or RLVR_MALLOC_TUNING=one_arena to cap the

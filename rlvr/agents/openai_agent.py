@@ -332,5 +332,10 @@ EPISODE_BUILDERS: dict[str, Callable[..., Callable[..., list[Any]]]] = {"openai_
                                                                         "verifiers": _verifiers}
 """Environments whose episodes are run by something other than rlvr's turn-by-turn runner."""
 
+SERVED_IN_PROCESS = frozenset({"openai_agent", "verifiers"})
+"""Environments whose episodes run through rlvr's OpenAI-compatible server on a thread of the
+training process: its engine samples beside the learner (rlvr.runtime keeps malloc to one arena
+for them)."""
+
 ENV_DATASETS: dict[str, Callable[[dict[str, Any]], list[Any]]] = {"verifiers": _verifiers_dataset}
 """Environments that bring their own prompts (task.source = "env"), from env.kwargs."""

@@ -89,7 +89,12 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
         if isinstance(row["llama_cpp_tok_s"], float):
             row["rlvr_vs_llama_cpp"] = round(row["rlvr_static_tok_s"] / row["llama_cpp_tok_s"], 2)
         rows.append(row)
-    return {"part": "generate", "model": model_spec, "dtype": str(model.dtype), "new_tokens": new_tokens, "rows": rows}
+    result = {"part": "generate", "model": model_spec, "dtype": str(model.dtype), "new_tokens": new_tokens, "rows": rows}
+    if model.dtype == torch.bfloat16 and model.device.type == "cpu":  # which product the static decoder ran
+        from rlvr.rollout.static_decode import bf16_packing_unavailable
+
+        result["bf16_products"] = bf16_packing_unavailable() or "oneDNN-packed"
+    return result
 
 
 def _llama_cpp(ids: list[list[int]], group: int, new_tokens: int) -> float | str:

@@ -38,7 +38,7 @@ def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int, engine
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(None, [
-            f"output_dir={out}", f'model="{model_spec}"', "task.params={min_terms=2, max_terms=2, min_digits=1, max_digits=1}",
+            f"output_dir={out}", f"model='{model_spec}'", "task.params={min_terms=2, max_terms=2, min_digits=1, max_digits=1}",
             f'task.instruction="{INSTRUCTION}"', "task.eval_size=0", "task.size=200",
             'rewards=[{fn="reasoning_gym", kwargs={extract="tag_or_last_number"}}]',
             f"algo.group_size={group}", f"train.prompts_per_step={prompts}", f"train.micro_batch_size={min(16, prompts * group)}",

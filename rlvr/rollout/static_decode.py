@@ -9,10 +9,11 @@ module runs the same weights with
   preallocated buffer per layer for the sampled tokens only, written in place one column per
   step (grown in blocks when full);
 - the query, key and value projections fused into one matrix product, and the MLP's gate and up
-  projections into another, stored as contiguous [in, out] matrices for one row and, in fp32
-  on the CPU, also as [out, in] ones for more rows (`Dense`: ~0.8× the model's size, 1.3× in
-  fp32; the engine rebuilds them when a parameter's version counter shows a change, so learner
-  updates are always seen);
+  projections into another (`Dense`): in bf16 on the CPU, oneDNN-packed copies of the weights,
+  the output head's too (~1.0× the model's size); in fp32 on the CPU, contiguous [in, out]
+  matrices for one row and the [out, in] weights for more (1.3×); elsewhere [in, out] matrices
+  (~0.8×). The engine rebuilds them when a parameter's version counter shows a change, so
+  learner updates are always seen;
 - attention for the single new token as two batched matrix products over the key/value heads,
   with the query heads of each group stacked, so nothing is repeated;
 - finished rows kept in the buffers until a quarter of them are dead, then removed in one
@@ -41,12 +42,16 @@ path to float rounding. Supported: the architectures in `SUPPORTED` without slid
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 from torch.nn.modules import module as nn_module
 from transformers import DynamicCache, PreTrainedModel
+
+log = logging.getLogger(__name__)
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 GROW = 64  # key/value buffer columns added at a time
@@ -135,19 +140,35 @@ PACK_ROWS = 8
 
 
 def packed_form(weight: torch.Tensor) -> bool:
-    """Whether `Dense` runs on a oneDNN-packed copy: bf16 on a CPU whose PyTorch has oneDNN."""
-    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """Whether `Dense` runs on a oneDNN-packed copy: bf16 on a CPU where oneDNN packs bf16
+    (`bf16_packing_unavailable`)."""
+    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and bf16_packing_unavailable() is None
+
+
+@functools.cache
+def bf16_packing_unavailable() -> str | None:
+    """Why oneDNN cannot pack a bf16 weight here, or None: a PyTorch without oneDNN's linear, or a
+    CPU it has no bf16 path for (it asks for AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU
+    such as a Zen 3 has neither). Probed once on a small weight and logged, so a bench that runs
+    the plain bf16 product says why."""
+    why = None
+    if not torch.backends.mkldnn.is_available():
+        why = "this PyTorch has no oneDNN"
+    else:
+        try:
+            probe = torch.ones(16, 16, dtype=torch.bfloat16)
+            packed = torch.ops.mkldnn._reorder_linear_weight(probe, PACK_ROWS)
+            torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")
+        except (AttributeError, RuntimeError) as e:
+            why = f"oneDNN's packed bf16 linear is unavailable here ({str(e).splitlines()[0][:160]})"
+    if why is not None:
+        log.info("bf16 decoding runs the plain product: %s", why)
+    return why
 
 
 def onednn_packed(weight: torch.Tensor) -> torch.Tensor | None:
     """The [out, in] weight reordered for oneDNN's linear where `packed_form`, else None."""
-    if not packed_form(weight):
-        return None
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS)
-    except (AttributeError, RuntimeError):  # a PyTorch build without oneDNN's linear
-        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS) if packed_form(weight) else None
 
 
 def left_form(weight: torch.Tensor) -> bool:
@@ -195,10 +216,12 @@ class Int8:
     fp32 model, by the kernel's bf16 activations and results). It holds both copies of q (1 + 2
     bytes a weight beside a bf16 model, 1 + 4 beside an fp32 one).
 
-    A decode step of a few rows is memory-bound (the weights stream from memory at every token),
-    so reading half the bytes is the gain: on a Zen 4 EPYC 1.45-1.67× bf16's own weights at 1-2
-    rows, 1.3-1.5× at 4; there float16 (`Float16`) is as fast from 2 rows and adds no mismatch,
-    where int8 adds ~0.025 nats a token to bf16's ~0.04 on the bundled model (docs/performance.md).
+    At a few rows every weight streams from memory once a token, so reading half the bytes is
+    the gain: on a Zen 4 EPYC the engine ran 1.24-1.36× bf16's own (packed) weights at one row,
+    1.24-1.30× at two, and level from four (docs/performance.md, session 14; 1.45-1.67× at 1-2
+    rows against the plain bf16 product before packing). There float16 (`Float16`) is as fast
+    from 2 rows and adds no mismatch, where int8 adds ~0.025 nats a token to bf16's ~0.04 on the
+    bundled model.
     Unlike fbgemm's W8A8 dynamic quantization (dropped: 0.49 nats of mismatch on the bundled
     model), nothing here rounds the activations to 8 bits."""
 
@@ -257,9 +280,9 @@ def weights_unavailable(fmt: str) -> str | None:
 class FusedWeights:
     """The decoder's weights, from the model's current parameters, with q/k/v fused into one
     projection and the MLP's gate/up into another. ``fmt`` "model" keeps the model's numbers
-    (`Dense`; the output head too where it runs as `(W xᵀ)ᵀ`, else the head is left to the
-    model); "float16" and "int8" store every projection and the output head in that format
-    (`Float16`, `Int8`)."""
+    (`Dense`; the output head too where it runs as fp32 `(W xᵀ)ᵀ` on its own weight or bf16 on a
+    packed copy, else the head is left to the model); "float16" and "int8" store every
+    projection and the output head in that format (`Float16`, `Int8`)."""
 
     def __init__(self, model: PreTrainedModel, fmt: str = "model") -> None:
         make: type[Dense] | type[Float16] | type[Int8] = Dense if fmt == "model" else WEIGHTS[fmt]

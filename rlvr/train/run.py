@@ -119,10 +119,10 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     """Load the model, tokenizer, task and rewards; build the engine, the learner and the methods
     the config asks for (which may screen the initial policy first: DPH-RL's rehearsal set, with
     a progress bar unless quiet). `model_spec` is the checkpoint a resumed run starts from."""
-    from rlvr.agents.openai_agent import EPISODE_BUILDERS
+    from rlvr.agents.openai_agent import SERVED_IN_PROCESS
 
     # ~1.4x faster learner steps on CPU; one arena where a server thread samples beside the learner (rlvr.runtime)
-    keep_freed_memory(one_arena=cfg.env.name in EPISODE_BUILDERS)
+    keep_freed_memory(one_arena=cfg.env.name in SERVED_IN_PROCESS)
     torch.manual_seed(cfg.seed)
     sandbox.configure(cfg.sandbox.isolation, cfg.sandbox.sandbox_limits(), cfg.sandbox.parallelism)  # for code rewards
     spec = model_spec or cfg.model
