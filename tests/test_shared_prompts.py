@@ -254,6 +254,16 @@ def test_prompts_are_shared_only_where_that_is_cheaper(monkeypatch: pytest.Monke
     assert shares_prompts(group(50, 24)) and shares_prompts(group(448, 64))
     assert run_cost(group(448, 64)) == pytest.approx(COST * (448 + 8 * 63))
     assert not shares_prompts(group(50, 24)[:1])  # nothing repeats
+    # an episode's closing observation (untrained, after its last trained token) is never run,
+    # so it costs nothing: 8 rows of 64 + 192 whose last 100 tokens are an observation cost as
+    # 8 rows of 64 + 92, whole or shared
+    closing = [dataclasses.replace(x, completion=dataclasses.replace(x.completion, loss_mask=(1,) * 92 + (0,) * 100))
+               for x in group(64, 192)]
+    assert run_cost(closing, share=False) == 8 * (64 + 92)
+    assert shared_tokens(closing) == 64 + 8 * 91
+    untrained = [dataclasses.replace(x, completion=dataclasses.replace(x.completion, loss_mask=(0,) * 192))
+                 for x in group(64, 192)]
+    assert run_cost(untrained, share=False) == 8 * 64 and shared_tokens(untrained) == 64
 
     counts: list[int] = []
     model = exact_model()

@@ -43,10 +43,18 @@ causal kernel), and the cache is selected per row. Measured per token run: 1.53Ã
 short prompts with long completions run whole."""
 
 
+def trained_through(x: Sample) -> int:
+    """The completion tokens the learner runs for `x`: through its last trained token (``loss_mask``),
+    since neither path runs the columns after it (an episode's closing observation, say)."""
+    mask = x.completion.loss_mask
+    return len(x.completion.token_ids) if mask is None else max((i + 1 for i, m in enumerate(mask) if m), default=0)
+
+
 def run_cost(rows: list[Sample], share: bool = True) -> float:
-    """One micro-batch's learner cost in whole-row tokens: its rows padded to the longest, or,
-    with ``share`` where prompts repeat and it is cheaper, its `shared_tokens` at SHARED_TOKEN_COST."""
-    whole = len(rows) * max(x.num_tokens for x in rows)
+    """One micro-batch's learner cost in whole-row tokens: its rows padded to the longest run
+    (each through its last trained token), or, with ``share`` where prompts repeat and it is
+    cheaper, its `shared_tokens` at SHARED_TOKEN_COST."""
+    whole = len(rows) * max(len(x.prompt_ids) + trained_through(x) for x in rows)
     if not share or len({x.prompt_key for x in rows}) == len(rows):
         return whole
     return min(whole, SHARED_TOKEN_COST * shared_tokens(rows))
@@ -85,10 +93,10 @@ def micro_batches(indices: list[int], samples: list[Sample], size: int,
 
 def shared_tokens(rows: list[Sample]) -> int:
     """The tokens `sample_logprobs` runs for one micro-batch with its prompts shared: each
-    distinct prompt once (padded to the longest), and each completion but its last token
-    (padded to the longest)."""
+    distinct prompt once (padded to the longest), and each completion through its last trained
+    token but for that token (padded to the longest)."""
     prompts = {x.prompt_key: len(x.prompt_ids) for x in rows}
-    return len(prompts) * max(prompts.values()) + len(rows) * (max(len(x.completion.token_ids) for x in rows) - 1)
+    return len(prompts) * max(prompts.values()) + len(rows) * max(max(trained_through(x) for x in rows) - 1, 0)
 
 
 def batches(samples: list[Sample], indices: list[int], pad_token_id: int, device: torch.device, size: int,
