@@ -103,15 +103,8 @@ def part_agreement(device: str) -> dict[str, Any]:
         for name, kwargs in decoders.items():
             engine = EmbeddedEngine(model, NoText(), eos_token_ids=[], **kwargs)  # type: ignore[arg-type]
             sampled = engine.generate(prompts, SamplingParams(max_new_tokens=40, n=3))
-            worst = 0.0
-            for prompt, group in zip(prompts, sampled):
-                for c in group:
-                    ids = torch.tensor([prompt + list(c.token_ids)], device=device)
-                    with torch.no_grad():
-                        logp = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)
-                    ref = logp.gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
-                    worst = max(worst, (ref - torch.tensor(c.logprobs, device=device)).abs().max().item())
-            row[f"{name}_logprob_max_abs_diff"] = worst
+            row[f"{name}_logprob_max_abs_diff"] = max(logprob_gap(model, prompt, c, device)
+                                                      for prompt, group in zip(prompts, sampled) for c in group)
             done = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=40, n=1))
             greedy[name] = [list(g[0].token_ids) for g in done]
         for name in ("static", "static_eager"):
@@ -119,6 +112,16 @@ def part_agreement(device: str) -> dict[str, Any]:
             row[f"{name}_greedy_tokens_equal_hf"] = f"{same}/{sum(len(s) for s in greedy[name])}"
         out[shape] = row
     return out
+
+
+def logprob_gap(model: Any, prompt: list[int], completion: Any, device: str) -> float:
+    """The largest difference between the engine's log-prob of a sampled token and a plain HF
+    forward's over the whole sequence (no cache, no padding)."""
+    ids = torch.tensor([prompt + list(completion.token_ids)], device=device)
+    with torch.no_grad():
+        logp = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)
+    ref = logp.gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+    return (ref - torch.tensor(completion.logprobs, device=device)).abs().max().item()
 
 
 def part_prefixes(device: str) -> dict[str, Any]:
@@ -155,13 +158,7 @@ def part_prefixes(device: str) -> dict[str, Any]:
                     whole = engine._prefill_whole(prompts)[1]
                     worst_prefill = max(worst_prefill, (reused - whole).abs().max().item())
                 groups = engine.generate(prompts, params)
-                for prompt, group in zip(prompts, groups):
-                    c = group[0]
-                    ids = torch.tensor([prompt + list(c.token_ids)], device=device)
-                    with torch.no_grad():
-                        logp = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)
-                    ref = logp.gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
-                    worst_logprob = max(worst_logprob, (ref - torch.tensor(c.logprobs, device=device)).abs().max().item())
+                worst_logprob = max(worst_logprob, *(logprob_gap(model, p, g[0], device) for p, g in zip(prompts, groups)))
                 prompts = [p + list(g[0].token_ids) + random_prompts(1, 3 + i, 512, seed=turn * 10 + i)[0]
                            for i, (p, g) in enumerate(zip(prompts, groups))]
         out[shape] = {"logprob_max_abs_diff": worst_logprob, "reused_vs_whole_prefill_logits_max_abs_diff": worst_prefill,

@@ -10,7 +10,7 @@ Variants, each the same product up to rounding, of the weight each one stores:
   linear    F.linear(x, W_t) on the [out, in] weight (nn.Linear, the model's lm_head)
   (Wx)^T    (W_t @ x^T)^T: the same product with the long side as the rows
   Dense     the static decoder's projection on the model's weights (rlvr.rollout.static_decode):
-            fp32 x@W at one row, (Wx)^T from two; bf16 x@W
+            fp32 x@W at one row, (Wx)^T from two; bf16 oneDNN-packed (the onednn variant)
   mklpack   MKL's packed sgemm (torch.ops.mkl._mkl_linear on a weight packed once, for 8 rows, by
             _mkl_reorder_linear_weight; fp32 only)
   onednn    oneDNN's prepacked linear (torch.ops.mkldnn._linear_pointwise on a weight reordered

@@ -83,8 +83,12 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
                        do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens, top_k=0,
                        top_p=1.0, temperature=1.0, pad_token_id=tokenizer.pad_token_id)
         row["hf_generate_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
-        row["llama_cpp_tok_s"] = (_llama_cpp(ids, group, new_tokens) if llama_cpp and model_spec == MODEL
-                                  else "skipped" if llama_cpp is False else "only for the bundled model's GGUF")
+        if not llama_cpp:
+            row["llama_cpp_tok_s"] = "skipped"
+        elif model_spec != MODEL:
+            row["llama_cpp_tok_s"] = "only for the bundled model's GGUF"
+        else:
+            row["llama_cpp_tok_s"] = _llama_cpp(ids, group, new_tokens)
         row["rlvr_vs_hf"] = round(row["rlvr_static_tok_s"] / row["hf_generate_tok_s"], 2)
         if isinstance(row["llama_cpp_tok_s"], float):
             row["rlvr_vs_llama_cpp"] = round(row["rlvr_static_tok_s"] / row["llama_cpp_tok_s"], 2)
