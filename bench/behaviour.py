@@ -50,7 +50,9 @@ CASES: dict[str, list[str]] = {
 
 def record(checkout: Path, out: Path, cases: list[str]) -> None:
     """Run each case with `checkout`'s rlvr; metrics land in out/<case>/metrics.jsonl."""
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    # the fixed forms of the fp32 decode products, not the plan probed on this CPU: the same forms on
+    # both checkouts (one before session 15 knows no other), so only the change compared can differ
+    env = {**os.environ, "PYTHONPATH": str(checkout), "RLVR_PRODUCTS": "fixed"}
     for case in cases:
         cmd = [sys.executable, "-m", "rlvr.cli", "train", *CASES[case], f"name={case}", f"output_dir={json.dumps(str(out))}",
                "log.report=false"]

@@ -9,15 +9,16 @@ Variants, each the same product up to rounding, of the weight each one stores:
   x@W       the static decoder's form: x [M, in] @ W [in, out], contiguous
   linear    F.linear(x, W_t) on the [out, in] weight (nn.Linear, the model's lm_head)
   (Wx)^T    (W_t @ x^T)^T: the same product with the long side as the rows
-  Dense     the static decoder's projection on the model's weights (rlvr.rollout.static_decode):
-            fp32 x@W at one row, (Wx)^T from two; bf16 oneDNN-packed (the onednn variant)
+  Dense     rlvr.rollout.weights.Dense on its fixed plan (no probe): fp32 x@W at one row, (Wx)^T
+            from two; bf16 oneDNN-packed (the onednn variant). An fp32 decoder runs the plan
+            probed on its CPU instead, chosen among these variants (bench/dense_forms.py)
   mklpack   MKL's packed sgemm (torch.ops.mkl._mkl_linear on a weight packed once, for 8 rows, by
             _mkl_reorder_linear_weight; fp32 only)
   onednn    oneDNN's prepacked linear (torch.ops.mkldnn._linear_pointwise on a weight reordered
             by _reorder_linear_weight for batch 8), what inductor's CPU backend calls
-  fp16w     `engine.dtype = "float16"` (static_decode.Float16): fbgemm's prepacked float16
+  fp16w     `engine.dtype = "float16"` (weights.Float16): fbgemm's prepacked float16
             weight, fp32 activations and sums
-  int8w     `engine.dtype = "int8"` (static_decode.Int8, AVX-512 only): torch's weight-only int8
+  int8w     `engine.dtype = "int8"` (weights.Int8, AVX-512 only): torch's weight-only int8
             kernel with bf16 activations up to its KERNEL_ROWS rows, the dequantized weight beyond
   int4w     torch's weight-only int4 kernel (groups of 32, bf16 activations; AVX-512 only), not an
             engine format: how far 4-bit weights would go
@@ -35,7 +36,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from rlvr.rollout.static_decode import Dense, Float16, Int8, weights_unavailable
+from rlvr.rollout.weights import Dense, Float16, Int8, weights_unavailable
 
 # the bundled SmolLM2-135M's decode products: hidden 576, 9 heads and 3 kv heads of 64, MLP 1536
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}

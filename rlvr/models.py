@@ -76,7 +76,7 @@ def fast_bf16(device: torch.device | str = "cpu") -> bool:
         return bf16_supported(device)
     if not bf16_supported("cpu"):
         return False
-    key = f"{platform.processor() or platform.machine()}|{_cpu_model()}|torch {torch.__version__}"
+    key = f"{platform.processor() or platform.machine()}|{cpu_model()}|torch {torch.__version__}"
     path = cache_dir() / "dtype.json"
     try:
         known = json.loads(path.read_text())
@@ -90,12 +90,25 @@ def fast_bf16(device: torch.device | str = "cpu") -> bool:
     return known[key] >= 1.2
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it ("unknown" elsewhere): what per-machine
+    measurements are cached under."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return "unknown"
+
+
+@functools.cache
+def cpu_signature() -> str:
+    """The CPU as a cache key for measurements that depend on it: model name, family and model
+    numbers and speed flags (the model name alone, e.g. "AMD EPYC", covers several generations)."""
+    try:
+        d = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:  # not Linux
+        return platform.processor() or platform.machine()
+    return f"{d['model']} (family {d['family']} model {d['model_id']}) {' '.join(d['flags'])}"
 
 
 SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",

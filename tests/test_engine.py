@@ -406,7 +406,8 @@ def test_static_decoder_shares_prompt_keys_through_every_layout(
     CPU, as it is): the new key and value go to a column held in a tensor, attention reads every
     column with the later ones masked, and finished slots keep running; it must give the same
     logits. "replayed" also captures and replays it per layout (`FakeGraphs`)."""
-    from rlvr.rollout.static_decode import GROW, FusedWeights, StaticDecoder
+    from rlvr.rollout.static_decode import GROW, StaticDecoder
+    from rlvr.rollout.weights import FusedWeights
 
     monkeypatch.setattr(static_decode, "SHARE_FROM", 0)  # share even the tests' short prompts
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]  # 2, 19 and 4 tokens: left padding
@@ -452,7 +453,8 @@ def test_steps_are_not_captured_where_a_graph_would_break(tiny_model: Model, tin
     in fixed shapes, uncaptured, and give the same logits."""
     from transformers import LlamaConfig
 
-    from rlvr.rollout.static_decode import FusedWeights, StaticDecoder, graphs_unsupported
+    from rlvr.rollout.static_decode import StaticDecoder, graphs_unsupported
+    from rlvr.rollout.weights import FusedWeights
 
     assert graphs_unsupported(tiny_model) is None
     config = LlamaConfig(**{**tiny_model.config.to_dict(), "rope_parameters": {"rope_type": "dynamic", "factor": 2.0,
@@ -477,7 +479,8 @@ def test_steps_are_not_captured_where_a_graph_would_break(tiny_model: Model, tin
 
 def test_static_decoder_shares_only_where_it_saves_enough_reads(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
     """Prompt keys are shared when (n - 1) · prompts · width ≥ SHARE_FROM, else copied per sample."""
-    from rlvr.rollout.static_decode import SHARE_FROM, FusedWeights, StaticDecoder
+    from rlvr.rollout.static_decode import SHARE_FROM, StaticDecoder
+    from rlvr.rollout.weights import FusedWeights
 
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
     short, wide = [1, 5, 7], [1, 5, 7] * (SHARE_FROM // 3 // 3 + 1)  # (4 - 1) · 1 · width below / above it

@@ -20,8 +20,10 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rlvr.config import load_config
 from rlvr.rollout.engine import EmbeddedEngine
-from rlvr.rollout.static_decode import (Dense, Float16, FusedWeights, Int8, StaticDecoder, bf16_packing_unavailable,
-                                        packed_form)
+from rlvr.rollout import weights as weights_module
+from rlvr.rollout.static_decode import StaticDecoder
+from rlvr.rollout.weights import (FORMS, ROWS, Dense, Float16, FusedWeights, Int8, Plans, bf16_packing_unavailable, bucket,
+                                  choose_plan, fixed_plan, packed_form, product_plans)
 from rlvr.train.loop import train
 from tests.test_engine_contract import PROMPTS, encode
 from tests.test_train import FP32, overrides, read_metrics
@@ -59,67 +61,147 @@ def test_the_static_decoder_on_float16_weights_matches_a_full_forward(
     assert isinstance(weights.qkv[0], Float16) and isinstance(weights.head, Float16)
     steps_against_a_full_forward(engine, weights, prompts, lambda full: 1e-4)
     fp32 = FusedWeights(model)
-    assert isinstance(fp32.qkv[0], Dense) and isinstance(fp32.head, Dense)
-    assert fp32.head.w_oi is not None and fp32.head.w_oi.data_ptr() == model.lm_head.weight.data_ptr()  # no copy
+    assert isinstance(fp32.qkv[0], Dense) and isinstance(fp32.head, Dense) and fp32.plans is not None
+    assert fp32.head.plan == fp32.plans.head and fp32.qkv[0].plan == fp32.plans.layers
     bf16 = FusedWeights(copy.deepcopy(model).bfloat16())
     if packed_form(model.lm_head.weight.bfloat16()):  # a oneDNN-packed copy, as every projection
-        assert isinstance(bf16.head, Dense) and bf16.head.packed is not None
+        assert isinstance(bf16.head, Dense) and bf16.head.plan == ("onednn",) * len(ROWS)
     else:  # the model's own head, no copy made
         assert bf16.head is None
 
 
-@pytest.mark.parametrize("dtype, packed", [(torch.float32, False), (torch.bfloat16, True), (torch.bfloat16, False)])
-def test_dense_gives_the_product_for_every_row_count(dtype: torch.dtype, packed: bool,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """`Dense` runs one row and several rows in different forms (fp32: `x @ W` on an [in, out]
-    copy, then `(W xᵀ)ᵀ` on the weight itself; bf16: oneDNN's linear on a packed copy, or `x @ W`
-    where PyTorch has no oneDNN): each is the product x Wᵀ up to summation order.
-    Bound: fp32 accumulation of 64 terms, ≤ 64 · 2^-24 of Σ|x·w| (< 1e-5 of it); bf16 rounds the
-    result to 8 bits (2^-8 of |y| ≤ Σ|x·w|). The [out, in] form reuses the weight's storage."""
-    from rlvr.rollout import static_decode
+def available_forms(dtype: torch.dtype) -> list[str]:
+    return [name for name in FORMS if weights_module._form_unavailable(name, dtype) is None]
 
-    if packed and (why := bf16_packing_unavailable()):
-        pytest.skip(why)
-    if not packed:
-        monkeypatch.setattr(static_decode, "packed_form", lambda weight: False)
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_form_gives_the_product_for_every_row_count(dtype: torch.dtype) -> None:
+    """Each form `Dense` can run (`FORMS`: `nn.Linear`, `(W xᵀ)ᵀ`, `x @ W` on a copy, MKL's and
+    oneDNN's packed products, those this PyTorch has) is the product x Wᵀ up to summation order,
+    at every row count, and a plan mixing them runs each bucket in its own form.
+    Bound: fp32 accumulation of 64 terms, ≤ 64 · 2^-24 of Σ|x·w| (< 1e-5 of it); bf16 rounds the
+    result to 8 bits (2^-8 of |y| ≤ Σ|x·w|)."""
     gen = torch.Generator().manual_seed(0)
     w_oi = (torch.randn(96, 64, generator=gen) * 0.05).to(dtype)
     bound = 1e-5 if dtype == torch.float32 else 2**-8
-    for single_row in (True, False):
-        dense = Dense(w_oi, single_row=single_row)
-        assert (dense.packed is not None) == packed
-        for rows in (1, 2, 3, 17):
+    forms = available_forms(dtype)
+    assert {"linear", "left", "xw"} <= set(forms)
+    mixed = tuple(forms[i % len(forms)] for i in range(len(ROWS)))
+    for plan in [(name,) * len(ROWS) for name in forms] + [mixed]:
+        dense = Dense(w_oi, plan)
+        for rows in (1, 2, 3, 5, 17, 64, 100):
             x = torch.randn(rows, 64, generator=gen).to(dtype)
             y = dense(x)
             assert y.shape == (rows, 96) and y.dtype == dtype and y.is_contiguous()
             exact = x.double() @ w_oi.double().T
             scale = x.double().abs() @ w_oi.double().abs().T
-            assert ((y.double() - exact).abs() / scale).max() < bound, (single_row, rows)
-    head_like = Dense(w_oi, single_row=False)
-    if dtype == torch.float32:
-        assert head_like.w_oi is not None and head_like.w_oi.data_ptr() == w_oi.data_ptr() and head_like.w_io is None
-    elif packed:  # the packed copy only
-        assert head_like.w_oi is None and head_like.w_io is None
-    else:  # not MKL's sgemm: the [in, out] copy only
-        assert head_like.w_oi is None and head_like.w_io is not None
+            assert ((y.double() - exact).abs() / scale).max() < bound, (plan, rows)
 
 
+def test_a_plan_runs_each_row_count_in_its_buckets_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows r run in the form of the smallest bucket ≥ r (the last for more), and a `Dense` keeps
+    only what its plan's forms need: the model's weight itself for "linear" and "left"."""
+    assert [bucket(r) for r in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65, 1000)] == [0, 1, 2, 2, 3, 3, 4, 4, 5, 6, 6, 6, 6]
+    ran: list[str] = []
+    for name in ("linear", "xw"):
+        form = FORMS[name]
+        monkeypatch.setitem(FORMS, name, form._replace(run=lambda k, x, run=form.run, name=name: ran.append(name) or run(k, x)))
+    w = torch.randn(8, 4)
+    dense = Dense(w, ("linear", "xw", "linear", "linear", "xw", "xw", "xw"))
+    for rows in (1, 2, 3, 4, 9, 200):
+        dense(torch.randn(rows, 4))
+    assert ran == ["linear", "xw", "linear", "linear", "xw", "xw"]
+    assert Dense(w, ("left",) * len(ROWS)).by_bucket[0][1].data_ptr() == w.data_ptr()  # no copy
+
+
+def test_choose_plan_takes_each_buckets_fastest_within_one_copy_of_the_weights() -> None:
+    """Hand-made timings over the 7 buckets. Free forms ("linear", "left") always count; of the
+    forms that copy the weight, one at most: "mkl" wins buckets 1-3 by a little and "onednn"
+    buckets 4-7 by a lot, so "onednn" is the copy kept (mean slowdown against the fastest form at
+    each bucket: with onednn 1.1 at buckets 1-3, else 1; with mkl 1 at 1-3 and 2 at 4-7)."""
+    times = {"linear": [5, 5, 5, 5, 5, 5, 5], "left": [4, 1.1, 4, 8, 8, 8, 8],
+             "mkl": [1, 1, 1, 4, 4, 4, 4], "onednn": [1.1, 1.2, 1.1, 2, 2, 2, 2]}
+    assert choose_plan(times) == ("onednn", "left", "onednn", "onednn", "onednn", "onednn", "onednn")
+    times["mkl"] = [1, 1, 1, 2.1, 2.1, 2.1, 2.1]  # now close everywhere and better at 1-3: mkl
+    assert choose_plan(times) == ("mkl", "mkl", "mkl", "mkl", "mkl", "mkl", "mkl")
+    assert choose_plan({"linear": [2] * 7, "left": [1] * 7}) == ("left",) * 7  # no copying form: none kept
+    assert choose_plan({"linear": [2] * 7, "left": [1] * 7, "xw": [1.5] * 7}) == ("left",) * 7  # a copy only where it wins
+
+
+def test_fp32_plans_are_probed_once_a_machine_unless_fixed(tiny_model: LlamaForCausalLM, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An fp32 model on a CPU gets plans measured on its own weights (`probe_plan`): once for its
+    CPU, torch version and shapes, kept in $RLVR_CACHE/products.json, so another process (a resumed
+    run, a worker) reads the same plans without measuring. RLVR_PRODUCTS=fixed gives
+    `fixed_plan`, as does a bf16 model; any other value is refused."""
+    monkeypatch.setattr(weights_module, "_PROBED", {})
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path))
+    monkeypatch.delenv("RLVR_PRODUCTS", raising=False)
+    probed: list[list[tuple[int, ...]]] = []
+
+    def probe(weights: list[torch.Tensor], reps: int = 2) -> tuple[str, ...]:
+        probed.append([tuple(w.shape) for w in weights])
+        return ("left",) * len(ROWS)
+
+    monkeypatch.setattr(weights_module, "probe_plan", probe)
+    plans = product_plans(tiny_model)
+    layer = tiny_model.model.layers[0]
+    assert plans == Plans(("left",) * len(ROWS), ("left",) * len(ROWS))
+    assert probed[0][:4] == [tuple(w.shape) for w in weights_module.fused(layer)]  # the layers' fused weights
+    assert probed[1] == [tuple(tiny_model.lm_head.weight.shape)]  # the whole head: under PROBE_BYTES
+    assert product_plans(copy.deepcopy(tiny_model)) == plans and len(probed) == 2  # the same shapes: not again
+    monkeypatch.setattr(weights_module, "_PROBED", {})  # another process on this machine
+    assert product_plans(tiny_model) == plans and len(probed) == 2
+    assert (tmp_path / "products.json").exists()
+    head = tiny_model.lm_head.weight
+    monkeypatch.setenv("RLVR_PRODUCTS", "fixed")
+    assert product_plans(tiny_model) == Plans(fixed_plan(head), fixed_plan(head, head=True))
+    monkeypatch.setenv("RLVR_PRODUCTS", "yes")
+    with pytest.raises(ValueError, match="RLVR_PRODUCTS"):
+        product_plans(tiny_model)
+    monkeypatch.delenv("RLVR_PRODUCTS")
+    bf16 = copy.deepcopy(tiny_model).bfloat16()
+    assert product_plans(bf16) == Plans(fixed_plan(bf16.lm_head.weight), fixed_plan(bf16.lm_head.weight, head=True))
+    assert len(probed) == 2
+
+
+def test_the_probe_leaves_the_global_random_state_alone(tiny_model: LlamaForCausalLM) -> None:
+    """A run's random draws are its own: probing (the first fp32 engine of a process, or not, as the
+    cache decides) must not move the global generator, or a resumed run would diverge."""
+    state = torch.get_rng_state()
+    weights_module.probe_plan(list(weights_module.fused(tiny_model.model.layers[0])), reps=1)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_the_real_probe_times_every_available_form(tiny_model: LlamaForCausalLM,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`probe_plan` on the tiny model's weights: a plan of forms this PyTorch has, one per bucket,
+    with at most one form that copies the weight; a form that gives a wrong product is never
+    chosen, however fast."""
+    plan = weights_module.probe_plan(list(weights_module.fused(tiny_model.model.layers[0])), reps=1)
+    assert len(plan) == len(ROWS) and set(plan) <= set(available_forms(torch.float32))
+    assert sum(FORMS[name].copies for name in set(plan)) <= 1
+    wrong = FORMS["xw"]._replace(run=lambda w, x: torch.zeros(len(x), w.shape[1], dtype=x.dtype))
+    monkeypatch.setitem(FORMS, "xw", wrong)
+    assert "gives a wrong product" in (weights_module._form_unavailable("xw", torch.float32) or "")
+    assert "xw" not in weights_module.probe_plan(list(weights_module.fused(tiny_model.model.layers[0])), reps=1)
+
+
+@torch.no_grad()
 def test_bf16_without_onednn_packing_runs_the_plain_product(monkeypatch: pytest.MonkeyPatch,
                                                             tiny_model: LlamaForCausalLM) -> None:
     """Where oneDNN cannot pack bf16 (no oneDNN; an AVX2-only CPU), the probe says why, and the
     decoder keeps the plain bf16 forms: an [in, out] copy per projection and the model's own
     output head (no extra copy of it)."""
-    from rlvr.rollout import static_decode
-
-    static_decode.bf16_packing_unavailable.cache_clear()
+    bf16_packing_unavailable.cache_clear()
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     try:
-        assert static_decode.bf16_packing_unavailable() == "this PyTorch has no oneDNN"
+        assert bf16_packing_unavailable() == "this PyTorch has no oneDNN"
         weights = FusedWeights(copy.deepcopy(tiny_model).bfloat16())
-        assert isinstance(weights.qkv[0], Dense) and weights.qkv[0].packed is None and weights.qkv[0].w_io is not None
+        assert isinstance(weights.qkv[0], Dense) and weights.qkv[0].plan == ("xw",) * len(ROWS)
         assert weights.head is None
     finally:
-        static_decode.bf16_packing_unavailable.cache_clear()
+        bf16_packing_unavailable.cache_clear()
 
 
 def test_the_engine_refuses_what_the_formats_cannot_run(
@@ -263,11 +345,29 @@ def test_the_bf16_static_decoder_on_packed_weights_matches_a_full_forward(
         pytest.skip(why)
     model = copy.deepcopy(tiny_model).bfloat16()
     weights = FusedWeights(model)
-    assert all(isinstance(p, Dense) and p.packed is not None for p in (*weights.qkv, *weights.down, weights.head))
+    assert all(isinstance(p, Dense) and p.plan == ("onednn",) * len(ROWS) for p in (*weights.qkv, *weights.down, weights.head))
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     engine = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
     worst = steps_against_a_full_forward(engine, weights, prompts, lambda full: 0.08 * float(full.abs().max()))
     assert worst > 0  # bf16 rounding differs somewhere: the comparison is not of a tensor with itself
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("form", list(FORMS))
+def test_the_fp32_static_decoder_matches_a_full_forward_in_every_form(
+    form: str, tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever plan the probe picks, the decoder's wiring holds: with every projection and the
+    head in one form, each decode step's logits equal a full fp32 forward pass to summation order
+    (1e-4, as the float16 test on exact copies)."""
+    if why := weights_module._form_unavailable(form, torch.float32):
+        pytest.skip(why)
+    plan = (form,) * len(ROWS)
+    monkeypatch.setattr(weights_module, "product_plans", lambda model: Plans(plan, plan))
+    weights = FusedWeights(tiny_model)
+    assert isinstance(weights.head, Dense) and weights.head.plan == plan and weights.qkv[0].plan == plan
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+    steps_against_a_full_forward(engine, weights, [encode(tiny_tokenizer, p) for p in PROMPTS], lambda full: 1e-4)
 
 
 def steps_against_a_full_forward(engine: EmbeddedEngine, weights: FusedWeights, prompts: list[list[int]],

@@ -54,7 +54,7 @@ def prompt_ids(tokenizer: Any, count: int) -> list[list[int]]:
 def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = True, model_spec: str = MODEL) -> dict[str, Any]:
     from rlvr.models import load_model, load_tokenizer
     from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.rollout.static_decode import weights_unavailable
+    from rlvr.rollout.weights import weights_unavailable
     from rlvr.types import SamplingParams
 
     tokenizer, model = load_tokenizer(model_spec), load_model(model_spec, "auto")
@@ -95,9 +95,15 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
         rows.append(row)
     result = {"part": "generate", "model": model_spec, "dtype": str(model.dtype), "new_tokens": new_tokens, "rows": rows}
     if model.dtype == torch.bfloat16 and model.device.type == "cpu":  # which product the static decoder ran
-        from rlvr.rollout.static_decode import bf16_packing_unavailable
+        from rlvr.rollout.weights import bf16_packing_unavailable
 
         result["bf16_products"] = bf16_packing_unavailable() or "oneDNN-packed"
+    if model.dtype == torch.float32 and model.device.type == "cpu":  # the forms the probe chose (cached: not re-run)
+        from rlvr.rollout.weights import ROWS, product_plans
+
+        plans = product_plans(model)
+        result["fp32_products"] = {"rows": "/".join(map(str, ROWS)), "layers": "/".join(plans.layers),
+                                   "head": "/".join(plans.head)}
     return result
 
 

@@ -40,7 +40,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     from rlvr.data import render_example, render_prompt
     from rlvr.models import eos_token_ids, load_policy, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.rollout.static_decode import decode_weights
+    from rlvr.rollout.weights import decode_weights
     from rlvr.data.images import image_token_ids
     from rlvr.train.data import load_examples, render_with_processor
     from rlvr.train.rollouts import generate_groups

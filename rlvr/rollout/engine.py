@@ -42,14 +42,8 @@ from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.models import with_cache
 from rlvr.rollout.prefixes import PrefixPlan, PrefixStore, Stored, plan_prefixes
 from rlvr.rollout.sampling import sample_tokens
-from rlvr.rollout.static_decode import (
-    FusedWeights,
-    StaticDecoder,
-    StepGraphs,
-    cache_tensors,
-    unsupported_reason,
-    weights_unavailable,
-)
+from rlvr.rollout.static_decode import StaticDecoder, StepGraphs, cache_tensors, unsupported_reason
+from rlvr.rollout.weights import FusedWeights, weights_unavailable
 from rlvr.types import Completion, FinishReason, PromptMedia, SamplingParams
 
 
@@ -119,7 +113,7 @@ class EmbeddedEngine:
 
         ``weights`` (`engine.dtype = "float16"` or `"int8"`): "model" decodes with the model's own
         weights; "float16" with float16 copies, "int8" with weight-only int8 ones
-        (rlvr.rollout.static_decode.Float16, Int8; the static decoder on CPU only). The prompt's prefill always runs the model itself. The
+        (rlvr.rollout.weights.Float16, Int8; the static decoder on CPU only). The prompt's prefill always runs the model itself. The
         completions' log-probs are the engine's own, so the learner sees the difference as a
         rollout/training mismatch (`algo.offpolicy` corrects it).
 

@@ -9,20 +9,20 @@ module runs the same weights with
   preallocated buffer per layer for the sampled tokens only, written in place one column per
   step (grown in blocks when full);
 - the query, key and value projections fused into one matrix product, and the MLP's gate and up
-  projections into another (`Dense`): in bf16 on the CPU, oneDNN-packed copies of the weights,
-  the output head's too (~1.0× the model's size); in fp32 on the CPU, contiguous [in, out]
-  matrices for one row and the [out, in] weights for more (1.3×); elsewhere [in, out] matrices
-  (~0.8×). The engine rebuilds them when a parameter's version counter shows a change, so
-  learner updates are always seen;
+  projections into another (rlvr.rollout.weights: in bf16 on the CPU, oneDNN-packed copies of
+  the weights, the output head's too, ~1.0× the model's size; in fp32 on the CPU, the forms a
+  probe of this CPU found fastest for each row count, with at most one copy of the weights;
+  elsewhere [in, out] matrices, ~0.8×). The engine rebuilds them when a parameter's version
+  counter shows a change, so learner updates are always seen;
 - attention for the single new token as two batched matrix products over the key/value heads,
   with the query heads of each group stacked, so nothing is repeated;
 - finished rows kept in the buffers until a quarter of them are dead, then removed in one
   compaction, instead of a copy of the whole cache at every step where one row finishes.
 
 On CPU the projections and the output head can run on float16 copies of the weights
-(`engine.dtype = "float16"`, `Float16`): fbgemm's prepacked kernel reads half the bytes per
+(`engine.dtype = "float16"`, `weights.Float16`): fbgemm's prepacked kernel reads half the bytes per
 token and never repacks the weight; or, on AVX-512 CPUs, on weight-only int8 copies
-(`engine.dtype = "int8"`, `Int8`): half of bfloat16's bytes (docs/performance.md).
+(`engine.dtype = "int8"`, `weights.Int8`): half of bfloat16's bytes (docs/performance.md).
 
 On a CUDA device each step is replayed as a CUDA graph (``graphs``): one launch instead of a few
 hundred small kernels, which is what bounds a small model's decode step on a GPU (13-28 ms a
@@ -42,7 +42,6 @@ path to float rounding. Supported: the architectures in `SUPPORTED` without slid
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from typing import NamedTuple
@@ -50,6 +49,8 @@ from typing import NamedTuple
 import torch
 from torch.nn.modules import module as nn_module
 from transformers import DynamicCache, PreTrainedModel
+
+from rlvr.rollout.weights import FusedWeights
 
 log = logging.getLogger(__name__)
 
@@ -93,219 +94,6 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     if config.hidden_act not in ("silu", "swish", "gelu", "gelu_pytorch_tanh", "relu"):
         return f"activation {config.hidden_act!r} is not covered"
     return None
-
-
-class Dense:
-    """A projection on the model's own numbers.
-
-    **bf16 on a CPU** (where PyTorch has oneDNN): on a copy of the weight that oneDNN reorders
-    once into its own blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, what PyTorch's
-    inductor compiler does for a bf16 linear layer), multiplied by `_linear_pointwise`. The same
-    bf16 weight and fp32 sums as a plain product, in another summation order. A decode step's
-    products run 1.3-2.3× faster this way than `x @ W` at 1-64 rows (`python bench/small_gemm.py
-    --dtype bfloat16 --stack`, Zen 4 EPYC, 2 threads: 13.7 against 24.4 ms a step at one row,
-    53.9 against 71.8 at 64; docs/LOG.md, session 14). The packed layout is the one oneDNN's
-    kernels read; a plain product takes the weight in PyTorch's layout on every call, and at a
-    few rows that costs more than the arithmetic (an explanation, not a measurement).
-
-    **Otherwise** one row runs as `x @ W` on a contiguous [in, out] copy of the [out, in] weight
-    (1.4× faster than `nn.Linear`'s `x @ Wᵀ` or a matrix-vector product on the [out, in] weight,
-    over a decode step's products on a Zen 3). From two rows on, where `left_form` applies (fp32
-    weights on a CPU whose PyTorch multiplies through MKL), it runs as `(W xᵀ)ᵀ` on the [out, in]
-    weight itself (the model's tensor, no copy, where it is already contiguous). Measured, not
-    explained: MKL's `x @ W` costs 1.6-4.8× as much for 2-16 rows as for one, and the same
-    product with the weight on the left does not (bench/small_gemm.py --stack, Zen 3: a decode
-    step's products at 4 rows 50 ms against 161, at 64 rows 189 against 265; docs/LOG.md,
-    2026-11-26). Elsewhere (other BLAS libraries, GPUs) nothing was measured and `x @ W` stays.
-    ``single_row`` False leaves out the [in, out] copy, and one row runs as `nn.Linear` does (the
-    output head: a copy the size of the embedding matrix, for a few ms a token at one row)."""
-
-    def __init__(self, weight: torch.Tensor, *, single_row: bool = True) -> None:
-        w = weight.detach()
-        self.packed = onednn_packed(w)
-        self.w_oi = w.contiguous() if left_form(w) else None
-        self.w_io = w.T.contiguous() if self.packed is None and (single_row or self.w_oi is None) else None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
-        if self.w_io is not None and (len(x) == 1 or self.w_oi is None):
-            return x @ self.w_io
-        assert self.w_oi is not None
-        return torch.nn.functional.linear(x, self.w_oi) if len(x) == 1 else (self.w_oi @ x.T).T.contiguous()
-
-
-PACK_ROWS = 8
-"""The row count oneDNN lays a packed weight out for (any count runs on it)."""
-
-
-def packed_form(weight: torch.Tensor) -> bool:
-    """Whether `Dense` runs on a oneDNN-packed copy: bf16 on a CPU where oneDNN packs bf16
-    (`bf16_packing_unavailable`)."""
-    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and bf16_packing_unavailable() is None
-
-
-@functools.cache
-def bf16_packing_unavailable() -> str | None:
-    """Why oneDNN cannot pack a bf16 weight here, or None: a PyTorch without oneDNN's linear, or a
-    CPU it has no bf16 path for (it asks for AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU
-    such as a Zen 3 has neither). Probed once on a small weight and logged, so a bench that runs
-    the plain bf16 product says why."""
-    why = None
-    if not torch.backends.mkldnn.is_available():
-        why = "this PyTorch has no oneDNN"
-    else:
-        try:
-            probe = torch.ones(16, 16, dtype=torch.bfloat16)
-            packed = torch.ops.mkldnn._reorder_linear_weight(probe, PACK_ROWS)
-            torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")
-        except (AttributeError, RuntimeError) as e:
-            why = f"oneDNN's packed bf16 linear is unavailable here ({str(e).splitlines()[0][:160]})"
-    if why is not None:
-        log.info("bf16 decoding runs the plain product: %s", why)
-    return why
-
-
-def onednn_packed(weight: torch.Tensor) -> torch.Tensor | None:
-    """The [out, in] weight reordered for oneDNN's linear where `packed_form`, else None."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS) if packed_form(weight) else None
-
-
-def left_form(weight: torch.Tensor) -> bool:
-    """Whether `Dense` runs several rows as `(W xᵀ)ᵀ`: fp32 on a CPU, products through MKL."""
-    return weight.dtype == torch.float32 and weight.device.type == "cpu" and torch.backends.mkl.is_available()
-
-
-class Float16:
-    """The weight stored in float16 and multiplied in fp32 by fbgemm's fp16 GEMM: half the bytes
-    to read per decoded token, and the weight packed once, not on every call (docs/performance.md).
-    Activations and accumulation stay in fp32, so each row's result is its own, whatever else is
-    in the batch; the weight's rounding (relative 2^-11) is 8× finer than bfloat16's."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        w = weight.detach().float()
-        if w.abs().max() > torch.finfo(torch.float16).max:
-            raise ValueError("engine.dtype = 'float16': a weight exceeds float16's range (65504); use float32 or bfloat16")
-        self.packed = torch.ops.quantized.linear_prepack_fp16(w.contiguous(), None)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed).to(x.dtype)
-
-    @staticmethod
-    def unavailable() -> str | None:
-        """Why this format cannot run here (no fbgemm), or None."""
-        if torch.backends.quantized.engine not in ("fbgemm", "x86"):
-            return (f"engine.dtype = 'float16' needs fbgemm's CPU kernels (torch.backends.quantized.engine "
-                    f"'x86' or 'fbgemm'); this PyTorch uses {torch.backends.quantized.engine!r}")
-        return None
-
-
-class Int8:
-    """The weight stored as int8 per output channel (symmetric: scale = max |w| / 127 for each
-    row of the [out, in] weight), activations left in 16 or more bits: a quarter of fp32's bytes
-    to read per decoded token, half of bfloat16's.
-
-    Up to `KERNEL_ROWS` rows run through PyTorch's weight-only kernel (`torch._weight_int8pack_mm`,
-    the int8 weight widened inside the kernel, fp32 sums), with the activations in bfloat16 (the
-    kernel is vectorised for bfloat16 on AVX-512 only: fp32 activations ran 4-7× slower than the
-    bf16 product there at one row, and every dtype 5-15× slower on an AVX2 CPU; docs/LOG.md).
-    More rows run as `Dense` runs the model's own weights (bf16: oneDNN on a packed copy; fp32:
-    MKL's `(W xᵀ)ᵀ`), on q held in the model's dtype (exact: |q| ≤ 127 needs 7 bits), scaled
-    after, as fast at 8 rows and faster from 16: the same weight q · scale either way, so a row's
-    numbers change with the size of its batch only by where results are rounded (and, for an
-    fp32 model, by the kernel's bf16 activations and results). It holds both copies of q (1 + 2
-    bytes a weight beside a bf16 model, 1 + 4 beside an fp32 one).
-
-    At a few rows every weight streams from memory once a token, so reading half the bytes is
-    the gain: on a Zen 4 EPYC the engine ran 1.24-1.36× bf16's own (packed) weights at one row,
-    1.24-1.30× at two, and level from four (docs/performance.md, session 14; 1.45-1.67× at 1-2
-    rows against the plain bf16 product before packing). There float16 (`Float16`) is as fast
-    from 2 rows and adds no mismatch, where int8 adds ~0.025 nats a token to bf16's ~0.04 on the
-    bundled model.
-    Unlike fbgemm's W8A8 dynamic quantization (dropped: 0.49 nats of mismatch on the bundled
-    model), nothing here rounds the activations to 8 bits."""
-
-    KERNEL_ROWS = 4
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        w = weight.detach().float().contiguous()
-        scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-        scale = scale.bfloat16().float()  # the kernel takes bf16 scales: both paths use these
-        self.q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        self.scale = scale.bfloat16()
-        # q in the model's dtype (exact), multiplied as `Dense` multiplies the model's own weights
-        # beyond one row: fp32 `(W xᵀ)ᵀ` through MKL, bf16 on a oneDNN-packed copy
-        self.rest = Dense(self.q.to(weight.dtype), single_row=False)
-        self.scale_model = scale.to(weight.dtype)  # exact: a bf16 value
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if len(x) <= self.KERNEL_ROWS:
-            return torch._weight_int8pack_mm(x.bfloat16().contiguous(), self.q, self.scale).to(x.dtype)
-        return self.rest(x) * self.scale_model
-
-    @staticmethod
-    def unavailable() -> str | None:
-        """Why this format cannot run here (a CPU without AVX-512, where the kernel is slow), or None."""
-        capability = torch.backends.cpu.get_cpu_capability()
-        if "AVX512" not in capability:
-            return (f"engine.dtype = 'int8' runs PyTorch's weight-only int8 kernel, vectorised for AVX-512 "
-                    f"CPUs only; on this CPU (PyTorch's capability {capability!r}) it is several times slower "
-                    f"than the model's own weights (docs/LOG.md): use the model's dtype (\"auto\", bfloat16, float32)")
-        return None
-
-
-Projection = Dense | Float16 | Int8
-WEIGHTS: dict[str, type[Float16] | type[Int8]] = {"float16": Float16, "int8": Int8}
-"""Weight formats besides "model" (the engine model's own weights, `Dense`): `engine.dtype =
-"float16"` and `"int8"` (weight-only). Fbgemm's W8A8 dynamic quantization (int8 activations
-too) was tried and left out: on the bundled model it moved the sampled tokens' log-probs by 0.49
-nats on average (docs/LOG.md)."""
-
-
-def decode_weights(dtype: str) -> str:
-    """The decoder's weight format for an `engine.dtype`: its own name for a format of `WEIGHTS`
-    ("float16"), "model" for a dtype the engine model itself takes."""
-    return dtype if dtype in WEIGHTS else "model"
-
-
-def weights_unavailable(fmt: str) -> str | None:
-    """Why the weight format `fmt` cannot run here, or None when it can."""
-    if fmt == "model":
-        return None
-    if fmt not in WEIGHTS:
-        return f"the decoder's weights must be 'model' or {' or '.join(repr(k) for k in WEIGHTS)}, not {fmt!r}"
-    return WEIGHTS[fmt].unavailable()
-
-
-class FusedWeights:
-    """The decoder's weights, from the model's current parameters, with q/k/v fused into one
-    projection and the MLP's gate/up into another. ``fmt`` "model" keeps the model's numbers
-    (`Dense`; the output head too where it runs as fp32 `(W xᵀ)ᵀ` on its own weight or bf16 on a
-    packed copy, else the head is left to the model); "float16" and "int8" store every
-    projection and the output head in that format (`Float16`, `Int8`)."""
-
-    def __init__(self, model: PreTrainedModel, fmt: str = "model") -> None:
-        make: type[Dense] | type[Float16] | type[Int8] = Dense if fmt == "model" else WEIGHTS[fmt]
-        self.qkv: list[Projection] = []
-        self.qkv_bias: list[torch.Tensor | None] = []
-        self.o: list[Projection] = []
-        self.gate_up: list[Projection] = []
-        self.down: list[Projection] = []
-        for layer in model.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(make(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])))
-            biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
-            self.qkv_bias.append(torch.cat(biases) if all(b is not None for b in biases) else None)
-            self.o.append(make(attn.o_proj.weight))
-            self.gate_up.append(make(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])))
-            self.down.append(make(mlp.down_proj.weight))
-        head = model.lm_head.weight
-        if fmt != "model":
-            self.head: Projection | None = make(head)
-        elif model.lm_head.bias is None and (left_form(head) or packed_form(head)):
-            self.head = Dense(head, single_row=False)  # fp32: the head's own weight; bf16: a packed copy
-        else:  # the model's own head
-            self.head = None
 
 
 class StaticDecoder:

@@ -43,7 +43,7 @@ class RolloutWorker:
             load_vlm_model,
             resolve_dtype,
         )
-        from rlvr.rollout.static_decode import decode_weights
+        from rlvr.rollout.weights import decode_weights
 
         torch.set_num_threads(threads)
         vision = is_vision_language(model_spec)

@@ -37,7 +37,7 @@ from rlvr.models import (
 )
 from rlvr.rewards import build_rewards
 from rlvr.rollout.engine import EmbeddedEngine, Engine
-from rlvr.rollout.static_decode import decode_weights
+from rlvr.rollout.weights import decode_weights
 from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import ReplayBuffer, Rollouts

@@ -1,0 +1,440 @@
+"""The static decoder's weights: the forms its matrix products take, and the formats it can hold
+them in.
+
+`FusedWeights` takes a model's current parameters, with the query, key and value projections
+fused into one matrix and the MLP's gate and up projections into another. Each projection is a
+`Dense` on the model's own numbers, or, with `engine.dtype` "float16" or "int8", a `Float16` or
+`Int8` copy.
+
+**Which product runs depends on the CPU, so on a CPU it is measured, not assumed.** The same
+fp32 product has several forms in PyTorch (`FORMS`): `x @ W` on an [in, out] copy, `(W xᵀ)ᵀ` or
+`nn.Linear` on the model's own [out, in] weight, MKL's or oneDNN's product on a weight packed
+once. Which is fastest depends on the CPU, its BLAS, the row count and the shape, by up to
+2.1× a decode step (bench/small_gemm.py --stack, fp32, 2 threads):
+- on a Zen 3 EPYC, `(W xᵀ)ᵀ` ran 2-16 rows 1.4-3.2× faster than `x @ W`;
+- on an Intel Xeon (family 6 model 207), the same `(W xᵀ)ᵀ` ran 2-8 rows 1.2-1.7× *slower*
+  than `x @ W`, and 1.8-2.1× slower than MKL's packed product;
+- on a Zen 4 EPYC, oneDNN's packed product was fastest at 1 and 4-64 rows, `(W xᵀ)ᵀ` at 2.
+So fp32 `Dense` runs on a plan (`Plan`: a form for each row bucket of `ROWS`) that
+`product_plans` measures on the model's own weights once per CPU, torch version and model shape
+(~3 s for the bundled model, kept in $RLVR_CACHE/products.json), within a memory budget of one
+copy of each weight beside the model's own, the output head's included (docs/LOG.md, session 15).
+
+bf16 on a CPU runs on oneDNN-packed copies without a probe: they were the fastest form at 1-64
+rows on both bf16 CPUs measured (a Zen 4 EPYC and an Intel Xeon with AMX), 1.3-2.3× `x @ W` a
+decode step. Elsewhere (GPUs) `x @ W` runs on an [in, out] copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from transformers import PreTrainedModel
+
+from rlvr.models import cache_dir, cpu_signature
+
+log = logging.getLogger(__name__)
+
+
+class Form(NamedTuple):
+    """One way to compute x Wᵀ from the [out, in] weight W: what it keeps of W (``prepare``), the
+    product on what it kept (``run``), and whether what it keeps is a copy of W (counted against
+    the memory budget) or W itself."""
+
+    prepare: Callable[[torch.Tensor], Any]
+    run: Callable[[Any, torch.Tensor], torch.Tensor]
+    copies: bool
+
+
+PACK_ROWS = 8
+"""The row count oneDNN and MKL lay a packed weight out for (any count runs on it)."""
+
+
+def _mkl_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS), w
+
+
+def _mkl_run(state: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    packed, w = state
+    return torch.ops.mkl._mkl_linear(x.contiguous(), packed, w, None, len(x))
+
+
+FORMS: dict[str, Form] = {
+    "linear": Form(lambda w: w, lambda w, x: torch.nn.functional.linear(x, w), copies=False),
+    "left": Form(lambda w: w, lambda w, x: (w @ x.T).T.contiguous(), copies=False),
+    "xw": Form(lambda w: w.T.contiguous(), lambda w, x: x @ w, copies=True),
+    "mkl": Form(_mkl_pack, _mkl_run, copies=True),  # MKL's packed sgemm (fp32), what inductor emits
+    "onednn": Form(lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS),
+                   lambda p, x: torch.ops.mkldnn._linear_pointwise(x.contiguous(), p, None, "none", [], ""),
+                   copies=True),
+}
+"""The forms of one product. "linear": `nn.Linear`'s `x Wᵀ`; "left": `(W xᵀ)ᵀ`; "xw": `x @ W` on a
+contiguous [in, out] copy; "mkl" and "onednn": the weight reordered once into the library's
+blocked layout (`torch.ops.mkl._mkl_reorder_linear_weight`, `torch.ops.mkldnn.
+_reorder_linear_weight`) and multiplied by its linear op. All sum in the weight's dtype's
+accumulator (fp32 for fp32 and bf16), each in its own order."""
+
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+"""The row buckets of a `Plan`: rows r run in the form of the smallest bucket ≥ r (64 for more)."""
+
+Plan = tuple[str, ...]
+"""A form name (`FORMS`) for each bucket of `ROWS`."""
+
+
+def bucket(rows: int) -> int:
+    """The index in `ROWS` whose form runs `rows` rows."""
+    return min((rows - 1).bit_length(), len(ROWS) - 1)
+
+
+class Dense:
+    """A projection on the model's own numbers, in the form its `Plan` names for the row count:
+    the weights kept are those of the forms the plan uses (`FORMS`). Without a plan, `fixed_plan`.
+    Every form is the same product of the same weight, summed in another order."""
+
+    def __init__(self, weight: torch.Tensor, plan: Plan | None = None) -> None:
+        w = weight.detach().contiguous()
+        plan = plan or fixed_plan(w)
+        kept = {name: FORMS[name].prepare(w) for name in dict.fromkeys(plan)}
+        self.plan = plan
+        self.by_bucket = [(FORMS[name].run, kept[name]) for name in plan]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        run, kept = self.by_bucket[bucket(len(x))]
+        return run(kept, x)
+
+
+def fixed_plan(weight: torch.Tensor, *, head: bool = False) -> Plan:
+    """The plan without a probe. bf16 on a CPU where oneDNN packs it: "onednn" (the fastest at
+    1-64 rows on both bf16 CPUs measured). fp32 on a CPU with MKL: "xw" at one row ("linear" for
+    the output head, whose [in, out] copy would be the size of the embedding matrix) and "left"
+    beyond (the fastest on the Zen 3 it was tuned on; `product_plans` measures it instead). Else
+    "xw" (GPUs, or "linear" for the head where nothing else is known)."""
+    n = len(ROWS)
+    if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and bf16_packing_unavailable() is None:
+        return ("onednn",) * n
+    if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkl.is_available():
+        return ("linear" if head else "xw",) + ("left",) * (n - 1)
+    return ("linear" if head else "xw",) * n
+
+
+def packed_form(weight: torch.Tensor) -> bool:
+    """Whether `fixed_plan` runs `weight` on oneDNN-packed copies: bf16 on a CPU where oneDNN packs
+    bf16 (`bf16_packing_unavailable`)."""
+    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and bf16_packing_unavailable() is None
+
+
+@functools.cache
+def bf16_packing_unavailable() -> str | None:
+    """Why oneDNN cannot pack a bf16 weight here, or None: a PyTorch without oneDNN's linear, or a
+    CPU it has no bf16 path for (it asks for AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU
+    such as a Zen 3 has neither). Probed once on a small weight and logged, so a bench that runs
+    the plain bf16 product says why."""
+    why = _form_unavailable("onednn", torch.bfloat16)
+    if why is not None and torch.backends.mkldnn.is_available():
+        why = f"oneDNN's packed bf16 linear is unavailable here ({why})"
+    if why is not None:
+        log.info("bf16 decoding runs the plain product: %s", why)
+    return why
+
+
+def _form_unavailable(name: str, dtype: torch.dtype) -> str | None:
+    """Why the form `name` cannot run a small weight of `dtype` here (a PyTorch built without MKL
+    or oneDNN, a CPU the library has no kernel for), or gives it a wrong product (beyond bf16's
+    rounding, 2^-7 of Σ|x·w|, at 1, 3, 8 and 17 rows), or None."""
+    if name == "onednn" and not torch.backends.mkldnn.is_available():
+        return "this PyTorch has no oneDNN"
+    if name == "mkl" and not torch.backends.mkl.is_available():
+        return "this PyTorch has no MKL"
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 16, generator=gen).to(dtype)
+    try:
+        kept = FORMS[name].prepare(w)
+        for rows in (1, 3, PACK_ROWS, 17):  # one row, a few, the packed count, more
+            x = torch.randn(rows, 16, generator=gen).to(dtype)
+            y = FORMS[name].run(kept, x).double()
+            exact = x.double() @ w.double().T
+            if not ((y - exact).abs() <= 2**-7 * (x.double().abs() @ w.double().abs().T)).all():
+                return f"{name} gives a wrong product at {rows} rows here"
+    except (AttributeError, RuntimeError, NotImplementedError) as e:
+        return (str(e).splitlines() or [type(e).__name__])[0][:160]
+    return None
+
+
+class Plans(NamedTuple):
+    """The plans of a model's layer projections and of its output head."""
+
+    layers: Plan
+    head: Plan
+
+
+PROBE_BYTES = 64 << 20
+"""The layers' weights a probe times together: at least this many bytes (or all layers), more than
+a CPU's last-level cache share, so each product streams its weight from memory as in decoding."""
+
+
+def product_plans(model: PreTrainedModel) -> Plans:
+    """The plans `FusedWeights` runs a model's projections on. fp32 on a CPU: measured by
+    `probe_plan` on the model's own weights once for each CPU, torch version and set of shapes,
+    and kept in $RLVR_CACHE/products.json, so every later process on this machine (a resumed
+    run, a rollout worker) runs the same forms and gets the same numbers; RLVR_PRODUCTS=fixed
+    in the environment takes `fixed_plan` instead, without measuring. Otherwise `fixed_plan`."""
+    head = model.lm_head.weight
+    choice = os.environ.get("RLVR_PRODUCTS", "probe")
+    if choice not in ("probe", "fixed"):
+        raise ValueError(f"RLVR_PRODUCTS must be 'probe' (the default) or 'fixed', not {choice!r}")
+    fixed = Plans(fixed_plan(head), fixed_plan(head, head=True))
+    if choice == "fixed" or any(p.device.type != "cpu" or p.dtype != torch.float32 for p in model.parameters()):
+        return fixed
+    layers, size = [], 0
+    for layer in model.model.layers:
+        if size >= PROBE_BYTES:
+            break
+        layers.append(layer)
+        size += sum(p.numel() * p.element_size() for p in layer.parameters())
+    shapes = ",".join("x".join(map(str, p.shape)) for p in model.model.layers[0].parameters())
+    key = (f"{cpu_signature()}|torch {torch.__version__}|layers {shapes} x{len(model.model.layers)}"
+           f"|head {'x'.join(map(str, head.shape))}")
+    if key not in _PROBED:
+        _PROBED[key] = _known_plans(key) or _probe(key, layers, head, probe_head=model.lm_head.bias is None)
+    return _PROBED[key]
+
+
+_PROBED: dict[str, Plans] = {}
+"""`product_plans`' plans in this process, by CPU, torch version and shapes."""
+
+
+def _known_plans(key: str) -> Plans | None:
+    """The plans kept in $RLVR_CACHE/products.json for `key`, or None."""
+    try:
+        known = json.loads((cache_dir() / "products.json").read_text())[key]
+        plans = Plans(tuple(known["layers"]), tuple(known["head"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ok = all(len(plan) == len(ROWS) and set(plan) <= set(FORMS) for plan in plans)
+    return plans if ok else None
+
+
+def _probe(key: str, layers: list[torch.nn.Module], head: torch.Tensor, probe_head: bool) -> Plans:
+    """Measure the plans (`probe_plan`): the layers' fused weights, and the head's first rows up
+    to `PROBE_BYTES` (its products behave as the whole head's, and the probe's time and extra
+    memory stay bounded for a large vocabulary); kept in $RLVR_CACHE/products.json."""
+    start = time.perf_counter()
+    log.info("timing the fp32 decode products' forms on the model's weights (once per CPU and model shape)")
+    head_rows = max(1, PROBE_BYTES // (head.shape[1] * head.element_size()))
+    plans = Plans(probe_plan([w for layer in layers for w in fused(layer)]),
+                  probe_plan([head.detach()[:head_rows]]) if probe_head else fixed_plan(head, head=True))
+    log.info("fp32 decode products chosen in %.1f s (rows %s): layers %s, head %s", time.perf_counter() - start,
+             "/".join(map(str, ROWS)), "/".join(plans.layers), "/".join(plans.head))
+    path = cache_dir() / "products.json"
+    with contextlib.suppress(OSError, ValueError):
+        known = json.loads(path.read_text()) if path.exists() else {}
+        known[key] = {"layers": list(plans.layers), "head": list(plans.head)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        tmp.replace(path)  # whole or not at all, for a process reading it meanwhile
+    return plans
+
+
+def fused(layer: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Llama-family decoder layer's [out, in] weights in the order a step multiplies them: q/k/v
+    fused, the attention output, the MLP's gate/up fused, its down projection."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return (torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
+            attn.o_proj.weight.detach(),
+            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+            mlp.down_proj.weight.detach())
+
+
+def probe_plan(weights: Sequence[torch.Tensor], reps: int = 2) -> Plan:
+    """The plan `choose_plan` picks from timing each available form (`FORMS`) on ``weights`` ([out,
+    in], multiplied in turn as a step does) at each row bucket: the fastest of ``reps`` passes
+    after one warm-up pass (the libraries make their kernels on a first call). One form at a time,
+    so at most one copy of the weights exists beside them."""
+    dtype = weights[0].dtype
+    times: dict[str, list[float]] = {}
+    for name in FORMS:
+        if _form_unavailable(name, dtype) is not None:
+            continue
+        form = FORMS[name]
+        kept = [form.prepare(w) for w in weights]
+        times[name] = []
+        gen = torch.Generator().manual_seed(0)  # not the global generator: a run's random draws stay its own
+        for rows in ROWS:
+            xs = [torch.randn(rows, w.shape[1], generator=gen).to(dtype) for w in weights]
+            best = math.inf
+            for rep in range(reps + 1):
+                start = time.perf_counter()
+                for k, x in zip(kept, xs):
+                    form.run(k, x)
+                if rep:
+                    best = min(best, time.perf_counter() - start)
+            times[name].append(best)
+        del kept
+    return choose_plan(times)
+
+
+def choose_plan(times: Mapping[str, Sequence[float]]) -> Plan:
+    """The plan from each form's time at each bucket of `ROWS`: at each bucket the fastest form, among
+    the forms that keep the model's weight itself and at most one that keeps a copy (the memory
+    budget: the model's weights plus one copy, as `x @ W`'s [in, out] copy always cost). The copy
+    chosen is the one whose plan has the least mean slowdown against each bucket's fastest form."""
+    free = [name for name in times if not FORMS[name].copies]
+    options = [free] + [free + [name] for name in times if FORMS[name].copies]
+    options = [names for names in options if names]
+    fastest = [min(t[i] for t in times.values()) for i in range(len(ROWS))]
+
+    def slowdown(names: list[str]) -> float:
+        return sum(min(times[n][i] for n in names) / fastest[i] for i in range(len(ROWS)))
+
+    names = min(options, key=slowdown)
+    return tuple(min(names, key=lambda n: times[n][i]) for i in range(len(ROWS)))
+
+
+class Float16:
+    """The weight stored in float16 and multiplied in fp32 by fbgemm's fp16 GEMM: half the bytes
+    to read per decoded token, and the weight packed once, not on every call (docs/performance.md).
+    Activations and accumulation stay in fp32, so each row's result is its own, whatever else is
+    in the batch; the weight's rounding (relative 2^-11) is 8× finer than bfloat16's."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        w = weight.detach().float()
+        if w.abs().max() > torch.finfo(torch.float16).max:
+            raise ValueError("engine.dtype = 'float16': a weight exceeds float16's range (65504); use float32 or bfloat16")
+        self.packed = torch.ops.quantized.linear_prepack_fp16(w.contiguous(), None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed).to(x.dtype)
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why this format cannot run here (no fbgemm), or None."""
+        if torch.backends.quantized.engine not in ("fbgemm", "x86"):
+            return (f"engine.dtype = 'float16' needs fbgemm's CPU kernels (torch.backends.quantized.engine "
+                    f"'x86' or 'fbgemm'); this PyTorch uses {torch.backends.quantized.engine!r}")
+        return None
+
+
+class Int8:
+    """The weight stored as int8 per output channel (symmetric: scale = max |w| / 127 for each
+    row of the [out, in] weight), activations left in 16 or more bits: a quarter of fp32's bytes
+    to read per decoded token, half of bfloat16's.
+
+    Up to `KERNEL_ROWS` rows run through PyTorch's weight-only kernel (`torch._weight_int8pack_mm`,
+    the int8 weight widened inside the kernel, fp32 sums), with the activations in bfloat16 (the
+    kernel is vectorised for bfloat16 on AVX-512 only: fp32 activations ran 4-7× slower than the
+    bf16 product there at one row, and every dtype 5-15× slower on an AVX2 CPU; docs/LOG.md).
+    More rows run as `fixed_plan` runs the model's own weights (bf16: oneDNN on a packed copy;
+    fp32: MKL's `(W xᵀ)ᵀ`, not the probed plan), on q held in the model's dtype (exact: |q| ≤ 127 needs 7 bits), scaled
+    after, as fast at 8 rows and faster from 16: the same weight q · scale either way, so a row's
+    numbers change with the size of its batch only by where results are rounded (and, for an
+    fp32 model, by the kernel's bf16 activations and results). It holds both copies of q (1 + 2
+    bytes a weight beside a bf16 model, 1 + 4 beside an fp32 one).
+
+    At a few rows every weight streams from memory once a token, so reading half the bytes is
+    the gain: on a Zen 4 EPYC the engine ran 1.24-1.36× bf16's own (packed) weights at one row,
+    1.24-1.30× at two, and level from four (docs/performance.md, session 14; 1.45-1.67× at 1-2
+    rows against the plain bf16 product before packing). There float16 (`Float16`) is as fast
+    from 2 rows and adds no mismatch, where int8 adds ~0.025 nats a token to bf16's ~0.04 on the
+    bundled model.
+    Unlike fbgemm's W8A8 dynamic quantization (dropped: 0.49 nats of mismatch on the bundled
+    model), nothing here rounds the activations to 8 bits."""
+
+    KERNEL_ROWS = 4
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        w = weight.detach().float().contiguous()
+        scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        scale = scale.bfloat16().float()  # the kernel takes bf16 scales: both paths use these
+        self.q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.scale = scale.bfloat16()
+        # q in the model's dtype (exact), multiplied as `fixed_plan` multiplies the model's own
+        # weights beyond one row: fp32 `(W xᵀ)ᵀ` through MKL, bf16 on a oneDNN-packed copy
+        q_model = self.q.to(weight.dtype)
+        self.rest = Dense(q_model, fixed_plan(q_model, head=True))
+        self.scale_model = scale.to(weight.dtype)  # exact: a bf16 value
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if len(x) <= self.KERNEL_ROWS:
+            return torch._weight_int8pack_mm(x.bfloat16().contiguous(), self.q, self.scale).to(x.dtype)
+        return self.rest(x) * self.scale_model
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why this format cannot run here (a CPU without AVX-512, where the kernel is slow), or None."""
+        capability = torch.backends.cpu.get_cpu_capability()
+        if "AVX512" not in capability:
+            return (f"engine.dtype = 'int8' runs PyTorch's weight-only int8 kernel, vectorised for AVX-512 "
+                    f"CPUs only; on this CPU (PyTorch's capability {capability!r}) it is several times slower "
+                    f"than the model's own weights (docs/LOG.md): use the model's dtype (\"auto\", bfloat16, float32)")
+        return None
+
+
+Projection = Dense | Float16 | Int8
+WEIGHTS: dict[str, type[Float16] | type[Int8]] = {"float16": Float16, "int8": Int8}
+"""Weight formats besides "model" (the engine model's own weights, `Dense`): `engine.dtype =
+"float16"` and `"int8"` (weight-only). Fbgemm's W8A8 dynamic quantization (int8 activations
+too) was tried and left out: on the bundled model it moved the sampled tokens' log-probs by 0.49
+nats on average (docs/LOG.md)."""
+
+
+def decode_weights(dtype: str) -> str:
+    """The decoder's weight format for an `engine.dtype`: its own name for a format of `WEIGHTS`
+    ("float16"), "model" for a dtype the engine model itself takes."""
+    return dtype if dtype in WEIGHTS else "model"
+
+
+def weights_unavailable(fmt: str) -> str | None:
+    """Why the weight format `fmt` cannot run here, or None when it can."""
+    if fmt == "model":
+        return None
+    if fmt not in WEIGHTS:
+        return f"the decoder's weights must be 'model' or {' or '.join(repr(k) for k in WEIGHTS)}, not {fmt!r}"
+    return WEIGHTS[fmt].unavailable()
+
+
+class FusedWeights:
+    """The decoder's weights, from the model's current parameters, with q/k/v fused into one
+    projection and the MLP's gate/up into another. ``fmt`` "model" keeps the model's numbers
+    (`Dense` on the plans of `product_plans`; the output head too where it has no bias and runs
+    on a CPU in fp32, or in bf16 on a packed copy, else the head is left to the model); "float16" and "int8" store
+    every projection and the output head in that format (`Float16`, `Int8`)."""
+
+    def __init__(self, model: PreTrainedModel, fmt: str = "model") -> None:
+        make: Callable[[torch.Tensor], Projection]
+        if fmt == "model":
+            self.plans: Plans | None = product_plans(model)
+            make = functools.partial(Dense, plan=self.plans.layers)
+        else:
+            self.plans, make = None, WEIGHTS[fmt]
+        self.qkv: list[Projection] = []
+        self.qkv_bias: list[torch.Tensor | None] = []
+        self.o: list[Projection] = []
+        self.gate_up: list[Projection] = []
+        self.down: list[Projection] = []
+        for layer in model.model.layers:
+            qkv, o, gate_up, down = fused(layer)
+            self.qkv.append(make(qkv))
+            self.o.append(make(o))
+            self.gate_up.append(make(gate_up))
+            self.down.append(make(down))
+            attn = layer.self_attn
+            biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+            self.qkv_bias.append(torch.cat(biases) if all(b is not None for b in biases) else None)
+        head = model.lm_head.weight
+        if fmt != "model":
+            self.head: Projection | None = make(head)
+        elif model.lm_head.bias is None and head.device.type == "cpu" and (head.dtype == torch.float32 or packed_form(head)):
+            assert self.plans is not None
+            self.head = Dense(head, self.plans.head)
+        else:  # the model's own head
+            self.head = None
