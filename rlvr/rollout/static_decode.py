@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 from transformers import DynamicCache, PreTrainedModel
 
@@ -136,7 +137,10 @@ class StaticDecoder:
         self._col_t: torch.Tensor | None = None  # fixed shapes: the column the step writes
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
-        self.scale = self.head_dim**-0.5
+        # attention's score scale 1/√D on the query heads' rows of the rotation (`_rotation`), made here:
+        # a captured step cannot copy a list to the device
+        self.head_scale = torch.tensor([self.head_dim**-0.5] * self.n_heads + [1.0] * self.n_kv,
+                                       device=model.lm_head.weight.device)[:, None]
         self.prompt_keys: list[torch.Tensor] = []  # _P,kv,W,D per layer; empty once joined
         self.prompt_values: list[torch.Tensor] = []
         for keys, values in zip(*cache_tensors(cache)):
@@ -285,6 +289,19 @@ class StaticDecoder:
             return self.model.lm_head(last_R1H)[:, -1]
         return self.weights.head(last_R1H[:, -1])
 
+    def _rotation(self, h_B1H: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary embedding at each slot's position, for the query and key heads together
+        (_B,heads+kv,D each; the model's own module gives cos and sin, any rope scaling
+        included): x·cos + rotate_half(x)·sin, with rotate_half(x) = (-x₂, x₁) = roll(x, D/2)
+        times (-1, +1) on the halves, the sign moved into sin. The query heads' rows are also
+        scaled by 1/√D, attention's score scale, so no layer scales its scores (exactly the same
+        numbers where 1/√D is a power of two, as for D = 64; else cos·(1/√D) rounded once, in the
+        model's dtype). A few ops a step where the rotary and the scaling took 15-17 a layer."""
+        cos, sin = self.model.model.rotary_emb(h_B1H, self.pos_B[:, None])  # _B1D each
+        half = self.head_dim // 2
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        return (cos.float() * self.head_scale).to(cos.dtype), (sin.float() * self.head_scale).to(sin.dtype)
+
     def _layers(self, h_B1H: torch.Tensor, col: int | torch.Tensor) -> torch.Tensor:
         """The decoder layers on one new token a slot, its key and value written at column `col` of
         the buffers: an int, and attention reads columns up to it; or a one-element tensor (fixed
@@ -292,9 +309,8 @@ class StaticDecoder:
         batch, n = len(self.pos_B), self.n
         prompts, width = self.neg_PW.shape
         model = self.model.model
-        cos, sin = model.rotary_emb(h_B1H, self.pos_B[:, None])  # _B1D each
-        cos, sin = cos[:, None], sin[:, None]  # _B11D: broadcast over heads
         kv, group, d = self.n_kv, self.n_heads // self.n_kv, self.head_dim
+        cos_qk, sin_qk = self._rotation(h_B1H)
         joined = not self.prompt_keys
         upto = None if isinstance(col, torch.Tensor) else col + 1  # the columns attention reads
         # joined: the mask over the buffers' columns read, _B11T; shared: over the prompt's, _P111W
@@ -309,26 +325,28 @@ class StaticDecoder:
             qkv, bias = self.weights.qkv[i](x_BH), self.weights.qkv_bias[i]
             if bias is not None:
                 qkv += bias
-            q = qkv[:, :q_dim].view(batch, kv, group, d)
-            k = qkv[:, q_dim : q_dim + kv_dim].view(batch, kv, 1, d)
+            qk = qkv[:, : q_dim + kv_dim].view(batch, self.n_heads + kv, d)
+            qk = qk * cos_qk + qk.roll(d // 2, -1) * sin_qk  # rotary, the queries also scaled (`_rotation`)
+            q, k = qk[:, : self.n_heads].view(batch, kv, group, d), qk[:, self.n_heads :].view(batch, kv, 1, d)
             v = qkv[:, q_dim + kv_dim :].view(batch, kv, 1, d)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
             if joined:  # n = 1, the prompt in each row's own buffers: one product, as without sharing
                 keys, values = self.keys[i][:, :, 0], self.values[i][:, :, 0]  # _B,kv,T,D
                 _put(keys, 2, col, k)
                 _put(values, 2, col, v)
-                scores = q @ keys[:, :, :upto].transpose(-1, -2)  # _B,kv,group,t
-                probs = (scores * self.scale + neg + ahead_T).softmax(-1)
-                attn_BH = (probs @ values[:, :, :upto]).reshape(batch, q_dim)
+                # one fused op for scores, softmax and the weighted values (the queries are scaled
+                # already), as the model's own SDPA attention: the engine 1.12-1.17× faster at one
+                # row than with two batched products and a softmax, 1.11× at 8 (bf16, Zen 4; LOG)
+                mask = neg if isinstance(ahead_T, float) else neg + ahead_T
+                attn_BH = F.scaled_dot_product_attention(q, keys[:, :, :upto], values[:, :, :upto], attn_mask=mask,
+                                                         scale=1.0).reshape(batch, q_dim)
             else:  # shared: a prompt row's n·group queries of a kv head in one product on its prompt
                 keys, values = self.keys[i], self.values[i]  # _P,kv,n,T,D
                 _put(keys, 3, col, k.view(prompts, n, kv, 1, d).transpose(1, 2))
                 _put(values, 3, col, v.view(prompts, n, kv, 1, d).transpose(1, 2))
                 q_PKNGD = q.view(prompts, n, kv, group, d).transpose(1, 2)
-                on_own = (q_PKNGD @ keys[:, :, :, :upto].transpose(-1, -2)) * self.scale + ahead_T  # _P,kv,n,G,t
+                on_own = q_PKNGD @ keys[:, :, :, :upto].transpose(-1, -2) + ahead_T  # _P,kv,n,G,t
                 on_prompt = q_PKNGD.reshape(prompts, kv, n * group, d) @ self.prompt_keys[i].transpose(-1, -2)
-                on_prompt = on_prompt.view(prompts, kv, n, group, width) * self.scale + neg
+                on_prompt = on_prompt.view(prompts, kv, n, group, width) + neg
                 probs = torch.cat([on_prompt, on_own], dim=-1).softmax(-1)
                 out = probs[..., :width].reshape(prompts, kv, n * group, width) @ self.prompt_values[i]
                 out_PKNGD = out.view(prompts, kv, n, group, d) + probs[..., width:] @ values[:, :, :, :upto]
@@ -425,6 +443,4 @@ def _hooked(module: torch.nn.Module) -> bool:
                 or nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
