@@ -8,6 +8,7 @@ prefers chosen continuations, to make EOS and stop strings happen on cue.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -215,6 +216,29 @@ def test_static_decoder_matches_hf_past_buffer_growth_and_compaction(
     assert lengths[3] < 70 and lengths[-1] == 70, lengths
     assert [c.token_ids for c in static] == [c.token_ids for c in hf] == [c.token_ids for c in fixed]
     for s, f, h in zip(static, fixed, hf):
+        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(h.logprobs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(f.logprobs), torch.tensor(h.logprobs), atol=1e-4, rtol=0)
+
+
+@torch.no_grad()
+def test_static_decoder_with_512_or_more_pad_columns(tiny_model: Model, tiny_tokenizer: Tokenizer) -> None:
+    """A short prompt batched with one 600 tokens longer has 600 left-pad columns: a whole block of
+    a blocked CPU attention kernel masked out, which gave NaN with an all -inf mask on some torch
+    versions (pytorch/pytorch#127055). The static decoder (its attention one SDPA call) must agree
+    with the HF decoder token for token, log-probs finite and within 1e-4, in its plain steps and
+    its fixed-shape (CUDA-graph) ones."""
+    long = [3 + i % 250 for i in range(600)]
+    prompts = [long, encode(tiny_tokenizer, PROMPTS[0])]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, n=2)
+    outs = {}
+    for name in ("static", "fixed", "hf"):
+        engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[], seed=3,
+                                decoder="hf" if name == "hf" else "static")
+        engine.cuda_graphs = name == "fixed"
+        outs[name] = [c for g in engine.generate(prompts, params) for c in g]
+    for s, f, h in zip(outs["static"], outs["fixed"], outs["hf"]):
+        assert s.token_ids == f.token_ids == h.token_ids
+        assert all(math.isfinite(x) for x in s.logprobs + f.logprobs)
         torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(h.logprobs), atol=1e-4, rtol=0)
         torch.testing.assert_close(torch.tensor(f.logprobs), torch.tensor(h.logprobs), atol=1e-4, rtol=0)
 

@@ -14,8 +14,9 @@ module runs the same weights with
   probe of this CPU found fastest for each row count, with at most one copy of the weights;
   elsewhere [in, out] matrices, ~0.8×). The engine rebuilds them when a parameter's version
   counter shows a change, so learner updates are always seen;
-- attention for the single new token as two batched matrix products over the key/value heads,
-  with the query heads of each group stacked, so nothing is repeated;
+- attention for the single new token over the key/value heads with the query heads of each
+  group stacked, so nothing is repeated: one `scaled_dot_product_attention` call a layer over a
+  row's own buffers, two batched matrix products where prompts are shared;
 - finished rows kept in the buffers until a quarter of them are dead, then removed in one
   compaction, instead of a copy of the whole cache at every step where one row finishes.
 
@@ -140,16 +141,19 @@ class StaticDecoder:
         # attention's score scale 1/√D on the query heads' rows of the rotation (`_rotation`), made here:
         # a captured step cannot copy a list to the device
         self.head_scale = torch.tensor([self.head_dim**-0.5] * self.n_heads + [1.0] * self.n_kv,
-                                       device=model.lm_head.weight.device)[:, None]
+                                       device=mask_PT.device)[:, None]
         self.prompt_keys: list[torch.Tensor] = []  # _P,kv,W,D per layer; empty once joined
         self.prompt_values: list[torch.Tensor] = []
         for keys, values in zip(*cache_tensors(cache)):
             self.prompt_keys.append(keys.contiguous())  # a no-op for transformers' own caches today
             self.prompt_values.append(values.contiguous())
-        # left padding: -inf on a prompt row's pad columns, added to its scores before the softmax
-        # (once joined, the row covers all of its buffer's columns, zeros past the prompt)
+        # left padding: the dtype's lowest value on a prompt row's pad columns, added to its scores
+        # before the softmax (once joined, the row covers all of its buffer's columns, zeros past the
+        # prompt). Not -inf: a CPU SDPA kernel that splits the keys into blocks gave NaN for a block
+        # all -inf (pytorch/pytorch#127055: 512 or more pad columns), where a finite lowest value
+        # still weighs exp(lowest - max) = 0
         self.neg_PW = torch.zeros(mask_PT.shape, dtype=self.prompt_keys[0].dtype, device=mask_PT.device)
-        self.neg_PW.masked_fill_(mask_PT == 0, float("-inf"))
+        self.neg_PW.masked_fill_(mask_PT == 0, torch.finfo(self.neg_PW.dtype).min)
         self.pos_B = mask_PT.sum(-1).repeat_interleave(n)  # each slot's next position: real prompt tokens only
         prompts = len(mask_PT)
         if (n - 1) * prompts * mask_PT.shape[1] < SHARE_FROM:  # a prompt row of its own for every sample
@@ -295,12 +299,15 @@ class StaticDecoder:
         included): x·cos + rotate_half(x)·sin, with rotate_half(x) = (-x₂, x₁) = roll(x, D/2)
         times (-1, +1) on the halves, the sign moved into sin. The query heads' rows are also
         scaled by 1/√D, attention's score scale, so no layer scales its scores (exactly the same
-        numbers where 1/√D is a power of two, as for D = 64; else cos·(1/√D) rounded once, in the
-        model's dtype). A few ops a step where the rotary and the scaling took 15-17 a layer."""
-        cos, sin = self.model.model.rotary_emb(h_B1H, self.pos_B[:, None])  # _B1D each
-        half = self.head_dim // 2
+        numbers in bf16 and fp32 where 1/√D is a power of two, as for D = 64; else the scaled cos
+        and sin computed in at least fp32 and rounded once to the model's dtype). A few ops a step
+        where the rotary and the scaling took 15-17 a layer."""
+        wide = torch.promote_types(h_B1H.dtype, torch.float32)  # the module reads only x's dtype and device
+        cos, sin = self.model.model.rotary_emb(h_B1H[..., :1].to(wide), self.pos_B[:, None])  # _B1D each
+        half = sin.shape[-1] // 2
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-        return (cos.float() * self.head_scale).to(cos.dtype), (sin.float() * self.head_scale).to(sin.dtype)
+        scale = self.head_scale.to(wide)
+        return (cos * scale).to(h_B1H.dtype), (sin * scale).to(h_B1H.dtype)
 
     def _layers(self, h_B1H: torch.Tensor, col: int | torch.Tensor) -> torch.Tensor:
         """The decoder layers on one new token a slot, its key and value written at column `col` of
@@ -319,6 +326,8 @@ class StaticDecoder:
         if isinstance(col, torch.Tensor):
             columns = torch.arange(self.keys[0].shape[3], device=col.device)
             ahead_T = torch.zeros(columns.shape, dtype=neg.dtype, device=col.device).masked_fill_(columns > col, float("-inf"))
+        if joined:  # the joined path's attention mask, made once a step
+            mask = neg if isinstance(ahead_T, float) else neg + ahead_T
         q_dim, kv_dim = self.n_heads * d, kv * d
         for i, layer in enumerate(model.layers):
             x_BH = layer.input_layernorm(h_B1H)[:, 0]
@@ -336,7 +345,6 @@ class StaticDecoder:
                 # one fused op for scores, softmax and the weighted values (the queries are scaled
                 # already), as the model's own SDPA attention: the engine 1.12-1.17× faster at one
                 # row than with two batched products and a softmax, 1.11× at 8 (bf16, Zen 4; LOG)
-                mask = neg if isinstance(ahead_T, float) else neg + ahead_T
                 attn_BH = F.scaled_dot_product_attention(q, keys[:, :, :upto], values[:, :, :upto], attn_mask=mask,
                                                          scale=1.0).reshape(batch, q_dim)
             else:  # shared: a prompt row's n·group queries of a kv head in one product on its prompt
