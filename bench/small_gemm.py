@@ -30,13 +30,13 @@ per product and the fastest variant per (shape, M); nothing here is a test.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
-from rlvr.rollout.weights import Dense, Float16, Int8, weights_unavailable
+from rlvr.rollout.weights import FORMS, Dense, Float16, Int8, form_unavailable, weights_unavailable
 
 # the bundled SmolLM2-135M's decode products: hidden 576, 9 heads and 3 kv heads of 64, MLP 1536
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
@@ -80,24 +80,21 @@ class Int4:
 def variants(w_io: torch.Tensor) -> tuple[dict[str, Callable[[torch.Tensor], torch.Tensor]], dict[str, torch.Tensor]]:
     """Each variant's product, and the [in, out] weight each stores where it is not `w_io` itself."""
     w_oi = w_io.T.contiguous()
+
+    def form(name: str) -> Callable[[torch.Tensor], torch.Tensor]:  # the decoder's own form (rlvr.rollout.weights.FORMS)
+        return functools.partial(FORMS[name].run, FORMS[name].prepare(w_oi))
+
     out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-        "x@W": lambda x: x @ w_io,
-        "linear": lambda x: F.linear(x, w_oi),
+        "x@W": form("xw"),
+        "linear": form("linear"),
         "(Wx)^T": lambda x: (w_oi @ x.T).T,  # without Dense's copy back to row-major
         "Dense": Dense(w_oi),  # the static decoder's projection on the model's own weights
     }
     stored: dict[str, torch.Tensor] = {}
-    if w_io.dtype == torch.float32:
-        try:
-            mkl_packed = torch.ops.mkl._mkl_reorder_linear_weight(w_oi, 8)
-            out["mklpack"] = lambda x: torch.ops.mkl._mkl_linear(x, mkl_packed, w_oi, None, x.shape[0])
-        except (RuntimeError, AttributeError):  # a torch build without MKL
-            pass
-    try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w_oi, 8)
-        out["onednn"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    except (RuntimeError, AttributeError):  # a torch build without oneDNN's linear
-        pass
+    if w_io.dtype == torch.float32 and form_unavailable("mkl", w_io.dtype) is None:
+        out["mklpack"] = form("mkl")
+    if form_unavailable("onednn", w_io.dtype) is None:
+        out["onednn"] = form("onednn")
     if weights_unavailable("float16") is None:
         out["fp16w"], stored["fp16w"] = Float16(w_oi), w_io.half()
     if weights_unavailable("int8") is None:

@@ -76,23 +76,42 @@ def fast_bf16(device: torch.device | str = "cpu") -> bool:
         return bf16_supported(device)
     if not bf16_supported("cpu"):
         return False
-    key = f"{platform.processor() or platform.machine()}|{cpu_model()}|torch {torch.__version__}"
-    path = cache_dir() / "dtype.json"
+    key = f"{platform.processor() or platform.machine()}|{_cpu_model()}|torch {torch.__version__}"
+    speedup = measured("dtype.json", key)
+    if not isinstance(speedup, (int, float)):
+        speedup = round(_bf16_speedup(), 3)
+        remember("dtype.json", key, speedup)
+    return speedup >= 1.2
+
+
+def measured(name: str, key: str) -> Any:
+    """What `remember` kept under `key` in $RLVR_CACHE/`name` (a JSON object), or None."""
+    try:
+        known = json.loads((cache_dir() / name).read_text())
+    except (OSError, ValueError):
+        return None
+    return known.get(key) if isinstance(known, dict) else None
+
+
+def remember(name: str, key: str, value: Any) -> None:
+    """Keep a per-machine measurement in $RLVR_CACHE/`name` (a JSON object) under `key`, beside
+    the others, so later processes on the machine reuse it. The file is replaced whole: a process
+    reading it meanwhile sees the old one or the new. Nothing is kept where the cache cannot be
+    written."""
+    path = cache_dir() / name
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
-    if key not in known:
-        known[key] = round(_bf16_speedup(), 3)
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(known, indent=1))
-    return known[key] >= 1.2
+    known = {**known, key: value} if isinstance(known, dict) else {key: value}
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        tmp.replace(path)
 
 
-def cpu_model() -> str:
-    """The CPU's model name, as /proc/cpuinfo gives it ("unknown" elsewhere): what per-machine
-    measurements are cached under."""
+def _cpu_model() -> str:
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

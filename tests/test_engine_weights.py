@@ -71,7 +71,7 @@ def test_the_static_decoder_on_float16_weights_matches_a_full_forward(
 
 
 def available_forms(dtype: torch.dtype) -> list[str]:
-    return [name for name in FORMS if weights_module._form_unavailable(name, dtype) is None]
+    return [name for name in FORMS if weights_module.form_unavailable(name, dtype) is None]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -183,7 +183,7 @@ def test_the_real_probe_times_every_available_form(tiny_model: LlamaForCausalLM,
     assert sum(FORMS[name].copies for name in set(plan)) <= 1
     wrong = FORMS["xw"]._replace(run=lambda w, x: torch.zeros(len(x), w.shape[1], dtype=x.dtype))
     monkeypatch.setitem(FORMS, "xw", wrong)
-    assert "gives a wrong product" in (weights_module._form_unavailable("xw", torch.float32) or "")
+    assert "gives a wrong product" in (weights_module.form_unavailable("xw", torch.float32) or "")
     assert "xw" not in weights_module.probe_plan(list(weights_module.fused(tiny_model.model.layers[0])), reps=1)
 
 
@@ -360,7 +360,7 @@ def test_the_fp32_static_decoder_matches_a_full_forward_in_every_form(
     """Whatever plan the probe picks, the decoder's wiring holds: with every projection and the
     head in one form, each decode step's logits equal a full fp32 forward pass to summation order
     (1e-4, as the float16 test on exact copies)."""
-    if why := weights_module._form_unavailable(form, torch.float32):
+    if why := weights_module.form_unavailable(form, torch.float32):
         pytest.skip(why)
     plan = (form,) * len(ROWS)
     monkeypatch.setattr(weights_module, "product_plans", lambda model: Plans(plan, plan))

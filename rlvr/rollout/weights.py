@@ -27,9 +27,7 @@ decode step. Elsewhere (GPUs) `x @ W` runs on an [in, out] copy.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
 import logging
 import math
 import os
@@ -40,7 +38,7 @@ from typing import Any, NamedTuple
 import torch
 from transformers import PreTrainedModel
 
-from rlvr.models import cache_dir, cpu_signature
+from rlvr.models import cpu_signature, measured, remember
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +117,7 @@ def fixed_plan(weight: torch.Tensor, *, head: bool = False) -> Plan:
     beyond (the fastest on the Zen 3 it was tuned on; `product_plans` measures it instead). Else
     "xw" (GPUs, or "linear" for the head where nothing else is known)."""
     n = len(ROWS)
-    if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and bf16_packing_unavailable() is None:
+    if packed_form(weight):
         return ("onednn",) * n
     if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkl.is_available():
         return ("linear" if head else "xw",) + ("left",) * (n - 1)
@@ -138,7 +136,7 @@ def bf16_packing_unavailable() -> str | None:
     CPU it has no bf16 path for (it asks for AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU
     such as a Zen 3 has neither). Probed once on a small weight and logged, so a bench that runs
     the plain bf16 product says why."""
-    why = _form_unavailable("onednn", torch.bfloat16)
+    why = form_unavailable("onednn", torch.bfloat16)
     if why is not None and torch.backends.mkldnn.is_available():
         why = f"oneDNN's packed bf16 linear is unavailable here ({why})"
     if why is not None:
@@ -146,7 +144,7 @@ def bf16_packing_unavailable() -> str | None:
     return why
 
 
-def _form_unavailable(name: str, dtype: torch.dtype) -> str | None:
+def form_unavailable(name: str, dtype: torch.dtype) -> str | None:
     """Why the form `name` cannot run a small weight of `dtype` here (a PyTorch built without MKL
     or oneDNN, a CPU the library has no kernel for), or gives it a wrong product (beyond bf16's
     rounding, 2^-7 of Σ|x·w|, at 1, 3, 8 and 17 rows), or None."""
@@ -194,17 +192,11 @@ def product_plans(model: PreTrainedModel) -> Plans:
     fixed = Plans(fixed_plan(head), fixed_plan(head, head=True))
     if choice == "fixed" or any(p.device.type != "cpu" or p.dtype != torch.float32 for p in model.parameters()):
         return fixed
-    layers, size = [], 0
-    for layer in model.model.layers:
-        if size >= PROBE_BYTES:
-            break
-        layers.append(layer)
-        size += sum(p.numel() * p.element_size() for p in layer.parameters())
     shapes = ",".join("x".join(map(str, p.shape)) for p in model.model.layers[0].parameters())
     key = (f"{cpu_signature()}|torch {torch.__version__}|layers {shapes} x{len(model.model.layers)}"
            f"|head {'x'.join(map(str, head.shape))}")
     if key not in _PROBED:
-        _PROBED[key] = _known_plans(key) or _probe(key, layers, head, probe_head=model.lm_head.bias is None)
+        _PROBED[key] = _known_plans(key) or _probe(key, model)
     return _PROBED[key]
 
 
@@ -215,33 +207,34 @@ _PROBED: dict[str, Plans] = {}
 def _known_plans(key: str) -> Plans | None:
     """The plans kept in $RLVR_CACHE/products.json for `key`, or None."""
     try:
-        known = json.loads((cache_dir() / "products.json").read_text())[key]
+        known = measured("products.json", key)
         plans = Plans(tuple(known["layers"]), tuple(known["head"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
     ok = all(len(plan) == len(ROWS) and set(plan) <= set(FORMS) for plan in plans)
     return plans if ok else None
 
 
-def _probe(key: str, layers: list[torch.nn.Module], head: torch.Tensor, probe_head: bool) -> Plans:
-    """Measure the plans (`probe_plan`): the layers' fused weights, and the head's first rows up
-    to `PROBE_BYTES` (its products behave as the whole head's, and the probe's time and extra
-    memory stay bounded for a large vocabulary); kept in $RLVR_CACHE/products.json."""
+def _probe(key: str, model: PreTrainedModel) -> Plans:
+    """Measure the plans (`probe_plan`): the first layers' fused weights up to `PROBE_BYTES`, and
+    the head's first rows up to `PROBE_BYTES` (its products behave as the whole head's, and the
+    probe's time and extra memory stay bounded for a large vocabulary; not where the head has a
+    bias, which the decoder leaves to the model); kept in $RLVR_CACHE/products.json."""
     start = time.perf_counter()
     log.info("timing the fp32 decode products' forms on the model's weights (once per CPU and model shape)")
+    layers, size = [], 0
+    for layer in model.model.layers:
+        if size >= PROBE_BYTES:
+            break
+        layers.append(layer)
+        size += sum(p.numel() * p.element_size() for p in layer.parameters())
+    head = model.lm_head.weight.detach()
     head_rows = max(1, PROBE_BYTES // (head.shape[1] * head.element_size()))
     plans = Plans(probe_plan([w for layer in layers for w in fused(layer)]),
-                  probe_plan([head.detach()[:head_rows]]) if probe_head else fixed_plan(head, head=True))
+                  probe_plan([head[:head_rows]]) if model.lm_head.bias is None else fixed_plan(head, head=True))
     log.info("fp32 decode products chosen in %.1f s (rows %s): layers %s, head %s", time.perf_counter() - start,
              "/".join(map(str, ROWS)), "/".join(plans.layers), "/".join(plans.head))
-    path = cache_dir() / "products.json"
-    with contextlib.suppress(OSError, ValueError):
-        known = json.loads(path.read_text()) if path.exists() else {}
-        known[key] = {"layers": list(plans.layers), "head": list(plans.head)}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1))
-        tmp.replace(path)  # whole or not at all, for a process reading it meanwhile
+    remember("products.json", key, {"layers": list(plans.layers), "head": list(plans.head)})
     return plans
 
 
@@ -263,7 +256,7 @@ def probe_plan(weights: Sequence[torch.Tensor], reps: int = 2) -> Plan:
     dtype = weights[0].dtype
     times: dict[str, list[float]] = {}
     for name in FORMS:
-        if _form_unavailable(name, dtype) is not None:
+        if form_unavailable(name, dtype) is not None:
             continue
         form = FORMS[name]
         kept = [form.prepare(w) for w in weights]
