@@ -43,7 +43,6 @@ path to float rounding. Supported: the architectures in `SUPPORTED` without slid
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -53,8 +52,6 @@ from torch.nn.modules import module as nn_module
 from transformers import DynamicCache, PreTrainedModel
 
 from rlvr.rollout.weights import FusedWeights
-
-log = logging.getLogger(__name__)
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 GROW = 64  # key/value buffer columns added at a time
@@ -449,6 +446,3 @@ def _hooked(module: torch.nn.Module) -> bool:
     """Whether running `module` would call a forward hook (its own or a global one)."""
     return bool(module._forward_hooks or module._forward_pre_hooks
                 or nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
-
-
-
