@@ -63,11 +63,8 @@ def test_the_static_decoder_on_float16_weights_matches_a_full_forward(
     fp32 = FusedWeights(model)
     assert isinstance(fp32.qkv[0], Dense) and isinstance(fp32.head, Dense) and fp32.plans is not None
     assert fp32.head.plan == fp32.plans.head and fp32.qkv[0].plan == fp32.plans.layers
-    bf16 = FusedWeights(copy.deepcopy(model).bfloat16())
-    if packed_form(model.lm_head.weight.bfloat16()):  # a oneDNN-packed copy, as every projection
-        assert isinstance(bf16.head, Dense) and bf16.head.plan == ("onednn",) * len(ROWS)
-    else:  # the model's own head, no copy made
-        assert bf16.head is None
+    bf16 = FusedWeights(copy.deepcopy(model).bfloat16())  # measured plans, the head's too
+    assert isinstance(bf16.head, Dense) and bf16.plans is not None and bf16.head.plan == bf16.plans.head
 
 
 def available_forms(dtype: torch.dtype) -> list[str]:
@@ -77,15 +74,16 @@ def available_forms(dtype: torch.dtype) -> list[str]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_form_gives_the_product_for_every_row_count(dtype: torch.dtype) -> None:
     """Each form `Dense` can run (`FORMS`: `nn.Linear`, `(W xᵀ)ᵀ`, `x @ W` on a copy, MKL's and
-    oneDNN's packed products, those this PyTorch has) is the product x Wᵀ up to summation order,
-    at every row count, and a plan mixing them runs each bucket in its own form.
+    oneDNN's packed products, bf16's float16 copy: those this PyTorch has) is the product x Wᵀ up
+    to summation order, at every row count, and a plan mixing them runs each bucket in its own form.
     Bound: fp32 accumulation of 64 terms, ≤ 64 · 2^-24 of Σ|x·w| (< 1e-5 of it); bf16 rounds the
-    result to 8 bits (2^-8 of |y| ≤ Σ|x·w|)."""
+    result to 8 bits (2^-9 of |y| ≤ Σ|x·w|; "half" first to float16's 11, 2^-12 more)."""
     gen = torch.Generator().manual_seed(0)
     w_oi = (torch.randn(96, 64, generator=gen) * 0.05).to(dtype)
     bound = 1e-5 if dtype == torch.float32 else 2**-8
     forms = available_forms(dtype)
     assert {"linear", "left", "xw"} <= set(forms)
+    assert ("half" in forms) == (dtype == torch.bfloat16)  # float16 copies round fp32 weights: refused
     mixed = tuple(forms[i % len(forms)] for i in range(len(ROWS)))
     for plan in [(name,) * len(ROWS) for name in forms] + [mixed]:
         dense = Dense(w_oi, plan)
@@ -128,20 +126,49 @@ def test_choose_plan_takes_each_buckets_fastest_within_one_copy_of_the_weights()
     assert choose_plan({"linear": [2] * 7, "left": [1] * 7, "xw": [1.5] * 7}) == ("left",) * 7  # a copy only where it wins
 
 
-def test_fp32_plans_are_probed_once_a_machine_unless_fixed(tiny_model: LlamaForCausalLM, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """An fp32 model on a CPU gets plans measured on its own weights (`probe_plan`): once for its
-    CPU, torch version and shapes, kept in $RLVR_CACHE/products.json, so another process (a resumed
-    run, a worker) reads the same plans without measuring. RLVR_PRODUCTS=fixed gives
-    `fixed_plan`, as does a bf16 model; any other value is refused."""
+def test_a_second_copy_is_kept_only_within_the_budget_and_where_it_saves_enough() -> None:
+    """With a budget of two copies, "mkl" for buckets 1-3 and "onednn" for 4-7 (summed slowdown 7
+    + 2 · COPY_WORTH, against 7.3 + COPY_WORTH for onednn alone); a second copy that saves less
+    than `COPY_WORTH` (0.05 in all at bucket 1) is not kept."""
+    times = {"linear": [5] * 7, "left": [4, 1.1, 4, 8, 8, 8, 8],
+             "mkl": [1, 1, 1, 4, 4, 4, 4], "onednn": [1.1, 1.2, 1.1, 2, 2, 2, 2]}
+    assert choose_plan(times, copies=2) == ("mkl", "mkl", "mkl", "onednn", "onednn", "onednn", "onednn")
+    assert choose_plan(times, copies=1) == ("onednn", "left", "onednn", "onednn", "onednn", "onednn", "onednn")
+    assert choose_plan({"left": [2] * 7, "onednn": [1.05] + [1] * 6, "half": [1, 9, 9, 9, 9, 9, 9]},
+                       copies=2) == ("onednn",) * 7
+    assert choose_plan({"left": [2] * 7, "onednn": [1.5] + [1] * 6, "half": [1, 9, 9, 9, 9, 9, 9]},
+                       copies=2) == ("half",) + ("onednn",) * 6
+
+
+def test_the_copy_budget_follows_the_machines_memory(tiny_model: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two copies where two take at most 1/16 of the memory, else one; one where memory is unknown."""
+    size = sum(p.numel() * p.element_size() for p in tiny_model.model.layers.parameters())
+    size += tiny_model.lm_head.weight.numel() * tiny_model.lm_head.weight.element_size()
+    for pages, budget in ((32 * size, 2), (32 * size - 1, 1)):
+        monkeypatch.setattr(weights_module.os, "sysconf", lambda name, pages=pages: 1 if name == "SC_PAGE_SIZE" else pages)
+        assert weights_module.copy_budget(tiny_model) == budget
+
+    def unknown(name: str) -> int:
+        raise ValueError(name)
+
+    monkeypatch.setattr(weights_module.os, "sysconf", unknown)
+    assert weights_module.copy_budget(tiny_model) == 1
+
+
+def test_plans_are_probed_once_a_machine_and_dtype_unless_fixed(tiny_model: LlamaForCausalLM, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An fp32 or bf16 model on a CPU gets plans measured on its own weights (`probe_plan`): once
+    for its CPU, torch version, dtype and shapes, kept in $RLVR_CACHE/products.json, so another
+    process (a resumed run, a worker) reads the same plans without measuring. RLVR_PRODUCTS=fixed
+    gives `fixed_plan`; any other value is refused."""
     monkeypatch.setattr(weights_module, "_PROBED", {})
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path))
     monkeypatch.delenv("RLVR_PRODUCTS", raising=False)
     probed: list[list[tuple[int, ...]]] = []
 
-    def probe(weights: list[torch.Tensor], reps: int = 2) -> tuple[str, ...]:
+    def probe(weights: list[torch.Tensor], reps: int = 2, copies: int = 1) -> tuple[str, ...]:
         probed.append([tuple(w.shape) for w in weights])
-        return ("left",) * len(ROWS)
+        return ("left",) * len(ROWS) if weights[0].dtype == torch.float32 else ("linear",) * len(ROWS)
 
     monkeypatch.setattr(weights_module, "probe_plan", probe)
     plans = product_plans(tiny_model)
@@ -161,8 +188,8 @@ def test_fp32_plans_are_probed_once_a_machine_unless_fixed(tiny_model: LlamaForC
         product_plans(tiny_model)
     monkeypatch.delenv("RLVR_PRODUCTS")
     bf16 = copy.deepcopy(tiny_model).bfloat16()
-    assert product_plans(bf16) == Plans(fixed_plan(bf16.lm_head.weight), fixed_plan(bf16.lm_head.weight, head=True))
-    assert len(probed) == 2
+    assert product_plans(bf16) == Plans(("linear",) * len(ROWS), ("linear",) * len(ROWS))  # its own plans
+    assert len(probed) == 4
 
 
 def test_the_probe_leaves_the_global_random_state_alone(tiny_model: LlamaForCausalLM) -> None:
@@ -191,15 +218,19 @@ def test_the_real_probe_times_every_available_form(tiny_model: LlamaForCausalLM,
 def test_bf16_without_onednn_packing_runs_the_plain_product(monkeypatch: pytest.MonkeyPatch,
                                                             tiny_model: LlamaForCausalLM) -> None:
     """Where oneDNN cannot pack bf16 (no oneDNN; an AVX2-only CPU), the probe says why, and the
-    decoder keeps the plain bf16 forms: an [in, out] copy per projection and the model's own
-    output head (no extra copy of it)."""
+    fixed plan keeps the plain bf16 forms: an [in, out] copy per projection and the model's own
+    output head (no extra copy of it); the measured plan has no oneDNN form."""
     bf16_packing_unavailable.cache_clear()
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.setenv("RLVR_PRODUCTS", "fixed")
     try:
         assert bf16_packing_unavailable() == "this PyTorch has no oneDNN"
-        weights = FusedWeights(copy.deepcopy(tiny_model).bfloat16())
+        model = copy.deepcopy(tiny_model).bfloat16()
+        weights = FusedWeights(model)
         assert isinstance(weights.qkv[0], Dense) and weights.qkv[0].plan == ("xw",) * len(ROWS)
-        assert weights.head is None
+        assert isinstance(weights.head, Dense) and weights.head.plan == ("linear",) * len(ROWS)
+        assert weights.head.by_bucket[0][1].data_ptr() == model.lm_head.weight.data_ptr()
+        assert "onednn" not in weights_module.probe_plan(list(weights_module.fused(model.model.layers[0])), reps=1)
     finally:
         bf16_packing_unavailable.cache_clear()
 
@@ -330,44 +361,70 @@ def test_the_static_decoder_on_int8_weights_matches_a_full_forward(
         assert worst > 1e-4  # the kernel path ran, with its bf16 activations
 
 
-def test_the_bf16_static_decoder_on_packed_weights_matches_a_full_forward(
-    tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast
-) -> None:
-    """A bf16 model's decoder runs every projection and the output head on oneDNN-packed copies
-    of the same bf16 weights: each decode step's logits must match a full bf16 forward pass to
-    bf16 rounding. Both sides round every product and norm to 8 bits, in other places and
-    orders: ~10 roundings in series (two layers of three products and two norms, the final norm,
-    the head) of ≤ 2^-8 each, on each side, suggest a difference of up to ~20 · 2^-8 ≈ 8% of
-    the logits' scale: a margin, not a bound (each rounding is relative to its own product's
-    Σ|x·w|, not to the largest logit; seen 3.5%). A projection fused or split in the wrong order,
-    or a head left out, moves the logits by O(1): reversing the layers' q/k/v fails it."""
-    if why := bf16_packing_unavailable():
-        pytest.skip(why)
-    model = copy.deepcopy(tiny_model).bfloat16()
-    weights = FusedWeights(model)
-    assert all(isinstance(p, Dense) and p.plan == ("onednn",) * len(ROWS) for p in (*weights.qkv, *weights.down, weights.head))
-    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
-    engine = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
-    worst = steps_against_a_full_forward(engine, weights, prompts, lambda full: 0.08 * float(full.abs().max()))
-    assert worst > 0  # bf16 rounding differs somewhere: the comparison is not of a tensor with itself
-
-
 @torch.no_grad()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("form", list(FORMS))
-def test_the_fp32_static_decoder_matches_a_full_forward_in_every_form(
-    form: str, tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+def test_the_static_decoder_matches_a_full_forward_in_every_form(
+    form: str, dtype: torch.dtype, tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whatever plan the probe picks, the decoder's wiring holds: with every projection and the
-    head in one form, each decode step's logits equal a full fp32 forward pass to summation order
-    (1e-4, as the float16 test on exact copies)."""
-    if why := weights_module.form_unavailable(form, torch.float32):
+    head in one form, each decode step's logits equal a full forward pass. fp32: to summation
+    order (1e-4, as the float16 test on exact copies). bf16: to bf16 rounding. Both sides round
+    every product and norm to 8 bits, in other places and orders: ~10 roundings in series (two
+    layers of three products and two norms, the final norm, the head) of ≤ 2^-8 each, on each
+    side, suggest a difference of up to ~20 · 2^-8 ≈ 8% of the logits' scale: a margin, not a
+    bound (each rounding is relative to its own product's Σ|x·w|, not to the largest logit; seen
+    3.5%). A projection fused or split in the wrong order, or a head left out, moves the logits
+    by O(1): reversing the layers' q/k/v fails it."""
+    if why := weights_module.form_unavailable(form, dtype):
         pytest.skip(why)
     plan = (form,) * len(ROWS)
     monkeypatch.setattr(weights_module, "product_plans", lambda model: Plans(plan, plan))
-    weights = FusedWeights(tiny_model)
+    model = tiny_model if dtype == torch.float32 else copy.deepcopy(tiny_model).bfloat16()
+    weights = FusedWeights(model)
     assert isinstance(weights.head, Dense) and weights.head.plan == plan and weights.qkv[0].plan == plan
-    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
-    steps_against_a_full_forward(engine, weights, [encode(tiny_tokenizer, p) for p in PROMPTS], lambda full: 1e-4)
+    assert weights.in_fp16 == (form == "half")
+    engine = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    if dtype == torch.float32:
+        steps_against_a_full_forward(engine, weights, prompts, lambda full: 1e-4)
+    else:
+        worst = steps_against_a_full_forward(engine, weights, prompts, lambda full: 0.08 * float(full.abs().max()))
+        assert worst > 0  # bf16 rounding differs somewhere: the comparison is not of a tensor with itself
+
+
+@torch.no_grad()
+def test_a_step_that_overflows_float16_runs_again_in_the_models_dtype(
+    tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bf16 model whose MLP inputs exceed float16's range (its first post-attention norm's weight
+    scaled by 2^17, which bf16 holds): on "half" products they would be inf, and every logit of
+    the row NaN. The decoder sees it, warns, runs the step again on the model's own dtype's
+    forms, and keeps them for this model: the logits match a full forward pass to bf16 rounding
+    (as in the every-form test), also at the steps after."""
+    if why := weights_module.form_unavailable("half", torch.bfloat16):
+        pytest.skip(why)
+    model = copy.deepcopy(tiny_model).bfloat16()
+    model.model.layers[0].post_attention_layernorm.weight.mul_(2**17)
+    x = model.model.layers[0].post_attention_layernorm(torch.randn(1, 1, model.config.hidden_size).bfloat16())
+    assert x.abs().max() > torch.finfo(torch.float16).max
+    half = FORMS["half"]
+    gate_up = weights_module.fused(model.model.layers[0])[2]
+    assert not torch.isfinite(half.run(half.prepare(gate_up), x[0])).all()  # what the check must catch
+    plan = ("half",) * len(ROWS)
+    monkeypatch.setattr(weights_module, "product_plans", lambda model: Plans(plan, plan))
+    weights = FusedWeights(model)
+    assert weights.in_fp16
+    engine = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+    with caplog.at_level("WARNING", logger="rlvr.rollout.weights"):
+        steps_against_a_full_forward(engine, weights, [encode(tiny_tokenizer, p) for p in PROMPTS],
+                                     lambda full: 0.08 * float(full.abs().max()))
+    assert "exceeded float16's range" in caplog.text
+    assert not weights.in_fp16 and weights.qkv[0].plan == ("linear",) * len(ROWS)
+    assert not FusedWeights(model).in_fp16  # this model's later weights too
+    assert FusedWeights(copy.deepcopy(tiny_model).bfloat16()).in_fp16  # not another model's
 
 
 def steps_against_a_full_forward(engine: EmbeddedEngine, weights: FusedWeights, prompts: list[list[int]],

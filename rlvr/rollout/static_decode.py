@@ -234,11 +234,26 @@ class StaticDecoder:
             self.neg_PW = torch.cat([self.neg_PW, self.neg_PW.new_zeros((len(self.neg_PW), GROW))], 1)
 
     def step(self, tok_R: torch.Tensor) -> torch.Tensor:
-        """Feed one token per running row; return the next-token logits of the running rows."""
+        """Feed one token per running row; return the next-token logits of the running rows.
+
+        Where some products run in float16 (bf16 weights on a CPU where that is faster, `FORMS`'
+        "half"), an activation beyond float16's range would make them inf, and inf or NaN reaches
+        every logit of its row (through attention's softmax, the norms, the residual stream). So
+        the logits are checked (~10 µs a step), and a step that overflowed runs again, its keys
+        and values written again at the same column, on weights without float16 forms."""
         if self.col == self.keys[0].shape[3]:
             self._grow()
-        if self.fixed:
-            return self._fixed_step(tok_R)
+        logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
+        if self.weights.in_fp16 and not bool(torch.isfinite(logits_RV).all()):
+            self.weights.leave_fp16()
+            self.col -= 1
+            self.pos_B -= 1
+            if self._col_t is not None:
+                self._col_t -= 1
+            logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
+        return logits_RV
+
+    def _step(self, tok_R: torch.Tensor) -> torch.Tensor:
         batch, model = len(self.pos_B), self.model.model
         embedded_R1H = model.embed_tokens(tok_R[:, None])
         if len(tok_R) == batch:

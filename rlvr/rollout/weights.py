@@ -15,23 +15,28 @@ once. Which is fastest depends on the CPU, its BLAS, the row count and the shape
 - on an Intel Xeon (family 6 model 207), the same `(W xᵀ)ᵀ` ran 2-8 rows 1.2-1.7× *slower*
   than `x @ W`, and 1.8-2.1× slower than MKL's packed product;
 - on a Zen 4 EPYC, oneDNN's packed product was fastest at 1 and 4-64 rows, `(W xᵀ)ᵀ` at 2.
-So fp32 `Dense` runs on a plan (`Plan`: a form for each row bucket of `ROWS`) that
-`product_plans` measures on the model's own weights once per CPU, torch version and model shape
-(~3 s for the bundled model, kept in $RLVR_CACHE/products.json), within a memory budget of one
-copy of each weight beside the model's own, the output head's included (docs/LOG.md, session 15).
+So on a CPU `Dense` runs on a plan (`Plan`: a form for each row bucket of `ROWS`) that
+`product_plans` measures on the model's own weights once per CPU, torch version, dtype and model
+shape (~3 s for the bundled model, kept in $RLVR_CACHE/products.json), within a memory budget of
+one or two copies of each weight beside the model's own (`copy_budget`), the output head's
+included (docs/LOG.md, sessions 15 and 16).
 
-bf16 on a CPU runs on oneDNN-packed copies without a probe: they were the fastest form at 1-64
-rows on both bf16 CPUs measured (a Zen 4 EPYC and an Intel Xeon with AMX), 1.3-2.3× `x @ W` a
-decode step. Elsewhere (GPUs) `x @ W` runs on an [in, out] copy.
+bf16 has the same forms and one more, "half": a float16 copy, exact for bf16 weights, that one
+row multiplies 1.45× faster than oneDNN's packed bf16 on a Zen 4 EPYC, where oneDNN is the
+fastest from two rows (1.3-2.3× `x @ W` a decode step there and on an Intel Xeon with AMX).
+With `RLVR_PRODUCTS=fixed`, bf16 runs oneDNN-packed copies at every row count. Elsewhere (GPUs)
+`x @ W` runs on an [in, out] copy.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import os
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -46,11 +51,16 @@ log = logging.getLogger(__name__)
 class Form(NamedTuple):
     """One way to compute x Wᵀ from the [out, in] weight W: what it keeps of W (``prepare``), the
     product on what it kept (``run``), and whether what it keeps is a copy of W (counted against
-    the memory budget) or W itself."""
+    the memory budget) or W itself. ``dtypes``: the weight dtypes it gives the model's own
+    product for (None: every dtype). ``in_fp16``: it computes in float16, where a value beyond
+    float16's range (65504) becomes inf; the decoder checks each step's logits and runs a step
+    that overflowed again without such forms (`FusedWeights.leave_fp16`)."""
 
     prepare: Callable[[torch.Tensor], Any]
     run: Callable[[Any, torch.Tensor], torch.Tensor]
     copies: bool
+    dtypes: frozenset[torch.dtype] | None = None
+    in_fp16: bool = False
 
 
 PACK_ROWS = 8
@@ -66,6 +76,15 @@ def _mkl_run(state: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch
     return torch.ops.mkl._mkl_linear(x.contiguous(), packed, w, None, len(x))
 
 
+def _half(w: torch.Tensor) -> torch.Tensor:
+    h = w.half()
+    return h if bool(torch.isfinite(h).all()) else w  # beyond float16's range: the weight itself
+
+
+def _half_run(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x.to(h.dtype), h).to(x.dtype)
+
+
 FORMS: dict[str, Form] = {
     "linear": Form(lambda w: w, lambda w, x: torch.nn.functional.linear(x, w), copies=False),
     "left": Form(lambda w: w, lambda w, x: (w @ x.T).T.contiguous(), copies=False),
@@ -74,12 +93,24 @@ FORMS: dict[str, Form] = {
     "onednn": Form(lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS),
                    lambda p, x: torch.ops.mkldnn._linear_pointwise(x.contiguous(), p, None, "none", [], ""),
                    copies=True),
+    "half": Form(_half, _half_run, copies=True, dtypes=frozenset({torch.bfloat16}), in_fp16=True),
 }
 """The forms of one product. "linear": `nn.Linear`'s `x Wᵀ`; "left": `(W xᵀ)ᵀ`; "xw": `x @ W` on a
 contiguous [in, out] copy; "mkl" and "onednn": the weight reordered once into the library's
 blocked layout (`torch.ops.mkl._mkl_reorder_linear_weight`, `torch.ops.mkldnn.
 _reorder_linear_weight`) and multiplied by its linear op. All sum in the weight's dtype's
-accumulator (fp32 for fp32 and bf16), each in its own order."""
+accumulator (fp32 for fp32 and bf16), each in its own order.
+
+"half" (bf16 weights only): `nn.Linear` on a float16 copy of the weight, with the activations
+in float16 too. PyTorch's float16 matrix-vector kernel sums in fp32, and on a Zen 4 EPYC it ran
+a one-row decode step's products in 9.0 ms where oneDNN's packed bf16 took 13.1 (bench/gemv.py,
+docs/LOG.md, session 16); the copy costs a cast, not a repacking (0.1 s for the bundled model).
+A bf16 number in float16's normal range (6.1e-5 to 65504) is exactly a float16 number (8
+significant bits in 11), so the product is the bf16 product summed in another order, with the
+result rounded to float16 (2^-11) before bf16 (2^-8); a weight or activation below 6.1e-5 is
+rounded to float16's subnormal step, 2^-24 (6e-8): far under the product's own bf16 rounding.
+A weight beyond 65504 keeps the bf16 weight; an activation beyond it overflows, which the
+decoder catches (`Form.in_fp16`)."""
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 """The row buckets of a `Plan`: rows r run in the form of the smallest bucket ≥ r (64 for more)."""
@@ -148,6 +179,9 @@ def form_unavailable(name: str, dtype: torch.dtype) -> str | None:
     """Why the form `name` cannot run a small weight of `dtype` here (a PyTorch built without MKL
     or oneDNN, a CPU the library has no kernel for), or gives it a wrong product (beyond bf16's
     rounding, 2^-7 of Σ|x·w|, at 1, 3, 8 and 17 rows), or None."""
+    dtypes = FORMS[name].dtypes
+    if dtypes is not None and dtype not in dtypes:
+        return f"the {name} form keeps a copy exact only for {' and '.join(map(str, sorted(dtypes, key=str)))} weights, not {dtype}"
     if name == "onednn" and not torch.backends.mkldnn.is_available():
         return "this PyTorch has no oneDNN"
     if name == "mkl" and not torch.backends.mkl.is_available():
@@ -179,25 +213,46 @@ PROBE_BYTES = 64 << 20
 a CPU's last-level cache share, so each product streams its weight from memory as in decoding."""
 
 
+PROBED_DTYPES = (torch.float32, torch.bfloat16)
+"""The weight dtypes whose plans a CPU measures (`product_plans`)."""
+
+
 def product_plans(model: PreTrainedModel) -> Plans:
-    """The plans `FusedWeights` runs a model's projections on. fp32 on a CPU: measured by
-    `probe_plan` on the model's own weights once for each CPU, torch version and set of shapes,
-    and kept in $RLVR_CACHE/products.json, so every later process on this machine (a resumed
-    run, a rollout worker) runs the same forms and gets the same numbers; RLVR_PRODUCTS=fixed
-    in the environment takes `fixed_plan` instead, without measuring. Otherwise `fixed_plan`."""
+    """The plans `FusedWeights` runs a model's projections on. fp32 or bf16 on a CPU: measured by
+    `probe_plan` on the model's own weights once for each CPU, torch version, dtype, set of
+    shapes and copy budget (`copy_budget`), and kept in $RLVR_CACHE/products.json, so every later
+    process on this machine (a resumed run, a rollout worker) runs the same forms and gets the
+    same numbers; RLVR_PRODUCTS=fixed in the environment takes `fixed_plan` instead, without
+    measuring. Otherwise `fixed_plan`."""
     head = model.lm_head.weight
     choice = os.environ.get("RLVR_PRODUCTS", "probe")
     if choice not in ("probe", "fixed"):
         raise ValueError(f"RLVR_PRODUCTS must be 'probe' (the default) or 'fixed', not {choice!r}")
     fixed = Plans(fixed_plan(head), fixed_plan(head, head=True))
-    if choice == "fixed" or any(p.device.type != "cpu" or p.dtype != torch.float32 for p in model.parameters()):
+    if choice == "fixed" or any(p.device.type != "cpu" or p.dtype != head.dtype for p in model.parameters()) \
+            or head.dtype not in PROBED_DTYPES:
         return fixed
     shapes = ",".join("x".join(map(str, p.shape)) for p in model.model.layers[0].parameters())
-    key = (f"{cpu_signature()}|torch {torch.__version__}|layers {shapes} x{len(model.model.layers)}"
-           f"|head {'x'.join(map(str, head.shape))}")
+    copies = copy_budget(model)
+    key = (f"{cpu_signature()}|torch {torch.__version__}|{head.dtype}|layers {shapes} x{len(model.model.layers)}"
+           f"|head {'x'.join(map(str, head.shape))}|copies {copies}")
     if key not in _PROBED:
-        _PROBED[key] = _known_plans(key) or _probe(key, model)
+        _PROBED[key] = _known_plans(key) or _probe(key, model, copies)
     return _PROBED[key]
+
+
+def copy_budget(model: PreTrainedModel) -> int:
+    """How many forms that copy the weights (`Form.copies`) a plan may keep beside the model's
+    own: two where two copies of the decoder's weights take at most 1/16 of this machine's
+    memory (the bundled model's 0.54 GB in bf16 beside a laptop's 16 GB), else one, as `x @ W`'s
+    [in, out] copy always cost."""
+    size = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
+    size += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: memory unknown
+        return 1
+    return 2 if 2 * size * 16 <= memory else 1
 
 
 _PROBED: dict[str, Plans] = {}
@@ -215,13 +270,14 @@ def _known_plans(key: str) -> Plans | None:
     return plans if ok else None
 
 
-def _probe(key: str, model: PreTrainedModel) -> Plans:
+def _probe(key: str, model: PreTrainedModel, copies: int) -> Plans:
     """Measure the plans (`probe_plan`): the first layers' fused weights up to `PROBE_BYTES`, and
     the head's first rows up to `PROBE_BYTES` (its products behave as the whole head's, and the
     probe's time and extra memory stay bounded for a large vocabulary; not where the head has a
     bias, which the decoder leaves to the model); kept in $RLVR_CACHE/products.json."""
     start = time.perf_counter()
-    log.info("timing the fp32 decode products' forms on the model's weights (once per CPU and model shape)")
+    dtype = str(model.lm_head.weight.dtype).removeprefix("torch.")
+    log.info("timing the %s decode products' forms on the model's weights (once per CPU and model shape)", dtype)
     layers, size = [], 0
     for layer in model.model.layers:
         if size >= PROBE_BYTES:
@@ -230,9 +286,10 @@ def _probe(key: str, model: PreTrainedModel) -> Plans:
         size += sum(p.numel() * p.element_size() for p in layer.parameters())
     head = model.lm_head.weight.detach()
     head_rows = max(1, PROBE_BYTES // (head.shape[1] * head.element_size()))
-    plans = Plans(probe_plan([w for layer in layers for w in fused(layer)]),
-                  probe_plan([head[:head_rows]]) if model.lm_head.bias is None else fixed_plan(head, head=True))
-    log.info("fp32 decode products chosen in %.1f s (rows %s): layers %s, head %s", time.perf_counter() - start,
+    plans = Plans(probe_plan([w for layer in layers for w in fused(layer)], copies=copies),
+                  probe_plan([head[:head_rows]], copies=copies) if model.lm_head.bias is None
+                  else fixed_plan(head, head=True))
+    log.info("%s decode products chosen in %.1f s (rows %s): layers %s, head %s", dtype, time.perf_counter() - start,
              "/".join(map(str, ROWS)), "/".join(plans.layers), "/".join(plans.head))
     remember("products.json", key, {"layers": list(plans.layers), "head": list(plans.head)})
     return plans
@@ -248,11 +305,11 @@ def fused(layer: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.T
             mlp.down_proj.weight.detach())
 
 
-def probe_plan(weights: Sequence[torch.Tensor], reps: int = 2) -> Plan:
+def probe_plan(weights: Sequence[torch.Tensor], reps: int = 2, copies: int = 1) -> Plan:
     """The plan `choose_plan` picks from timing each available form (`FORMS`) on ``weights`` ([out,
     in], multiplied in turn as a step does) at each row bucket: the fastest of ``reps`` passes
     after one warm-up pass (the libraries make their kernels on a first call). One form at a time,
-    so at most one copy of the weights exists beside them."""
+    so at most one copy of the weights exists beside them. ``copies``: `choose_plan`'s budget."""
     dtype = weights[0].dtype
     times: dict[str, list[float]] = {}
     for name in FORMS:
@@ -273,23 +330,31 @@ def probe_plan(weights: Sequence[torch.Tensor], reps: int = 2) -> Plan:
                     best = min(best, time.perf_counter() - start)
             times[name].append(best)
         del kept
-    return choose_plan(times)
+    return choose_plan(times, copies)
 
 
-def choose_plan(times: Mapping[str, Sequence[float]]) -> Plan:
+COPY_WORTH = 0.1
+"""What a copy of the weights must save to be kept: a tenth of one bucket's time, summed over the
+buckets (`choose_plan`)."""
+
+
+def choose_plan(times: Mapping[str, Sequence[float]], copies: int = 1) -> Plan:
     """The plan from each form's time at each bucket of `ROWS`: at each bucket the fastest form, among
-    the forms that keep the model's weight itself and at most one that keeps a copy (the memory
-    budget: the model's weights plus one copy, as `x @ W`'s [in, out] copy always cost). The copy
-    chosen is the one whose plan has the least mean slowdown against each bucket's fastest form."""
+    the forms that keep the model's weight itself and at most ``copies`` that keep a copy (the
+    memory budget, `copy_budget`). The copies kept are those whose plan has the least summed
+    slowdown against each bucket's fastest form, each copy counting `COPY_WORTH` more: a copy
+    that saves less than that is not kept."""
     free = [name for name in times if not FORMS[name].copies]
-    options = [free] + [free + [name] for name in times if FORMS[name].copies]
+    copying = [name for name in times if FORMS[name].copies]
+    options = [free + list(kept) for k in range(copies + 1) for kept in itertools.combinations(copying, k)]
     options = [names for names in options if names]
     fastest = [min(t[i] for t in times.values()) for i in range(len(ROWS))]
 
-    def slowdown(names: list[str]) -> float:
-        return sum(min(times[n][i] for n in names) / fastest[i] for i in range(len(ROWS)))
+    def cost(names: list[str]) -> float:
+        slowdown = sum(min(times[n][i] for n in names) / fastest[i] for i in range(len(ROWS)))
+        return slowdown + COPY_WORTH * sum(FORMS[n].copies for n in names)
 
-    names = min(options, key=slowdown)
+    names = min(options, key=cost)
     return tuple(min(names, key=lambda n: times[n][i]) for i in range(len(ROWS)))
 
 
@@ -395,20 +460,42 @@ def weights_unavailable(fmt: str) -> str | None:
     return WEIGHTS[fmt].unavailable()
 
 
+def without_fp16(plan: Plan) -> Plan:
+    """`plan` with each form that computes in float16 (`Form.in_fp16`) replaced by the form of the
+    nearest larger bucket that does not (of the nearest smaller where none does; "linear" where
+    no bucket does)."""
+    safe = [i for i, name in enumerate(plan) if not FORMS[name].in_fp16]
+    if not safe:
+        return ("linear",) * len(plan)
+    return tuple(name if i in safe else plan[min(safe, key=lambda j: (j < i, abs(j - i)))] for i, name in enumerate(plan))
+
+
+_OVERFLOWED: weakref.WeakSet[PreTrainedModel] = weakref.WeakSet()
+"""Models whose activations overflowed a float16 product (`FusedWeights.leave_fp16`): their later
+weights are built without float16 forms."""
+
+
 class FusedWeights:
     """The decoder's weights, from the model's current parameters, with q/k/v fused into one
     projection and the MLP's gate/up into another. ``fmt`` "model" keeps the model's numbers
     (`Dense` on the plans of `product_plans`; the output head too where it has no bias and runs
-    on a CPU in fp32, or in bf16 on a packed copy, else the head is left to the model); "float16" and "int8" store
+    on a CPU in fp32 or bf16, else the head is left to the model); "float16" and "int8" store
     every projection and the output head in that format (`Float16`, `Int8`)."""
 
     def __init__(self, model: PreTrainedModel, fmt: str = "model") -> None:
+        self.model, self.fmt = model, fmt
         make: Callable[[torch.Tensor], Projection]
         if fmt == "model":
-            self.plans: Plans | None = product_plans(model)
-            make = functools.partial(Dense, plan=self.plans.layers)
+            plans = product_plans(model)
+            if model in _OVERFLOWED:
+                plans = Plans(without_fp16(plans.layers), without_fp16(plans.head))
+            self.plans: Plans | None = plans
+            make = functools.partial(Dense, plan=plans.layers)
         else:
             self.plans, make = None, WEIGHTS[fmt]
+        # whether some rows run a product in float16 (`Form.in_fp16`): the decoder then checks each
+        # step's logits for an overflow
+        self.in_fp16 = self.plans is not None and any(FORMS[name].in_fp16 for plan in self.plans for name in plan)
         self.qkv: list[Projection] = []
         self.qkv_bias: list[torch.Tensor | None] = []
         self.o: list[Projection] = []
@@ -426,8 +513,16 @@ class FusedWeights:
         head = model.lm_head.weight
         if fmt != "model":
             self.head: Projection | None = make(head)
-        elif model.lm_head.bias is None and head.device.type == "cpu" and (head.dtype == torch.float32 or packed_form(head)):
+        elif model.lm_head.bias is None and head.device.type == "cpu" and head.dtype in PROBED_DTYPES:
             assert self.plans is not None
             self.head = Dense(head, self.plans.head)
         else:  # the model's own head
             self.head = None
+
+    def leave_fp16(self) -> None:
+        """Rebuild every projection without float16 forms (`without_fp16`), for good with this
+        model: an activation overflowed float16's range, which the model's own dtype holds."""
+        log.warning("an activation exceeded float16's range (65504) in a float16 product of the decoder: the "
+                    "step runs again, and this model's decoding keeps its own dtype's products from now on")
+        _OVERFLOWED.add(self.model)
+        self.__init__(self.model, self.fmt)  # type: ignore[misc]
