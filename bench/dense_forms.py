@@ -1,9 +1,11 @@
-"""The static decoder's fp32 projections on the plan probed on this CPU (rlvr.rollout.weights.
-product_plans) against the fixed plan used before session 15 (`x @ W` at one row, `(W xᵀ)ᵀ`
-beyond, the head `nn.Linear` at one row), in one process, alternating, so both sides see the same
-machine load. Engine tokens/s per batch size, the best of `--rounds`.
+"""The static decoder's projections on the plan probed on this CPU (rlvr.rollout.weights.
+product_plans) against the fixed plan (`RLVR_PRODUCTS=fixed`: in fp32 the plan used before session
+15, `x @ W` at one row, `(W xᵀ)ᵀ` beyond, the head `nn.Linear` at one row; in bf16 oneDNN-packed
+copies at every row count, as before session 16), in one process, alternating, so both sides see
+the same machine load. Engine tokens/s per batch size, the best of `--rounds`.
 
-    python bench/dense_forms.py [--batch-sizes 1,2,4,8,16,32,64] [--new-tokens 32] [--rounds 3] [--model DIR]
+    python bench/dense_forms.py [--dtype float32|bfloat16] [--batch-sizes 1,2,4,8,16,32,64] [--new-tokens 32]
+                                [--rounds 3] [--model DIR]
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help='whatever "auto" picks')
     args = ap.parse_args()
-    tokenizer, model = load_tokenizer(args.model), load_model(args.model, torch.float32)  # fp32, whatever "auto" picks
+    tokenizer, model = load_tokenizer(args.model), load_model(args.model, getattr(torch, args.dtype))
     cpu = cpu_description()
     with torch.no_grad():
         os.environ["RLVR_PRODUCTS"] = "fixed"

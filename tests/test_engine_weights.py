@@ -109,7 +109,34 @@ def test_a_plan_runs_each_row_count_in_its_buckets_form(monkeypatch: pytest.Monk
     for rows in (1, 2, 3, 4, 9, 200):
         dense(torch.randn(rows, 4))
     assert ran == ["linear", "xw", "linear", "linear", "xw", "xw"]
-    assert Dense(w, ("left",) * len(ROWS)).by_bucket[0][1].data_ptr() == w.data_ptr()  # no copy
+    assert Dense(w, ("left",) * len(ROWS)).kept["left"].data_ptr() == w.data_ptr()  # no copy
+
+
+@torch.no_grad()
+def test_a_lazy_form_is_made_on_its_first_product_of_the_weights_as_they_were(caplog: pytest.LogCaptureFixture) -> None:
+    """"half" (lazy) is made only when a row count it runs comes; a `Dense` of a weight's parts
+    (q, k, v) gives what one of the joined weight gives, without a joined copy where no eager form
+    needs one. If the parts changed before the lazy copy was made, that copy would hold other
+    numbers than the eager ones: those rows run in the nearest eager form instead, with a warning."""
+    if why := weights_module.form_unavailable("half", torch.bfloat16):
+        pytest.skip(why)
+    gen = torch.Generator().manual_seed(0)
+    parts = [(torch.randn(rows, 64, generator=gen) * 0.05).bfloat16() for rows in (32, 16, 16)]
+    plan = ("half",) + ("linear",) * (len(ROWS) - 1)
+    dense, joined = Dense(parts, plan), Dense(torch.cat(parts), plan)
+    assert set(dense.kept) == {"linear"} and dense.kept["linear"].shape == (64, 64)
+    x1, x3 = torch.randn(1, 64, generator=gen).bfloat16(), torch.randn(3, 64, generator=gen).bfloat16()
+    assert torch.equal(dense(x3), joined(x3)) and "half" not in dense.kept
+    assert torch.equal(dense(x1), joined(x1)) and dense.kept["half"].dtype == torch.float16
+    lazy_only = Dense(parts, ("half",) * len(ROWS))
+    assert lazy_only.kept == {}  # nothing made, nothing joined
+    late, before = Dense(parts, plan), Dense([p.clone() for p in parts], ("linear",) * len(ROWS))
+    parts[0].add_(1.0)  # an optimizer step before the first one-row product
+    with caplog.at_level("WARNING", logger="rlvr.rollout.weights"):
+        y = late(x1)
+    assert "changed after its copies were made" in caplog.text
+    assert late.by_bucket == ["linear"] * len(ROWS) and "half" not in late.kept
+    assert torch.equal(y, before(x1))  # the numbers of the joined copy made at the start
 
 
 def test_choose_plan_takes_each_buckets_fastest_within_one_copy_of_the_weights() -> None:
@@ -229,7 +256,7 @@ def test_bf16_without_onednn_packing_runs_the_plain_product(monkeypatch: pytest.
         weights = FusedWeights(model)
         assert isinstance(weights.qkv[0], Dense) and weights.qkv[0].plan == ("xw",) * len(ROWS)
         assert isinstance(weights.head, Dense) and weights.head.plan == ("linear",) * len(ROWS)
-        assert weights.head.by_bucket[0][1].data_ptr() == model.lm_head.weight.data_ptr()
+        assert weights.head.kept["linear"].data_ptr() == model.lm_head.weight.data_ptr()
         assert "onednn" not in weights_module.probe_plan(list(weights_module.fused(model.model.layers[0])), reps=1)
     finally:
         bf16_packing_unavailable.cache_clear()

@@ -94,16 +94,14 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
             row["rlvr_vs_llama_cpp"] = round(row["rlvr_static_tok_s"] / row["llama_cpp_tok_s"], 2)
         rows.append(row)
     result = {"part": "generate", "model": model_spec, "dtype": str(model.dtype), "new_tokens": new_tokens, "rows": rows}
-    if model.dtype == torch.bfloat16 and model.device.type == "cpu":  # which product the static decoder ran
-        from rlvr.rollout.weights import bf16_packing_unavailable
-
-        result["bf16_products"] = bf16_packing_unavailable() or "oneDNN-packed"
-    if model.dtype == torch.float32 and model.device.type == "cpu":  # the forms the probe chose (cached: not re-run)
-        from rlvr.rollout.weights import ROWS, product_plans
+    if model.device.type == "cpu":  # the forms the static decoder ran (the probe's choice, cached: not re-run)
+        from rlvr.rollout.weights import ROWS, bf16_packing_unavailable, product_plans
 
         plans = product_plans(model)
-        result["fp32_products"] = {"rows": "/".join(map(str, ROWS)), "layers": "/".join(plans.layers),
-                                   "head": "/".join(plans.head)}
+        products = {"rows": "/".join(map(str, ROWS)), "layers": "/".join(plans.layers), "head": "/".join(plans.head)}
+        if model.dtype == torch.bfloat16 and (why := bf16_packing_unavailable()):
+            products["no_bf16_packing"] = why
+        result["products"] = products
     return result
 
 

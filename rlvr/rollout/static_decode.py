@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 from transformers import DynamicCache, PreTrainedModel
 
-from rlvr.rollout.weights import FusedWeights
+from rlvr.rollout.weights import FusedWeights, bucket
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 GROW = 64  # key/value buffer columns added at a time
@@ -239,12 +239,15 @@ class StaticDecoder:
         Where some products run in float16 (bf16 weights on a CPU where that is faster, `FORMS`'
         "half"), an activation beyond float16's range would make them inf, and inf or NaN reaches
         every logit of its row (through attention's softmax, the norms, the residual stream). So
-        the logits are checked (~10 µs a step), and a step that overflowed runs again, its keys
-        and values written again at the same column, on weights without float16 forms."""
+        the logits of a step whose row counts run a float16 product are checked (~10 µs at one
+        row), and a step that overflowed runs again, its keys and values written again at the
+        same column, on weights without float16 forms."""
         if self.col == self.keys[0].shape[3]:
             self._grow()
         logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
-        if self.weights.in_fp16 and not bool(torch.isfinite(logits_RV).all()):
+        fp16 = self.weights.fp16_buckets
+        if fp16 and not {bucket(len(self.pos_B)), bucket(len(tok_R))}.isdisjoint(fp16) \
+                and not bool(torch.isfinite(logits_RV).all()):
             self.weights.leave_fp16()
             self.col -= 1
             self.pos_B -= 1

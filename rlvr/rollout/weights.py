@@ -54,13 +54,15 @@ class Form(NamedTuple):
     the memory budget) or W itself. ``dtypes``: the weight dtypes it gives the model's own
     product for (None: every dtype). ``in_fp16``: it computes in float16, where a value beyond
     float16's range (65504) becomes inf; the decoder checks each step's logits and runs a step
-    that overflowed again without such forms (`FusedWeights.leave_fp16`)."""
+    that overflowed again without such forms (`FusedWeights.leave_fp16`). ``lazy``: `Dense` makes
+    its copy on the first product that runs it, not beforehand."""
 
     prepare: Callable[[torch.Tensor], Any]
     run: Callable[[Any, torch.Tensor], torch.Tensor]
     copies: bool
     dtypes: frozenset[torch.dtype] | None = None
     in_fp16: bool = False
+    lazy: bool = False
 
 
 PACK_ROWS = 8
@@ -93,7 +95,7 @@ FORMS: dict[str, Form] = {
     "onednn": Form(lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS),
                    lambda p, x: torch.ops.mkldnn._linear_pointwise(x.contiguous(), p, None, "none", [], ""),
                    copies=True),
-    "half": Form(_half, _half_run, copies=True, dtypes=frozenset({torch.bfloat16}), in_fp16=True),
+    "half": Form(_half, _half_run, copies=True, dtypes=frozenset({torch.bfloat16}), in_fp16=True, lazy=True),
 }
 """The forms of one product. "linear": `nn.Linear`'s `x Wᵀ`; "left": `(W xᵀ)ᵀ`; "xw": `x @ W` on a
 contiguous [in, out] copy; "mkl" and "onednn": the weight reordered once into the library's
@@ -127,18 +129,52 @@ def bucket(rows: int) -> int:
 class Dense:
     """A projection on the model's own numbers, in the form its `Plan` names for the row count:
     the weights kept are those of the forms the plan uses (`FORMS`). Without a plan, `fixed_plan`.
-    Every form is the same product of the same weight, summed in another order."""
+    Every form is the same product of the same weight, summed in another order.
 
-    def __init__(self, weight: torch.Tensor, plan: Plan | None = None) -> None:
-        w = weight.detach().contiguous()
-        plan = plan or fixed_plan(w)
-        kept = {name: FORMS[name].prepare(w) for name in dict.fromkeys(plan)}
-        self.plan = plan
-        self.by_bucket = [(FORMS[name].run, kept[name]) for name in plan]
+    ``weight`` is the [out, in] weight, or the weights whose rows it is made of (q, k and v; gate
+    and up), kept as they are and joined only to make a form's copy. A form that is `Form.lazy`
+    is made on the first product that runs it: a training run's weights change every step, and
+    a copy for one row is worth making only where one row is decoded. If the weights changed
+    since (their version counters moved), the copy would not be of the same numbers as the
+    others, so those rows run in the plan's nearest form made at the start instead."""
+
+    def __init__(self, weight: torch.Tensor | Sequence[torch.Tensor], plan: Plan | None = None) -> None:
+        self.parts = [weight.detach()] if isinstance(weight, torch.Tensor) else [w.detach() for w in weight]
+        self.versions = [w._version for w in self.parts]
+        self.plan = plan or fixed_plan(self.parts[0])
+        joined = self._joined() if any(not FORMS[name].lazy for name in self.plan) else None
+        self.kept = {name: FORMS[name].prepare(joined) for name in dict.fromkeys(self.plan)
+                     if joined is not None and not FORMS[name].lazy}
+        self.by_bucket = list(self.plan)
+
+    def _joined(self) -> torch.Tensor:
+        return self.parts[0].contiguous() if len(self.parts) == 1 else torch.cat(self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        run, kept = self.by_bucket[bucket(len(x))]
-        return run(kept, x)
+        name = self.by_bucket[bucket(len(x))]
+        if name not in self.kept:
+            self._make(name)
+            name = self.by_bucket[bucket(len(x))]
+        return FORMS[name].run(self.kept[name], x)
+
+    def _make(self, name: str) -> None:
+        """Make the copy of lazy form `name`; or, where the weights changed since the others were
+        made, run the plan's nearest of those (`eager_plan`) from now on instead."""
+        if [w._version for w in self.parts] == self.versions:
+            self.kept[name] = FORMS[name].prepare(self._joined())
+            return
+        log.warning("the decoder's weights changed after its copies were made: the rows the %s form would "
+                    "multiply run in the plan's other forms", name)
+        self.by_bucket = list(eager_plan(tuple(self.by_bucket)))
+        for other in self.by_bucket:
+            if other not in self.kept:  # every form was lazy: none holds the old numbers
+                self.kept[other] = FORMS[other].prepare(self._joined())
+
+
+def eager_plan(plan: Plan) -> Plan:
+    """`plan` with each lazy form (`Form.lazy`) replaced by the nearest bucket's form that is not
+    (`replaced`)."""
+    return replaced(plan, lambda form: form.lazy)
 
 
 def fixed_plan(weight: torch.Tensor, *, head: bool = False) -> Plan:
@@ -295,14 +331,20 @@ def _probe(key: str, model: PreTrainedModel, copies: int) -> Plans:
     return plans
 
 
-def fused(layer: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def fused(layer: Any) -> tuple[torch.Tensor, ...]:
     """A Llama-family decoder layer's [out, in] weights in the order a step multiplies them: q/k/v
     fused, the attention output, the MLP's gate/up fused, its down projection."""
+    return tuple(torch.cat(parts) for parts in fused_parts(layer))
+
+
+def fused_parts(layer: Any) -> tuple[list[torch.Tensor], ...]:
+    """`fused`'s weights as the model's own parameters (detached, not copied), each a list of the
+    weights whose rows it joins."""
     attn, mlp = layer.self_attn, layer.mlp
-    return (torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
-            attn.o_proj.weight.detach(),
-            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
-            mlp.down_proj.weight.detach())
+    return ([attn.q_proj.weight.detach(), attn.k_proj.weight.detach(), attn.v_proj.weight.detach()],
+            [attn.o_proj.weight.detach()],
+            [mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()],
+            [mlp.down_proj.weight.detach()])
 
 
 def probe_plan(weights: Sequence[torch.Tensor], reps: int = 2, copies: int = 1) -> Plan:
@@ -460,14 +502,18 @@ def weights_unavailable(fmt: str) -> str | None:
     return WEIGHTS[fmt].unavailable()
 
 
-def without_fp16(plan: Plan) -> Plan:
-    """`plan` with each form that computes in float16 (`Form.in_fp16`) replaced by the form of the
-    nearest larger bucket that does not (of the nearest smaller where none does; "linear" where
-    no bucket does)."""
-    safe = [i for i, name in enumerate(plan) if not FORMS[name].in_fp16]
-    if not safe:
+def replaced(plan: Plan, unwanted: Callable[[Form], bool]) -> Plan:
+    """`plan` with each form that is `unwanted` replaced by the form of the nearest larger bucket
+    that is not (of the nearest smaller where none is; "linear" where no bucket's is)."""
+    ok = [i for i, name in enumerate(plan) if not unwanted(FORMS[name])]
+    if not ok:
         return ("linear",) * len(plan)
-    return tuple(name if i in safe else plan[min(safe, key=lambda j: (j < i, abs(j - i)))] for i, name in enumerate(plan))
+    return tuple(name if i in ok else plan[min(ok, key=lambda j: (j < i, abs(j - i)))] for i, name in enumerate(plan))
+
+
+def without_fp16(plan: Plan) -> Plan:
+    """`plan` without the forms that compute in float16 (`Form.in_fp16`; `replaced`)."""
+    return replaced(plan, lambda form: form.in_fp16)
 
 
 _OVERFLOWED: weakref.WeakSet[PreTrainedModel] = weakref.WeakSet()
@@ -484,7 +530,7 @@ class FusedWeights:
 
     def __init__(self, model: PreTrainedModel, fmt: str = "model") -> None:
         self.model, self.fmt = model, fmt
-        make: Callable[[torch.Tensor], Projection]
+        make: Callable[[list[torch.Tensor]], Projection]
         if fmt == "model":
             plans = product_plans(model)
             if model in _OVERFLOWED:
@@ -492,17 +538,21 @@ class FusedWeights:
             self.plans: Plans | None = plans
             make = functools.partial(Dense, plan=plans.layers)
         else:
-            self.plans, make = None, WEIGHTS[fmt]
-        # whether some rows run a product in float16 (`Form.in_fp16`): the decoder then checks each
-        # step's logits for an overflow
-        self.in_fp16 = self.plans is not None and any(FORMS[name].in_fp16 for plan in self.plans for name in plan)
+            self.plans = None
+
+            def make(parts: list[torch.Tensor]) -> Projection:
+                return WEIGHTS[fmt](torch.cat(parts))
+        # the buckets of `ROWS` where a product runs in float16 (`Form.in_fp16`): the decoder checks a
+        # step's logits for an overflow where its rows fall in one
+        self.fp16_buckets = {i for plan in self.plans or () for i, name in enumerate(plan) if FORMS[name].in_fp16}
+        self.in_fp16 = bool(self.fp16_buckets)
         self.qkv: list[Projection] = []
         self.qkv_bias: list[torch.Tensor | None] = []
         self.o: list[Projection] = []
         self.gate_up: list[Projection] = []
         self.down: list[Projection] = []
         for layer in model.model.layers:
-            qkv, o, gate_up, down = fused(layer)
+            qkv, o, gate_up, down = fused_parts(layer)
             self.qkv.append(make(qkv))
             self.o.append(make(o))
             self.gate_up.append(make(gate_up))
@@ -512,7 +562,7 @@ class FusedWeights:
             self.qkv_bias.append(torch.cat(biases) if all(b is not None for b in biases) else None)
         head = model.lm_head.weight
         if fmt != "model":
-            self.head: Projection | None = make(head)
+            self.head: Projection | None = make([head])
         elif model.lm_head.bias is None and head.device.type == "cpu" and head.dtype in PROBED_DTYPES:
             assert self.plans is not None
             self.head = Dense(head, self.plans.head)
