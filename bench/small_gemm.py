@@ -16,6 +16,8 @@ Variants, each the same product up to rounding, of the weight each one stores:
             _mkl_reorder_linear_weight; fp32 only)
   onednn    oneDNN's prepacked linear (torch.ops.mkldnn._linear_pointwise on a weight reordered
             by _reorder_linear_weight for batch 8), what inductor's CPU backend calls
+  half      bf16 only: nn.Linear on a float16 copy, activations cast to float16 (PyTorch's
+            float16 kernels, fp32 sums), the decoder's "half" form: exact copies of bf16 weights
   fp16w     `engine.dtype = "float16"` (weights.Float16): fbgemm's prepacked float16
             weight, fp32 activations and sums
   int8w     `engine.dtype = "int8"` (weights.Int8, AVX-512 only): torch's weight-only int8
@@ -95,6 +97,8 @@ def variants(w_io: torch.Tensor) -> tuple[dict[str, Callable[[torch.Tensor], tor
         out["mklpack"] = form("mkl")
     if form_unavailable("onednn", w_io.dtype) is None:
         out["onednn"] = form("onednn")
+    if form_unavailable("half", w_io.dtype) is None:
+        out["half"] = form("half")
     if weights_unavailable("float16") is None:
         out["fp16w"], stored["fp16w"] = Float16(w_oi), w_io.half()
     if weights_unavailable("int8") is None:

@@ -113,30 +113,35 @@ def test_a_plan_runs_each_row_count_in_its_buckets_form(monkeypatch: pytest.Monk
 
 
 @torch.no_grad()
-def test_a_lazy_form_is_made_on_its_first_product_of_the_weights_as_they_were(caplog: pytest.LogCaptureFixture) -> None:
-    """"half" (lazy) is made only when a row count it runs comes; a `Dense` of a weight's parts
-    (q, k, v) gives what one of the joined weight gives, without a joined copy where no eager form
-    needs one. If the parts changed before the lazy copy was made, that copy would hold other
-    numbers than the eager ones: those rows run in the nearest eager form instead, with a warning."""
+def test_a_lazy_form_is_made_after_its_rows_ran_enough_products_in_another(caplog: pytest.LogCaptureFixture,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """"half" (lazy) is made only after its rows ran `LAZY_AFTER` products in the plan's nearest
+    other form; then they run in it. A `Dense` of a weight's parts (q, k, v) gives exactly what one
+    of the joined weight gives. If the parts changed before the lazy copy was made, that copy
+    would hold other numbers than the eager ones: it is not made, with a warning. A plan of lazy
+    forms only has nothing to run meanwhile: made at once."""
     if why := weights_module.form_unavailable("half", torch.bfloat16):
         pytest.skip(why)
+    monkeypatch.setattr(weights_module, "LAZY_AFTER", 3)
     gen = torch.Generator().manual_seed(0)
     parts = [(torch.randn(rows, 64, generator=gen) * 0.05).bfloat16() for rows in (32, 16, 16)]
     plan = ("half",) + ("linear",) * (len(ROWS) - 1)
     dense, joined = Dense(parts, plan), Dense(torch.cat(parts), plan)
-    assert set(dense.kept) == {"linear"} and dense.kept["linear"].shape == (64, 64)
+    linear = Dense(torch.cat(parts), ("linear",) * len(ROWS))
+    half = Dense(torch.cat(parts), ("half",) * len(ROWS))
+    assert set(dense.kept) == {"linear"} and set(half.kept) == {"half"}
     x1, x3 = torch.randn(1, 64, generator=gen).bfloat16(), torch.randn(3, 64, generator=gen).bfloat16()
-    assert torch.equal(dense(x3), joined(x3)) and "half" not in dense.kept
-    assert torch.equal(dense(x1), joined(x1)) and dense.kept["half"].dtype == torch.float16
-    lazy_only = Dense(parts, ("half",) * len(ROWS))
-    assert lazy_only.kept == {}  # nothing made, nothing joined
+    assert torch.equal(dense(x3), joined(x3))
+    for _ in range(2):  # rented: the eager form's product
+        assert torch.equal(dense(x1), linear(x1)) and "half" not in dense.kept
+    assert torch.equal(dense(x1), half(x1)) and dense.kept["half"].dtype == torch.float16  # the third: made
+    assert torch.equal(dense(x1), half(x1)) and dense.by_bucket == list(plan)
     late, before = Dense(parts, plan), Dense([p.clone() for p in parts], ("linear",) * len(ROWS))
-    parts[0].add_(1.0)  # an optimizer step before the first one-row product
+    parts[0].add_(1.0)  # an optimizer step before the copy was made
     with caplog.at_level("WARNING", logger="rlvr.rollout.weights"):
-        y = late(x1)
-    assert "changed after its copies were made" in caplog.text
-    assert late.by_bucket == ["linear"] * len(ROWS) and "half" not in late.kept
-    assert torch.equal(y, before(x1))  # the numbers of the joined copy made at the start
+        ys = [late(x1) for _ in range(4)]
+    assert "changed after its copies were made" in caplog.text and "half" not in late.kept
+    assert all(torch.equal(y, before(x1)) for y in ys)  # the numbers of the joined copy made at the start
 
 
 def test_choose_plan_takes_each_buckets_fastest_within_one_copy_of_the_weights() -> None:
@@ -167,19 +172,31 @@ def test_a_second_copy_is_kept_only_within_the_budget_and_where_it_saves_enough(
                        copies=2) == ("half",) + ("onednn",) * 6
 
 
-def test_the_copy_budget_follows_the_machines_memory(tiny_model: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two copies where two take at most 1/16 of the memory, else one; one where memory is unknown."""
+def test_the_copy_budget_follows_the_machines_memory(tiny_model: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    """Two copies where two take at most 1/16 of the memory, else one; one where memory is unknown.
+    The memory is the machine's, or its container's limit where that is lower (cgroup v2 or v1;
+    "max" is no limit)."""
     size = sum(p.numel() * p.element_size() for p in tiny_model.model.layers.parameters())
     size += tiny_model.lm_head.weight.numel() * tiny_model.lm_head.weight.element_size()
-    for pages, budget in ((32 * size, 2), (32 * size - 1, 1)):
-        monkeypatch.setattr(weights_module.os, "sysconf", lambda name, pages=pages: 1 if name == "SC_PAGE_SIZE" else pages)
+    for memory, budget in ((32 * size, 2), (32 * size - 1, 1), (None, 1)):
+        monkeypatch.setattr(weights_module, "machine_memory", lambda memory=memory: memory)
         assert weights_module.copy_budget(tiny_model) == budget
+    monkeypatch.undo()
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(weights_module, "CGROUP_LIMITS", (v2, v1))
+    monkeypatch.setattr(weights_module.os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 1000)
+    assert weights_module.machine_memory() == 4096 * 1000  # no cgroup files
+    v2.write_text("max\n")
+    assert weights_module.machine_memory() == 4096 * 1000
+    v1.write_text("1000000\n")
+    assert weights_module.machine_memory() == 1000000
 
     def unknown(name: str) -> int:
         raise ValueError(name)
 
     monkeypatch.setattr(weights_module.os, "sysconf", unknown)
-    assert weights_module.copy_budget(tiny_model) == 1
+    assert weights_module.machine_memory() is None
 
 
 def test_plans_are_probed_once_a_machine_and_dtype_unless_fixed(tiny_model: LlamaForCausalLM, tmp_path: Path,
@@ -238,6 +255,15 @@ def test_the_real_probe_times_every_available_form(tiny_model: LlamaForCausalLM,
     wrong = FORMS["xw"]._replace(run=lambda w, x: torch.zeros(len(x), w.shape[1], dtype=x.dtype))
     monkeypatch.setitem(FORMS, "xw", wrong)
     assert "gives a wrong product" in (weights_module.form_unavailable("xw", torch.float32) or "")
+
+    def float16_sum(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # "half" as a kernel summing in float16
+        terms, total = x.half()[:, None, :] * h[None], torch.zeros(len(x), len(h), dtype=torch.float16)
+        for j in range(terms.shape[-1]):
+            total += terms[..., j]
+        return total.to(x.dtype)
+
+    monkeypatch.setitem(FORMS, "narrow", FORMS["half"]._replace(run=float16_sum))
+    assert "gives a wrong product" in (weights_module.form_unavailable("narrow", torch.bfloat16) or "")
     assert "xw" not in weights_module.probe_plan(list(weights_module.fused(tiny_model.model.layers[0])), reps=1)
 
 
@@ -422,36 +448,89 @@ def test_the_static_decoder_matches_a_full_forward_in_every_form(
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("fixed_shapes", [False, True])
+@pytest.mark.parametrize("norm", ["input_layernorm", "post_attention_layernorm"])
 def test_a_step_that_overflows_float16_runs_again_in_the_models_dtype(
-    tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture
+    norm: str, fixed_shapes: bool, tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A bf16 model whose MLP inputs exceed float16's range (its first post-attention norm's weight
-    scaled by 2^17, which bf16 holds): on "half" products they would be inf, and every logit of
-    the row NaN. The decoder sees it, warns, runs the step again on the model's own dtype's
-    forms, and keeps them for this model: the logits match a full forward pass to bf16 rounding
-    (as in the every-form test), also at the steps after."""
+    """A bf16 model whose q/k/v or MLP inputs exceed float16's range (a norm's weight in the first
+    layer scaled by 2^17, which bf16 holds): on "half" products they are inf. The decoder sees it,
+    warns, runs the step again on the model's own dtype's forms, and keeps them for this model:
+    every step's logits equal, bit for bit, those of a decoder built on those forms from the
+    start (so the step run again wrote its keys and values where the first had, at the same
+    positions), in plain and in fixed-shape steps."""
     if why := weights_module.form_unavailable("half", torch.bfloat16):
         pytest.skip(why)
     model = copy.deepcopy(tiny_model).bfloat16()
-    model.model.layers[0].post_attention_layernorm.weight.mul_(2**17)
-    x = model.model.layers[0].post_attention_layernorm(torch.randn(1, 1, model.config.hidden_size).bfloat16())
-    assert x.abs().max() > torch.finfo(torch.float16).max
+    getattr(model.model.layers[0], norm).weight.mul_(2**17)
+    x = getattr(model.model.layers[0], norm)(torch.randn(1, 1, model.config.hidden_size).bfloat16())
     half = FORMS["half"]
-    gate_up = weights_module.fused(model.model.layers[0])[2]
-    assert not torch.isfinite(half.run(half.prepare(gate_up), x[0])).all()  # what the check must catch
-    plan = ("half",) * len(ROWS)
-    monkeypatch.setattr(weights_module, "product_plans", lambda model: Plans(plan, plan))
-    weights = FusedWeights(model)
-    assert weights.in_fp16
+    qkv, _, gate_up, _ = weights_module.fused(model.model.layers[0])
+    weight = qkv if norm == "input_layernorm" else gate_up
+    assert not torch.isfinite(half.run(half.prepare(weight), x[0])).all()  # what the check must catch
+    plans = {"half": Plans(("half",) * len(ROWS), ("half",) * len(ROWS)),
+             "linear": Plans(("linear",) * len(ROWS), ("linear",) * len(ROWS))}
+    built = {}
+    for name, plan in plans.items():
+        monkeypatch.setattr(weights_module, "product_plans", lambda model, plan=plan: plan)
+        built[name] = FusedWeights(model)
+    assert built["half"].in_fp16 and not built["linear"].in_fp16
     engine = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+    prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
+    decoders = []
+    for weights in built.values():
+        cache, _, mask_PT, _ = engine._prefill(prompts)
+        decoders.append(StaticDecoder(model, weights, cache, mask_PT, 2, fixed_shapes=fixed_shapes))
+    gen = torch.Generator().manual_seed(0)
     with caplog.at_level("WARNING", logger="rlvr.rollout.weights"):
-        steps_against_a_full_forward(engine, weights, [encode(tiny_tokenizer, p) for p in PROMPTS],
-                                     lambda full: 0.08 * float(full.abs().max()))
-    assert "exceeded float16's range" in caplog.text
-    assert not weights.in_fp16 and weights.qkv[0].plan == ("linear",) * len(ROWS)
+        for _ in range(6):
+            tok = torch.randint(3, 259, (2 * len(prompts),), generator=gen)
+            on_half, on_linear = decoders[0].step(tok), decoders[1].step(tok)
+            assert torch.isfinite(on_half).all() and torch.equal(on_half, on_linear)
+    assert caplog.text.count("gave values that are not finite") == 1
+    assert not built["half"].in_fp16 and built["half"].qkv[0].plan == ("linear",) * len(ROWS)
+    monkeypatch.setattr(weights_module, "product_plans", lambda model: plans["half"])
     assert not FusedWeights(model).in_fp16  # this model's later weights too
     assert FusedWeights(copy.deepcopy(tiny_model).bfloat16()).in_fp16  # not another model's
+
+
+@torch.no_grad()
+def test_a_float16_step_is_run_again_for_a_projection_that_overflowed_unseen_in_the_logits(
+    tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key of -inf only scores -inf: the logits can stay finite while the cache holds it. So a
+    float16 step also checks its q/k/v projections. Here a projection's output is made -inf after
+    attention has read it (so the logits are those of finite numbers): that alone sends the step
+    round again on the model's own dtype's forms. A step of a row count without float16
+    products is not checked."""
+    if why := weights_module.form_unavailable("half", torch.bfloat16):
+        pytest.skip(why)
+    model = copy.deepcopy(tiny_model).bfloat16()
+    plan = ("half",) + ("linear",) * (len(ROWS) - 1)
+    monkeypatch.setattr(weights_module, "product_plans", lambda model: Plans(plan, plan))
+    weights = FusedWeights(model)
+    engine = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static")
+    real, made = weights.qkv[0], []
+
+    def recorded(x: torch.Tensor) -> torch.Tensor:
+        made.append(real(x))
+        return made[-1]
+
+    def poisoned_logits(self: StaticDecoder, last: torch.Tensor, logits=StaticDecoder._logits) -> torch.Tensor:
+        for y in made:
+            y[:, -1] = float("-inf")
+        made.clear()
+        return logits(self, last)
+
+    weights.qkv[0] = recorded  # type: ignore[assignment]
+    monkeypatch.setattr(StaticDecoder, "_logits", poisoned_logits)
+    cache, _, mask_PT, _ = engine._prefill([encode(tiny_tokenizer, PROMPTS[0])] * 2)
+    assert torch.isfinite(StaticDecoder(model, weights, cache, mask_PT, 1).step(torch.tensor([5, 6]))).all()
+    assert weights.in_fp16  # two rows: "linear", not checked
+    cache, _, mask_PT, _ = engine._prefill([encode(tiny_tokenizer, PROMPTS[0])])
+    assert torch.isfinite(StaticDecoder(model, weights, cache, mask_PT, 1).step(torch.tensor([5]))).all()
+    assert not weights.in_fp16  # one row: checked, and run again without float16
 
 
 def steps_against_a_full_forward(engine: EmbeddedEngine, weights: FusedWeights, prompts: list[list[int]],

@@ -9,11 +9,11 @@ module runs the same weights with
   preallocated buffer per layer for the sampled tokens only, written in place one column per
   step (grown in blocks when full);
 - the query, key and value projections fused into one matrix product, and the MLP's gate and up
-  projections into another (rlvr.rollout.weights: in bf16 on the CPU, oneDNN-packed copies of
-  the weights, the output head's too, ~1.0× the model's size; in fp32 on the CPU, the forms a
-  probe of this CPU found fastest for each row count, with at most one copy of the weights;
-  elsewhere [in, out] matrices, ~0.8×). The engine rebuilds them when a parameter's version
-  counter shows a change, so learner updates are always seen;
+  projections into another (rlvr.rollout.weights: on the CPU, in fp32 or bf16, the forms a
+  probe of this CPU found fastest for each row count, with one or two copies of the weights, the
+  output head's included, e.g. bf16 oneDNN-packed copies, and float16 copies for one row;
+  elsewhere [in, out] matrices, ~0.8× the model's size). The engine rebuilds them when a
+  parameter's version counter shows a change, so learner updates are always seen;
 - attention for the single new token over the key/value heads with the query heads of each
   group stacked, so nothing is repeated: one `scaled_dot_product_attention` call a layer over a
   row's own buffers, two batched matrix products where prompts are shared;
@@ -43,6 +43,7 @@ path to float rounding. Supported: the architectures in `SUPPORTED` without slid
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -52,6 +53,8 @@ from torch.nn.modules import module as nn_module
 from transformers import DynamicCache, PreTrainedModel
 
 from rlvr.rollout.weights import FusedWeights, bucket
+
+log = logging.getLogger(__name__)
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 GROW = 64  # key/value buffer columns added at a time
@@ -133,6 +136,7 @@ class StaticDecoder:
         self._graph: _StepGraph | None = None  # the last captured step
         self._tok_B: torch.Tensor | None = None  # fixed shapes: each slot's input token
         self._col_t: torch.Tensor | None = None  # fixed shapes: the column the step writes
+        self._qkv_seen: list[torch.Tensor] | None = None  # a float16 step's q/k/v projections (`step`)
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         # attention's score scale 1/√D on the query heads' rows of the rotation (`_rotation`), made here:
@@ -237,23 +241,31 @@ class StaticDecoder:
         """Feed one token per running row; return the next-token logits of the running rows.
 
         Where some products run in float16 (bf16 weights on a CPU where that is faster, `FORMS`'
-        "half"), an activation beyond float16's range would make them inf, and inf or NaN reaches
-        every logit of its row (through attention's softmax, the norms, the residual stream). So
-        the logits of a step whose row counts run a float16 product are checked (~10 µs at one
-        row), and a step that overflowed runs again, its keys and values written again at the
-        same column, on weights without float16 forms."""
+        "half"), an activation beyond float16's range would make them inf. From the attention
+        output, the MLP or the residual stream inf or NaN reaches every logit of its row (through
+        the norms); from the query, key and value projections it might not (a key of -inf only
+        scores -inf, and stays in the cache). So a step whose row counts run a float16 product
+        checks its logits and its q/k/v projections (~20 µs at one row), and a step that
+        overflowed runs again, its keys and values written again at the same column, on weights
+        without float16 forms (`FusedWeights.leave_fp16`)."""
         if self.col == self.keys[0].shape[3]:
             self._grow()
-        logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
         fp16 = self.weights.fp16_buckets
-        if fp16 and not {bucket(len(self.pos_B)), bucket(len(tok_R))}.isdisjoint(fp16) \
-                and not bool(torch.isfinite(logits_RV).all()):
+        check = bool(fp16) and not {bucket(len(self.pos_B)), bucket(len(tok_R))}.isdisjoint(fp16)
+        seen: list[torch.Tensor] = []
+        self._qkv_seen = seen if check else None
+        logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
+        if check and not (bool(torch.isfinite(logits_RV).all()) and bool(torch.isfinite(torch.cat(seen, 1)).all())):
             self.weights.leave_fp16()
+            self._layout += 1  # a captured step (none on a CPU today) would hold the old weights
             self.col -= 1
             self.pos_B -= 1
-            if self._col_t is not None:
-                self._col_t -= 1
+            self._qkv_seen = None
             logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
+            if not bool(torch.isfinite(logits_RV).all()):
+                log.warning("the decoder's logits are not finite in the model's own dtype either: the model "
+                            "itself gives them")
+        self._qkv_seen = None
         return logits_RV
 
     def _step(self, tok_R: torch.Tensor) -> torch.Tensor:
@@ -349,6 +361,8 @@ class StaticDecoder:
             qkv, bias = self.weights.qkv[i](x_BH), self.weights.qkv_bias[i]
             if bias is not None:
                 qkv += bias
+            if self._qkv_seen is not None:  # a step with float16 products: checked in `step`
+                self._qkv_seen.append(qkv)
             qk = qkv[:, : q_dim + kv_dim].view(batch, self.n_heads + kv, d)
             qk = qk * cos_qk + qk.roll(d // 2, -1) * sin_qk  # rotary, the queries also scaled (`_rotation`)
             q, k = qk[:, : self.n_heads].view(batch, kv, group, d), qk[:, self.n_heads :].view(batch, kv, 1, d)

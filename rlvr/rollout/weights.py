@@ -38,6 +38,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -105,14 +106,15 @@ accumulator (fp32 for fp32 and bf16), each in its own order.
 
 "half" (bf16 weights only): `nn.Linear` on a float16 copy of the weight, with the activations
 in float16 too. PyTorch's float16 matrix-vector kernel sums in fp32, and on a Zen 4 EPYC it ran
-a one-row decode step's products in 9.0 ms where oneDNN's packed bf16 took 13.1 (bench/gemv.py,
-docs/LOG.md, session 16); the copy costs a cast, not a repacking (0.1 s for the bundled model).
-A bf16 number in float16's normal range (6.1e-5 to 65504) is exactly a float16 number (8
-significant bits in 11), so the product is the bf16 product summed in another order, with the
-result rounded to float16 (2^-11) before bf16 (2^-8); a weight or activation below 6.1e-5 is
-rounded to float16's subnormal step, 2^-24 (6e-8): far under the product's own bf16 rounding.
-A weight beyond 65504 keeps the bf16 weight; an activation beyond it overflows, which the
-decoder catches (`Form.in_fp16`)."""
+a one-row decode step's products in 9.0 ms where oneDNN's packed bf16 took 13.1 (docs/LOG.md,
+session 16; `bench/small_gemm.py --dtype bfloat16 --stack`); the copy costs a cast, not a repacking (0.1 s for the bundled model).
+A bf16 number from 2^-17 (7.6e-6) to 65280 is exactly a float16 number (8 significant bits in
+11; below 2^-14 float16's subnormal steps of 2^-24 still hold them), so the product is the bf16
+product summed in another order, with the result rounded to float16 (2^-11 of it) before bf16
+(2^-8). A smaller weight, activation or result is rounded to a multiple of 2^-24, by at most
+2^-25 (3e-8): under bf16's own rounding of any term or sum above 2^-16. A weight beyond 65504
+keeps the bf16 weight; an activation beyond it overflows, which the decoder catches
+(`Form.in_fp16`)."""
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 """The row buckets of a `Plan`: rows r run in the form of the smallest bucket ≥ r (64 for more)."""
@@ -126,49 +128,61 @@ def bucket(rows: int) -> int:
     return min((rows - 1).bit_length(), len(ROWS) - 1)
 
 
+LAZY_AFTER = 64
+"""The products a lazy form's rows (`Form.lazy`) run in the plan's nearest other form before its
+copy is made. Making the bundled model's float16 copies takes about what 64 one-row decode steps
+save with them (~0.27 s against ~4 ms a step, bf16 on a Zen 4 EPYC; docs/LOG.md, session 16), so
+this is the ski-rental rule: a run that decodes a few one-row steps after each weight update (a
+GRPO group's last sample) makes no copy it would not use, and one that decodes many (serving,
+evaluation) spends at most twice what the best choice in hindsight would."""
+
+
 class Dense:
     """A projection on the model's own numbers, in the form its `Plan` names for the row count:
     the weights kept are those of the forms the plan uses (`FORMS`). Without a plan, `fixed_plan`.
-    Every form is the same product of the same weight, summed in another order.
+    Every form is the same product of the same weight, summed in another order (and, for
+    "half", its result rounded to float16 before the model's dtype).
 
     ``weight`` is the [out, in] weight, or the weights whose rows it is made of (q, k and v; gate
-    and up), kept as they are and joined only to make a form's copy. A form that is `Form.lazy`
-    is made on the first product that runs it: a training run's weights change every step, and
-    a copy for one row is worth making only where one row is decoded. If the weights changed
-    since (their version counters moved), the copy would not be of the same numbers as the
-    others, so those rows run in the plan's nearest form made at the start instead."""
+    and up), kept as they are and joined only to make a form's copy. A plan's lazy forms
+    (`Form.lazy`) are made only after their rows have run `LAZY_AFTER` products in the plan's
+    nearest other form (`eager_plan`); and not at all if the weights changed meanwhile (their
+    version counters moved), as the other forms' copies hold the numbers of before."""
 
     def __init__(self, weight: torch.Tensor | Sequence[torch.Tensor], plan: Plan | None = None) -> None:
         self.parts = [weight.detach()] if isinstance(weight, torch.Tensor) else [w.detach() for w in weight]
-        self.versions = [w._version for w in self.parts]
         self.plan = plan or fixed_plan(self.parts[0])
-        joined = self._joined() if any(not FORMS[name].lazy for name in self.plan) else None
-        self.kept = {name: FORMS[name].prepare(joined) for name in dict.fromkeys(self.plan)
-                     if joined is not None and not FORMS[name].lazy}
-        self.by_bucket = list(self.plan)
+        lazy = {name for name in self.plan if FORMS[name].lazy}
+        mixed = bool(lazy) and len(lazy) < len(set(self.plan))  # else nothing to run meanwhile: all made now
+        self.by_bucket = list(eager_plan(self.plan) if mixed else self.plan)
+        self.waiting = dict.fromkeys(lazy, LAZY_AFTER) if mixed else {}
+        self.versions = [w._version for w in self.parts] if mixed else []
+        joined = self._joined()
+        self.kept = {name: FORMS[name].prepare(joined) for name in dict.fromkeys(self.by_bucket)}
 
     def _joined(self) -> torch.Tensor:
         return self.parts[0].contiguous() if len(self.parts) == 1 else torch.cat(self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        name = self.by_bucket[bucket(len(x))]
-        if name not in self.kept:
-            self._make(name)
-            name = self.by_bucket[bucket(len(x))]
+        b = bucket(len(x))
+        if self.waiting and self.plan[b] in self.waiting:
+            self._wait(self.plan[b])
+        name = self.by_bucket[b]
         return FORMS[name].run(self.kept[name], x)
 
-    def _make(self, name: str) -> None:
-        """Make the copy of lazy form `name`; or, where the weights changed since the others were
-        made, run the plan's nearest of those (`eager_plan`) from now on instead."""
-        if [w._version for w in self.parts] == self.versions:
-            self.kept[name] = FORMS[name].prepare(self._joined())
+    def _wait(self, lazy: str) -> None:
+        """One more product of lazy form `lazy`'s rows in another form; make its copy at the
+        `LAZY_AFTER`th, where the weights are still those the other copies hold."""
+        self.waiting[lazy] -= 1
+        if self.waiting[lazy] > 0:
             return
-        log.warning("the decoder's weights changed after its copies were made: the rows the %s form would "
-                    "multiply run in the plan's other forms", name)
-        self.by_bucket = list(eager_plan(tuple(self.by_bucket)))
-        for other in self.by_bucket:
-            if other not in self.kept:  # every form was lazy: none holds the old numbers
-                self.kept[other] = FORMS[other].prepare(self._joined())
+        del self.waiting[lazy]
+        if [w._version for w in self.parts] != self.versions:
+            log.warning("the decoder's weights changed after its copies were made: the rows of its %s form "
+                        "keep to its other forms", lazy)
+            return
+        self.kept[lazy] = FORMS[lazy].prepare(self._joined())
+        self.by_bucket = [lazy if planned == lazy else now for planned, now in zip(self.plan, self.by_bucket)]
 
 
 def eager_plan(plan: Plan) -> Plan:
@@ -178,8 +192,9 @@ def eager_plan(plan: Plan) -> Plan:
 
 
 def fixed_plan(weight: torch.Tensor, *, head: bool = False) -> Plan:
-    """The plan without a probe. bf16 on a CPU where oneDNN packs it: "onednn" (the fastest at
-    1-64 rows on both bf16 CPUs measured). fp32 on a CPU with MKL: "xw" at one row ("linear" for
+    """The plan without a probe. bf16 on a CPU where oneDNN packs it: "onednn" (of the bf16
+    forms that copy no weight in another dtype, the fastest at 1-64 rows on both bf16 CPUs
+    measured). fp32 on a CPU with MKL: "xw" at one row ("linear" for
     the output head, whose [in, out] copy would be the size of the embedding matrix) and "left"
     beyond (the fastest on the Zen 3 it was tuned on; `product_plans` measures it instead). Else
     "xw" (GPUs, or "linear" for the head where nothing else is known)."""
@@ -214,7 +229,8 @@ def bf16_packing_unavailable() -> str | None:
 def form_unavailable(name: str, dtype: torch.dtype) -> str | None:
     """Why the form `name` cannot run a small weight of `dtype` here (a PyTorch built without MKL
     or oneDNN, a CPU the library has no kernel for), or gives it a wrong product (beyond bf16's
-    rounding, 2^-7 of Σ|x·w|, at 1, 3, 8 and 17 rows), or None."""
+    rounding, 2^-7 of Σ|x·w|, at 1, 3, 8 and 17 rows; or one that sums in fewer bits than fp32:
+    2048 plus a thousand ones, which a float16 or bf16 sum leaves at 2048), or None."""
     dtypes = FORMS[name].dtypes
     if dtypes is not None and dtype not in dtypes:
         return f"the {name} form keeps a copy exact only for {' and '.join(map(str, sorted(dtypes, key=str)))} weights, not {dtype}"
@@ -224,14 +240,16 @@ def form_unavailable(name: str, dtype: torch.dtype) -> str | None:
         return "this PyTorch has no MKL"
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(24, 16, generator=gen).to(dtype)
+    ones = torch.ones(24, 1001, dtype=dtype)
     try:
-        kept = FORMS[name].prepare(w)
+        kept, kept_ones = FORMS[name].prepare(w), FORMS[name].prepare(ones)
         for rows in (1, 3, PACK_ROWS, 17):  # one row, a few, the packed count, more
-            x = torch.randn(rows, 16, generator=gen).to(dtype)
-            y = FORMS[name].run(kept, x).double()
-            exact = x.double() @ w.double().T
-            if not ((y - exact).abs() <= 2**-7 * (x.double().abs() @ w.double().abs().T)).all():
-                return f"{name} gives a wrong product at {rows} rows here"
+            for k, weight, x in ((kept, w, torch.randn(rows, 16, generator=gen).to(dtype)),
+                                 (kept_ones, ones, torch.ones(rows, 1001, dtype=dtype).index_fill_(1, torch.tensor([0]), 2048))):
+                y = FORMS[name].run(k, x).double()
+                exact = x.double() @ weight.double().T
+                if not ((y - exact).abs() <= 2**-7 * (x.double().abs() @ weight.double().abs().T)).all():
+                    return f"{name} gives a wrong product at {rows} rows here"
     except (AttributeError, RuntimeError, NotImplementedError) as e:
         return (str(e).splitlines() or [type(e).__name__])[0][:160]
     return None
@@ -284,15 +302,33 @@ def copy_budget(model: PreTrainedModel) -> int:
     [in, out] copy always cost."""
     size = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
     size += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    memory = machine_memory()
+    return 2 if memory is not None and 2 * size * 16 <= memory else 1
+
+
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+"""Where a container's memory limit is read: cgroup v2, v1 ("max" or an absurd number where none)."""
+
+
+def machine_memory() -> int | None:
+    """The bytes of memory this process may use: the machine's, or its container's limit where
+    that is lower (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`); None where unknown."""
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # not a POSIX system: memory unknown
-        return 1
-    return 2 if 2 * size * 16 <= memory else 1
+    except (AttributeError, ValueError, OSError):  # not a POSIX system
+        return None
+    for limit in CGROUP_LIMITS:
+        try:
+            text = limit.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            memory = min(memory, int(text))
+    return memory
 
 
 _PROBED: dict[str, Plans] = {}
-"""`product_plans`' plans in this process, by CPU, torch version and shapes."""
+"""`product_plans`' plans in this process, by CPU, torch version, dtype, shapes and copy budget."""
 
 
 def _known_plans(key: str) -> Plans | None:
@@ -334,7 +370,7 @@ def _probe(key: str, model: PreTrainedModel, copies: int) -> Plans:
 def fused(layer: Any) -> tuple[torch.Tensor, ...]:
     """A Llama-family decoder layer's [out, in] weights in the order a step multiplies them: q/k/v
     fused, the attention output, the MLP's gate/up fused, its down projection."""
-    return tuple(torch.cat(parts) for parts in fused_parts(layer))
+    return tuple(parts[0] if len(parts) == 1 else torch.cat(parts) for parts in fused_parts(layer))
 
 
 def fused_parts(layer: Any) -> tuple[list[torch.Tensor], ...]:
@@ -518,7 +554,9 @@ def without_fp16(plan: Plan) -> Plan:
 
 _OVERFLOWED: weakref.WeakSet[PreTrainedModel] = weakref.WeakSet()
 """Models whose activations overflowed a float16 product (`FusedWeights.leave_fp16`): their later
-weights are built without float16 forms."""
+weights are built without float16 forms. In this process only: another process (a resumed run,
+a rollout worker) finds the overflow again at its first step that has one, and runs that step
+again as this one did; the numbers it gives are those of the model's own dtype either way."""
 
 
 class FusedWeights:
@@ -541,7 +579,7 @@ class FusedWeights:
             self.plans = None
 
             def make(parts: list[torch.Tensor]) -> Projection:
-                return WEIGHTS[fmt](torch.cat(parts))
+                return WEIGHTS[fmt](parts[0] if len(parts) == 1 else torch.cat(parts))
         # the buckets of `ROWS` where a product runs in float16 (`Form.in_fp16`): the decoder checks a
         # step's logits for an overflow where its rows fall in one
         self.fp16_buckets = {i for plan in self.plans or () for i, name in enumerate(plan) if FORMS[name].in_fp16}
@@ -572,7 +610,8 @@ class FusedWeights:
     def leave_fp16(self) -> None:
         """Rebuild every projection without float16 forms (`without_fp16`), for good with this
         model: an activation overflowed float16's range, which the model's own dtype holds."""
-        log.warning("an activation exceeded float16's range (65504) in a float16 product of the decoder: the "
-                    "step runs again, and this model's decoding keeps its own dtype's products from now on")
+        log.warning("a decode step with float16 products gave values that are not finite (float16 holds up to "
+                    "65504): the step runs again, and this model's decoding in this process keeps its own "
+                    "dtype's products from now on")
         _OVERFLOWED.add(self.model)
         self.__init__(self.model, self.fmt)  # type: ignore[misc]
