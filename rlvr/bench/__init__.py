@@ -54,7 +54,7 @@ def prompt_ids(tokenizer: Any, count: int) -> list[list[int]]:
 def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = True, model_spec: str = MODEL) -> dict[str, Any]:
     from rlvr.models import load_model, load_tokenizer
     from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.rollout.weights import weights_unavailable
+    from rlvr.rollout.weights import LAZY_AFTER, weights_unavailable
     from rlvr.types import SamplingParams
 
     tokenizer, model = load_tokenizer(model_spec), load_model(model_spec, "auto")
@@ -72,7 +72,9 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
                 continue
             engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch,  # no EOS: full length
                                     decoder=decoder, weights=weights)  # type: ignore[arg-type]
-            engine.generate(ids[:1], SamplingParams(max_new_tokens=2, n=1))
+            # warm: kernels made, and the lazy weight copies (rlvr.rollout.weights.LAZY_AFTER) bought, as in
+            # serving or evaluating where weights do not change (a training step pays for them: part grpo)
+            engine.generate(ids, SamplingParams(max_new_tokens=LAZY_AFTER + 2, n=group))
             start = time.perf_counter()
             engine.generate(ids, params)
             row[f"rlvr_{name}_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
