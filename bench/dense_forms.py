@@ -4,7 +4,7 @@ product_plans) against the fixed plan (`RLVR_PRODUCTS=fixed`: in fp32 the plan u
 copies at every row count, as before session 16), in one process, alternating, so both sides see
 the same machine load. Engine tokens/s per batch size, the best of `--rounds`.
 
-    python bench/dense_forms.py [--dtype float32|bfloat16] [--batch-sizes 1,2,4,8,16,32,64] [--new-tokens 32]
+    python bench/dense_forms.py [--dtype float32|bfloat16] [--batch-sizes 1,2,4,8,16,32,64] [--new-tokens 64]
                                 [--rounds 3] [--model DIR]
 """
 
@@ -26,7 +26,7 @@ from rlvr.types import SamplingParams
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
-    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64, help="at least LAZY_AFTER for one row to run its lazy forms")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help='whatever "auto" picks')
@@ -55,7 +55,7 @@ def main() -> None:
             for name in order:
                 engine._fused = (engine._weights_key(), sides[name])  # this side's copies, as the engine would hold them
                 start = time.perf_counter()
-                tokens = args.new_tokens if round_ else max(args.new_tokens, LAZY_AFTER + 2)  # lazy copies bought
+                tokens = args.new_tokens if round_ else max(args.new_tokens, LAZY_AFTER)  # lazy copies bought
                 engine.generate(ids, SamplingParams(max_new_tokens=tokens, n=group))
                 if round_:
                     best[name] = max(best[name], batch * args.new_tokens / (time.perf_counter() - start))

@@ -21,10 +21,12 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from rlvr.config import load_config
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.rollout import weights as weights_module
+from rlvr.rollout import static_decode
 from rlvr.rollout.static_decode import StaticDecoder
 from rlvr.rollout.weights import (FORMS, ROWS, Dense, Float16, FusedWeights, Int8, Plans, bf16_packing_unavailable, bucket,
                                   choose_plan, fixed_plan, packed_form, product_plans)
 from rlvr.train.loop import train
+from rlvr.types import Completion, SamplingParams
 from tests.test_engine_contract import PROMPTS, encode
 from tests.test_train import FP32, overrides, read_metrics
 from tests.tiny import EOS_ID
@@ -113,35 +115,73 @@ def test_a_plan_runs_each_row_count_in_its_buckets_form(monkeypatch: pytest.Monk
 
 
 @torch.no_grad()
-def test_a_lazy_form_is_made_after_its_rows_ran_enough_products_in_another(caplog: pytest.LogCaptureFixture,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """"half" (lazy) is made only after its rows ran `LAZY_AFTER` products in the plan's nearest
-    other form; then they run in it. A `Dense` of a weight's parts (q, k, v) gives exactly what one
-    of the joined weight gives. If the parts changed before the lazy copy was made, that copy
-    would hold other numbers than the eager ones: it is not made, with a warning. A plan of lazy
-    forms only has nothing to run meanwhile: made at once."""
+def test_a_lazy_form_runs_only_while_its_switch_is_on_and_is_made_of_the_weights_as_they_were(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """"half" (lazy) runs only while its switch is on, its rows running in the plan's nearest other
+    form meanwhile; its copy is made at its first product. A `Dense` of a weight's parts (q, k, v)
+    gives exactly what one of the joined weight gives. If the parts changed before the copy was
+    made, the copy would hold other numbers than the eager ones: it is not made, with one
+    warning for all the projections sharing the switch. A plan of lazy forms only has nothing to
+    run meanwhile: made at once."""
     if why := weights_module.form_unavailable("half", torch.bfloat16):
         pytest.skip(why)
-    monkeypatch.setattr(weights_module, "LAZY_AFTER", 3)
     gen = torch.Generator().manual_seed(0)
     parts = [(torch.randn(rows, 64, generator=gen) * 0.05).bfloat16() for rows in (32, 16, 16)]
     plan = ("half",) + ("linear",) * (len(ROWS) - 1)
-    dense, joined = Dense(parts, plan), Dense(torch.cat(parts), plan)
+    switch = weights_module.LazySwitch(on=False)
+    dense, joined = Dense(parts, plan, switch), Dense(torch.cat(parts), plan)
     linear = Dense(torch.cat(parts), ("linear",) * len(ROWS))
     half = Dense(torch.cat(parts), ("half",) * len(ROWS))
     assert set(dense.kept) == {"linear"} and set(half.kept) == {"half"}
     x1, x3 = torch.randn(1, 64, generator=gen).bfloat16(), torch.randn(3, 64, generator=gen).bfloat16()
-    assert torch.equal(dense(x3), joined(x3))
-    for _ in range(2):  # rented: the eager form's product
-        assert torch.equal(dense(x1), linear(x1)) and "half" not in dense.kept
-    assert torch.equal(dense(x1), half(x1)) and dense.kept["half"].dtype == torch.float16  # the third: made
-    assert torch.equal(dense(x1), half(x1)) and dense.by_bucket == list(plan)
-    late, before = Dense(parts, plan), Dense([p.clone() for p in parts], ("linear",) * len(ROWS))
+    assert torch.equal(dense(x3), joined(x3)) and torch.equal(dense(x1), linear(x1)) and "half" not in dense.kept
+    switch.on = True
+    assert torch.equal(dense(x1), half(x1)) and dense.kept["half"].dtype == torch.float16
+    switch.on = False
+    assert torch.equal(dense(x1), linear(x1)) and "half" in dense.kept  # kept for the next time it is on
+    switch = weights_module.LazySwitch(on=True)
+    late = [Dense(parts, plan, switch) for _ in range(3)]
+    before = Dense([p.clone() for p in parts], ("linear",) * len(ROWS))
     parts[0].add_(1.0)  # an optimizer step before the copy was made
     with caplog.at_level("WARNING", logger="rlvr.rollout.weights"):
-        ys = [late(x1) for _ in range(4)]
-    assert "changed after its copies were made" in caplog.text and "half" not in late.kept
-    assert all(torch.equal(y, before(x1)) for y in ys)  # the numbers of the joined copy made at the start
+        ys = [d(x1) for d in late for _ in range(2)]
+    assert caplog.text.count("changed after its copies were made") == 1
+    assert all("half" not in d.kept for d in late) and all(torch.equal(y, before(x1)) for y in ys)
+
+
+@torch.no_grad()
+def test_a_decode_calls_numbers_do_not_depend_on_what_the_engine_decoded_before(
+    tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lazy float16 form takes over after a call's own `LAZY_AFTER` steps that have it (from the
+    first, for a call that starts with one row and asks for that many tokens), never from a count
+    kept across calls: the same call gives the same tokens and log-probs, bit for bit, on an
+    engine that decoded something else first (and made the copy) and on a fresh one, as a resumed
+    run needs. The call that starts with one row runs float16 products: its numbers differ from
+    those of the plan's other form."""
+    if why := weights_module.form_unavailable("half", torch.bfloat16):
+        pytest.skip(why)
+    monkeypatch.setattr(weights_module, "LAZY_AFTER", 3)
+    monkeypatch.setattr(static_decode, "LAZY_AFTER", 3)
+    plan = ("half",) + ("linear",) * (len(ROWS) - 1)
+    monkeypatch.setattr(weights_module, "product_plans", lambda model: Plans(plan, plan))
+    model = copy.deepcopy(tiny_model).bfloat16()
+    prompt = [encode(tiny_tokenizer, PROMPTS[0])]
+
+    def run(engine: EmbeddedEngine, tokens: int) -> list[Completion]:
+        return engine.generate(prompt, SamplingParams(max_new_tokens=tokens, n=1), seeds=[[7]])[0]
+
+    def fresh() -> EmbeddedEngine:
+        return EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[], decoder="static")
+
+    used = fresh()
+    long = run(used, 6)  # one row, 6 ≥ 3 tokens: float16 from its first step, the copy made
+    assert "half" in used._fused_weights().qkv[0].kept  # type: ignore[union-attr]
+    short_after, short_alone = run(used, 2), run(fresh(), 2)  # 2 < 3 tokens: rents throughout
+    assert short_after == short_alone
+    monkeypatch.setattr(weights_module, "product_plans", lambda model: Plans(("linear",) * len(ROWS), ("linear",) * len(ROWS)))
+    assert run(fresh(), 6) != long  # the long call did run float16
 
 
 def test_choose_plan_takes_each_buckets_fastest_within_one_copy_of_the_weights() -> None:
@@ -183,13 +223,20 @@ def test_the_copy_budget_follows_the_machines_memory(tiny_model: LlamaForCausalL
         monkeypatch.setattr(weights_module, "machine_memory", lambda memory=memory: memory)
         assert weights_module.copy_budget(tiny_model) == budget
     monkeypatch.undo()
-    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
-    monkeypatch.setattr(weights_module, "CGROUP_LIMITS", (v2, v1))
+    proc = tmp_path / "cgroup"
+    monkeypatch.setattr(weights_module, "PROC_CGROUP", proc)
+    monkeypatch.setattr(weights_module, "CGROUP_ROOT", tmp_path)
     monkeypatch.setattr(weights_module.os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 1000)
-    assert weights_module.machine_memory() == 4096 * 1000  # no cgroup files
-    v2.write_text("max\n")
-    assert weights_module.machine_memory() == 4096 * 1000
-    v1.write_text("1000000\n")
+    assert weights_module.machine_memory() == 4096 * 1000  # no cgroup list
+    proc.write_text("4:memory:/job/step\n1:cpu:/\n0::/slice/unit\n")
+    assert weights_module.machine_memory() == 4096 * 1000  # no limit files
+    for folder, name, value in (("slice/unit", "memory.max", "max"), ("slice", "memory.max", "3000000"),
+                                ("memory/job/step", "memory.limit_in_bytes", "9223372036854771712"),
+                                ("memory/job", "memory.limit_in_bytes", "2000000")):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / name).write_text(value + "\n")
+    assert weights_module.machine_memory() == 2000000  # the lowest limit, of a cgroup above its own (v1)
+    (tmp_path / "memory.max").write_text("1000000\n")  # v2's root
     assert weights_module.machine_memory() == 1000000
 
     def unknown(name: str) -> int:
@@ -529,7 +576,8 @@ def test_a_float16_step_is_run_again_for_a_projection_that_overflowed_unseen_in_
     assert torch.isfinite(StaticDecoder(model, weights, cache, mask_PT, 1).step(torch.tensor([5, 6]))).all()
     assert weights.in_fp16  # two rows: "linear", not checked
     cache, _, mask_PT, _ = engine._prefill([encode(tiny_tokenizer, PROMPTS[0])])
-    assert torch.isfinite(StaticDecoder(model, weights, cache, mask_PT, 1).step(torch.tensor([5]))).all()
+    one = StaticDecoder(model, weights, cache, mask_PT, 1, new_tokens=weights_module.LAZY_AFTER)  # float16 at once
+    assert torch.isfinite(one.step(torch.tensor([5]))).all()
     assert not weights.in_fp16  # one row: checked, and run again without float16
 
 

@@ -229,11 +229,11 @@ class EmbeddedEngine:
         return out
 
     def _decoder(self, cache: DynamicCache, mask_PT: torch.Tensor, n: int,
-                 offsets_P: torch.Tensor | None = None) -> StaticDecoder | HFDecoder:
+                 offsets_P: torch.Tensor | None = None, new_tokens: int = 0) -> StaticDecoder | HFDecoder:
         if self.decoder == "static":
             if self.cuda_graphs and self._graphs is None and self.device.type == "cuda":
                 self._graphs = StepGraphs(self.device)
-            return StaticDecoder(self.model, self._fused_weights(), cache, mask_PT, n,
+            return StaticDecoder(self.model, self._fused_weights(), cache, mask_PT, n, new_tokens=new_tokens,
                                  fixed_shapes=self.cuda_graphs, graphs=self._graphs if self.cuda_graphs else None)
         return HFDecoder(self.model, cache, mask_PT, n, offsets_P)
 
@@ -248,7 +248,7 @@ class EmbeddedEngine:
         uniforms_BT = self._uniforms(params, seeds)
         cache, logits_PV, mask_PT, offsets_P = self._prefill(prompts, media)
         logits = logits_PV.repeat_interleave(n, 0)
-        decoder = self._decoder(cache, mask_PT, n, offsets_P)
+        decoder = self._decoder(cache, mask_PT, n, offsets_P, params.max_new_tokens)
         del cache
         version = self.version
         swapped_at: list[list[int]] = [[] for _ in range(len(prompts) * n)]

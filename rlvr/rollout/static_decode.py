@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 from transformers import DynamicCache, PreTrainedModel
 
-from rlvr.rollout.weights import FusedWeights, bucket
+from rlvr.rollout.weights import LAZY_AFTER, FusedWeights, bucket
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +121,10 @@ class StaticDecoder:
 
     def __init__(
         self, model: PreTrainedModel, weights: FusedWeights, cache: DynamicCache, mask_PT: torch.Tensor, n: int,
-        *, fixed_shapes: bool = False, graphs: StepGraphs | None = None,
+        *, fixed_shapes: bool = False, graphs: StepGraphs | None = None, new_tokens: int = 0,
     ) -> None:
-        """`cache` and `mask_PT` hold one row per prompt, shared by its n sample rows.
+        """`cache` and `mask_PT` hold one row per prompt, shared by its n sample rows; ``new_tokens``:
+        the most the call may sample (it decides when the weights' lazy forms start, `LAZY_AFTER`).
 
         ``fixed_shapes``: run each step in the fixed shapes a CUDA graph needs (`_fixed_forward`);
         ``graphs`` (on a CUDA device): capture it and replay it, with the captures of ``graphs``'
@@ -137,6 +138,10 @@ class StaticDecoder:
         self._tok_B: torch.Tensor | None = None  # fixed shapes: each slot's input token
         self._col_t: torch.Tensor | None = None  # fixed shapes: the column the step writes
         self._qkv_seen: list[torch.Tensor] | None = None  # a float16 step's q/k/v projections (`step`)
+        # the weights' lazy forms (`LAZY_AFTER`) run from this call's `_rent`-th step that has them on;
+        # from the first where the call starts with one row and asks for that many tokens or more
+        self._lazy_steps = 0
+        self._rent = 0 if new_tokens >= LAZY_AFTER and len(mask_PT) * n == 1 else LAZY_AFTER
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         # attention's score scale 1/√D on the query heads' rows of the rotation (`_rotation`), made here:
@@ -250,13 +255,18 @@ class StaticDecoder:
         without float16 forms (`FusedWeights.leave_fp16`)."""
         if self.col == self.keys[0].shape[3]:
             self._grow()
-        fp16 = self.weights.fp16_buckets
-        check = bool(fp16) and not {bucket(len(self.pos_B)), bucket(len(tok_R))}.isdisjoint(fp16)
+        weights, rows = self.weights, (len(self.pos_B), len(tok_R))  # the layers' rows, the head's
+        if weights.lazy_buckets:  # lazy forms run after this call's first `_rent` steps that have them
+            if not {bucket(r) for r in rows}.isdisjoint(weights.lazy_buckets):
+                self._lazy_steps += 1
+            weights.switch.on = self._lazy_steps > self._rent
+        check = weights.fp16_at(*rows)
         seen: list[torch.Tensor] = []
         self._qkv_seen = seen if check else None
         logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
-        if check and not (bool(torch.isfinite(logits_RV).all()) and bool(torch.isfinite(torch.cat(seen, 1)).all())):
-            self.weights.leave_fp16()
+        if check and not (bool(torch.isfinite(logits_RV).all())
+                          and bool(torch.isfinite(torch.cat(seen, 1)[self.slots]).all())):
+            weights.leave_fp16()
             self._layout += 1  # a captured step (none on a CPU today) would hold the old weights
             self.col -= 1
             self.pos_B -= 1
@@ -264,7 +274,8 @@ class StaticDecoder:
             logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
             if not bool(torch.isfinite(logits_RV).all()):
                 log.warning("the decoder's logits are not finite in the model's own dtype either: the model "
-                            "itself gives them")
+                            "itself gives them, not float16")
+                weights.forget_overflow()
         self._qkv_seen = None
         return logits_RV
 

@@ -129,12 +129,21 @@ def bucket(rows: int) -> int:
 
 
 LAZY_AFTER = 64
-"""The products a lazy form's rows (`Form.lazy`) run in the plan's nearest other form before its
-copy is made. Making the bundled model's float16 copies takes about what 64 one-row decode steps
-save with them (~0.27 s against ~4 ms a step, bf16 on a Zen 4 EPYC; docs/LOG.md, session 16), so
-this is the ski-rental rule: a run that decodes a few one-row steps after each weight update (a
-GRPO group's last sample) makes no copy it would not use, and one that decodes many (serving,
-evaluation) spends at most twice what the best choice in hindsight would."""
+"""The one-row steps a decode call runs before its lazy forms (`Form.lazy`) take over, unless it
+starts with one row and asks for at least this many tokens (`StaticDecoder`). Making the bundled
+model's float16 copies takes about what 64 one-row decode steps save with them (~0.27 s against
+~4 ms a step, bf16 on a Zen 4 EPYC; docs/LOG.md, session 16): so a GRPO step whose last sample
+decodes alone for a few steps makes no copy it would barely use, and serving or evaluating one
+row at a time uses the copy throughout. Counted per call, so a call's numbers depend only on
+its own inputs, never on what the engine decoded before (a resumed run gets the same)."""
+
+
+class LazySwitch:
+    """Whether the lazy forms of the `Dense` projections sharing it run now (the decoder sets it
+    each step, `LAZY_AFTER`); `warned`: the weights changed before a lazy copy was made, said once."""
+
+    def __init__(self, on: bool = True) -> None:
+        self.on, self.warned = on, False
 
 
 class Dense:
@@ -144,45 +153,54 @@ class Dense:
     "half", its result rounded to float16 before the model's dtype).
 
     ``weight`` is the [out, in] weight, or the weights whose rows it is made of (q, k and v; gate
-    and up), kept as they are and joined only to make a form's copy. A plan's lazy forms
-    (`Form.lazy`) are made only after their rows have run `LAZY_AFTER` products in the plan's
-    nearest other form (`eager_plan`); and not at all if the weights changed meanwhile (their
-    version counters moved), as the other forms' copies hold the numbers of before."""
+    and up), kept as they are and joined only to make a form's copy. A lazy form (`Form.lazy`)
+    runs only while ``switch`` is on (always, without one); its rows run in the plan's nearest
+    other form (`eager_plan`) meanwhile. Its copy is made when it first runs, unless the weights
+    changed since the others were made (their version counters moved): the copy would then hold
+    other numbers, so those rows keep to the other form."""
 
-    def __init__(self, weight: torch.Tensor | Sequence[torch.Tensor], plan: Plan | None = None) -> None:
+    def __init__(self, weight: torch.Tensor | Sequence[torch.Tensor], plan: Plan | None = None,
+                 switch: LazySwitch | None = None) -> None:
         self.parts = [weight.detach()] if isinstance(weight, torch.Tensor) else [w.detach() for w in weight]
         self.plan = plan or fixed_plan(self.parts[0])
-        lazy = {name for name in self.plan if FORMS[name].lazy}
-        mixed = bool(lazy) and len(lazy) < len(set(self.plan))  # else nothing to run meanwhile: all made now
-        self.by_bucket = list(eager_plan(self.plan) if mixed else self.plan)
-        self.waiting = dict.fromkeys(lazy, LAZY_AFTER) if mixed else {}
-        self.versions = [w._version for w in self.parts] if mixed else []
+        self.lazy = waiting(self.plan)
+        self.eager = eager_plan(self.plan) if self.lazy else self.plan
+        self.switch = switch or LazySwitch()
+        self.versions = [w._version for w in self.parts] if self.lazy else []
         joined = self._joined()
-        self.kept = {name: FORMS[name].prepare(joined) for name in dict.fromkeys(self.by_bucket)}
+        self.kept = {name: FORMS[name].prepare(joined) for name in dict.fromkeys(self.eager)}
 
     def _joined(self) -> torch.Tensor:
         return self.parts[0].contiguous() if len(self.parts) == 1 else torch.cat(self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         b = bucket(len(x))
-        if self.waiting and self.plan[b] in self.waiting:
-            self._wait(self.plan[b])
-        name = self.by_bucket[b]
+        name = self.plan[b]
+        if name in self.lazy and not self._runs(name):
+            name = self.eager[b]
         return FORMS[name].run(self.kept[name], x)
 
-    def _wait(self, lazy: str) -> None:
-        """One more product of lazy form `lazy`'s rows in another form; make its copy at the
-        `LAZY_AFTER`th, where the weights are still those the other copies hold."""
-        self.waiting[lazy] -= 1
-        if self.waiting[lazy] > 0:
-            return
-        del self.waiting[lazy]
-        if [w._version for w in self.parts] != self.versions:
-            log.warning("the decoder's weights changed after its copies were made: the rows of its %s form "
-                        "keep to its other forms", lazy)
-            return
-        self.kept[lazy] = FORMS[lazy].prepare(self._joined())
-        self.by_bucket = [lazy if planned == lazy else now for planned, now in zip(self.plan, self.by_bucket)]
+    def _runs(self, lazy: str) -> bool:
+        """Whether lazy form `lazy` runs now; its copy made if this is its first product."""
+        if not self.switch.on:
+            return False
+        if lazy not in self.kept:
+            if [w._version for w in self.parts] != self.versions:
+                if not self.switch.warned:
+                    log.warning("the decoder's weights changed after its copies were made: the rows of its %s "
+                                "form keep to its other forms", lazy)
+                    self.switch.warned = True
+                self.plan, self.lazy = self.eager, set()  # for good: every form of the numbers made at first
+                return False
+            self.kept[lazy] = FORMS[lazy].prepare(self._joined())
+        return True
+
+
+def waiting(plan: Plan) -> set[str]:
+    """The lazy forms of `plan` (`Form.lazy`) that wait for their switch: none where every form of
+    the plan is lazy (nothing else to run meanwhile: they are made at once)."""
+    lazy = {name for name in plan if FORMS[name].lazy}
+    return lazy if len(lazy) < len(set(plan)) else set()
 
 
 def eager_plan(plan: Plan) -> Plan:
@@ -306,18 +324,19 @@ def copy_budget(model: PreTrainedModel) -> int:
     return 2 if memory is not None and 2 * size * 16 <= memory else 1
 
 
-CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
-"""Where a container's memory limit is read: cgroup v2, v1 ("max" or an absurd number where none)."""
+CGROUP_ROOT, PROC_CGROUP = Path("/sys/fs/cgroup"), Path("/proc/self/cgroup")
+"""Where cgroups are mounted, and where this process's are listed."""
 
 
 def machine_memory() -> int | None:
-    """The bytes of memory this process may use: the machine's, or its container's limit where
-    that is lower (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`); None where unknown."""
+    """The bytes of memory this process may use: the machine's, or the lowest limit of its cgroup
+    and the cgroups above it where that is lower (a container, a systemd slice, a batch job:
+    v2 `memory.max`, "max" where none; v1 `memory.limit_in_bytes`); None where unknown."""
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # not a POSIX system
         return None
-    for limit in CGROUP_LIMITS:
+    for limit in _cgroup_limits():
         try:
             text = limit.read_text().strip()
         except OSError:
@@ -325,6 +344,26 @@ def machine_memory() -> int | None:
         if text.isdigit():
             memory = min(memory, int(text))
     return memory
+
+
+def _cgroup_limits() -> list[Path]:
+    """The memory-limit files of this process's cgroups (`PROC_CGROUP`) and of those above them."""
+    try:
+        lines = PROC_CGROUP.read_text().splitlines()
+    except OSError:
+        return []
+    files = []
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and not controllers:  # v2: one tree for every controller
+            base, name = CGROUP_ROOT, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = CGROUP_ROOT / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        own = Path(path.lstrip("/"))
+        files += [base / parent / name for parent in (own, *own.parents)]
+    return files
 
 
 _PROBED: dict[str, Plans] = {}
@@ -568,22 +607,23 @@ class FusedWeights:
 
     def __init__(self, model: PreTrainedModel, fmt: str = "model") -> None:
         self.model, self.fmt = model, fmt
+        self.switch = LazySwitch(on=False)  # the lazy forms wait for the decoder (`LAZY_AFTER`)
         make: Callable[[list[torch.Tensor]], Projection]
         if fmt == "model":
             plans = product_plans(model)
             if model in _OVERFLOWED:
                 plans = Plans(without_fp16(plans.layers), without_fp16(plans.head))
             self.plans: Plans | None = plans
-            make = functools.partial(Dense, plan=plans.layers)
+            make = functools.partial(Dense, plan=plans.layers, switch=self.switch)
         else:
             self.plans = None
 
             def make(parts: list[torch.Tensor]) -> Projection:
                 return WEIGHTS[fmt](parts[0] if len(parts) == 1 else torch.cat(parts))
-        # the buckets of `ROWS` where a product runs in float16 (`Form.in_fp16`): the decoder checks a
-        # step's logits for an overflow where its rows fall in one
-        self.fp16_buckets = {i for plan in self.plans or () for i, name in enumerate(plan) if FORMS[name].in_fp16}
-        self.in_fp16 = bool(self.fp16_buckets)
+        # the buckets of `ROWS` with a lazy form (`Form.lazy`; `LAZY_AFTER`), and whether some rows can
+        # run a product in float16 (`Form.in_fp16`: the decoder then checks those steps for an overflow)
+        self.lazy_buckets = {i for plan in self.plans or () for i, name in enumerate(plan) if name in waiting(plan)}
+        self.in_fp16 = any(FORMS[name].in_fp16 for plan in self.plans or () for name in plan)
         self.qkv: list[Projection] = []
         self.qkv_bias: list[torch.Tensor | None] = []
         self.o: list[Projection] = []
@@ -603,9 +643,16 @@ class FusedWeights:
             self.head: Projection | None = make([head])
         elif model.lm_head.bias is None and head.device.type == "cpu" and head.dtype in PROBED_DTYPES:
             assert self.plans is not None
-            self.head = Dense(head, self.plans.head)
+            self.head = Dense(head, self.plans.head, switch=self.switch)
         else:  # the model's own head
             self.head = None
+
+    def fp16_at(self, *rows: int) -> bool:
+        """Whether a product of these row counts runs in float16 now (`Form.in_fp16`; a lazy form
+        only while the switch is on)."""
+        return self.in_fp16 and any(
+            FORMS[plan[bucket(r)]].in_fp16 and (self.switch.on or plan[bucket(r)] not in waiting(plan))
+            for plan in self.plans or () for r in rows)
 
     def leave_fp16(self) -> None:
         """Rebuild every projection without float16 forms (`without_fp16`), for good with this
@@ -615,3 +662,8 @@ class FusedWeights:
                     "dtype's products from now on")
         _OVERFLOWED.add(self.model)
         self.__init__(self.model, self.fmt)  # type: ignore[misc]
+
+    def forget_overflow(self) -> None:
+        """The step run again without float16 was not finite either: the model's own numbers, not
+        float16's range, so its later weights may use float16 forms again."""
+        _OVERFLOWED.discard(self.model)
