@@ -162,8 +162,7 @@ def test_a_decode_calls_numbers_do_not_depend_on_what_the_engine_decoded_before(
     those of the plan's other form."""
     if why := weights_module.form_unavailable("half", torch.bfloat16):
         pytest.skip(why)
-    monkeypatch.setattr(weights_module, "LAZY_AFTER", 3)
-    monkeypatch.setattr(static_decode, "LAZY_AFTER", 3)
+    monkeypatch.setattr(static_decode, "LAZY_AFTER", 4)
     plan = ("half",) + ("linear",) * (len(ROWS) - 1)
     monkeypatch.setattr(weights_module, "product_plans", lambda model: Plans(plan, plan))
     model = copy.deepcopy(tiny_model).bfloat16()
@@ -176,12 +175,12 @@ def test_a_decode_calls_numbers_do_not_depend_on_what_the_engine_decoded_before(
         return EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[], decoder="static")
 
     used = fresh()
-    long = run(used, 6)  # one row, 6 ≥ 3 tokens: float16 from its first step, the copy made
+    run(used, 6)  # one row, 6 ≥ 4 tokens: float16 from its first step, the copy made
     assert "half" in used._fused_weights().qkv[0].kept  # type: ignore[union-attr]
-    short_after, short_alone = run(used, 2), run(fresh(), 2)  # 2 < 3 tokens: rents throughout
+    short_after, short_alone = run(used, 3), run(fresh(), 3)  # 3 < 4 tokens: the other form throughout
     assert short_after == short_alone
-    monkeypatch.setattr(weights_module, "product_plans", lambda model: Plans(("linear",) * len(ROWS), ("linear",) * len(ROWS)))
-    assert run(fresh(), 6) != long  # the long call did run float16
+    monkeypatch.setattr(static_decode, "LAZY_AFTER", 2)
+    assert run(fresh(), 3) != short_alone  # the same call on float16 products: other numbers, which a leak would show
 
 
 def test_choose_plan_takes_each_buckets_fastest_within_one_copy_of_the_weights() -> None:
@@ -503,10 +502,10 @@ def test_a_step_that_overflows_float16_runs_again_in_the_models_dtype(
 ) -> None:
     """A bf16 model whose q/k/v or MLP inputs exceed float16's range (a norm's weight in the first
     layer scaled by 2^17, which bf16 holds): on "half" products they are inf. The decoder sees it,
-    warns, runs the step again on the model's own dtype's forms, and keeps them for this model:
-    every step's logits equal, bit for bit, those of a decoder built on those forms from the
-    start (so the step run again wrote its keys and values where the first had, at the same
-    positions), in plain and in fixed-shape steps."""
+    warns, runs the step again on the model's own dtype's forms, and keeps to them for the rest
+    of the call: every step's logits equal, bit for bit, those of a decoder built on those forms
+    from the start (so the step run again wrote its keys and values where the first had, at the
+    same positions), in plain and in fixed-shape steps."""
     if why := weights_module.form_unavailable("half", torch.bfloat16):
         pytest.skip(why)
     model = copy.deepcopy(tiny_model).bfloat16()
@@ -530,21 +529,20 @@ def test_a_step_that_overflows_float16_runs_again_in_the_models_dtype(
         cache, _, mask_PT, _ = engine._prefill(prompts)
         decoders.append(StaticDecoder(model, weights, cache, mask_PT, 2, fixed_shapes=fixed_shapes))
     gen = torch.Generator().manual_seed(0)
-    with caplog.at_level("WARNING", logger="rlvr.rollout.weights"):
+    with caplog.at_level("WARNING", logger="rlvr.rollout.static_decode"):
         for _ in range(6):
             tok = torch.randint(3, 259, (2 * len(prompts),), generator=gen)
             on_half, on_linear = decoders[0].step(tok), decoders[1].step(tok)
             assert torch.isfinite(on_half).all() and torch.equal(on_half, on_linear)
     assert caplog.text.count("gave values that are not finite") == 1
-    assert not built["half"].in_fp16 and built["half"].qkv[0].plan == ("linear",) * len(ROWS)
-    monkeypatch.setattr(weights_module, "product_plans", lambda model: plans["half"])
-    assert not FusedWeights(model).in_fp16  # this model's later weights too
-    assert FusedWeights(copy.deepcopy(tiny_model).bfloat16()).in_fp16  # not another model's
+    assert not decoders[0].weights.in_fp16 and decoders[0].weights.qkv[0].plan == ("linear",) * len(ROWS)
+    assert built["half"].in_fp16  # the call's own weights: the engine's are left as they were for the next call
 
 
 @torch.no_grad()
 def test_a_float16_step_is_run_again_for_a_projection_that_overflowed_unseen_in_the_logits(
-    tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+    tiny_model: LlamaForCausalLM, tiny_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture
 ) -> None:
     """A key of -inf only scores -inf: the logits can stay finite while the cache holds it. So a
     float16 step also checks its q/k/v projections. Here a projection's output is made -inf after
@@ -573,12 +571,14 @@ def test_a_float16_step_is_run_again_for_a_projection_that_overflowed_unseen_in_
     weights.qkv[0] = recorded  # type: ignore[assignment]
     monkeypatch.setattr(StaticDecoder, "_logits", poisoned_logits)
     cache, _, mask_PT, _ = engine._prefill([encode(tiny_tokenizer, PROMPTS[0])] * 2)
-    assert torch.isfinite(StaticDecoder(model, weights, cache, mask_PT, 1).step(torch.tensor([5, 6]))).all()
-    assert weights.in_fp16  # two rows: "linear", not checked
-    cache, _, mask_PT, _ = engine._prefill([encode(tiny_tokenizer, PROMPTS[0])])
-    one = StaticDecoder(model, weights, cache, mask_PT, 1, new_tokens=weights_module.LAZY_AFTER)  # float16 at once
-    assert torch.isfinite(one.step(torch.tensor([5]))).all()
-    assert not weights.in_fp16  # one row: checked, and run again without float16
+    with caplog.at_level("WARNING", logger="rlvr.rollout.static_decode"):
+        assert torch.isfinite(StaticDecoder(model, weights, cache, mask_PT, 1).step(torch.tensor([5, 6]))).all()
+        assert "not finite" not in caplog.text  # two rows: "linear", not checked
+        cache, _, mask_PT, _ = engine._prefill([encode(tiny_tokenizer, PROMPTS[0])])
+        one = StaticDecoder(model, weights, cache, mask_PT, 1, new_tokens=static_decode.LAZY_AFTER)  # float16 at once
+        assert torch.isfinite(one.step(torch.tensor([5]))).all()
+    assert "not finite" in caplog.text and one._overflowed  # one row: checked, and run again without float16
+    assert not weights.switch.on and "half" in weights.qkv[1].kept  # float16 was on, and is off for this call
 
 
 def steps_against_a_full_forward(engine: EmbeddedEngine, weights: FusedWeights, prompts: list[list[int]],

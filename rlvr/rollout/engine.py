@@ -285,7 +285,8 @@ class EmbeddedEngine:
             if self._offered is not None and self._take_offer():  # partial rollouts: newer weights go on from here
                 for r in rows.tolist():
                     swapped_at[r].append(step + 1)
-                decoder, logits = self._reprefill(prompts, tokens, rows.tolist(), n, media)
+                decoder, logits = self._reprefill(prompts, tokens, rows.tolist(), n, media,
+                                                  params.max_new_tokens - step - 1)
                 continue
             logits = decoder.step(tok_B)
         return [
@@ -303,13 +304,15 @@ class EmbeddedEngine:
             for row in seeds for seed in row]).to(self.device)
 
     def _reprefill(self, prompts: list[list[int]], tokens: list[list[int]], running: list[int], n: int,
-                   media: Sequence[PromptMedia | None] | None) -> tuple[StaticDecoder | HFDecoder, torch.Tensor]:
+                   media: Sequence[PromptMedia | None] | None,
+                   new_tokens: int = 0) -> tuple[StaticDecoder | HFDecoder, torch.Tensor]:
         """A decoder for the running samples under newly taken weights: each sample's prompt and
-        tokens so far prefilled again, one row per sample; and the rows' next-token logits."""
+        tokens so far prefilled again, one row per sample; and the rows' next-token logits.
+        ``new_tokens``: the most any of them may still sample."""
         cache, logits, mask_RT, offsets_R = self._prefill(
             [prompts[r // n] + tokens[r] for r in running],
             None if media is None else [media[r // n] for r in running])
-        return self._decoder(cache, mask_RT, 1, offsets_R), logits
+        return self._decoder(cache, mask_RT, 1, offsets_R, new_tokens), logits
 
     def _prefill(self, prompts: list[list[int]], media: Sequence[PromptMedia | None] | None = None,
                  ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 from transformers import DynamicCache, PreTrainedModel
 
-from rlvr.rollout.weights import LAZY_AFTER, FusedWeights, bucket
+from rlvr.rollout.weights import LAZY_AFTER, FusedWeights
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,7 @@ class StaticDecoder:
         # the weights' lazy forms (`LAZY_AFTER`) run from this call's `_rent`-th step that has them on;
         # from the first where the call starts with one row and asks for that many tokens or more
         self._lazy_steps = 0
+        self._overflowed = False  # a step of this call overflowed a float16 product: none from then on
         self._rent = 0 if new_tokens >= LAZY_AFTER and len(mask_PT) * n == 1 else LAZY_AFTER
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
@@ -251,22 +252,29 @@ class StaticDecoder:
         the norms); from the query, key and value projections it might not (a key of -inf only
         scores -inf, and stays in the cache). So a step whose row counts run a float16 product
         checks its logits and its q/k/v projections (~20 µs at one row), and a step that
-        overflowed runs again, its keys and values written again at the same column, on weights
-        without float16 forms (`FusedWeights.leave_fp16`)."""
+        overflowed runs again, its keys and values written again at the same column, and the rest of
+        the call without float16 forms (the engine's weights untouched: the next call tries again,
+        so no call's numbers depend on an earlier one's)."""
         if self.col == self.keys[0].shape[3]:
             self._grow()
-        weights, rows = self.weights, (len(self.pos_B), len(tok_R))  # the layers' rows, the head's
-        if weights.lazy_buckets:  # lazy forms run after this call's first `_rent` steps that have them
-            if not {bucket(r) for r in rows}.isdisjoint(weights.lazy_buckets):
-                self._lazy_steps += 1
-            weights.switch.on = self._lazy_steps > self._rent
+        weights = self.weights
+        rows = len(self.pos_B), len(self.pos_B) if self.fixed else len(tok_R)  # the layers', the head's
+        if weights.has_lazy:  # lazy forms run after this call's first `_rent` steps that have them
+            self._lazy_steps += weights.lazy_at(*rows)
+            weights.switch.on = self._lazy_steps > self._rent and not self._overflowed
         check = weights.fp16_at(*rows)
         seen: list[torch.Tensor] = []
         self._qkv_seen = seen if check else None
         logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
         if check and not (bool(torch.isfinite(logits_RV).all())
                           and bool(torch.isfinite(torch.cat(seen, 1)[self.slots]).all())):
-            weights.leave_fp16()
+            log.warning("a decode step with float16 products gave values that are not finite (float16 holds up "
+                        "to 65504): it runs again, and the rest of this call in the model's own dtype")
+            self._overflowed = True
+            if weights.fp16_waits:  # the plans' other forms, as before the switch was on
+                weights.switch.on = False
+            else:  # weights of this call's own, without float16
+                self.weights = weights.without_fp16()
             self._layout += 1  # a captured step (none on a CPU today) would hold the old weights
             self.col -= 1
             self.pos_B -= 1
@@ -275,7 +283,6 @@ class StaticDecoder:
             if not bool(torch.isfinite(logits_RV).all()):
                 log.warning("the decoder's logits are not finite in the model's own dtype either: the model "
                             "itself gives them, not float16")
-                weights.forget_overflow()
         self._qkv_seen = None
         return logits_RV
 

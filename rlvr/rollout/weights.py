@@ -36,7 +36,6 @@ import logging
 import math
 import os
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -54,9 +53,10 @@ class Form(NamedTuple):
     product on what it kept (``run``), and whether what it keeps is a copy of W (counted against
     the memory budget) or W itself. ``dtypes``: the weight dtypes it gives the model's own
     product for (None: every dtype). ``in_fp16``: it computes in float16, where a value beyond
-    float16's range (65504) becomes inf; the decoder checks each step's logits and runs a step
-    that overflowed again without such forms (`FusedWeights.leave_fp16`). ``lazy``: `Dense` makes
-    its copy on the first product that runs it, not beforehand."""
+    float16's range (65504) becomes inf; the decoder checks such steps and runs one that
+    overflowed again, and the rest of its call, without such forms (`StaticDecoder.step`).
+    ``lazy``: it runs only while the `Dense`'s switch is on (`LAZY_AFTER`), its copy made on the
+    first product that runs it."""
 
     prepare: Callable[[torch.Tensor], Any]
     run: Callable[[Any, torch.Tensor], torch.Tensor]
@@ -591,13 +591,6 @@ def without_fp16(plan: Plan) -> Plan:
     return replaced(plan, lambda form: form.in_fp16)
 
 
-_OVERFLOWED: weakref.WeakSet[PreTrainedModel] = weakref.WeakSet()
-"""Models whose activations overflowed a float16 product (`FusedWeights.leave_fp16`): their later
-weights are built without float16 forms. In this process only: another process (a resumed run,
-a rollout worker) finds the overflow again at its first step that has one, and runs that step
-again as this one did; the numbers it gives are those of the model's own dtype either way."""
-
-
 class FusedWeights:
     """The decoder's weights, from the model's current parameters, with q/k/v fused into one
     projection and the MLP's gate/up into another. ``fmt`` "model" keeps the model's numbers
@@ -605,13 +598,14 @@ class FusedWeights:
     on a CPU in fp32 or bf16, else the head is left to the model); "float16" and "int8" store
     every projection and the output head in that format (`Float16`, `Int8`)."""
 
-    def __init__(self, model: PreTrainedModel, fmt: str = "model") -> None:
+    def __init__(self, model: PreTrainedModel, fmt: str = "model", *, fp16: bool = True) -> None:
+        """``fp16`` False: the plans without float16 forms (`without_fp16`)."""
         self.model, self.fmt = model, fmt
         self.switch = LazySwitch(on=False)  # the lazy forms wait for the decoder (`LAZY_AFTER`)
         make: Callable[[list[torch.Tensor]], Projection]
         if fmt == "model":
             plans = product_plans(model)
-            if model in _OVERFLOWED:
+            if not fp16:
                 plans = Plans(without_fp16(plans.layers), without_fp16(plans.head))
             self.plans: Plans | None = plans
             make = functools.partial(Dense, plan=plans.layers, switch=self.switch)
@@ -620,10 +614,11 @@ class FusedWeights:
 
             def make(parts: list[torch.Tensor]) -> Projection:
                 return WEIGHTS[fmt](parts[0] if len(parts) == 1 else torch.cat(parts))
-        # the buckets of `ROWS` with a lazy form (`Form.lazy`; `LAZY_AFTER`), and whether some rows can
-        # run a product in float16 (`Form.in_fp16`: the decoder then checks those steps for an overflow)
-        self.lazy_buckets = {i for plan in self.plans or () for i, name in enumerate(plan) if name in waiting(plan)}
+        # whether some rows can run a product in float16 (`Form.in_fp16`: the decoder then checks
+        # those steps for an overflow), and whether every such form waits for the switch
         self.in_fp16 = any(FORMS[name].in_fp16 for plan in self.plans or () for name in plan)
+        self.fp16_waits = all(name in waiting(plan) for plan in self.plans or () for name in plan if FORMS[name].in_fp16)
+        self.has_lazy = any(waiting(plan) for plan in self.plans or ())
         self.qkv: list[Projection] = []
         self.qkv_bias: list[torch.Tensor | None] = []
         self.o: list[Projection] = []
@@ -647,23 +642,26 @@ class FusedWeights:
         else:  # the model's own head
             self.head = None
 
-    def fp16_at(self, *rows: int) -> bool:
-        """Whether a product of these row counts runs in float16 now (`Form.in_fp16`; a lazy form
-        only while the switch is on)."""
-        return self.in_fp16 and any(
-            FORMS[plan[bucket(r)]].in_fp16 and (self.switch.on or plan[bucket(r)] not in waiting(plan))
-            for plan in self.plans or () for r in rows)
+    def _forms_at(self, layer_rows: int, head_rows: int) -> list[tuple[str, bool]]:
+        """Each plan's form for its row count in a step, and whether that form waits for the switch."""
+        if self.plans is None:
+            return []
+        pairs = [(self.plans.layers, layer_rows)] + ([(self.plans.head, head_rows)] if isinstance(self.head, Dense) else [])
+        return [(plan[bucket(rows)], plan[bucket(rows)] in waiting(plan)) for plan, rows in pairs]
 
-    def leave_fp16(self) -> None:
-        """Rebuild every projection without float16 forms (`without_fp16`), for good with this
-        model: an activation overflowed float16's range, which the model's own dtype holds."""
-        log.warning("a decode step with float16 products gave values that are not finite (float16 holds up to "
-                    "65504): the step runs again, and this model's decoding in this process keeps its own "
-                    "dtype's products from now on")
-        _OVERFLOWED.add(self.model)
-        self.__init__(self.model, self.fmt)  # type: ignore[misc]
+    def lazy_at(self, layer_rows: int, head_rows: int) -> bool:
+        """Whether a step of these row counts (the layers', the head's) has a form that waits for the
+        switch (`LAZY_AFTER`)."""
+        return self.has_lazy and any(waits for _, waits in self._forms_at(layer_rows, head_rows))
 
-    def forget_overflow(self) -> None:
-        """The step run again without float16 was not finite either: the model's own numbers, not
-        float16's range, so its later weights may use float16 forms again."""
-        _OVERFLOWED.discard(self.model)
+    def fp16_at(self, layer_rows: int, head_rows: int) -> bool:
+        """Whether a step of these row counts runs a product in float16 now (`Form.in_fp16`; a form
+        that waits only while the switch is on)."""
+        return self.in_fp16 and any(FORMS[name].in_fp16 and (self.switch.on or not waits)
+                                    for name, waits in self._forms_at(layer_rows, head_rows))
+
+    def without_fp16(self) -> FusedWeights:
+        """These weights without float16 forms: for the rest of a decode call where a step
+        overflowed float16's range and its float16 forms do not all wait for the switch (the
+        engine's own weights stay as they are, so later calls do not depend on this one)."""
+        return FusedWeights(self.model, self.fmt, fp16=False)
