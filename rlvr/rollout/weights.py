@@ -619,6 +619,7 @@ class FusedWeights:
         self.in_fp16 = any(FORMS[name].in_fp16 for plan in self.plans or () for name in plan)
         self.fp16_waits = all(name in waiting(plan) for plan in self.plans or () for name in plan if FORMS[name].in_fp16)
         self.has_lazy = any(waiting(plan) for plan in self.plans or ())
+        self._waiting = {plan: waiting(plan) for plan in self.plans or ()}  # `_forms_at`, once a step
         self.qkv: list[Projection] = []
         self.qkv_bias: list[torch.Tensor | None] = []
         self.o: list[Projection] = []
@@ -647,7 +648,7 @@ class FusedWeights:
         if self.plans is None:
             return []
         pairs = [(self.plans.layers, layer_rows)] + ([(self.plans.head, head_rows)] if isinstance(self.head, Dense) else [])
-        return [(plan[bucket(rows)], plan[bucket(rows)] in waiting(plan)) for plan, rows in pairs]
+        return [(plan[bucket(rows)], plan[bucket(rows)] in self._waiting[plan]) for plan, rows in pairs]
 
     def lazy_at(self, layer_rows: int, head_rows: int) -> bool:
         """Whether a step of these row counts (the layers', the head's) has a form that waits for the
