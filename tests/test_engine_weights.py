@@ -227,8 +227,12 @@ def test_the_copy_budget_follows_the_machines_memory(tiny_model: LlamaForCausalL
     monkeypatch.setattr(weights_module, "CGROUP_ROOT", tmp_path)
     monkeypatch.setattr(weights_module.os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 1000)
     assert weights_module.machine_memory() == 4096 * 1000  # no cgroup list
-    proc.write_text("4:memory:/job/step\n1:cpu:/\n0::/slice/unit\n")
+    proc.write_text("4:memory:/job/step\n1:cpu:/\n0::/slice/unit\n2:memory:/../elsewhere\n")
     assert weights_module.machine_memory() == 4096 * 1000  # no limit files
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "memory.limit_in_bytes").write_text("1\n")  # outside the mount: never read
+    assert weights_module.machine_memory() == 4096 * 1000
     for folder, name, value in (("slice/unit", "memory.max", "max"), ("slice", "memory.max", "3000000"),
                                 ("memory/job/step", "memory.limit_in_bytes", "9223372036854771712"),
                                 ("memory/job", "memory.limit_in_bytes", "2000000")):

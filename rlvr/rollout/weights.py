@@ -362,6 +362,8 @@ def _cgroup_limits() -> list[Path]:
         else:
             continue
         own = Path(path.lstrip("/"))
+        if ".." in own.parts:  # a cgroup outside this namespace's view: not under the mount
+            continue
         files += [base / parent / name for parent in (own, *own.parents)]
     return files
 
