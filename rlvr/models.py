@@ -130,6 +130,52 @@ def cpu_signature() -> str:
     return f"{d['model']} (family {d['family']} model {d['model_id']}) {' '.join(d['flags'])}"
 
 
+CGROUP_ROOT, PROC_CGROUP = Path("/sys/fs/cgroup"), Path("/proc/self/cgroup")
+"""Where cgroups are mounted, and where this process's are listed."""
+
+
+@functools.cache
+def machine_memory() -> int | None:
+    """The bytes of memory this process may use: the machine's, or the lowest limit of its cgroup
+    and the cgroups above it where that is lower (a container, a systemd slice, a batch job:
+    v2 `memory.max`, "max" where none; v1 `memory.limit_in_bytes`); None where unknown. Read once
+    a process: a choice made from it (`rlvr.rollout.weights.copy_budget`) stays the same all run."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system
+        return None
+    for limit in _cgroup_limits():
+        try:
+            text = limit.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            memory = min(memory, int(text))
+    return memory
+
+
+def _cgroup_limits() -> list[Path]:
+    """The memory-limit files of this process's cgroups (`PROC_CGROUP`) and of those above them."""
+    try:
+        lines = PROC_CGROUP.read_text().splitlines()
+    except OSError:
+        return []
+    files = []
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and not controllers:  # v2: one tree for every controller
+            base, name = CGROUP_ROOT, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = CGROUP_ROOT / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        own = Path(path.lstrip("/"))
+        if ".." in own.parts:  # a cgroup outside this namespace's view: not under the mount
+            continue
+        files += [base / parent / name for parent in (own, *own.parents)]
+    return files
+
+
 SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
                "amx_int8", "asimd", "sve", "bf16")
 """CPU features that decide which kernels run fast (x86: AVX2/AVX-512/AMX; Arm: NEON, SVE, BF16)."""

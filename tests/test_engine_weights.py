@@ -18,6 +18,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
+from rlvr import models
 from rlvr.config import load_config
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.rollout import weights as weights_module
@@ -223,30 +224,36 @@ def test_the_copy_budget_follows_the_machines_memory(tiny_model: LlamaForCausalL
         assert weights_module.copy_budget(tiny_model) == budget
     monkeypatch.undo()
     proc = tmp_path / "cgroup"
-    monkeypatch.setattr(weights_module, "PROC_CGROUP", proc)
-    monkeypatch.setattr(weights_module, "CGROUP_ROOT", tmp_path)
-    monkeypatch.setattr(weights_module.os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 1000)
-    assert weights_module.machine_memory() == 4096 * 1000  # no cgroup list
+    monkeypatch.setattr(models, "PROC_CGROUP", proc)
+    monkeypatch.setattr(models, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(models.os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 1000)
+
+    def memory() -> int | None:  # read afresh: a process reads it once
+        models.machine_memory.cache_clear()
+        return models.machine_memory()
+
+    assert memory() == 4096 * 1000  # no cgroup list
     proc.write_text("4:memory:/job/step\n1:cpu:/\n0::/slice/unit\n2:memory:/../elsewhere\n")
-    assert weights_module.machine_memory() == 4096 * 1000  # no limit files
+    assert memory() == 4096 * 1000  # no limit files
     (tmp_path / "memory").mkdir()
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "memory.limit_in_bytes").write_text("1\n")  # outside the mount: never read
-    assert weights_module.machine_memory() == 4096 * 1000
+    assert memory() == 4096 * 1000
     for folder, name, value in (("slice/unit", "memory.max", "max"), ("slice", "memory.max", "3000000"),
                                 ("memory/job/step", "memory.limit_in_bytes", "9223372036854771712"),
                                 ("memory/job", "memory.limit_in_bytes", "2000000")):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
         (tmp_path / folder / name).write_text(value + "\n")
-    assert weights_module.machine_memory() == 2000000  # the lowest limit, of a cgroup above its own (v1)
+    assert memory() == 2000000  # the lowest limit, of a cgroup above its own (v1)
     (tmp_path / "memory.max").write_text("1000000\n")  # v2's root
-    assert weights_module.machine_memory() == 1000000
+    assert memory() == 1000000
 
     def unknown(name: str) -> int:
         raise ValueError(name)
 
-    monkeypatch.setattr(weights_module.os, "sysconf", unknown)
-    assert weights_module.machine_memory() is None
+    monkeypatch.setattr(models.os, "sysconf", unknown)
+    assert memory() is None
+    models.machine_memory.cache_clear()  # the real machine's again for later tests
 
 
 def test_plans_are_probed_once_a_machine_and_dtype_unless_fixed(tiny_model: LlamaForCausalLM, tmp_path: Path,

@@ -266,24 +266,29 @@ class StaticDecoder:
         seen: list[torch.Tensor] = []
         self._qkv_seen = seen if check else None
         logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
+        self._qkv_seen = None
         if check and not (bool(torch.isfinite(logits_RV).all())
                           and bool(torch.isfinite(torch.cat(seen, 1)[self.slots]).all())):
-            log.warning("a decode step with float16 products gave values that are not finite (float16 holds up "
-                        "to 65504): it runs again, and the rest of this call in the model's own dtype")
-            self._overflowed = True
-            if weights.fp16_waits:  # the plans' other forms, as before the switch was on
-                weights.switch.on = False
-            else:  # weights of this call's own, without float16
-                self.weights = weights.without_fp16()
-            self._layout += 1  # a captured step (none on a CPU today) would hold the old weights
-            self.col -= 1
-            self.pos_B -= 1
-            self._qkv_seen = None
-            logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
-            if not bool(torch.isfinite(logits_RV).all()):
-                log.warning("the decoder's logits are not finite in the model's own dtype either: the model "
-                            "itself gives them, not float16")
-        self._qkv_seen = None
+            logits_RV = self._again_without_fp16(tok_R)
+        return logits_RV
+
+    def _again_without_fp16(self, tok_R: torch.Tensor) -> torch.Tensor:
+        """The step just run, run again at the same column and position, and the rest of the call,
+        without float16 products (`step`)."""
+        log.warning("a decode step with float16 products gave values that are not finite (float16 holds up "
+                    "to 65504): it runs again, and the rest of this call in the model's own dtype")
+        self._overflowed = True
+        if self.weights.fp16_waits:  # the plans' other forms, as before the switch was on
+            self.weights.switch.on = False
+        else:  # weights of this call's own, without float16
+            self.weights = self.weights.without_fp16()
+        self._layout += 1  # a captured step (none on a CPU today) would hold the old weights
+        self.col -= 1
+        self.pos_B -= 1
+        logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
+        if not bool(torch.isfinite(logits_RV).all()):
+            log.warning("the decoder's logits are not finite in the model's own dtype either: the model "
+                        "itself gives them, not float16")
         return logits_RV
 
     def _step(self, tok_R: torch.Tensor) -> torch.Tensor:

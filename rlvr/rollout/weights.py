@@ -37,13 +37,12 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from transformers import PreTrainedModel
 
-from rlvr.models import cpu_signature, measured, remember
+from rlvr.models import cpu_signature, machine_memory, measured, remember
 
 log = logging.getLogger(__name__)
 
@@ -161,17 +160,15 @@ class Dense:
 
     def __init__(self, weight: torch.Tensor | Sequence[torch.Tensor], plan: Plan | None = None,
                  switch: LazySwitch | None = None) -> None:
-        self.parts = [weight.detach()] if isinstance(weight, torch.Tensor) else [w.detach() for w in weight]
-        self.plan = plan or fixed_plan(self.parts[0])
+        parts = [weight.detach()] if isinstance(weight, torch.Tensor) else [w.detach() for w in weight]
+        self.plan = plan or fixed_plan(parts[0])
         self.lazy = waiting(self.plan)
         self.eager = eager_plan(self.plan) if self.lazy else self.plan
         self.switch = switch or LazySwitch()
-        self.versions = [w._version for w in self.parts] if self.lazy else []
-        joined = self._joined()
+        self.parts = parts if self.lazy else []  # kept only to make a lazy form's copy later
+        self.versions = [w._version for w in parts] if self.lazy else []
+        joined = _joined(parts)
         self.kept = {name: FORMS[name].prepare(joined) for name in dict.fromkeys(self.eager)}
-
-    def _joined(self) -> torch.Tensor:
-        return self.parts[0].contiguous() if len(self.parts) == 1 else torch.cat(self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         b = bucket(len(x))
@@ -192,8 +189,13 @@ class Dense:
                     self.switch.warned = True
                 self.plan, self.lazy = self.eager, set()  # for good: every form of the numbers made at first
                 return False
-            self.kept[lazy] = FORMS[lazy].prepare(self._joined())
+            self.kept[lazy] = FORMS[lazy].prepare(_joined(self.parts))
         return True
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The weight whose rows `parts` are (q, k, v; gate, up), joined; a single weight as it is."""
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
 
 
 def waiting(plan: Plan) -> set[str]:
@@ -316,56 +318,12 @@ def product_plans(model: PreTrainedModel) -> Plans:
 def copy_budget(model: PreTrainedModel) -> int:
     """How many forms that copy the weights (`Form.copies`) a plan may keep beside the model's
     own: two where two copies of the decoder's weights take at most 1/16 of this machine's
-    memory (the bundled model's 0.54 GB in bf16 beside a laptop's 16 GB), else one, as `x @ W`'s
-    [in, out] copy always cost."""
+    memory (`machine_memory`; the bundled model's 0.54 GB in bf16 beside a laptop's 16 GB), else
+    one, as `x @ W`'s [in, out] copy always cost."""
     size = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
     size += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
     memory = machine_memory()
     return 2 if memory is not None and 2 * size * 16 <= memory else 1
-
-
-CGROUP_ROOT, PROC_CGROUP = Path("/sys/fs/cgroup"), Path("/proc/self/cgroup")
-"""Where cgroups are mounted, and where this process's are listed."""
-
-
-def machine_memory() -> int | None:
-    """The bytes of memory this process may use: the machine's, or the lowest limit of its cgroup
-    and the cgroups above it where that is lower (a container, a systemd slice, a batch job:
-    v2 `memory.max`, "max" where none; v1 `memory.limit_in_bytes`); None where unknown."""
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # not a POSIX system
-        return None
-    for limit in _cgroup_limits():
-        try:
-            text = limit.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            memory = min(memory, int(text))
-    return memory
-
-
-def _cgroup_limits() -> list[Path]:
-    """The memory-limit files of this process's cgroups (`PROC_CGROUP`) and of those above them."""
-    try:
-        lines = PROC_CGROUP.read_text().splitlines()
-    except OSError:
-        return []
-    files = []
-    for line in lines:
-        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if hierarchy == "0" and not controllers:  # v2: one tree for every controller
-            base, name = CGROUP_ROOT, "memory.max"
-        elif "memory" in controllers.split(","):
-            base, name = CGROUP_ROOT / "memory", "memory.limit_in_bytes"
-        else:
-            continue
-        own = Path(path.lstrip("/"))
-        if ".." in own.parts:  # a cgroup outside this namespace's view: not under the mount
-            continue
-        files += [base / parent / name for parent in (own, *own.parents)]
-    return files
 
 
 _PROBED: dict[str, Plans] = {}
@@ -411,7 +369,7 @@ def _probe(key: str, model: PreTrainedModel, copies: int) -> Plans:
 def fused(layer: Any) -> tuple[torch.Tensor, ...]:
     """A Llama-family decoder layer's [out, in] weights in the order a step multiplies them: q/k/v
     fused, the attention output, the MLP's gate/up fused, its down projection."""
-    return tuple(parts[0] if len(parts) == 1 else torch.cat(parts) for parts in fused_parts(layer))
+    return tuple(_joined(parts) for parts in fused_parts(layer))
 
 
 def fused_parts(layer: Any) -> tuple[list[torch.Tensor], ...]:
@@ -615,13 +573,15 @@ class FusedWeights:
             self.plans = None
 
             def make(parts: list[torch.Tensor]) -> Projection:
-                return WEIGHTS[fmt](parts[0] if len(parts) == 1 else torch.cat(parts))
-        # whether some rows can run a product in float16 (`Form.in_fp16`: the decoder then checks
-        # those steps for an overflow), and whether every such form waits for the switch
-        self.in_fp16 = any(FORMS[name].in_fp16 for plan in self.plans or () for name in plan)
-        self.fp16_waits = all(name in waiting(plan) for plan in self.plans or () for name in plan if FORMS[name].in_fp16)
-        self.has_lazy = any(waiting(plan) for plan in self.plans or ())
-        self._waiting = {plan: waiting(plan) for plan in self.plans or ()}  # `_forms_at`, once a step
+                return WEIGHTS[fmt](_joined(parts))
+        # each plan's forms that wait for the switch (`waiting`); whether some rows can run a product
+        # in float16 (`Form.in_fp16`: the decoder then checks those steps for an overflow), and
+        # whether every such form waits for the switch
+        self._waiting = {plan: waiting(plan) for plan in self.plans or ()}
+        self.has_lazy = any(self._waiting.values())
+        self.in_fp16 = any(FORMS[name].in_fp16 for plan in self._waiting for name in plan)
+        self.fp16_waits = all(name in waits for plan, waits in self._waiting.items()
+                              for name in plan if FORMS[name].in_fp16)
         self.qkv: list[Projection] = []
         self.qkv_bias: list[torch.Tensor | None] = []
         self.o: list[Projection] = []
