@@ -25,7 +25,7 @@ def one(config: str, steps: int, mode: str, overrides: list[str]) -> list[dict]:
 
     if mode == "whole":
         engine_module.plan_prefixes = lambda prompts, *a, **k: None  # type: ignore[assignment]
-        engine_module.EmbeddedEngine.reusing_prefixes = lambda self: contextlib.nullcontext()  # type: ignore[method-assign]
+        engine_module.EmbeddedEngine.reusing_prefixes = lambda self: contextlib.nullcontext()  # type: ignore[method-assign, assignment, return-value]
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(config, (f"train.steps={steps}", "train.eval_every=0", f"output_dir={out}", f"name={mode}",
                                    *overrides))

@@ -6,7 +6,7 @@ four transcripts. Behind the tool_math probe in docs/LOG.md.
 """
 import collections, time
 from rlvr.config import load_config
-from rlvr.train.loop import load_examples
+from rlvr.train.data import load_examples
 from rlvr.models import load_model, load_tokenizer, eos_token_ids, resolve_dtype
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.rewards import build_rewards

@@ -38,7 +38,8 @@ from collections.abc import Callable
 
 import torch
 
-from rlvr.rollout.weights import FORMS, Dense, Float16, Int8, form_unavailable, weights_unavailable
+from rlvr.rollout.forms import FORMS, form_unavailable
+from rlvr.rollout.weights import Dense, Float16, Int8, weights_unavailable
 
 # the bundled SmolLM2-135M's decode products: hidden 576, 9 heads and 3 kv heads of 64, MLP 1536
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
@@ -83,7 +84,7 @@ def variants(w_io: torch.Tensor) -> tuple[dict[str, Callable[[torch.Tensor], tor
     """Each variant's product, and the [in, out] weight each stores where it is not `w_io` itself."""
     w_oi = w_io.T.contiguous()
 
-    def form(name: str) -> Callable[[torch.Tensor], torch.Tensor]:  # the decoder's own form (rlvr.rollout.weights.FORMS)
+    def form(name: str) -> Callable[[torch.Tensor], torch.Tensor]:  # the decoder's own form (rlvr.rollout.forms.FORMS)
         return functools.partial(FORMS[name].run, FORMS[name].prepare(w_oi))
 
     out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

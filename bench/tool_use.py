@@ -31,14 +31,14 @@ def main(run: Path, out: Path | None, block: int) -> None:
     last = max(r["step"] for r in rows)
     table = []
     for start in range(1, last + 1, block):
-        steps = range(start, min(start + block, last + 1))
-        ms = [r for r in rows if r["step"] in steps]
-        ss = [s for s in samples if s["step"] in steps]
+        block_steps = range(start, min(start + block, last + 1))
+        ms = [r for r in rows if r["step"] in block_steps]
+        ss = [s for s in samples if s["step"] in block_steps]
         hard = [s for s in ss if two_digit(s["prompt"])]
         ran = [s for s in ss if "Output:" in s["completion"] and "Error" not in s["completion"]]
         mean = lambda key: statistics.fmean(r.get(key, 0.0) for r in ms)  # noqa: E731
         table.append({
-            "steps": f"{steps[0]}-{steps[-1]}", "calls": mean("env/tool_calls"),
+            "steps": f"{block_steps[0]}-{block_steps[-1]}", "calls": mean("env/tool_calls"),
             "error_rate": mean("env/tool_error_rate"), "answered": mean("env/answered"),
             "accuracy": mean("accuracy"),
             "acc_2digit": statistics.fmean(s["reward"] >= 1 for s in hard) if hard else 0.0,

@@ -139,7 +139,7 @@ def machine_memory() -> int | None:
     """The bytes of memory this process may use: the machine's, or the lowest limit of its cgroup
     and the cgroups above it where that is lower (a container, a systemd slice, a batch job:
     v2 `memory.max`, "max" where none; v1 `memory.limit_in_bytes`); None where unknown. Read once
-    a process: a choice made from it (`rlvr.rollout.weights.copy_budget`) stays the same all run."""
+    a process: a choice made from it (`rlvr.rollout.plans.copy_budget`) stays the same all run."""
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # not a POSIX system

@@ -21,11 +21,14 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from rlvr import models
 from rlvr.config import load_config
 from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.rollout import forms as forms_module
+from rlvr.rollout import plans as plans_module
 from rlvr.rollout import weights as weights_module
 from rlvr.rollout import static_decode
 from rlvr.rollout.static_decode import StaticDecoder
-from rlvr.rollout.weights import (FORMS, ROWS, Dense, Float16, FusedWeights, Int8, Plans, bf16_packing_unavailable, bucket,
-                                  choose_plan, fixed_plan, packed_form, product_plans)
+from rlvr.rollout.forms import FORMS, ROWS, bucket
+from rlvr.rollout.plans import Plans, bf16_packing_unavailable, choose_plan, fixed_plan, packed_form, product_plans
+from rlvr.rollout.weights import Dense, Float16, FusedWeights, Int8
 from rlvr.train.loop import train
 from rlvr.types import Completion, SamplingParams
 from tests.test_engine_contract import PROMPTS, encode
@@ -71,7 +74,7 @@ def test_the_static_decoder_on_float16_weights_matches_a_full_forward(
 
 
 def available_forms(dtype: torch.dtype) -> list[str]:
-    return [name for name in FORMS if weights_module.form_unavailable(name, dtype) is None]
+    return [name for name in FORMS if forms_module.form_unavailable(name, dtype) is None]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -125,7 +128,7 @@ def test_a_lazy_form_runs_only_while_its_switch_is_on_and_is_made_of_the_weights
     made, the copy would hold other numbers than the eager ones: it is not made, with one
     warning for all the projections sharing the switch. A plan of lazy forms only has nothing to
     run meanwhile: made at once."""
-    if why := weights_module.form_unavailable("half", torch.bfloat16):
+    if why := forms_module.form_unavailable("half", torch.bfloat16):
         pytest.skip(why)
     gen = torch.Generator().manual_seed(0)
     parts = [(torch.randn(rows, 64, generator=gen) * 0.05).bfloat16() for rows in (32, 16, 16)]
@@ -161,7 +164,7 @@ def test_a_decode_calls_numbers_do_not_depend_on_what_the_engine_decoded_before(
     engine that decoded something else first (and made the copy) and on a fresh one, as a resumed
     run needs. The call that starts with one row runs float16 products: its numbers differ from
     those of the plan's other form."""
-    if why := weights_module.form_unavailable("half", torch.bfloat16):
+    if why := forms_module.form_unavailable("half", torch.bfloat16):
         pytest.skip(why)
     monkeypatch.setattr(static_decode, "LAZY_AFTER", 4)
     plan = ("half",) + ("linear",) * (len(ROWS) - 1)
@@ -220,8 +223,8 @@ def test_the_copy_budget_follows_the_machines_memory(tiny_model: LlamaForCausalL
     size = sum(p.numel() * p.element_size() for p in tiny_model.model.layers.parameters())
     size += tiny_model.lm_head.weight.numel() * tiny_model.lm_head.weight.element_size()
     for memory, budget in ((32 * size, 2), (32 * size - 1, 1), (None, 1)):
-        monkeypatch.setattr(weights_module, "machine_memory", lambda memory=memory: memory)
-        assert weights_module.copy_budget(tiny_model) == budget
+        monkeypatch.setattr(plans_module, "machine_memory", lambda memory=memory: memory)
+        assert plans_module.copy_budget(tiny_model) == budget
     monkeypatch.undo()
     proc = tmp_path / "cgroup"
     monkeypatch.setattr(models, "PROC_CGROUP", proc)
@@ -262,7 +265,7 @@ def test_plans_are_probed_once_a_machine_and_dtype_unless_fixed(tiny_model: Llam
     for its CPU, torch version, dtype and shapes, kept in $RLVR_CACHE/products.json, so another
     process (a resumed run, a worker) reads the same plans without measuring. RLVR_PRODUCTS=fixed
     gives `fixed_plan`; any other value is refused."""
-    monkeypatch.setattr(weights_module, "_PROBED", {})
+    monkeypatch.setattr(plans_module, "_PROBED", {})
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path))
     monkeypatch.delenv("RLVR_PRODUCTS", raising=False)
     probed: list[list[tuple[int, ...]]] = []
@@ -271,14 +274,14 @@ def test_plans_are_probed_once_a_machine_and_dtype_unless_fixed(tiny_model: Llam
         probed.append([tuple(w.shape) for w in weights])
         return ("left",) * len(ROWS) if weights[0].dtype == torch.float32 else ("linear",) * len(ROWS)
 
-    monkeypatch.setattr(weights_module, "probe_plan", probe)
+    monkeypatch.setattr(plans_module, "probe_plan", probe)
     plans = product_plans(tiny_model)
     layer = tiny_model.model.layers[0]
     assert plans == Plans(("left",) * len(ROWS), ("left",) * len(ROWS))
-    assert probed[0][:4] == [tuple(w.shape) for w in weights_module.fused(layer)]  # the layers' fused weights
+    assert probed[0][:4] == [tuple(w.shape) for w in forms_module.fused(layer)]  # the layers' fused weights
     assert probed[1] == [tuple(tiny_model.lm_head.weight.shape)]  # the whole head: under PROBE_BYTES
     assert product_plans(copy.deepcopy(tiny_model)) == plans and len(probed) == 2  # the same shapes: not again
-    monkeypatch.setattr(weights_module, "_PROBED", {})  # another process on this machine
+    monkeypatch.setattr(plans_module, "_PROBED", {})  # another process on this machine
     assert product_plans(tiny_model) == plans and len(probed) == 2
     assert (tmp_path / "products.json").exists()
     head = tiny_model.lm_head.weight
@@ -297,7 +300,7 @@ def test_the_probe_leaves_the_global_random_state_alone(tiny_model: LlamaForCaus
     """A run's random draws are its own: probing (the first fp32 engine of a process, or not, as the
     cache decides) must not move the global generator, or a resumed run would diverge."""
     state = torch.get_rng_state()
-    weights_module.probe_plan(list(weights_module.fused(tiny_model.model.layers[0])), reps=1)
+    plans_module.probe_plan(list(forms_module.fused(tiny_model.model.layers[0])), reps=1)
     assert torch.equal(torch.get_rng_state(), state)
 
 
@@ -306,12 +309,12 @@ def test_the_real_probe_times_every_available_form(tiny_model: LlamaForCausalLM,
     """`probe_plan` on the tiny model's weights: a plan of forms this PyTorch has, one per bucket,
     with at most one form that copies the weight; a form that gives a wrong product is never
     chosen, however fast."""
-    plan = weights_module.probe_plan(list(weights_module.fused(tiny_model.model.layers[0])), reps=1)
+    plan = plans_module.probe_plan(list(forms_module.fused(tiny_model.model.layers[0])), reps=1)
     assert len(plan) == len(ROWS) and set(plan) <= set(available_forms(torch.float32))
     assert sum(FORMS[name].copies for name in set(plan)) <= 1
     wrong = FORMS["xw"]._replace(run=lambda w, x: torch.zeros(len(x), w.shape[1], dtype=x.dtype))
     monkeypatch.setitem(FORMS, "xw", wrong)
-    assert "gives a wrong product" in (weights_module.form_unavailable("xw", torch.float32) or "")
+    assert "gives a wrong product" in (forms_module.form_unavailable("xw", torch.float32) or "")
 
     def float16_sum(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # "half" as a kernel summing in float16
         terms, total = x.half()[:, None, :] * h[None], torch.zeros(len(x), len(h), dtype=torch.float16)
@@ -320,8 +323,8 @@ def test_the_real_probe_times_every_available_form(tiny_model: LlamaForCausalLM,
         return total.to(x.dtype)
 
     monkeypatch.setitem(FORMS, "narrow", FORMS["half"]._replace(run=float16_sum))
-    assert "gives a wrong product" in (weights_module.form_unavailable("narrow", torch.bfloat16) or "")
-    assert "xw" not in weights_module.probe_plan(list(weights_module.fused(tiny_model.model.layers[0])), reps=1)
+    assert "gives a wrong product" in (forms_module.form_unavailable("narrow", torch.bfloat16) or "")
+    assert "xw" not in plans_module.probe_plan(list(forms_module.fused(tiny_model.model.layers[0])), reps=1)
 
 
 @torch.no_grad()
@@ -340,7 +343,7 @@ def test_bf16_without_onednn_packing_runs_the_plain_product(monkeypatch: pytest.
         assert isinstance(weights.qkv[0], Dense) and weights.qkv[0].plan == ("xw",) * len(ROWS)
         assert isinstance(weights.head, Dense) and weights.head.plan == ("linear",) * len(ROWS)
         assert weights.head.kept["linear"].data_ptr() == model.lm_head.weight.data_ptr()
-        assert "onednn" not in weights_module.probe_plan(list(weights_module.fused(model.model.layers[0])), reps=1)
+        assert "onednn" not in plans_module.probe_plan(list(forms_module.fused(model.model.layers[0])), reps=1)
     finally:
         bf16_packing_unavailable.cache_clear()
 
@@ -487,7 +490,7 @@ def test_the_static_decoder_matches_a_full_forward_in_every_form(
     bound (each rounding is relative to its own product's Σ|x·w|, not to the largest logit; seen
     3.5%). A projection fused or split in the wrong order, or a head left out, moves the logits
     by O(1): reversing the layers' q/k/v fails it."""
-    if why := weights_module.form_unavailable(form, dtype):
+    if why := forms_module.form_unavailable(form, dtype):
         pytest.skip(why)
     plan = (form,) * len(ROWS)
     monkeypatch.setattr(weights_module, "product_plans", lambda model: Plans(plan, plan))
@@ -517,13 +520,13 @@ def test_a_step_that_overflows_float16_runs_again_in_the_models_dtype(
     of the call: every step's logits equal, bit for bit, those of a decoder built on those forms
     from the start (so the step run again wrote its keys and values where the first had, at the
     same positions), in plain and in fixed-shape steps."""
-    if why := weights_module.form_unavailable("half", torch.bfloat16):
+    if why := forms_module.form_unavailable("half", torch.bfloat16):
         pytest.skip(why)
     model = copy.deepcopy(tiny_model).bfloat16()
     getattr(model.model.layers[0], norm).weight.mul_(2**17)
     x = getattr(model.model.layers[0], norm)(torch.randn(1, 1, model.config.hidden_size).bfloat16())
     half = FORMS["half"]
-    qkv, _, gate_up, _ = weights_module.fused(model.model.layers[0])
+    qkv, _, gate_up, _ = forms_module.fused(model.model.layers[0])
     weight = qkv if norm == "input_layernorm" else gate_up
     assert not torch.isfinite(half.run(half.prepare(weight), x[0])).all()  # what the check must catch
     plans = {"half": Plans(("half",) * len(ROWS), ("half",) * len(ROWS)),
@@ -560,7 +563,7 @@ def test_a_float16_step_is_run_again_for_a_projection_that_overflowed_unseen_in_
     attention has read it (so the logits are those of finite numbers): that alone sends the step
     round again on the model's own dtype's forms. A step of a row count without float16
     products is not checked."""
-    if why := weights_module.form_unavailable("half", torch.bfloat16):
+    if why := forms_module.form_unavailable("half", torch.bfloat16):
         pytest.skip(why)
     model = copy.deepcopy(tiny_model).bfloat16()
     plan = ("half",) + ("linear",) * (len(ROWS) - 1)

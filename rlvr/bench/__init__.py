@@ -98,7 +98,8 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
         rows.append(row)
     result = {"part": "generate", "model": model_spec, "dtype": str(model.dtype), "new_tokens": new_tokens, "rows": rows}
     if model.device.type == "cpu":  # the forms the static decoder ran (the probe's choice, cached: not re-run)
-        from rlvr.rollout.weights import ROWS, bf16_packing_unavailable, product_plans
+        from rlvr.rollout.forms import ROWS
+        from rlvr.rollout.plans import bf16_packing_unavailable, product_plans
 
         plans = product_plans(model)
         products = {"rows": "/".join(map(str, ROWS)), "layers": "/".join(plans.layers), "head": "/".join(plans.head)}

@@ -1,0 +1,173 @@
+"""The forms one of the decoder's matrix products can take, and the products a decode step runs.
+
+The same product x Wᵀ has several forms in PyTorch (`FORMS`): `x @ W` on an [in, out] copy,
+`(W xᵀ)ᵀ` or `nn.Linear` on the model's own [out, in] weight, MKL's or oneDNN's product on a
+weight packed once, and for bf16 weights `nn.Linear` on a float16 copy ("half"). Each is the
+same product summed in another order; which is fastest depends on the CPU, the row count and
+the shape (rlvr.rollout.plans measures it). A `Plan` names a form for each row bucket of
+`ROWS`; `form_unavailable` says why a form cannot run here, or gives a wrong product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+
+class Form(NamedTuple):
+    """One way to compute x Wᵀ from the [out, in] weight W: what it keeps of W (``prepare``), the
+    product on what it kept (``run``), and whether what it keeps is a copy of W (counted against
+    the memory budget) or W itself. ``dtypes``: the weight dtypes it gives the model's own
+    product for (None: every dtype). ``in_fp16``: it computes in float16, where a value beyond
+    float16's range (65504) becomes inf; the decoder checks such steps and runs one that
+    overflowed again, and the rest of its call, without such forms (`StaticDecoder.step` in
+    rlvr.rollout.static_decode). ``lazy``: it runs only while its `Dense`'s switch is on
+    (rlvr.rollout.weights: `LAZY_AFTER`), its copy made on the first product that runs it."""
+
+    prepare: Callable[[torch.Tensor], Any]
+    run: Callable[[Any, torch.Tensor], torch.Tensor]
+    copies: bool
+    dtypes: frozenset[torch.dtype] | None = None
+    in_fp16: bool = False
+    lazy: bool = False
+
+
+PACK_ROWS = 8
+"""The row count oneDNN and MKL lay a packed weight out for (any count runs on it)."""
+
+
+def _mkl_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS), w
+
+
+def _mkl_run(state: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    packed, w = state
+    return torch.ops.mkl._mkl_linear(x.contiguous(), packed, w, None, len(x))
+
+
+def _half(w: torch.Tensor) -> torch.Tensor:
+    h = w.half()
+    return h if bool(torch.isfinite(h).all()) else w  # beyond float16's range: the weight itself
+
+
+def _half_run(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x.to(h.dtype), h).to(x.dtype)
+
+
+FORMS: dict[str, Form] = {
+    "linear": Form(lambda w: w, lambda w, x: torch.nn.functional.linear(x, w), copies=False),
+    "left": Form(lambda w: w, lambda w, x: (w @ x.T).T.contiguous(), copies=False),
+    "xw": Form(lambda w: w.T.contiguous(), lambda w, x: x @ w, copies=True),
+    "mkl": Form(_mkl_pack, _mkl_run, copies=True),  # MKL's packed sgemm (fp32), what inductor emits
+    "onednn": Form(lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS),
+                   lambda p, x: torch.ops.mkldnn._linear_pointwise(x.contiguous(), p, None, "none", [], ""),
+                   copies=True),
+    "half": Form(_half, _half_run, copies=True, dtypes=frozenset({torch.bfloat16}), in_fp16=True, lazy=True),
+}
+"""The forms of one product. "linear": `nn.Linear`'s `x Wᵀ`; "left": `(W xᵀ)ᵀ`; "xw": `x @ W` on a
+contiguous [in, out] copy; "mkl" and "onednn": the weight reordered once into the library's
+blocked layout (`torch.ops.mkl._mkl_reorder_linear_weight`, `torch.ops.mkldnn.
+_reorder_linear_weight`) and multiplied by its linear op. All sum in the weight's dtype's
+accumulator (fp32 for fp32 and bf16), each in its own order.
+
+"half" (bf16 weights only): `nn.Linear` on a float16 copy of the weight, with the activations
+in float16 too. PyTorch's float16 matrix-vector kernel sums in fp32, and on a Zen 4 EPYC it ran
+a one-row decode step's products in 9.0 ms where oneDNN's packed bf16 took 13.1 (docs/LOG.md,
+session 16; `bench/small_gemm.py --dtype bfloat16 --stack`); the copy costs a cast, not a repacking (0.1 s for the bundled model).
+A bf16 number from 2^-17 (7.6e-6) to 65280 is exactly a float16 number (8 significant bits in
+11; below 2^-14 float16's subnormal steps of 2^-24 still hold them), so the product is the bf16
+product summed in another order, with the result rounded to float16 (2^-11 of it) before bf16
+(2^-8). A smaller weight, activation or result is rounded to a multiple of 2^-24, by at most
+2^-25 (3e-8): under bf16's own rounding of any term or sum above 2^-16. A weight beyond 65504
+keeps the bf16 weight; an activation beyond it overflows, which the decoder catches
+(`Form.in_fp16`)."""
+
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+"""The row buckets of a `Plan`: rows r run in the form of the smallest bucket ≥ r (64 for more)."""
+
+Plan = tuple[str, ...]
+"""A form name (`FORMS`) for each bucket of `ROWS`."""
+
+
+def bucket(rows: int) -> int:
+    """The index in `ROWS` whose form runs `rows` rows."""
+    return min((rows - 1).bit_length(), len(ROWS) - 1)
+
+
+def joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The weight whose rows `parts` are (q, k, v; gate, up), joined; a single weight as it is."""
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
+
+
+def waiting(plan: Plan) -> set[str]:
+    """The lazy forms of `plan` (`Form.lazy`) that wait for their switch: none where every form of
+    the plan is lazy (nothing else to run meanwhile: they are made at once)."""
+    lazy = {name for name in plan if FORMS[name].lazy}
+    return lazy if len(lazy) < len(set(plan)) else set()
+
+
+def eager_plan(plan: Plan) -> Plan:
+    """`plan` with each lazy form (`Form.lazy`) replaced by the nearest bucket's form that is not
+    (`replaced`)."""
+    return replaced(plan, lambda form: form.lazy)
+
+
+def form_unavailable(name: str, dtype: torch.dtype) -> str | None:
+    """Why the form `name` cannot run a small weight of `dtype` here (a PyTorch built without MKL
+    or oneDNN, a CPU the library has no kernel for), or gives it a wrong product (beyond bf16's
+    rounding, 2^-7 of Σ|x·w|, at 1, 3, 8 and 17 rows; or one that sums in fewer bits than fp32:
+    2048 plus a thousand ones, which a float16 or bf16 sum leaves at 2048), or None."""
+    dtypes = FORMS[name].dtypes
+    if dtypes is not None and dtype not in dtypes:
+        return f"the {name} form keeps a copy exact only for {' and '.join(map(str, sorted(dtypes, key=str)))} weights, not {dtype}"
+    if name == "onednn" and not torch.backends.mkldnn.is_available():
+        return "this PyTorch has no oneDNN"
+    if name == "mkl" and not torch.backends.mkl.is_available():
+        return "this PyTorch has no MKL"
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 16, generator=gen).to(dtype)
+    ones = torch.ones(24, 1001, dtype=dtype)
+    try:
+        kept, kept_ones = FORMS[name].prepare(w), FORMS[name].prepare(ones)
+        for rows in (1, 3, PACK_ROWS, 17):  # one row, a few, the packed count, more
+            for k, weight, x in ((kept, w, torch.randn(rows, 16, generator=gen).to(dtype)),
+                                 (kept_ones, ones, torch.ones(rows, 1001, dtype=dtype).index_fill_(1, torch.tensor([0]), 2048))):
+                y = FORMS[name].run(k, x).double()
+                exact = x.double() @ weight.double().T
+                if not ((y - exact).abs() <= 2**-7 * (x.double().abs() @ weight.double().abs().T)).all():
+                    return f"{name} gives a wrong product at {rows} rows here"
+    except (AttributeError, RuntimeError, NotImplementedError) as e:
+        return (str(e).splitlines() or [type(e).__name__])[0][:160]
+    return None
+
+
+def fused(layer: Any) -> tuple[torch.Tensor, ...]:
+    """A Llama-family decoder layer's [out, in] weights in the order a step multiplies them: q/k/v
+    fused, the attention output, the MLP's gate/up fused, its down projection."""
+    return tuple(joined(parts) for parts in fused_parts(layer))
+
+
+def fused_parts(layer: Any) -> tuple[list[torch.Tensor], ...]:
+    """`fused`'s weights as the model's own parameters (detached, not copied), each a list of the
+    weights whose rows it joins."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return ([attn.q_proj.weight.detach(), attn.k_proj.weight.detach(), attn.v_proj.weight.detach()],
+            [attn.o_proj.weight.detach()],
+            [mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()],
+            [mlp.down_proj.weight.detach()])
+
+
+def replaced(plan: Plan, unwanted: Callable[[Form], bool]) -> Plan:
+    """`plan` with each form that is `unwanted` replaced by the form of the nearest larger bucket
+    that is not (of the nearest smaller where none is; "linear" where no bucket's is)."""
+    ok = [i for i, name in enumerate(plan) if not unwanted(FORMS[name])]
+    if not ok:
+        return ("linear",) * len(plan)
+    return tuple(name if i in ok else plan[min(ok, key=lambda j: (j < i, abs(j - i)))] for i, name in enumerate(plan))
+
+
+def without_fp16(plan: Plan) -> Plan:
+    """`plan` without the forms that compute in float16 (`Form.in_fp16`; `replaced`)."""
+    return replaced(plan, lambda form: form.in_fp16)
