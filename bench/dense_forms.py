@@ -26,7 +26,7 @@ from rlvr.types import SamplingParams
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
-    ap.add_argument("--new-tokens", type=int, default=64, help="at least LAZY_AFTER for one row to run its lazy forms")
+    ap.add_argument("--new-tokens", type=int, default=64, help="at least LAZY_AFTER (16) for one row to run its lazy forms from its first step")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help='whatever "auto" picks')

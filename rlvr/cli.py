@@ -97,7 +97,7 @@ def _add_bench(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     b.add_argument("--parts", default="generate,learner,grpo", help="comma-separated: generate, learner, grpo")
     b.add_argument("--batch-sizes", default="1,8,32,64", help="generate: batch sizes")
     b.add_argument("--new-tokens", type=int, default=64,
-                   help="generate: tokens per row (at batch 1, fewer than 64 leave a bf16 CPU's float16 "
+                   help="generate: tokens per row (at batch 1, fewer than 16 leave a bf16 CPU's float16 "
                         "one-row products off: rlvr.rollout.weights.LAZY_AFTER)")
     b.add_argument("--grpo-shapes", default="1x8,8x8", help="grpo: prompts x group per step")
     b.add_argument("--grpo-steps", type=int, default=3, help="grpo: steps per side (the first is warm-up)")

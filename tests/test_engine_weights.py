@@ -118,6 +118,23 @@ def test_a_plan_runs_each_row_count_in_its_buckets_form(monkeypatch: pytest.Monk
     assert Dense(w, ("left",) * len(ROWS)).kept["left"].data_ptr() == w.data_ptr()  # no copy
 
 
+def test_the_half_form_copies_only_a_weight_float16_holds() -> None:
+    """bf16's values next to float16's largest (65504) are 65280, which float16 holds exactly, and
+    65536, which it rounds to inf: a weight with 65536 anywhere (either sign), or a NaN, keeps the
+    bf16 weight itself; one with ±65280 gets an exact float16 copy."""
+    prepare = FORMS["half"].prepare
+    for value, copied in ((65280.0, True), (-65280.0, True), (65536.0, False), (-65536.0, False),
+                          (float("nan"), False), (float("inf"), False)):
+        w = torch.full((4, 8), 0.5, dtype=torch.bfloat16)
+        w[2, 3] = value
+        kept = prepare(w)
+        assert (kept.dtype == torch.float16) == copied, value
+        if copied:
+            assert torch.equal(kept.bfloat16(), w)
+        else:
+            assert kept is w
+
+
 @torch.no_grad()
 def test_a_lazy_form_runs_only_while_its_switch_is_on_and_is_made_of_the_weights_as_they_were(
     caplog: pytest.LogCaptureFixture

@@ -22,13 +22,13 @@ from rlvr.rollout.plans import PROBED_DTYPES, Plans, fixed_plan, product_plans
 log = logging.getLogger(__name__)
 
 
-LAZY_AFTER = 64
+LAZY_AFTER = 16
 """The one-row steps a decode call runs before its lazy forms (`Form.lazy`) take over, unless it
 starts with one row and asks for at least this many tokens (`StaticDecoder`). Making the bundled
-model's float16 copies takes about what 64 one-row decode steps save with them (~0.27 s against
-~4 ms a step, bf16 on a Zen 4 EPYC; docs/LOG.md, session 16): so a GRPO step whose last sample
-decodes alone for a few steps makes no copy it would barely use, and serving or evaluating one
-row at a time uses the copy throughout. Counted per call, so a call's numbers depend only on
+model's float16 copies takes about what 9-18 one-row decode steps save with them (0.044-0.09 s
+against ~5 ms a step, bf16 on a Zen 4 EPYC; docs/LOG.md, session 17): so a GRPO step whose last
+sample decodes alone for a few steps makes no copy it would barely use, and serving or
+evaluating one row at a time uses the copy throughout. Counted per call, so a call's numbers depend only on
 its own inputs, never on what the engine decoded before (a resumed run gets the same)."""
 
 
