@@ -106,6 +106,48 @@ def test_one_token_completions_and_single_rows() -> None:
     torch.testing.assert_close(lp_N, lp_BT[target], atol=1e-12, rtol=1e-8)
 
 
+def test_completion_lanes_pack_a_prompts_completions_up_to_the_longest() -> None:
+    """First-fit, longest first, within each prompt; a sample with nothing to feed in no lane."""
+    from rlvr.train.logprobs import completion_lanes
+
+    # COMPLETIONS feed 4, 0, 1, 6, 2, 1 tokens: prompt 1's 6 alone, its 2 and 1 together
+    assert completion_lanes([4, 0, 1, 6, 2, 1], ROW_PROMPT, 6) == [[0], [3], [4, 2], [5]]
+    assert completion_lanes([3, 3, 3, 3], [0, 0, 1, 1], 6) == [[0, 1], [2, 3]]  # never across prompts
+    assert completion_lanes([5, 1, 4, 2, 3], [0] * 5, 5) == [[0], [2, 1], [4, 3]]
+    assert completion_lanes([0, 0], [0, 0], 0) == []
+
+
+def test_packed_completions_see_their_own_tokens_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test above runs COMPLETIONS packed into 4 lanes for 6 rows (prompt 1's completions of 2
+    and 1 fed tokens share one). The check can fail: letting a lane's completions attend to each
+    other moves the log-probs of the second far outside its tolerance."""
+    model = exact_model()
+    ids, attention, target = whole_rows(PROMPTS, COMPLETIONS, ROW_PROMPT)
+    lp_BT, _ = token_logprobs(model, ids, attention, target)
+    lanes: list[int] = []
+    lane_inputs = logprobs_module._lane_inputs
+
+    def counted(lanes_: list[list[int]], *args: object) -> tuple[torch.Tensor, ...]:
+        lanes.append(len(lanes_))
+        return lane_inputs(lanes_, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(logprobs_module, "_lane_inputs", counted)
+    lp_N, _ = shared_prompt_logprobs(model, PROMPTS, COMPLETIONS, ROW_PROMPT, 0)
+    assert lanes == [4]
+    torch.testing.assert_close(lp_N, lp_BT[target], atol=1e-12, rtol=1e-8)
+
+    def leaky(*args: object) -> tuple[torch.Tensor, ...]:
+        ids_LC, mask_LKC, positions_LC, starts = lane_inputs(*args)  # type: ignore[arg-type]
+        width = ids_LC.shape[1]
+        mask_LKC = mask_LKC.clone()
+        mask_LKC[..., -width:] |= torch.ones(width, width, dtype=torch.bool).tril()  # the whole lane, causally
+        return ids_LC, mask_LKC, positions_LC, starts
+
+    monkeypatch.setattr(logprobs_module, "_lane_inputs", leaky)
+    lp_N, _ = shared_prompt_logprobs(model, PROMPTS, COMPLETIONS, ROW_PROMPT, 0)
+    assert float((lp_N - lp_BT[target]).detach().abs().max()) > 1e-2
+
+
 GROUPS = [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.5, 0.0]]
 
 
@@ -184,7 +226,8 @@ def count_fed_tokens(model: torch.nn.Module) -> list[int]:
 
 def test_the_prompt_runs_once_per_micro_batch() -> None:
     """What the saving is: with groups of 4 on prompts of 3-6 tokens, the shared update feeds each
-    prompt once and every completion but its last token; the plain one feeds 4 padded whole rows."""
+    prompt once and every completion but its last token, packed into lanes as long as the
+    group's longest; the plain one feeds 4 padded whole rows."""
     groups: list[Group] = make_groups(GROUPS)
 
     def fed(share: bool) -> int:
@@ -195,8 +238,10 @@ def test_the_prompt_runs_once_per_micro_batch() -> None:
         return sum(counts)
 
     prompts = [len(g.samples[0].prompt_ids) for g in groups]
-    longest = [max(len(x.completion.token_ids) for x in g.samples) for g in groups]
-    assert fed(True) == sum(p + 4 * (c - 1) for p, c in zip(prompts, longest))
+    completions = [[len(x.completion.token_ids) for x in g.samples] for g in groups]
+    assert prompts == [3, 6] and completions == [[2, 4, 2, 5], [2, 1, 6, 5]]
+    # fed 1, 3, 1, 4 in lanes of 4: (4), (3 + 1), (1); fed 1, 0, 5, 4 in lanes of 5: (5), (4 + 1)
+    assert fed(True) == (3 + 3 * 4) + (6 + 2 * 5)
     samples = [x for g in groups for x in g.samples]
     cuts = micro_batches(list(range(len(samples))), samples, 4)  # by length across groups
     assert fed(False) == sum(len(cut) * max(samples[i].num_tokens for i in cut) for cut in cuts)
@@ -295,8 +340,10 @@ def test_injected_tokens_are_run_but_not_scored(chunk_size: int) -> None:
     lp_N, ent_N = shared_prompt_logprobs(model, PROMPTS, COMPLETIONS, ROW_PROMPT, 0, chunk_size=chunk_size,
                                          scored=SCORED)
     assert lp_N.shape == (sum(map(sum, SCORED)),)
-    # the prompts (width 8) once; each row's completion up to its last flagged token, less the last (row 3's 5)
-    assert counts == [3 * 8, 6 * (5 - 1)]
+    # the prompts (width 8) once; each row's completion up to its last flagged token, less the last:
+    # rows 0, 3 and 4 feed 3, 4 and 2 tokens (the others none), three lanes of 4 (0 and 3 are
+    # another prompt's, and 3 has no room left for 4)
+    assert counts == [3 * 8, 3 * 4]
     torch.testing.assert_close(lp_N, lp_BT[flags].detach(), atol=1e-12, rtol=1e-8)
     torch.testing.assert_close(ent_N, ent_BT[flags].detach(), atol=1e-12, rtol=1e-8)
     assert_grads_close([grads_of(model, (lp_N * w).sum() + 0.3 * ent_N.sum())], [whole])

@@ -9,7 +9,8 @@ from transformers import PreTrainedModel
 
 from rlvr.data.images import batched_inputs, uses_multimodal_positions
 from rlvr.rewards.intrinsic import token_certainty
-from rlvr.train.logprobs import can_share_prompts, shared_prompt_logprobs, token_budget_batches, token_logprobs
+from rlvr.train.logprobs import (can_share_prompts, completion_lanes, shared_prompt_logprobs, token_budget_batches,
+                                 token_logprobs)
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import PromptMedia, Sample
 
@@ -94,9 +95,13 @@ def micro_batches(indices: list[int], samples: list[Sample], size: int,
 def shared_tokens(rows: list[Sample]) -> int:
     """The tokens `sample_logprobs` runs for one micro-batch with its prompts shared: each
     distinct prompt once (padded to the longest), and each completion through its last trained
-    token but for that token (padded to the longest)."""
+    token but for that token, packed into lanes as long as the longest
+    (rlvr.train.logprobs.completion_lanes)."""
     prompts = {x.prompt_key: len(x.prompt_ids) for x in rows}
-    return len(prompts) * max(prompts.values()) + len(rows) * max(max(trained_through(x) for x in rows) - 1, 0)
+    index = {key: i for i, key in enumerate(prompts)}
+    fed = [max(trained_through(x) - 1, 0) for x in rows]
+    lanes = completion_lanes(fed, [index[x.prompt_key] for x in rows], max(fed))
+    return len(prompts) * max(prompts.values()) + min(len(lanes), len(rows)) * max(fed)
 
 
 def batches(samples: list[Sample], indices: list[int], pad_token_id: int, device: torch.device, size: int,

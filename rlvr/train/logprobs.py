@@ -198,33 +198,95 @@ def shared_prompt_logprobs(
                            "(UpdateSettings.share_prompts=False runs every row whole)")
     rows = torch.tensor(row_prompt, device=device)
     lengths_B = torch.tensor([len(prompts[i]) for i in row_prompt], device=device)
-    fed = max(len(c) for c in completions) - 1  # completion tokens fed per row: all but the last
+    fed = [c[:-1] for c in completions]  # completion tokens fed per row: all but the last
+    width_C = max(map(len, fed))
     hidden = [prompt_PLH[rows, lengths_B - 1]]  # _BH: predicts each row's first completion token
-    if fed > 0:
-        ids_BC, mask_BC = _right_padded([c[:-1] for c in completions], fed, pad_token_id, device)
-        cache.batch_select_indices(rows)
-        completion_BCH = lm.base_model(
-            input_ids=ids_BC, attention_mask=torch.cat([mask_PL[rows], mask_BC], dim=1),
-            position_ids=lengths_B[:, None] + torch.arange(fed, device=device),
-            **with_cache(lm.base_model, cache)).last_hidden_state
-        hidden.append(completion_BCH)
-    flat_NH, targets_N = _scored_states(hidden, completions, flags, fed)
+    starts = [b * width_C for b in range(len(fed))]  # where each row's fed states start in the flat pass
+    if width_C > 0:
+        lanes = completion_lanes([len(f) for f in fed], row_prompt, width_C)
+        if len(lanes) < len(fed) and getattr(lm.config, "_attn_implementation", None) == "sdpa":
+            # fewer rows than samples: a lane runs several completions of one prompt, each seeing
+            # the prompt and itself only (a boolean mask, which only SDPA's attention takes as given)
+            ids_LC, mask_LKC, positions_LC, starts = _lane_inputs(lanes, fed, row_prompt, prompts, mask_PL,
+                                                                 width_C, pad_token_id, device)
+            cache.batch_select_indices(torch.tensor([row_prompt[lane[0]] for lane in lanes], device=device))
+            completion_LCH = lm.base_model(input_ids=ids_LC, attention_mask=mask_LKC, position_ids=positions_LC,
+                                           **with_cache(lm.base_model, cache)).last_hidden_state
+            hidden.append(completion_LCH)
+        else:
+            ids_BC, mask_BC = _right_padded(fed, width_C, pad_token_id, device)
+            cache.batch_select_indices(rows)
+            completion_BCH = lm.base_model(
+                input_ids=ids_BC, attention_mask=torch.cat([mask_PL[rows], mask_BC], dim=1),
+                position_ids=lengths_B[:, None] + torch.arange(width_C, device=device),
+                **with_cache(lm.base_model, cache)).last_hidden_state
+            hidden.append(completion_BCH)
+    flat_NH, targets_N = _scored_states(hidden, completions, flags, starts)
     return _head_logprobs(lm, flat_NH, targets_N, temperature, chunk_size)
 
 
-def _scored_states(hidden: list[torch.Tensor], completions: list[list[int]], flags: list[list[int]], fed: int,
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_lanes(fed: list[int], row_prompt: list[int], width: int) -> list[list[int]]:
+    """The rows of a completion pass (*lanes*), each a list of samples of one prompt whose fed
+    lengths add up to at most `width` (the longest), so that the pass runs fewer padded tokens:
+    first-fit, longest first, within each prompt. GRPO's completions of one prompt differ in
+    length (8 rollouts of the bundled model's sums: 20-128 tokens), and a pass padded to the
+    longest ran ~40% padding. A sample with nothing to feed goes in no lane. Lanes keep the order
+    of their first sample, each lane's samples the order they were placed in."""
+    lanes: list[list[int]] = []
+    room: list[int] = []
+    owner: list[int] = []
+    for b in sorted((b for b in range(len(fed)) if fed[b]), key=lambda b: -fed[b]):
+        lane = next((i for i in range(len(lanes)) if owner[i] == row_prompt[b] and room[i] >= fed[b]), None)
+        if lane is None:
+            lanes.append([])
+            room.append(width)
+            owner.append(row_prompt[b])
+            lane = len(lanes) - 1
+        lanes[lane].append(b)
+        room[lane] -= fed[b]
+    return sorted(lanes, key=lambda lane: lane[0])
+
+
+def _lane_inputs(lanes: list[list[int]], fed: list[list[int]], row_prompt: list[int], prompts: list[list[int]],
+                 mask_PL: torch.Tensor, width: int, pad_token_id: int, device: torch.device,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """A packed completion pass's inputs: ids [L, C], a boolean attention mask [L, 1, C, prompt
+    width + C] (each token sees its prompt's real tokens and the tokens of its own completion up
+    to itself; a pad sees the prompt only), positions [L, C] (each completion's from its
+    prompt's length), and where each sample's fed tokens start in the flattened [L·C] pass."""
+    ids = torch.full((len(lanes), width), pad_token_id, dtype=torch.long)
+    positions = torch.zeros((len(lanes), width), dtype=torch.long)
+    segment = torch.full((len(lanes), width), -1, dtype=torch.long)
+    starts = [0] * len(fed)
+    for i, lane in enumerate(lanes):
+        offset = 0
+        for b in lane:
+            n = len(fed[b])
+            ids[i, offset : offset + n] = torch.tensor(fed[b], dtype=torch.long)
+            positions[i, offset : offset + n] = len(prompts[row_prompt[b]]) + torch.arange(n)
+            segment[i, offset : offset + n] = b
+            starts[b] = i * width + offset
+            offset += n
+    own = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0) \
+        & torch.ones(width, width, dtype=torch.bool).tril()
+    prompt = mask_PL.bool().cpu()[[row_prompt[lane[0]] for lane in lanes]][:, None, :].expand(-1, width, -1)
+    mask = torch.cat([prompt, own], dim=2)[:, None]
+    return ids.to(device), mask.to(device), positions.to(device), starts
+
+
+def _scored_states(hidden: list[torch.Tensor], completions: list[list[int]], flags: list[list[int]],
+                   starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden_NH, targets_N): the flagged completion tokens, rows in order, and the states that
     predict them. ``hidden`` is the prompts' last states [B, H], then the completion pass's
-    [B, fed, H] if it ran: row b's token 0 is predicted by its prompt's last state, token j by
-    its completion state j − 1."""
+    [rows, C, H] if it ran: row b's token 0 is predicted by its prompt's last state, token j by
+    the completion pass's flattened state ``starts[b]`` + j − 1."""
     device = hidden[0].device
     targets_N = torch.tensor([t for c, f in zip(completions, flags) for t, keep in zip(c, f) if keep],
                              dtype=torch.long, device=device)
     if not len(targets_N):
         return hidden[0][:0], targets_N
     rows = len(completions)
-    picks = torch.cat([torch.cat([torch.tensor([b]), rows + b * fed + torch.arange(len(c) - 1)])
+    picks = torch.cat([torch.cat([torch.tensor([b]), rows + starts[b] + torch.arange(len(c) - 1)])
                        [torch.tensor(f, dtype=torch.bool)] for b, (c, f) in enumerate(zip(completions, flags)) if c])
     return torch.cat([hidden[0], *(h.flatten(0, 1) for h in hidden[1:])])[picks.to(device)], targets_N
 

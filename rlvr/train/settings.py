@@ -59,10 +59,12 @@ class UpdateSettings:
     logprob_chunk: int = 256
     share_prompts: bool = True
     """Encode the prompt shared by several rows of a micro-batch once (rlvr.train.logprobs.
-    shared_prompt_logprobs): the same log-probs and gradient as one row per sample, to float
-    rounding, for fewer tokens, in the micro-batches where that is cheaper (rlvr.train.batches.
-    shares_prompts: a long prompt, short completions). Off, or with activation checkpointing (which
-    turns off the key/value cache it needs), every row runs its whole prompt."""
+    shared_prompt_logprobs), and run its completions packed into as few rows as fit the longest
+    (rlvr.train.logprobs.completion_lanes; SDPA attention): the same log-probs and gradient as one
+    row per sample, to float rounding, for fewer tokens, in the micro-batches where that is cheaper
+    (rlvr.train.batches.shares_prompts: a long prompt, or completions of unequal lengths). Off, or
+    with activation checkpointing (which turns off the key/value cache it needs), every row runs
+    its whole prompt."""
 
     @property
     def kl_in_loss(self) -> bool:
