@@ -233,6 +233,23 @@ AUTO_DTYPE_ENV = "RLVR_AUTO_DTYPE"
 to run the bf16 path on a CPU where bf16 is slow (CI does), or the fp32 one where it is fast."""
 
 
+def windowed_attention(model: PreTrainedModel) -> str | None:
+    """Why `model` attends over windows counted in cache columns (sliding windows, chunked
+    attention), or None. Padding inside a row counts as tokens for such a window, and a custom
+    attention mask replaces the window altogether, so these models run whole rows: the engine
+    prefills whole (a prefill in two parts leaves padding between a row's prefix and its
+    suffix), and the learner does not share prompts (rlvr.train.batches.sample_logprobs)."""
+    config = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return "layers that are not full attention"
+    if getattr(config, "attention_chunk_size", None):
+        return "chunked attention"
+    return None
+
+
 def with_cache(model: Any, cache: Any) -> dict[str, Any]:
     """The keyword that hands a key/value cache to `model`'s forward: ``cache`` in transformers
     ≥ 5 (where ``past_key_values`` is deprecated, to be removed in 5.40), ``past_key_values``

@@ -148,6 +148,42 @@ def test_packed_completions_see_their_own_tokens_only(monkeypatch: pytest.Monkey
     assert float((lp_N - lp_BT[target]).detach().abs().max()) > 1e-2
 
 
+def test_eager_attention_runs_a_row_per_completion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager attention adds its mask to the scores as floats, so a boolean lane mask would be
+    wrong there: only SDPA packs completions, and an eager model's shared pass, one row per
+    completion, still equals whole rows."""
+    model = exact_model()
+    model.set_attn_implementation("eager")
+    assert not logprobs_module.packs_completions(model)
+    monkeypatch.setattr(logprobs_module, "_lane_inputs", lambda *args: pytest.fail("packed under eager attention"))
+    ids, attention, target = whole_rows(PROMPTS, COMPLETIONS, ROW_PROMPT)
+    lp_BT, _ = token_logprobs(model, ids, attention, target)
+    lp_N, _ = shared_prompt_logprobs(model, PROMPTS, COMPLETIONS, ROW_PROMPT, 0)
+    torch.testing.assert_close(lp_N, lp_BT[target], atol=1e-12, rtol=1e-8)
+
+
+def test_a_windowed_model_runs_whole_rows() -> None:
+    """A sliding window counts cache columns: a shared prompt's padding would count as tokens, and
+    a lane's mask would replace the window. So such a model runs every row whole, shared prompts
+    on or not: rows of up to 13 tokens here against a window of 3, where attending past the
+    window moves the log-probs."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=3, pad_token_id=0,
+                           bos_token_id=1, eos_token_id=2)
+    model = MistralForCausalLM(config).to(torch.float64)
+
+    def grads(share: bool) -> list[dict[str, torch.Tensor]]:
+        recorder = GradRecorder(copy.deepcopy(model))
+        update_policy(recorder, make_groups(GROUPS), UpdateSettings(micro_batch_size=8, share_prompts=share),  # type: ignore[arg-type]
+                      pad_token_id=0, generator=torch.Generator().manual_seed(0))
+        return recorder.grads
+
+    assert_grads_close(grads(True), grads(False))
+
+
 GROUPS = [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.5, 0.0]]
 
 
@@ -242,6 +278,9 @@ def test_the_prompt_runs_once_per_micro_batch() -> None:
     assert prompts == [3, 6] and completions == [[2, 4, 2, 5], [2, 1, 6, 5]]
     # fed 1, 3, 1, 4 in lanes of 4: (4), (3 + 1), (1); fed 1, 0, 5, 4 in lanes of 5: (5), (4 + 1)
     assert fed(True) == (3 + 3 * 4) + (6 + 2 * 5)
+    samples = [x for g in groups for x in g.samples]
+    shared = micro_batches(list(range(len(samples))), samples, 4, by_prompt=True)
+    assert fed(True) == sum(shared_tokens([samples[i] for i in cut]) for cut in shared)  # the cost model counts it
     samples = [x for g in groups for x in g.samples]
     cuts = micro_batches(list(range(len(samples))), samples, 4)  # by length across groups
     assert fed(False) == sum(len(cut) * max(samples[i].num_tokens for i in cut) for cut in cuts)

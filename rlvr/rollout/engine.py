@@ -39,7 +39,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr.data.images import batched_inputs, multimodal_positions
-from rlvr.models import with_cache
+from rlvr.models import windowed_attention, with_cache
 from rlvr.rollout.prefixes import PrefixPlan, PrefixStore, Stored, plan_prefixes
 from rlvr.rollout.sampling import sample_tokens
 from rlvr.rollout.static_decode import StaticDecoder, StepGraphs, cache_tensors, unsupported_reason
@@ -479,21 +479,6 @@ def draw_seeds(generator: torch.Generator, num_prompts: int, params: SamplingPar
     if params.temperature == 0:
         return [[0] * params.n for _ in range(num_prompts)]
     return torch.randint(0, 2**62, (num_prompts, params.n), generator=generator, device=generator.device).tolist()
-
-
-def windowed_attention(model: PreTrainedModel) -> str | None:
-    """Why `model` attends over windows counted in cache columns (sliding windows, chunked
-    attention), or None. A prefill in two parts leaves padding between a row's prefix and its
-    suffix, which such a window would count as tokens, so these models prefill whole."""
-    config = model.config
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "sliding-window attention"
-    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
-        return "layers that are not full attention"
-    if getattr(config, "attention_chunk_size", None):
-        return "chunked attention"
-    return None
 
 
 def _cache_of(keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicCache:

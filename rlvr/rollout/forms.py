@@ -52,6 +52,8 @@ def _half(w: torch.Tensor) -> torch.Tensor:
     # itself. One pass of `aminmax` over the weight: 9 ms for the bundled model, where checking the
     # copy with `isfinite(...).all()` took 175 ms, three times the cast (docs/LOG.md, session 17)
     # compared as Python floats: in bf16, 65504 itself would round to 65536
+    if not w.numel():
+        return w.half()
     low, high = (float(m) for m in torch.aminmax(w))
     limit = torch.finfo(torch.float16).max
     return w.half() if -limit <= low and high <= limit else w

@@ -9,8 +9,9 @@ from transformers import PreTrainedModel
 
 from rlvr.data.images import batched_inputs, uses_multimodal_positions
 from rlvr.rewards.intrinsic import token_certainty
-from rlvr.train.logprobs import (can_share_prompts, completion_lanes, shared_prompt_logprobs, token_budget_batches,
-                                 token_logprobs)
+from rlvr.models import windowed_attention
+from rlvr.train.logprobs import (can_share_prompts, completion_lanes, packs_completions, shared_prompt_logprobs,
+                                 token_budget_batches, token_logprobs)
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import PromptMedia, Sample
 
@@ -51,23 +52,24 @@ def trained_through(x: Sample) -> int:
     return len(x.completion.token_ids) if mask is None else max((i + 1 for i, m in enumerate(mask) if m), default=0)
 
 
-def run_cost(rows: list[Sample], share: bool = True) -> float:
+def run_cost(rows: list[Sample], share: bool = True, lanes: bool = True) -> float:
     """One micro-batch's learner cost in whole-row tokens: its rows padded to the longest run
     (each through its last trained token), or, with ``share`` where prompts repeat and it is
-    cheaper, its `shared_tokens` at SHARED_TOKEN_COST."""
+    cheaper, its `shared_tokens` at SHARED_TOKEN_COST (``lanes``: as `shared_tokens`)."""
     whole = len(rows) * max(len(x.prompt_ids) + trained_through(x) for x in rows)
     if not share or len({x.prompt_key for x in rows}) == len(rows):
         return whole
-    return min(whole, SHARED_TOKEN_COST * shared_tokens(rows))
+    return min(whole, SHARED_TOKEN_COST * shared_tokens(rows, lanes))
 
 
-def shares_prompts(rows: list[Sample]) -> bool:
-    """Whether a micro-batch runs its prompts shared (when allowed): prompts repeat and that is cheaper."""
-    return run_cost(rows) < run_cost(rows, share=False)
+def shares_prompts(rows: list[Sample], lanes: bool = True) -> bool:
+    """Whether a micro-batch runs its prompts shared (when allowed): prompts repeat and that is
+    cheaper (``lanes``: as `shared_tokens`)."""
+    return run_cost(rows, lanes=lanes) < run_cost(rows, share=False)
 
 
 def micro_batches(indices: list[int], samples: list[Sample], size: int,
-                   max_tokens: int | None = None, by_prompt: bool = False) -> list[list[int]]:
+                   max_tokens: int | None = None, by_prompt: bool = False, lanes: bool = True) -> list[list[int]]:
     """At most ``size`` rows, and at most ``max_tokens`` padded tokens (rows × the longest row),
     per micro-batch; a row longer than that goes alone. Similar lengths go together: less
     padding. With ``by_prompt`` (the micro-batches will encode each distinct prompt once:
@@ -75,7 +77,8 @@ def micro_batches(indices: list[int], samples: list[Sample], size: int,
     a prompt together (one prompt pass per group; their completions padded to the group's
     longest), or by completion length (little padding, prompts shared only where rows of one
     land together), each micro-batch costed by `run_cost`. The totals passed to aggregate_loss
-    keep the result independent of the cut.
+    keep the result independent of the cut. ``lanes``: whether the learner packs a prompt's
+    completions into shared rows (rlvr.train.logprobs.packs_completions), as `shared_tokens` counts.
 
     The token cap is what keeps memory bounded when rows are long (multi-turn episodes): the
     activations a backward pass keeps grow with the tokens in the micro-batch (about 1.1 MB a
@@ -89,19 +92,20 @@ def micro_batches(indices: list[int], samples: list[Sample], size: int,
     together = cut(sorted(indices, key=lambda i: (len(samples[i].prompt_ids), samples[i].prompt_ids,
                                                   samples[i].prompt_index, len(samples[i].completion.token_ids))))
     by_length = cut(sorted(indices, key=lambda i: (len(samples[i].completion.token_ids), samples[i].prompt_ids)))
-    return min(together, by_length, key=lambda cuts: sum(run_cost([samples[i] for i in c]) for c in cuts))
+    return min(together, by_length, key=lambda cuts: sum(run_cost([samples[i] for i in c], lanes=lanes) for c in cuts))
 
 
-def shared_tokens(rows: list[Sample]) -> int:
+def shared_tokens(rows: list[Sample], lanes: bool = True) -> int:
     """The tokens `sample_logprobs` runs for one micro-batch with its prompts shared: each
     distinct prompt once (padded to the longest), and each completion through its last trained
-    token but for that token, packed into lanes as long as the longest
-    (rlvr.train.logprobs.completion_lanes)."""
+    token but for that token, padded to the longest; with ``lanes``, packed into rows as long as
+    the longest where that gives fewer rows (rlvr.train.logprobs.completion_lanes), else one
+    row each."""
     prompts = {x.prompt_key: len(x.prompt_ids) for x in rows}
     index = {key: i for i, key in enumerate(prompts)}
     fed = [max(trained_through(x) - 1, 0) for x in rows]
-    lanes = completion_lanes(fed, [index[x.prompt_key] for x in rows], max(fed))
-    return len(prompts) * max(prompts.values()) + min(len(lanes), len(rows)) * max(fed)
+    packed = len(completion_lanes(fed, [index[x.prompt_key] for x in rows], max(fed))) if lanes else len(rows)
+    return len(prompts) * max(prompts.values()) + packed * max(fed)
 
 
 def batches(samples: list[Sample], indices: list[int], pad_token_id: int, device: torch.device, size: int,
@@ -130,7 +134,10 @@ def sample_logprobs(model: PreTrainedModel, rows: list[Sample], batch: dict[str,
     trained_BT = batch["loss_mask"]
     # a prompt's cache serves its completions only where positions are a plain count and no input runs per token
     plain = not any(x.media is not None and (x.media.tokens or uses_multimodal_positions(model)) for x in rows)
-    if not (s.share_prompts and plain and shares_prompts(rows) and can_share_prompts(model)):
+    # and only where attention spans every column: a window counts a shared prompt's padding as
+    # tokens, and the packed completions' mask would replace it
+    plain = plain and windowed_attention(model) is None
+    if not (s.share_prompts and plain and shares_prompts(rows, packs_completions(model)) and can_share_prompts(model)):
         return _whole_rows(model, rows, batch, s, dtype)
     logprobs_N, entropy_N = shared_prompt_logprobs(
         model, [list(ids) for ids, _ in prompts], [list(x.completion.token_ids) for x in rows], row_prompt,

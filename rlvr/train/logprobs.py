@@ -141,6 +141,13 @@ def can_share_prompts(model: Any) -> bool:
     return not (lm.training and getattr(lm, name, False))
 
 
+def packs_completions(model: Any) -> bool:
+    """Whether `shared_prompt_logprobs` runs a prompt's completions packed into shared rows
+    (`completion_lanes`): where the model's attention takes a custom boolean mask as it is
+    (SDPA; eager attention adds a mask of floats, and FlashAttention-2 takes none)."""
+    return getattr(causal_lm(model).config, "_attn_implementation", None) == "sdpa"
+
+
 def shared_prompt_logprobs(
     model: PreTrainedModel,
     prompts: list[list[int]],
@@ -204,7 +211,7 @@ def shared_prompt_logprobs(
     starts = [b * width_C for b in range(len(fed))]  # where each row's fed states start in the flat pass
     if width_C > 0:
         lanes = completion_lanes([len(f) for f in fed], row_prompt, width_C)
-        if len(lanes) < len(fed) and getattr(lm.config, "_attn_implementation", None) == "sdpa":
+        if len(lanes) < len(fed) and packs_completions(lm):
             # fewer rows than samples: a lane runs several completions of one prompt, each seeing
             # the prompt and itself only (a boolean mask, which only SDPA's attention takes as given)
             ids_LC, mask_LKC, positions_LC, starts = _lane_inputs(lanes, fed, row_prompt, prompts, mask_PL,
@@ -267,11 +274,13 @@ def _lane_inputs(lanes: list[list[int]], fed: list[list[int]], row_prompt: list[
             segment[i, offset : offset + n] = b
             starts[b] = i * width + offset
             offset += n
+    segment = segment.to(device)
     own = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0) \
-        & torch.ones(width, width, dtype=torch.bool).tril()
-    prompt = mask_PL.bool().cpu()[[row_prompt[lane[0]] for lane in lanes]][:, None, :].expand(-1, width, -1)
+        & torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    owners = torch.tensor([row_prompt[lane[0]] for lane in lanes], device=device)
+    prompt = mask_PL.bool()[owners][:, None, :].expand(-1, width, -1)
     mask = torch.cat([prompt, own], dim=2)[:, None]
-    return ids.to(device), mask.to(device), positions.to(device), starts
+    return ids.to(device), mask, positions.to(device), starts
 
 
 def _scored_states(hidden: list[torch.Tensor], completions: list[list[int]], flags: list[list[int]],

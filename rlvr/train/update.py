@@ -25,6 +25,7 @@ from rlvr.train.batches import (collate, micro_batches, old_rows, sample_logprob
                                 token_rows)
 from rlvr.train.inputs import keeps_state, loss_rows
 from rlvr.train.learner import Learner
+from rlvr.train.logprobs import packs_completions
 from rlvr.train.parallel import all_reduce_sums, share, world
 from rlvr.train.settings import UpdateSettings, settings_from_config
 from rlvr.types import Group, Sample
@@ -213,7 +214,8 @@ def _optimise(
             run = [i for i in mini if i in trained]
             step_sums: dict[str, float] = defaultdict(float)
             # data-parallel learners each take their share of the micro-batches (rlvr.train.parallel)
-            for micro in share(micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens, s.share_prompts)):
+            for micro in share(micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens, s.share_prompts,
+                                             packs_completions(learner.model))):
                 _accumulate(learner, credit, batch, old, micro, s, totals, pad_token_id, device, step_sums)
             if world()[0] == 0:
                 for term in terms:
