@@ -109,10 +109,10 @@ def shared_tokens(rows: list[Sample], lanes: bool = True) -> int:
 
 
 def batches(samples: list[Sample], indices: list[int], pad_token_id: int, device: torch.device, size: int,
-            max_tokens: int | None = None, by_prompt: bool = False,
+            max_tokens: int | None = None, by_prompt: bool = False, lanes: bool = True,
             ) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
     """The micro-batches of `indices` (see micro_batches), each with its collated tensors."""
-    for micro in micro_batches(indices, samples, size, max_tokens, by_prompt):
+    for micro in micro_batches(indices, samples, size, max_tokens, by_prompt, lanes):
         yield micro, collate([samples[i] for i in micro], pad_token_id, device)
 
 
@@ -180,7 +180,8 @@ def scored_batches(model: PreTrainedModel, samples: list[Sample], s: UpdateSetti
     settings, each with its collated tensors and `model`'s log-probs of the completion tokens at
     the sampling temperature (with gradients unless the caller turned them off)."""
     for micro, batch in batches(samples, list(range(len(samples))) if indices is None else indices, pad_token_id,
-                                device, s.micro_batch_size, s.micro_batch_tokens, s.share_prompts):
+                                device, s.micro_batch_size, s.micro_batch_tokens, s.share_prompts,
+                                packs_completions(model)):
         logprobs_BT, _ = sample_logprobs(model, [samples[i] for i in micro], batch, s, pad_token_id)
         yield micro, batch, logprobs_BT
 
@@ -201,8 +202,6 @@ def score_logprobs(
 
 
 @torch.no_grad()
-
-
 def score_certainty(
     model: PreTrainedModel, samples: list[Sample], pad: int, *, temperature: float = 1.0, micro_batch_size: int = 8,
     chunk_size: int = 256,
