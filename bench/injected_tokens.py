@@ -59,7 +59,8 @@ def episodes(prompts: int, group: int, prompt: int, turns: int, sampled: int, in
 def every_token(model: Any, rows: list[Sample], batch: dict[str, torch.Tensor], s: UpdateSettings,
                 pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`sample_logprobs` as it was before (9ab368f^): the same choice between shared prompts and
-    whole rows, but every completion token scored and every column run."""
+    whole rows, but every completion token scored and every column run (both sides pack a
+    prompt's completions into shared rows since session 17, rlvr.train.logprobs.completion_lanes)."""
     if not (s.share_prompts and batches.shares_prompts(rows) and can_share_prompts(model)):
         return token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
                               temperature=s.temperature, chunk_size=s.logprob_chunk)

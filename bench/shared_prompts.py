@@ -66,7 +66,7 @@ def main() -> None:
 
     def ordered(key: Any) -> Any:
         def cut(indices: list[int], samples: list[Any], size: int, max_tokens: int | None = None,
-                by_prompt: bool = False) -> list[list[int]]:
+                by_prompt: bool = False, lanes: bool = True) -> list[list[int]]:
             order = sorted(indices, key=lambda i: key(samples[i]))
             cuts = batches.token_budget_batches([samples[i].num_tokens for i in order], max_tokens, size)
             return [[order[j] for j in c] for c in cuts]

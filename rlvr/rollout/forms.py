@@ -82,7 +82,7 @@ accumulator (fp32 for fp32 and bf16), each in its own order.
 "half" (bf16 weights only): `nn.Linear` on a float16 copy of the weight, with the activations
 in float16 too. PyTorch's float16 matrix-vector kernel sums in fp32, and on a Zen 4 EPYC it ran
 a one-row decode step's products in 9.0 ms where oneDNN's packed bf16 took 13.1 (docs/LOG.md,
-session 16; `bench/small_gemm.py --dtype bfloat16 --stack`); the copy costs a cast, not a repacking (0.1 s for the bundled model).
+session 16; `bench/small_gemm.py --dtype bfloat16 --stack`); the copy costs a cast, not a repacking (47 ms for the bundled model, and 9 ms to check its range).
 A bf16 number from 2^-17 (7.6e-6) to 65280 is exactly a float16 number (8 significant bits in
 11; below 2^-14 float16's subnormal steps of 2^-24 still hold them), so the product is the bf16
 product summed in another order, with the result rounded to float16 (2^-11 of it) before bf16

@@ -62,6 +62,16 @@ def run_cost(rows: list[Sample], share: bool = True, lanes: bool = True) -> floa
     return min(whole, SHARED_TOKEN_COST * shared_tokens(rows, lanes))
 
 
+def prompt_sharing(model: PreTrainedModel, s: UpdateSettings) -> bool:
+    """Whether the learner may encode a prompt shared by several rows once (`sample_logprobs`,
+    in the micro-batches where that is cheaper): ``s.share_prompts``, and a model whose
+    attention spans every column (a window counts a shared prompt's padding as tokens, and the
+    packed completions' mask would replace it: rlvr.models.windowed_attention) and that keeps a
+    key/value cache (not under activation checkpointing). The micro-batch cut and the pass
+    agree on it."""
+    return s.share_prompts and windowed_attention(model) is None and can_share_prompts(model)
+
+
 def shares_prompts(rows: list[Sample], lanes: bool = True) -> bool:
     """Whether a micro-batch runs its prompts shared (when allowed): prompts repeat and that is
     cheaper (``lanes``: as `shared_tokens`)."""
@@ -134,10 +144,7 @@ def sample_logprobs(model: PreTrainedModel, rows: list[Sample], batch: dict[str,
     trained_BT = batch["loss_mask"]
     # a prompt's cache serves its completions only where positions are a plain count and no input runs per token
     plain = not any(x.media is not None and (x.media.tokens or uses_multimodal_positions(model)) for x in rows)
-    # and only where attention spans every column: a window counts a shared prompt's padding as
-    # tokens, and the packed completions' mask would replace it
-    plain = plain and windowed_attention(model) is None
-    if not (s.share_prompts and plain and shares_prompts(rows, packs_completions(model)) and can_share_prompts(model)):
+    if not (plain and prompt_sharing(model, s) and shares_prompts(rows, packs_completions(model))):
         return _whole_rows(model, rows, batch, s, dtype)
     logprobs_N, entropy_N = shared_prompt_logprobs(
         model, [list(ids) for ids, _ in prompts], [list(x.completion.token_ids) for x in rows], row_prompt,
@@ -180,7 +187,7 @@ def scored_batches(model: PreTrainedModel, samples: list[Sample], s: UpdateSetti
     settings, each with its collated tensors and `model`'s log-probs of the completion tokens at
     the sampling temperature (with gradients unless the caller turned them off)."""
     for micro, batch in batches(samples, list(range(len(samples))) if indices is None else indices, pad_token_id,
-                                device, s.micro_batch_size, s.micro_batch_tokens, s.share_prompts,
+                                device, s.micro_batch_size, s.micro_batch_tokens, prompt_sharing(model, s),
                                 packs_completions(model)):
         logprobs_BT, _ = sample_logprobs(model, [samples[i] for i in micro], batch, s, pad_token_id)
         yield micro, batch, logprobs_BT

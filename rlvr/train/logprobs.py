@@ -144,7 +144,8 @@ def can_share_prompts(model: Any) -> bool:
 def packs_completions(model: Any) -> bool:
     """Whether `shared_prompt_logprobs` runs a prompt's completions packed into shared rows
     (`completion_lanes`): where the model's attention takes a custom boolean mask as it is
-    (SDPA; eager attention adds a mask of floats, and FlashAttention-2 takes none)."""
+    (SDPA; eager attention adds a mask of floats, and FlashAttention-2 takes none). `model` is
+    the model as trained (a PEFT wrapper included), not `causal_lm`'s inner model."""
     return getattr(causal_lm(model).config, "_attn_implementation", None) == "sdpa"
 
 
@@ -211,7 +212,7 @@ def shared_prompt_logprobs(
     starts = [b * width_C for b in range(len(fed))]  # where each row's fed states start in the flat pass
     if width_C > 0:
         lanes = completion_lanes([len(f) for f in fed], row_prompt, width_C)
-        if len(lanes) < len(fed) and packs_completions(lm):
+        if len(lanes) < len(fed) and packs_completions(model):
             # fewer rows than samples: a lane runs several completions of one prompt, each seeing
             # the prompt and itself only (a boolean mask, which only SDPA's attention takes as given)
             ids_LC, mask_LKC, positions_LC, starts = _lane_inputs(lanes, fed, row_prompt, prompts, mask_PL,

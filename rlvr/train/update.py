@@ -21,8 +21,8 @@ from rlvr.algos.losses import STATE_UPDATES
 from rlvr.algos.registry import loop_inputs
 from rlvr.train.advantages import (check_combination, compute_advantages, outcome_advantages, shaped_rewards,
                                    turn_credit, units)
-from rlvr.train.batches import (collate, micro_batches, old_rows, sample_logprobs, score_certainty, score_logprobs,
-                                token_rows)
+from rlvr.train.batches import (collate, micro_batches, old_rows, prompt_sharing, sample_logprobs, score_certainty,
+                                score_logprobs, token_rows)
 from rlvr.train.inputs import keeps_state, loss_rows
 from rlvr.train.learner import Learner
 from rlvr.train.logprobs import packs_completions
@@ -214,8 +214,8 @@ def _optimise(
             run = [i for i in mini if i in trained]
             step_sums: dict[str, float] = defaultdict(float)
             # data-parallel learners each take their share of the micro-batches (rlvr.train.parallel)
-            for micro in share(micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens, s.share_prompts,
-                                             packs_completions(learner.model))):
+            for micro in share(micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens,
+                                             prompt_sharing(learner.model, s), packs_completions(learner.model))):
                 _accumulate(learner, credit, batch, old, micro, s, totals, pad_token_id, device, step_sums)
             if world()[0] == 0:
                 for term in terms:
