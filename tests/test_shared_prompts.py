@@ -162,6 +162,19 @@ def test_eager_attention_runs_a_row_per_completion(monkeypatch: pytest.MonkeyPat
     torch.testing.assert_close(lp_N, lp_BT[target], atol=1e-12, rtol=1e-8)
 
 
+def test_only_transformers_own_model_classes_pack_completions() -> None:
+    """Remote code that says SDPA may still build its masks its own way: lanes only for model
+    classes of transformers itself (a PEFT-wrapped one is judged by the model inside)."""
+    model = exact_model()
+    assert logprobs_module.packs_completions(model)
+
+    class Remote(type(model)):  # type: ignore[misc, valid-type]
+        pass
+
+    model.__class__ = Remote
+    assert not logprobs_module.packs_completions(model)
+
+
 def test_a_windowed_model_runs_whole_rows() -> None:
     """A sliding window counts cache columns: a shared prompt's padding would count as tokens, and
     a lane's mask would replace the window. So such a model runs every row whole, shared prompts

@@ -128,6 +128,7 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     group's prompt once when the prompts are shared (no activation checkpointing)."""
     from rlvr.models import load_model
     from rlvr.train.learner import Learner
+    from rlvr.train.logprobs import packs_completions
     from rlvr.train.update import UpdateSettings, update_policy
 
     from rlvr.runtime import keep_freed_memory
@@ -146,7 +147,8 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     update_policy(learner, groups, settings, pad_token_id=0)
     seconds = time.perf_counter() - start
     tokens = batch * (prompt + completion)
-    run_tokens, shared = tokens_run(groups, micro_batch, micro_batch_tokens, share_prompts and not checkpointing)
+    run_tokens, shared = tokens_run(groups, micro_batch, micro_batch_tokens, share_prompts and not checkpointing,
+                                    packs_completions(model))
     achieved = 6 * params * run_tokens / seconds / 1e9
     ceiling = matmul_gflops(model.dtype)
     return {"part": "learner", "model": model_spec, "dtype": str(model.dtype), "batch": batch, "prompt": prompt, "completion": completion,
@@ -157,16 +159,19 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
             "peak_rss_gb": round(peak_rss_gb(), 2)}
 
 
-def tokens_run(groups: list[Any], micro_batch: int, micro_batch_tokens: int | None, share: bool) -> tuple[float, bool]:
+def tokens_run(groups: list[Any], micro_batch: int, micro_batch_tokens: int | None, share: bool,
+               lanes: bool = True) -> tuple[float, bool]:
     """The tokens an update of `groups` runs (each micro-batch runs its prompts shared where
-    `share` allows and that is cheaper, as `update_policy` cuts them), and whether any was shared."""
+    `share` allows and that is cheaper, as `update_policy` cuts them; ``lanes``: whether the
+    model packs a prompt's completions, rlvr.train.logprobs.packs_completions), and whether any
+    was shared."""
     from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
 
     samples = [x for g in groups for x in g.samples]
     cuts = [[samples[i] for i in c] for c in micro_batches(list(range(len(samples))), samples, micro_batch,
-                                                            micro_batch_tokens, by_prompt=True)]
-    shared = [share and shares_prompts(rows) for rows in cuts]
-    run = sum(shared_tokens(rows) if on else run_cost(rows, share=False) for rows, on in zip(cuts, shared))
+                                                            micro_batch_tokens, by_prompt=True, lanes=lanes)]
+    shared = [share and shares_prompts(rows, lanes) for rows in cuts]
+    run = sum(shared_tokens(rows, lanes) if on else run_cost(rows, share=False) for rows, on in zip(cuts, shared))
     return run, any(shared)
 
 
