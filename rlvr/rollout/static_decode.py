@@ -285,7 +285,7 @@ class StaticDecoder:
         self.col -= 1
         self.pos_B -= 1
         logits_RV = self._fixed_step(tok_R) if self.fixed else self._step(tok_R)
-        if not bool(torch.isfinite(logits_RV).all()):
+        if not _finite(logits_RV):
             log.warning("the decoder's logits are not finite in the model's own dtype either: the model "
                         "itself gives them, not float16")
         return logits_RV

@@ -210,31 +210,42 @@ def shared_prompt_logprobs(
                            "(UpdateSettings.share_prompts=False runs every row whole)")
     rows = torch.tensor(row_prompt, device=device)
     lengths_B = torch.tensor([len(prompts[i]) for i in row_prompt], device=device)
-    fed = [c[:-1] for c in completions]  # completion tokens fed per row: all but the last
-    width_C = max(map(len, fed))
     hidden = [prompt_PLH[rows, lengths_B - 1]]  # _BH: predicts each row's first completion token
-    starts = [b * width_C for b in range(len(fed))]  # where each row's fed states start in the flat pass
-    if width_C > 0:
-        lanes = completion_lanes([len(f) for f in fed], row_prompt, width_C)
-        if len(lanes) < len(fed) and packs_completions(model):
-            # fewer rows than samples: a lane runs several completions of one prompt, each seeing
-            # the prompt and itself only (a boolean mask, which only SDPA's attention takes as given)
-            ids_LC, mask_LKC, positions_LC, starts = _lane_inputs(lanes, fed, row_prompt, prompts, mask_PL,
-                                                                 width_C, pad_token_id, device)
-            cache.batch_select_indices(torch.tensor([row_prompt[lane[0]] for lane in lanes], device=device))
-            completion_LCH = lm.base_model(input_ids=ids_LC, attention_mask=mask_LKC, position_ids=positions_LC,
-                                           **with_cache(lm.base_model, cache)).last_hidden_state
-            hidden.append(completion_LCH)
-        else:
-            ids_BC, mask_BC = _right_padded(fed, width_C, pad_token_id, device)
-            cache.batch_select_indices(rows)
-            completion_BCH = lm.base_model(
-                input_ids=ids_BC, attention_mask=torch.cat([mask_PL[rows], mask_BC], dim=1),
-                position_ids=lengths_B[:, None] + torch.arange(width_C, device=device),
-                **with_cache(lm.base_model, cache)).last_hidden_state
-            hidden.append(completion_BCH)
-    flat_NH, targets_N = _scored_states(hidden, completions, flags, starts)
+    fed = [c[:-1] for c in completions]  # completion tokens fed per row: all but the last
+    states, starts = _completion_states(model, cache, fed, row_prompt, prompts, mask_PL, pad_token_id)
+    flat_NH, targets_N = _scored_states(hidden + states, completions, flags, starts)
     return _head_logprobs(lm, flat_NH, targets_N, temperature, chunk_size)
+
+
+def _completion_states(model: Any, cache: Any, fed: list[list[int]], row_prompt: list[int], prompts: list[list[int]],
+                       mask_PL: torch.Tensor, pad_token_id: int) -> tuple[list[torch.Tensor], list[int]]:
+    """The completion pass of `shared_prompt_logprobs` on the prompts' `cache` (selected per pass
+    row in place): its hidden states [rows, C, H] (none where nothing is fed), and where each
+    sample's fed tokens start in them, flattened. Rows are lanes of several completions of one
+    prompt where that gives fewer rows and the model takes the lanes' mask
+    (`packs_completions`), else one right-padded row per sample."""
+    lm = causal_lm(model)
+    device = mask_PL.device
+    width_C = max(map(len, fed))
+    starts = [b * width_C for b in range(len(fed))]
+    if width_C == 0:
+        return [], starts
+    lanes = completion_lanes([len(f) for f in fed], row_prompt, width_C)
+    if len(lanes) < len(fed) and packs_completions(model):
+        # fewer rows than samples: a lane runs several completions of one prompt, each seeing
+        # the prompt and itself only (a boolean mask, which only SDPA's attention takes as given)
+        ids_LC, mask_LKC, positions_LC, starts = _lane_inputs(lanes, fed, row_prompt, prompts, mask_PL,
+                                                             width_C, pad_token_id, device)
+        cache.batch_select_indices(torch.tensor([row_prompt[lane[0]] for lane in lanes], device=device))
+        return [lm.base_model(input_ids=ids_LC, attention_mask=mask_LKC, position_ids=positions_LC,
+                              **with_cache(lm.base_model, cache)).last_hidden_state], starts
+    rows = torch.tensor(row_prompt, device=device)
+    lengths_B = torch.tensor([len(prompts[i]) for i in row_prompt], device=device)
+    ids_BC, mask_BC = _right_padded(fed, width_C, pad_token_id, device)
+    cache.batch_select_indices(rows)
+    return [lm.base_model(input_ids=ids_BC, attention_mask=torch.cat([mask_PL[rows], mask_BC], dim=1),
+                          position_ids=lengths_B[:, None] + torch.arange(width_C, device=device),
+                          **with_cache(lm.base_model, cache)).last_hidden_state], starts
 
 
 def completion_lanes(fed: list[int], row_prompt: list[int], width: int) -> list[list[int]]:
