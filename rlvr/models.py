@@ -398,7 +398,8 @@ def is_vision_language(spec: str) -> bool:
 
 
 def load_model(spec: str, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu") -> PreTrainedModel:
-    """A causal LM in `dtype` ("auto" = bfloat16 where the device supports it natively, else float32).
+    """A causal LM in `dtype` ("auto" = bfloat16 where the device supports it natively, else float32),
+    its attention in float32 where that is faster (16-bit on some CPUs: rlvr.attention).
     A vision-language model is refused here rather than loaded without its vision part (some
     load as causal LMs): `load_vlm` loads those."""
     if isinstance(dtype, str):
@@ -406,8 +407,12 @@ def load_model(spec: str, dtype: torch.dtype | str = "auto", device: torch.devic
     if is_vision_language(spec):
         raise ValueError(f"{spec!r} is a vision-language model: load it with load_vlm (its processor too); loading "
                          "it as a text-only model would drop its vision part")
+    from rlvr.attention import widen_attention
+
     model = _loaded(spec, lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=dtype))
-    return model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is narrower
+    model = model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is narrower
+    widen_attention(model)
+    return model
 
 
 def load_vlm(spec: str, dtype: torch.dtype | str = "auto",

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from rlvr.attention import is_sdpa
 from rlvr.data.chat import Tokenized
 from rlvr.lora import causal_lm
 from rlvr.models import with_cache
@@ -144,13 +145,12 @@ def can_share_prompts(model: Any) -> bool:
 def packs_completions(model: Any) -> bool:
     """Whether `shared_prompt_logprobs` runs a prompt's completions packed into shared rows
     (`completion_lanes`): where the model's attention takes a custom boolean mask as it is
-    (SDPA; eager attention adds a mask of floats, and FlashAttention-2 takes none), in a model
-    class of transformers' own (remote code may build its masks its own way and not take a 4D
-    mask as given). `model` is the model as trained (a PEFT wrapper included), not
+    (SDPA, or rlvr.attention's float32 SDPA; eager attention adds a mask of floats, and
+    FlashAttention-2 takes none), in a model class of transformers' own (remote code may build
+    its masks its own way and not take a 4D mask as given). `model` is the model as trained (a PEFT wrapper included), not
     `causal_lm`'s inner model."""
     lm = causal_lm(model)
-    return (type(lm).__module__.startswith("transformers.")
-            and getattr(lm.config, "_attn_implementation", None) == "sdpa")
+    return type(lm).__module__.startswith("transformers.") and is_sdpa(lm)
 
 
 def shared_prompt_logprobs(
