@@ -1,26 +1,31 @@
 """Attention in float32 for bfloat16 and float16 models on a CPU, where that is faster.
 
-PyTorch's CPU FlashAttention kernel runs bf16 inputs 2-3× slower than the same inputs in fp32
-(forward and backward, the shapes a learner's update and a prefill give it: 1.5 against 4.9 ms
-for 3 rows of 58 queries over 112 keys, 9 heads of 64, on a Zen 4 EPYC; docs/LOG.md, session
-18). So on a CPU where that is measured, a bf16 or float16 model's attention runs on float32
-copies of its queries, keys and values, and its output is rounded back to the model's dtype:
-bf16 updates of the bundled model 1.05-1.10× faster.
+PyTorch's CPU FlashAttention kernel runs short bf16 sequences up to 2.6× slower than the same
+numbers in fp32 (forward and backward; in 16 bits it has a fixed cost per block), and long ones
+as fast or faster. On a Zen 4 EPYC, with the copies' cost counted, float32 ran 1.5-2.2× faster
+at 64 keys, 1.5-1.8× at 128, 1.0-1.2× at 256 and 0.8-0.9× from 512, the fewer rows the larger
+the gain (docs/LOG.md, session 18). A GRPO update's attention is mostly short: a group's prompt
+once, then its completions packed in rows about as long as its longest
+(`rlvr.train.logprobs.completion_lanes`). So on a CPU where it pays, a bf16 or float16 model's
+attention over up to `wide_keys` keys runs on float32 copies of its queries, keys and values,
+its output rounded back to the model's dtype: the bundled model's bf16 GRPO updates ran
+1.08-1.11× faster (up to 256 keys, as measured there).
 
 The numbers stay the model's to its dtype's rounding: a 16-bit number is a float32 number exactly,
-both kernels sum in float32, and the bf16 kernel also rounds the attention weights to bf16
-before it weighs the values, which the float32 one does not. Queries of one token (a decode step
-of the Hugging Face decoder) keep the model's dtype: there the keys and values read are the whole
-cache, which a copy would double.
+and both kernels sum in float32; the float32 one rounds only its output, the 16-bit one also
+rounds in between and lands further from the exact value (4-12× as far on tests/test_attention.py's
+inputs). Queries of one token (a decode step of the Hugging Face decoder) keep the model's kernel:
+there the keys and values read are the whole cache, which a copy would double.
 
 It is an attention function of transformers' own registry (`AttentionInterface`), "sdpa_fp32",
 that `load_model` sets (`widen_attention`) where the model's is SDPA; the mask is SDPA's. It is not
 saved with the model (transformers keeps the attention choice out of `config.json`).
-`RLVR_WIDE_ATTENTION=0` keeps the model's own attention, `=1` widens without measuring.
+`RLVR_WIDE_ATTENTION=0` keeps the model's own attention; `=1` widens at every length, unmeasured.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -33,18 +38,25 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.models import cpu_signature, measured, remember
 
+log = logging.getLogger(__name__)
+
 WIDE = "sdpa_fp32"
 SPEEDUP = 1.15
-"""Widen where float32 attention runs at least this much faster than the model's dtype (the
-copies cost memory: the float32 queries, keys and values a backward keeps)."""
+"""Widen a length where float32 attention runs at least this much faster than the model's dtype
+(the copies cost memory: a backward keeps the float32 queries, keys and values)."""
+LENGTHS = (64, 128, 256, 512)
+"""The key counts `_measure` times, each with half as many queries and as many."""
+_WIDE_KEYS: dict[torch.dtype, float] = {}
+"""Per dtype, the most keys an attention call is widened at (`widen_attention` sets it)."""
 
 
 def wide_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-    """transformers' SDPA attention on float32 copies of 16-bit queries, keys and values (queries
-    of more than one token), the output in the queries' dtype."""
+    """transformers' SDPA attention, on float32 copies of 16-bit queries, keys and values where
+    there are at most `_WIDE_KEYS` keys and more than one query, on a CPU; the output in the
+    queries' dtype."""
     dtype = query.dtype
-    if dtype not in (torch.bfloat16, torch.float16) or query.shape[2] == 1:
+    if query.shape[2] == 1 or key.shape[2] > _WIDE_KEYS.get(dtype, 0) or query.device.type != "cpu":
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask, **kwargs)
     return out.to(dtype), weights
@@ -61,51 +73,61 @@ def is_sdpa(model: PreTrainedModel) -> bool:
 
 def widen_attention(model: PreTrainedModel) -> bool:
     """Run `model`'s attention in float32 (`wide_sdpa`) where that pays: a bf16 or float16 model on
-    a CPU, with SDPA attention, on a CPU where float32 attention was measured faster
-    (`wide_speedup`). Returns whether it did."""
+    a CPU, with SDPA attention, on a CPU where float32 attention was measured faster up to some
+    number of keys (`wide_keys`). Returns whether it did."""
     setting = os.environ.get("RLVR_WIDE_ATTENTION", "")
     if setting == "0" or getattr(model.config, "_attn_implementation", None) != "sdpa":
         return False
     if model.device.type != "cpu" or model.dtype not in (torch.bfloat16, torch.float16):
         return False
-    if setting != "1" and wide_speedup(model.dtype) < SPEEDUP:
+    keys = float("inf") if setting == "1" else wide_keys(model.dtype)
+    if not keys:
         return False
+    _WIDE_KEYS[model.dtype] = keys
     model.set_attn_implementation(WIDE)
     return True
 
 
-def wide_speedup(dtype: torch.dtype) -> float:
-    """How much faster attention's forward and backward run on float32 copies than in `dtype`,
-    on this CPU: measured once per CPU, torch version and dtype (~0.1 s), and kept in
-    $RLVR_CACHE/attention.json."""
+def wide_keys(dtype: torch.dtype) -> int:
+    """Up to how many keys attention runs at least `SPEEDUP` times faster on float32 copies than
+    in `dtype` on this CPU (0: at none of `LENGTHS`): measured once per CPU, torch version and
+    dtype (~0.6 s on a Zen 4 EPYC), and kept in $RLVR_CACHE/attention.json."""
     key = f"{cpu_signature()}|torch {torch.__version__}|{dtype}"
     known = measured("attention.json", key)
-    if isinstance(known, (int, float)):
-        return float(known)
-    speedup = round(_measure(dtype), 3)
-    remember("attention.json", key, speedup)
-    return speedup
+    if isinstance(known, int):
+        return known
+    keys = 0
+    for length in LENGTHS:  # the longest of the lengths that all pay, from the shortest up
+        speedup = _measure(dtype, length)
+        log.info("attention over %d keys: %.2fx faster on float32 copies than in %s", length, speedup, dtype)
+        if speedup < SPEEDUP:
+            break
+        keys = length
+    remember("attention.json", key, keys)
+    return keys
 
 
-def _measure(dtype: torch.dtype, reps: int = 3) -> float:
-    """Best-of-`reps` time of one attention forward and backward in `dtype`, over the same in
-    float32 copies (the copies' own cost included): 4 rows of 64 queries over 128 keys, 9 heads
-    of 64, a causal boolean mask (a learner's packed rows)."""
+def _measure(dtype: torch.dtype, keys: int, reps: int = 2) -> float:
+    """How much faster attention's forward and backward run on float32 copies than in `dtype`
+    (the copies' own cost included; best of `reps` each): 9 heads of 64, `keys` keys, once with
+    as many queries (a prompt or a whole row) and once with half as many (a row of completions
+    after a shared prompt), causal, 512 keys over the rows (a GRPO update's micro-batch of
+    completions holds a few hundred)."""
     generator = torch.Generator().manual_seed(0)
-    shape = (4, 9, 64, 64)
-    q, k, v = (torch.randn(shape if i == 0 else (4, 9, 128, 64), generator=generator).to(dtype) for i in range(3))
-    mask = torch.ones(4, 1, 64, 128, dtype=torch.bool).tril(64)
-    grad = torch.randn(shape, generator=generator).to(dtype)
+    rows = max(1, 512 // keys)
 
-    def run(wide: bool) -> float:
+    def run(queries: int, wide: bool) -> float:
+        q, grad = (torch.randn(rows, 9, queries, 64, generator=generator).to(dtype) for _ in range(2))
+        k, v = (torch.randn(rows, 9, keys, 64, generator=generator).to(dtype) for _ in range(2))
+        mask = torch.ones(rows, 1, queries, keys, dtype=torch.bool).tril(keys - queries)
         best = float("inf")
         for _ in range(reps + 1):  # the first warms up
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            leaves = [t.requires_grad_() for t in (q.detach(), k.detach(), v.detach())]
             start = time.perf_counter()
-            args = [t.float() for t in leaves] if wide else leaves
-            out = F.scaled_dot_product_attention(*args, attn_mask=mask)
-            out.to(dtype).backward(grad)
+            qi, ki, vi = (t.float() for t in leaves) if wide else leaves
+            F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask).to(dtype).backward(grad)
             best = min(best, time.perf_counter() - start)
         return best
 
-    return run(False) / run(True)
+    own = run(keys // 2, False) + run(keys, False)
+    return own / (run(keys // 2, True) + run(keys, True))

@@ -10,7 +10,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from rlvr import attention
-from rlvr.attention import WIDE, wide_sdpa, wide_speedup, widen_attention
+from rlvr.attention import WIDE, wide_keys, wide_sdpa, widen_attention
 from rlvr.models import load_model
 from rlvr.train.logprobs import packs_completions
 from tests.tiny import make_tiny_model
@@ -33,8 +33,16 @@ def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (scores.softmax(-1) @ v).transpose(1, 2)
 
 
+@pytest.fixture
+def widened(monkeypatch: pytest.MonkeyPatch) -> dict[torch.dtype, float]:
+    """`wide_sdpa` widening 16-bit attention at up to 32 keys."""
+    limits = {torch.bfloat16: 32, torch.float16: 32}
+    monkeypatch.setattr(attention, "_WIDE_KEYS", limits)
+    return limits
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_wide_attention_is_the_exact_value_rounded_once(dtype: torch.dtype) -> None:
+def test_wide_attention_is_the_exact_value_rounded_once(dtype: torch.dtype, widened: object) -> None:
     """The float32 kernel's result, rounded once to the model's dtype: within half a unit in the
     last place of the exact value (2^-9 relative in bf16, 2^-12 in float16) plus float32's
     summation error, which for a weighted mean of 16 values is ~16 · 2^-24 of their largest
@@ -49,14 +57,16 @@ def test_wide_attention_is_the_exact_value_rounded_once(dtype: torch.dtype) -> N
     assert ((out.double() - exact).abs() <= half_ulp * exact.abs() + 1e-5 * v.abs().max().double()).all()
 
 
-def test_one_token_queries_keep_the_models_own_kernel() -> None:
-    """A decode step's query (one token) over a long cache: no float32 copy of the cache, the
-    same bits as transformers' SDPA."""
+def test_one_token_queries_and_long_keys_keep_the_models_own_kernel(widened: object) -> None:
+    """A decode step's query (one token) over a long cache: no float32 copy of the cache; and
+    more keys than the measured limit: the same bits as transformers' SDPA either way. Within
+    the limit the bits differ (the widening is on)."""
     module = make_tiny_model().model.layers[0].self_attn
-    q, k, v = _attention_inputs(1, 40, torch.bfloat16)
-    mine, _ = wide_sdpa(module, q, k, v, None)
-    theirs, _ = sdpa_attention_forward(module, q, k, v, None)
-    assert mine.dtype == torch.bfloat16 and torch.equal(mine, theirs)
+    for queries, keys, same in ((1, 20, True), (33, 33, True), (32, 32, False)):
+        q, k, v = _attention_inputs(queries, keys, torch.bfloat16)
+        mine, _ = wide_sdpa(module, q, k, v, None)
+        theirs, _ = sdpa_attention_forward(module, q, k, v, None)
+        assert mine.dtype == torch.bfloat16 and torch.equal(mine, theirs) is same
 
 
 def _tiny_folder(tmp_path: Path) -> Path:
@@ -66,10 +76,11 @@ def _tiny_folder(tmp_path: Path) -> Path:
 
 def test_load_model_widens_16_bit_models_where_set_and_never_saves_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "_WIDE_KEYS", {})
     folder = _tiny_folder(tmp_path)
     monkeypatch.setenv("RLVR_WIDE_ATTENTION", "1")
     model = load_model(str(folder), "bfloat16")
-    assert model.config._attn_implementation == WIDE
+    assert model.config._attn_implementation == WIDE and attention._WIDE_KEYS[torch.bfloat16] == float("inf")
     assert packs_completions(model)  # it takes the learner's boolean masks as SDPA does
     assert load_model(str(folder), "float32").config._attn_implementation == "sdpa"  # fp32 has nothing to widen
     model.save_pretrained(tmp_path / "saved")
@@ -85,6 +96,7 @@ def test_a_widened_models_gradients_are_bf16_gradients(tmp_path: Path, monkeypat
     its causal mask (a wrong widening) is off by more than half of it (1.3 measured)."""
     folder = _tiny_folder(tmp_path)
     monkeypatch.setenv("RLVR_WIDE_ATTENTION", "1")
+    monkeypatch.setattr(attention, "_WIDE_KEYS", {})
     ids = torch.randint(3, 259, (2, 24), generator=torch.Generator().manual_seed(1))
 
     def gradient(model: torch.nn.Module) -> torch.Tensor:
@@ -115,27 +127,32 @@ def test_a_widened_models_gradients_are_bf16_gradients(tmp_path: Path, monkeypat
 
 
 def test_the_measurement_is_made_once_per_cpu_and_decides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The longest of the measured lengths that all pay (from the shortest up) is kept per CPU
+    and sets the limit; a CPU where none pays keeps the model's own attention."""
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("RLVR_WIDE_ATTENTION", raising=False)
+    monkeypatch.setattr(attention, "_WIDE_KEYS", {})
+    speedups = {64: 1.6, 128: 1.4, 256: 1.1, 512: 1.3}  # 512 pays, but 256 does not
     calls = []
-    monkeypatch.setattr(attention, "_measure", lambda dtype: calls.append(dtype) or 1.7)
-    assert wide_speedup(torch.bfloat16) == wide_speedup(torch.bfloat16) == 1.7 and calls == [torch.bfloat16]
+    monkeypatch.setattr(attention, "_measure", lambda dtype, keys: calls.append(keys) or speedups[keys])
+    assert wide_keys(torch.bfloat16) == wide_keys(torch.bfloat16) == 128 and calls == [64, 128, 256]
     folder = _tiny_folder(tmp_path)
     assert load_model(str(folder), "bfloat16").config._attn_implementation == WIDE
+    assert attention._WIDE_KEYS == {torch.bfloat16: 128}
     cached = tmp_path / "cache" / "attention.json"
-    known = json.loads(cached.read_text())
-    cached.write_text(json.dumps({key: 1.0 for key in known}))  # measured no faster: the model's own
+    cached.write_text(json.dumps({key: 0 for key in json.loads(cached.read_text())}))  # paid at no length
     assert load_model(str(folder), "bfloat16").config._attn_implementation == "sdpa"
-    assert calls == [torch.bfloat16]
+    assert calls == [64, 128, 256]
 
 
 def test_the_measurement_itself() -> None:
     """A real measurement: a positive, finite ratio (which way it goes depends on the CPU)."""
-    assert 0 < attention._measure(torch.bfloat16, reps=1) < float("inf")
+    assert 0 < attention._measure(torch.bfloat16, 64, reps=1) < float("inf")
 
 
 def test_models_on_no_cpu_or_other_attention_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLVR_WIDE_ATTENTION", "1")
+    monkeypatch.setattr(attention, "_WIDE_KEYS", {})
     eager = make_tiny_model(dtype=torch.bfloat16)
     eager.set_attn_implementation("eager")
     assert not widen_attention(eager) and eager.config._attn_implementation == "eager"
