@@ -2,14 +2,14 @@
 
 PyTorch's CPU FlashAttention kernel runs short bf16 sequences up to 2.6× slower than the same
 numbers in fp32 (forward and backward; in 16 bits it has a fixed cost per block), and long ones
-as fast or faster. On a Zen 4 EPYC, with the copies' cost counted, float32 ran 1.5-2.2× faster
-at 64 keys, 1.5-1.8× at 128, 1.0-1.2× at 256 and 0.8-0.9× from 512, the fewer rows the larger
-the gain (docs/LOG.md, session 18). A GRPO update's attention is mostly short: a group's prompt
-once, then its completions packed in rows about as long as its longest
+as fast or faster. On a Zen 4 EPYC, with the copies' cost counted, float32 ran 1.5-2.7× faster
+at 64 keys, 1.3-1.8× at 128, 1.25-1.35× at 192, 1.1-1.2× at 256, 0.95-1.1× at 384 and
+0.9-1.0× at 512 (docs/LOG.md, session 18). A GRPO update's attention is mostly short: a group's
+prompt once, then its completions packed in rows about as long as its longest
 (`rlvr.train.logprobs.completion_lanes`). So on a CPU where it pays, a bf16 or float16 model's
 attention over up to `wide_keys` keys runs on float32 copies of its queries, keys and values,
 its output rounded back to the model's dtype: the bundled model's bf16 GRPO updates ran
-1.08-1.11× faster (up to 256 keys, as measured there).
+1.08-1.15× faster.
 
 The numbers stay the model's to its dtype's rounding: a 16-bit number is a float32 number exactly,
 and both kernels sum in float32; the float32 one rounds only its output, the 16-bit one also
@@ -41,10 +41,12 @@ from rlvr.models import cpu_signature, measured, remember
 log = logging.getLogger(__name__)
 
 WIDE = "sdpa_fp32"
-SPEEDUP = 1.15
-"""Widen a length where float32 attention runs at least this much faster than the model's dtype
-(the copies cost memory: a backward keeps the float32 queries, keys and values)."""
-LENGTHS = (64, 128, 256, 512)
+SPEEDUP = 1.2
+"""Widen a length where float32 attention runs at least this much faster than the model's dtype:
+the copies cost memory (a backward keeps the float32 queries, keys and values), e.g. 0.24 GB more
+for a 16 × 256 update of the bundled model in micro-batches of 8 rows, where widening 256 keys
+(measured 1.10-1.22× alone) gained nothing in the whole update."""
+LENGTHS = (64, 128, 192, 256, 384, 512)
 """The key counts `_measure` times, each with half as many queries and as many."""
 _WIDE_KEYS: dict[torch.dtype, float] = {}
 """Per dtype, the most keys an attention call is widened at (`widen_attention` sets it)."""
@@ -107,7 +109,7 @@ def wide_keys(dtype: torch.dtype) -> int:
     return keys
 
 
-def _measure(dtype: torch.dtype, keys: int, reps: int = 2) -> float:
+def _measure(dtype: torch.dtype, keys: int, reps: int = 3) -> float:
     """How much faster attention's forward and backward run on float32 copies than in `dtype`
     (the copies' own cost included; best of `reps` each): 9 heads of 64, `keys` keys, once with
     as many queries (a prompt or a whole row) and once with half as many (a row of completions

@@ -46,16 +46,19 @@ def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int, engine
             f'engine.dtype="{engine_dtype}"',
         ])
         run = setup(cfg, Path(out))
-        times, tokens, generate, learn = [], [], [], []
+        times, tokens, generate, learn, flat = [], [], [], [], []
         for step in range(1, steps + 1):
             metrics, _ = train_step(run, step)
             times.append(metrics["step_seconds"])
             tokens.append(metrics["tokens_generated"])
             generate.append(metrics["generate_seconds"])
             learn.append(metrics["train_seconds"])
+            flat.append(metrics["zero_std_fraction"])
+    # rlvr trains no sample of a group whose rewards are all equal (its advantage is 0), TRL runs
+    # them all: the fraction of such groups tells how much of a step's training was skipped
     return {"s_per_step": statistics.fmean(times[1:]), "completion_tokens_per_step": statistics.fmean(tokens[1:]),
             "generate_s_per_step": statistics.fmean(generate[1:]), "train_s_per_step": statistics.fmean(learn[1:]),
-            "steps": times}
+            "zero_std_fraction": statistics.fmean(flat[1:]), "steps": times}
 
 
 def trl_steps(prompts: int, group: int, max_new_tokens: int, steps: int, model_spec: str = MODEL) -> dict[str, Any]:
