@@ -132,17 +132,17 @@ def test_the_measurement_is_made_once_per_cpu_and_decides(tmp_path: Path, monkey
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("RLVR_WIDE_ATTENTION", raising=False)
     monkeypatch.setattr(attention, "_WIDE_KEYS", {})
-    speedups = {64: 1.6, 128: 1.4, 256: 1.1, 512: 1.3}  # 512 pays, but 256 does not
+    speedups = {64: 1.6, 128: 1.4, 192: 1.1, 256: 1.3, 384: 1.3, 512: 1.3}  # longer pays, but 192 does not
     calls = []
     monkeypatch.setattr(attention, "_measure", lambda dtype, keys: calls.append(keys) or speedups[keys])
-    assert wide_keys(torch.bfloat16) == wide_keys(torch.bfloat16) == 128 and calls == [64, 128, 256]
+    assert wide_keys(torch.bfloat16) == wide_keys(torch.bfloat16) == 128 and calls == [64, 128, 192]
     folder = _tiny_folder(tmp_path)
     assert load_model(str(folder), "bfloat16").config._attn_implementation == WIDE
     assert attention._WIDE_KEYS == {torch.bfloat16: 128}
     cached = tmp_path / "cache" / "attention.json"
     cached.write_text(json.dumps({key: 0 for key in json.loads(cached.read_text())}))  # paid at no length
     assert load_model(str(folder), "bfloat16").config._attn_implementation == "sdpa"
-    assert calls == [64, 128, 256]
+    assert calls == [64, 128, 192]
 
 
 def test_the_measurement_itself() -> None:
