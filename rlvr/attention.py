@@ -55,11 +55,13 @@ _WIDE_KEYS: dict[torch.dtype, float] = {}
 def wide_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """transformers' SDPA attention, on float32 copies of 16-bit queries, keys and values where
-    there are at most `_WIDE_KEYS` keys and more than one query, on a CPU; the output in the
-    queries' dtype."""
+    there are at most `_WIDE_KEYS` keys and more than one query, on a CPU (a mask of numbers,
+    which SDPA wants in the queries' dtype, copied too); the output in the queries' dtype."""
     dtype = query.dtype
     if query.shape[2] == 1 or key.shape[2] > _WIDE_KEYS.get(dtype, 0) or query.device.type != "cpu":
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.float()
     out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask, **kwargs)
     return out.to(dtype), weights
 
@@ -76,7 +78,10 @@ def is_sdpa(model: PreTrainedModel) -> bool:
 def widen_attention(model: PreTrainedModel) -> bool:
     """Run `model`'s attention in float32 (`wide_sdpa`) where that pays: a bf16 or float16 model on
     a CPU, with SDPA attention, on a CPU where float32 attention was measured faster up to some
-    number of keys (`wide_keys`). Returns whether it did."""
+    number of keys (`wide_keys`). Returns whether it did.
+
+    The limit is the process's, per dtype (`_WIDE_KEYS`): every widened model of a dtype uses
+    the one measured for this CPU, or none with `RLVR_WIDE_ATTENTION=1`, whichever load set it last."""
     setting = os.environ.get("RLVR_WIDE_ATTENTION", "")
     if setting == "0" or getattr(model.config, "_attn_implementation", None) != "sdpa":
         return False
@@ -86,25 +91,34 @@ def widen_attention(model: PreTrainedModel) -> bool:
     if not keys:
         return False
     _WIDE_KEYS[model.dtype] = keys
-    model.set_attn_implementation(WIDE)
-    return True
+    model.set_attn_implementation(WIDE)  # a class that cannot change its attention only warns
+    return bool(model.config._attn_implementation == WIDE)
 
 
 def wide_keys(dtype: torch.dtype) -> int:
     """Up to how many keys attention runs at least `SPEEDUP` times faster on float32 copies than
-    in `dtype` on this CPU (0: at none of `LENGTHS`): measured once per CPU, torch version and
-    dtype (~0.6 s on a Zen 4 EPYC), and kept in $RLVR_CACHE/attention.json."""
-    key = f"{cpu_signature()}|torch {torch.__version__}|{dtype}"
+    in `dtype` on this CPU (0: at none of `LENGTHS`): measured once per CPU, torch version, thread
+    count, dtype and rule (~0.5 s on a Zen 4 EPYC), and kept in $RLVR_CACHE/attention.json. A
+    measurement that fails (it should not) widens nothing, with a warning: a speed probe never
+    stops a model from loading."""
+    key = (f"{cpu_signature()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{dtype}"
+           f"|x{SPEEDUP} at {','.join(map(str, LENGTHS))} keys")
     known = measured("attention.json", key)
     if isinstance(known, int):
         return known
     keys = 0
-    for length in LENGTHS:  # the longest of the lengths that all pay, from the shortest up
-        speedup = _measure(dtype, length)
-        log.info("attention over %d keys: %.2fx faster on float32 copies than in %s", length, speedup, dtype)
-        if speedup < SPEEDUP:
-            break
-        keys = length
+    try:
+        # the probe runs a backward, whatever the caller's mode (a model loaded under no_grad)
+        with torch.inference_mode(False), torch.enable_grad():
+            for length in LENGTHS:  # the longest of the lengths that all pay, from the shortest up
+                speedup = _measure(dtype, length)
+                log.info("attention over %d keys: %.2fx faster on float32 copies than in %s", length, speedup, dtype)
+                if speedup < SPEEDUP:
+                    break
+                keys = length
+    except Exception as error:  # noqa: BLE001 - any failure of a speed probe
+        log.warning("measuring attention in float32 against %s failed (%s): the model keeps its own", dtype, error)
+        return 0
     remember("attention.json", key, keys)
     return keys
 
