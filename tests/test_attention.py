@@ -207,3 +207,20 @@ def test_a_widened_model_cast_to_float32_or_on_no_cpu_runs_plain_sdpa(monkeypatc
     q, k, v = (t.to("meta") for t in _attention_inputs(8, 8, torch.bfloat16))
     out, _ = wide_sdpa(plain.model.layers[0].self_attn, q, k, v, None)
     assert out.dtype == torch.bfloat16  # not on a CPU: the model's own kernel
+
+
+def test_a_bf16_engine_beside_an_fp32_learner_is_widened(
+        tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's own bf16 copy of an fp32 learner's model widens its prefill's attention; the
+    learner, in fp32, keeps SDPA."""
+    from rlvr.config import load_config
+    from rlvr.train.run import setup
+    from tests.test_train import overrides
+
+    monkeypatch.setenv("RLVR_WIDE_ATTENTION", "1")
+    monkeypatch.setattr(attention, "_WIDE_KEYS", {})
+    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "mixed"), 'train.precision="fp32"',
+                             'engine.dtype="bfloat16"'])
+    run = setup(cfg, tmp_path / "mixed")
+    assert run.learner.model.config._attn_implementation == "sdpa"
+    assert run.engine.model.dtype == torch.bfloat16 and run.engine.model.config._attn_implementation == WIDE

@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr import sandbox
+from rlvr.attention import widen_attention
 from rlvr.config import RunConfig, load_config, to_toml, written_version
 from rlvr.data.images import image_token_ids
 from rlvr.errors import RunDirError
@@ -96,6 +97,8 @@ def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dty
     vllm = cfg.engine.backend == "vllm"
     shared = engine_dtype == dtype and not lora and not vllm
     engine_model = model if shared or vllm else copy.deepcopy(model).to(engine_dtype)  # type: ignore[arg-type]
+    if engine_model is not model:  # e.g. a bf16 engine beside an fp32 learner: its prefill's attention
+        widen_attention(engine_model)
     if lora:
         adapter = Path(spec) / ADAPTER_DIR if resuming else None
         model = apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
