@@ -69,33 +69,26 @@ def test_one_token_queries_and_long_keys_keep_the_models_own_kernel(widened: obj
         assert mine.dtype == torch.bfloat16 and torch.equal(mine, theirs) is same
 
 
-def _tiny_folder(tmp_path: Path) -> Path:
-    make_tiny_model().save_pretrained(tmp_path / "tiny")
-    return tmp_path / "tiny"
-
-
 def test_load_model_widens_16_bit_models_where_set_and_never_saves_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attention, "_WIDE_KEYS", {})
-    folder = _tiny_folder(tmp_path)
     monkeypatch.setenv("RLVR_WIDE_ATTENTION", "1")
-    model = load_model(str(folder), "bfloat16")
+    model = load_model(str(tiny_dir), "bfloat16")
     assert model.config._attn_implementation == WIDE and attention._WIDE_KEYS[torch.bfloat16] == float("inf")
     assert packs_completions(model)  # it takes the learner's boolean masks as SDPA does
-    assert load_model(str(folder), "float32").config._attn_implementation == "sdpa"  # fp32 has nothing to widen
+    assert load_model(str(tiny_dir), "float32").config._attn_implementation == "sdpa"  # fp32 has nothing to widen
     model.save_pretrained(tmp_path / "saved")
     assert WIDE not in (tmp_path / "saved" / "config.json").read_text()
     monkeypatch.setenv("RLVR_WIDE_ATTENTION", "0")
-    assert load_model(str(folder), "bfloat16").config._attn_implementation == "sdpa"
+    assert load_model(str(tiny_dir), "bfloat16").config._attn_implementation == "sdpa"
 
 
-def test_a_widened_models_gradients_are_bf16_gradients(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_widened_models_gradients_are_bf16_gradients(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The loss gradient of a bf16 model with widened attention, against float64's: each bf16
     rounding along the two layers' forward and backward is up to 2^-8 relative, and a few dozen
     of them, of either sign, add up like a random walk (√n · 2^-8: ~0.02-0.03 of the gradient's
     norm; 0.033 measured), well within 2^-4. Attention without
     its causal mask (a wrong widening) is off by more than half of it (1.3 measured)."""
-    folder = _tiny_folder(tmp_path)
     monkeypatch.setenv("RLVR_WIDE_ATTENTION", "1")
     monkeypatch.setattr(attention, "_WIDE_KEYS", {})
     ids = torch.randint(3, 259, (2, 24), generator=torch.Generator().manual_seed(1))
@@ -106,7 +99,7 @@ def test_a_widened_models_gradients_are_bf16_gradients(tmp_path: Path, monkeypat
         return torch.cat([p.grad.double().flatten() for p in model.parameters()])
 
     exact = gradient(make_tiny_model(dtype=torch.float64))  # the folder's weights
-    wide_model = load_model(str(folder), "bfloat16")
+    wide_model = load_model(str(tiny_dir), "bfloat16")
     assert wide_model.config._attn_implementation == WIDE
     wide = gradient(wide_model)
     assert (wide - exact).norm() <= 2**-4 * exact.norm()
@@ -121,13 +114,14 @@ def test_a_widened_models_gradients_are_bf16_gradients(tmp_path: Path, monkeypat
 
     AttentionInterface.register(WIDE, unmasked)  # type: ignore[arg-type]
     try:
-        broken = gradient(load_model(str(folder), "bfloat16"))
+        broken = gradient(load_model(str(tiny_dir), "bfloat16"))
     finally:
         AttentionInterface.register(WIDE, wide_sdpa)
     assert (broken - exact).norm() > 0.5 * exact.norm()
 
 
-def test_the_measurement_is_made_once_per_cpu_and_decides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_measurement_is_made_once_per_cpu_and_decides(
+        tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The longest of the measured lengths that all pay (from the shortest up) is kept per CPU
     and sets the limit; a CPU where none pays keeps the model's own attention."""
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
@@ -137,12 +131,11 @@ def test_the_measurement_is_made_once_per_cpu_and_decides(tmp_path: Path, monkey
     calls = []
     monkeypatch.setattr(attention, "_measure", lambda dtype, keys: calls.append(keys) or speedups[keys])
     assert wide_keys(torch.bfloat16) == wide_keys(torch.bfloat16) == 128 and calls == [64, 128, 192]
-    folder = _tiny_folder(tmp_path)
-    assert load_model(str(folder), "bfloat16").config._attn_implementation == WIDE
+    assert load_model(str(tiny_dir), "bfloat16").config._attn_implementation == WIDE
     assert attention._WIDE_KEYS == {torch.bfloat16: 128}
     cached = tmp_path / "cache" / "attention.json"
     cached.write_text(json.dumps({key: 0 for key in json.loads(cached.read_text())}))  # paid at no length
-    assert load_model(str(folder), "bfloat16").config._attn_implementation == "sdpa"
+    assert load_model(str(tiny_dir), "bfloat16").config._attn_implementation == "sdpa"
     assert calls == [64, 128, 192]
 
 
@@ -174,15 +167,14 @@ def test_a_mask_of_numbers_is_widened_with_the_queries(widened: object) -> None:
 
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
 def test_a_model_loads_under_no_grad_and_a_failed_probe_widens_nothing(
-        mode: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        mode: object, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe runs a backward whatever mode the caller is in; and a probe that fails leaves
     the model's own attention (and caches nothing), it never fails the load."""
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("RLVR_WIDE_ATTENTION", raising=False)
     monkeypatch.setattr(attention, "_WIDE_KEYS", {})
-    folder = _tiny_folder(tmp_path)
     with mode():  # type: ignore[operator]
-        load_model(str(folder), "bfloat16")
+        load_model(str(tiny_dir), "bfloat16")
     assert isinstance(next(iter(json.loads((tmp_path / "cache" / "attention.json").read_text()).values())), int)
 
     def broken(dtype: torch.dtype, keys: int) -> float:
@@ -190,7 +182,7 @@ def test_a_model_loads_under_no_grad_and_a_failed_probe_widens_nothing(
 
     (tmp_path / "cache" / "attention.json").unlink()
     monkeypatch.setattr(attention, "_measure", broken)
-    assert load_model(str(folder), "bfloat16").config._attn_implementation == "sdpa"
+    assert load_model(str(tiny_dir), "bfloat16").config._attn_implementation == "sdpa"
     assert not (tmp_path / "cache" / "attention.json").exists()
 
 

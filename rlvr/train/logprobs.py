@@ -147,8 +147,8 @@ def packs_completions(model: Any) -> bool:
     (`completion_lanes`): where the model's attention takes a custom boolean mask as it is
     (SDPA, or rlvr.attention's float32 SDPA; eager attention adds a mask of floats, and
     FlashAttention-2 takes none), in a model class of transformers' own (remote code may build
-    its masks its own way and not take a 4D mask as given). `model` is the model as trained (a PEFT wrapper included), not
-    `causal_lm`'s inner model."""
+    its masks its own way and not take a 4D mask as given). `model` is the model as trained (a
+    PEFT wrapper included), not `causal_lm`'s inner model."""
     lm = causal_lm(model)
     return type(lm).__module__.startswith("transformers.") and is_sdpa(lm)
 
