@@ -36,6 +36,9 @@ def test_extract_code_takes_the_last_python_block() -> None:
     assert extract_code("```\nz = 3\n```") == "z = 3\n"  # untagged counts
     assert extract_code("```python\ndef f():\n    return 1") == "def f():\n    return 1"  # cut off by the budget
     assert extract_code("def f(): return 1") is None
+    # a python block, then a bare block of what it prints: the python block is the solution
+    assert extract_code("```python\nprint(1)\n```\nOutput:\n```\n1\n```") == "print(1)\n"
+    assert extract_code("```\nx = 1\n```\n```\nx = 2\n```") == "x = 2\n"  # untagged only: the last
 
 
 def test_all_or_fraction_of_the_tests() -> None:

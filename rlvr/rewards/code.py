@@ -11,7 +11,8 @@ Two test formats, both read from the prompt's data row:
   the prompt still is (its imports and helper functions; the model's def replaces the stub).
 
 ``mode = "all"`` scores 1 when every test passes, else 0; ``"fraction"`` scores the share that
-passed. A completion without code, code that does not run, a timeout or a limit scores 0. A run
+passed (a test that runs out of time or memory fails with the tests after it, those before it
+keep their passes). A completion without code, or code that does not run, scores 0. A run
 the sandbox could not carry out is not a 0: that completion's value is an InfrastructureError
 (counted as ``unit_tests/error`` and excluded from the update).
 
@@ -27,9 +28,14 @@ code that special-cases the visible inputs of weak tests (a test suite's own cov
 limit), a solution correct only on the tested inputs, and, as with any sandbox, an escape through
 a kernel or bubblewrap vulnerability. Watch ``samples.jsonl`` when training strong models.
 
-Tests that depend on in-place mutation of an argument, or pass the solution a non-plain value
-(a function, an object), cannot be judged this way: the latter is reported as an error of the
-task, never scored.
+What a correct solution does crosses as it would compare in one process: a ``Counter``, an
+``OrderedDict`` or a named tuple arrives as the dict or tuple it holds, an exception of the
+solution's own class as the nearest builtin it derives from (``except ValueError`` catches a
+``class Invalid(ValueError)``) with its arguments, and a change to a list, dict or set argument
+(an in-place sort) is written into the test's own object. A test that passes the solution a
+value that is not plain (a function, an object) cannot be judged this way: it is reported as an
+error of the task, never scored. A test that checks an argument's identity, or a change inside
+a tuple argument, sees only the copy.
 """
 
 from __future__ import annotations
@@ -48,10 +54,13 @@ _PYTHON = {"", "python", "py", "python3"}
 
 
 def extract_code(text: str) -> str | None:
-    """The last fenced code block tagged python (or untagged); an unclosed last fence counts
-    (a completion cut off by the token budget). None when the text has no fenced block."""
-    blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in _PYTHON]
-    return blocks[-1] if blocks else None
+    """The last fenced code block tagged python; without one, the last untagged block (a
+    ```python solution followed by a bare ``` block of its example output is the solution). An
+    unclosed last fence counts (a completion cut off by the token budget). None when the text
+    has no fenced block."""
+    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text) if lang.lower() in _PYTHON]
+    tagged = [body for lang, body in blocks if lang]
+    return tagged[-1] if tagged else blocks[-1][1] if blocks else None
 
 
 _HERE = Path(__file__).parent

@@ -17,10 +17,13 @@ Then, in this order:
    memory (``/proc/<pid>/mem``, ``ptrace``) or open its files and pipes through ``/proc``.
 4. It runs the trusted code, sends the solution to the solution process to load, then binds the names the tests use that neither the trusted code
    nor the builtins define (and the ``bind`` names) to the solution's: a function becomes a
-   proxy that sends its arguments as plain data and returns the plain-data result, a value is
-   copied as plain data, a module is imported here by name from the standard library. A name
-   the tests use resolves to trusted code first, the builtins second, the solution last.
-5. It runs each test here, on the plain values, and prints ``<token> <passed> <total>``.
+   proxy that sends its arguments as plain data and returns the plain-data result (and writes
+   back what the call changed in a list, dict or set argument), a value is copied as plain data,
+   a module is the judge's own of that name where the judge has imported it already or it is
+   one of a few standard-library modules that only define things (`_module`). A name the tests
+   use resolves to trusted code first, the builtins second, the solution last.
+5. It runs each test here, on the plain values, and prints ``<token> <passed> <total>`` after
+   each (so a later test that runs out of time fails alone); the last such line is the verdict.
 
 A pass is earned only by the tests' own assertions holding on plain builtin values: an object
 that equals everything, replaced builtins, an early exit, a printed verdict or a look at the
@@ -42,7 +45,16 @@ import plain  # type: ignore[import-not-found]  # beside this file in the sandbo
 import server  # type: ignore[import-not-found]  # beside it too (rlvr/rewards/code_server.py)
 
 MAX_MESSAGE = 64 << 20
-_MODULES = getattr(sys, "stdlib_module_names", None)  # Python >= 3.10
+_PURE = frozenset({
+    "array", "bisect", "calendar", "cmath", "collections", "copy", "dataclasses", "datetime", "decimal",
+    "enum", "fractions", "functools", "hashlib", "heapq", "itertools", "json", "math", "numbers",
+    "operator", "random", "re", "statistics", "string", "struct", "textwrap", "time", "typing",
+    "unicodedata"})
+"""Standard-library modules whose import only defines things: a test may use one the solution
+imported (MBPP's ``math.isclose`` without an import of its own), which the judge imports itself."""
+# the judge's own directory, where plain.py and server.py came from, leaves the import path: only
+# the standard library answers an import from here on (a trusted test's ``import math`` included)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 
 class SolutionError(Exception):
@@ -124,15 +136,36 @@ class Solution:
 
 
 def _raise(reply: tuple[Any, ...]) -> Any:
-    """The solution's exception, as the builtin of that name where there is one."""
-    if len(reply) == 3 and reply[0] == "raise" and type(reply[1]) is str and type(reply[2]) is str:
+    """The solution's exception, as the builtin of that name where there is one (the nearest
+    builtin class of the solution's own: rlvr.rewards.code_server), made from its arguments where
+    that gives its message, else from the message."""
+    if len(reply) in (3, 4) and reply[0] == "raise" and type(reply[1]) is str and type(reply[2]) is str:
         cls = getattr(builtins, reply[1], None)
         if isinstance(cls, type) and issubclass(cls, Exception):
-            raise cls(reply[2])
+            err = None
+            if len(reply) == 4 and type(reply[3]) is tuple:
+                try:
+                    err = cls(*reply[3])
+                    if str(err)[:500] != reply[2]:  # a subclass's own message: the message it is
+                        err = None
+                except Exception:  # noqa: BLE001 - arguments this class refuses
+                    err = None
+            raise err if err is not None else cls(reply[2])
         raise SolutionError(f"{reply[1]}: {reply[2]}")
     if len(reply) == 2 and reply[0] == "unplain":
         raise SolutionError(f"returned a {reply[1]!s}, which is not plain data")
     raise SolutionError("the solution's process broke the protocol")
+
+
+def _changed(given: Any, now: Any) -> None:
+    """Write a call's change to a list, dict or set argument into the test's own object."""
+    if type(given) is not type(now) or type(given) not in (list, dict, set):
+        raise SolutionError("the solution's process broke the protocol")
+    if type(given) is list:
+        given[:] = now
+    else:
+        given.clear()
+        given.update(now)
 
 
 def _proxy(solution: Solution, name: str) -> Any:
@@ -141,12 +174,38 @@ def _proxy(solution: Solution, name: str) -> Any:
             reply = solution.request(("call", name, list(args), kwargs))
         except plain.NotPlain as err:
             raise Unjudgeable(f"a test passes {name}() something that is not plain data ({err})") from None
-        if len(reply) == 2 and reply[0] == "return":
+        if len(reply) == 4 and reply[0] == "return" and type(reply[2]) is dict and type(reply[3]) is dict:
+            for key, now in reply[2].items():
+                if type(key) is not int or not 0 <= key < len(args):
+                    raise SolutionError("the solution's process broke the protocol")
+                _changed(args[key], now)
+            for key, now in reply[3].items():
+                if key not in kwargs:
+                    raise SolutionError("the solution's process broke the protocol")
+                _changed(kwargs[key], now)
             return reply[1]
         return _raise(reply)
 
     call.__name__ = call.__qualname__ = name
     return call
+
+
+def _module(name: str) -> Any:
+    """The judge's own module `name` for a test name the solution bound to a module: one the judge
+    has imported already (importing it runs nothing) or one of `_PURE`, else None. Never a module
+    the solution names and the judge would import afresh: importing runs its code, and a module
+    such as ``unittest.__main__`` runs tests it finds in the working directory, which the
+    solution's process can write."""
+    if any(part.startswith("_") or not part.isidentifier() for part in name.split(".")):
+        return None
+    if name in sys.modules:
+        return sys.modules[name]
+    if name not in _PURE:
+        return None
+    try:
+        return __import__(name)
+    except Exception:  # noqa: BLE001 - not importable here: the name stays unbound
+        return None
 
 
 def _names(code: Any) -> set[str]:
@@ -175,12 +234,9 @@ def _bind(solution: Solution, namespace: dict[str, Any], tests: list[Any], bind:
         elif kind[0] == "value" and len(kind) == 2:
             namespace[name] = kind[1]
         elif kind[0] == "module" and len(kind) == 2 and type(kind[1]) is str:
-            top = kind[1].partition(".")[0]
-            if _MODULES is None or top in _MODULES:
-                try:
-                    namespace[name] = __import__(kind[1], fromlist=["_"])
-                except Exception:  # not importable here: the name stays unbound
-                    pass
+            module = _module(kind[1])
+            if module is not None:
+                namespace[name] = module
 
 
 def _verdict(token: str, *words: object) -> None:
@@ -211,7 +267,7 @@ def main() -> None:
         passed = 0
         if loaded == ("ok",):
             _bind(solution, namespace, tests, job["bind"])
-            for test in tests:
+            for done, test in enumerate(tests, 1):
                 try:
                     exec(test, namespace)
                     passed += 1
@@ -220,6 +276,8 @@ def main() -> None:
                     return
                 except BaseException:  # a failed assertion, or anything else: this test failed
                     pass
+                if done < len(tests):  # so far: a later test that runs out of time fails alone
+                    _verdict(token, passed, len(tests))
         _verdict(token, passed, len(tests))
     except SolutionError:
         _verdict(token, 0, len(job["tests"]))
