@@ -456,3 +456,11 @@ def test_a_code_reward_whose_sandbox_cannot_start_excludes_the_sample(monkeypatc
     assert [parts for _, parts in scored] == [
         {"unit_tests": 0.0, "unit_tests/error": 1.0, "unit_tests/excluded": 1.0},
         {"unit_tests": 0.0}]  # no code at all is the completion's failure: a plain 0
+
+
+def test_math_verify_reads_an_answer_in_markdown_or_display_math() -> None:
+    """Found scored 0 by a red-team review (session 19): LaTeX read `**42**` as something else."""
+    for answer in ("**42**", "`42`", "``42``", "__42__", r"\[42\]", r"\(42\)", "42"):
+        assert math_verify_reward("", f"<answer>{answer}</answer>", answer="42") == 1.0, answer
+    for answer in ("**43**", "**3** or **4**", "`41`"):
+        assert math_verify_reward("", f"<answer>{answer}</answer>", answer="42") == 0.0, answer

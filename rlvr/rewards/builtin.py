@@ -8,35 +8,18 @@ A user reward is any callable with the same signature, named by a dotted path in
 
 from __future__ import annotations
 
-import json
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
 
-import reasoning_gym
 from math_verify import parse, verify
 
+from rlvr.rewards import gym_scoring
 from rlvr.rewards.code import unit_tests_group_reward
 from rlvr.rewards.extract import extract_answer
 from rlvr.rewards.judges import llm_judge_reward, local_judge_reward, reward_model_reward
 from rlvr.rewards.visual import exact_answer_reward, iou_reward, multiple_choice_reward
-
-_Scorer = Callable[[str | None, dict[str, Any]], float]
-_SCORERS: dict[tuple[str, str], _Scorer] = {}
-
-
-def _reasoning_gym_scorer(task: str, params: dict[str, Any] | None) -> _Scorer:
-    """The ``score_answer`` of a ``task`` dataset built with ``params``, cached per (task, params).
-
-    Params matter: some tasks score with config values (decimal_arithmetic's precision,
-    puzzle24's number range), so a scorer built from the default config can disagree with the
-    dataset that produced the entry.
-    """
-    key = (task, json.dumps(params or {}, sort_keys=True, default=repr))
-    if key not in _SCORERS:
-        _SCORERS[key] = reasoning_gym.create_dataset(task, **(params or {})).score_answer
-    return _SCORERS[key]
-
 
 def reasoning_gym_reward(
     prompt: str,
@@ -51,28 +34,37 @@ def reasoning_gym_reward(
     """reasoning-gym's own score for the extracted answer; 0.0 when nothing can be extracted.
 
     ``entry`` is the reasoning-gym entry dict the prompt came from; ``params`` are the dataset
-    parameters it was built with (``rlvr.data.reasoning_gym_examples`` puts both in the fields).
+    parameters it was built with (``rlvr.data.reasoning_gym_examples`` puts both in the fields):
+    some tasks score with config values (decimal_arithmetic's precision, puzzle24's number range).
     Scores may be partial (between 0 and 1) for some tasks.
+
+    The task's scorer runs in a process of its own with a time limit, and never sees an answer
+    it would run as code or that scores without solving (rlvr.rewards.gym_scoring).
     """
     answer = extract_answer(completion, extract)
     if answer is None:
         return 0.0
-    return float(_reasoning_gym_scorer(task, params)(answer, entry))
+    return gym_scoring.score(task, params, answer, entry)
 
 
 def _parse_math(text: str) -> list[Any]:
     """math-verify's parse of ``text``, read as LaTeX first.
 
     A bare expression such as "1+x" parsed as plain text comes back as just its first number,
-    so anything without ``$`` or ``\\boxed`` is wrapped in ``$…$``; plain text is the fallback
-    when that finds nothing.
+    so anything without ``$``, ``\\boxed`` or ``\\[`` is wrapped in ``$…$``; plain text is the
+    fallback when that finds nothing. Markdown around the whole answer (``**42**``, a code span)
+    is taken off first: LaTeX would read ``**42**`` as something else.
     """
-    stripped = text.strip()
-    if "$" not in stripped and "\\boxed" not in stripped:
+    stripped = _MARKDOWN.sub(r"\2", text.strip())
+    if "$" not in stripped and "\\boxed" not in stripped and "\\[" not in stripped:
         parsed = parse(f"${stripped}$", parsing_timeout=_timeout_s())
         if parsed:
             return list(parsed)
     return list(parse(stripped, parsing_timeout=_timeout_s()))
+
+
+_MARKDOWN = re.compile(r"^(\*\*|__|`+)(.+)\1$", re.S)
+"""Bold or a code span around the whole answer."""
 
 
 def _timeout_s() -> int | None:

@@ -137,7 +137,8 @@ def _raised(err: BaseException) -> tuple[Any, ...]:
 
 def _call(namespace: dict[str, Any], name: str, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     # the plain arguments a call may change in place, as they came: sent back if they changed
-    before = {key: plain.encode(arg) for key, arg in [*enumerate(args), *kwargs.items()] if type(arg) in MUTABLE}
+    given: list[tuple[int | str, Any]] = [*enumerate(args), *kwargs.items()]
+    before = {key: plain.encode(arg) for key, arg in given if type(arg) in MUTABLE}
     try:
         value = namespace[name](*args, **kwargs)
     except BaseException as err:  # the solution's own failure (SystemExit included) is the judge's to see
