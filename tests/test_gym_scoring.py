@@ -118,3 +118,19 @@ def test_a_scorer_that_fails_is_an_error_and_a_dead_process_is_infrastructure(mo
             dying.score("chain_sum", {}, "1", {})
     finally:
         dying.close()
+
+
+def test_a_unicode_minus_or_a_full_stop_after_a_number_is_read_as_meant() -> None:
+    """reasoning-gym's chain_sum scores `−14282` (U+2212) 0 against `-14282`, decimal_arithmetic
+    `-12.5825.` against `-12.5825`."""
+    entry = next(e for e in entries("chain_sum", 40) if str(e["answer"]).startswith("-"))
+    gold = str(entry["answer"])
+    for answer in (gold.replace("-", "\u2212"), gold.replace("-", "\u2212 ")):
+        assert upstream("chain_sum", answer, entry) < 1.0
+        assert ours("chain_sum", answer, entry) == 1.0, answer
+    assert ours("chain_sum", gold + " .", entry) == 1.0
+    decimal = entries("decimal_arithmetic", 1)[0]  # compares strings: a full stop after the number fails there
+    assert upstream("decimal_arithmetic", f"{decimal['answer']}.", decimal) < 1.0
+    assert ours("decimal_arithmetic", f"{decimal['answer']}.", decimal) == 1.0
+    assert ours("chain_sum", gold.lstrip("-") + ".", entry) == 0.0  # still the number it is
+    assert gym_scoring.tidied("1.", "1.") == "1." and gym_scoring.tidied("\u22121", "\u22121") == "\u22121"

@@ -61,6 +61,18 @@ _NOT_A_NUMBER = re.compile(r"(?<![A-Za-z])(nan|inf|infinity)(?![A-Za-z])", re.I)
 _TOWER = re.compile(r"(\*\*|\^)[^+\-*/]*(\*\*|\^)")  # an exponent whose own exponent is unseparated
 
 
+def tidied(answer: str, gold: str) -> str:
+    """`answer` with what only its typography gets wrong put right, where the gold answer does not
+    have it: a Unicode minus (U+2212) before a digit as ``-``, and the full stop after an answer
+    that is just a number (``-14282.``). reasoning-gym's scorers compare strings or ``float()``
+    them, and scored both 0."""
+    if "\u2212" not in gold:
+        answer = re.sub("\u2212\\s*(?=\\d)", "-", answer)
+    if not gold.rstrip().endswith(".") and re.fullmatch(r"\s*[-+]?\d+(\.\d+)?\s*\.\s*", answer):
+        answer = answer.rstrip().removesuffix(".").rstrip()
+    return answer
+
+
 def refused(task: str, answer: str, entry: dict[str, Any]) -> str | None:
     """Why `answer` must score 0.0 without reaching `task`'s scorer, or None to score it."""
     if _NOT_A_NUMBER.search(answer) and not _NOT_A_NUMBER.search(str(entry.get("answer", ""))):
@@ -204,7 +216,9 @@ _SCORER = GymScorer()
 
 def score(task: str, params: dict[str, Any] | None, answer: str, entry: dict[str, Any]) -> float:
     """reasoning-gym's score for `answer`, guarded (see the module docstring): 0.0 for an answer
-    `refused`, one past the time limit, or a score that is not a finite number (clipped to [0, 1])."""
+    `refused`, one past the time limit, or a score that is not a finite number (clipped to [0, 1]);
+    the answer `tidied` first."""
+    answer = tidied(answer, str(entry.get("answer", "")))
     why = refused(task, answer, entry)
     if why is not None:
         log.debug("reasoning_gym %s: refused %r (%s)", task, answer[:80], why)
