@@ -147,6 +147,7 @@ class GymScorer:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
+        self._owner = os.getpid()
 
     def score(self, task: str, params: dict[str, Any] | None, answer: str, entry: dict[str, Any]) -> float:
         """The task's score for `answer`: 0.0 past the time limit; InfrastructureError when the
@@ -188,6 +189,8 @@ class GymScorer:
         return data
 
     def _start(self) -> subprocess.Popen[bytes]:
+        if self._owner != os.getpid():  # a forked copy of this object: the process is its parent's
+            self._process, self._owner = None, os.getpid()
         if self._process is not None and self._process.poll() is None:
             return self._process
         try:
