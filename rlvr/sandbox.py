@@ -7,7 +7,9 @@ Each run gets:
   interface, no host process visible or signalable, a private hostname;
 - a filesystem made of the read-only system runtime (`/usr` and its `/bin`, `/lib` links), a
   private `/proc` and `/dev`, a size-capped tmpfs at `/tmp` (the working directory), and the
-  program itself at `/sandbox/main.py` (read-only); no home, no `/etc`, no project files;
+  program itself at `/sandbox/main.py` (read-only); no home, no `/etc`, no project files; only
+  `/tmp` can be written (the root is read-only, so no run can create an `/etc` file that a
+  library would read);
 - an empty environment (only PATH, HOME=/tmp, LANG and PWD are set);
 - a host user of its own when rlvr runs as root (uid 60000 + slot, never root);
 - rlimits: CPU seconds, address space, file size, open files, and processes. The process limit
@@ -229,7 +231,11 @@ def _bwrap_command(argv: list[str], fds: dict[str, int], tmp_mb: int = Limits.tm
            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
     for name, fd in fds.items():
         cmd += ["--perms", "0444", "--ro-bind-data", str(fd), f"/sandbox/{name}"]
-    return cmd + ["--", *argv]
+    # the root itself read-only (its own tmpfs, which the run's user owns): a run writes /tmp only.
+    # Writable, a run could create /etc/ssl/openssl.cnf, /etc/ld.so.cache or /etc/localtime, which
+    # a library loaded later in the run's other process reads (a red-team review made OpenSSL load
+    # its own library into the unit-test judge that way, docs/LOG.md session 19)
+    return cmd + ["--remount-ro", "/", "--", *argv]
 
 
 class Sandbox:

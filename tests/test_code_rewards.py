@@ -171,3 +171,13 @@ def test_the_unit_tests_reward_scores_a_group_through_the_pool() -> None:
     scored = [total for total, _ in score_group(rewards, "p", group, {"tests": ADD_TESTS})]
     assert scored == [unit_tests_reward("p", c, tests=ADD_TESTS, mode="fraction") for c in group]
     assert scored == [1.0, 0.0, pytest.approx(2 / 3), 1.0, 0.0]
+
+
+def test_extract_code_takes_the_block_that_defines_what_the_tests_call() -> None:
+    text = "```python\ndef add(a, b):\n    return a + b\n```\nExample:\n```python\nprint(add(1, 2))\n```"
+    assert extract_code(text, {"add"}) == "def add(a, b):\n    return a + b\n"
+    assert extract_code(text) == "print(add(1, 2))\n"  # without names: the last block
+    assert extract_code(text, {"sub"}) == "print(add(1, 2))\n"  # no block defines it: the last block
+    two = "```python\ndef add(a, b):\n    return 0\n```\n```python\ndef add(a, b):\n    return a + b\n```"
+    assert extract_code(two, {"add"}) == "def add(a, b):\n    return a + b\n"  # the last that defines it
+    assert unit_tests_reward("", text, tests=["assert add(1, 2) == 3"]) == 1.0

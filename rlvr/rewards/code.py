@@ -3,7 +3,10 @@
 Two test formats, both read from the prompt's data row:
 
 - MBPP style: ``tests``, a list of statements (usually ``assert f(1) == 2``), each one test;
-  optional ``test_setup_code`` runs before them.
+  optional ``test_setup_code`` runs before them, and an optional ``entry_point`` names the
+  function that must be the solution's (a name the tests use resolves to the builtins before the
+  solution, so a task whose function is called ``pow`` or ``max`` needs it: without it the tests
+  would call the builtin).
 - HumanEval style: ``test``, source defining ``check(candidate)``, and ``entry_point``, the
   function's name; one test, ``check(<entry_point>)``. When the extracted code does not define
   the entry point (the model wrote only the body), the row's ``code_prompt`` (the function's
@@ -43,6 +46,7 @@ from __future__ import annotations
 import re
 import secrets
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any
 
 from rlvr.errors import InfrastructureError
@@ -53,14 +57,34 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON = {"", "python", "py", "python3"}
 
 
-def extract_code(text: str) -> str | None:
-    """The last fenced code block tagged python; without one, the last untagged block (a
-    ```python solution followed by a bare ``` block of its example output is the solution). An
-    unclosed last fence counts (a completion cut off by the token budget). None when the text
-    has no fenced block."""
+def extract_code(text: str, names: Collection[str] = ()) -> str | None:
+    """The last fenced code block tagged python that defines (``def``, ``class``) one of `names`
+    (the names the tests use), else the last tagged python; without one, the same among untagged blocks (a ```python
+    solution followed by a bare ``` block of its output, or by a python block of example calls,
+    is the solution). An unclosed last fence counts (a completion cut off by the token budget).
+    None when the text has no fenced block."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text) if lang.lower() in _PYTHON]
-    tagged = [body for lang, body in blocks if lang]
-    return tagged[-1] if tagged else blocks[-1][1] if blocks else None
+    chosen = [body for lang, body in blocks if lang] or [body for _, body in blocks]
+    if not chosen:
+        return None
+    defining = [body for body in chosen if _defines(body, names)]
+    return (defining or chosen)[-1]
+
+
+def _defines(code: str, names: Collection[str]) -> bool:
+    return any(re.search(rf"^\s*(?:(?:async\s+)?def|class)\s+{re.escape(name)}\b", code, re.M) for name in names)
+
+
+def _tested_names(suite: list[str], entry_point: str | None) -> set[str]:
+    """The names the tests refer to (and the entry point): those a solution's block may define."""
+    names = {entry_point} if entry_point else set()
+    for test in suite:
+        try:
+            code = compile(test, "test.py", "exec")
+        except SyntaxError:
+            continue
+        names |= set(code.co_names)
+    return names
 
 
 _HERE = Path(__file__).parent
@@ -103,8 +127,9 @@ def unit_tests_group_reward(
     suite = _suite(tests, test, entry_point)
     trusted, bind = _trusted(test, entry_point, code_prompt)
     runs: dict[int, tuple[bytes, str]] = {}  # completion index -> (the judge's stdin, its token)
+    names = _tested_names(suite, entry_point)
     for k, completion in enumerate(completions):
-        code = extract_code(completion)
+        code = extract_code(completion, names)
         if code is not None:
             token = secrets.token_hex(16)
             runs[k] = (_job(token, _with_prompt(code, test, entry_point, code_prompt), suite, test_setup_code,
@@ -124,7 +149,9 @@ def _trusted(test: str | None, entry_point: str | None, code_prompt: str | None)
     define. HumanEval: the prompt (imports and helper functions such as ``poly``, which a test
     may call: the model's redefinition of one must not count), with the entry point bound to the
     model's; a prompt that does not compile contributes its import lines."""
-    if test is None or not entry_point:
+    if test is None:  # MBPP style: an entry point named beside the tests is still the solution's
+        return "", [entry_point] if entry_point else []
+    if not entry_point:
         return "", []
     prompt = code_prompt or ""
     try:

@@ -45,9 +45,11 @@ import plain  # type: ignore[import-not-found]  # beside this file in the sandbo
 import server  # type: ignore[import-not-found]  # beside it too (rlvr/rewards/code_server.py)
 
 MAX_MESSAGE = 64 << 20
+REQUEST_DEPTH = 2 * plain.MAX_DEPTH
+"""The deepest request to the solution's process (its replies: `plain.MAX_DEPTH`)."""
 _PURE = frozenset({
     "array", "bisect", "calendar", "cmath", "collections", "copy", "dataclasses", "datetime", "decimal",
-    "enum", "fractions", "functools", "hashlib", "heapq", "itertools", "json", "math", "numbers",
+    "enum", "fractions", "functools", "heapq", "itertools", "json", "math", "numbers",
     "operator", "random", "re", "statistics", "string", "struct", "textwrap", "time", "typing",
     "unicodedata"})
 """Standard-library modules whose import only defines things: a test may use one the solution
@@ -98,7 +100,10 @@ class Solution:
     def request(self, message: Any) -> Any:
         if not self.alive:
             raise SolutionError("the solution's process has ended")
-        data = plain.encode(message)  # raises NotPlain for a test's non-plain argument
+        # raises NotPlain for a test's non-plain argument. Twice the replies' depth: a test may pass
+        # back what the solution returned inside a few levels of its own (a solution that returns
+        # 99 levels must not make `decode(encode(x))` an error of the task)
+        data = plain.encode(message, REQUEST_DEPTH)
         data = len(data).to_bytes(8, "big") + data
         try:
             while data:
@@ -141,6 +146,8 @@ def _raise(reply: tuple[Any, ...]) -> Any:
     that gives its message, else from the message."""
     if len(reply) in (3, 4) and reply[0] == "raise" and type(reply[1]) is str and type(reply[2]) is str:
         cls = getattr(builtins, reply[1], None)
+        if cls in (StopIteration, StopAsyncIteration):  # would end a test's map() or all() quietly
+            raise RuntimeError(f"the solution raised {reply[1]}")  # as a generator's does (PEP 479)
         if isinstance(cls, type) and issubclass(cls, Exception):
             err = None
             if len(reply) == 4 and type(reply[3]) is tuple:
@@ -223,6 +230,8 @@ def _bind(solution: Solution, namespace: dict[str, Any], tests: list[Any], bind:
     for name in bind:
         namespace.pop(name, None)  # a trusted stub (HumanEval's signature and docstring) never stands in
     order = sorted(wanted)
+    if not order:  # the tests use only the task's own names and the builtins
+        return
     kinds = solution.request(("describe", order))
     if len(kinds) != len(order):
         raise SolutionError("the solution's process broke the protocol")

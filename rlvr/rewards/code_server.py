@@ -15,7 +15,7 @@ Messages on two pipes (from the judge, to it) are length-prefixed plain data:
 
 What a correct solution gives is sent as it would compare in one process, where that is plain
 data: a subclass of a plain type (a ``Counter``, ``OrderedDict`` or ``defaultdict``, a named
-tuple, an ``IntEnum``) as that type (`_plainly`: its value, not its methods, so an ``int`` whose
+tuple, an ``IntEnum``) as that type, a generator or ``map`` as the list of what it yields (`_plainly`: its value, not its methods, so an ``int`` whose
 ``__eq__`` always says True arrives as the number it holds); an exception under the nearest
 builtin class it derives from (a ``class Invalid(ValueError)`` as ``ValueError``) with its
 arguments; and a list, dict or set argument the call changed (an in-place sort) with its new
@@ -67,8 +67,12 @@ def _describe(namespace: dict[str, Any], name: str) -> tuple[Any, ...]:
 _UNPLAIN = object()
 _BASES = (dict, list, tuple, set, frozenset, str, bytes, int, float, complex)
 """The plain types a subclass is sent as (bool has no subclasses); the first it derives from."""
+_ITERATORS = (type(x for x in ()), map, filter, zip, enumerate, reversed)
+"""One-pass iterators a solution may return, sent as the list of what they yield."""
 MUTABLE = (list, dict, set)
 """The argument types whose changes a call sends back."""
+REQUEST_DEPTH = 2 * plain.MAX_DEPTH
+"""The deepest request the judge sends (rlvr.rewards.code_judge.REQUEST_DEPTH)."""
 ARGS_BYTES = 4096
 """An exception's arguments are sent up to this size encoded (its message is cut at 500 characters)."""
 
@@ -81,6 +85,8 @@ def _plainly(value: Any, depth: int = 0) -> Any:
     t = type(value)
     if t is bool or value is None:
         return value
+    if isinstance(value, _ITERATORS):  # `return map(...)`: what list() or sorted() in a test would read
+        return [_plainly(x, depth + 1) for x in value]
     base = next((b for b in _BASES if isinstance(value, b)), None)
     if base is None:
         return value
@@ -101,16 +107,16 @@ def _plainly(value: Any, depth: int = 0) -> Any:
     return complex(complex.real.__get__(value), complex.imag.__get__(value))
 
 
-def _sendable(value: Any) -> Any:
+def _sendable(value: Any, depth: int = plain.MAX_DEPTH) -> Any:
     """``value`` if it is plain data, else `_plainly`'s copy if that is, else `_UNPLAIN`."""
     try:
-        plain.encode(value)
+        plain.encode(value, depth)
         return value
     except Exception:  # noqa: BLE001 - not plain (NotPlain, or nesting Python cannot recurse into)
         pass
     try:
         copy = _plainly(value)
-        plain.encode(copy)
+        plain.encode(copy, depth)
         return copy
     except Exception:  # noqa: BLE001 - an unhashable key once plain, a subclass's broken iteration
         return _UNPLAIN
@@ -138,7 +144,7 @@ def _raised(err: BaseException) -> tuple[Any, ...]:
 def _call(namespace: dict[str, Any], name: str, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     # the plain arguments a call may change in place, as they came: sent back if they changed
     given: list[tuple[int | str, Any]] = [*enumerate(args), *kwargs.items()]
-    before = {key: plain.encode(arg) for key, arg in given if type(arg) in MUTABLE}
+    before = {key: plain.encode(arg, REQUEST_DEPTH) for key, arg in given if type(arg) in MUTABLE}
     try:
         value = namespace[name](*args, **kwargs)
     except BaseException as err:  # the solution's own failure (SystemExit included) is the judge's to see
@@ -147,10 +153,10 @@ def _call(namespace: dict[str, Any], name: str, args: list[Any], kwargs: dict[st
     changed_kwargs: dict[str, Any] = {}
     for key, encoded in before.items():
         arg = args[key] if isinstance(key, int) else kwargs[key]
-        now = _sendable(arg)
+        now = _sendable(arg, REQUEST_DEPTH)
         if now is _UNPLAIN:  # the call put something not plain into it
             return ("unplain", f"{type(arg).__name__} argument")
-        if plain.encode(now) != encoded:
+        if plain.encode(now, REQUEST_DEPTH) != encoded:
             if isinstance(key, int):
                 changed_args[key] = now
             else:
@@ -167,7 +173,7 @@ def serve(requests: int, replies: int) -> None:
     namespace: dict[str, Any] = {"__name__": "__solution__"}
     while True:
         try:
-            request = plain.decode(_read(requests, int.from_bytes(_read(requests, 8), "big")))
+            request = plain.decode(_read(requests, int.from_bytes(_read(requests, 8), "big")), REQUEST_DEPTH)
         except EOFError:
             return
         kind = request[0]

@@ -28,16 +28,17 @@ class NotPlain(TypeError):
     """A value (or an encoded message) that is not plain data."""
 
 
-def encode(value: Any) -> bytes:
-    """``value`` as bytes; NotPlain if anything in it is not exactly a plain type."""
+def encode(value: Any, max_depth: int = MAX_DEPTH) -> bytes:
+    """``value`` as bytes; NotPlain if anything in it is not exactly a plain type or it nests
+    deeper than ``max_depth``."""
     out: list[bytes] = []
-    _put(value, out, 0)
+    _put(value, out, 0, max_depth)
     return b"".join(out)
 
 
-def decode(data: bytes) -> Any:
+def decode(data: bytes, max_depth: int = MAX_DEPTH) -> Any:
     """The plain value that ``encode`` made; NotPlain for anything else."""
-    value, end = _get(bytes(data), 0, 0)
+    value, end = _get(bytes(data), 0, 0, max_depth)
     if end != len(data):
         raise NotPlain("trailing bytes after a plain value")
     return value
@@ -50,9 +51,9 @@ def _sized(tag: bytes, payload: bytes, out: list[bytes]) -> None:
 _CONTAINER_TAG: dict[type, bytes] = {list: b"L", tuple: b"T", set: b"E", frozenset: b"Z"}
 
 
-def _put(v: Any, out: list[bytes], depth: int) -> None:
-    if depth > MAX_DEPTH:
-        raise NotPlain(f"nested deeper than {MAX_DEPTH}")
+def _put(v: Any, out: list[bytes], depth: int, limit: int) -> None:
+    if depth > limit:
+        raise NotPlain(f"nested deeper than {limit}")
     t = type(v)
     if v is None:
         out.append(b"N")
@@ -71,12 +72,12 @@ def _put(v: Any, out: list[bytes], depth: int) -> None:
     elif t in _CONTAINER_TAG:
         out += [_CONTAINER_TAG[t], len(v).to_bytes(4, "big")]
         for x in v:
-            _put(x, out, depth + 1)
+            _put(x, out, depth + 1, limit)
     elif t is dict:
         out += [b"D", len(v).to_bytes(4, "big")]
         for k, x in v.items():
-            _put(k, out, depth + 1)
-            _put(x, out, depth + 1)
+            _put(k, out, depth + 1, limit)
+            _put(x, out, depth + 1, limit)
     else:
         raise NotPlain(f"a {t.__module__}.{t.__qualname__} is not plain data")
 
@@ -87,9 +88,9 @@ def _length(data: bytes, at: int) -> tuple[int, int]:
     return int.from_bytes(data[at:at + 4], "big"), at + 4
 
 
-def _get(data: bytes, at: int, depth: int) -> tuple[Any, int]:
-    if depth > MAX_DEPTH:
-        raise NotPlain(f"nested deeper than {MAX_DEPTH}")
+def _get(data: bytes, at: int, depth: int, limit: int) -> tuple[Any, int]:
+    if depth > limit:
+        raise NotPlain(f"nested deeper than {limit}")
     if at >= len(data):
         raise NotPlain("a plain-data message ends early")
     tag = data[at:at + 1]
@@ -104,7 +105,7 @@ def _get(data: bytes, at: int, depth: int) -> tuple[Any, int]:
             raise NotPlain("a plain-data message ends early")
         items = []
         for _ in range(2 * n if tag == b"D" else n):
-            item, at = _get(data, at, depth + 1)
+            item, at = _get(data, at, depth + 1, limit)
             items.append(item)
         try:
             if tag == b"D":
