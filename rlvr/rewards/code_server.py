@@ -67,7 +67,7 @@ def _describe(namespace: dict[str, Any], name: str) -> tuple[Any, ...]:
 _UNPLAIN = object()
 _BASES = (dict, list, tuple, set, frozenset, str, bytes, int, float, complex)
 """The plain types a subclass is sent as (bool has no subclasses); the first it derives from."""
-_ITERATORS = (type(x for x in ()), map, filter, zip, enumerate, reversed)
+_ITERATORS = (type(x for x in ""), map, filter, zip, enumerate, reversed)
 """One-pass iterators a solution may return, sent as the list of what they yield."""
 MUTABLE = (list, dict, set)
 """The argument types whose changes a call sends back."""
