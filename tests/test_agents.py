@@ -534,3 +534,17 @@ def test_an_environment_that_cannot_run_a_step_ends_the_episode_without_a_verdic
                               Limits(), ChatDelta(tiny_tokenizer), [EOS_ID])
     (sample,) = group.samples
     assert sample.excluded and sample.reward_parts["env/error"] == 1.0  # counted, and kept out of the update
+
+
+def test_guess_number_voids_a_guess_that_is_not_a_whole_number() -> None:
+    """`<answer>inf</answer>` raised OverflowError in the env and took the whole run down (found
+    by a red-team review, session 19)."""
+    from rlvr.agents.envs import GuessNumber
+    from rlvr.data import Example
+
+    env = GuessNumber(Example(prompt="", answer=None, fields={}, id="g"), [], low=1, high=20)
+    for action in ("<answer>inf</answer>", "<answer>1e999</answer>", "<answer>nan</answer>", "<answer>19.9</answer>",
+                   "no number"):
+        result = env.step(action)
+        assert result.metrics == {"void": 1.0} and not result.done and env.guesses == 0, action
+    assert env.step(f"<answer>{env.secret}.0</answer>").reward == 1.0

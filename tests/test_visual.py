@@ -192,3 +192,15 @@ def test_two_large_shapes_always_find_room() -> None:
     for seed in range(300):
         a, b = place(random.Random(seed), [48, 48], 128, 128)
         assert a[2] + 2 <= b[0] or b[2] + 2 <= a[0] or a[3] + 2 <= b[1] or b[3] + 2 <= a[1]
+
+
+def test_parsing_boxes_stays_linear_on_runs_of_blank_lines() -> None:
+    """Three numbers with 200-line gaps took ~30 s to search (an ambiguous separator backtracked;
+    found by a red-team review, session 19): now microseconds. The bound is 100x the ordinary."""
+    import time
+
+    degenerate = ("1\n" + "\n" * 200 + "2\n" + "\n" * 200 + "3\n" + "\n" * 200 + "done") * 3
+    start = time.perf_counter()
+    assert parse_boxes(degenerate) == []
+    assert time.perf_counter() - start < 2.0
+    assert parse_boxes("10 ,20 ;30\n40") == [(10.0, 20.0, 30.0, 40.0)]

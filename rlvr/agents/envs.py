@@ -9,6 +9,7 @@ registered in ENVS (``env.name`` in the config; a dotted path names your own).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -108,11 +109,12 @@ class GuessNumber:
     def step(self, action: str) -> StepResult:
         guess = extract_answer(action, "tag_or_last_number")
         try:
-            value = int(float(guess)) if guess is not None else None
-        except ValueError:
+            number = float(guess) if guess is not None else math.nan
+            value = int(number) if number == int(number) else None
+        except (ValueError, OverflowError):  # no number, nan, or inf ("1e999")
             value = None
         if value is None:
-            return StepResult("Reply with one number.", metrics={"void": 1.0})
+            return StepResult("Reply with one whole number.", metrics={"void": 1.0})
         self.guesses += 1
         if value == self.secret:
             return StepResult(reward=1.0 - (self.guesses - 1) / self.max_guesses, done=True,

@@ -17,9 +17,9 @@ from typing import Any
 from rlvr.rewards.extract import extract_tag, extract_tag_or_last_number
 
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-_SEP = r"\s*[,;\s]\s*"
+_SEP = r"(?:\s*[,;]\s*|\s+)"  # one way to match any run of spaces: an ambiguous one backtracked for minutes
 # four numbers with separators, optionally bracketed, or as two corner points "(x1, y1), (x2, y2)"
-_BOX = re.compile(rf"\(\s*({_NUMBER}){_SEP}({_NUMBER})\s*\)\s*[,;]?\s*(?:to\s*|-\s*)?\(\s*({_NUMBER}){_SEP}({_NUMBER})\s*\)"
+_BOX = re.compile(rf"\(\s*({_NUMBER}){_SEP}({_NUMBER})\s*\)\s*(?:[,;]\s*)?(?:to\s*|-\s*)?\(\s*({_NUMBER}){_SEP}({_NUMBER})\s*\)"
                   rf"|({_NUMBER}){_SEP}({_NUMBER}){_SEP}({_NUMBER}){_SEP}({_NUMBER})")
 
 
