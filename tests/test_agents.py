@@ -548,3 +548,36 @@ def test_guess_number_voids_a_guess_that_is_not_a_whole_number() -> None:
         result = env.step(action)
         assert result.metrics == {"void": 1.0} and not result.done and env.guesses == 0, action
     assert env.step(f"<answer>{env.secret}.0</answer>").reward == 1.0
+
+
+def test_an_episode_whose_reward_has_no_verdict_is_excluded_not_scored_zero() -> None:
+    """tool_math scored an answer whose reward failed through no fault of the completion (a judge
+    that is down) or gave no verdict as a return of 0, trained on (found by a red-team review,
+    session 19); search scored an empty answer 1.0 on a row with no gold."""
+    from dataclasses import replace
+
+    from rlvr.agents.envs import ToolMath
+    from rlvr.agents.runner import Episode, as_groups
+    from rlvr.agents.search import SearchQA
+    from rlvr.data import Example
+    from rlvr.errors import InfrastructureError
+    from rlvr.rewards import build_rewards
+    from rlvr.rewards.combine import RewardFn
+
+    def down(prompt: str, completion: str, **_: Any) -> float:
+        raise InfrastructureError("the judge is down")
+
+    def undecided(prompt: str, completion: str, **_: Any) -> float | None:
+        return None
+
+    example = Example("2+2?", "4", {"answer": "4"}, "m/2")
+    for fn in (down, undecided):
+        result = ToolMath(example, [RewardFn(fn.__name__, fn, 1.0, {})]).step("<answer>4</answer>")
+        assert result.done and result.metrics == {"answered": 1.0, "excluded": 1.0}, fn
+    ok = ToolMath(example, build_rewards([{"fn": "math_verify"}])).step("<answer>4</answer>")
+    assert ok.reward == 1.0 and "excluded" not in ok.metrics
+    episode = Episode((1,), Completion((2,), (0.0,), "stop", "x"), 0.0, 1, "done", {"excluded": 1.0}, [0.0], [])
+    samples = as_groups([example], [0], 2, [episode, replace(episode, metrics={})])[0].samples
+    assert [s.excluded for s in samples] == [True, False]
+    blank = SearchQA(Example("Capital?", None, {}, "s/0")).step("<answer></answer>")
+    assert blank.reward == 0.0 and blank.metrics.get("excluded") == 1.0

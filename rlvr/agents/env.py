@@ -27,7 +27,16 @@ class StepResult:
     done: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     """Per-turn numbers, summed over the episode and logged as env/<name> means (e.g. tool_calls,
-    tool_errors). "void" = 1 marks a turn without a valid action."""
+    tool_errors). "void" = 1 marks a turn without a valid action; "excluded" = 1 an episode whose
+    reward had no verdict (a reward that returned None or failed through no fault of the
+    completion, rlvr.rewards.combine): its return is not a score, and the episode is excluded
+    from the update (`no_verdict`)."""
+
+
+def no_verdict(parts: dict[str, float]) -> dict[str, float]:
+    """``{"excluded": 1.0}`` when a completion's reward parts (rlvr.rewards.score) say a reward
+    gave no verdict for it, else ``{}``: for an environment's final `StepResult` metrics."""
+    return {"excluded": 1.0} if any(key.endswith("/excluded") for key in parts) else {}
 
 
 class Env(Protocol):

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from rlvr.agents.env import Env, StepResult
+from rlvr.agents.env import Env, StepResult, no_verdict
 from rlvr.agents.tools import PythonInterpreter, Tool, call, parse_tool_calls
 from rlvr.data import Example
 from rlvr.rewards import RewardFn, extract_answer
@@ -68,9 +68,10 @@ class ToolMath:
     def step(self, action: str) -> StepResult:
         calls = parse_tool_calls(action, code_tool="python")
         if not calls and (self.answer == "plain" or extract_answer(action, "tag") is not None):
-            total, _ = score_group(self.rewards, self.example.prompt, [action], self.example.fields)[0]
+            total, parts = score_group(self.rewards, self.example.prompt, [action], self.example.fields)[0]
             bonus = self.tool_bonus if self.tool_bonus_at_answer and self.tool_ran else 0.0
-            return StepResult(reward=total + self.answer_bonus + bonus, done=True, metrics={"answered": 1.0})
+            return StepResult(reward=total + self.answer_bonus + bonus, done=True,
+                              metrics={"answered": 1.0, **no_verdict(parts)})
         if not calls:
             return StepResult("Write a ```python block to compute, or give the final answer in <answer></answer> "
                               "tags.", metrics={"void": 1.0})

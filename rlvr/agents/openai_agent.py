@@ -50,6 +50,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.agents.env import no_verdict
 from rlvr.agents.runner import FAILED, Ending, Episode, as_groups
 from rlvr.rollout.engine import Engine
 from rlvr.serve.protocol import Invalid
@@ -277,7 +278,7 @@ def _episode(tokenizer: Any, example: Any, ep: _Episode, outcome: Any, rewards: 
     else:
         answer = outcome if isinstance(outcome, str) else ep.calls[-1].completion.text
         reward, parts = score_group(rewards, example.prompt, [answer], example.fields)[0]
-        metrics.update({f"reward/{k}": v for k, v in parts.items()})
+        metrics.update({f"reward/{k}": v for k, v in parts.items()}, **no_verdict(parts))
     if ending in FAILED:
         metrics["error"] = 1.0
     if not segments:  # nothing was sampled: an empty completion of the task's prompt, excluded above

@@ -418,10 +418,11 @@ def as_groups(examples: Sequence[Any], indices: list[int], n: int, episodes: Seq
     for k, i in enumerate(indices):
         mine = episodes[k * n : (k + 1) * n]
         # "turns" and "tool_calls" ride along as weight-0 parts: advantage_kwargs.stratum can stratify by them (SAN)
-        # env.mask: an unfinished or a void episode is excluded from the loss (as a reward's None is)
+        # env.mask: an unfinished or a void episode is excluded from the loss (as a reward's None is), and so is
+        # one whose reward had no verdict (the environment's "excluded" metric, rlvr.agents.env.no_verdict)
         samples = tuple(Sample(ep.prompt_ids, ep.completion, ep.reward, {
             "env": ep.reward, "turns": float(ep.turns), "tool_calls": ep.metrics.get("tool_calls", 0.0),
-            **({"env/excluded": 1.0} if masked_episode(ep, mask) else {}),
+            **({"env/excluded": 1.0} if masked_episode(ep, mask) or ep.metrics.get("excluded", 0) > 0 else {}),
             **({"env/error": 1.0, "env/excluded": 1.0} if ep.ending in FAILED else {})}, i,
             segments=tuple(ep.segments)) for ep in mine)
         groups.append(Group(examples[i].prompt, samples, {

@@ -149,7 +149,9 @@ class SearchQA:
         calls = parse_tool_calls(action)
         answer = extract_answer(action, "tag")
         if answer is not None and not queries and not calls:
-            right = normalise(answer) == normalise(self.example.answer or "")
+            if not self.example.answer:  # nothing to match: no verdict (an empty answer matched "")
+                return StepResult(done=True, metrics={"answered": 1.0, "excluded": 1.0})
+            right = normalise(answer) == normalise(self.example.answer)
             return StepResult(reward=float(right), done=True, metrics={"answered": 1.0})
         if not queries and not calls:
             return StepResult("Search with <search>query</search>, or answer inside <answer></answer> tags.",
