@@ -160,13 +160,15 @@ def test_process_needs_its_prm(tiny_dir: Path, tmp_path: Path) -> None:
         load_config(None, ['algo.advantage="process"'])
 
 
-def test_a_run_with_a_process_reward_trains(tiny_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("credit", ["group", "min"])
+def test_a_run_with_a_process_reward_trains(tiny_dir: Path, tmp_path: Path, credit: str) -> None:
     """rlvr train with the rule-based PRM: two steps run, the PRM's metrics are logged, every
     sample with a differing step score is trained (even in a group of equal outcome rewards)."""
     from rlvr.train.loop import train
 
     cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "prm"), 'algo.advantage="process"',
-                             'algo.advantage_kwargs={prm = "tests.test_process_rewards:digits_are_right", delimiter = " "}'])
+                             'algo.advantage_kwargs={prm = "tests.test_process_rewards:digits_are_right", '
+                             f'delimiter = " ", credit = "{credit}"}}'])
     train(cfg, quiet=True)
     rows = read_metrics(tmp_path / "prm")
     assert [r["step"] for r in rows] == [1, 2]
@@ -228,3 +230,42 @@ def test_a_run_with_process_rewards_and_gae_trains_a_critic_and_resumes(tiny_dir
         train(load_config(None, [*overrides(tiny_dir, tmp_path, "bad"), 'algo.advantage="process"',
                                  'algo.advantage_kwargs={prm = "arithmetic_steps", credit = "gae", gae = {lamda = 0.9}}']),
               quiet=True)
+
+
+def test_the_arithmetic_prm_checks_every_side_by_precedence() -> None:
+    """Found by a red-team review (session 19): only the first "a op b = c" of a chain was checked,
+    left to right, so "2 + 2 = 4 * 10 = 7" and "2 + 3 * 4 = 12" scored 1 and "2 + 3 * 4 = 14" 0."""
+    prm = load_prm("arithmetic_steps")
+    steps = ["2 + 2 = 4 * 10 = 7", "2 + 3 * 4 = 12", "2 + 3 * 4 = 14", "(1 + 2) x 3 = 9", "1,000 + 2 = 1,002",
+             "10 / 0 = 5", "Step 1: 5 + 5 = 10, then 10 - 3 = 7", "the answer is 1,234"]
+    assert prm.score(["p"], [steps], [{"answer": "1234"}]) == [[0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0]]
+
+
+def test_min_form_credit_by_hand() -> None:
+    """m = the lowest score from each step on; advantages normalised over the group's m."""
+    out = process_advantages([[1.0, 0.0], [0.5, 1.0]], [[1, 3], [0, 2]], [4, 3], form="min")
+    # m: [0, 0] and [0.5, 1]; mean 0.375, unbiased std sqrt(((.375² · 2) + .125² + .625²) / 3)
+    mean, std = 0.375, math.sqrt((2 * 0.375**2 + 0.125**2 + 0.625**2) / 3)
+    z = [(m - mean) / (std + 1e-6) for m in (0.0, 0.0, 0.5, 1.0)]
+    assert torch.allclose(out[0], torch.tensor([z[0]] * 2 + [z[1]] * 2), atol=1e-6)
+    assert torch.allclose(out[1], torch.tensor([z[2], z[3], z[3]]), atol=1e-6)
+    assert [a.tolist() for a in process_advantages([[1.0], [1.0]], [[0], [1]], [1, 2], form="min")] == [[0.0], [0.0, 0.0]]
+    with pytest.raises(ValueError, match="form"):
+        process_advantages([[1.0]], [[0]], [1], form="max")
+
+
+def test_padding_true_steps_pays_under_summed_credit_and_not_under_the_min() -> None:
+    """The red-team's group: a wrong answer after 20 "1 + 1 = 2" steps, and right ones."""
+    prm = load_prm("arithmetic_steps")
+    texts = ["1 + 1 = 2\n\n" * 20 + "The answer is 8", "Adding them gives seven.\n\nThe answer is 7",
+             "Adding them gives seven.\n\nThe answer is 7", "3 + 4 = 8\n\nThe answer is 8"]
+    steps = [[step_text(t, span) for span in split_steps(t)] for t in texts]
+    scores = prm.score(["3 + 4?"] * 4, steps, [{"answer": "7"}] * 4)
+    ends = [list(range(len(s))) for s in steps]  # one token a step is enough to compare first tokens
+    summed = process_advantages(scores, ends, [len(s) for s in steps])
+    assert summed[0][0] > 5 > 0 > summed[1][0]  # the padded wrong answer leads by far
+    least = process_advantages(scores, ends, [len(s) for s in steps], form="min")
+    assert least[0][0] < 0 < least[1][0] and least[1][0] == least[2][0]
+    assert ProcessOptions(prm="arithmetic_steps", credit="min").credit == "min"
+    with pytest.raises(ValueError, match="credit"):
+        ProcessOptions(prm="arithmetic_steps", credit="max")

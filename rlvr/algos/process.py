@@ -6,6 +6,7 @@ Shapes: ``_S`` the steps of one completion, ``_N`` its tokens.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,9 +70,9 @@ def step_end_tokens(tokenizer: Any, token_ids: Sequence[int], spans: list[tuple[
 
 
 def process_advantages(step_rewards: Sequence[Sequence[float]], step_ends: Sequence[Sequence[int]],
-                       lengths: Sequence[int], *, eps: float = 1e-6) -> list[Tensor]:
-    """Per-token advantages of one group from its samples' step rewards (DeepSeekMath's process
-    supervision).
+                       lengths: Sequence[int], *, eps: float = 1e-6, form: str = "sum") -> list[Tensor]:
+    """Per-token advantages of one group from its samples' step rewards: ``form = "sum"``,
+    DeepSeekMath's process supervision; ``"min"``, min-form credit (`min_form_advantages`).
 
     r̃_i,j = (r_i,j − mean(R)) / (std(R) + eps),   R = every step reward of the group's samples
     A_i,t = Σ_{j : end(i, j) ≥ t} r̃_i,j              (the normalised rewards of the steps from t's on)
@@ -88,11 +89,11 @@ def process_advantages(step_rewards: Sequence[Sequence[float]], step_ends: Seque
     Returns:
         per sample, its tokens' advantages, [N].
     """
-    if not (len(step_rewards) == len(step_ends) == len(lengths)):
-        raise ValueError("step_rewards, step_ends and lengths need one entry per sample")
-    for rewards, ends in zip(step_rewards, step_ends):
-        if len(rewards) != len(ends):
-            raise ValueError(f"a sample has {len(rewards)} step rewards for {len(ends)} steps")
+    if form not in ("sum", "min"):
+        raise ValueError(f"form must be \"sum\" or \"min\", got {form!r}")
+    if form == "min":
+        return min_form_advantages(step_rewards, step_ends, lengths, eps=eps)
+    _check(step_rewards, step_ends, lengths)
     every = torch.tensor([float(r) for rewards in step_rewards for r in rewards], dtype=torch.float64)
     if every.numel() > 1 and float(every.max() - every.min()) > 0:  # (std of equal values rounds to ~1e-17)
         mean, scale = float(every.mean()), float(every.std()) + eps
@@ -102,9 +103,63 @@ def process_advantages(step_rewards: Sequence[Sequence[float]], step_ends: Seque
     for rewards, ends, n in zip(step_rewards, step_ends, lengths):
         advantages_N = torch.zeros(n, dtype=torch.float64)
         for reward, end in zip(rewards, ends):
+            advantages_N[: end + 1] += (float(reward) - mean) / scale
+        out.append(advantages_N.float())
+    return out
+
+
+def _check(step_rewards: Sequence[Sequence[float]], step_ends: Sequence[Sequence[int]], lengths: Sequence[int]) -> None:
+    if not (len(step_rewards) == len(step_ends) == len(lengths)):
+        raise ValueError("step_rewards, step_ends and lengths need one entry per sample")
+    for rewards, ends, n in zip(step_rewards, step_ends, lengths):
+        if len(rewards) != len(ends):
+            raise ValueError(f"a sample has {len(rewards)} step rewards for {len(ends)} steps")
+        for end in ends:
             if not 0 <= end < n:
                 raise ValueError(f"a step ends on token {end} of a completion of {n} tokens")
-            advantages_N[: end + 1] += (float(reward) - mean) / scale
+
+
+def _normalised(values: Tensor, eps: float) -> Tensor:
+    """(values − mean) / (unbiased std + eps); zeros when they are all equal (nothing to rank)."""
+    if values.numel() > 1 and float(values.max() - values.min()) > 0:
+        return (values - values.mean()) / (float(values.std()) + eps)
+    return torch.zeros_like(values)
+
+
+def min_form_advantages(step_rewards: Sequence[Sequence[float]], step_ends: Sequence[Sequence[int]],
+                        lengths: Sequence[int], *, eps: float = 1e-6) -> list[Tensor]:
+    """Per-token advantages with min-form credit: a step's return is the lowest reward of that step
+    and every step after it, not their sum, and a token's advantage is its step's return
+    normalised over the returns of the group's steps:
+
+    m_i,j = min_{j' ≥ j} r_i,j'            A_i,t = (m_i,j(t) − mean(M)) / (std(M) + eps)
+
+    with j(t) the step token t belongs to and M every m_i,j of the group (unbiased std; all equal:
+    advantage 0). Summed credit pays for steps: 20 trivially true "1 + 1 = 2" steps in front of a
+    wrong answer gave its first token an advantage of +6.3 against −0.6 for a right answer (a
+    red-team review, session 19). Under the min a true step adds nothing and a wrong one anywhere
+    after a token lowers it. Cheng et al., "Stop Summation: Min-Form Credit Assignment Is All
+    Process Reward Model Needs for Reasoning", arXiv:2504.15275 (PURE), whose value is the min of
+    future process rewards (they train with a soft-min at a low temperature; this is its limit).
+
+    Args and return as `process_advantages`'."""
+    _check(step_rewards, step_ends, lengths)
+    returns = []
+    for rewards in step_rewards:
+        floor, mins = math.inf, []
+        for reward in reversed(rewards):
+            floor = min(floor, float(reward))
+            mins.append(floor)
+        returns.append(mins[::-1])
+    every = _normalised(torch.tensor([m for mins in returns for m in mins], dtype=torch.float64), eps)
+    out, at = [], 0
+    for mins, ends, n in zip(returns, step_ends, lengths):
+        advantages_N = torch.zeros(n, dtype=torch.float64)
+        start = 0
+        for j, end in enumerate(ends):
+            advantages_N[start : end + 1] = every[at + j]
+            start = end + 1
+        at += len(mins)
         out.append(advantages_N.float())
     return out
 
@@ -129,16 +184,18 @@ class ProcessOptions:
     """The outcome estimator (rlvr.algos.ESTIMATORS) of that mix."""
     credit: str = "group"
     """How step scores become advantages: "group", normalised over the group's steps and summed
-    from each token on (process_advantages); "gae", as rewards on each step's last token for PPO's
-    critic and GAE (with outcome_weight × the outcome reward on the last token)."""
+    from each token on (process_advantages, DeepSeekMath's); "min", each token's the lowest score
+    of its step and those after it, normalised over the group (min_form_advantages, PURE's: extra
+    true steps earn nothing, where the sum pays for them); "gae", as rewards on each step's last
+    token for PPO's critic and GAE (with outcome_weight × the outcome reward on the last token)."""
     gae: dict[str, Any] = field(default_factory=dict)
     """With credit = "gae": GAE's and the critic's options (rlvr.train.critic.GaeOptions)."""
 
     def __post_init__(self) -> None:
         from rlvr.algos.advantages import ESTIMATORS
 
-        if self.credit not in ("group", "gae"):
-            raise ValueError(f"credit must be \"group\" or \"gae\", got {self.credit!r}")
+        if self.credit not in ("group", "min", "gae"):
+            raise ValueError(f"credit must be \"group\", \"min\" or \"gae\", got {self.credit!r}")
         if self.gae and self.credit != "gae":
             raise ValueError("gae holds the options of credit = \"gae\"")
         if not self.delimiter:

@@ -8,6 +8,7 @@ TRL's PRM layout (`ClassifierPRM`).
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -104,27 +105,75 @@ class ClassifierPRM:
         return out
 
 
-_EQUATION = re.compile(r"(-?\d+(?:\.\d+)?)\s*([-+*/×x])\s*(-?\d+(?:\.\d+)?)\s*=\s*(-?\d+(?:\.\d+)?)")
+_CHAIN = re.compile(r"[-+*/×()\d.\s]*\d[-+*/×()\d.\s]*(?:=[-+*/×()\d.\s]*\d[-+*/×()\d.\s]*)+")
+"""Arithmetic with at least one "=": "2 + 3 * 4 = 14", "a = b = c" chains."""
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_TIMES = re.compile(r"(?<=[\d)])\s*x\s*(?=[\d(])")
+
+
+def _value(text: str) -> float | None:
+    """The value of an arithmetic expression of numbers, + - * / (× and x for *) and
+    parentheses, by the usual precedence; nan for a division by zero; None for anything else."""
+    try:
+        tree = ast.parse(text.replace("×", "*").strip(), mode="eval")
+    except SyntaxError:
+        return None
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+            return float(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            return -ev(node.operand) if isinstance(node.op, ast.USub) else ev(node.operand)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult | ast.Div):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Div):
+                if b == 0:
+                    raise ZeroDivisionError
+                return a / b
+            return a + b if isinstance(node.op, ast.Add) else a - b if isinstance(node.op, ast.Sub) else a * b
+        raise ValueError("not arithmetic")
+
+    try:
+        value = ev(tree)
+    except ZeroDivisionError:
+        return math.nan  # arithmetic, but no number: an equation with it is wrong
+    except (ValueError, RecursionError, OverflowError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _equations_right(step: str) -> list[bool]:
+    """For each equation chain in `step` ("a op b = c", "a = b = c", any precedence), whether all
+    of its sides are equal (to a relative 1e-9); sides that are not arithmetic are skipped."""
+    verdicts = []
+    for chain in _CHAIN.finditer(_TIMES.sub("*", _THOUSANDS.sub("", step))):
+        values = [v for v in (_value(side) for side in chain[0].split("=")) if v is not None]
+        if len(values) >= 2:
+            verdicts.append(all(abs(v - values[0]) <= 1e-9 * max(1.0, abs(values[0])) for v in values[1:])
+                            and not any(math.isnan(v) for v in values))
+    return verdicts
 
 
 def arithmetic_steps(prompt: str, steps: list[str], answer: Any = None, **example: Any) -> list[float]:
-    """A rule-based PRM for arithmetic: a step with a wrong equation "a op b = c" scores 0, one whose
-    equations are all right scores 1, one without an equation 0.5; the last step scores 1 if its
-    last number is the answer, else 0. (A checker, not a learned PRM: for arithmetic tasks such as
-    reasoning-gym's chain_sum, and for trying process supervision without a PRM model.)"""
-    def right(match: re.Match[str]) -> bool:
-        a, op, b, c = float(match[1]), match[2], float(match[3]), float(match[4])
-        value = {"+": a + b, "-": a - b, "*": a * b, "×": a * b, "x": a * b, "/": a / b if b else math.nan}[op]
-        return abs(value - c) < 1e-9
+    """A rule-based PRM for arithmetic: a step with a wrong equation scores 0, one whose equations
+    are all right scores 1, one without an equation 0.5; the last step scores 1 if its last number
+    is the answer, else 0. An equation is a chain of arithmetic sides joined by "=", each side
+    evaluated with the usual precedence ("2 + 3 * 4 = 14"), every side checked ("2 + 2 = 4 * 10 =
+    7" is wrong); thousands separators are read ("1,000 + 2 = 1,002"). (A checker, not a learned
+    PRM: for arithmetic tasks such as reasoning-gym's chain_sum, and for trying process
+    supervision without a PRM model. It pays a trivially true step like any other: with summed
+    credit, padding pays; use ``credit = "min"``, rlvr.algos.process.min_form_advantages.)"""
     scores = []
     for step in steps:
-        equations = list(_EQUATION.finditer(step))
-        scores.append(0.5 if not equations else float(all(right(m) for m in equations)))
+        verdicts = _equations_right(step)
+        scores.append(0.5 if not verdicts else float(all(verdicts)))
     if steps:
-        numbers = _NUMBER.findall(steps[-1])
+        numbers = _NUMBER.findall(_THOUSANDS.sub("", steps[-1]))
         try:
-            scores[-1] = float(bool(numbers) and answer is not None and float(numbers[-1]) == float(answer))
+            scores[-1] = float(bool(numbers) and answer is not None and float(numbers[-1]) == float(str(answer).replace(",", "")))
         except ValueError:  # an answer that is not a number
             scores[-1] = 0.0
     return scores

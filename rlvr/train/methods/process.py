@@ -91,7 +91,8 @@ class ProcessCredit:
             # the group's samples left out of the loss do not set its step-score baseline
             mine = [i for i in rows if i in kept and samples[i].completion.token_ids]
             per_row = process_advantages([scores[i] for i in mine], [ends[i] for i in mine],
-                                         [len(samples[i].completion.token_ids) for i in mine])
+                                         [len(samples[i].completion.token_ids) for i in mine],
+                                         form="min" if o.credit == "min" else "sum")
             advantages = dict(zip(mine, per_row))
             for i in rows:
                 a = advantages.get(i, torch.zeros(len(samples[i].completion.token_ids)))
@@ -152,7 +153,7 @@ def process_credit(cfg: RunConfig, policy: Any, tokenizer: Any, optimizer_steps:
     options = ProcessOptions(**cfg.algo.advantage_kwargs)
     weight = next(policy.parameters())
     prm = load_prm(options.prm, options.separator, weight.dtype, weight.device)
-    if options.credit == "group":
+    if options.credit in ("group", "min"):
         return ProcessCredit(prm, options, tokenizer, fields_of)
     from rlvr.algos.registry import options as checked
 
