@@ -464,3 +464,14 @@ def test_math_verify_reads_an_answer_in_markdown_or_display_math() -> None:
         assert math_verify_reward("", f"<answer>{answer}</answer>", answer="42") == 1.0, answer
     for answer in ("**43**", "**3** or **4**", "`41`"):
         assert math_verify_reward("", f"<answer>{answer}</answer>", answer="42") == 0.0, answer
+
+
+def test_majority_vote_counts_a_number_by_its_value_and_format_wants_a_visible_answer() -> None:
+    """Found by a red-team review (session 19): "12.0" and "12" split a real majority, and a
+    zero-width space counted as an answer."""
+    from rlvr.rewards.builtin import majority_vote_reward
+
+    group = ["<answer>12.0</answer>", "<answer>12</answer>", "<answer>13</answer>", "<answer>1,2</answer>"]
+    assert majority_vote_reward("", group) == [1.0, 1.0, 0.0, 0.0]
+    assert majority_vote_reward("", ["<answer>1,200</answer>", "<answer>1200</answer>", "<answer>x</answer>"]) == [1.0, 1.0, 0.0]
+    assert format_reward("", "<answer>\u200b</answer>") == 0.0 and format_reward("", "<answer>\u200b7</answer>") == 1.0

@@ -204,3 +204,20 @@ def test_parsing_boxes_stays_linear_on_runs_of_blank_lines() -> None:
     assert parse_boxes(degenerate) == []
     assert time.perf_counter() - start < 2.0
     assert parse_boxes("10 ,20 ;30\n40") == [(10.0, 20.0, 30.0, 40.0)]
+
+
+def test_a_right_answer_in_markdown_latex_or_with_a_unit_is_read_and_a_hedge_is_not() -> None:
+    """Found scored 0 by a red-team review (session 19)."""
+    from rlvr.rewards.visual import exact_answer_reward
+
+    for answer in ("12.", "**12**", "$12$", r"\boxed{12}", "12.0", "12 apples", "`12`"):
+        assert exact_answer_reward("", f"<answer>{answer}</answer>", answer="12") == 1.0, answer
+    for answer in ("12 or 13", "13", "12 13", "-12", "120"):
+        assert exact_answer_reward("", f"<answer>{answer}</answer>", answer="12") == 0.0, answer
+    assert exact_answer_reward("", "<answer>7</answer>", answer="007") == 0.0  # a digit string stays text
+    for completion in (r"\boxed{B}", r"$\boxed{B}$", "**B**", "<answer>**B**</answer>", "<answer>Option B</answer>",
+                       "The correct option is B.", "Answer: B (the one that is D-shaped)",
+                       "Answer: B, which is C's mirror image"):
+        assert multiple_choice_reward("", completion, answer="B") == 1.0, completion
+    for completion in (r"\boxed{A} \boxed{B}", "<answer>**A or B**</answer>", "The answer is A or B"):
+        assert multiple_choice_reward("", completion, answer="B") == 0.0, completion

@@ -8,6 +8,7 @@ A user reward is any callable with the same signature, named by a dotted path in
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections.abc import Callable
@@ -106,7 +107,11 @@ def format_reward(prompt: str, completion: str, *, tag: str = "answer", **_: Any
         return 0.0
     start = completion.index(open_tag) + len(open_tag)
     end = completion.index(close_tag)
-    return 1.0 if start <= end and completion[start:end].strip() else 0.0
+    return 1.0 if start <= end and _VISIBLE.search(completion[start:end]) else 0.0
+
+
+_VISIBLE = re.compile(r"[^\s\u200b-\u200f\u2060\ufeff]")
+"""A character that shows: not a space, nor a zero-width one (``<answer>\u200b</answer>`` is blank)."""
 
 
 def majority_vote_reward(
@@ -116,13 +121,13 @@ def majority_vote_reward(
 
     Test-time RL (Zuo et al., "TTRL: Test-Time Reinforcement Learning", arXiv:2504.16084): the
     majority answer of the sampled group stands in for the missing label. Answers are compared
-    as extracted strings with surrounding spaces removed; ties go to the answer seen first; a
+    as extracted strings with surrounding spaces removed, a number as its value ("12.0", "12" and
+    "1,200" vs "1200" agree: `_vote_key`); ties go to the answer seen first (TTRL's); a
     completion without an answer scores 0. Called once per group (a group reward). Without a
     check on diversity it rewards agreeing with oneself: watch ``distinct_answer_fraction``
     (logged every step) for collapse.
     """
-    answers = [extract_answer(c, extract) for c in completions]
-    answers = [a.strip() if a else None for a in answers]
+    answers = [_vote_key(a) if a else None for a in (extract_answer(c, extract) for c in completions)]
     counts: dict[str, int] = {}
     for a in answers:
         if a:
@@ -131,6 +136,20 @@ def majority_vote_reward(
         return [0.0] * len(completions)
     majority = max(counts, key=lambda a: (counts[a], -answers.index(a)))
     return [1.0 if a == majority else 0.0 for a in answers]
+
+
+def _vote_key(answer: str) -> str:
+    """What `majority_vote` compares: the answer without surrounding spaces, or, for a number
+    (thousands commas allowed), its value written one way."""
+    text = answer.strip()
+    plain = text.replace(",", "") if re.fullmatch(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?", text) else text
+    try:
+        value = float(plain)
+    except ValueError:
+        return text
+    if not math.isfinite(value) or not re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", plain):
+        return text
+    return str(int(value)) if value == int(value) and abs(value) < 2**53 else repr(value)
 
 
 GROUP_REWARDS: dict[str, Callable[..., list[Any]]] = {"majority_vote": majority_vote_reward,

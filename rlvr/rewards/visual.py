@@ -90,7 +90,7 @@ def iou_reward(prompt: str, completion: str, *, box: Any = None, answer: Any = N
 
 _TAGGED = re.compile(r"^\(?([A-Za-z])\)?[.:)]?(?:\s+(.*))?$", re.DOTALL)
 _CHOICE = r"(?:\(([A-Za-z])\)|\b([A-Z])(?![A-Za-z]))"
-_FINAL = re.compile(r"(?i:\banswer\b)(?:[^\n.]{0,40}?(?i:\bis\b)|\s*:)\s*[:\-]?\s*\**\s*" + _CHOICE +
+_FINAL = re.compile(r"(?i:\banswer\b|\boption\b|\bchoice\b)(?:\s*:|[^\n.]{0,40}?(?i:\bis\b))\s*[:\-]?\s*\**\s*" + _CHOICE +
                     r"\**(\s*(?:(?i:or|and)\b|/|,)\s*(?:\([A-Za-z]\)|[A-Z](?![A-Za-z])))?")
 
 
@@ -108,7 +108,11 @@ def chosen_letter(completion: str, options: dict[str, str]) -> str | None:
     bold marks around the letter; a capital, or any case in brackets), unless a second letter
     follows it ("A or B", "A/B", "A, B"); or the whole completion if it is one such letter."""
     tagged = extract_tag(completion)
+    if tagged is None:  # a final \boxed{B} answers like a tag
+        boxed = re.findall(r"\\boxed\{\s*\(?([A-Za-z])\)?\s*\}", completion)
+        tagged = boxed[-1] if boxed and len(set(boxed)) == 1 else None
     if tagged is not None:
+        tagged = re.sub(r"^(?i:option|choice)\s+", "", unwrapped(tagged))
         m = _TAGGED.match(tagged.strip())
         letter = m.group(1).upper() if m else None
         if m and letter in options and (not m.group(2) or _plain(m.group(2)) == _plain(options[letter])):
@@ -118,7 +122,7 @@ def chosen_letter(completion: str, options: dict[str, str]) -> str | None:
     finals = [m for m in _FINAL.finditer(completion) if (m.group(1) or m.group(2)).upper() in options]
     if finals:
         return None if finals[-1].group(3) else (finals[-1].group(1) or finals[-1].group(2)).upper()
-    m = _TAGGED.match(completion.strip())
+    m = _TAGGED.match(unwrapped(completion))
     return m.group(1).upper() if m and not m.group(2) and m.group(1).upper() in options else None
 
 
@@ -134,15 +138,42 @@ def multiple_choice_reward(prompt: str, completion: str, *, answer: str, choices
     return float(chosen_letter(completion, options) == gold)
 
 
+_WRAPPERS = (re.compile(r"^\\boxed\{(.*)\}$", re.S), re.compile(r"^\$+(.*?)\$+$", re.S),
+             re.compile(r"^\\[(\[](.*)\\[)\]]$", re.S), re.compile(r"^(\*\*|__|\*|_|`+)(.+)\1$", re.S))
+
+
+def unwrapped(text: str) -> str:
+    r"""`text` without what only dresses a whole answer: markdown bold, italics or code, ``$…$``,
+    ``\(…\)``, ``\[…\]`` or ``\boxed{…}`` around all of it (nested too), surrounding spaces."""
+    text = text.strip()
+    while True:
+        for pattern in _WRAPPERS:
+            m = pattern.match(text)
+            if m:
+                text = m.group(m.lastindex or 1).strip()
+                break
+        else:
+            return text
+
+
 def _normal(answer: str) -> str:
-    text = answer.strip()
-    return text.replace(",", "") if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", text) else text
+    text = unwrapped(answer)
+    text = text.replace(",", "") if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?\.?", text) else text
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", text)
+    if len(numbers) == 1 and not re.match(r"-?0\d", numbers[0]) \
+            and re.fullmatch(r"[^\d]*?-?\d+(?:\.\d+)?\.?(?:\s+[A-Za-z][A-Za-z ]*)?", text):
+        value = float(numbers[0])  # one number, perhaps with a unit: "12 apples", "12.", "12.0"
+        return str(int(value)) if value == int(value) else repr(value)
+    return text
 
 
 def exact_answer_reward(prompt: str, completion: str, *, answer: str, **_: Any) -> float:
-    """1 if the completion's answer equals ``answer`` as text (whitespace trimmed, thousands
-    commas dropped from a number), else 0; e.g. a count or a digit string read from an image.
-    The answer is the <answer> tag's content, else the completion's last number (so a completion
-    that names several numbers answers with its last)."""
+    """1 if the completion's answer equals ``answer`` as text, else 0; e.g. a count or a digit
+    string read from an image. The answer is the <answer> tag's content, else the completion's
+    last number (so a completion that names several numbers answers with its last). Both are
+    compared without dressing (`unwrapped`: ``**12**``, ``$12$``) and, when each is one number
+    (thousands commas allowed, perhaps a trailing full stop or a unit word: "12 apples"), by
+    value ("12.0" is "12"); an answer with two numbers ("12 or 13"), or a digit string with a
+    leading zero ("007"), stays text."""
     got = extract_tag_or_last_number(completion)
     return float(got is not None and _normal(got) == _normal(str(answer)))
