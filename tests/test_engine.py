@@ -513,3 +513,17 @@ def test_static_decoder_shares_only_where_it_saves_enough_reads(tiny_model: Mode
         decoder = StaticDecoder(tiny_model, FusedWeights(tiny_model), cache, mask_PT, 4)
         assert bool(decoder.prompt_keys) == shared and decoder.n == (4 if shared else 1)
         assert len(decoder.step(torch.tensor([9, 9, 9, 9]))) == 4
+
+
+def test_a_stop_string_never_matches_inside_a_special_token(tiny_model: Model, tiny_tokenizer: Tokenizer,
+                                                            decoder: str) -> None:
+    """Special tokens are not in a completion's text, so they take no part in stop matching: a
+    sampled <|im_start|> ended a completion on stop "im" or "_" (a red-team review, session 19)."""
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder=decoder)
+    x, a = encode(tiny_tokenizer, "xa")
+    start = tiny_tokenizer.convert_tokens_to_ids("<|im_start|>")
+    with steer(tiny_model, {x: start, start: a, a: a}):
+        out = engine.generate([encode(tiny_tokenizer, "x")], SamplingParams(temperature=0.0, max_new_tokens=4,
+                                                                           stop=("im", "start", "|")))
+    completion = out[0][0]
+    assert completion.token_ids[:2] == (start, a) and completion.finish_reason == "length", completion

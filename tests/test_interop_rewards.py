@@ -181,3 +181,49 @@ def test_training_on_trl_data_with_trls_reward(tiny_dir: Path, tmp_path: Path) -
 def letter_reward(completions: list[list[dict[str, str]]], letter: list[str], **kwargs: Any) -> list[float]:
     """TRL conversational: each completion is [{"role": "assistant", "content": ...}]."""
     return [float(want in c[0]["content"]) for c, want in zip(completions, letter)]
+
+
+def trl_answer_in(completions: list[str], answer: list[Any], **_: Any) -> list[float]:
+    return [1.0 if c.strip() in a else 0.0 for c, a in zip(completions, answer)]
+
+
+def trl_ids_only(completion_ids: list[list[int]], **_: Any) -> list[float]:
+    return [float(len(ids)) for ids in completion_ids]
+
+
+def trl_numpy(completions: list[str], **_: Any) -> Any:
+    import numpy as np
+
+    return np.array([float(len(c)) for c in completions])
+
+
+def verl_tensor(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> Any:
+    import torch
+
+    return torch.tensor(float(solution_str == ground_truth))
+
+
+def test_a_trl_reward_gets_the_answer_column_as_the_dataset_holds_it(tmp_path: Path) -> None:
+    """Found by a red-team review (session 19): the "answer" column reached TRL rewards as text,
+    so `c in ["4", "40"]` ran on "['4', '40']" and paid "0", "," and "["."""
+    path = tmp_path / "trl.jsonl"
+    path.write_text(json.dumps({"prompt": "2 + 2?", "answer": ["4", "40"]}) + "\n" + json.dumps({"prompt": "n?", "answer": 42}))
+    listed, number = jsonl_examples(path, format="trl")
+    assert listed.fields["answer"] == ["4", "40"] and number.fields["answer"] == 42 and number.answer == "42"
+    rewards = build_rewards([{"fn": "tests.test_interop_rewards:trl_answer_in"}])
+    out = score_group(rewards, listed.prompt, ["0", ",", "[", "4", "40"], listed.fields)
+    assert [total for total, _ in out] == [0.0, 0.0, 0.0, 1.0, 1.0]
+    (plain,) = jsonl_examples(path.parent / "trl.jsonl", format="rlvr")[:1]
+    assert plain.fields["answer"] == "['4', '40']"  # rlvr's own layout: the answer is text
+
+
+def test_trl_rewards_named_by_ids_or_prompts_and_arrays_or_tensors_returned() -> None:
+    """TRL and verl accept these; rlvr misread the style or refused the values (session 19)."""
+    assert detect_style(trl_ids_only) == "trl"
+    rewards = build_rewards([{"fn": "tests.test_interop_rewards:trl_ids_only"},
+                             {"fn": "tests.test_interop_rewards:trl_numpy"}])
+    out = score_group(rewards, "Q", ["ab", "abc"], {}, completion_ids=[(1, 2), (1, 2, 3)])
+    assert [p["trl_ids_only"] for _, p in out] == [2.0, 3.0] and [p["trl_numpy"] for _, p in out] == [2.0, 3.0]
+    verl = build_rewards([{"fn": "tests.test_interop_rewards:verl_tensor"}])
+    out = score_group(verl, "Q", ["7", "8"], {"data_source": "x", "reward_model": {"ground_truth": "7"}})
+    assert [p["verl_tensor"] for _, p in out] == [1.0, 0.0] and not any("error" in k for _, p in out for k in p)

@@ -142,3 +142,15 @@ def test_same_generator_seed_same_draws() -> None:
     b, _ = sample_tokens(logits, temperature=1.0, generator=torch.Generator().manual_seed(7))
     c, _ = sample_tokens(logits, temperature=1.0, generator=torch.Generator().manual_seed(8))
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_a_tiny_temperature_is_all_but_greedy_not_nan() -> None:
+    """logits / 1e-38 overflowed to inf and inf - inf = nan: `rlvr serve` answered 500 to
+    temperature 1e-38 (a red-team review, session 19)."""
+    logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, 0.5, -1.0]])
+    for temperature in (1e-38, 1e-45, 1e-6):
+        logprobs = process_logits(logits, temperature=temperature)
+        assert torch.isfinite(logprobs.max(-1).values).all()
+        tokens, chosen = sample_tokens(logits, temperature=temperature, uniforms_B=torch.tensor([0.3, 0.7], dtype=torch.float64))
+        assert tokens[0] == 1 and tokens[1] in (0, 1) and torch.isfinite(chosen).all()
+    assert torch.allclose(process_logits(logits, temperature=0.5), (logits / 0.5).log_softmax(-1))

@@ -154,7 +154,8 @@ def jsonl_examples(
     """One Example per non-blank line of a JSONL file; every column becomes a reward field.
 
     ``fields["answer"]`` is the ``answer_column`` value as a string (None when
-    ``answer_column`` is None and the row has no "answer" column). ``image_column`` names the
+    ``answer_column`` is None and the row has no "answer" column); in the "trl" layout a row's
+    own "answer" column stays as it is (TRL passes its rewards the columns unchanged). ``image_column`` names the
     column holding the prompt's image or images (file paths, relative ones to the file's folder).
     """
     path = Path(path)
@@ -242,7 +243,12 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
         else:
             answer = row.get(answer_column) if answer_column else row.get("answer")
         answer = None if answer is None else str(answer)
-        fields = {**row, "answer": answer, **({PROMPT_MESSAGES: messages} if messages is not None else {})}
+        # TRL's rewards get the dataset's columns as they are, "answer" included (a list or a number
+        # made text turned their "in" and "==" checks silently wrong: a red-team review, session 19);
+        # rlvr's own rewards read any answer as text
+        fields = {**row, "answer": answer} if layout != "trl" else {"answer": answer, **row}
+        if messages is not None:
+            fields[PROMPT_MESSAGES] = messages
         if image_column is not None:
             if messages is not None:
                 raise ValueError(f"{where}: a prompt given as chat messages cannot take images from {image_column!r} "

@@ -246,6 +246,7 @@ def _call(reward: RewardFn, prompt: str, completions: list[str], example: dict[s
     except Exception as exc:
         _failed(reward, type(exc).__name__, "".join(traceback.format_exception(exc, limit=-3)), completions[0], on_error)
         return [None] * len(completions)
+    values = _listed(values)
     if not isinstance(values, (list, tuple)) or len(values) != len(completions):
         _failed(reward, "wrong length", f"a group reward must return one value per completion ({len(completions)}); "
                 f"got {values!r:.200}", completions[0], on_error)
@@ -267,7 +268,27 @@ def _one(reward: RewardFn, prompt: str, completion: str, fields: dict[str, Any],
     return _checked_value(reward, value, completion, on_error)
 
 
+def _listed(values: Any) -> Any:
+    """A group reward's values as a list where it returned an array or tensor of one dimension
+    (numpy's, torch's: what TRL accepts), or a generator; anything else as it is."""
+    if inspect.isgenerator(values):
+        return list(values)
+    if type(values).__module__ in ("numpy", "torch") and getattr(values, "ndim", None) == 1:
+        return list(values)
+    return values
+
+
+def _scalar(value: Any) -> Any:
+    """A 0-d numpy or torch number as a Python float (verl's `compute_score` may return
+    ``torch.tensor(1.)``); anything else as it is."""
+    if type(value).__module__ in ("numpy", "torch") and getattr(value, "ndim", None) == 0 \
+            and "complex" not in str(getattr(value, "dtype", "complex")):
+        return float(value)
+    return value
+
+
 def _checked_value(reward: RewardFn, value: Any, completion: str, on_error: str) -> float | str | None:
+    value = _scalar(value)
     if value is NO_VALUE:
         return _NO_VALUE
     if value is None:

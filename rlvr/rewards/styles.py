@@ -21,8 +21,8 @@ list of a prompt's completions). Functions written for other trainers keep their
 Keyword arguments a function does not accept are left out (unless it takes ``**kwargs``), so
 `def f(completions, solution, **kwargs)` and `def f(completions, **kwargs)` both work.
 
-``style = "auto"`` (the default) reads the signature: a parameter ``completions`` without
-``prompt`` or ``completion`` means TRL (rlvr's own group rewards take ``prompt, completions``); ``solution_str`` with ``ground_truth`` means verl; anything else is
+``style = "auto"`` (the default) reads the signature: a parameter ``completions``,
+``completion_ids`` or ``prompts`` without ``prompt`` or ``completion`` means TRL (rlvr's own group rewards take ``prompt, completions``); ``solution_str`` with ``ground_truth`` means verl; anything else is
 rlvr's own convention, as before.
 """
 
@@ -49,7 +49,8 @@ def detect_style(fn: Callable[..., Any]) -> str:
         names = set(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # a builtin without a signature: rlvr's own
         return "rlvr"
-    if "completions" in names and not {"prompt", "completion"} & names:  # rlvr's group rewards take (prompt, completions)
+    # TRL's own names (rlvr's group rewards take prompt and completions, its others prompt and completion)
+    if {"completions", "completion_ids", "prompts"} & names and not {"prompt", "completion"} & names:
         return "trl"
     if {"solution_str", "ground_truth"} <= names:
         return "verl"

@@ -446,7 +446,10 @@ class EmbeddedEngine:
         # A token holds at least one byte of text (byte-level BPE splits a character across
         # tokens), so the last max_stop tokens, max_stop the longest stop string's UTF-8 length,
         # hold any stop string that the newest token completed.
-        hits = [any(s in self.tokenizer.decode(tokens[r][-max_stop:]) for s in stop) for r in rows.tolist()]
+        # ...in the text the completion will have: special tokens skipped, as in `_completion`
+        # ("_" or "im" must not stop on a sampled <|im_start|>)
+        hits = [any(s in self.tokenizer.decode(tokens[r][-max_stop:], skip_special_tokens=True) for s in stop)
+                for r in rows.tolist()]
         return torch.tensor(hits, device=self.device)
 
     def _completion(self, ids: list[int], logps: list[float], reason: FinishReason, version: int | None,

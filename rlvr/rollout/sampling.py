@@ -17,7 +17,9 @@ def process_logits(
     """
     logits_BV = logits_BV.float()
     if temperature > 0 and temperature != 1:
-        logits_BV = logits_BV / temperature
+        # shifted by the row's largest first (the same distribution): a tiny temperature then sends
+        # the others to -inf, where the unshifted logits / 1e-38 made inf - inf = nan
+        logits_BV = (logits_BV - logits_BV.amax(-1, keepdim=True)) / temperature
     if 0 < top_k < logits_BV.shape[-1]:
         kth_B1 = torch.topk(logits_BV, top_k, dim=-1).values[:, -1:]
         logits_BV = logits_BV.masked_fill(logits_BV < kth_B1, float("-inf"))
