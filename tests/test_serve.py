@@ -385,3 +385,47 @@ def test_an_empty_api_key_is_no_key() -> None:
     with BackgroundServer(served, api_key="") as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="anything", max_retries=0)
         assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+class _SlowEngine:
+    """The tiny engine, each call taking `seconds` more, and the prompts of every call kept."""
+
+    def __init__(self, engine: EmbeddedEngine, seconds: float) -> None:
+        self.engine, self.seconds, self.calls = engine, seconds, []  # type: list[list[list[int]]]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, **kw: Any) -> Any:
+        self.calls.append(prompts)
+        time.sleep(self.seconds)
+        return self.engine.generate(prompts, params, **kw)
+
+
+def test_a_client_that_disconnects_frees_its_slot_and_its_waiting_job_is_dropped() -> None:
+    """A client that gave up kept its slot until the engine finished its work: every other request
+    got 429 meanwhile (17-32 s in a red-team review, session 19)."""
+    import threading
+
+    served = tiny_served()
+    slow = _SlowEngine(served.engine, 2.0)  # type: ignore[arg-type]
+    served = Served(served.name, served.tokenizer, slow, served.model, served.context_length)  # type: ignore[arg-type]
+    with BackgroundServer(served, limits=Limits(max_concurrent=2)) as s:
+        quitter = openai.OpenAI(base_url=s.base_url, api_key="x", max_retries=0, timeout=0.5)
+        patient = openai.OpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+
+        def give_up(prompt: str) -> None:
+            with pytest.raises(openai.APITimeoutError):
+                quitter.completions.create(model="tiny", prompt=prompt, max_tokens=4)
+
+        running = threading.Thread(target=give_up, args=("first",))  # starts in the engine at once
+        running.start()
+        time.sleep(0.2)
+        give_up("second")  # waits behind the first, then leaves
+        running.join()
+        time.sleep(0.3)  # the server hears of a client that left as soon as the connection closes
+        start = time.perf_counter()
+        answer = patient.completions.create(model="tiny", prompt="third", max_tokens=2)  # not 429
+        assert answer.choices and time.perf_counter() - start < 6
+        sent = [make_tiny_tokenizer().decode(p[0]) for p in slow.calls]
+        assert sent == ["first", "third"], sent  # the abandoned second request never reached the engine

@@ -14,11 +14,12 @@ offending field in ``param``; an engine failure is a 500 that says so, never a c
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -89,12 +90,12 @@ def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None
         return handlers.models()["data"][0]  # type: ignore[no-any-return]
 
     @app.post("/v1/chat/completions")
-    async def plain_chat(req: ChatRequest) -> Any:
-        return await handlers.chat(req)
+    async def plain_chat(req: ChatRequest, request: Request) -> Any:
+        return await handlers.chat(req, gone=request.receive)
 
     @app.post("/v1/completions")
-    async def plain_completions(req: CompletionRequest) -> Any:
-        return await handlers.completions(req)
+    async def plain_completions(req: CompletionRequest, request: Request) -> Any:
+        return await handlers.completions(req, gone=request.receive)
 
     # the same routes under /e/{tag}/v1: a trainer gives each agent episode its own base URL
 
@@ -103,12 +104,12 @@ def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None
         return handlers.models()
 
     @app.post("/e/{tag}/v1/chat/completions")
-    async def tagged_chat(tag: str, req: ChatRequest) -> Any:
-        return await handlers.chat(req, tag)
+    async def tagged_chat(tag: str, req: ChatRequest, request: Request) -> Any:
+        return await handlers.chat(req, tag, gone=request.receive)
 
     @app.post("/e/{tag}/v1/completions")
-    async def tagged_completions(tag: str, req: CompletionRequest) -> Any:
-        return await handlers.completions(req, tag)
+    async def tagged_completions(tag: str, req: CompletionRequest, request: Request) -> Any:
+        return await handlers.completions(req, tag, gone=request.receive)
 
     return app
 
@@ -137,7 +138,7 @@ class _Handlers:
         return {"object": "list",
                 "data": [{"id": self.served.name, "object": "model", "created": 0, "owned_by": "rlvr"}]}
 
-    async def chat(self, req: ChatRequest, tag: str | None = None) -> Any:
+    async def chat(self, req: ChatRequest, tag: str | None = None, gone: Gone | None = None) -> Any:
         served, limits, recorder = self.served, self.limits, self.recorder
         req.check()
         with self.slot():
@@ -149,13 +150,13 @@ class _Handlers:
             if recorder is not None:
                 params = recorder.admit(tag, prompt, params)
             top = _top(limits, req.top_logprobs, served, "top_logprobs") if req.logprobs else 0
-            job = await _sampled(self.batcher, Job([prompt], params, req.seed, top))
+            job = await _sampled(self.batcher, Job([prompt], params, req.seed, top), gone)
         if recorder is not None:
             recorder.record(tag, prompt, job.result[0])
         body = _chat_body(served, req, job, bool(tools))
         return _sse(body, chat=True, usage=_wants_usage(req)) if req.stream else body
 
-    async def completions(self, req: CompletionRequest, tag: str | None = None) -> Any:
+    async def completions(self, req: CompletionRequest, tag: str | None = None, gone: Gone | None = None) -> Any:
         served, limits, recorder = self.served, self.limits, self.recorder
         req.check()
         with self.slot():
@@ -167,7 +168,7 @@ class _Handlers:
                 for p in prompts:
                     params = recorder.admit(tag, p, params)
             top = _top(limits, req.logprobs, served, "logprobs") if req.logprobs is not None else 0
-            job = await _sampled(self.batcher, Job(prompts, params, req.seed, top))
+            job = await _sampled(self.batcher, Job(prompts, params, req.seed, top), gone)
         if recorder is not None:
             for prompt, group in zip(prompts, job.result):
                 recorder.record(tag, prompt, group)
@@ -233,11 +234,35 @@ class _Refused(Exception):
         self.status, self.message, self.code, self.kind = status, message, code, kind
 
 
-async def _sampled(batcher: Batcher, job: Job) -> Job:
+Gone = Callable[[], Awaitable[Any]]
+"""The request's ASGI `receive`: once its body is read, the next message it gives is the client's
+disconnect. (Starlette's `Request.is_disconnected` never saw one behind the HTTP middleware: it
+polls with a cancelled scope, which the middleware's receive gives up on before asking uvicorn.)"""
+
+
+async def _sampled(batcher: Batcher, job: Job, gone: Gone | None = None) -> Job:
+    """The job sampled. A client that disconnects meanwhile gives up its place: the job is not
+    sampled if it has not started (one already in the engine runs to its end, unread), and its
+    slot (`_Handlers.slot`) is free at once, where it used to refuse others with 429 until the
+    abandoned work was done (a red-team review, session 19)."""
+    waiting = asyncio.ensure_future(batcher.run(job))
     try:
-        return await batcher.run(job)
+        while gone is not None and not waiting.done():
+            watch = asyncio.ensure_future(gone())
+            await asyncio.wait({waiting, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if waiting.done():
+                watch.cancel()
+            elif not watch.cancelled() and watch.exception() is None and watch.result().get("type") == "http.disconnect":
+                job.abandoned = True
+                waiting.cancel()
+                raise _Refused(499, "the client closed the request", "client_closed_request")
+            else:  # a receive that said something else: stop watching, and wait for the job
+                gone = None
+        return await waiting
     except ValueError as e:  # the engine's own check of the request (e.g. an empty prompt)
         raise Invalid(str(e)) from e
+    except _Refused:
+        raise
     except Exception as e:  # noqa: BLE001 - an infrastructure failure: a 500 that says so, and the server goes on
         raise _Refused(500, f"the engine failed: {type(e).__name__}: {e}", "engine_error", "server_error") from e
 

@@ -174,6 +174,8 @@ class Job:
     top_k_logprobs: int = 0
     result: list[list[Completion]] = field(default_factory=list)
     top: list[list[list[list[tuple[int, float]]]]] = field(default_factory=list)
+    abandoned: bool = False
+    """Its client went away: not sampled if it has not started (`Batcher`)."""
 
 
 class Batcher:
@@ -223,6 +225,8 @@ class Batcher:
         ready, prompts, seeds = [], [], []
         for entry in entries:  # a job whose seeds cannot be drawn fails alone
             job, future, loop = entry
+            if job.abandoned:  # its client disconnected while it waited: nobody reads it
+                continue
             try:
                 generator = torch.Generator().manual_seed(job.seed % 2**64) if job.seed is not None \
                     else self.engine.generator
