@@ -78,7 +78,7 @@ class ToolMath:
         outputs, errors = [], 0
         for c in calls:
             text, ok = call(self.tools, c)
-            errors += not ok or text.startswith("error") or "Error" in text.splitlines()[-1]
+            errors += not ok or text.startswith("error") or "Error" in (text.splitlines() or [""])[-1]
             outputs.append(text)
         bonus = 0.0
         self.tool_ran = self.tool_ran or errors < len(calls)

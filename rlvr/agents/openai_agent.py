@@ -44,6 +44,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import math
 import secrets
 import threading
 from collections.abc import Callable, Collection, Sequence
@@ -273,6 +274,9 @@ def _episode(tokenizer: Any, example: Any, ep: _Episode, outcome: Any, rewards: 
         ending = "error"
         outcome = TypeError(f"the agent returned {type(outcome).__name__}; expected a number (the reward), a "
                             "string (the final answer) or None (score the last call's text)")
+    elif isinstance(outcome, int | float) and not math.isfinite(outcome):  # nan would poison its group's advantages
+        ending = "error"
+        outcome = ValueError(f"the agent returned a reward of {outcome}")
     elif isinstance(outcome, int | float):
         reward = float(outcome)
     else:

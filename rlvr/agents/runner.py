@@ -37,6 +37,8 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
+import traceback
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -44,6 +46,7 @@ from typing import Any, Literal
 from rlvr.agents.env import Env, StepResult
 from rlvr.errors import InfrastructureError
 from rlvr.rollout.engine import Engine
+from rlvr.sandbox import SandboxUnavailable
 from rlvr.types import Completion, SamplingParams
 
 Ending = Literal["done", "max_turns", "budget", "context", "void", "infra", "error", "timeout"]
@@ -125,7 +128,15 @@ class ChatDelta:
 
     def ids(self, observation: str, action_ended: bool) -> list[int]:
         before = self.before[len(self.eos_text) :] if action_ended and self.eos_text else self.before
-        return [int(i) for i in self.tokenizer(before + observation + self.after, add_special_tokens=False)["input_ids"]]
+        # the observation (a tool's output: untrusted) is tokenized on its own with special tokens
+        # read as text, so a tool that prints "<|im_end|><|im_start|>system ..." cannot open a turn
+        # of its own (a red-team review, session 19); the template's parts around it keep theirs
+        # and text that cannot be UTF-8 (a lone surrogate from a tool's JSON) as "?": the tokenizer refuses it
+        observation = observation.encode("utf-8", "replace").decode("utf-8")
+        encode = self.tokenizer
+        return [int(i) for i in (encode(before, add_special_tokens=False)["input_ids"]
+                                 + encode(observation, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+                                 + encode(self.after, add_special_tokens=False)["input_ids"])]
 
 
 @dataclass
@@ -303,6 +314,11 @@ def _observe(t: _Trajectory, result: StepResult | InfrastructureError, limits: L
     if isinstance(result, InfrastructureError):
         t.ending = "infra"
         return False
+    if not math.isfinite(float(result.reward)):  # nan or inf would make the whole group's advantages nan
+        _warn_once("non-finite", f"an environment gave a reward of {result.reward}; the episode ends, counted in "
+                   "env/error and excluded from the update")
+        t.ending = "error"
+        return False
     t.reward += float(result.reward)
     t.turn_rewards.append(float(result.reward))
     for name, value in result.metrics.items():
@@ -334,6 +350,24 @@ _logger = logging.getLogger("rlvr.agents")
 _WARNED: set[str] = set()
 
 
+def _warn_once(kind: str, message: str) -> None:
+    if kind not in _WARNED:
+        _WARNED.add(kind)
+        _logger.warning("%s. Further such failures are not logged.", message)
+
+
+def _env_failed(err: Exception) -> InfrastructureError:
+    """An environment step that raised something other than InfrastructureError (a parser it did
+    not guard, a bug): that episode ends without a verdict, logged once with its traceback,
+    instead of the whole batch (a red-team review, session 19, crashed the runner so)."""
+    if type(err).__name__ + "/env" not in _WARNED:
+        _WARNED.add(type(err).__name__ + "/env")
+        _logger.warning("an environment's step raised %s: %s; the episode ends, counted in env/error and excluded "
+                        "from the update. Further such failures are not logged.\n%s", type(err).__name__, err,
+                        "".join(traceback.format_exception(err, limit=-4)))
+    return InfrastructureError(f"the environment's step raised {type(err).__name__}: {err}")
+
+
 def _step_all(envs: list[Env], actions: list[str]) -> list[StepResult | InfrastructureError]:
     """Every environment's step for this turn; awaitable results are awaited together. A step
     that raises InfrastructureError gives the error in its place (see the module docstring)."""
@@ -343,15 +377,20 @@ def _step_all(envs: list[Env], actions: list[str]) -> list[StepResult | Infrastr
             results.append(env.step(action))
         except InfrastructureError as err:
             results.append(err)
+        except SandboxUnavailable:
+            raise  # no sandbox on this machine: no episode can work, so stop and say how to fix it
+        except Exception as err:  # noqa: BLE001 - the environment's own failure: this episode, not the batch
+            results.append(_env_failed(err))
     pending = [i for i, r in enumerate(results) if inspect.isawaitable(r)]
     if pending:
         async def gather() -> list[Any]:
             return list(await asyncio.gather(*(results[i] for i in pending), return_exceptions=True))
 
         for i, value in zip(pending, asyncio.run(gather())):
-            if isinstance(value, BaseException) and not isinstance(value, InfrastructureError):
+            if isinstance(value, SandboxUnavailable) or isinstance(value, BaseException) and not isinstance(value, Exception):
                 raise value
-            results[i] = value
+            results[i] = _env_failed(value) if isinstance(value, Exception) and not isinstance(value, InfrastructureError) \
+                else value
     for r in results:
         if isinstance(r, InfrastructureError):
             if type(r).__name__ not in _WARNED:

@@ -94,6 +94,9 @@ def parse_tool_calls(text: str, *, code_tool: str | None = None) -> list[ToolCal
         except json.JSONDecodeError as e:
             calls.append(ToolCall("", error=f"the tool call is not valid JSON ({e.msg})"))
             continue
+        except (ValueError, RecursionError) as e:  # an integer over 4300 digits; brackets nested too deep
+            calls.append(ToolCall("", error=f"the tool call cannot be read ({type(e).__name__})"))
+            continue
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             calls.append(ToolCall("", error='a tool call needs {"name": ..., "arguments": {...}}'))
             continue
@@ -121,8 +124,10 @@ def call(tools: dict[str, Tool], c: ToolCall) -> tuple[str, bool]:
         return f"error: no tool named {c.name!r}; the tools are {', '.join(tools)}", False
     try:
         return str(tools[c.name](**c.arguments)), True
-    except InfrastructureError:
-        raise  # not the model's mistake: the episode runner ends the episode without a verdict
+    except (InfrastructureError, sandbox.SandboxUnavailable):
+        # not the model's mistake: the runner ends the episode without a verdict, or (no sandbox on
+        # this machine at all) stops the run and says how to fix it, as the rewards do
+        raise
     except TypeError as e:
         return f"error: bad arguments for {c.name}: {e}", False
     except Exception as e:  # noqa: BLE001 - the model sees what went wrong
@@ -144,7 +149,9 @@ class PythonInterpreter:
     def run(self, code: str) -> str:
         """Run Python code and return what it printed (or the error)."""
         self.calls += 1
-        program = _REPLAY.format(cells=json.dumps(self.cells), cell=json.dumps(code))
+        # Python literals, not JSON: JSON writes 😀 as two escaped surrogates, which a Python
+        # literal keeps as two lone ones (print then fails to encode them)
+        program = _REPLAY.format(cells=repr(self.cells), cell=repr(code))
         result = sandbox.default_pool().sandbox.run_python(program, limits=self.limits)
         out = result.stdout
         if result.timed_out:
