@@ -767,3 +767,20 @@ def test_token_rows_joins_rows_scored_on_the_device_with_rows_stored_on_the_cpu(
         scored = torch.zeros(2, device="cuda")
         out_BT = token_rows([torch.tensor([1.0, 2.0]), scored], [0, 1], mask_BT)
         assert out_BT.device.type == "cuda"
+
+
+def test_a_gradient_that_is_not_finite_is_not_applied(caplog: pytest.LogCaptureFixture) -> None:
+    """A nan reward reached the advantages and the gradient unchecked from some environments (a
+    red-team review, session 19): one such step wrote nan into every weight. It is skipped now."""
+    model = make_tiny_model()
+    learner = Learner(model, lr=1e-2)
+    before = [p.detach().clone() for p in model.parameters()]
+    logits = model(torch.tensor([[3, 4, 5]])).logits
+    (logits.sum() * float("nan")).backward()
+    with caplog.at_level("WARNING"):
+        assert math.isnan(learner.step())
+    assert learner.skipped_steps == 1 and "skipped" in caplog.text
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+    model(torch.tensor([[3, 4, 5]])).logits.sum().backward()
+    assert math.isfinite(learner.step()) and not all(torch.equal(b, p) for b, p in zip(before, model.parameters()))

@@ -13,6 +13,7 @@ more time per step than the fused kernel).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ import torch
 
 from rlvr.train.compact_adamw import CompactAdamW
 from rlvr.train.parallel import all_reduce_grads
+
+log = logging.getLogger(__name__)
 
 
 
@@ -76,6 +79,7 @@ class Learner:
         self.grad_clip = grad_clip
         self.base_lr, self.betas, self.weight_decay = lr, betas, weight_decay
         self.applied_lr = lr  # the learning rate of the last optimizer step
+        self.skipped_steps = 0  # optimizer steps skipped for a gradient that was not finite (`step`)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.mixed = any(p.dtype != torch.float32 for p in self.params)
         # fp32 masters for low-precision weights; plain fp32 weights are their own masters
@@ -99,6 +103,8 @@ class Learner:
 
     def step(self) -> float:
         """Clip, apply one optimizer step and advance the schedule; returns the pre-clip grad norm.
+        A gradient that is not finite is not applied (the step is skipped, logged and counted in
+        `skipped_steps`).
 
         With no gradient at all (every sample of the mini-batch was skipped for having zero
         advantage), the step uses a zero gradient, so AdamW's momentum and weight decay still
@@ -116,6 +122,14 @@ class Learner:
         grads = [m for m in self.masters if m.grad is not None]
         # max_norm = inf measures the norm without clipping
         norm = torch.nn.utils.clip_grad_norm_(grads, self.grad_clip if self.grad_clip > 0 else float("inf"))
+        if not torch.isfinite(norm):
+            # a nan or inf anywhere in the gradient (a reward or a loss that was not finite) would
+            # write nan into every weight: the step is skipped and said, the weights kept
+            log.warning("the gradient's norm is %s: this optimizer step is skipped, the weights are unchanged (look "
+                        "for a reward or a loss that is not finite)", float(norm))
+            self.skipped_steps += 1
+            self.zero_grad()
+            return float(norm)
         self.optimizer.step()
         if self.fused:  # the fused kernel writes the weights without bumping their version counters,
             # which is how the engine's static decoder sees that its weight copies are stale
