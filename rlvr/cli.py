@@ -251,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except OSError as err:  # a full disk, an output_dir that is a file or cannot be written: say which path
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.config import load_config
+from rlvr.config import ConfigError, load_config
 from rlvr.train.loop import Interrupted, RunDirError, train
 from tests.tiny import make_tiny_model
 
@@ -258,3 +258,60 @@ def test_a_save_that_leaves_too_little_room_for_the_next_warns(tiny_dir: Path, t
         train(load_config(None, overrides(tiny_dir, tmp_path, "tight")), quiet=True)
     warned = [r.getMessage() for r in caplog.records if "the next save will fail" in r.getMessage()]
     assert warned and "0.0 GB free" in warned[0]
+
+
+def test_a_run_stopped_before_its_final_evaluation_resumes_to_finish_it(tiny_dir: Path, tmp_path: Path) -> None:
+    """A Ctrl-C in the last step (or a kill after the last save) left no final evaluation and no
+    summary totals, and a resume said "complete" (a review, session 19). A torn last row of
+    metrics.jsonl and a torn summary.json, what a kill mid-write leaves, do not stop the resume."""
+    import json
+
+    train(load_config(None, overrides(tiny_dir, tmp_path, "cut")), quiet=True)
+    run = tmp_path / "cut"
+    full = json.loads((run / "summary.json").read_text())
+    assert "eval_after" in full
+    (run / "summary.json").write_text(json.dumps({"eval_before": full["eval_before"]}))
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "lo')  # cut off mid-row
+    again = train(resume=run, quiet=True)
+    assert "eval_after" in again and json.loads((run / "summary.json").read_text())["eval_after"] == full["eval_after"]
+    (run / "summary.json").write_text('{"eval_before": {"acc')
+    train(resume=run, overrides=("train.steps=3",), quiet=True)
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+
+
+def test_a_broken_row_inside_metrics_is_named_and_sigterm_stops_gracefully(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from rlvr.log import ConsoleProgress
+    from rlvr.train.checkpoint import truncate_jsonl
+    from rlvr.train.stop import GracefulStop
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl:2: not a JSON row"):
+        truncate_jsonl(path, 2)
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "lo')
+    truncate_jsonl(path, 5)
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+    with GracefulStop(ConsoleProgress(3, 0)) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested  # stop after the step and save, as Ctrl-C does
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_bad_inputs_are_named(tmp_path: Path) -> None:
+    """Found by a review (session 19): GRPO with one completion per prompt trained nothing and
+    said nothing; a JSONL file that is not UTF-8 gave no file or line."""
+    from rlvr.data.tasks import jsonl_examples
+
+    with pytest.raises(ConfigError, match="group_size must be at least 2"):
+        load_config(None, ["algo.group_size=1"])
+    assert load_config(None, ["algo.group_size=1", 'algo.advantage="remax"']).algo.group_size == 1
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_bytes(b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"prompts.jsonl:2: not UTF-8"):
+        jsonl_examples(bad)
+    bad.write_bytes(b'\xef\xbb\xbf{"prompt": "a", "answer": "1"}\n')  # a byte-order mark is fine
+    assert jsonl_examples(bad)[0].prompt == "a"

@@ -8,6 +8,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
+_GROUP_BASELINES = frozenset({"grpo", "dr_grpo", "rloo", "lite_ppo", "stratified"})
+"""Outcome estimators whose baseline is the other completions of the prompt (rlvr.algos.ESTIMATORS)."""
+
 class ConfigError(ValueError):
     """A config file, override or value that cannot be used; the message says what and where."""
 
@@ -226,6 +229,9 @@ class AlgoConfig(_Section):
         if row_wise and per_token:
             raise ValueError(f"{row_wise[0]} takes one advantage per row, and {per_token} "
                              "gives each token its own: use an outcome estimator, or another loss or correction")
+        if self.advantage in _GROUP_BASELINES and self.group_size < 2:
+            raise ValueError(f"algo.advantage = {self.advantage!r} compares each completion with the others of its "
+                             "prompt: algo.group_size must be at least 2 (with 1 every advantage is 0 and nothing trains)")
         if self.credit == "turn" and (self.advantage != "grpo" or self.shaping or self.kl_placement == "reward"
                                       and self.kl_coef > 0):
             raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn rewards: "

@@ -161,8 +161,14 @@ def jsonl_examples(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"JSONL prompt file not found: {path}")
-    with path.open(encoding="utf-8") as f:
-        rows = [(f"{path}:{n}", read_json_row(line, f"{path}:{n}")) for n, line in enumerate(f, start=1) if line.strip()]
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # a byte-order mark in front is allowed
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte {data[err.start]:#04x}); save the file as UTF-8") from None
+    rows = [(f"{path}:{n}", read_json_row(line, f"{path}:{n}"))
+            for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
     return _examples(rows, str(path), prompt_column, answer_column, instruction, format, image_column, path.parent)
 
 

@@ -118,10 +118,25 @@ def load_state(checkpoint: Path) -> dict[str, Any]:
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop rows logged after `last_step`, so that a resumed run appends where the checkpoint was."""
+    """Drop rows logged after `last_step`, so that a resumed run appends where the checkpoint was.
+    A last line cut off mid-write (a kill, a full disk) is dropped with them; a broken line
+    elsewhere is an error that names the file and line."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= last_step]
+    lines = path.read_text(errors="replace").splitlines()
+    kept = []
+    for number, line in enumerate(lines, 1):
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            if number == len(lines):  # the row being written when the run stopped
+                break
+            raise ValueError(f"{path}:{number}: not a JSON row, so the run cannot be resumed past it "
+                             f"(remove or mend the line): {line[:80]!r}") from None
+        if not isinstance(row, dict) or row.get("step", 0) <= last_step:
+            kept.append(line)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     tmp.replace(path)

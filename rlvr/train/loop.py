@@ -16,6 +16,7 @@ Departures from the GRPO paper (arXiv:2402.03300), all configurable: clip-higher
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 from pathlib import Path
@@ -124,13 +125,27 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
 def _train_loop(run: Run, start: int, quiet: bool, began: float) -> dict[str, Any]:
     cfg = run.cfg
     summary_path = run.dir / "summary.json"
-    summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    try:
+        summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    except ValueError:  # written before summaries were atomic, and cut off: what it held is in metrics.jsonl
+        progress_note = f"{summary_path} is not readable JSON; starting it afresh"
+        logging.getLogger(__name__).warning(progress_note)
+        summary = {}
     progress = ConsoleProgress(cfg.train.steps, start)
     if quiet:
         progress.console.quiet = True
     if start >= cfg.train.steps:
-        progress.print(f"{run.dir} is complete at step {start}; raise train.steps to continue it")
-        return summary
+        if "eval_after" in summary or start == 0:
+            progress.print(f"{run.dir} is complete at step {start}; raise train.steps to continue it")
+            return summary
+        # stopped after its last step but before its final evaluation and summary (a Ctrl-C in the
+        # last step, a kill after the last save): finish those, where it said "complete" and left
+        # them unwritten (a review, session 19)
+        progress.print(f"{run.dir} trained all {start} steps; finishing it: the final evaluation and summary")
+        with progress:
+            progress.status("evaluating (after)")
+            summary["eval_after"] = evaluate(run, start)
+        return _finish(run, summary, progress)
     trackers = _trackers(run, start, progress)
     metrics_sink, samples_sink = JsonlSink(run.dir / "metrics.jsonl"), JsonlSink(run.dir / "samples.jsonl")
     thumbnails = Thumbnails(run.dir)
@@ -141,7 +156,7 @@ def _train_loop(run: Run, start: int, quiet: bool, began: float) -> dict[str, An
             if start == 0 and "eval_before" not in summary:
                 progress.status("evaluating (before)")
                 summary["eval_before"] = evaluate(run)
-                summary_path.write_text(json.dumps(summary, indent=2))
+                write_json(summary_path, summary)
                 trackers.log(0, summary["eval_before"])
             budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
             earlier = read_jsonl(run.dir / "metrics.jsonl")
@@ -189,10 +204,18 @@ def _trackers(run: Run, start: int, progress: ConsoleProgress) -> tracking.Track
                                   kwargs=log.sink_kwargs, warn=progress.print)
 
 
+def write_json(path: Path, value: Any) -> None:
+    """`value` as JSON at `path`, written whole or not at all (a temporary file renamed over it): a
+    summary.json cut off by a kill stopped the run from resuming."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2))
+    tmp.replace(path)
+
+
 def _finish(run: Run, summary: dict[str, Any], progress: ConsoleProgress) -> dict[str, Any]:
     """summary.json with the run's totals, the one-line result, and the report."""
     summary |= summarise(run.dir / "metrics.jsonl", run.dir)
-    (run.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_json(run.dir / "summary.json", summary)
     progress.print(summary_line(summary))
     if run.cfg.log.report:
         write_report(run.dir, progress)

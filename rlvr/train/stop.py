@@ -1,4 +1,5 @@
-"""Ctrl-C during training: the first one stops after the current step with a checkpoint saved."""
+"""Ctrl-C (or SIGTERM) during training: the first one stops after the current step with a
+checkpoint saved."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class GracefulStop:
     def __init__(self, progress: ConsoleProgress) -> None:
         self.requested, self.progress = False, progress
         self._previous: Any = None
+        self._previous_term: Any = None
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
@@ -29,11 +31,15 @@ class GracefulStop:
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
+            # SIGTERM (`kill`, a job scheduler's preemption, `docker stop`) asks the same: it used to
+            # end the run at once with nothing saved since the last checkpoint
+            self._previous_term = signal.signal(signal.SIGTERM, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+            signal.signal(signal.SIGTERM, self._previous_term)
 
 
 class Interrupted(KeyboardInterrupt):
