@@ -475,3 +475,27 @@ def test_majority_vote_counts_a_number_by_its_value_and_format_wants_a_visible_a
     assert majority_vote_reward("", group) == [1.0, 1.0, 0.0, 0.0]
     assert majority_vote_reward("", ["<answer>1,200</answer>", "<answer>1200</answer>", "<answer>x</answer>"]) == [1.0, 1.0, 0.0]
     assert format_reward("", "<answer>\u200b</answer>") == 0.0 and format_reward("", "<answer>\u200b7</answer>") == 1.0
+
+
+def test_a_service_a_reward_calls_being_down_is_not_the_completions_fault() -> None:
+    """A user reward raising ConnectionError (its judge unreachable) scored 0 and was trained on as
+    a bad answer (a review, session 19): it is excluded now, like an InfrastructureError. Running
+    past timeout_s stays a failure scored 0."""
+    import time
+    import urllib.error
+
+    def unreachable(prompt: str, completion: str, **_: Any) -> float:
+        raise ConnectionError("judge service unreachable")
+
+    def no_route(prompt: str, completion: str, **_: Any) -> float:
+        raise urllib.error.URLError("no route to host")
+
+    def slow(prompt: str, completion: str, **_: Any) -> float:
+        time.sleep(0.5)
+        return 1.0
+
+    rewards = [RewardFn("judge", unreachable, 1.0, {}), RewardFn("route", no_route, 1.0, {}),
+               RewardFn("slow", slow, 1.0, {}, timeout_s=0.05)]
+    _, parts = score(rewards, "q", "c", {})
+    assert parts["judge/excluded"] == parts["judge/error"] == 1.0 and parts["route/excluded"] == 1.0
+    assert parts["slow"] == 0.0 and parts["slow/error"] == 1.0 and "slow/excluded" not in parts

@@ -16,7 +16,9 @@ is ``sum_i weight_i * fn_i(prompt, completion, **example, **kwargs_i)``.
   reward that can hang for good should run its work in a process it can kill (the sandbox does).
 - A failure that is not the completion's, an ``InfrastructureError`` (rlvr.errors: the sandbox
   could not run the program, a judge service is down), raised or returned in a group reward's
-  list in that completion's place, is never a score: it is counted as ``<name>/error`` and the
+  list in that completion's place, is never a score; nor is a ``ConnectionError``, a
+  ``TimeoutError`` or urllib's ``URLError`` that the function raises (a service it calls did not
+  answer; `_UNREACHABLE`): it is counted as ``<name>/error`` and the
   sample is excluded (``<name>/excluded``), or with ``"stop"`` the run stops. Its reason is
   logged once per reward.
 """
@@ -31,6 +33,7 @@ import logging
 import math
 import numbers
 import traceback
+import urllib.error
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -223,7 +226,22 @@ def _invoke(reward: RewardFn, prompt: str, completion: str | list[str], fields: 
     try:
         return future.result(timeout=reward.timeout_s)
     except FuturesTimeout:
-        raise TimeoutError(f"no result after {reward.timeout_s:g} s (timeout_s)") from None
+        raise TooSlow(f"no result after {reward.timeout_s:g} s (timeout_s)") from None
+
+
+class TooSlow(Exception):
+    """A reward ran past its ``timeout_s``: a failure scored like any other (the completion made it
+    slow, as far as rlvr can tell), unlike a TimeoutError the function raises itself (`_UNREACHABLE`)."""
+
+
+_UNREACHABLE = (ConnectionError, TimeoutError, urllib.error.URLError)
+"""Exceptions that say a service a reward calls did not answer (refused, reset, timed out,
+unresolvable): not the completion's fault, so treated as an InfrastructureError, never a 0 trained
+on (a review, session 19, found a judge that was down scored 0 and trained as a bad answer)."""
+
+
+def _as_infrastructure(exc: BaseException) -> InfrastructureError | None:
+    return InfrastructureError(f"{type(exc).__name__}: {exc}") if isinstance(exc, _UNREACHABLE) else None
 
 
 def _call(reward: RewardFn, prompt: str, completions: list[str], example: dict[str, Any],
@@ -244,6 +262,9 @@ def _call(reward: RewardFn, prompt: str, completions: list[str], example: dict[s
     except InfrastructureError as exc:
         return [_unavailable(reward, exc, completions[0], on_error)] * len(completions)
     except Exception as exc:
+        unreachable = _as_infrastructure(exc)
+        if unreachable is not None:
+            return [_unavailable(reward, unreachable, completions[0], on_error)] * len(completions)
         _failed(reward, type(exc).__name__, "".join(traceback.format_exception(exc, limit=-3)), completions[0], on_error)
         return [None] * len(completions)
     values = _listed(values)
@@ -262,6 +283,9 @@ def _one(reward: RewardFn, prompt: str, completion: str, fields: dict[str, Any],
     except InfrastructureError as exc:
         return _unavailable(reward, exc, completion, on_error)
     except Exception as exc:  # a user reward must not stop training unless asked; see module docstring
+        unreachable = _as_infrastructure(exc)
+        if unreachable is not None:
+            return _unavailable(reward, unreachable, completion, on_error)
         summary = "".join(traceback.format_exception(exc, limit=-3))
         _failed(reward, type(exc).__name__, summary, completion, on_error)
         return None
