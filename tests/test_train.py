@@ -315,3 +315,20 @@ def test_bad_inputs_are_named(tmp_path: Path) -> None:
         jsonl_examples(bad)
     bad.write_bytes(b'\xef\xbb\xbf{"prompt": "a", "answer": "1"}\n')  # a byte-order mark is fine
     assert jsonl_examples(bad)[0].prompt == "a"
+
+
+@pytest.mark.parametrize("broken", ["trainer_state.pt", "model.safetensors"])
+def test_a_cut_off_latest_checkpoint_is_named_and_the_one_before_it_resumes(
+        tiny_dir: Path, tmp_path: Path, broken: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint cut off after its rename (a power loss, a full disk) stopped a resume on a bare
+    traceback (a review, session 19). A resume with changed settings says which, and keeps the
+    config the earlier steps ran under."""
+    train(load_config(None, overrides(tiny_dir, tmp_path, "cut", checkpoint_every=1, keep_checkpoints=3)), quiet=True)
+    run = tmp_path / "cut"
+    target = next((run / "checkpoints" / "step_000002").rglob(broken))
+    target.write_bytes(target.read_bytes()[: len(target.read_bytes()) // 2])
+    train(resume=run, overrides=("train.steps=3", "train.lr=0.002"), quiet=True)
+    err = capsys.readouterr().err
+    assert "step_000002 cannot be read" in err and "train.lr: 0.001 → 0.002" in err
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    assert 'lr = 0.001' in (run / "config.before_step_2.toml").read_text()

@@ -117,6 +117,16 @@ def load_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(Path(checkpoint) / STATE_FILE, weights_only=False, map_location="cpu")
 
 
+def check_weights(checkpoint: Path) -> None:
+    """Raise if a weight file of `checkpoint` cannot be read: every safetensors file's header
+    (where a file cut off shows; reading the header does not load the weights)."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(checkpoint).rglob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+
+
 def truncate_jsonl(path: Path, last_step: int) -> None:
     """Drop rows logged after `last_step`, so that a resumed run appends where the checkpoint was.
     A last line cut off mid-write (a kill, a full disk) is dropped with them; a broken line

@@ -214,15 +214,15 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
         cfg = load_config(run_dir / "config.toml", overrides, command=command)
         _warn_version(run_dir / "config.toml")
         _require_sinks(cfg)
-        last = ckpt.latest_checkpoint(run_dir)
-        if last is None:
-            raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped while being "
-                              "set up); start a new run, or delete this directory to reuse its name")
+        last, state = _loadable_checkpoint(run_dir)
+        changes = _changes(load_config(run_dir / "config.toml", command=command), cfg) if overrides else []
+        if changes:  # said, and the config the earlier steps ran under kept beside the new one
+            print(f"resuming {run_dir} at step {int(state['step'])} with changes: " + "; ".join(changes), file=sys.stderr)
         run = setup(cfg, run_dir, model_spec=str(last), quiet=quiet, optimizer_steps=optimizer_steps)
         run.command = command
-        state = ckpt.load_state(last)
         _restore(run, state)
-        if overrides:  # e.g. train.steps=40 to extend a finished run; written once setup has worked
+        if changes:  # e.g. train.steps=40 to extend a finished run; written once setup has worked
+            shutil.copyfile(run_dir / "config.toml", run_dir / f"config.before_step_{int(state['step']) + 1}.toml")
             (run_dir / "config.toml").write_text(to_toml(cfg))
         start = int(state["step"])
         for name in ("metrics.jsonl", "samples.jsonl"):
@@ -239,6 +239,40 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-made is left behind
         raise
+
+
+def _changes(before: RunConfig, after: RunConfig) -> list[str]:
+    """The settings a resume's overrides changed, as "key: old → new"."""
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: value}
+
+    old, new = flat(before.model_dump()), flat(after.model_dump())
+    return [f"{key}: {old.get(key)!r} → {new.get(key)!r}" for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key)]
+
+
+def _loadable_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint whose training state and weights can be read, and its state. One that
+    cannot (cut off by a power loss or a full disk after it was renamed into place) is named and
+    passed over for the one before it, where a resume used to stop on a bare traceback."""
+    found = ckpt.list_checkpoints(run_dir)[::-1]
+    if not found:
+        raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped while being "
+                          "set up); start a new run, or delete this directory to reuse its name")
+    problems = []
+    for checkpoint in found:
+        try:
+            state = ckpt.load_state(checkpoint)
+            ckpt.check_weights(checkpoint)
+        except Exception as err:  # noqa: BLE001 - any unreadable file: the next older checkpoint
+            problems.append(f"{checkpoint.name}: {type(err).__name__}: {str(err)[:200]}")
+            print(f"warning: checkpoint {checkpoint} cannot be read ({problems[-1]}); trying the one before it",
+                  file=sys.stderr)
+            continue
+        return checkpoint, state
+    raise RunDirError(f"no checkpoint of {run_dir} can be read: " + "; ".join(problems))
 
 
 def _warn_version(path: Path) -> None:
