@@ -8,8 +8,8 @@ Each run gets:
 - a filesystem made of the read-only system runtime (`/usr` and its `/bin`, `/lib` links), a
   private `/proc` and `/dev`, a size-capped tmpfs at `/tmp` (the working directory), and the
   program itself at `/sandbox/main.py` (read-only); no home, no `/etc`, no project files; only
-  `/tmp` can be written (the root is read-only, so no run can create an `/etc` file that a
-  library would read);
+  `/tmp` (HOME) and bubblewrap's private `/dev` can be written: the root is read-only, so no run
+  can create an `/etc` file that a library would read;
 - an empty environment (only PATH, HOME=/tmp, LANG and PWD are set);
 - a host user of its own when rlvr runs as root (uid 60000 + slot, never root);
 - rlimits: CPU seconds, address space, file size, open files, and processes. The process limit

@@ -181,3 +181,5 @@ def test_extract_code_takes_the_block_that_defines_what_the_tests_call() -> None
     two = "```python\ndef add(a, b):\n    return 0\n```\n```python\ndef add(a, b):\n    return a + b\n```"
     assert extract_code(two, {"add"}) == "def add(a, b):\n    return a + b\n"  # the last that defines it
     assert unit_tests_reward("", text, tests=["assert add(1, 2) == 3"]) == 1.0
+    usage_first = "Usage:\n```python\nprint(add(1, 2))\n```\nSolution:\n```\ndef add(a, b):\n    return a + b\n```"
+    assert extract_code(usage_first, {"add"}) == "def add(a, b):\n    return a + b\n"  # an untagged block that defines it

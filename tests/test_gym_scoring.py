@@ -134,3 +134,19 @@ def test_a_unicode_minus_or_a_full_stop_after_a_number_is_read_as_meant() -> Non
     assert ours("decimal_arithmetic", f"{decimal['answer']}.", decimal) == 1.0
     assert ours("chain_sum", gold.lstrip("-") + ".", entry) == 0.0  # still the number it is
     assert gym_scoring.tidied("1.", "1.") == "1." and gym_scoring.tidied("\u22121", "\u22121") == "\u22121"
+
+
+def test_what_a_second_review_slipped_past_the_screen_is_refused() -> None:
+    """`nani` (nan followed by a letter), `Integral(...)` where a degenerate gold holds one, and
+    an expression where a scorer `eval`s a literal (a memory bomb) (session 19's diff review)."""
+    complex_entry = entries("complex_arithmetic", 1)[0]
+    for answer in ("nani", "1+nanj", "NaN+1j"):
+        assert ours("complex_arithmetic", answer, complex_entry) == 0.0, answer
+    assert upstream("complex_arithmetic", "1+nanj", complex_entry) == 1.0
+    entry = {"answer": "x**2/2 + Integral(x*sin(x), x) + C", "metadata": {"variable": "x"}}
+    assert gym_scoring.refused("intermediate_integration", "Integral(x*sin(x)) + x**2/2 + C", entry)
+    assert gym_scoring.refused("intermediate_integration", "x**2/2 + C", entry) is None
+    spiral = entries("spiral_matrix", 1)[0]
+    for answer in ("1<<99999999999", "'%9999999999s' % ''", "1 2 3 x"):
+        assert gym_scoring.refused("spiral_matrix", answer, spiral), answer
+    assert gym_scoring.refused("spiral_matrix", "[1, 2]", spiral) is None

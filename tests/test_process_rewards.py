@@ -269,3 +269,20 @@ def test_padding_true_steps_pays_under_summed_credit_and_not_under_the_min() -> 
     assert ProcessOptions(prm="arithmetic_steps", credit="min").credit == "min"
     with pytest.raises(ValueError, match="credit"):
         ProcessOptions(prm="arithmetic_steps", credit="max")
+
+
+def test_the_arithmetic_prm_reads_one_line_at_a_time_in_linear_time() -> None:
+    """A second review (session 19): two equations on two lines were read as one chain (wrong),
+    prose before an operator made a false equation, and a long step without "=" took seconds to
+    scan (a regular expression that backtracked; a repetition loop of a few thousand tokens took
+    hours). The bound is 100x what it takes now."""
+    import time
+
+    from rlvr.rewards.process import _equations_right
+
+    assert _equations_right("2 + 2 = 4\n3 * 3 = 9") == [True, True]
+    assert _equations_right("3 apples + 4 = 7") == [] and _equations_right("we get 10 - 3 = 7 so") == [True]
+    start = time.perf_counter()
+    _equations_right("1 " * 20000)
+    _equations_right("1 + " * 5000 + "= 3")
+    assert time.perf_counter() - start < 2.0

@@ -332,3 +332,4 @@ def test_a_cut_off_latest_checkpoint_is_named_and_the_one_before_it_resumes(
     assert "step_000002 cannot be read" in err and "train.lr: 0.001 → 0.002" in err
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     assert 'lr = 0.001' in (run / "config.before_step_2.toml").read_text()
+    assert (run / "checkpoints" / "unreadable_step_000002").is_dir()  # moved aside, never resumed or counted

@@ -212,8 +212,10 @@ def test_a_right_answer_in_markdown_latex_or_with_a_unit_is_read_and_a_hedge_is_
 
     for answer in ("12.", "**12**", "$12$", r"\boxed{12}", "12.0", "12 apples", "`12`"):
         assert exact_answer_reward("", f"<answer>{answer}</answer>", answer="12") == 1.0, answer
-    for answer in ("12 or 13", "13", "12 13", "-12", "120"):
+    for answer in ("12 or 13", "13", "12 13", "-12", "120", "not 12", "at least 12", "12 or more", "12 or thirteen"):
         assert exact_answer_reward("", f"<answer>{answer}</answer>", answer="12") == 0.0, answer
+    assert exact_answer_reward("", "<answer>Gemini 11</answer>", answer="Apollo 11") == 0.0
+    assert exact_answer_reward("", "<answer>$12</answer>", answer="12") == 1.0
     assert exact_answer_reward("", "<answer>7</answer>", answer="007") == 0.0  # a digit string stays text
     for completion in (r"\boxed{B}", r"$\boxed{B}$", "**B**", "<answer>**B**</answer>", "<answer>Option B</answer>",
                        "The correct option is B.", "Answer: B (the one that is D-shaped)",

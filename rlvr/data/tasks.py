@@ -252,7 +252,7 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
         # TRL's rewards get the dataset's columns as they are, "answer" included (a list or a number
         # made text turned their "in" and "==" checks silently wrong: a red-team review, session 19);
         # rlvr's own rewards read any answer as text
-        fields = {**row, "answer": answer} if layout != "trl" else {"answer": answer, **row}
+        fields = {"answer": answer, **row} if layout == "trl" and answer_column == "answer" else {**row, "answer": answer}
         if messages is not None:
             fields[PROMPT_MESSAGES] = messages
         if image_column is not None:

@@ -58,17 +58,20 @@ _PYTHON = {"", "python", "py", "python3"}
 
 
 def extract_code(text: str, names: Collection[str] = ()) -> str | None:
-    """The last fenced code block tagged python that defines (``def``, ``class``) one of `names`
-    (the names the tests use), else the last tagged python; without one, the same among untagged blocks (a ```python
-    solution followed by a bare ``` block of its output, or by a python block of example calls,
-    is the solution). An unclosed last fence counts (a completion cut off by the token budget).
-    None when the text has no fenced block."""
+    """The last fenced code block that defines (``def``, ``class``) one of `names` (the names the
+    tests use), a python-tagged one before an untagged one; where none does, the last tagged
+    python block, else the last untagged one (so a ```python solution followed by a bare ```
+    block of its output, or by a block of example calls, is the solution). An unclosed last
+    fence counts (a completion cut off by the token budget). None when the text has no fenced
+    block."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text) if lang.lower() in _PYTHON]
-    chosen = [body for lang, body in blocks if lang] or [body for _, body in blocks]
-    if not chosen:
-        return None
-    defining = [body for body in chosen if _defines(body, names)]
-    return (defining or chosen)[-1]
+    tagged = [body for lang, body in blocks if lang]
+    for candidates in (tagged, [body for _, body in blocks]):  # python-tagged first, then any
+        defining = [body for body in candidates if _defines(body, names)]
+        if defining:
+            return defining[-1]
+    chosen = tagged or [body for _, body in blocks]
+    return chosen[-1] if chosen else None
 
 
 def _defines(code: str, names: Collection[str]) -> bool:

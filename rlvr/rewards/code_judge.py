@@ -111,7 +111,7 @@ class Solution:
             size = int.from_bytes(self._read(8), "big")
             if size > MAX_MESSAGE:
                 raise SolutionError(f"a reply of {size} bytes")
-            reply = plain.decode(self._read(size))
+            reply = plain.decode(self._read(size), REQUEST_DEPTH)  # changed arguments nest as deep as requests
         except (OSError, EOFError, SolutionError, plain.NotPlain):
             self.close()
             raise SolutionError("the solution's process ended or broke the protocol") from None
@@ -215,6 +215,13 @@ def _module(name: str) -> Any:
         return None
 
 
+def _absent(name: str) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise NameError(f"the solution defines no {name}")
+
+    return call
+
+
 def _names(code: Any) -> set[str]:
     """Every name a compiled test refers to (globals and attributes alike; extra names are harmless)."""
     names = set(code.co_names)
@@ -230,8 +237,8 @@ def _bind(solution: Solution, namespace: dict[str, Any], tests: list[Any], bind:
     for name in bind:
         namespace.pop(name, None)  # a trusted stub (HumanEval's signature and docstring) never stands in
     order = sorted(wanted)
-    if not order:  # the tests use only the task's own names and the builtins
-        return
+    if not order:  # the tests use only the task's own names and the builtins: any solution would pass
+        raise Unjudgeable("the tests use no name a solution defines (only the task's own and the builtins)")
     kinds = solution.request(("describe", order))
     if len(kinds) != len(order):
         raise SolutionError("the solution's process broke the protocol")
@@ -246,6 +253,8 @@ def _bind(solution: Solution, namespace: dict[str, Any], tests: list[Any], bind:
             module = _module(kind[1])
             if module is not None:
                 namespace[name] = module
+    for name in bind:  # an entry point the solution did not give (or said was missing) is no builtin's
+        namespace.setdefault(name, _absent(name))
 
 
 def _verdict(token: str, *words: object) -> None:
@@ -275,7 +284,11 @@ def main() -> None:
         loaded = solution.request(("load", job["solution"]))
         passed = 0
         if loaded == ("ok",):
-            _bind(solution, namespace, tests, job["bind"])
+            try:
+                _bind(solution, namespace, tests, job["bind"])
+            except Unjudgeable as err:
+                _verdict(token, "unjudgeable", err)
+                return
             for done, test in enumerate(tests, 1):
                 try:
                     exec(test, namespace)

@@ -15,11 +15,13 @@ Messages on two pipes (from the judge, to it) are length-prefixed plain data:
 
 What a correct solution gives is sent as it would compare in one process, where that is plain
 data: a subclass of a plain type (a ``Counter``, ``OrderedDict`` or ``defaultdict``, a named
-tuple, an ``IntEnum``) as that type, a generator or ``map`` as the list of what it yields (`_plainly`: its value, not its methods, so an ``int`` whose
-``__eq__`` always says True arrives as the number it holds); an exception under the nearest
-builtin class it derives from (a ``class Invalid(ValueError)`` as ``ValueError``) with its
-arguments; and a list, dict or set argument the call changed (an in-place sort) with its new
-contents, which the judge writes into the test's own object.
+tuple, an ``IntEnum``) as that type (`_plainly`: its value, not its methods, so an ``int`` whose
+``__eq__`` always says True arrives as the number it holds); a generator or ``map`` as the list
+of what it yields (so a test comparing it with a list passes, where in one process it would
+not); an exception under the nearest builtin class it derives from (a ``class
+Invalid(ValueError)`` as ``ValueError``) with its arguments; and a list, dict or set argument
+the call changed (an in-place sort) with its new contents, which the judge writes into the
+test's own object.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def _read(fd: int, n: int) -> bytes:
 
 
 def _send(fd: int, message: Any) -> None:
-    data = plain.encode(message)
+    data = plain.encode(message, REQUEST_DEPTH)  # a changed argument nests as deep as a request
     data = len(data).to_bytes(8, "big") + data
     while data:
         data = data[os.write(fd, data):]

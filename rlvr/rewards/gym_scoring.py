@@ -28,6 +28,7 @@ candidates earns about what guessing does (``0123456789`` earns 0.1 on a one-dig
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ import select
 import subprocess
 import sys
 import threading
+import weakref
 from typing import Any
 
 from rlvr.errors import InfrastructureError
@@ -58,6 +60,12 @@ _MAX_EXPONENT = 1000
 _MAX_LITERAL = 10**6
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _NOT_A_NUMBER = re.compile(r"(?<![A-Za-z])(nan|inf|infinity)(?![A-Za-z])", re.I)
+_NUMERIC = re.compile(r"[-+]?[\d.]+(?:[eE][-+]?\d+)?(?:\s*[-+]\s*[\d.]*(?:[eE][-+]?\d+)?\s*[ij])?|[-+]?[\d.]*\s*[ij]")
+"""A gold answer that is a number, real or complex ("48.0 + 36.0i")."""
+_OPERATORS = frozenset({"Integral", "integrate", "Derivative", "diff", "expand", "simplify", "factor", "Sum",
+                        "summation", "Product", "solve", "limit", "Limit", "series", "Subs", "Function"})
+"""Sympy names a gold answer may hold (a degenerate integration gold: "Integral(...)") that would
+let an answer have sympy do the work: never allowed from the gold."""
 _TOWER = re.compile(r"(\*\*|\^)[^+\-*/]*(\*\*|\^)")  # an exponent whose own exponent is unseparated
 
 
@@ -75,8 +83,11 @@ def tidied(answer: str, gold: str) -> str:
 
 def refused(task: str, answer: str, entry: dict[str, Any]) -> str | None:
     """Why `answer` must score 0.0 without reaching `task`'s scorer, or None to score it."""
-    if _NOT_A_NUMBER.search(answer) and not _NOT_A_NUMBER.search(str(entry.get("answer", ""))):
+    gold = str(entry.get("answer", ""))
+    if _NOT_A_NUMBER.search(answer) and not _NOT_A_NUMBER.search(gold):
         return "nan or inf, which the gold answer is not"
+    if _NUMERIC.fullmatch(gold.strip()) and re.search(r"nan|inf", answer, re.I):  # "1+nanj" parses as nan too
+        return "nan or inf in a numeric answer"
     if task in _ARITHMETIC:
         if not re.fullmatch(r"[\d\s+\-*/()]+", answer) or "**" in answer or "//" in answer:
             return "only + - * / and parentheses on the given numbers"
@@ -86,7 +97,7 @@ def refused(task: str, answer: str, entry: dict[str, Any]) -> str | None:
         if any(n > _MAX_LITERAL for n in numbers):
             return "a number far beyond the puzzle's"
     elif task in _SYMBOLIC:
-        allowed = {*_FUNCTIONS, "C", *_NAME.findall(str(entry.get("answer", "")))}
+        allowed = {*_FUNCTIONS, "C", *(set(_NAME.findall(gold)) - _OPERATORS)}
         variable = entry.get("metadata", {}).get("variable")
         if variable:
             allowed.add(str(variable))
@@ -101,19 +112,19 @@ def refused(task: str, answer: str, entry: dict[str, Any]) -> str | None:
         if any(int(e) > _MAX_EXPONENT for e in exponents) or any(int(n) > _MAX_LITERAL * _MAX_LITERAL
                                                                  for n in re.findall(r"\d+", answer)):
             return "a number far beyond the task's"
-    elif task in _LITERAL and answer.strip() != str(entry.get("answer", "")).strip():
+    elif task in _LITERAL and answer.strip() != gold.strip():
+        # the scorer `eval`s what is not its gold text, which pays (0.1-0.5) only for a Python
+        # literal of the right value: anything else ("1<<99999999999", a format bomb) is refused
         try:
             ast.literal_eval(answer.strip())
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            # not a literal: the scorer would `eval` it; plain text with nothing Python could run
-            # (no call, subscript, operator or name lookup beyond a bare word) still fails there
-            if re.search(r"[()\[\]{}*@:=.]|__|lambda", answer):
-                return "a Python expression where the scorer evaluates the answer"
+            return "not the gold text, nor a Python literal"
     return None
 
 
 _WORKER = r"""
-import json, os, pickle, sys
+import json, os, pickle, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # a pathological answer fails here, not the machine
 replies = os.fdopen(os.dup(1), "wb")  # the replies' own pipe: what a scorer prints goes to stderr
 os.dup2(2, 1)
 requests = sys.stdin.buffer
@@ -148,6 +159,13 @@ class GymScorer:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._owner = os.getpid()
+        # a fork while another thread held the lock would leave the child's copy locked for good
+        os.register_at_fork(after_in_child=functools.partial(_after_fork, weakref.ref(self)))
+
+    def _forked(self) -> None:
+        """In a forked child: a lock of its own, and no process (its parent's pipes are the parent's)."""
+        self._lock = threading.Lock()
+        self._process, self._owner = None, os.getpid()
 
     def score(self, task: str, params: dict[str, Any] | None, answer: str, entry: dict[str, Any]) -> float:
         """The task's score for `answer`: 0.0 past the time limit; InfrastructureError when the
@@ -212,6 +230,12 @@ class GymScorer:
     def close(self) -> None:
         with self._lock:
             self._stop()
+
+
+def _after_fork(scorer: weakref.ref[GymScorer]) -> None:
+    alive = scorer()
+    if alive is not None:
+        alive._forked()
 
 
 _SCORER = GymScorer()

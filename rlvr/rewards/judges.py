@@ -75,11 +75,11 @@ def reward_model_reward(
 
 
 def _post_json(url: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", **headers})
     """The endpoint's JSON reply. Any failure to get one (refused, timed out, an HTTP error, a
     reply that is not JSON) is an InfrastructureError: the judge's failure, never a score of the
     completion (the sample is excluded and counted, rlvr.rewards.combine)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (the user's endpoint)
             result: dict[str, Any] = json.loads(response.read().decode())
@@ -95,7 +95,8 @@ _SCORE = re.compile(r"^[\s*#>_]*score[\s*_]*[:=-][\s*_]*(-?\d+(?:\.\d+)?)[\s*_]*
                     re.I | re.M)
 """A verdict line: "Score: N" at the start of a line (markdown around it allowed: "**Score:** 8"),
 N optionally a percentage or "N/M"."""
-_MENTION = re.compile(r"(score)(\s*[:=])", re.I)
+_MENTION = re.compile(r"(scor)(e)", re.I)
+"""Every "score" of a response, to break up (any form `_grade` reads: "Score:", "**Score**: 10")."""
 
 
 def _judge_message(prompt: str, completion: str, answer: str | None) -> str:

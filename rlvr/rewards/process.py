@@ -105,8 +105,6 @@ class ClassifierPRM:
         return out
 
 
-_CHAIN = re.compile(r"[-+*/×()\d.\s]*\d[-+*/×()\d.\s]*(?:=[-+*/×()\d.\s]*\d[-+*/×()\d.\s]*)+")
-"""Arithmetic with at least one "=": "2 + 3 * 4 = 14", "a = b = c" chains."""
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _TIMES = re.compile(r"(?<=[\d)])\s*x\s*(?=[\d(])")
@@ -145,16 +143,53 @@ def _value(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+_ARITHMETIC = frozenset("0123456789.+-*/×() \t")
+_OPERATOR = frozenset("+-*/×")
+
+
+def _edge(text: str, from_end: bool) -> str:
+    """The longest run of arithmetic characters at the end (or the start) of `text`, scanned in
+    one pass (a regular expression for it backtracked for seconds on a long step)."""
+    n = 0
+    for char in (reversed(text) if from_end else text):
+        if char not in _ARITHMETIC:
+            break
+        n += 1
+    return text[len(text) - n :] if from_end else text[:n]
+
+
 def _equations_right(step: str) -> list[bool]:
-    """For each equation chain in `step` ("a op b = c", "a = b = c", any precedence), whether all
-    of its sides are equal (to a relative 1e-9); sides that are not arithmetic are skipped."""
+    """For each equation chain in `step` ("a op b = c", "a = b = c", any precedence; one line at
+    a time), whether all of its sides are equal (to a relative 1e-9). A side that is not
+    arithmetic, or a left side cut from prose after an operator ("3 apples + 4 = 7"), is no
+    equation."""
     verdicts = []
-    for chain in _CHAIN.finditer(_TIMES.sub("*", _THOUSANDS.sub("", step))):
-        values = [v for v in (_value(side) for side in chain[0].split("=")) if v is not None]
-        if len(values) >= 2:
-            verdicts.append(all(abs(v - values[0]) <= 1e-9 * max(1.0, abs(values[0])) for v in values[1:])
-                            and not any(math.isnan(v) for v in values))
+    for line in _TIMES.sub("*", _THOUSANDS.sub("", step)).splitlines():
+        parts = line.split("=")
+        chain = [_edge(parts[0], from_end=True)]
+        cut = len(chain[0]) < len(parts[0])  # the left side starts inside the line
+        for j, part in enumerate(parts[1:], 1):
+            if j < len(parts) - 1 and all(char in _ARITHMETIC for char in part):
+                chain.append(part)  # a middle side: "a = b = c"
+                continue
+            chain.append(_edge(part, from_end=False))
+            verdict = _chain_right(chain, cut)
+            if verdict is not None:
+                verdicts.append(verdict)
+            chain = [_edge(part, from_end=True)]  # what ends this part may start the next equation
+            cut = len(chain[0]) < len(part)
     return verdicts
+
+
+def _chain_right(sides: list[str], cut: bool) -> bool | None:
+    """Whether the sides of one chain are all equal; None when it is no equation."""
+    if cut and sides[0].strip()[:1] in _OPERATOR:  # "... apples + 4": not the whole left side
+        return None
+    values = [v for v in (_value(side) for side in sides) if v is not None]
+    if len(values) < 2 or len(values) < len(sides) and _value(sides[0]) is None:
+        return None
+    return all(abs(v - values[0]) <= 1e-9 * max(1.0, abs(values[0])) for v in values[1:]) \
+        and not any(math.isnan(v) for v in values)
 
 
 def arithmetic_steps(prompt: str, steps: list[str], answer: Any = None, **example: Any) -> list[float]:

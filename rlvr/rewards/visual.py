@@ -156,12 +156,18 @@ def unwrapped(text: str) -> str:
             return text
 
 
+_HEDGES = frozenset({"or", "and", "not", "least", "most", "more", "less", "than", "about", "around", "over", "under",
+                     "approximately", "maybe", "between", "to", "plus", "minus"})
+"""Words that make "12 <words>" say something other than 12 ("12 or more", "12 or thirteen")."""
+
+
 def _normal(answer: str) -> str:
     text = unwrapped(answer)
     text = text.replace(",", "") if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?\.?", text) else text
     numbers = re.findall(r"-?\d+(?:\.\d+)?", text)
-    if len(numbers) == 1 and not re.match(r"-?0\d", numbers[0]) \
-            and re.fullmatch(r"[^\d]*?-?\d+(?:\.\d+)?\.?(?:\s+[A-Za-z][A-Za-z ]*)?", text):
+    unit = re.fullmatch(r"[$€£¥]?\s*-?\d+(?:\.\d+)?\.?(?:\s+([A-Za-z]+(?: [A-Za-z]+)?))?", text)
+    if len(numbers) == 1 and not re.match(r"-?0\d", numbers[0]) and unit \
+            and not (unit.group(1) and _HEDGES & set(unit.group(1).lower().split())):
         value = float(numbers[0])  # one number, perhaps with a unit: "12 apples", "12.", "12.0"
         return str(int(value)) if value == int(value) else repr(value)
     return text
@@ -172,8 +178,9 @@ def exact_answer_reward(prompt: str, completion: str, *, answer: str, **_: Any) 
     string read from an image. The answer is the <answer> tag's content, else the completion's
     last number (so a completion that names several numbers answers with its last). Both are
     compared without dressing (`unwrapped`: ``**12**``, ``$12$``) and, when each is one number
-    (thousands commas allowed, perhaps a trailing full stop or a unit word: "12 apples"), by
-    value ("12.0" is "12"); an answer with two numbers ("12 or 13"), or a digit string with a
-    leading zero ("007"), stays text."""
+    (thousands commas allowed; perhaps a currency sign before it, a full stop or a unit of one or
+    two words after it: "12 apples"), by value ("12.0" is "12"); anything else stays text: two
+    numbers ("12 or 13"), words before the number ("at least 12", "Gemini 11"), a hedge after it
+    ("12 or more"), a digit string with a leading zero ("007")."""
     got = extract_tag_or_last_number(completion)
     return float(got is not None and _normal(got) == _normal(str(answer)))

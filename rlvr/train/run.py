@@ -255,8 +255,10 @@ def _changes(before: RunConfig, after: RunConfig) -> list[str]:
 
 def _loadable_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
     """The newest checkpoint whose training state and weights can be read, and its state. One that
-    cannot (cut off by a power loss or a full disk after it was renamed into place) is named and
-    passed over for the one before it, where a resume used to stop on a bare traceback."""
+    cannot (cut off by a power loss or a full disk after it was renamed into place) is named, moved
+    aside as ``unreadable_step_N`` (so it is neither resumed nor counted among the checkpoints
+    kept) and passed over for the one before it, where a resume used to stop on a bare traceback.
+    An OSError (the disk, a permission) is raised as it is."""
     found = ckpt.list_checkpoints(run_dir)[::-1]
     if not found:
         raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped while being "
@@ -266,10 +268,14 @@ def _loadable_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
         try:
             state = ckpt.load_state(checkpoint)
             ckpt.check_weights(checkpoint)
-        except Exception as err:  # noqa: BLE001 - any unreadable file: the next older checkpoint
+        except OSError:
+            raise  # the disk or a permission, not the file's contents: no older checkpoint is taken for it
+        except Exception as err:  # noqa: BLE001 - contents that cannot be read (cut off, corrupt)
             problems.append(f"{checkpoint.name}: {type(err).__name__}: {str(err)[:200]}")
-            print(f"warning: checkpoint {checkpoint} cannot be read ({problems[-1]}); trying the one before it",
-                  file=sys.stderr)
+            aside = checkpoint.with_name(f"unreadable_{checkpoint.name}")
+            checkpoint.rename(aside)  # out of the way of the newest-first listing and the pruning
+            print(f"warning: checkpoint {checkpoint} cannot be read ({problems[-1]}); moved to {aside.name}, "
+                  "trying the one before it", file=sys.stderr)
             continue
         return checkpoint, state
     raise RunDirError(f"no checkpoint of {run_dir} can be read: " + "; ".join(problems))
