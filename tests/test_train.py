@@ -334,3 +334,19 @@ def test_a_cut_off_latest_checkpoint_is_named_and_the_one_before_it_resumes(
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     assert 'lr = 0.001' in (run / "config.before_step_2.toml").read_text()
     assert (run / "checkpoints" / "unreadable_step_000002").is_dir()  # moved aside, never resumed or counted
+
+
+def test_a_run_killed_while_writing_its_first_checkpoint_starts_again(tiny_dir: Path, tmp_path: Path) -> None:
+    """No checkpoint at all (killed during setup or the step-0 save): a resume said "delete this
+    directory" (a review, session 19); it starts the run again from step 0 there, as a new run."""
+    import shutil
+
+    train(load_config(None, overrides(tiny_dir, tmp_path, "straight")), quiet=True)
+    train(load_config(None, overrides(tiny_dir, tmp_path, "early")), quiet=True)
+    early = tmp_path / "early"
+    shutil.rmtree(early / "checkpoints")
+    (early / "metrics.jsonl").write_text('{"step": 1, "lo')
+    train(resume=early, quiet=True)
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(early)
+    assert [{k: v for k, v in r.items() if k not in TIMING} for r in a] == \
+        [{k: v for k, v in r.items() if k not in TIMING} for r in b]

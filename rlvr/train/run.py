@@ -214,6 +214,17 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
         cfg = load_config(run_dir / "config.toml", overrides, command=command)
         _warn_version(run_dir / "config.toml")
         _require_sinks(cfg)
+        if not ckpt.list_checkpoints(run_dir) and not list((run_dir / ckpt.CHECKPOINTS).glob("unreadable_*")):
+            # stopped while it was set up or wrote its step-0 checkpoint: nothing was trained, so it
+            # starts again from step 0 in the same directory (its partial logs dropped)
+            print(f"{run_dir} stopped before its first checkpoint; starting it again from step 0", file=sys.stderr)
+            for name in ("metrics.jsonl", "samples.jsonl", "summary.json"):
+                (run_dir / name).unlink(missing_ok=True)
+            if overrides:
+                (run_dir / "config.toml").write_text(to_toml(cfg))
+            run = setup(cfg, run_dir, quiet=quiet, optimizer_steps=optimizer_steps)
+            run.command = command
+            return run, 0
         last, state = _loadable_checkpoint(run_dir)
         changes = _changes(load_config(run_dir / "config.toml", command=command), cfg) if overrides else []
         if changes:  # said, and the config the earlier steps ran under kept beside the new one
@@ -261,8 +272,8 @@ def _loadable_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
     An OSError (the disk, a permission) is raised as it is."""
     found = ckpt.list_checkpoints(run_dir)[::-1]
     if not found:
-        raise RunDirError(f"{run_dir} has no complete checkpoint to resume from (it stopped while being "
-                          "set up); start a new run, or delete this directory to reuse its name")
+        raise RunDirError(f"{run_dir} has no checkpoint that can be read (those that could not are in "
+                          f"{ckpt.CHECKPOINTS}/unreadable_*); start a new run, or delete this directory to reuse its name")
     problems = []
     for checkpoint in found:
         try:
