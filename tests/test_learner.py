@@ -784,3 +784,13 @@ def test_a_gradient_that_is_not_finite_is_not_applied(caplog: pytest.LogCaptureF
     assert all(p.grad is None for p in model.parameters())
     model(torch.tensor([[3, 4, 5]])).logits.sum().backward()
     assert math.isfinite(learner.step()) and not all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_skipped_optimizer_steps_are_a_metric() -> None:
+    from rlvr.train.update import _TOKEN_METRICS, _summary
+
+    def sums() -> dict[str, float]:
+        return {"_tokens": 4.0, "_loss": 2.0, **dict.fromkeys(_TOKEN_METRICS, 0.0)}
+
+    assert _summary(sums(), [1.0, float("nan")], False, [])["skipped_optimizer_steps"] == 1.0
+    assert "skipped_optimizer_steps" not in _summary(sums(), [1.0, 2.0], False, [])

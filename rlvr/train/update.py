@@ -6,6 +6,7 @@ estimator and the loss aggregation are all looked up by name; nothing here is a 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -287,6 +288,9 @@ def _summary(sums: dict[str, float], grad_norms: list[float], kl_in_loss: bool,
     metrics |= {k: sums[k] / tokens if tokens else float("nan") for k in sorted(names)}
     # means over optimizer steps
     metrics.update(loss=loss_sum / len(grad_norms), grad_norm=sum(grad_norms) / len(grad_norms))
+    skipped = sum(not math.isfinite(g) for g in grad_norms)
+    if skipped:  # steps the learner did not apply, their gradient not finite (Learner.step)
+        metrics["skipped_optimizer_steps"] = float(skipped)
     return metrics | maxima
 
 
