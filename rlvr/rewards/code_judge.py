@@ -45,8 +45,6 @@ import plain  # type: ignore[import-not-found]  # beside this file in the sandbo
 import server  # type: ignore[import-not-found]  # beside it too (rlvr/rewards/code_server.py)
 
 MAX_MESSAGE = 64 << 20
-REQUEST_DEPTH = 2 * plain.MAX_DEPTH
-"""The deepest request to the solution's process (its replies: `plain.MAX_DEPTH`)."""
 _PURE = frozenset({
     "array", "bisect", "calendar", "cmath", "collections", "copy", "dataclasses", "datetime", "decimal",
     "enum", "fractions", "functools", "heapq", "itertools", "json", "math", "numbers",
@@ -100,10 +98,9 @@ class Solution:
     def request(self, message: Any) -> Any:
         if not self.alive:
             raise SolutionError("the solution's process has ended")
-        # raises NotPlain for a test's non-plain argument. Twice the replies' depth: a test may pass
-        # back what the solution returned inside a few levels of its own (a solution that returns
-        # 99 levels must not make `decode(encode(x))` an error of the task)
-        data = plain.encode(message, REQUEST_DEPTH)
+        # raises NotPlain for a test's non-plain argument; a solution that returns 99 levels must not
+        # make `decode(encode(x))` an error of the task (plain.REQUEST_DEPTH)
+        data = plain.encode(message, plain.REQUEST_DEPTH)
         data = len(data).to_bytes(8, "big") + data
         try:
             while data:
@@ -111,7 +108,7 @@ class Solution:
             size = int.from_bytes(self._read(8), "big")
             if size > MAX_MESSAGE:
                 raise SolutionError(f"a reply of {size} bytes")
-            reply = plain.decode(self._read(size), REQUEST_DEPTH)  # changed arguments nest as deep as requests
+            reply = plain.decode(self._read(size), plain.REQUEST_DEPTH)
         except (OSError, EOFError, SolutionError, plain.NotPlain):
             self.close()
             raise SolutionError("the solution's process ended or broke the protocol") from None

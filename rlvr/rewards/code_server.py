@@ -48,7 +48,7 @@ def _read(fd: int, n: int) -> bytes:
 
 
 def _send(fd: int, message: Any) -> None:
-    data = plain.encode(message, REQUEST_DEPTH)  # a changed argument nests as deep as a request
+    data = plain.encode(message, plain.REQUEST_DEPTH)
     data = len(data).to_bytes(8, "big") + data
     while data:
         data = data[os.write(fd, data):]
@@ -73,8 +73,6 @@ _ITERATORS = (type(x for x in ""), map, filter, zip, enumerate, reversed)
 """One-pass iterators a solution may return, sent as the list of what they yield."""
 MUTABLE = (list, dict, set)
 """The argument types whose changes a call sends back."""
-REQUEST_DEPTH = 2 * plain.MAX_DEPTH
-"""The deepest request the judge sends (rlvr.rewards.code_judge.REQUEST_DEPTH)."""
 ARGS_BYTES = 4096
 """An exception's arguments are sent up to this size encoded (its message is cut at 500 characters)."""
 
@@ -146,7 +144,7 @@ def _raised(err: BaseException) -> tuple[Any, ...]:
 def _call(namespace: dict[str, Any], name: str, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     # the plain arguments a call may change in place, as they came: sent back if they changed
     given: list[tuple[int | str, Any]] = [*enumerate(args), *kwargs.items()]
-    before = {key: plain.encode(arg, REQUEST_DEPTH) for key, arg in given if type(arg) in MUTABLE}
+    before = {key: plain.encode(arg, plain.REQUEST_DEPTH) for key, arg in given if type(arg) in MUTABLE}
     try:
         value = namespace[name](*args, **kwargs)
     except BaseException as err:  # the solution's own failure (SystemExit included) is the judge's to see
@@ -155,10 +153,10 @@ def _call(namespace: dict[str, Any], name: str, args: list[Any], kwargs: dict[st
     changed_kwargs: dict[str, Any] = {}
     for key, encoded in before.items():
         arg = args[key] if isinstance(key, int) else kwargs[key]
-        now = _sendable(arg, REQUEST_DEPTH)
+        now = _sendable(arg, plain.REQUEST_DEPTH)
         if now is _UNPLAIN:  # the call put something not plain into it
             return ("unplain", f"{type(arg).__name__} argument")
-        if plain.encode(now, REQUEST_DEPTH) != encoded:
+        if plain.encode(now, plain.REQUEST_DEPTH) != encoded:
             if isinstance(key, int):
                 changed_args[key] = now
             else:
@@ -175,7 +173,7 @@ def serve(requests: int, replies: int) -> None:
     namespace: dict[str, Any] = {"__name__": "__solution__"}
     while True:
         try:
-            request = plain.decode(_read(requests, int.from_bytes(_read(requests, 8), "big")), REQUEST_DEPTH)
+            request = plain.decode(_read(requests, int.from_bytes(_read(requests, 8), "big")), plain.REQUEST_DEPTH)
         except EOFError:
             return
         kind = request[0]

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 MAX_DEPTH = 100
 """Deepest nesting accepted (deeper data is refused, not recursed into)."""
+REQUEST_DEPTH = 2 * MAX_DEPTH
+"""Deepest nesting of the unit-test harness's calls and their replies (rlvr.rewards.code_judge):
+a test may pass back what the solution returned inside a few levels of its own, and a reply
+carries a changed argument as deep as the call's."""
 
 
 class NotPlain(TypeError):
