@@ -350,57 +350,54 @@ _logger = logging.getLogger("rlvr.agents")
 _WARNED: set[str] = set()
 
 
-def _warn_once(kind: str, message: str) -> None:
+def _warn_once(kind: str, message: str, detail: str = "") -> None:
     if kind not in _WARNED:
         _WARNED.add(kind)
-        _logger.warning("%s. Further such failures are not logged.", message)
+        _logger.warning("%s. Further such failures are not logged.%s", message, detail)
 
 
-def _env_failed(err: Exception) -> InfrastructureError:
-    """An environment step that raised something other than InfrastructureError (a parser it did
-    not guard, a bug): that episode ends without a verdict, logged once with its traceback,
-    instead of the whole batch (a red-team review, session 19, crashed the runner so)."""
-    if type(err).__name__ + "/env" not in _WARNED:
-        _WARNED.add(type(err).__name__ + "/env")
-        _logger.warning("an environment's step raised %s: %s; the episode ends, counted in env/error and excluded "
-                        "from the update. Further such failures are not logged.\n%s", type(err).__name__, err,
-                        "".join(traceback.format_exception(err, limit=-4)))
-    return InfrastructureError(f"the environment's step raised {type(err).__name__}: {err}")
+def _settled(value: Any) -> StepResult | InfrastructureError:
+    """One environment's step as the runner takes it: its StepResult; or, for a step that raised,
+    the InfrastructureError that ends its episode without a verdict (counted in env/error and
+    excluded), each kind logged once. A step that raised anything else (a parser it did not
+    guard, a bug) ends its episode the same way, with its traceback, not the whole batch (a
+    red-team review, session 19, crashed the runner so); no sandbox on the machine, or an
+    interrupt, stops the run."""
+    if isinstance(value, SandboxUnavailable) or isinstance(value, BaseException) and not isinstance(value, Exception):
+        raise value  # no sandbox on this machine: no episode can work, so stop and say how to fix it
+    if isinstance(value, InfrastructureError):
+        _warn_once(type(value).__name__, f"an environment could not carry out a step ({type(value).__name__}: "
+                   f"{value}); the episode ends, counted in env/error and excluded from the update")
+        return value
+    if isinstance(value, Exception):
+        name = type(value).__name__
+        _warn_once(name + "/env", f"an environment's step raised {name}: {value}; the episode ends, counted in "
+                   "env/error and excluded from the update", "\n" + "".join(traceback.format_exception(value, limit=-4)))
+        return InfrastructureError(f"the environment's step raised {name}: {value}")
+    if not isinstance(value, StepResult):
+        raise TypeError(f"an environment's step returned {type(value).__name__}, not StepResult")
+    return value
 
 
 def _step_all(envs: list[Env], actions: list[str]) -> list[StepResult | InfrastructureError]:
     """Every environment's step for this turn; awaitable results are awaited together. A step
-    that raises InfrastructureError gives the error in its place (see the module docstring)."""
+    that raises gives the error in its place (`_settled`; see the module docstring)."""
     results: list[Any] = []
     for env, action in zip(envs, actions):
         try:
             results.append(env.step(action))
-        except InfrastructureError as err:
-            results.append(err)
         except SandboxUnavailable:
-            raise  # no sandbox on this machine: no episode can work, so stop and say how to fix it
-        except Exception as err:  # noqa: BLE001 - the environment's own failure: this episode, not the batch
-            results.append(_env_failed(err))
+            raise  # at once, before any other environment's step
+        except Exception as err:  # noqa: BLE001 - settled below, with the awaited ones
+            results.append(err)
     pending = [i for i, r in enumerate(results) if inspect.isawaitable(r)]
     if pending:
         async def gather() -> list[Any]:
             return list(await asyncio.gather(*(results[i] for i in pending), return_exceptions=True))
 
         for i, value in zip(pending, asyncio.run(gather())):
-            if isinstance(value, SandboxUnavailable) or isinstance(value, BaseException) and not isinstance(value, Exception):
-                raise value
-            results[i] = _env_failed(value) if isinstance(value, Exception) and not isinstance(value, InfrastructureError) \
-                else value
-    for r in results:
-        if isinstance(r, InfrastructureError):
-            if type(r).__name__ not in _WARNED:
-                _WARNED.add(type(r).__name__)
-                _logger.warning("an environment could not carry out a step (%s: %s); the episode ends, counted in "
-                                "env/error and excluded from the update. Further such failures are not logged.",
-                                type(r).__name__, r)
-        elif not isinstance(r, StepResult):
-            raise TypeError(f"an environment's step returned {type(r).__name__}, not StepResult")
-    return results
+            results[i] = value
+    return [_settled(r) for r in results]
 
 
 def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Sequence[Any], indices: list[int], n: int,
