@@ -94,16 +94,13 @@ def process_advantages(step_rewards: Sequence[Sequence[float]], step_ends: Seque
     if form == "min":
         return min_form_advantages(step_rewards, step_ends, lengths, eps=eps)
     _check(step_rewards, step_ends, lengths)
-    every = torch.tensor([float(r) for rewards in step_rewards for r in rewards], dtype=torch.float64)
-    if every.numel() > 1 and float(every.max() - every.min()) > 0:  # (std of equal values rounds to ~1e-17)
-        mean, scale = float(every.mean()), float(every.std()) + eps
-    else:  # nothing to rank
-        mean, scale = (float(every.mean()) if every.numel() else 0.0), float("inf")
-    out = []
-    for rewards, ends, n in zip(step_rewards, step_ends, lengths):
+    every = _normalised(torch.tensor([float(r) for rewards in step_rewards for r in rewards], dtype=torch.float64), eps)
+    out, at = [], 0
+    for ends, n in zip(step_ends, lengths):
         advantages_N = torch.zeros(n, dtype=torch.float64)
-        for reward, end in zip(rewards, ends):
-            advantages_N[: end + 1] += (float(reward) - mean) / scale
+        for j, end in enumerate(ends):
+            advantages_N[: end + 1] += every[at + j]
+        at += len(ends)
         out.append(advantages_N.float())
     return out
 
@@ -120,7 +117,8 @@ def _check(step_rewards: Sequence[Sequence[float]], step_ends: Sequence[Sequence
 
 
 def _normalised(values: Tensor, eps: float) -> Tensor:
-    """(values − mean) / (unbiased std + eps); zeros when they are all equal (nothing to rank)."""
+    """(values − mean) / (unbiased std + eps); zeros when they are all equal (nothing to rank: the
+    std of equal values rounds to ~1e-17, not 0)."""
     if values.numel() > 1 and float(values.max() - values.min()) > 0:
         return (values - values.mean()) / (float(values.std()) + eps)
     return torch.zeros_like(values)
