@@ -147,6 +147,13 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
                              f"(remove or mend the line): {line[:80]!r}") from None
         if not isinstance(row, dict) or row.get("step", 0) <= last_step:
             kept.append(line)
+    write_atomic(path, "".join(line + "\n" for line in kept))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`text` at `path`, written whole or not at all: a temporary file renamed over it, so a run
+    killed meanwhile leaves the old file or the new one (summary.json cut off in place stopped a
+    resume)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.write_text(text)
     tmp.replace(path)

@@ -39,6 +39,8 @@ from rlvr.types import Group
 
 __all__ = ["Interrupted", "RunDirError", "setup", "train", "train_step"]
 
+log = logging.getLogger(__name__)
+
 
 def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> tuple[dict[str, Any], list[Group]]:
     """One step: sample, score, update. Returns the step's metrics and the groups it trained on."""
@@ -128,8 +130,7 @@ def _train_loop(run: Run, start: int, quiet: bool, began: float) -> dict[str, An
     try:
         summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     except ValueError:  # written before summaries were atomic, and cut off: what it held is in metrics.jsonl
-        progress_note = f"{summary_path} is not readable JSON; starting it afresh"
-        logging.getLogger(__name__).warning(progress_note)
+        log.warning("%s is not readable JSON; starting it afresh", summary_path)
         summary = {}
     progress = ConsoleProgress(cfg.train.steps, start)
     if quiet:
@@ -156,7 +157,7 @@ def _train_loop(run: Run, start: int, quiet: bool, began: float) -> dict[str, An
             if start == 0 and "eval_before" not in summary:
                 progress.status("evaluating (before)")
                 summary["eval_before"] = evaluate(run)
-                write_json(summary_path, summary)
+                ckpt.write_atomic(summary_path, json.dumps(summary, indent=2))
                 trackers.log(0, summary["eval_before"])
             budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
             earlier = read_jsonl(run.dir / "metrics.jsonl")
@@ -204,18 +205,10 @@ def _trackers(run: Run, start: int, progress: ConsoleProgress) -> tracking.Track
                                   kwargs=log.sink_kwargs, warn=progress.print)
 
 
-def write_json(path: Path, value: Any) -> None:
-    """`value` as JSON at `path`, written whole or not at all (a temporary file renamed over it): a
-    summary.json cut off by a kill stopped the run from resuming."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2))
-    tmp.replace(path)
-
-
 def _finish(run: Run, summary: dict[str, Any], progress: ConsoleProgress) -> dict[str, Any]:
     """summary.json with the run's totals, the one-line result, and the report."""
     summary |= summarise(run.dir / "metrics.jsonl", run.dir)
-    write_json(run.dir / "summary.json", summary)
+    ckpt.write_atomic(run.dir / "summary.json", json.dumps(summary, indent=2))
     progress.print(summary_line(summary))
     if run.cfg.log.report:
         write_report(run.dir, progress)

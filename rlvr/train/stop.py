@@ -19,8 +19,7 @@ class GracefulStop:
 
     def __init__(self, progress: ConsoleProgress) -> None:
         self.requested, self.progress = False, progress
-        self._previous: Any = None
-        self._previous_term: Any = None
+        self._previous: dict[int, Any] = {}  # the handlers it replaced, by signal
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
@@ -30,16 +29,14 @@ class GracefulStop:
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-            # SIGTERM (`kill`, a job scheduler's preemption, `docker stop`) asks the same: it used to
-            # end the run at once with nothing saved since the last checkpoint
-            self._previous_term = signal.signal(signal.SIGTERM, self._handle)
+            # SIGTERM (`kill`, a job scheduler's preemption, `docker stop`) asks what Ctrl-C does: it
+            # used to end the run at once with nothing saved since the last checkpoint
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            signal.signal(signal.SIGTERM, self._previous_term)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 class Interrupted(KeyboardInterrupt):
