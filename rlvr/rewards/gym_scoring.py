@@ -158,14 +158,13 @@ class GymScorer:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
-        self._owner = os.getpid()
         # a fork while another thread held the lock would leave the child's copy locked for good
         os.register_at_fork(after_in_child=functools.partial(_after_fork, weakref.ref(self)))
 
     def _forked(self) -> None:
         """In a forked child: a lock of its own, and no process (its parent's pipes are the parent's)."""
         self._lock = threading.Lock()
-        self._process, self._owner = None, os.getpid()
+        self._process = None
 
     def score(self, task: str, params: dict[str, Any] | None, answer: str, entry: dict[str, Any]) -> float:
         """The task's score for `answer`: 0.0 past the time limit; InfrastructureError when the
@@ -207,8 +206,6 @@ class GymScorer:
         return data
 
     def _start(self) -> subprocess.Popen[bytes]:
-        if self._owner != os.getpid():  # a forked copy of this object: the process is its parent's
-            self._process, self._owner = None, os.getpid()
         if self._process is not None and self._process.poll() is None:
             return self._process
         try:
