@@ -127,26 +127,12 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
 def _train_loop(run: Run, start: int, quiet: bool, began: float) -> dict[str, Any]:
     cfg = run.cfg
     summary_path = run.dir / "summary.json"
-    try:
-        summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    except ValueError:  # written before summaries were atomic, and cut off: what it held is in metrics.jsonl
-        log.warning("%s is not readable JSON; starting it afresh", summary_path)
-        summary = {}
+    summary = _read_summary(summary_path)
     progress = ConsoleProgress(cfg.train.steps, start)
     if quiet:
         progress.console.quiet = True
     if start >= cfg.train.steps:
-        if "eval_after" in summary or start == 0:
-            progress.print(f"{run.dir} is complete at step {start}; raise train.steps to continue it")
-            return summary
-        # stopped after its last step but before its final evaluation and summary (a Ctrl-C in the
-        # last step, a kill after the last save): finish those, where it said "complete" and left
-        # them unwritten (a review, session 19)
-        progress.print(f"{run.dir} trained all {start} steps; finishing it: the final evaluation and summary")
-        with progress:
-            progress.status("evaluating (after)")
-            summary["eval_after"] = evaluate(run, start)
-        return _finish(run, summary, progress)
+        return _completed(run, start, summary, progress)
     trackers = _trackers(run, start, progress)
     metrics_sink, samples_sink = JsonlSink(run.dir / "metrics.jsonl"), JsonlSink(run.dir / "samples.jsonl")
     thumbnails = Thumbnails(run.dir)
@@ -203,6 +189,31 @@ def _trackers(run: Run, start: int, progress: ConsoleProgress) -> tracking.Track
     log = run.cfg.log
     return tracking.open_trackers(log.sinks, run.dir, name=run.dir.name, config=run.cfg.model_dump(), start_step=start,
                                   kwargs=log.sink_kwargs, warn=progress.print)
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    """summary.json as far as the run got, or {} (none yet, or one cut off in place by a kill
+    before summaries were written atomically: what it held is in metrics.jsonl)."""
+    try:
+        summary: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        return summary
+    except ValueError:
+        log.warning("%s is not readable JSON; starting it afresh", path)
+        return {}
+
+
+def _completed(run: Run, start: int, summary: dict[str, Any], progress: ConsoleProgress) -> dict[str, Any]:
+    """A run resumed at or past its last step: done, or, stopped after its last step but before
+    its final evaluation and summary (a Ctrl-C in the last step, a kill after the last save),
+    finished now, where it said "complete" and left them unwritten (a review, session 19)."""
+    if "eval_after" in summary or start == 0:
+        progress.print(f"{run.dir} is complete at step {start}; raise train.steps to continue it")
+        return summary
+    progress.print(f"{run.dir} trained all {start} steps; finishing it: the final evaluation and summary")
+    with progress:
+        progress.status("evaluating (after)")
+        summary["eval_after"] = evaluate(run, start)
+    return _finish(run, summary, progress)
 
 
 def _finish(run: Run, summary: dict[str, Any], progress: ConsoleProgress) -> dict[str, Any]:
