@@ -354,8 +354,11 @@ def part_engine(device: str, shape: str, batches: list[int], prompt: int, new_to
                 dtype: torch.dtype, decoders: tuple[str, ...] = ("static", "static_eager")) -> dict[str, Any]:
     """Decode tokens/s of the engine's static decoder (its steps replayed as CUDA graphs, and
     launched one by one) and of HF `generate`, every row forced to `new_tokens` (no EOS),
-    G = min(8, batch) samples per prompt as in GRPO. (The engine's HF decoder, 2.4-3.9× slower
-    than the static one on the H200 in session 9, is no longer timed here.)"""
+    G = min(8, batch) samples per prompt as in GRPO. Each is timed on its first call after a
+    4-token warm-up and on a repeat of the same call (``*_repeat``): a first call meets every key
+    length for the first time, which costs where attention builds a plan per shape (cuDNN's;
+    docs/LOG.md, session 20). (The engine's HF decoder, 2.4-3.9× slower than the static one on
+    the H200 in session 9, is no longer timed here.)"""
     from rlvr.rollout.engine import EmbeddedEngine
     from rlvr.types import SamplingParams
 
@@ -372,22 +375,19 @@ def part_engine(device: str, shape: str, batches: list[int], prompt: int, new_to
             engine = EmbeddedEngine(model, NoText(), eos_token_ids=[], max_batch_size=batch,  # type: ignore[arg-type]
                                     decoder="static", cuda_graphs=graphs)
             engine.generate(ids, SamplingParams(max_new_tokens=4, n=group))  # warm-up at this shape
-            sync(device)
-            start = time.perf_counter()
-            engine.generate(ids, SamplingParams(max_new_tokens=new_tokens, n=group))
-            sync(device)
-            row[f"rlvr_{name}_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
+            for key in (f"rlvr_{name}_tok_s", f"rlvr_{name}_repeat_tok_s"):
+                row[key] = timed(lambda: engine.generate(ids, SamplingParams(max_new_tokens=new_tokens, n=group)),
+                                 batch * new_tokens, device)
         input_ids = torch.tensor([p for p in ids for _ in range(group)], device=device)
         kwargs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, top_k=0,
                       top_p=1.0, temperature=1.0, pad_token_id=0)
         model.generate(**kwargs, max_new_tokens=4, min_new_tokens=4)  # warm-up
-        sync(device)
-        start = time.perf_counter()
-        model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-        sync(device)
-        row["hf_generate_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
+        for key in ("hf_generate_tok_s", "hf_generate_repeat_tok_s"):
+            row[key] = timed(lambda: model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens),
+                             batch * new_tokens, device)
         for name in decoders:
             row[f"{name}_vs_hf_generate"] = round(row[f"rlvr_{name}_tok_s"] / row["hf_generate_tok_s"], 2)
+            row[f"{name}_vs_hf_generate_repeat"] = round(row[f"rlvr_{name}_repeat_tok_s"] / row["hf_generate_repeat_tok_s"], 2)
         if len(decoders) == 2:
             row["graphs_vs_eager"] = round(row["rlvr_static_tok_s"] / row["rlvr_static_eager_tok_s"], 2)
         rows.append(row)
@@ -396,6 +396,15 @@ def part_engine(device: str, shape: str, batches: list[int], prompt: int, new_to
     del model
     return {"shape": shape, "parameters": params, "dtype": str(dtype), "prompt": prompt,
             "new_tokens": new_tokens, "rows": rows}
+
+
+def timed(call: Callable[[], Any], tokens: int, device: str) -> float:
+    """Tokens/s of one `call` that makes `tokens` tokens."""
+    sync(device)
+    start = time.perf_counter()
+    call()
+    sync(device)
+    return round(tokens / (time.perf_counter() - start), 1)
 
 
 # --- learner speed ----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from rlvr.rollout import static_decode
-from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.rollout.engine import EmbeddedEngine, without_cudnn_attention
 from rlvr.types import SamplingParams
 from tests.test_engine_contract import PROMPTS, encode, recompute_logprobs, reference_greedy
 from tests.tiny import EOS_ID, make_tiny_model
@@ -247,6 +247,54 @@ def test_cuda_graphs_only_on_a_cuda_device(tiny_model: Model, tiny_tokenizer: To
     """`cuda_graphs` (on by default) applies where the model is on a CUDA device; on the CPU the
     static decoder steps as before."""
     assert not EmbeddedEngine(tiny_model, tiny_tokenizer, eos_token_ids=[EOS_ID]).cuda_graphs
+
+
+def test_generating_on_cuda_turns_cudnn_attention_off_and_back() -> None:
+    """cuDNN's attention builds a plan for every new key length (`without_cudnn_attention`): off
+    while any engine on a CUDA device generates, nested or from two threads at once, and put back
+    as it was (on, or off where the user had turned it off) when the last is done; a CPU engine
+    leaves it alone. The flag is PyTorch's, so this runs on a CPU build too."""
+    import threading
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        for user_choice in (True, False):
+            torch.backends.cuda.enable_cudnn_sdp(user_choice)
+            with without_cudnn_attention(cpu):
+                assert torch.backends.cuda.cudnn_sdp_enabled() == user_choice
+            with without_cudnn_attention(cuda):
+                assert not torch.backends.cuda.cudnn_sdp_enabled()
+                with without_cudnn_attention(cuda):
+                    assert not torch.backends.cuda.cudnn_sdp_enabled()
+                assert not torch.backends.cuda.cudnn_sdp_enabled()  # the outer call still runs
+            assert torch.backends.cuda.cudnn_sdp_enabled() == user_choice
+            # two engines in threads, the first to start finishing first
+            first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+            seen: list[bool] = []
+
+            def first() -> None:
+                with without_cudnn_attention(cuda):
+                    first_in.set()
+                    second_in.wait(5)
+                first_out.set()
+
+            def second() -> None:
+                first_in.wait(5)
+                with without_cudnn_attention(cuda):
+                    second_in.set()
+                    first_out.wait(5)
+                    seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+
+            threads = [threading.Thread(target=first), threading.Thread(target=second)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+            assert seen == [False]  # still off for the engine still running
+            assert torch.backends.cuda.cudnn_sdp_enabled() == user_choice
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
 
 
 def test_static_decoder_handles_qkv_bias(tiny_tokenizer: Tokenizer) -> None:

@@ -47,6 +47,39 @@ from rlvr.rollout.weights import FusedWeights, weights_unavailable
 from rlvr.types import Completion, FinishReason, PromptMedia, SamplingParams
 
 
+_CUDNN_LOCK = threading.Lock()
+_cudnn_users = 0
+_cudnn_was_enabled = True
+
+
+@contextmanager
+def without_cudnn_attention(device: torch.device) -> Iterator[None]:
+    """On a CUDA device, `scaled_dot_product_attention` without cuDNN's backend while this runs
+    (PyTorch picks among the others, as it does where cuDNN is absent). cuDNN's attention builds an
+    execution plan for each new shape, and a decode step's shape is new at every key length: on an
+    H200 (torch 2.11) the first 128-token call at one row ran at 20 tok/s kernel by kernel and 146
+    with CUDA graphs, a repeat of the same call at 83 and 362; without cuDNN both calls ran at
+    87-88 and 346-348 (docs/LOG.md, session 20). The switch is PyTorch's process-wide flag: it is
+    turned off while any engine generates and put back as it was when the last one is done.
+    Elsewhere nothing changes."""
+    global _cudnn_users, _cudnn_was_enabled
+    if device.type != "cuda":
+        yield
+        return
+    with _CUDNN_LOCK:
+        if _cudnn_users == 0:
+            _cudnn_was_enabled = torch.backends.cuda.cudnn_sdp_enabled()
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        _cudnn_users += 1
+    try:
+        yield
+    finally:
+        with _CUDNN_LOCK:
+            _cudnn_users -= 1
+            if _cudnn_users == 0:
+                torch.backends.cuda.enable_cudnn_sdp(_cudnn_was_enabled)
+
+
 class Engine(Protocol):
     """What the training loop needs from a rollout engine."""
 
@@ -213,7 +246,7 @@ class EmbeddedEngine:
             raise ValueError(f"media must give one entry (or None) per prompt: {len(media)} for {len(prompts)} prompts")
         per_chunk = max(1, self.max_batch_size // params.n)
         out: list[list[Completion]] = []
-        with self._busy:
+        with self._busy, without_cudnn_attention(self.device):
             was_training = self.model.training
             self.model.eval()
             try:
