@@ -46,6 +46,20 @@ def verl_without_extra_info(data_source: str, solution_str: str, ground_truth: s
     return float(ground_truth in solution_str)
 
 
+def verl_scaled_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                      correct: float = 1.0, format_score: float = 0.0) -> float:
+    """verl's gsm8k `compute_score` takes `format_score` and `score` the same way, set through
+    `custom_reward_function.reward_kwargs`."""
+    if "####" not in solution_str:
+        return 0.0
+    return correct if solution_str.split("####")[-1].strip() == ground_truth else format_score
+
+
+def verl_with_var_kwargs(data_source: str, solution_str: str, ground_truth: str, **kwargs: Any) -> float:
+    CALLS.append(kwargs)
+    return 1.0
+
+
 def rlvr_reward(prompt: str, completion: str, **row: Any) -> float:
     return 0.5
 
@@ -127,6 +141,23 @@ def test_a_verl_compute_score_gets_its_arguments_from_verls_layout(tmp_path: Pat
     assert [p["gsm8k_style_score"] for _, p in out] == [1.0, 0.0]  # a dict's "score"
     assert [p["verl_without_extra_info"] for _, p in out] == [1.0, 0.0]
     assert CALLS[0] == {"data_source": "openai/gsm8k", "ground_truth": "7", "extra_info": {"split": "train", "index": 0}}
+
+
+def test_verl_reward_kwargs_are_passed_on_every_call() -> None:
+    """verl calls `compute_score(..., **reward_kwargs)`; rlvr takes them as the reward's kwargs."""
+    fields = {"data_source": "openai/gsm8k", "reward_model": {"ground_truth": "7"}}
+    rewards = build_rewards([{"fn": "tests.test_interop_rewards:verl_scaled_score", "style": "verl",
+                              "kwargs": {"correct": 2.0, "format_score": 0.1}}])
+    out = score_group(rewards, "Q", ["#### 7", "#### 8", "7"], fields)
+    assert [p["verl_scaled_score"] for _, p in out] == [2.0, 0.1, 0.0]
+    CALLS.clear()
+    rewards = build_rewards([{"fn": "tests.test_interop_rewards:verl_with_var_kwargs", "kwargs": {"mode": "strict"}}])
+    score_group(rewards, "Q", ["x"], fields)
+    assert CALLS == [{"extra_info": None, "mode": "strict"}]  # **kwargs takes extra_info and the reward_kwargs
+    with pytest.raises(ValueError, match="reward 'verl_scaled_score'.*'formatscore'.*not parameters"):
+        build_rewards([{"fn": "tests.test_interop_rewards:verl_scaled_score", "kwargs": {"formatscore": 0.1}}])
+    with pytest.raises(ValueError, match="'ground_truth'.*would replace what verl passes"):
+        build_rewards([{"fn": "tests.test_interop_rewards:verl_with_var_kwargs", "kwargs": {"ground_truth": "8"}}])
 
 
 def test_trl_layouts_from_jsonl_and_a_datasets_directory(tmp_path: Path) -> None:

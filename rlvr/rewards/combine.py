@@ -167,10 +167,11 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
                 raise ValueError(f"reward {name!r}: a TRL-style reward takes its inputs from the dataset's columns, "
                                  "not kwargs")
             fn, spec = trl_style(fn), {**spec, "group": True}
-        elif style == "verl":
-            if kwargs:
-                raise ValueError(f"reward {name!r}: a verl-style reward takes no kwargs")
-            fn = verl_style(fn)
+        elif style == "verl":  # kwargs: verl's reward_kwargs, bound here
+            try:
+                fn, kwargs = verl_style(fn, kwargs), {}
+            except ValueError as e:
+                raise ValueError(f"reward {name!r}: {e}") from None
         _check_kwargs(name, fn, kwargs)
         timeout = spec.get("timeout_s")
         if timeout is None and fn not in REWARDS.values():

@@ -106,12 +106,29 @@ def ground_truth(fields: dict[str, Any]) -> Any:
     return fields.get("ground_truth", fields.get("answer"))
 
 
-def verl_style(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A per-completion reward (prompt, completion, **example) calling a verl compute_score."""
+VERL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""What verl passes a `compute_score` for each response."""
+
+
+def verl_style(fn: Callable[..., Any], reward_kwargs: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """A per-completion reward (prompt, completion, **example) calling a verl compute_score.
+    ``reward_kwargs``: verl's `custom_reward_function.reward_kwargs`, passed on every call beside
+    its arguments, as verl does; each must be a parameter of `fn` (or `fn` has **kwargs), and
+    none may be one of verl's own (`VERL_ARGUMENTS`): a ValueError now, where verl would raise a
+    TypeError at the first response."""
+    extra = dict(reward_kwargs or {})
+    clash = sorted(set(extra) & set(VERL_ARGUMENTS))
+    if clash:
+        raise ValueError(f"reward_kwargs {clash} would replace what verl passes itself ({', '.join(VERL_ARGUMENTS)})")
+    unknown = sorted(set(extra) - set(_accepted(fn, extra)))
+    if unknown:
+        raise ValueError(f"reward_kwargs {unknown} are not parameters of {getattr(fn, '__name__', fn)!r}, "
+                         "which takes no **kwargs")
+
     def call(prompt: str, completion: str, **fields: Any) -> Any:
         kwargs = _accepted(fn, {"data_source": fields.get("data_source"), "solution_str": completion,
                                 "ground_truth": ground_truth(fields), "extra_info": fields.get("extra_info")})
-        value = _value(fn(**kwargs))
+        value = _value(fn(**kwargs, **extra))
         if isinstance(value, dict):
             if "score" not in value:
                 raise TypeError(f"a verl reward's dict needs a 'score' (got keys {sorted(value)})")
