@@ -250,6 +250,16 @@ def windowed_attention(model: PreTrainedModel) -> str | None:
     return None
 
 
+def context_length(model: Any, default: int = 32768) -> int:
+    """The longest sequence a model (or its config) covers with positions: its text model's
+    `max_position_embeddings` (a vision-language model's is in its text config), `default` where
+    it does not say, or where the model is not in this process (None)."""
+    config = getattr(model, "config", model)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    return int(getattr(config, "max_position_embeddings", None) or default)
+
+
 def with_cache(model: Any, cache: Any) -> dict[str, Any]:
     """The keyword that hands a key/value cache to `model`'s forward: ``cache`` in transformers
     ≥ 5 (where ``past_key_values`` is deprecated, to be removed in 5.40), ``past_key_values``

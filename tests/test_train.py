@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -350,3 +351,39 @@ def test_a_run_killed_while_writing_its_first_checkpoint_starts_again(tiny_dir: 
     a, b = read_metrics(tmp_path / "straight"), read_metrics(early)
     assert [{k: v for k, v in r.items() if k not in TIMING} for r in a] == \
         [{k: v for k, v in r.items() if k not in TIMING} for r in b]
+
+
+def test_prompts_that_do_not_fit_the_context_are_named_before_sampling(tiny_dir: Path, tmp_path: Path) -> None:
+    """The tiny model has 2048 positions: a prompt that leaves no room for sampling.max_new_tokens
+    is an error naming it (with the largest budget that fits) before any step runs, where the
+    engine would have sampled past the model's positions; an empty prompt is named too."""
+    from rlvr.config import load_config
+    from rlvr.data import Example
+    from rlvr.train.data import TaskData, check_prompt_lengths
+    from rlvr.train.loop import train
+    from rlvr.types import SamplingParams
+
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt": "What is 2 + 2?", "answer": "4"}] * 7 + [{"prompt": "word " * 420, "answer": "5"}]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    base = [x for x in overrides(tiny_dir, tmp_path, "long", task__size=8) if not x.startswith("task.params")]
+    cfg = [*base, 'task.source="jsonl"', f'task.path="{data}"', "task.eval_size=0"]
+    with pytest.raises(ValueError, match=r"1 training prompt\(s\) are longer than the model's context of 2048 "
+                                         r"positions, e\.g\. .*data\.jsonl:8 \(\d+ tokens\)"):
+        train(load_config(None, cfg), quiet=True)
+    assert not (tmp_path / "long" / "metrics.jsonl").exists()
+    data.write_text("\n".join(json.dumps(r) for r in rows[:7]))
+    with pytest.raises(ValueError, match=r"7 training prompt\(s\) leave too little room for sampling.max_new_tokens = "
+                                         r"2030 in the model's context of 2048 positions.*at most (\d+)") as caught:
+        train(load_config(None, [*cfg, "sampling.max_new_tokens=2030", "name=budget"]), quiet=True)
+    fits = int(str(caught.value).split("at most ")[1].split(",")[0])  # the budget the message offers runs
+    train(load_config(None, [*cfg, f"sampling.max_new_tokens={fits}", "name=fits", "train.steps=1"]), quiet=True)
+    ex = Example(prompt="", answer=None, fields={}, id="row-3")
+    task = TaskData([ex], [[]], [], [], [], SamplingParams(max_new_tokens=4))
+    with pytest.raises(ValueError, match="1 training prompt.*no tokens, e.g. row-3"):
+        check_prompt_lengths(task, 256)
+    check_prompt_lengths(dataclasses.replace(task, prompt_ids=[[1] * 252]), 256)  # exactly fits
+    with pytest.raises(ValueError, match="at most 3"):
+        check_prompt_lengths(dataclasses.replace(task, prompt_ids=[[1] * 253]), 256)
+    with pytest.raises(ValueError, match="longer than the model's context of 256"):
+        check_prompt_lengths(dataclasses.replace(task, prompt_ids=[[1] * 256]), 256)

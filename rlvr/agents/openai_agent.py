@@ -219,7 +219,8 @@ def agent_episode_groups(engine: Engine, tokenizer: Any, fn: Callable[..., Any],
     """n episodes of the agent on each example index, as Groups (rlvr.agents.runner.as_groups)."""
     from rlvr.serve.app import Served
     from rlvr.serve.protocol import Limits
-    from rlvr.serve.server import BackgroundServer, context_length
+    from rlvr.models import context_length
+    from rlvr.serve.server import BackgroundServer
 
     jobs = [(i, f"{k}-{secrets.token_hex(4)}") for k, i in enumerate(j for j in indices for _ in range(n))]
     recorder = EpisodeRecorder(params, limits, [tag for _, tag in jobs])

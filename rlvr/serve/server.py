@@ -19,7 +19,7 @@ def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", devi
     """A model, checkpoint folder or run directory (its latest checkpoint), on the embedded engine
     or (``backend = "vllm"``, a CUDA GPU) on vLLM, which holds the model itself (no top_logprobs)."""
     from rlvr.eval.run import resolve_model
-    from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
+    from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
 
     path = resolve_model(spec)
@@ -43,12 +43,6 @@ def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", devi
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
                             max_batch_size=max_batch_size)
     return Served(name or spec, tokenizer, engine, model, context_length(model))
-
-
-def context_length(model: Any, default: int = 32768) -> int:
-    """The longest sequence a model (or its config) covers with positions: `default` where it does
-    not say, or where the model is not in this process (None)."""
-    return int(getattr(getattr(model, "config", model), "max_position_embeddings", None) or default)
 
 
 def is_loopback(host: str) -> bool:

@@ -26,6 +26,7 @@ from rlvr.errors import RunDirError
 from rlvr.log import tracking
 from rlvr.lora import ADAPTER_DIR, apply_lora
 from rlvr.models import (
+    context_length,
     eos_token_ids,
     is_vision_language,
     load_model,
@@ -42,7 +43,7 @@ from rlvr.rollout.weights import decode_weights
 from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import ReplayBuffer, Rollouts
-from rlvr.train.data import TaskData, load_task, make_sampler, with_variants
+from rlvr.train.data import TaskData, check_prompt_lengths, load_task, make_sampler, with_variants
 from rlvr.train.learner import Learner, learner_for
 from rlvr.train.methods import Method, SetupInfo, build_methods
 from rlvr.train.update import UpdateSettings, settings_from_config
@@ -139,6 +140,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     learner = learner_for(model, tr, optimizer_steps)
     rewards = build_rewards(cfg.reward_specs())
     task = load_task(cfg, tokenizer, rewards, processor)
+    check_prompt_lengths(task, context_length(model))
     sc = cfg.sampler
     replay = ReplayBuffer(**sc.replay) if sc.replay else None
     updater = Updater(learner, pad_token_id=engine.pad_token_id, seed=cfg.seed, shared_weights=shared)
