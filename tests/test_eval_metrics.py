@@ -95,6 +95,9 @@ def test_rlvr_eval_compares_models_on_the_same_prompts(tiny_dir: Path, tmp_path:
     assert main(["eval", "--model", str(tiny_dir), "--k", "1", "--n", "2", "--prompts", "2", "--max-new-tokens", "4",
                  "--out", str(out), *overrides, 'engine.dtype="float16"']) == 0
     assert results[0]["engine_weights"] == "model" and json.loads(out.read_text())[0]["engine_weights"] == "float16"
+    # prompts that leave no room for --max-new-tokens in the model's 2048 positions: named, nothing sampled
+    assert main(["eval", "--model", str(tiny_dir), "--k", "1", "--n", "1", "--max-new-tokens", "2040", *overrides]) == 2
+    assert "leave too little room for --max-new-tokens = 2040" in capsys.readouterr().err
 
 
 def test_evaluation_during_training_lands_in_the_metrics(tiny_dir: Path, tmp_path: Path) -> None:

@@ -38,11 +38,11 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     Verifiable Rewards Implicitly Incentivizes Correct Reasoning in Base LLMs", arXiv:2506.14245).
     Only samples with a correct answer are sent to the judge."""
     from rlvr.data import render_example, render_prompt
-    from rlvr.models import eos_token_ids, load_policy, resolve_dtype
+    from rlvr.models import context_length, eos_token_ids, load_policy, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
     from rlvr.rollout.weights import decode_weights
     from rlvr.data.images import image_token_ids
-    from rlvr.train.data import load_examples, render_with_processor
+    from rlvr.train.data import load_examples, prompts_fit, render_with_processor
     from rlvr.train.rollouts import generate_groups
     from rlvr.train.batches import score_certainty
 
@@ -64,6 +64,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
         ids, media = render_with_processor(processor, held, cfg.task.system_prompt)
     else:
         ids = [render_example(tokenizer, ex, cfg.task.system_prompt) for ex in held]
+    prompts_fit("held-out", held, ids, context_length(model), max_new_tokens, "--max-new-tokens")
     rewards = build_rewards(cfg.reward_specs())
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=n, top_p=cfg.sampling.top_p,
                             top_k=cfg.sampling.top_k, stop=tuple(cfg.sampling.stop))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -105,27 +105,34 @@ def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[
 
 
 def check_prompt_lengths(task: TaskData, context: int) -> None:
-    """Every prompt has a token, and fits the model's context (`context`, its positions) with the
-    sampling budget (`sampling.max_new_tokens`): else a ValueError before anything is sampled,
-    naming the examples, where the engine would have stopped the run at the step that drew one
-    (an empty prompt) or sampled past the positions the model was trained on (a long one).
-    Multi-turn episodes grow their contexts later; their own turn budgets bound that."""
-    budget = task.params.max_new_tokens
-    for kind, examples, ids in (("training", task.examples, task.prompt_ids), ("held-out", task.eval_examples, task.eval_ids)):
-        empty = [ex.id for ex, row in zip(examples, ids) if not row]
-        if empty:
-            raise ValueError(f"{len(empty)} {kind} prompt(s) render to no tokens, e.g. {', '.join(map(str, empty[:3]))}")
-        over = [f"{ex.id} ({len(row)} tokens)" for ex, row in zip(examples, ids) if len(row) >= context]
-        if over:
-            raise ValueError(f"{len(over)} {kind} prompt(s) are longer than the model's context of {context} "
-                             f"positions, e.g. {', '.join(over[:3])}: shorten them or leave them out")
-        long = [(ex.id, len(row)) for ex, row in zip(examples, ids) if len(row) + budget > context]
-        if long:
-            shown = ", ".join(f"{i} ({n} tokens)" for i, n in long[:3])
-            raise ValueError(
-                f"{len(long)} {kind} prompt(s) leave too little room for sampling.max_new_tokens = {budget} in the "
-                f"model's context of {context} positions, e.g. {shown}: lower sampling.max_new_tokens to at most "
-                f"{context - max(n for _, n in long)}, or leave those examples out")
+    """Every prompt of the task, training and held-out, has a token and fits the model's context
+    (`context`, its positions) with the sampling budget (`prompts_fit`)."""
+    for kind, examples, ids in (("training", task.examples, task.prompt_ids),
+                                ("held-out", task.eval_examples, task.eval_ids)):
+        prompts_fit(kind, examples, ids, context, task.params.max_new_tokens)
+
+
+def prompts_fit(kind: str, examples: Sequence[Example], ids: Sequence[Sequence[int]], context: int, budget: int,
+                budget_name: str = "sampling.max_new_tokens") -> None:
+    """Every prompt (`ids`, one per example) has a token and fits `context` positions with
+    `budget` new tokens: else a ValueError before anything is sampled, naming the examples, where
+    the engine would have stopped the run at the step that drew one (an empty prompt) or sampled
+    past the positions the model was trained on (a long one). Multi-turn episodes grow their
+    contexts later; their own turn budgets bound that."""
+    empty = [ex.id for ex, row in zip(examples, ids) if not row]
+    if empty:
+        raise ValueError(f"{len(empty)} {kind} prompt(s) render to no tokens, e.g. {', '.join(map(str, empty[:3]))}")
+    over = [f"{ex.id} ({len(row)} tokens)" for ex, row in zip(examples, ids) if len(row) >= context]
+    if over:
+        raise ValueError(f"{len(over)} {kind} prompt(s) are longer than the model's context of {context} "
+                         f"positions, e.g. {', '.join(over[:3])}: shorten them or leave them out")
+    long = [(ex.id, len(row)) for ex, row in zip(examples, ids) if len(row) + budget > context]
+    if long:
+        shown = ", ".join(f"{i} ({n} tokens)" for i, n in long[:3])
+        raise ValueError(
+            f"{len(long)} {kind} prompt(s) leave too little room for {budget_name} = {budget} in the "
+            f"model's context of {context} positions, e.g. {shown}: lower {budget_name} to at most "
+            f"{context - max(n for _, n in long)}, or leave those examples out")
 
 
 def _sampling(cfg: RunConfig) -> SamplingParams:
