@@ -6,9 +6,11 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rlvr.data import Example
 from rlvr.eval import avg_at_k, distinct_n, maj_at_k, pass_at_k
 
 
@@ -68,6 +70,44 @@ def test_avg_and_distinct_n_by_hand() -> None:
     # bigrams: "a b", "b c" | "a b", "b d" -> 3 unique of 4
     assert distinct_n(["a b c", "a b d"], 2) == pytest.approx(3 / 4)
     assert distinct_n(["x"], 2) == 0.0 and distinct_n(["a a a"], 1) == pytest.approx(1 / 3)
+
+
+def _scored(text: str, correct: float | None) -> Any:
+    """A sample of `text` whose reward "r" gave `correct`, or no verdict (None: its service failed)."""
+    from rlvr.types import Completion, Sample
+
+    parts = {"r": 0.0, "r/error": 1.0, "r/excluded": 1.0} if correct is None else {"r": correct}
+    return Sample((1,), Completion((2,), (0.0,), "stop", text), parts["r"], parts, 0)
+
+
+def test_samples_without_a_verdict_count_in_no_accuracy() -> None:
+    """A sandbox or judge that fails (the sample excluded) is never a wrong answer: training's
+    accuracy, a group's accuracy (what curricula read), and `rlvr eval`'s pass@k, maj@k and avg@n
+    use the samples that got a verdict; a prompt with fewer than k of them has no pass@k."""
+    from rlvr.eval.run import _per_prompt
+    from rlvr.rewards.combine import RewardFn
+    from rlvr.train.collect import with_accuracy
+    from rlvr.train.rollouts import group_metrics
+    from rlvr.types import Group
+
+    a = Group("a", (_scored("<answer>1</answer>", 1.0), _scored("<answer>1</answer>", None),
+                    _scored("<answer>2</answer>", 0.0), _scored("<answer>1</answer>", None)))
+    b = Group("b", (_scored("x", None),) * 4)
+    m = group_metrics([a], "r")
+    assert m["accuracy"] == 0.5 and m["excluded_fraction"] == 0.5  # 1 of the 2 judged, not 1 of 4
+    assert "accuracy" not in group_metrics([b], "r") and group_metrics([b], "r")["excluded_fraction"] == 1.0
+    assert with_accuracy(a, "r").accuracy == 0.5 and with_accuracy(b, "r").accuracy is None
+
+    reward = RewardFn("r", lambda prompt, completion, **row: 1.0, 1.0, {})
+    examples = [Example(prompt="a", answer="1", fields={}, id="a"), Example(prompt="b", answer="1", fields={}, id="b")]
+    per_prompt = _per_prompt([a, b], examples, [reward], None, 4, [1, 2, 4])
+    assert per_prompt["pass@1"] == [0.5] and per_prompt["pass@2"] == [1.0]  # of 2 judged, 1 right: any pair holds it
+    assert per_prompt["pass@4"] == [] and per_prompt["maj@2"] == [1.0]  # a: 2 judged samples, b: none
+    assert per_prompt["avg"] == [0.5] and per_prompt["excluded"] == [0.5, 1.0]
+    sound = RewardFn("judge", lambda prompt, completion, **row: 1.0, 1.0, {})
+    silent = RewardFn("judge", lambda prompt, completion, **row: None, 1.0, {})  # the judge gave no verdict
+    assert _per_prompt([a], examples, [reward], sound, 4, [1])["cot_pass@1"] == [0.5]
+    assert _per_prompt([a], examples, [reward], silent, 4, [1])["cot_pass@1"] == []  # unknown, not unsound
 
 
 def test_rlvr_eval_compares_models_on_the_same_prompts(tiny_dir: Path, tmp_path: Path,

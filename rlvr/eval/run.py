@@ -76,7 +76,11 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
                                           temperature=temperature if temperature > 0 else 1.0, micro_batch_size=16)
     result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n,
                               "engine_weights": engine.weights}  # "model", "float16" or "int8" (engine.dtype)
-    result |= {name: statistics.fmean(values) for name, values in per_prompt.items()}
+    result |= {name: statistics.fmean(values) for name, values in per_prompt.items() if values}
+    result["excluded_fraction"] = result.pop("excluded")
+    for name, values in per_prompt.items():
+        if name != "excluded" and len(values) < len(held):  # prompts left out: too few judged samples
+            result[f"{name}_prompts"] = len(values)
     result["response_length"] = statistics.fmean(len(x.completion.token_ids) for x in samples)
     result["token_entropy"] = -float(negative_entropy.mean())
     return result
@@ -85,37 +89,53 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
 def _per_prompt(groups: list[Group], held: list[Example], rewards: list[RewardFn], judge: RewardFn | None, n: int,
                 ks: list[int]) -> dict[str, list[float]]:
     """Each metric's value on every prompt: pass@k and maj@k from the first reward's correctness,
-    avg@n, distinct-2, and CoT-pass@k where a judge is given."""
-    from rlvr.train.rollouts import is_correct
+    avg@n, distinct-2, and CoT-pass@k where a judge is given.
+
+    Samples without a verdict (`Sample.excluded`: a reward's infrastructure failed, e.g. the code
+    sandbox or a judge endpoint) are left out, never counted as wrong: a prompt's metrics use its
+    judged samples, and a prompt with fewer than k of them has no pass@k or maj@k (its list is
+    shorter). A sample the CoT judge gives no verdict on counts as unsound only where the judge
+    did answer: one that failed leaves the prompt out of CoT-pass@k. ``excluded`` holds each
+    prompt's share of samples without a verdict."""
+    from rlvr.train.rollouts import is_correct, judged
 
     fmt = str(rewards[0].kwargs.get("extract", "tag_or_last_number"))
-    names = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "distinct_2"]
+    names = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "distinct_2", "excluded"]
     names += [f"cot_pass@{k}" for k in ks] if judge else []
     per_prompt: dict[str, list[float]] = {name: [] for name in names}
     for i, g in enumerate(groups):
-        correct = [is_correct(x, rewards[0].name) for x in g.samples]
-        answers = [extract_answer(x.completion.text, fmt) for x in g.samples]
+        kept = judged(g.samples)
+        per_prompt["excluded"].append(1 - len(kept) / len(g.samples))
+        per_prompt["distinct_2"].append(distinct_n([x.completion.text for x in g.samples], 2))
+        if not kept:
+            continue
+        correct = [is_correct(x, rewards[0].name) for x in kept]
+        answers = [extract_answer(x.completion.text, fmt) for x in kept]
         for k in ks:
-            per_prompt[f"pass@{k}"].append(pass_at_k(n, sum(correct), k))
-            per_prompt[f"maj@{k}"].append(maj_at_k(answers, correct, k))
+            if len(kept) >= k:
+                per_prompt[f"pass@{k}"].append(pass_at_k(len(kept), sum(correct), k))
+                per_prompt[f"maj@{k}"].append(maj_at_k(answers, correct, k))
         per_prompt["avg"].append(avg_at_k(correct))
         if judge is not None:
-            right = [x for x, ok in zip(g.samples, correct) if ok]
+            right = [x for x, ok in zip(kept, correct) if ok]
             verdicts = score_group([judge], g.prompt, [x.completion.text for x in right], held[i].fields)
+            if any(parts.get(f"{judge.name}/excluded") for _, parts in verdicts):
+                continue  # the judge gave no verdict on a right answer: this prompt's CoT-pass@k is unknown
             sound = sum(1 for _, parts in verdicts if parts.get(judge.name, 0.0) >= 0.5 and len(parts) == 1)
             for k in ks:
-                per_prompt[f"cot_pass@{k}"].append(pass_at_k(n, sound, k))
-        per_prompt["distinct_2"].append(distinct_n([x.completion.text for x in g.samples], 2))
+                if len(kept) >= k:
+                    per_prompt[f"cot_pass@{k}"].append(pass_at_k(len(kept), sound, k))
     return per_prompt
 
 
 def markdown_table(results: list[dict[str, Any]], ks: list[int]) -> str:
     columns = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "response_length", "token_entropy",
                "distinct_2"]
-    columns += [f"cot_pass@{k}" for k in ks if f"cot_pass@{k}" in results[0]]
+    columns += [f"cot_pass@{k}" for k in ks if any(f"cot_pass@{k}" in r for r in results)]
+    columns += ["excluded_fraction"] if any(r.get("excluded_fraction") for r in results) else []
     lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    for r in results:
-        cells = [f"{r[c]:.3f}" if c not in ("response_length",) else f"{r[c]:.1f}" for c in columns]
+    for r in results:  # "–": no prompt had enough samples with a verdict
+        cells = ["–" if c not in r else f"{r[c]:.1f}" if c == "response_length" else f"{r[c]:.3f}" for c in columns]
         lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

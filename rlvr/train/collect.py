@@ -31,7 +31,7 @@ from rlvr.data.images import with_prompt_media
 from rlvr.data.sampler import Sampler
 from rlvr.rewards import RewardFn
 from rlvr.rollout.engine import Engine
-from rlvr.train.rollouts import generate_groups, is_correct
+from rlvr.train.rollouts import generate_groups, is_correct, judged_accuracy
 from rlvr.types import Completion, Group, PromptMedia, Sample, SamplingParams
 
 if TYPE_CHECKING:
@@ -91,7 +91,9 @@ class Source:
 
 
 def with_accuracy(group: Group, primary: str) -> Group:
-    return dataclasses.replace(group, accuracy=statistics.fmean(is_correct(x, primary) for x in group.samples))
+    """The group with its accuracy over the samples that got a verdict (`judged_accuracy`): None
+    when none did, and samplers then learn nothing from it (`Rollouts.observe`)."""
+    return dataclasses.replace(group, accuracy=judged_accuracy(group.samples, primary))
 
 
 def has_spread(group: Group) -> bool:
@@ -230,9 +232,10 @@ def roc(src: Source, n: int, *, oversample: float = 2.0, quality: list[str] | No
         kept = dataclasses.replace(group, samples=tuple(chosen[k] for k in order),
                                    pool_rewards=tuple(group.rewards))
         train.append(with_accuracy(kept, src.primary))
+    rates = [g.accuracy for g in train if g.accuracy is not None]  # groups with a verdict
     return Gathered(train, aside, {
         "rollouts/rejected_fraction": len(aside) / max(n, 1),
-        "rollouts/kept_accuracy": statistics.fmean(g.accuracy or 0.0 for g in train) if train else 0.0})
+        "rollouts/kept_accuracy": statistics.fmean(rates) if rates else 0.0})
 
 
 def _pick(rng: np.random.Generator, items: list[Sample], k: int) -> list[Sample]:
@@ -393,7 +396,8 @@ class Rollouts:
         advantage); the replay buffer keeps the fresh ones."""
         aside = [g if g.advantages is not None else dataclasses.replace(g, advantages=(0.0,) * len(g.samples))
                  for g in aside]
-        self.sampler.observe(own + aside)
+        # a group without a verdict (its reward's service down, say) says nothing about the prompt
+        self.sampler.observe([g for g in own + aside if g.accuracy is not None])
         if self.replay is not None:
             self.replay.add(own, step)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from rlvr.agents.runner import episode_metrics
 from rlvr.eval.metrics import pass_at_k
-from rlvr.train.rollouts import generate_groups, group_metrics, is_correct
+from rlvr.train.rollouts import generate_groups, group_metrics, is_correct, judged
 from rlvr.types import Group, SamplingParams
 
 if TYPE_CHECKING:
@@ -19,7 +19,9 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
     """Greedy decoding on the held-out prompts: accuracy and mean reward. With
     train.eval_samples = n, also n samples per prompt at the training temperature: eval/pass@k
     (unbiased estimator) for k = 1, 2, 4, ... and n, from a generator seeded by the step, so the
-    training stream of random numbers is untouched and resume stays exact."""
+    training stream of random numbers is untouched and resume stays exact. Samples without a
+    verdict (`Sample.excluded`: a reward's infrastructure failed) count in no accuracy or pass@k;
+    eval/excluded_fraction says how many there were."""
     run.rollouts.drain()  # the engine's random stream is not shared with a collection under way
     task = run.task
     if not task.eval_examples:
@@ -27,7 +29,8 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
     params = SamplingParams(temperature=0.0, max_new_tokens=task.params.max_new_tokens, stop=task.params.stop, n=1)
     groups = _held_out(run, params)
     m = group_metrics(groups, task.rewards[0].name)
-    out = {"eval/accuracy": m["accuracy"], "eval/reward": m["reward"], "eval/response_length": m["response_length"]}
+    # accuracy over the answers that got a verdict; the share that did not is said beside it
+    out = {f"eval/{k}": m[k] for k in ("accuracy", "reward", "response_length", "excluded_fraction") if k in m}
     out |= {f"eval/{k}": v for k, v in episode_metrics(groups).items()}
     n = run.cfg.train.eval_samples
     if n:
@@ -38,9 +41,13 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
             sampled = _held_out(run, dataclasses.replace(task.params, n=n), rescore=False)
         finally:
             generator.set_state(saved)
-        correct = [sum(is_correct(x, task.rewards[0].name) for x in g.samples) for g in sampled]
+        counts = [(len(kept), sum(is_correct(x, task.rewards[0].name) for x in kept))
+                  for kept in (judged(g.samples) for g in sampled)]
         for k in sorted({*(2**i for i in range(n.bit_length()) if 2**i <= n), n}):
-            out[f"eval/pass@{k}"] = statistics.fmean(pass_at_k(n, c, k) for c in correct)
+            # each prompt's judged samples (`judged`): one with fewer than k has no pass@k
+            estimates = [pass_at_k(m, c, k) for m, c in counts if m >= k]
+            if estimates:
+                out[f"eval/pass@{k}"] = statistics.fmean(estimates)
     return out
 
 

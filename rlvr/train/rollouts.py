@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rlvr.data import Example
@@ -62,9 +62,25 @@ def is_correct(sample: Sample, primary: str) -> bool:
     return parts.get(key, 0.0) >= 1.0 - 1e-6
 
 
+def judged(samples: Iterable[Sample]) -> list[Sample]:
+    """The samples that got a verdict: not excluded (a reward said "no verdict", or its
+    infrastructure failed; `Sample.excluded`). Accuracy counts these only, so a sandbox or a judge
+    that fails is never counted as the model's wrong answer."""
+    return [s for s in samples if not s.excluded]
+
+
+def judged_accuracy(samples: Iterable[Sample], primary: str) -> float | None:
+    """The share of judged samples (`judged`) that are correct (`is_correct`); None when no
+    sample got a verdict."""
+    kept = judged(samples)
+    return statistics.fmean(is_correct(s, primary) for s in kept) if kept else None
+
+
 def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
     """Reward, accuracy, length and group statistics of one step's rollouts (the policy's own
-    samples: expert demonstrations mixed into groups are left out)."""
+    samples: expert demonstrations mixed into groups are left out). Accuracy is over the samples
+    that got a verdict (`judged_accuracy`; no key when none did), `excluded_fraction` the share
+    that did not."""
     groups = [Group(g.prompt, tuple(s for s in g.samples if not s.off_policy), g.metadata) for g in groups]
     samples = [s for g in groups for s in g.samples]
     rewards = [s.reward for s in samples]
@@ -73,7 +89,6 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
     metrics = {
         "reward": statistics.fmean(rewards),
         "reward_std": statistics.pstdev(rewards),
-        "accuracy": statistics.fmean(is_correct(s, primary) for s in samples),
         "response_length": statistics.fmean(lengths),
         "response_length_max": float(max(lengths)),
         "truncated_fraction": statistics.fmean(s.completion.finish_reason == "length" for s in samples),
@@ -88,6 +103,9 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
             for g in groups),
         "tokens_generated": float(sum(lengths)),
     }
+    accuracy = judged_accuracy(samples, primary)
+    if accuracy is not None:
+        metrics["accuracy"] = accuracy
     for name in names:
         if "/" in name:  # "<name>/error", "<name>/excluded": an absent key counts as 0
             metrics[f"rewards/{name}"] = statistics.fmean(s.reward_parts.get(name, 0.0) for s in samples)
