@@ -46,8 +46,8 @@ def main() -> None:
         after, before, seconds = [], [], []
         for p in evals:
             summary = root / p.name.removesuffix(".eval.json") / "summary.json"
-            if summary.exists():
-                s = json.loads(summary.read_text())
+            s = json.loads(summary.read_text()) if summary.exists() else {}
+            if "eval/accuracy" in s.get("eval_after", {}) and "eval/accuracy" in s.get("eval_before", {}):
                 after.append(s["eval_after"]["eval/accuracy"])
                 before.append(s["eval_before"]["eval/accuracy"])
                 metrics = (root / p.name.removesuffix(".eval.json") / "metrics.jsonl").read_text().splitlines()

@@ -67,8 +67,10 @@ def main(run: Path, out: Path | None, block: int) -> None:
     axes[0].plot(steps, [r.get("env/tool_calls", 0) for r in rows], label="tool calls / episode")
     axes[0].plot(steps, [r.get("env/answered", 0) for r in rows], label="answered")
     axes[1].plot(steps, [r.get("env/tool_error_rate", 0) for r in rows], color="tab:red", label="tool error rate")
-    axes[2].plot(steps, [r["accuracy"] for r in rows], alpha=0.5, label="accuracy (training samples)")
-    axes[2].plot([s for s, _ in evals], [e["eval/accuracy"] for _, e in evals], marker="o", label="held-out, greedy")
+    # no accuracy where no sample got a verdict (rlvr.train.rollouts.judged_accuracy): a gap, not a 0
+    axes[2].plot(steps, [r.get("accuracy", float("nan")) for r in rows], alpha=0.5, label="accuracy (training samples)")
+    axes[2].plot([s for s, _ in evals], [e.get("eval/accuracy", float("nan")) for _, e in evals], marker="o",
+                 label="held-out, greedy")
     for ax in axes:
         ax.set_xlabel("step")
         ax.legend(fontsize=8)

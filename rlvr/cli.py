@@ -407,8 +407,12 @@ def _filter(args: argparse.Namespace) -> int:
                            progress=lambda k: advance("rating prompts", k))
     kept = write_filtered(rated, args.out, low=args.min, high=args.max, include_low=args.inclusive,
                           include_high=args.inclusive)
-    hist = [sum(1 for r in rated if round(r.rate * args.n) == k) for k in range(args.n + 1)]
+    hist = [sum(1 for r in rated if r.rate is not None and round(r.rate * args.n) == k) for k in range(args.n + 1)]
     print("pass rate  prompts\n" + "\n".join(f"{k}/{args.n:<7} {c}" for k, c in enumerate(hist)))
+    unknown = sum(1 for r in rated if r.rate is None)
+    if unknown:
+        print(f"{unknown} prompt(s) got no verdict on any sample (the reward's sandbox or service failed): "
+              "left out", file=sys.stderr)
     print(f"kept {kept} of {len(rated)} prompts in {args.out}", file=sys.stderr)
     if args.accepted:
         rows = write_accepted(rated, args.accepted, system_prompt=cfg.task.system_prompt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -97,13 +98,27 @@ def test_samples_without_a_verdict_count_in_no_accuracy() -> None:
     assert m["accuracy"] == 0.5 and m["excluded_fraction"] == 0.5  # 1 of the 2 judged, not 1 of 4
     assert "accuracy" not in group_metrics([b], "r") and group_metrics([b], "r")["excluded_fraction"] == 1.0
     assert with_accuracy(a, "r").accuracy == 0.5 and with_accuracy(b, "r").accuracy is None
+    # another reward's missing verdict (a style judge down) leaves the correctness verdict standing
+    styled = Group("c", tuple(dataclasses.replace(x, reward_parts={**x.reward_parts, "style": 0.0, "style/excluded": 1.0})
+                              for x in (_scored("a", 1.0), _scored("b", 0.0))))
+    assert group_metrics([styled], "r")["accuracy"] == 0.5 and group_metrics([styled], "r")["no_verdict_fraction"] == 0
+    # env.mask keeps an unfinished episode out of the loss, but the policy failed it: a wrong answer
+    from rlvr.agents.runner import Episode, _flags
+    from rlvr.types import Completion
+
+    unfinished = Episode((1,), Completion((2,), (0.0,), "length", "x"), 0.0, 1, "max_turns", {}, [0.0], [])
+    assert _flags(unfinished, ["unfinished"]) == {"env/excluded": 1.0, "env/masked": 1.0}
+    assert _flags(dataclasses.replace(unfinished, metrics={"excluded": 1.0}), ["unfinished"]) == {"env/excluded": 1.0}
+    masked = Group("d", (_scored("a", 1.0), dataclasses.replace(_scored("b", 0.0), reward_parts={
+        "r": 0.0, "r/excluded": 1.0, "r/masked": 1.0})))
+    assert group_metrics([masked], "r")["accuracy"] == 0.5 and group_metrics([masked], "r")["excluded_fraction"] == 0.5
 
     reward = RewardFn("r", lambda prompt, completion, **row: 1.0, 1.0, {})
     examples = [Example(prompt="a", answer="1", fields={}, id="a"), Example(prompt="b", answer="1", fields={}, id="b")]
     per_prompt = _per_prompt([a, b], examples, [reward], None, 4, [1, 2, 4])
     assert per_prompt["pass@1"] == [0.5] and per_prompt["pass@2"] == [1.0]  # of 2 judged, 1 right: any pair holds it
     assert per_prompt["pass@4"] == [] and per_prompt["maj@2"] == [1.0]  # a: 2 judged samples, b: none
-    assert per_prompt["avg"] == [0.5] and per_prompt["excluded"] == [0.5, 1.0]
+    assert per_prompt["avg"] == [0.5] and per_prompt["no_verdict"] == [0.5, 1.0]
     sound = RewardFn("judge", lambda prompt, completion, **row: 1.0, 1.0, {})
     silent = RewardFn("judge", lambda prompt, completion, **row: None, 1.0, {})  # the judge gave no verdict
     assert _per_prompt([a], examples, [reward], sound, 4, [1])["cot_pass@1"] == [0.5]
@@ -210,3 +225,49 @@ def test_min_k_percent_is_the_mean_of_the_lowest_token_logprobs(tiny_dir: Path) 
         lowest = logp.sort().values[: max(1, math.ceil(0.5 * len(logp)))]
         assert score == pytest.approx(float(lowest.mean()), abs=1e-4)
     assert min_k_percent(model, tokenizer, texts, k=1.0)[0] <= 0
+
+
+def test_no_verdict_is_neither_side_where_collection_and_methods_count_outcomes(tmp_path: Path) -> None:
+    """Reinforce-Ada and GRPO-RoC split pools into right and wrong, ReLIFT queues prompts the
+    policy fails, NFT trains on a group's rate, `rlvr filter` rates prompts: a sample without a
+    verdict is none of these (the sandbox was down exactly when the answer was wrong: the worst
+    case for counting it as wrong)."""
+    from rlvr.data.filter import Rated, write_filtered
+    from rlvr.train.collect import reinforce_ada, roc
+    from rlvr.train.inputs import loss_rows
+    from rlvr.train.methods.expert import HardPrompts
+    from rlvr.algos.losses import LOSSES
+    from rlvr.types import Group
+    from tests.test_collect import source
+
+    src = source([0.5, 0.5], group=4)
+    src.rewards[0] = dataclasses.replace(src.rewards[0],
+                                         fn=lambda prompt, completion, **_: 1.0 if completion.startswith("yes") else None)
+    ada = reinforce_ada(src, 2, max_rounds=3, exit="balanced")
+    assert ada.metrics["rollouts/rounds"] == 3  # no judged failure ever: never balanced
+    assert all(g.accuracy == 1.0 and len(g.samples) == 4 for g in ada.train)
+    for g in ada.train:  # unjudged samples only fill what the judged successes cannot
+        assert sum(x.excluded for x in g.samples) == max(0, 4 - sum(r == 1.0 for r in g.pool_rewards or ()))
+    got = roc(src, 2, oversample=2.0, reject_equal=False)
+    assert all(len(g.samples) == 4 for g in got.train)
+    for g in got.train:  # judged successes first; unjudged samples only fill the group
+        pool_right = sum(r == 1.0 for r in g.pool_rewards or ())
+        assert sum(x.reward == 1.0 for x in g.samples) == min(4, pool_right)
+
+    hard = HardPrompts()
+    down = Group("q", (_scored("no", None),) * 4)
+    wrong = Group("q", (_scored("no", 0.0),) + (_scored("no", None),) * 3)
+    hard.add([down], 0.0, "r")
+    assert hard.pending == []  # unknown, not failed
+    hard.add([dataclasses.replace(wrong, samples=tuple(dataclasses.replace(x, prompt_index=3) for x in wrong.samples))],
+             0.0, "r")
+    assert hard.pending == [3]
+
+    mixed = Group("q", (_scored("a", 1.0), _scored("b", 0.0), _scored("c", None), _scored("d", None)))
+    rows = loss_rows(LOSSES["nft"], [mixed], list(mixed.samples), [0, 1, 2, 3])
+    assert [float(t[0]) for t in rows["group_accuracy_BT"]] == [0.5] * 4  # 1 right of 2 judged, not of 4
+
+    examples = [Example(prompt=f"q{i}", answer=None, fields={}, id=f"q{i}") for i in range(2)]
+    out = write_filtered([Rated(examples[0], None), Rated(examples[1], 0.5)], tmp_path / "kept.jsonl", low=0.0,
+                         high=1.0, include_low=True, include_high=True)
+    assert out == 1  # a prompt with no verdict has no difficulty to keep it by

@@ -378,6 +378,10 @@ def test_prompts_that_do_not_fit_the_context_are_named_before_sampling(tiny_dir:
         train(load_config(None, [*cfg, "sampling.max_new_tokens=2030", "name=budget"]), quiet=True)
     fits = int(str(caught.value).split("at most ")[1].split(",")[0])  # the budget the message offers runs
     train(load_config(None, [*cfg, f"sampling.max_new_tokens={fits}", "name=fits", "train.steps=1"]), quiet=True)
+    # a prompt template (sampler.templates) that pushes the prompts past it, named by its index
+    long_template = '["{prompt}", "' + "Think it through. " * 150 + '{prompt}"]'
+    with pytest.raises(ValueError, match=r"7 training \(sampler.templates\[1\]\) prompt\(s\) are longer than"):
+        train(load_config(None, [*cfg, f"sampler.templates={long_template}", "name=templated"]), quiet=True)
     ex = Example(prompt="", answer=None, fields={}, id="row-3")
     task = TaskData([ex], [[]], [], [], [], SamplingParams(max_new_tokens=4))
     with pytest.raises(ValueError, match="1 training prompt.*no tokens, e.g. row-3"):

@@ -445,6 +445,21 @@ def masked_episode(episode: Episode, mask: Collection[str]) -> bool:
     return ("unfinished" in mask and episode.ending != "done") or ("void" in mask and episode.metrics.get("void", 0) > 0)
 
 
+def _flags(episode: Episode, mask: Collection[str]) -> dict[str, float]:
+    """An episode's flags among its reward parts. No verdict ("env/excluded"): its reward had none
+    (the environment's "excluded" metric, rlvr.agents.env.no_verdict) or the episode failed
+    ("env/error"); out of the loss, and out of every accuracy. Masked ("env/excluded" with
+    "env/masked"): `env.mask` keeps an unfinished or void episode out of the loss, but the
+    policy did fail it, so it counts as a wrong answer (rlvr.train.rollouts.has_verdict)."""
+    if episode.ending in FAILED:
+        return {"env/error": 1.0, "env/excluded": 1.0}
+    if episode.metrics.get("excluded", 0) > 0:
+        return {"env/excluded": 1.0}
+    if masked_episode(episode, mask):
+        return {"env/excluded": 1.0, "env/masked": 1.0}
+    return {}
+
+
 def as_groups(examples: Sequence[Any], indices: list[int], n: int, episodes: Sequence[Episode], *,
               mask: Collection[str] = ()) -> list[Any]:
     """Episodes (n per example index, in order) as Groups (see episode_groups)."""
@@ -454,13 +469,9 @@ def as_groups(examples: Sequence[Any], indices: list[int], n: int, episodes: Seq
     for k, i in enumerate(indices):
         mine = episodes[k * n : (k + 1) * n]
         # "turns" and "tool_calls" ride along as weight-0 parts: advantage_kwargs.stratum can stratify by them (SAN)
-        # env.mask: an unfinished or a void episode is excluded from the loss (as a reward's None is), and so is
-        # one whose reward had no verdict (the environment's "excluded" metric, rlvr.agents.env.no_verdict)
         samples = tuple(Sample(ep.prompt_ids, ep.completion, ep.reward, {
             "env": ep.reward, "turns": float(ep.turns), "tool_calls": ep.metrics.get("tool_calls", 0.0),
-            **({"env/excluded": 1.0} if masked_episode(ep, mask) or ep.metrics.get("excluded", 0) > 0 else {}),
-            **({"env/error": 1.0, "env/excluded": 1.0} if ep.ending in FAILED else {})}, i,
-            segments=tuple(ep.segments)) for ep in mine)
+            **_flags(ep, mask)}, i, segments=tuple(ep.segments)) for ep in mine)
         groups.append(Group(examples[i].prompt, samples, {
             "id": examples[i].id, "answer": examples[i].answer, "env_metrics": [ep.metrics for ep in mine],
             "endings": [ep.ending for ep in mine], "injected_spans": [ep.injected_spans for ep in mine],

@@ -28,8 +28,9 @@ from rlvr.data.chat import with_system
 
 class Rated(NamedTuple):
     example: Example
-    rate: float
-    """The fraction of the n samples judged correct (full marks on the first reward)."""
+    rate: float | None
+    """The fraction of the samples the first reward judged that it gave full marks; None when it
+    judged none (its sandbox or service failed on every one: `has_verdict`), which no band keeps."""
     accepted: tuple[str, ...] = ()
     """The distinct completions judged correct that ended on their own (not cut at
     max_new_tokens), in the order sampled."""
@@ -41,11 +42,11 @@ def pass_rates(model_spec: str, cfg: RunConfig, *, n: int, limit: int | None = N
     ``batch`` prompts at a time."""
     from rlvr.data import render_example
     from rlvr.eval.run import resolve_model
-    from rlvr.models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+    from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_dtype
     from rlvr.rewards import build_rewards
     from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.train.data import load_examples
-    from rlvr.train.rollouts import generate_groups, is_correct
+    from rlvr.train.data import load_examples, prompts_fit
+    from rlvr.train.rollouts import generate_groups, is_correct, judged
     from rlvr.types import SamplingParams
 
     if n < 1:
@@ -56,8 +57,9 @@ def pass_rates(model_spec: str, cfg: RunConfig, *, n: int, limit: int | None = N
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=cfg.seed)
     examples = load_examples(cfg)[0][:limit]
     ids = [render_example(tokenizer, ex, cfg.task.system_prompt) for ex in examples]
-    rewards = build_rewards(cfg.reward_specs())
     s = cfg.sampling
+    prompts_fit("training", examples, ids, context_length(model), s.max_new_tokens)
+    rewards = build_rewards(cfg.reward_specs())
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
                             stop=tuple(s.stop), n=n)
     out = []
@@ -65,10 +67,11 @@ def pass_rates(model_spec: str, cfg: RunConfig, *, n: int, limit: int | None = N
         chunk = list(range(start, min(start + batch, len(examples))))
         for i, group in zip(chunk, generate_groups(engine, examples, ids, chunk, rewards, params,
                                                    on_error=cfg.on_reward_error)):
-            correct = [x for x in group.samples if is_correct(x, rewards[0].name)]
+            kept = judged(group.samples, rewards[0].name)  # a failed sandbox is not a wrong answer
+            correct = [x for x in kept if is_correct(x, rewards[0].name)]
             # a cut-off completion is no demonstration: SFT would teach ending it there
             finished = [x.completion.text for x in correct if x.completion.finish_reason == "stop"]
-            out.append(Rated(examples[i], len(correct) / n, tuple(dict.fromkeys(finished))))
+            out.append(Rated(examples[i], len(correct) / len(kept) if kept else None, tuple(dict.fromkeys(finished))))
         if progress:
             progress(len(chunk))
     return out
@@ -87,6 +90,8 @@ def write_filtered(rated: list[Rated], out: str | Path, *, low: float, high: flo
     kept = 0
     with out.open("w") as f:
         for ex, rate, _ in rated:
+            if rate is None:  # no verdict on any sample: its difficulty is unknown
+                continue
             above = rate > low or (include_low and math.isclose(rate, low))
             below = rate < high or (include_high and math.isclose(rate, high))
             if above and below:

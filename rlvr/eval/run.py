@@ -77,9 +77,9 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n,
                               "engine_weights": engine.weights}  # "model", "float16" or "int8" (engine.dtype)
     result |= {name: statistics.fmean(values) for name, values in per_prompt.items() if values}
-    result["excluded_fraction"] = result.pop("excluded")
+    result["no_verdict_fraction"] = result.pop("no_verdict")
     for name, values in per_prompt.items():
-        if name != "excluded" and len(values) < len(held):  # prompts left out: too few judged samples
+        if name != "no_verdict" and len(values) < len(held):  # prompts left out: too few judged samples
             result[f"{name}_prompts"] = len(values)
     result["response_length"] = statistics.fmean(len(x.completion.token_ids) for x in samples)
     result["token_entropy"] = -float(negative_entropy.mean())
@@ -91,21 +91,21 @@ def _per_prompt(groups: list[Group], held: list[Example], rewards: list[RewardFn
     """Each metric's value on every prompt: pass@k and maj@k from the first reward's correctness,
     avg@n, distinct-2, and CoT-pass@k where a judge is given.
 
-    Samples without a verdict (`Sample.excluded`: a reward's infrastructure failed, e.g. the code
-    sandbox or a judge endpoint) are left out, never counted as wrong: a prompt's metrics use its
+    Samples the correctness reward gave no verdict (`has_verdict`: it returned None, or its
+    sandbox or service failed) are left out, never counted as wrong: a prompt's metrics use its
     judged samples, and a prompt with fewer than k of them has no pass@k or maj@k (its list is
     shorter). A sample the CoT judge gives no verdict on counts as unsound only where the judge
-    did answer: one that failed leaves the prompt out of CoT-pass@k. ``excluded`` holds each
+    did answer: one that failed leaves the prompt out of CoT-pass@k. ``no_verdict`` holds each
     prompt's share of samples without a verdict."""
     from rlvr.train.rollouts import is_correct, judged
 
     fmt = str(rewards[0].kwargs.get("extract", "tag_or_last_number"))
-    names = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "distinct_2", "excluded"]
+    names = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "distinct_2", "no_verdict"]
     names += [f"cot_pass@{k}" for k in ks] if judge else []
     per_prompt: dict[str, list[float]] = {name: [] for name in names}
     for i, g in enumerate(groups):
-        kept = judged(g.samples)
-        per_prompt["excluded"].append(1 - len(kept) / len(g.samples))
+        kept = judged(g.samples, rewards[0].name)
+        per_prompt["no_verdict"].append(1 - len(kept) / len(g.samples))
         per_prompt["distinct_2"].append(distinct_n([x.completion.text for x in g.samples], 2))
         if not kept:
             continue
@@ -132,7 +132,7 @@ def markdown_table(results: list[dict[str, Any]], ks: list[int]) -> str:
     columns = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "response_length", "token_entropy",
                "distinct_2"]
     columns += [f"cot_pass@{k}" for k in ks if any(f"cot_pass@{k}" in r for r in results)]
-    columns += ["excluded_fraction"] if any(r.get("excluded_fraction") for r in results) else []
+    columns += ["no_verdict_fraction"] if any(r.get("no_verdict_fraction") for r in results) else []
     lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for r in results:  # "–": no prompt had enough samples with a verdict
         cells = ["–" if c not in r else f"{r[c]:.1f}" if c == "response_length" else f"{r[c]:.3f}" for c in columns]

@@ -59,9 +59,13 @@ def without_cudnn_attention(device: torch.device) -> Iterator[None]:
     execution plan for each new shape, and a decode step's shape is new at every key length: on an
     H200 (torch 2.11) the first 128-token call at one row ran at 20 tok/s kernel by kernel and 146
     with CUDA graphs, a repeat of the same call at 83 and 362; without cuDNN both calls ran at
-    87-88 and 346-348 (docs/LOG.md, session 20). The switch is PyTorch's process-wide flag: it is
-    turned off while any engine generates and put back as it was when the last one is done.
-    Elsewhere nothing changes."""
+    87-88 and 346-348 (docs/LOG.md, session 20). The switch is PyTorch's process-wide flag (so is
+    `torch.nn.attention.sdpa_kernel`'s; there is no per-thread one): it is turned off while any
+    engine generates and put back as it was when the last one is done. So a learner training on
+    another thread meanwhile (`dist.async_rollouts`) runs those steps without cuDNN's attention
+    too, which measured level with it on the H200 past the first step, and faster on the first;
+    and a user's own `sdpa_kernel` block that overlaps a generate call may leave the flag as that
+    block found it. On a CPU nothing changes."""
     global _cudnn_users, _cudnn_was_enabled
     if device.type != "cuda":
         yield

@@ -31,7 +31,7 @@ from rlvr.data.images import with_prompt_media
 from rlvr.data.sampler import Sampler
 from rlvr.rewards import RewardFn
 from rlvr.rollout.engine import Engine
-from rlvr.train.rollouts import generate_groups, is_correct, judged_accuracy
+from rlvr.train.rollouts import generate_groups, is_correct, judged, judged_accuracy
 from rlvr.types import Completion, Group, PromptMedia, Sample, SamplingParams
 
 if TYPE_CHECKING:
@@ -168,10 +168,10 @@ def reinforce_ada(src: Source, n: int, *, round_size: int | None = None, max_rou
     want_pos, want_neg = g_size // 2, g_size - g_size // 2
 
     def done(pool: list[Sample]) -> bool:
-        pos = sum(is_correct(x, src.primary) for x in pool)
+        pos, neg, _ = _sides(pool, src.primary)
         if exit == "balanced":
-            return pos >= want_pos and len(pool) - pos >= want_neg
-        return pos >= min_positives
+            return len(pos) >= want_pos and len(neg) >= want_neg
+        return len(pos) >= min_positives
 
     active = list(dict.fromkeys(indices))
     rounds = 0
@@ -184,10 +184,10 @@ def reinforce_ada(src: Source, n: int, *, round_size: int | None = None, max_rou
     train = []
     for i in indices:
         pool = pools[i]
-        pos = [x for x in pool if is_correct(x, src.primary)]
-        neg = [x for x in pool if not is_correct(x, src.primary)]
+        pos, neg, unjudged = _sides(pool, src.primary)
         take_pos = min(len(pos), max(want_pos, g_size - len(neg)))
         chosen = _pick(src.rng, pos, take_pos) + _pick(src.rng, neg, min(len(neg), g_size - take_pos))
+        chosen += _pick(src.rng, unjudged, min(len(unjudged), g_size - len(chosen)))  # only to fill the group
         order = src.rng.permutation(len(chosen))
         group = dataclasses.replace(heads[i], samples=tuple(chosen[k] for k in order),
                                     pool_rewards=tuple(x.reward for x in pool))
@@ -217,9 +217,8 @@ def roc(src: Source, n: int, *, oversample: float = 2.0, quality: list[str] | No
         if reject_equal and not has_spread(group):
             aside.append(group)
             continue
-        pos = [x for x in group.samples if is_correct(x, src.primary)]
-        neg = [x for x in group.samples if not is_correct(x, src.primary)]
-        take_pos = round(g_size * len(pos) / len(group.samples))
+        pos, neg, unjudged = _sides(list(group.samples), src.primary)
+        take_pos = round(g_size * len(pos) / max(len(pos) + len(neg), 1))
         take_pos = max(take_pos, min(min_positives, len(pos)))
         take_pos = min(take_pos, g_size - min(min_negatives, len(neg)), len(pos))
         take_neg = min(len(neg), g_size - take_pos)
@@ -228,14 +227,25 @@ def roc(src: Source, n: int, *, oversample: float = 2.0, quality: list[str] | No
         penalty = [sum(1.0 - x.reward_parts.get(q, 0.0) for q in (quality or [])) for x in pos]
         best = [pos[k] for k in sorted(range(len(pos)), key=lambda k: (penalty[k], jitter[k]))[:take_pos]]
         chosen = best + _pick(src.rng, neg, take_neg)
+        chosen += _pick(src.rng, unjudged, min(len(unjudged), g_size - len(chosen)))  # only to fill the group
         order = src.rng.permutation(len(chosen))
         kept = dataclasses.replace(group, samples=tuple(chosen[k] for k in order),
                                    pool_rewards=tuple(group.rewards))
         train.append(with_accuracy(kept, src.primary))
+    metrics = {"rollouts/rejected_fraction": len(aside) / max(n, 1)}
     rates = [g.accuracy for g in train if g.accuracy is not None]  # groups with a verdict
-    return Gathered(train, aside, {
-        "rollouts/rejected_fraction": len(aside) / max(n, 1),
-        "rollouts/kept_accuracy": statistics.fmean(rates) if rates else 0.0})
+    if rates:
+        metrics["rollouts/kept_accuracy"] = statistics.fmean(rates)
+    return Gathered(train, aside, metrics)
+
+
+def _sides(pool: list[Sample], primary: str) -> tuple[list[Sample], list[Sample], list[Sample]]:
+    """A pool's correct and wrong samples among those the correctness reward judged, and the
+    samples it gave no verdict (`has_verdict`): a failed sandbox is neither side."""
+    kept = judged(pool, primary)
+    ids = {id(x) for x in kept}
+    pos = [x for x in kept if is_correct(x, primary)]
+    return pos, [x for x in kept if not is_correct(x, primary)], [x for x in pool if id(x) not in ids]
 
 
 def _pick(rng: np.random.Generator, items: list[Sample], k: int) -> list[Sample]:
@@ -339,16 +349,18 @@ def _group_from_state(state: dict[str, Any]) -> Group:
                  pool_rewards=None if pool is None else tuple(pool))
 
 
-def template_variants(templates: list[str], render: Callable[[str], list[int]], examples: list[Example]
+def template_variants(templates: list[str], render: Callable[[str], list[int]], examples: list[Example],
+                      rendered: dict[tuple[int, int], list[int]] | None = None,
                       ) -> Callable[[int, int, np.random.Generator], list[list[int]]]:
     """Prompt augmentation (Lu et al., "Prompt Augmentation Scales up GRPO Training on
     Mathematical Reasoning"): each rollout of a prompt is sampled under a reasoning template drawn
     uniformly from ``templates`` (``{prompt}`` marks where the prompt goes), so a group mixes
-    ways of reasoning. Rewards still see the original prompt. Rendered prompts are cached."""
+    ways of reasoning. Rewards still see the original prompt. Rendered prompts are cached
+    (``rendered``: by example index and template index, made already)."""
     for t in templates:
         if "{prompt}" not in t:
             raise ValueError(f"prompt template {t!r} has no {{prompt}}")
-    cache: dict[tuple[int, int], list[int]] = {}
+    cache: dict[tuple[int, int], list[int]] = rendered if rendered is not None else {}
 
     def variants(index: int, n: int, rng: np.random.Generator) -> list[list[int]]:
         out = []

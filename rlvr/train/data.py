@@ -160,16 +160,27 @@ def render_with_processor(processor: Any, examples: list[Example], system_prompt
     return ids, media if any(m is not None for m in media) else None
 
 
-def with_variants(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, task: TaskData) -> TaskData:
-    """The task with its prompt templates (sampler.templates), once its training examples are final."""
-    if not cfg.sampler.templates:
+def with_variants(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, task: TaskData, context: int) -> TaskData:
+    """The task with its prompt templates (sampler.templates), once its training examples are final:
+    every example under every template rendered now, and checked against the model's ``context``
+    with the sampling budget (`prompts_fit`)."""
+    templates = cfg.sampler.templates
+    if not templates:
         return task
     if task.media is not None:
         raise ValueError("sampler.templates re-renders prompts as text, which would drop their images")
     from rlvr.train.collect import template_variants
 
-    render = lambda text: render_prompt(tokenizer, text, cfg.task.system_prompt)  # noqa: E731
-    return dataclasses.replace(task, variants=template_variants(cfg.sampler.templates, render, task.examples))
+    def render(text: str) -> list[int]:
+        return render_prompt(tokenizer, text, cfg.task.system_prompt)
+
+    rendered: dict[tuple[int, int], list[int]] = {}  # filled below, read by the variants
+    variants = template_variants(templates, render, task.examples, rendered)
+    for k, template in enumerate(templates):
+        ids = [render(template.replace("{prompt}", ex.prompt)) for ex in task.examples]
+        prompts_fit(f"training (sampler.templates[{k}])", task.examples, ids, context, task.params.max_new_tokens)
+        rendered.update({(i, k): row for i, row in enumerate(ids)})
+    return dataclasses.replace(task, variants=variants)
 
 logger = logging.getLogger("rlvr.train")
 

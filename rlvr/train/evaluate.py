@@ -20,8 +20,8 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
     train.eval_samples = n, also n samples per prompt at the training temperature: eval/pass@k
     (unbiased estimator) for k = 1, 2, 4, ... and n, from a generator seeded by the step, so the
     training stream of random numbers is untouched and resume stays exact. Samples without a
-    verdict (`Sample.excluded`: a reward's infrastructure failed) count in no accuracy or pass@k;
-    eval/excluded_fraction says how many there were."""
+    verdict from the correctness reward (`has_verdict`: it returned None, or its sandbox or service
+    failed) count in no accuracy or pass@k; eval/no_verdict_fraction says how many there were."""
     run.rollouts.drain()  # the engine's random stream is not shared with a collection under way
     task = run.task
     if not task.eval_examples:
@@ -30,7 +30,7 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
     groups = _held_out(run, params)
     m = group_metrics(groups, task.rewards[0].name)
     # accuracy over the answers that got a verdict; the share that did not is said beside it
-    out = {f"eval/{k}": m[k] for k in ("accuracy", "reward", "response_length", "excluded_fraction") if k in m}
+    out = {f"eval/{k}": m[k] for k in ("accuracy", "reward", "response_length", "no_verdict_fraction") if k in m}
     out |= {f"eval/{k}": v for k, v in episode_metrics(groups).items()}
     n = run.cfg.train.eval_samples
     if n:
@@ -42,7 +42,7 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
         finally:
             generator.set_state(saved)
         counts = [(len(kept), sum(is_correct(x, task.rewards[0].name) for x in kept))
-                  for kept in (judged(g.samples) for g in sampled)]
+                  for kept in (judged(g.samples, task.rewards[0].name) for g in sampled)]
         for k in sorted({*(2**i for i in range(n.bit_length()) if 2**i <= n), n}):
             # each prompt's judged samples (`judged`): one with fewer than k has no pass@k
             estimates = [pass_at_k(m, c, k) for m, c in counts if m >= k]

@@ -9,14 +9,13 @@ rlvr.train.advantages.advantage_inputs.)
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from rlvr.algos.registry import loop_inputs
-from rlvr.train.rollouts import is_correct
+from rlvr.train.rollouts import is_correct, judged_accuracy
 from rlvr.types import Group, Sample
 
 
@@ -36,8 +35,11 @@ def loss_rows(loss: Callable[..., Any], groups: list[Group], samples: list[Sampl
     wanted = {"correct_BT", "group_accuracy_BT"} & set(names)
     if wanted:
         correct = [[float(is_correct(x, next(iter(x.reward_parts), ""))) for x in g.samples] for g in groups]
+        # a group's rate over the samples its correctness reward judged (a sample without a verdict
+        # trains on nothing; a group with none trains on nothing at all)
+        rates = [judged_accuracy(g.samples, next(iter(g.samples[0].reward_parts), "")) or 0.0 for g in groups]
         per_sample = {"correct_BT": [c for row in correct for c in row],
-                      "group_accuracy_BT": [statistics.fmean(row) for row in correct for _ in row]}
+                      "group_accuracy_BT": [rate for row, rate in zip(correct, rates) for _ in row]}
         for name in wanted:
             rows[name] = [torch.full((len(x.completion.token_ids),), per_sample[name][owner[u]])
                           for u, x in enumerate(samples)]

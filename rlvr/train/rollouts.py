@@ -54,33 +54,47 @@ def generate_groups(
     return groups
 
 
-def is_correct(sample: Sample, primary: str) -> bool:
-    """A sample is correct when the first (correctness) reward gives full marks; where rewards
-    are routed per source and ``primary`` does not score this sample, the first one that does."""
+def _primary_key(sample: Sample, primary: str) -> str:
+    """The correctness reward's name in a sample's parts: ``primary``, or where rewards are routed
+    per source and ``primary`` does not score this sample, the first one that does."""
     parts = sample.reward_parts
-    key = primary if primary in parts else next(iter(parts), primary)
-    return parts.get(key, 0.0) >= 1.0 - 1e-6
+    return primary if primary in parts else next(iter(parts), primary)
 
 
-def judged(samples: Iterable[Sample]) -> list[Sample]:
-    """The samples that got a verdict: not excluded (a reward said "no verdict", or its
-    infrastructure failed; `Sample.excluded`). Accuracy counts these only, so a sandbox or a judge
-    that fails is never counted as the model's wrong answer."""
-    return [s for s in samples if not s.excluded]
+def is_correct(sample: Sample, primary: str) -> bool:
+    """A sample is correct when the first (correctness) reward gives full marks (`_primary_key`)."""
+    return sample.reward_parts.get(_primary_key(sample, primary), 0.0) >= 1.0 - 1e-6
+
+
+def has_verdict(sample: Sample, primary: str) -> bool:
+    """Whether the correctness reward (`_primary_key`) judged the sample: it did not flag it
+    ``<name>/excluded`` (it returned None, or its sandbox or service failed). Another reward's
+    missing verdict (a weight-0.1 style judge down) leaves the correctness verdict standing. A flag
+    that only keeps the sample out of the loss (``<name>/masked``: `env.mask` on an unfinished
+    episode, which the policy failed) is a verdict."""
+    key, parts = _primary_key(sample, primary), sample.reward_parts
+    return f"{key}/excluded" not in parts or f"{key}/masked" in parts
+
+
+def judged(samples: Iterable[Sample], primary: str) -> list[Sample]:
+    """The samples the correctness reward gave a verdict (`has_verdict`). Accuracy counts these
+    only, so a sandbox or a judge that fails is never counted as the model's wrong answer."""
+    return [s for s in samples if has_verdict(s, primary)]
 
 
 def judged_accuracy(samples: Iterable[Sample], primary: str) -> float | None:
     """The share of judged samples (`judged`) that are correct (`is_correct`); None when no
     sample got a verdict."""
-    kept = judged(samples)
+    kept = judged(samples, primary)
     return statistics.fmean(is_correct(s, primary) for s in kept) if kept else None
 
 
 def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
     """Reward, accuracy, length and group statistics of one step's rollouts (the policy's own
     samples: expert demonstrations mixed into groups are left out). Accuracy is over the samples
-    that got a verdict (`judged_accuracy`; no key when none did), `excluded_fraction` the share
-    that did not."""
+    the correctness reward judged (`judged_accuracy`; no key when it judged none), and
+    `no_verdict_fraction` the share it did not; `excluded_fraction` is the share out of the loss
+    for any reason (no verdict from any reward, or `env.mask`)."""
     groups = [Group(g.prompt, tuple(s for s in g.samples if not s.off_policy), g.metadata) for g in groups]
     samples = [s for g in groups for s in g.samples]
     rewards = [s.reward for s in samples]
@@ -106,6 +120,7 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
     accuracy = judged_accuracy(samples, primary)
     if accuracy is not None:
         metrics["accuracy"] = accuracy
+    metrics["no_verdict_fraction"] = 1 - len(judged(samples, primary)) / len(samples)
     for name in names:
         if "/" in name:  # "<name>/error", "<name>/excluded": an absent key counts as 0
             metrics[f"rewards/{name}"] = statistics.fmean(s.reward_parts.get(name, 0.0) for s in samples)

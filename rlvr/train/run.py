@@ -152,7 +152,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
         task = method.task(task)
     if task is not run.task:
         run.rollouts = Rollouts(make_sampler(cfg, task.examples), replay)
-    run.task = with_variants(cfg, tokenizer, task)
+    run.task = with_variants(cfg, tokenizer, task, context_length(model))
     return run
 
 

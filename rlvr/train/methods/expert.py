@@ -37,7 +37,7 @@ from rlvr.rewards.combine import score_group
 from rlvr.train.batches import scored_batches
 from rlvr.train.learner import Learner
 from rlvr.train.methods import Method, SetupInfo, Plan
-from rlvr.train.rollouts import is_correct
+from rlvr.train.rollouts import judged_accuracy
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Completion, Group, Sample
 
@@ -192,10 +192,10 @@ class HardPrompts:
 
     def add(self, groups: list[Group], max_accuracy: float, primary: str) -> None:
         for g in groups:
-            own = [x for x in g.samples if not x.off_policy]
-            accuracy = sum(is_correct(x, primary) for x in own) / len(own)
+            # over the samples with a verdict: a prompt whose sandbox was down is not shown to be hard
+            accuracy = judged_accuracy([x for x in g.samples if not x.off_policy], primary)
             index = g.samples[0].prompt_index
-            if accuracy <= max_accuracy and index not in self.pending:
+            if accuracy is not None and accuracy <= max_accuracy and index not in self.pending:
                 self.pending.append(index)
 
     def take(self, n: int) -> list[int] | None:
