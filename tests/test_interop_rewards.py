@@ -156,6 +156,8 @@ def test_verl_reward_kwargs_are_passed_on_every_call() -> None:
     assert CALLS == [{"extra_info": None, "mode": "strict"}]  # **kwargs takes extra_info and the reward_kwargs
     with pytest.raises(ValueError, match="reward 'verl_scaled_score'.*'formatscore'.*not parameters"):
         build_rewards([{"fn": "tests.test_interop_rewards:verl_scaled_score", "kwargs": {"formatscore": 0.1}}])
+    with pytest.raises(ValueError, match="one response at a time"):
+        build_rewards([{"fn": "tests.test_interop_rewards:verl_scaled_score", "group": True}])
     with pytest.raises(ValueError, match="'ground_truth'.*would replace what verl passes"):
         build_rewards([{"fn": "tests.test_interop_rewards:verl_with_var_kwargs", "kwargs": {"ground_truth": "8"}}])
 

@@ -382,6 +382,17 @@ def test_prompts_that_do_not_fit_the_context_are_named_before_sampling(tiny_dir:
     long_template = '["{prompt}", "' + "Think it through. " * 150 + '{prompt}"]'
     with pytest.raises(ValueError, match=r"7 training \(sampler.templates\[1\]\) prompt\(s\) are longer than"):
         train(load_config(None, [*cfg, f"sampler.templates={long_template}", "name=templated"]), quiet=True)
+    # a rope scaling's factor stretches the context (YaRN on Qwen2.5; Llama 3.1's config says it already)
+    from transformers import LlamaConfig, Qwen2Config
+
+    from rlvr.models import context_length
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert context_length(Qwen2Config(max_position_embeddings=32768, rope_scaling=yarn)) == 131072
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    assert context_length(LlamaConfig(max_position_embeddings=131072, rope_scaling=llama3)) == 131072
+    assert context_length(LlamaConfig(max_position_embeddings=2048)) == 2048
     ex = Example(prompt="", answer=None, fields={}, id="row-3")
     task = TaskData([ex], [[]], [], [], [], SamplingParams(max_new_tokens=4))
     with pytest.raises(ValueError, match="1 training prompt.*no tokens, e.g. row-3"):

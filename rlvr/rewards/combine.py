@@ -168,6 +168,9 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
                                  "not kwargs")
             fn, spec = trl_style(fn), {**spec, "group": True}
         elif style == "verl":  # kwargs: verl's reward_kwargs, bound here
+            if spec.get("group"):
+                raise ValueError(f"reward {name!r}: a verl-style reward scores one response at a time "
+                                 "(verl's compute_score); drop group = true")
             try:
                 fn, kwargs = verl_style(fn, kwargs), {}
             except ValueError as e:

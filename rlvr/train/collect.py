@@ -408,6 +408,9 @@ class Rollouts:
         advantage); the replay buffer keeps the fresh ones."""
         aside = [g if g.advantages is not None else dataclasses.replace(g, advantages=(0.0,) * len(g.samples))
                  for g in aside]
+        unset = [g for g in own + aside if g.accuracy is None and not all(x.excluded for x in g.samples)]
+        if unset:  # a collection path that forgot `with_accuracy`, not a group without a verdict
+            raise ValueError(f"a sampler observed a group without its accuracy (collection sets it): {unset[0].prompt[:60]!r}")
         # a group without a verdict (its reward's service down, say) says nothing about the prompt
         self.sampler.observe([g for g in own + aside if g.accuracy is not None])
         if self.replay is not None:
