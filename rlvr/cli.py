@@ -362,15 +362,15 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rlvr.eval.run import evaluate_model, markdown_table, write_results
+    from rlvr.eval.run import compared, evaluate_model, markdown_table, write_results
 
     overrides = list(args.overrides) + ([f'task.name="{args.task}"'] if args.task else [])
     cfg = load_config(args.config, overrides)
     ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
     max_new = args.max_new_tokens or cfg.sampling.max_new_tokens
     judge = {"fn": args.cot_judge, "kwargs": json.loads(args.cot_judge_kwargs)} if args.cot_judge else None
-    results = [evaluate_model(m, cfg, n=args.n, ks=ks, prompts=args.prompts, temperature=args.temperature,
-                              max_new_tokens=max_new, seed=args.seed, cot_judge=judge) for m in args.model]
+    results = compared([evaluate_model(m, cfg, n=args.n, ks=ks, prompts=args.prompts, temperature=args.temperature,
+                                       max_new_tokens=max_new, seed=args.seed, cot_judge=judge) for m in args.model])
     json_path, md_path = write_results(results, ks, Path(args.out))
     print(markdown_table(results, ks), end="")
     print(f"written: {json_path}, {md_path}", file=sys.stderr)

@@ -116,13 +116,35 @@ def test_samples_without_a_verdict_count_in_no_accuracy() -> None:
     reward = RewardFn("r", lambda prompt, completion, **row: 1.0, 1.0, {})
     examples = [Example(prompt="a", answer="1", fields={}, id="a"), Example(prompt="b", answer="1", fields={}, id="b")]
     per_prompt = _per_prompt([a, b], examples, [reward], None, 4, [1, 2, 4])
-    assert per_prompt["pass@1"] == [0.5] and per_prompt["pass@2"] == [1.0]  # of 2 judged, 1 right: any pair holds it
-    assert per_prompt["pass@4"] == [] and per_prompt["maj@2"] == [1.0]  # a: 2 judged samples, b: none
-    assert per_prompt["avg"] == [0.5] and per_prompt["no_verdict"] == [0.5, 1.0]
+    assert per_prompt["pass@1"] == {0: 0.5} and per_prompt["pass@2"] == {0: 1.0}  # of 2 judged, 1 right: any pair
+    assert per_prompt["pass@4"] == {} and per_prompt["maj@2"] == {0: 1.0}  # a: 2 judged samples, b: none
+    assert per_prompt["avg"] == {0: 0.5} and per_prompt["no_verdict"] == {0: 0.5, 1: 1.0}
     sound = RewardFn("judge", lambda prompt, completion, **row: 1.0, 1.0, {})
     silent = RewardFn("judge", lambda prompt, completion, **row: None, 1.0, {})  # the judge gave no verdict
-    assert _per_prompt([a], examples, [reward], sound, 4, [1])["cot_pass@1"] == [0.5]
-    assert _per_prompt([a], examples, [reward], silent, 4, [1])["cot_pass@1"] == []  # unknown, not unsound
+    assert _per_prompt([a], examples, [reward], sound, 4, [1])["cot_pass@1"] == {0: 0.5}
+    assert _per_prompt([a], examples, [reward], silent, 4, [1])["cot_pass@1"] == {}  # unknown, not unsound
+
+
+def test_error_bars_and_paired_differences_by_hand() -> None:
+    """Standard errors over prompts and the paired difference (Miller, arXiv:2411.00640), by hand."""
+    from rlvr.eval.metrics import mean_and_se, paired_difference
+
+    assert mean_and_se([1.0, 0.0, 1.0, 1.0]) == (0.75, pytest.approx(0.25))  # s² = 0.25, √(0.25 / 4)
+    assert math.isnan(mean_and_se([1.0])[1])
+    # before 0,0,1,1 and after 1,0,1,1 (prompt 4 judged only after: left out); differences 1,0,0,0
+    d = paired_difference({0: 0.0, 1: 0.0, 2: 1.0, 3: 1.0}, {0: 1.0, 1: 0.0, 2: 1.0, 3: 1.0, 4: 1.0})
+    assert d["difference"] == 0.25 and d["se"] == pytest.approx(0.25) and d["prompts"] == 4
+    assert d["ci95_low"] == pytest.approx(0.25 - 1.959964 * 0.25) and d["ci95_high"] == pytest.approx(0.25 + 1.959964 * 0.25)
+    # pairing removes each prompt's difficulty: 20 prompts, 10 always right, one more right after.
+    # The differences are one 1 and nineteen 0s: s² = 0.05, SE = √(0.05 / 20) = 0.05, where the
+    # unpaired √(SE_before² + SE_after²) is 0.16
+    before = {i: float(i < 10) for i in range(20)}
+    after = {**before, 10: 1.0}
+    paired = paired_difference(before, after)
+    unpaired = math.hypot(mean_and_se(list(before.values()))[1], mean_and_se(list(after.values()))[1])
+    assert paired["difference"] == pytest.approx(0.05) and paired["se"] == pytest.approx(0.05)
+    assert unpaired == pytest.approx(0.1618, abs=1e-4)
+    assert paired["ci95_low"] >= -1.0 and paired_difference({0: 0.0, 1: 1.0}, {0: 1.0, 1: 0.0})["ci95_low"] == -1.0
 
 
 def test_rlvr_eval_compares_models_on_the_same_prompts(tiny_dir: Path, tmp_path: Path,
@@ -141,9 +163,18 @@ def test_rlvr_eval_compares_models_on_the_same_prompts(tiny_dir: Path, tmp_path:
     assert r["pass@1"] == pytest.approx(r["avg"])  # unbiased pass@1 is the mean accuracy
     assert r["pass@1"] <= r["pass@2"] <= r["pass@4"] <= 1
     assert r["response_length"] > 0 and r["token_entropy"] > 0 and 0 <= r["distinct_2"] <= 1
-    assert {k: v for k, v in results[0].items() if k != "model"} == {k: v for k, v in results[1].items() if k != "model"}
+    same = {k: v for k, v in results[1].items() if k not in ("model", "vs_first")}
+    assert {k: v for k, v in results[0].items() if k != "model"} == same
+    # the same model twice: every paired difference is 0 with a zero-width interval, over all 5 prompts
+    assert results[1]["vs_first"]["pass@1"] == {"difference": 0.0, "se": 0.0, "ci95_low": 0.0, "ci95_high": 0.0,
+                                               "prompts": 5.0}
+    values = results[0]["per_prompt"]["pass@1"]
+    mean = sum(values) / 5
+    assert r["pass@1_se"] == pytest.approx(math.sqrt(sum((v - mean) ** 2 for v in values) / 4 / 5))
     table = out.with_suffix(".md").read_text()
-    assert table.startswith("| model | pass@1 | pass@2 | pass@4 | maj@1 |") and table.count("\n") == 4
+    assert table.startswith("| model | pass@1 | pass@2 | pass@4 | maj@1 |")
+    assert f"{r['pass@1']:.3f} ±{1.959964 * r['pass@1_se']:.3f}" in table
+    assert "minus" in table and "+0.000 [+0.000, +0.000]" in table
     assert capsys.readouterr().out == table
     assert main(["eval", "--model", str(tiny_dir), "--k", "8", "--n", "4", *overrides]) == 2  # k > n: a clear error
     # the config's engine.dtype = "float16" samples on float16 weight copies, and the results say so

@@ -132,6 +132,10 @@ def test_the_summary_line_shows_the_held_out_reward_when_accuracy_says_nothing()
     some = {"eval_before": {"eval/accuracy": 0.25, "eval/reward": 0.3}, "eval_after": {"eval/accuracy": 0.5,
                                                                                    "eval/reward": 0.6}}
     assert "held-out accuracy 25.0% → 50.0%" in summary_line(some)
+    # with the paired gain (rlvr.train.records.held_out_gain): its interval in points, and how many prompts
+    gain = {"difference": 0.25, "se": 0.125, "ci95_low": 0.005, "ci95_high": 0.495, "prompts": 8.0}
+    assert "held-out accuracy 25.0% → 50.0% (+25.0 points, 95% CI +0.5 to +49.5 over 8 prompts)" in \
+        summary_line(some | {"held_out_gain": gain})
 
 
 def test_rlps_knobs_are_the_text_tasks_params_and_the_rewards_kwargs() -> None:

@@ -77,6 +77,18 @@ def test_two_steps_change_parameters_and_write_the_run(tiny_dir: Path, tmp_path:
     assert changed, "training did not change any parameter"
     assert (run / "config.toml").is_file() and summary["steps"] == 2
     assert "eval/accuracy" in summary["eval_before"] and "eval/accuracy" in summary["eval_after"]
+    # each held-out prompt's greedy outcome, before and after, agrees with the accuracy, and the gain
+    # is their paired difference (rlvr.eval.metrics.paired_difference, by hand here)
+    for when in ("before", "after"):
+        outcomes = summary[f"held_out_{when}"]
+        assert len(outcomes) == 4 and set(outcomes) <= {0.0, 1.0}
+        assert sum(outcomes) / 4 == pytest.approx(summary[f"eval_{when}"]["eval/accuracy"])
+    diffs = [a - b for a, b in zip(summary["held_out_after"], summary["held_out_before"])]
+    mean = sum(diffs) / 4
+    gain = summary["held_out_gain"]
+    assert gain["difference"] == pytest.approx(mean) and gain["prompts"] == 4
+    assert gain["se"] == pytest.approx(math.sqrt(sum((d - mean) ** 2 for d in diffs) / 3 / 4))
+    assert json.loads((run / "summary.json").read_text())["held_out_gain"] == gain
     # a plain transformers user can load the checkpoint
     from transformers import AutoModelForCausalLM
 

@@ -1,8 +1,10 @@
-"""Metrics of n sampled answers per prompt. Each takes one prompt's samples; average over prompts."""
+"""Metrics of n sampled answers per prompt. Each takes one prompt's samples; average over prompts.
+Error bars over prompts: `mean_and_se`, `paired_difference`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:
@@ -68,3 +70,42 @@ def distinct_n(texts: Sequence[str], n: int = 2) -> float:
     1 = no n-gram repeats; texts shorter than n contribute nothing; 0 when there are none."""
     grams = [tuple(words[i : i + n]) for words in (t.split() for t in texts) for i in range(len(words) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
+
+
+Z95 = 1.959964
+"""The standard normal's 97.5% quantile: a 95% interval is the estimate ± Z95 standard errors."""
+
+
+def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
+    """The mean of per-prompt values and its standard error, √(s²/m) with s² the sample variance
+    (m − 1 in the denominator) of the m values: the prompts are a sample from the questions the
+    task could ask, and the error bar says how far the mean could move on another such sample
+    (Miller, "Adding Error Bars to Evals: A Statistical Approach to Language Model Evaluations",
+    arXiv:2411.00640). A prompt's several samples are averaged into its one value first (its
+    pass@k, its accuracy over n), which is that paper's clustered standard error for questions
+    sampled several times. NaN for fewer than two values."""
+    m = len(values)
+    if m == 0:
+        raise ValueError("the mean of no values")
+    mean = sum(values) / m
+    if m < 2:
+        return mean, math.nan
+    variance = sum((v - mean) ** 2 for v in values) / (m - 1)
+    return mean, math.sqrt(variance / m)
+
+
+def paired_difference(before: Mapping[int, float], after: Mapping[int, float]) -> dict[str, float]:
+    """``after`` − ``before`` over the prompts both have a value for (by prompt index): the mean
+    difference, its standard error over the per-prompt differences (`mean_and_se`), the 95%
+    interval (± `Z95` standard errors, within [−1, 1] for values in [0, 1]), and how many prompts
+    were paired. Pairing takes each prompt's own difficulty out of the error, so the interval is
+    narrower than the two error bars combined whenever the two runs agree on which prompts are
+    hard (Miller, arXiv:2411.00640, the paired-differences section)."""
+    common = sorted(set(before) & set(after))
+    if not common:
+        raise ValueError("no prompt has a value on both sides")
+    diff, se = mean_and_se([after[i] - before[i] for i in common])
+    low, high = diff - Z95 * se, diff + Z95 * se  # NaN for a single prompt
+    if all(0.0 <= v <= 1.0 for v in (*before.values(), *after.values())):  # a difference of rates
+        low, high = max(-1.0, low), min(1.0, high)
+    return {"difference": diff, "se": se, "ci95_low": low, "ci95_high": high, "prompts": float(len(common))}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlvr.config import RunConfig
-from rlvr.eval.metrics import avg_at_k, distinct_n, maj_at_k, pass_at_k
+from rlvr.eval.metrics import Z95, avg_at_k, distinct_n, maj_at_k, mean_and_se, paired_difference, pass_at_k
 from rlvr.rewards import build_rewards, extract_answer
 from rlvr.rewards.combine import score_group
 from rlvr.types import SamplingParams
@@ -76,25 +76,33 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
                                           temperature=temperature if temperature > 0 else 1.0, micro_batch_size=16)
     result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n,
                               "engine_weights": engine.weights}  # "model", "float16" or "int8" (engine.dtype)
-    result |= {name: statistics.fmean(values) for name, values in per_prompt.items() if values}
-    result["no_verdict_fraction"] = result.pop("no_verdict")
     for name, values in per_prompt.items():
-        if name != "no_verdict" and len(values) < len(held):  # prompts left out: too few judged samples
+        if not values:
+            continue
+        mean, se = mean_and_se(list(values.values()))
+        result[name] = mean
+        if is_rate(name):  # the error bar over prompts (NaN from one prompt: left out)
+            result[f"{name}_se"] = se if se == se else None
+        if len(values) < len(held):  # prompts left out: too few judged samples
             result[f"{name}_prompts"] = len(values)
+    result["no_verdict_fraction"] = result.pop("no_verdict")
+    # each prompt's value (null: none), so that models evaluated on the same prompts can be paired
+    result["per_prompt"] = {name: [values.get(i) for i in range(len(held))] for name, values in per_prompt.items()
+                            if is_rate(name)}
     result["response_length"] = statistics.fmean(len(x.completion.token_ids) for x in samples)
     result["token_entropy"] = -float(negative_entropy.mean())
     return result
 
 
 def _per_prompt(groups: list[Group], held: list[Example], rewards: list[RewardFn], judge: RewardFn | None, n: int,
-                ks: list[int]) -> dict[str, list[float]]:
-    """Each metric's value on every prompt: pass@k and maj@k from the first reward's correctness,
+                ks: list[int]) -> dict[str, dict[int, float]]:
+    """Each metric's value on every prompt, by the prompt's index: pass@k and maj@k from the first reward's correctness,
     avg@n, distinct-2, and CoT-pass@k where a judge is given.
 
     Samples the correctness reward gave no verdict (`has_verdict`: it returned None, or its
     sandbox or service failed) are left out, never counted as wrong: a prompt's metrics use its
-    judged samples, and a prompt with fewer than k of them has no pass@k or maj@k (its list is
-    shorter). A sample the CoT judge gives no verdict on counts as unsound only where the judge
+    judged samples, and a prompt with fewer than k of them has no pass@k or maj@k (no entry
+    under its index). A sample the CoT judge gives no verdict on counts as unsound only where the judge
     did answer: one that failed leaves the prompt out of CoT-pass@k. ``no_verdict`` holds each
     prompt's share of samples without a verdict."""
     from rlvr.train.rollouts import is_correct, judged
@@ -102,20 +110,20 @@ def _per_prompt(groups: list[Group], held: list[Example], rewards: list[RewardFn
     fmt = str(rewards[0].kwargs.get("extract", "tag_or_last_number"))
     names = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "distinct_2", "no_verdict"]
     names += [f"cot_pass@{k}" for k in ks] if judge else []
-    per_prompt: dict[str, list[float]] = {name: [] for name in names}
+    per_prompt: dict[str, dict[int, float]] = {name: {} for name in names}
     for i, g in enumerate(groups):
         kept = judged(g.samples, rewards[0].name)
-        per_prompt["no_verdict"].append(1 - len(kept) / len(g.samples))
-        per_prompt["distinct_2"].append(distinct_n([x.completion.text for x in g.samples], 2))
+        per_prompt["no_verdict"][i] = 1 - len(kept) / len(g.samples)
+        per_prompt["distinct_2"][i] = distinct_n([x.completion.text for x in g.samples], 2)
         if not kept:
             continue
         correct = [is_correct(x, rewards[0].name) for x in kept]
         answers = [extract_answer(x.completion.text, fmt) for x in kept]
         for k in ks:
             if len(kept) >= k:
-                per_prompt[f"pass@{k}"].append(pass_at_k(len(kept), sum(correct), k))
-                per_prompt[f"maj@{k}"].append(maj_at_k(answers, correct, k))
-        per_prompt["avg"].append(avg_at_k(correct))
+                per_prompt[f"pass@{k}"][i] = pass_at_k(len(kept), sum(correct), k)
+                per_prompt[f"maj@{k}"][i] = maj_at_k(answers, correct, k)
+        per_prompt["avg"][i] = avg_at_k(correct)
         if judge is not None:
             right = [x for x, ok in zip(kept, correct) if ok]
             verdicts = score_group([judge], g.prompt, [x.completion.text for x in right], held[i].fields)
@@ -124,8 +132,34 @@ def _per_prompt(groups: list[Group], held: list[Example], rewards: list[RewardFn
             sound = sum(1 for _, parts in verdicts if parts.get(judge.name, 0.0) >= 0.5 and len(parts) == 1)
             for k in ks:
                 if len(kept) >= k:
-                    per_prompt[f"cot_pass@{k}"].append(pass_at_k(len(kept), sound, k))
+                    per_prompt[f"cot_pass@{k}"][i] = pass_at_k(len(kept), sound, k)
     return per_prompt
+
+
+def is_rate(metric: str) -> bool:
+    """Whether a metric is a per-prompt rate that gets an error bar and is paired across models:
+    pass@k, maj@k, CoT-pass@k and avg."""
+    return metric == "avg" or metric.startswith(("pass@", "maj@", "cot_pass@"))
+
+
+def compared(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results with each model after the first given ``vs_first``: every rate (`is_rate`) as
+    this model's minus the first's, paired by prompt (rlvr.eval.metrics.paired_difference: the
+    difference, its standard error, 95% interval and how many prompts both judged). The same
+    prompts, rewards and sampling for every model make the pairing valid (`evaluate_model`)."""
+    if len(results) < 2:
+        return results
+    first = results[0].get("per_prompt", {})
+    out = [results[0]]
+    for r in results[1:]:
+        versus = {}
+        for name, values in r.get("per_prompt", {}).items():
+            mine = {i: v for i, v in enumerate(values) if v is not None}
+            theirs = {i: v for i, v in enumerate(first.get(name, [])) if v is not None}
+            if set(mine) & set(theirs):
+                versus[name] = paired_difference(theirs, mine)
+        out.append({**r, "vs_first": versus})
+    return out
 
 
 def markdown_table(results: list[dict[str, Any]], ks: list[int]) -> str:
@@ -135,9 +169,31 @@ def markdown_table(results: list[dict[str, Any]], ks: list[int]) -> str:
     columns += ["no_verdict_fraction"] if any(r.get("no_verdict_fraction") for r in results) else []
     lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for r in results:  # "–": no prompt had enough samples with a verdict
-        cells = ["–" if c not in r else f"{r[c]:.1f}" if c == "response_length" else f"{r[c]:.3f}" for c in columns]
+        cells = ["–" if c not in r else f"{r[c]:.1f}" if c == "response_length" else f"{r[c]:.3f}" + _bar(r, c)
+                 for c in columns]
         lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("± is the 95% interval's half-width, 1.96 standard errors over the prompts.")
+    rates = [c for c in columns if is_rate(c)]
+    for r in results[1:]:
+        versus = r.get("vs_first", {})
+        lines += ["", f"{r['model']} minus {results[0]['model']}, paired by prompt (95% interval):", "",
+                  "| " + " | ".join(rates) + " |", "|" + "---|" * len(rates),
+                  "| " + " | ".join(_difference(versus.get(c)) for c in rates) + " |"]
     return "\n".join(lines) + "\n"
+
+
+def _bar(result: dict[str, Any], metric: str) -> str:
+    se = result.get(f"{metric}_se")
+    return f" ±{Z95 * se:.3f}" if isinstance(se, float) else ""
+
+
+def _difference(d: dict[str, float] | None) -> str:
+    if d is None:
+        return "–"
+    if d["se"] != d["se"]:  # one prompt: no interval
+        return f"{d['difference']:+.3f}"
+    return f"{d['difference']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]"
 
 
 def write_results(results: list[dict[str, Any]], ks: list[int], out: Path) -> tuple[Path, Path]:

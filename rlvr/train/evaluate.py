@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from rlvr.agents.runner import episode_metrics
 from rlvr.eval.metrics import pass_at_k
-from rlvr.train.rollouts import generate_groups, group_metrics, is_correct, judged
+from rlvr.train.rollouts import generate_groups, group_metrics, has_verdict, is_correct, judged
 from rlvr.types import Group, SamplingParams
 
 if TYPE_CHECKING:
@@ -16,7 +16,14 @@ if TYPE_CHECKING:
 
 
 def evaluate(run: Run, step: int = 0) -> dict[str, float]:
-    """Greedy decoding on the held-out prompts: accuracy and mean reward. With
+    """`evaluate_held_out`'s metrics."""
+    return evaluate_held_out(run, step)[0]
+
+
+def evaluate_held_out(run: Run, step: int = 0) -> tuple[dict[str, float], list[float | None]]:
+    """Greedy decoding on the held-out prompts: accuracy and mean reward, and each prompt's
+    outcome (1.0 right, 0.0 wrong, None without a verdict), from which the run's summary pairs
+    the evaluations before and after training (rlvr.train.records.held_out_gain). With
     train.eval_samples = n, also n samples per prompt at the training temperature: eval/pass@k
     (unbiased estimator) for k = 1, 2, 4, ... and n, from a generator seeded by the step, so the
     training stream of random numbers is untouched and resume stays exact. Samples without a
@@ -25,10 +32,13 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
     run.rollouts.drain()  # the engine's random stream is not shared with a collection under way
     task = run.task
     if not task.eval_examples:
-        return {}
+        return {}, []
     params = SamplingParams(temperature=0.0, max_new_tokens=task.params.max_new_tokens, stop=task.params.stop, n=1)
     groups = _held_out(run, params)
-    m = group_metrics(groups, task.rewards[0].name)
+    primary = task.rewards[0].name
+    outcomes = [float(is_correct(g.samples[0], primary)) if has_verdict(g.samples[0], primary) else None
+                for g in groups]
+    m = group_metrics(groups, primary)
     # accuracy over the answers that got a verdict; the share that did not is said beside it
     out = {f"eval/{k}": m[k] for k in ("accuracy", "reward", "response_length", "no_verdict_fraction") if k in m}
     out |= {f"eval/{k}": v for k, v in episode_metrics(groups).items()}
@@ -48,7 +58,7 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
             estimates = [pass_at_k(m, c, k) for m, c in counts if m >= k]
             if estimates:
                 out[f"eval/pass@{k}"] = statistics.fmean(estimates)
-    return out
+    return out, outcomes
 
 
 def _held_out(run: Run, params: SamplingParams, rescore: bool = True) -> list[Group]:

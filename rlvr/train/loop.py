@@ -29,9 +29,9 @@ from rlvr.log import ConsoleProgress, JsonlSink, tracking
 from rlvr.log.sinks import read_jsonl
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import Collected
-from rlvr.train.evaluate import evaluate
+from rlvr.train.evaluate import evaluate, evaluate_held_out
 from rlvr.train.methods import Plan
-from rlvr.train.records import Thumbnails, sample_rows, summarise, summary_line, write_report
+from rlvr.train.records import Thumbnails, held_out_gain, sample_rows, summarise, summary_line, write_report
 from rlvr.train.rollouts import group_metrics
 from rlvr.train.run import Run, RunDirError, open_run, save, setup
 from rlvr.train.stop import GracefulStop, Interrupted, stop_if_requested
@@ -142,7 +142,7 @@ def _train_loop(run: Run, start: int, quiet: bool, began: float) -> dict[str, An
                 save(run, 0)  # a run that dies before its first checkpoint can still be resumed
             if start == 0 and "eval_before" not in summary:
                 progress.status("evaluating (before)")
-                summary["eval_before"] = evaluate(run)
+                summary["eval_before"], summary["held_out_before"] = evaluate_held_out(run)
                 ckpt.write_atomic(summary_path, json.dumps(summary, indent=2))
                 trackers.log(0, summary["eval_before"])
             budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
@@ -175,7 +175,7 @@ def _train_loop(run: Run, start: int, quiet: bool, began: float) -> dict[str, An
                     save(run, step)
             save(run, last)
             progress.status("evaluating (after)")
-            summary["eval_after"] = evaluate(run, last)
+            summary["eval_after"], summary["held_out_after"] = evaluate_held_out(run, last)
             trackers.log(last, summary["eval_after"])
     finally:
         metrics_sink.close()
@@ -212,13 +212,16 @@ def _completed(run: Run, start: int, summary: dict[str, Any], progress: ConsoleP
     progress.print(f"{run.dir} trained all {start} steps; finishing it: the final evaluation and summary")
     with progress:
         progress.status("evaluating (after)")
-        summary["eval_after"] = evaluate(run, start)
+        summary["eval_after"], summary["held_out_after"] = evaluate_held_out(run, start)
     return _finish(run, summary, progress)
 
 
 def _finish(run: Run, summary: dict[str, Any], progress: ConsoleProgress) -> dict[str, Any]:
     """summary.json with the run's totals, the one-line result, and the report."""
     summary |= summarise(run.dir / "metrics.jsonl", run.dir)
+    gain = held_out_gain(summary)
+    if gain is not None:
+        summary["held_out_gain"] = gain
     ckpt.write_atomic(run.dir / "summary.json", json.dumps(summary, indent=2))
     progress.print(summary_line(summary))
     if run.cfg.log.report:

@@ -43,8 +43,8 @@ from rlvr.models import load_model, load_tokenizer, resolve_device, resolve_dtyp
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.logprobs import packed_batch, packed_logprobs, token_budget_batches
 from rlvr.train.collect import collect
-from rlvr.train.evaluate import evaluate
-from rlvr.train.records import sample_rows, summary_line
+from rlvr.train.evaluate import evaluate_held_out
+from rlvr.train.records import held_out_gain, sample_rows, summary_line
 from rlvr.train.run import Run, open_run, save
 from rlvr.train.stop import GracefulStop, stop_if_requested
 from rlvr.train.rollouts import group_metrics
@@ -380,8 +380,8 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
                 save(run, 0)
             if evaluate_too and start == 0 and "eval_before" not in summary:
                 progress.status("evaluating (before)")
-                summary["eval_before"] = evaluate(run)
-                summary_path.write_text(json.dumps(summary, indent=2))
+                summary["eval_before"], summary["held_out_before"] = evaluate_held_out(run)
+                ckpt.write_atomic(summary_path, json.dumps(summary, indent=2))
             if prepare is not None and start < total:  # e.g. DPO's reference log-probs, with a status line
                 prepare(progress)
             for k in range(start + 1, total + 1):
@@ -405,12 +405,15 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
                 save(run, total)
             if evaluate_too and "eval_after" not in summary:
                 progress.status("evaluating (after)")
-                summary["eval_after"] = evaluate(run, total)
+                summary["eval_after"], summary["held_out_after"] = evaluate_held_out(run, total)
     finally:
         metrics_sink.close()
         samples_sink.close()
     summary |= _totals(run, total)
-    summary_path.write_text(json.dumps(summary, indent=2))
+    gain = held_out_gain(summary)
+    if gain is not None:
+        summary["held_out_gain"] = gain
+    ckpt.write_atomic(summary_path, json.dumps(summary, indent=2))
     progress.print(summary_line(summary))
     return summary
 

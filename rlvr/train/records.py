@@ -94,6 +94,22 @@ def summarise(metrics_path: Path, run_dir: Path) -> dict[str, Any]:
             "seconds": sum(r["step_seconds"] for r in rows)}
 
 
+def held_out_gain(summary: dict[str, Any]) -> dict[str, float] | None:
+    """The held-out accuracy's change from before training to after, paired by prompt
+    (rlvr.eval.metrics.paired_difference: the mean difference, its standard error and 95%
+    interval over the prompts judged both times), from the greedy outcomes the evaluations kept
+    (`held_out_before`, `held_out_after`); None without both, or a prompt judged both times."""
+    from rlvr.eval.metrics import paired_difference
+
+    before, after = summary.get("held_out_before"), summary.get("held_out_after")
+    if not before or not after:
+        return None
+    pairs = [(i, b, a) for i, (b, a) in enumerate(zip(before, after)) if b is not None and a is not None]
+    if not pairs:
+        return None
+    return paired_difference({i: b for i, b, _ in pairs}, {i: a for i, _, a in pairs})
+
+
 def summary_line(summary: dict[str, Any]) -> str:
     """The one-line result: reward at start → end, held-out accuracy before → after, where the run is."""
     parts = []
@@ -107,7 +123,11 @@ def summary_line(summary: dict[str, Any]) -> str:
             # a reward that is not pass/fail (RLP's information gain): its mean says more
             parts.append(f"held-out reward {before['eval/reward']:.3f} → {after['eval/reward']:.3f}")
         else:
-            parts.append(f"held-out accuracy {before['eval/accuracy']:.1%} → {after['eval/accuracy']:.1%}")
+            gain = summary.get("held_out_gain")
+            interval = "" if not gain or gain["se"] != gain["se"] else (  # no interval from one prompt (NaN)
+                f" ({100 * gain['difference']:+.1f} points, 95% CI {100 * gain['ci95_low']:+.1f} to "
+                f"{100 * gain['ci95_high']:+.1f} over {gain['prompts']:.0f} prompts)")
+            parts.append(f"held-out accuracy {before['eval/accuracy']:.1%} → {after['eval/accuracy']:.1%}{interval}")
     parts.append(f"{summary.get('steps', 0)} steps in {summary.get('seconds', 0):.0f}s")
     parts.append(f"run: {summary.get('run_dir')}")
     return "done: " + " | ".join(parts)
