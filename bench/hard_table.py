@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 
-def pct(x: float) -> str:
-    return f"{100 * x:.1f}"
+def pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}"  # None: no prompt got a verdict
 
 
 def main() -> None:
@@ -32,15 +32,16 @@ def main() -> None:
             rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
             curve = [pct(r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
             third = max(1, len(rows) // 3)
-            first, last = (statistics.fmean(r["reward"] for r in part) for part in (rows[:third], rows[-third:]))
+            first, last = (statistics.fmean(r["reward"] for r in part if "reward" in r) if any("reward" in r for r in part)
+                           else float("nan") for part in (rows[:third], rows[-third:]))
             zero = statistics.fmean(r["zero_std_fraction"] for r in rows)
             evaluated = root / f"{run.name}.eval.json"
             passes = "–"
             if evaluated.exists():
                 e = json.loads(evaluated.read_text())[0]
-                passes = f"{pct(e['pass@1'])} / {pct(e['pass@8'])}"
-            print(f"| {run.name} | {len(rows)} | {pct(summary['eval_before']['eval/accuracy'])} → {', '.join(curve)} → "
-                  f"{pct(summary['eval_after']['eval/accuracy'])} | {first:.3f} → {last:.3f} | {zero:.2f} | {passes} |")
+                passes = f"{pct(e.get('pass@1'))} / {pct(e.get('pass@8'))}"
+            print(f"| {run.name} | {len(rows)} | {pct(summary['eval_before'].get('eval/accuracy'))} → {', '.join(curve)} → "
+                  f"{pct(summary['eval_after'].get('eval/accuracy'))} | {first:.3f} → {last:.3f} | {zero:.2f} | {passes} |")
 
 
 if __name__ == "__main__":

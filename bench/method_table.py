@@ -53,12 +53,13 @@ def main() -> None:
                 metrics = (root / p.name.removesuffix(".eval.json") / "metrics.jsonl").read_text().splitlines()
                 seconds.append(json.loads(metrics[-1])["elapsed_seconds"])
         greedy = f"{mean_sd(after)} ({mean_sd(before)})" if after else "–"
-        seeds = ", ".join(f"{r['pass@1'] * 100:.1f}" for r in rows)
-        paired = {k: [r[k] - grpo[_seed(p)][k] for p, r in zip(evals, rows) if _seed(p) in grpo]
-                  for k in ("pass@1", "pass@8")}
+        seeds = ", ".join(f"{r['pass@1'] * 100:.1f}" if "pass@1" in r else "–" for r in rows)
+        paired = {k: [r[k] - grpo[_seed(p)][k] for p, r in zip(evals, rows) if _seed(p) in grpo
+                      and k in r and k in grpo[_seed(p)]] for k in ("pass@1", "pass@8")}
         diffs = " | ".join("–" if label in (baseline, "base") else mean_sd(v) for v in paired.values())
-        print(f"| {label} | {len(rows)} | {mean_sd([r['pass@1'] for r in rows])} | {mean_sd([r['pass@4'] for r in rows])} "
-              f"| {mean_sd([r['pass@8'] for r in rows])} | {greedy} | {seeds} | "
+        rate = lambda k: mean_sd([r[k] for r in rows if k in r])  # noqa: E731  (absent: no judged samples)
+        print(f"| {label} | {len(rows)} | {rate('pass@1')} | {rate('pass@4')} "
+              f"| {rate('pass@8')} | {greedy} | {seeds} | "
               f"{mean_sd(seconds, 1.0) + ' s' if seconds else '–'} | {diffs} |")
 
 

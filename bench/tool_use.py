@@ -40,7 +40,9 @@ def main(run: Path, out: Path | None, block: int) -> None:
         table.append({
             "steps": f"{block_steps[0]}-{block_steps[-1]}", "calls": mean("env/tool_calls"),
             "error_rate": mean("env/tool_error_rate"), "answered": mean("env/answered"),
-            "accuracy": mean("accuracy"),
+            # over the steps that have one (a step whose samples all lacked a verdict has none)
+            "accuracy": statistics.fmean(r["accuracy"] for r in ms if "accuracy" in r) if any("accuracy" in r for r in ms)
+            else float("nan"),
             "acc_2digit": statistics.fmean(s["reward"] >= 1 for s in hard) if hard else 0.0,
             "acc_after_call": statistics.fmean(s["reward"] >= 1 for s in ran) if ran else 0.0,
         })
@@ -58,7 +60,7 @@ def main(run: Path, out: Path | None, block: int) -> None:
     print("\n| held-out (greedy) at step | accuracy | answered | tool calls / episode | tool error rate |")
     print("|---|---|---|---|---|")
     for step, e in evals:
-        print(f"| {step} | {e['eval/accuracy']:.3f} | {e.get('eval/env/answered', 0):.2f} | "
+        print(f"| {step} | {e.get('eval/accuracy', float('nan')):.3f} | {e.get('eval/env/answered', 0):.2f} | "
               f"{e.get('eval/env/tool_calls', 0):.2f} | {e.get('eval/env/tool_error_rate', 0):.2f} |")
     if out is None:
         return

@@ -254,9 +254,10 @@ def context_length(model: Any, default: int = 32768) -> int:
     """The longest sequence a model (or its config) covers with positions: its text model's
     `max_position_embeddings` (a vision-language model's is in its text config), `default` where
     it does not say, or where the model is not in this process (None). A rope scaling with a
-    factor stretches it: factor × its `original_max_position_embeddings` (else × the config's),
-    where that is longer, as YaRN added to Qwen2.5's config (32,768 × 4) reaches 131,072, and
-    Llama 3.1's config already says (8,192 × 8)."""
+    factor stretches a config that states the unscaled length (`max_position_embeddings` no
+    more than the scaling's `original_max_position_embeddings`, or no original given): YaRN
+    added to Qwen2.5's config reaches 32,768 × 4 = 131,072. A config that states the scaled
+    length already keeps it (Llama 3.1 and 3.2: 131,072, from 8,192 × 8 and × 32)."""
     config = getattr(model, "config", model)
     if hasattr(config, "get_text_config"):
         config = config.get_text_config()
@@ -264,7 +265,8 @@ def context_length(model: Any, default: int = 32768) -> int:
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
     if isinstance(rope, dict) and isinstance(rope.get("factor"), (int, float)) and rope["factor"] > 1:
         original = rope.get("original_max_position_embeddings") or positions
-        positions = max(positions, int(rope["factor"] * original))
+        if positions <= original:
+            positions = int(rope["factor"] * original)
     return positions
 
 

@@ -140,7 +140,7 @@ def facts(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     if before is not None:
         out.append(("held-out accuracy", f"{before:.1%} → {after:.1%}" if after is not None else f"{before:.1%} (before)"))
     gain = summary.get("held_out_gain")
-    if gain and gain["se"] == gain["se"]:  # paired by prompt (rlvr.train.records.held_out_gain); NaN: one prompt
+    if gain and gain["se"] is not None:  # paired by prompt (rlvr.train.records.held_out_gain); None: one prompt
         out.append(("held-out gain, 95% CI", f"{100 * gain['difference']:+.1f} points "
                     f"({100 * gain['ci95_low']:+.1f} to {100 * gain['ci95_high']:+.1f}, {gain['prompts']:.0f} prompts)"))
     return out

@@ -98,6 +98,14 @@ def test_samples_without_a_verdict_count_in_no_accuracy() -> None:
     assert m["accuracy"] == 0.5 and m["excluded_fraction"] == 0.5  # 1 of the 2 judged, not 1 of 4
     assert "accuracy" not in group_metrics([b], "r") and group_metrics([b], "r")["excluded_fraction"] == 1.0
     assert with_accuracy(a, "r").accuracy == 0.5 and with_accuracy(b, "r").accuracy is None
+    # rewards are means over the samples every reward judged; a group whose judged samples agree has no signal
+    assert m["reward"] == 0.5 and m["rewards/r"] == 0.5 and m["zero_std_fraction"] == 0.0
+    assert "reward" not in group_metrics([b], "r") and "rewards/r" not in group_metrics([b], "r")
+    agreeing = Group("e", (_scored("a", 1.0), _scored("b", 1.0), _scored("c", None)))
+    assert group_metrics([agreeing], "r")["zero_std_fraction"] == 1.0
+    from rlvr.train.collect import has_spread
+
+    assert not has_spread(agreeing) and has_spread(a)
     # another reward's missing verdict (a style judge down) leaves the correctness verdict standing
     styled = Group("c", tuple(dataclasses.replace(x, reward_parts={**x.reward_parts, "style": 0.0, "style/excluded": 1.0})
                               for x in (_scored("a", 1.0), _scored("b", 0.0))))
@@ -145,6 +153,29 @@ def test_error_bars_and_paired_differences_by_hand() -> None:
     assert paired["difference"] == pytest.approx(0.05) and paired["se"] == pytest.approx(0.05)
     assert unpaired == pytest.approx(0.1618, abs=1e-4)
     assert paired["ci95_low"] >= -1.0 and paired_difference({0: 0.0, 1: 1.0}, {0: 1.0, 1: 0.0})["ci95_low"] == -1.0
+    # one prompt: no error bar, as JSON null (never NaN, which strict JSON readers refuse)
+    one = paired_difference({"a": 0.0}, {"a": 1.0, "b": 0.0})
+    assert one == {"difference": 1.0, "se": None, "ci95_low": None, "ci95_high": None, "prompts": 1.0}
+    json.dumps(one, allow_nan=False)
+
+
+def test_held_out_gain_pairs_by_prompt_id_and_never_keeps_a_stale_one() -> None:
+    """A resume may change the held-out set (task.eval_size, the data): the gain pairs the prompts
+    judged both times by id, not by position; a later finish without a gain drops the old one; a
+    reward that is not pass/fail (accuracy 0 both times beside a mean reward) gets no gain."""
+    from rlvr.train.records import held_out_gain, summary_line, with_held_out_gain
+
+    evals = {"eval_before": {"eval/accuracy": 0.5}, "eval_after": {"eval/accuracy": 1.0}}
+    summary = evals | {"held_out_before": {"p1": 0.0, "p2": 1.0, "p3": 0.0, "p4": None},
+                       "held_out_after": {"p3": 1.0, "p2": 1.0, "p4": 1.0, "p5": 1.0}}
+    gain = held_out_gain(summary)
+    assert gain is not None and gain["prompts"] == 2 and gain["difference"] == 0.5  # p2 (1 → 1), p3 (0 → 1)
+    stale = with_held_out_gain(summary) | {"held_out_after": {"p9": 1.0}}
+    assert "held_out_gain" not in with_held_out_gain(stale)
+    assert "CI" not in summary_line(with_held_out_gain(stale))
+    silent = {"eval_before": {"eval/accuracy": 0.0, "eval/reward": -3.0}, "eval_after": {"eval/accuracy": 0.0,
+              "eval/reward": -2.0}, "held_out_before": {"p1": 0.0, "p2": 0.0}, "held_out_after": {"p1": 0.0, "p2": 0.0}}
+    assert held_out_gain(silent) is None
 
 
 def test_rlvr_eval_compares_models_on_the_same_prompts(tiny_dir: Path, tmp_path: Path,
@@ -279,6 +310,7 @@ def test_no_verdict_is_neither_side_where_collection_and_methods_count_outcomes(
     assert all(g.accuracy == 1.0 and len(g.samples) == 4 for g in ada.train)
     for g in ada.train:  # unjudged samples only fill what the judged successes cannot
         assert sum(x.excluded for x in g.samples) == max(0, 4 - sum(r == 1.0 for r in g.pool_rewards or ()))
+    assert all(len(g.pool_rewards or ()) == sum(g.pool_rewards or ()) for g in ada.train)  # judged ones only: all 1
     got = roc(src, 2, oversample=2.0, reject_equal=False)
     assert all(len(g.samples) == 4 for g in got.train)
     for g in got.train:  # judged successes first; unjudged samples only fill the group

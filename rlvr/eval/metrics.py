@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:
@@ -94,18 +95,23 @@ def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(variance / m)
 
 
-def paired_difference(before: Mapping[int, float], after: Mapping[int, float]) -> dict[str, float]:
-    """``after`` − ``before`` over the prompts both have a value for (by prompt index): the mean
-    difference, its standard error over the per-prompt differences (`mean_and_se`), the 95%
-    interval (± `Z95` standard errors, within [−1, 1] for values in [0, 1]), and how many prompts
-    were paired. Pairing takes each prompt's own difficulty out of the error, so the interval is
-    narrower than the two error bars combined whenever the two runs agree on which prompts are
-    hard (Miller, arXiv:2411.00640, the paired-differences section)."""
-    common = sorted(set(before) & set(after))
+def paired_difference(before: Mapping[Any, float], after: Mapping[Any, float]) -> dict[str, float | None]:
+    """``after`` − ``before`` over the prompts both have a value for (by key: a prompt's index or
+    id): the mean difference, its standard error over the per-prompt differences (`mean_and_se`),
+    the 95% interval (± `Z95` standard errors, within [−1, 1] for values in [0, 1]), and how many
+    prompts were paired. With one prompt there is no error bar: the standard error and interval
+    are None (JSON null). Pairing takes each prompt's own difficulty out of the error, so the
+    interval is narrower than the two error bars combined whenever the two runs agree on which
+    prompts are hard (Miller, arXiv:2411.00640, the paired-differences section)."""
+    common = [key for key in before if key in after]
     if not common:
         raise ValueError("no prompt has a value on both sides")
-    diff, se = mean_and_se([after[i] - before[i] for i in common])
-    low, high = diff - Z95 * se, diff + Z95 * se  # NaN for a single prompt
-    if all(0.0 <= v <= 1.0 for v in (*before.values(), *after.values())):  # a difference of rates
-        low, high = max(-1.0, low), min(1.0, high)
-    return {"difference": diff, "se": se, "ci95_low": low, "ci95_high": high, "prompts": float(len(common))}
+    diff, se = mean_and_se([after[key] - before[key] for key in common])
+    out: dict[str, float | None] = {"difference": diff, "se": None, "ci95_low": None, "ci95_high": None,
+                                    "prompts": float(len(common))}
+    if len(common) > 1:
+        low, high = diff - Z95 * se, diff + Z95 * se
+        if all(0.0 <= v <= 1.0 for v in (*before.values(), *after.values())):  # a difference of rates
+            low, high = max(-1.0, low), min(1.0, high)
+        out |= {"se": se, "ci95_low": low, "ci95_high": high}
+    return out

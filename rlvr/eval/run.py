@@ -191,7 +191,7 @@ def _bar(result: dict[str, Any], metric: str) -> str:
 def _difference(d: dict[str, float] | None) -> str:
     if d is None:
         return "–"
-    if d["se"] != d["se"]:  # one prompt: no interval
+    if d["se"] is None:  # one prompt: no interval
         return f"{d['difference']:+.3f}"
     return f"{d['difference']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]"
 

@@ -31,7 +31,7 @@ from rlvr.data.images import with_prompt_media
 from rlvr.data.sampler import Sampler
 from rlvr.rewards import RewardFn
 from rlvr.rollout.engine import Engine
-from rlvr.train.rollouts import generate_groups, is_correct, judged, judged_accuracy
+from rlvr.train.rollouts import generate_groups, is_correct, judged, judged_accuracy, trained_rewards
 from rlvr.types import Completion, Group, PromptMedia, Sample, SamplingParams
 
 if TYPE_CHECKING:
@@ -97,9 +97,10 @@ def with_accuracy(group: Group, primary: str) -> Group:
 
 
 def has_spread(group: Group) -> bool:
-    """Rewards that differ: the group carries a GRPO gradient."""
-    rewards = group.rewards
-    return max(rewards) - min(rewards) > 1e-9
+    """Rewards that differ among the samples the update trains on (`trained_rewards`: a sample
+    without a verdict takes the others' mean there): the group carries a GRPO gradient."""
+    rewards = trained_rewards(group)
+    return len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9
 
 
 @dataclass
@@ -190,7 +191,7 @@ def reinforce_ada(src: Source, n: int, *, round_size: int | None = None, max_rou
         chosen += _pick(src.rng, unjudged, min(len(unjudged), g_size - len(chosen)))  # only to fill the group
         order = src.rng.permutation(len(chosen))
         group = dataclasses.replace(heads[i], samples=tuple(chosen[k] for k in order),
-                                    pool_rewards=tuple(x.reward for x in pool))
+                                    pool_rewards=_pool_rewards(pool))
         train.append(with_accuracy(group, src.primary))
     return Gathered(train, [], {
         "rollouts/rounds": float(rounds), "rollouts/samples_per_prompt": src.generated / max(len(indices), 1),
@@ -230,13 +231,20 @@ def roc(src: Source, n: int, *, oversample: float = 2.0, quality: list[str] | No
         chosen += _pick(src.rng, unjudged, min(len(unjudged), g_size - len(chosen)))  # only to fill the group
         order = src.rng.permutation(len(chosen))
         kept = dataclasses.replace(group, samples=tuple(chosen[k] for k in order),
-                                   pool_rewards=tuple(group.rewards))
+                                   pool_rewards=_pool_rewards(list(group.samples)))
         train.append(with_accuracy(kept, src.primary))
     metrics = {"rollouts/rejected_fraction": len(aside) / max(n, 1)}
     rates = [g.accuracy for g in train if g.accuracy is not None]  # groups with a verdict
     if rates:
         metrics["rollouts/kept_accuracy"] = statistics.fmean(rates)
     return Gathered(train, aside, metrics)
+
+
+def _pool_rewards(pool: list[Sample]) -> tuple[float, ...] | None:
+    """The rewards of a pool's samples that the update would train on (not `Sample.excluded`):
+    what `global_pool` takes its baseline and scale from; None when there are none (the group's
+    own rewards then serve, as without a pool)."""
+    return tuple(x.reward for x in pool if not x.excluded) or None
 
 
 def _sides(pool: list[Sample], primary: str) -> tuple[list[Sample], list[Sample], list[Sample]]:

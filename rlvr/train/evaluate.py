@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlvr.agents.runner import episode_metrics
 from rlvr.eval.metrics import pass_at_k
@@ -20,10 +20,11 @@ def evaluate(run: Run, step: int = 0) -> dict[str, float]:
     return evaluate_held_out(run, step)[0]
 
 
-def evaluate_held_out(run: Run, step: int = 0) -> tuple[dict[str, float], list[float | None]]:
+def evaluate_held_out(run: Run, step: int = 0) -> tuple[dict[str, float], dict[str, float | None]]:
     """Greedy decoding on the held-out prompts: accuracy and mean reward, and each prompt's
-    outcome (1.0 right, 0.0 wrong, None without a verdict), from which the run's summary pairs
-    the evaluations before and after training (rlvr.train.records.held_out_gain). With
+    outcome by its example id (1.0 right, 0.0 wrong, None without a verdict), from which the run's
+    summary pairs the evaluations before and after training, prompt by prompt even where a resume
+    changed the held-out set (rlvr.train.records.held_out_gain). With
     train.eval_samples = n, also n samples per prompt at the training temperature: eval/pass@k
     (unbiased estimator) for k = 1, 2, 4, ... and n, from a generator seeded by the step, so the
     training stream of random numbers is untouched and resume stays exact. Samples without a
@@ -32,12 +33,12 @@ def evaluate_held_out(run: Run, step: int = 0) -> tuple[dict[str, float], list[f
     run.rollouts.drain()  # the engine's random stream is not shared with a collection under way
     task = run.task
     if not task.eval_examples:
-        return {}, []
+        return {}, {}
     params = SamplingParams(temperature=0.0, max_new_tokens=task.params.max_new_tokens, stop=task.params.stop, n=1)
     groups = _held_out(run, params)
     primary = task.rewards[0].name
-    outcomes = [float(is_correct(g.samples[0], primary)) if has_verdict(g.samples[0], primary) else None
-                for g in groups]
+    outcomes = {key: float(is_correct(g.samples[0], primary)) if has_verdict(g.samples[0], primary) else None
+                for key, g in zip(_keys(task.eval_examples), groups)}
     m = group_metrics(groups, primary)
     # accuracy over the answers that got a verdict; the share that did not is said beside it
     out = {f"eval/{k}": m[k] for k in ("accuracy", "reward", "response_length", "no_verdict_fraction") if k in m}
@@ -73,3 +74,13 @@ def _held_out(run: Run, params: SamplingParams, rescore: bool = True) -> list[Gr
         for method in run.methods.values():
             groups = method.rescore(run, groups, task.eval_examples, held_out=True)
     return groups
+
+
+def _keys(examples: list[Any]) -> list[str]:
+    """Each example's id, made unique where ids repeat (the second "x" is "x#2")."""
+    seen: dict[str, int] = {}
+    keys = []
+    for ex in examples:
+        seen[ex.id] = seen.get(ex.id, 0) + 1
+        keys.append(ex.id if seen[ex.id] == 1 else f"{ex.id}#{seen[ex.id]}")
+    return keys

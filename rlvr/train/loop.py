@@ -31,7 +31,7 @@ from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import Collected
 from rlvr.train.evaluate import evaluate, evaluate_held_out
 from rlvr.train.methods import Plan
-from rlvr.train.records import Thumbnails, held_out_gain, sample_rows, summarise, summary_line, write_report
+from rlvr.train.records import Thumbnails, sample_rows, summarise, summary_line, with_held_out_gain, write_report
 from rlvr.train.rollouts import group_metrics
 from rlvr.train.run import Run, RunDirError, open_run, save, setup
 from rlvr.train.stop import GracefulStop, Interrupted, stop_if_requested
@@ -218,10 +218,7 @@ def _completed(run: Run, start: int, summary: dict[str, Any], progress: ConsoleP
 
 def _finish(run: Run, summary: dict[str, Any], progress: ConsoleProgress) -> dict[str, Any]:
     """summary.json with the run's totals, the one-line result, and the report."""
-    summary |= summarise(run.dir / "metrics.jsonl", run.dir)
-    gain = held_out_gain(summary)
-    if gain is not None:
-        summary["held_out_gain"] = gain
+    summary = with_held_out_gain(summary | summarise(run.dir / "metrics.jsonl", run.dir))
     ckpt.write_atomic(run.dir / "summary.json", json.dumps(summary, indent=2))
     progress.print(summary_line(summary))
     if run.cfg.log.report:

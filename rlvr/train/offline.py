@@ -44,7 +44,7 @@ from rlvr.train import checkpoint as ckpt
 from rlvr.train.logprobs import packed_batch, packed_logprobs, token_budget_batches
 from rlvr.train.collect import collect
 from rlvr.train.evaluate import evaluate_held_out
-from rlvr.train.records import held_out_gain, sample_rows, summary_line
+from rlvr.train.records import sample_rows, summary_line, with_held_out_gain
 from rlvr.train.run import Run, open_run, save
 from rlvr.train.stop import GracefulStop, stop_if_requested
 from rlvr.train.rollouts import group_metrics
@@ -409,10 +409,7 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
     finally:
         metrics_sink.close()
         samples_sink.close()
-    summary |= _totals(run, total)
-    gain = held_out_gain(summary)
-    if gain is not None:
-        summary["held_out_gain"] = gain
+    summary = with_held_out_gain(summary | _totals(run, total))
     ckpt.write_atomic(summary_path, json.dumps(summary, indent=2))
     progress.print(summary_line(summary))
     return summary

@@ -87,27 +87,44 @@ def summarise(metrics_path: Path, run_dir: Path) -> dict[str, Any]:
     rows = read_jsonl(metrics_path)
     if not rows:
         return {"run_dir": str(run_dir), "steps": 0}
-    k = max(1, min(3, len(rows) // 3))  # compare the mean of the first and last k steps
-    mean = lambda rs, key: sum(r[key] for r in rs) / len(rs)  # noqa: E731
-    return {"run_dir": str(run_dir), "steps": rows[-1]["step"],
-            "reward_start": mean(rows[:k], "reward"), "reward_end": mean(rows[-k:], "reward"),
-            "seconds": sum(r["step_seconds"] for r in rows)}
+    out = {"run_dir": str(run_dir), "steps": rows[-1]["step"], "seconds": sum(r["step_seconds"] for r in rows)}
+    rewarded = [r["reward"] for r in rows if "reward" in r]  # a step whose samples all lacked a verdict has none
+    if rewarded:
+        k = max(1, min(3, len(rewarded) // 3))  # compare the mean of the first and last k steps
+        out |= {"reward_start": sum(rewarded[:k]) / k, "reward_end": sum(rewarded[-k:]) / k}
+    return out
 
 
-def held_out_gain(summary: dict[str, Any]) -> dict[str, float] | None:
-    """The held-out accuracy's change from before training to after, paired by prompt
+def held_out_gain(summary: dict[str, Any]) -> dict[str, float | None] | None:
+    """The held-out accuracy's change from before training to after, paired by prompt id
     (rlvr.eval.metrics.paired_difference: the mean difference, its standard error and 95%
     interval over the prompts judged both times), from the greedy outcomes the evaluations kept
-    (`held_out_before`, `held_out_after`); None without both, or a prompt judged both times."""
+    (`held_out_before`, `held_out_after`, by example id); None without both, without a prompt
+    judged both times, or where accuracy says nothing (`accuracy_is_silent`)."""
     from rlvr.eval.metrics import paired_difference
 
     before, after = summary.get("held_out_before"), summary.get("held_out_after")
-    if not before or not after:
+    if not isinstance(before, dict) or not isinstance(after, dict) or accuracy_is_silent(summary):
         return None
-    pairs = [(i, b, a) for i, (b, a) in enumerate(zip(before, after)) if b is not None and a is not None]
-    if not pairs:
+    both = [key for key, b in before.items() if b is not None and after.get(key) is not None]
+    if not both:
         return None
-    return paired_difference({i: b for i, b, _ in pairs}, {i: a for i, _, a in pairs})
+    return paired_difference({key: before[key] for key in both}, {key: after[key] for key in both})
+
+
+def with_held_out_gain(summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary`` with its `held_out_gain`, or without one where none can be computed now (a
+    gain an earlier finish wrote is never left standing)."""
+    summary.pop("held_out_gain", None)
+    gain = held_out_gain(summary)
+    return summary if gain is None else summary | {"held_out_gain": gain}
+
+
+def accuracy_is_silent(summary: dict[str, Any]) -> bool:
+    """Held-out accuracy 0 before and after with a mean reward beside it: a reward that is not
+    pass/fail (RLP's information gain), whose mean says more than accuracy or its gain."""
+    before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
+    return before.get("eval/accuracy") == after.get("eval/accuracy") == 0 and "eval/reward" in before
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -119,12 +136,11 @@ def summary_line(summary: dict[str, Any]) -> str:
         parts.append(f"loss {summary['loss_start']:.3f} → {summary['loss_end']:.3f}")
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     if "eval/accuracy" in before and "eval/accuracy" in after:
-        if before["eval/accuracy"] == after["eval/accuracy"] == 0 and "eval/reward" in before:
-            # a reward that is not pass/fail (RLP's information gain): its mean says more
+        if accuracy_is_silent(summary):
             parts.append(f"held-out reward {before['eval/reward']:.3f} → {after['eval/reward']:.3f}")
         else:
             gain = summary.get("held_out_gain")
-            interval = "" if not gain or gain["se"] != gain["se"] else (  # no interval from one prompt (NaN)
+            interval = "" if not gain or gain["se"] is None else (  # no interval from one prompt
                 f" ({100 * gain['difference']:+.1f} points, 95% CI {100 * gain['ci95_low']:+.1f} to "
                 f"{100 * gain['ci95_high']:+.1f} over {gain['prompts']:.0f} prompts)")
             parts.append(f"held-out accuracy {before['eval/accuracy']:.1%} → {after['eval/accuracy']:.1%}{interval}")

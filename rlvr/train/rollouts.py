@@ -82,6 +82,20 @@ def judged(samples: Iterable[Sample], primary: str) -> list[Sample]:
     return [s for s in samples if has_verdict(s, primary)]
 
 
+def scored(sample: Sample) -> bool:
+    """Whether every reward gave the sample a verdict, so its total reward is its own: no
+    ``<name>/excluded`` flag, except where ``<name>/masked`` says the flag only keeps it out of
+    the loss (`env.mask`). Reward means are over these samples."""
+    parts = sample.reward_parts
+    return all(k.removesuffix("/excluded") + "/masked" in parts for k in parts if k.endswith("/excluded"))
+
+
+def trained_rewards(group: Group) -> list[float]:
+    """The rewards of a group's samples that the update trains on (not `Sample.excluded`, whose
+    reward the update replaces by the others' mean): what its spread and baselines come from."""
+    return [x.reward for x in group.samples if not x.excluded]
+
+
 def judged_accuracy(samples: Iterable[Sample], primary: str) -> float | None:
     """The share of judged samples (`judged`) that are correct (`is_correct`); None when no
     sample got a verdict."""
@@ -91,22 +105,21 @@ def judged_accuracy(samples: Iterable[Sample], primary: str) -> float | None:
 
 def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
     """Reward, accuracy, length and group statistics of one step's rollouts (the policy's own
-    samples: expert demonstrations mixed into groups are left out). Accuracy is over the samples
+    samples: expert demonstrations mixed into groups are left out). Rewards are over the samples
+    every reward judged (`scored`; no key when none), accuracy over the samples
     the correctness reward judged (`judged_accuracy`; no key when it judged none), and
     `no_verdict_fraction` the share it did not; `excluded_fraction` is the share out of the loss
     for any reason (no verdict from any reward, or `env.mask`)."""
     groups = [Group(g.prompt, tuple(s for s in g.samples if not s.off_policy), g.metadata) for g in groups]
     samples = [s for g in groups for s in g.samples]
-    rewards = [s.reward for s in samples]
     lengths = [len(s.completion.token_ids) for s in samples]
     names = sorted({k for s in samples for k in s.reward_parts})
     metrics = {
-        "reward": statistics.fmean(rewards),
-        "reward_std": statistics.pstdev(rewards),
         "response_length": statistics.fmean(lengths),
         "response_length_max": float(max(lengths)),
         "truncated_fraction": statistics.fmean(s.completion.finish_reason == "length" for s in samples),
-        "zero_std_fraction": statistics.fmean(len(set(g.rewards)) == 1 for g in groups),
+        # a group without signal: the rewards the update trains on are all equal (or fewer than two)
+        "zero_std_fraction": statistics.fmean(len(set(trained_rewards(g))) <= 1 for g in groups),
         "excluded_fraction": statistics.fmean(s.excluded for s in samples),
         # collapse monitors: the share of distinct completions, and of distinct final answers (the
         # <answer> tag or else the last number; completions with neither count together as one answer)
@@ -117,6 +130,9 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
             for g in groups),
         "tokens_generated": float(sum(lengths)),
     }
+    rewards = [s.reward for s in samples if scored(s)]  # a missing verdict's 0 is no reward earned
+    if rewards:
+        metrics |= {"reward": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards)}
     accuracy = judged_accuracy(samples, primary)
     if accuracy is not None:
         metrics["accuracy"] = accuracy
@@ -124,7 +140,10 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
     for name in names:
         if "/" in name:  # "<name>/error", "<name>/excluded": an absent key counts as 0
             metrics[f"rewards/{name}"] = statistics.fmean(s.reward_parts.get(name, 0.0) for s in samples)
-        else:  # a reward's mean over the samples it scores (all of them unless routed)
-            metrics[f"rewards/{name}"] = statistics.fmean(s.reward_parts[name] for s in samples
-                                                          if name in s.reward_parts)
+            continue
+        # a reward's mean over the samples it scores (all of them unless routed) and gave a verdict
+        values = [s.reward_parts[name] for s in samples if name in s.reward_parts
+                  and (f"{name}/excluded" not in s.reward_parts or f"{name}/masked" in s.reward_parts)]
+        if values:
+            metrics[f"rewards/{name}"] = statistics.fmean(values)
     return metrics
