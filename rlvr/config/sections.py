@@ -16,7 +16,10 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    # strict: TOML gives native types, so `steps = true` or `size = "200"` is a mistake, not 1 or 200;
+    # no inf or nan (a temperature of inf sampled uniformly)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, strict=True,
+                              allow_inf_nan=False)
 
 
 class MixtureEntry(_Section):
@@ -51,8 +54,17 @@ class TaskConfig(_Section):
 
     @model_validator(mode="after")
     def _path(self) -> TaskConfig:
-        if self.source in ("jsonl", "parquet", "hf", "text") and not self.path:
+        files = ("jsonl", "parquet", "hf", "text")
+        if self.source in files and not self.path:
             raise ValueError(f"task.path is required when task.source = {self.source!r}")
+        if self.path and self.source not in files:  # it would be ignored, and the run train on something else
+            raise ValueError(f"task.path is read only when task.source is one of {', '.join(files)}, not "
+                             f"{self.source!r}: set task.source too")
+        if self.mixture and self.source != "reasoning_gym":
+            raise ValueError(f"task.mixture mixes reasoning-gym tasks; task.source is {self.source!r}")
+        if self.mixture and (self.name != "chain_sum" or self.params):
+            raise ValueError("task.mixture replaces task.name and task.params: give each task's name and params in "
+                             "its mixture entry")
         return self
 
 

@@ -17,11 +17,12 @@ far). A malformed row is an error that names its file and line.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlvr.data.tasks import read_json_row
+from rlvr.data.tasks import read_jsonl_rows
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -47,8 +48,10 @@ def read_rows(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     p = Path(path)
     if not p.is_file():
         raise ChatDataError(f"{p}: no such file")
-    rows = [(number, read_json_row(line, f"{p}:{number}"))
-            for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
+    try:
+        rows = read_jsonl_rows(p)
+    except ValueError as err:
+        raise ChatDataError(str(err)) from None
     if not rows:
         raise ChatDataError(f"{p}: no rows")
     return rows
@@ -161,7 +164,11 @@ def preference_pair(tokenizer: Any, row: dict[str, Any], where: str, *, eos_toke
                                      eos_token_ids=eos_token_ids, train_turns="last"))
     gap = None
     if "score_chosen" in row and "score_rejected" in row:
-        gap = float(row["score_chosen"]) - float(row["score_rejected"])
+        scores = [row["score_chosen"], row["score_rejected"]]
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in scores):
+            raise ChatDataError(f"{where}: \"score_chosen\" and \"score_rejected\" must be finite numbers, got "
+                                f"{scores[0]!r} and {scores[1]!r}")
+        gap = float(scores[0]) - float(scores[1])
     return PreferencePair(answers[0], answers[1], gap)
 
 

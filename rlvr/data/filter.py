@@ -82,7 +82,8 @@ def write_filtered(rated: list[Rated], out: str | Path, *, low: float, high: flo
     """Write the examples whose pass rate lies between ``low`` and ``high`` (bounds excluded
     unless ``include_low``/``include_high``) to ``out`` as JSONL; returns how many. Each row has
     the example's fields (what its reward functions read), "prompt" (instruction included: train
-    with ``task.instruction = ""``), "answer", "id" and "pass_rate"."""
+    with ``task.instruction = ""``; chat messages for a conversation, read back with the same
+    ``task.params.format``), "answer", "id" and "pass_rate" (`_row`)."""
     if not (0.0 <= low <= high <= 1.0):
         raise ValueError(f"need 0 <= low <= high <= 1, got low={low}, high={high}")
     out = Path(out)
@@ -95,11 +96,22 @@ def write_filtered(rated: list[Rated], out: str | Path, *, low: float, high: flo
             above = rate > low or (include_low and math.isclose(rate, low))
             below = rate < high or (include_high and math.isclose(rate, high))
             if above and below:
-                row: dict[str, Any] = {**ex.fields, "prompt": ex.prompt, "answer": ex.answer, "id": ex.id,
-                                       "pass_rate": rate}
-                f.write(json.dumps(row, default=str) + "\n")
+                f.write(json.dumps(_row(ex) | {"pass_rate": rate}, default=str) + "\n")
                 kept += 1
     return kept
+
+
+def _row(ex: Example) -> dict[str, Any]:
+    """An example as a row its loader reads back to the same example: its fields, "id", and the
+    prompt as the text the policy saw, or as its chat messages where it was a conversation (TRL
+    and verl layouts; the text alone would drop the system turn and earlier turns); "answer" as
+    the fields hold it (a TRL row's own list or number, not its text)."""
+    from rlvr.rewards.styles import PROMPT_MESSAGES
+
+    row = {**ex.fields, "id": ex.id}
+    messages = row.pop(PROMPT_MESSAGES, None)
+    row["prompt"] = ex.prompt if messages is None else messages
+    return row
 
 
 def write_accepted(rated: list[Rated], out: str | Path, *, system_prompt: str | None = None) -> int:

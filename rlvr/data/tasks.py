@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ def _create_dataset(task: str, size: int, seed: int, params: dict[str, Any]) -> 
     clash = {"size", "seed"} & set(params)
     if clash:
         raise ValueError(f"task {task!r}: pass {sorted(clash)} as arguments, not in params")
+    _check_param_types(task, params)
     try:
         return reasoning_gym.create_dataset(task, size=size, seed=seed, **params)
     except (TypeError, ValueError, AssertionError) as exc:
@@ -76,6 +78,33 @@ def _create_dataset(task: str, size: int, seed: int, params: dict[str, Any]) -> 
             valid = [f.name for f in config_fields if f.name not in ("size", "seed")]
             message += f". Valid params: {', '.join(valid)}"
         raise ValueError(message) from exc
+
+
+def _check_param_types(task: str, params: dict[str, Any]) -> None:
+    """Each parameter of a plain type (bool, int, float, str, or one of them or None) in the
+    task's config has a value of that type: reasoning-gym reads `allow_negation = "no"` as true
+    and `max_digits = true` as 1 without a word."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(DATASETS[task][1])
+    except Exception:  # an annotation that does not resolve: nothing to check it against
+        return
+    for name, value in params.items():
+        hint = hints.get(name)
+        options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        plain = [t for t in options if t in (bool, int, float, str)]
+        if not plain or len(plain) + (type(None) in options) != len(options):
+            continue  # a list, a tuple, a nested config: left to the task
+        if value is None and type(None) in options:
+            continue
+        fits = any(isinstance(value, bool) if t is bool else
+                   isinstance(value, int) and not isinstance(value, bool) if t is int else
+                   isinstance(value, int | float) and not isinstance(value, bool) if t is float else
+                   isinstance(value, str) for t in plain)
+        if not fits:
+            wanted = " or ".join(t.__name__ for t in plain) + (" or None" if type(None) in options else "")
+            raise ValueError(f"reasoning-gym task {task!r}: param {name} = {value!r} must be {wanted}")
 
 
 SEED_STRIDE = 1_000_003
@@ -97,7 +126,11 @@ def reasoning_gym_examples(
     dataset = _create_dataset(task, size, seed * SEED_STRIDE, params)
     examples = []
     for i in range(len(dataset)):
-        entry = dataset[i]
+        try:
+            entry = dataset[i]
+        except (TypeError, ValueError, AssertionError) as exc:  # params it accepted but cannot draw with
+            raise ValueError(f"reasoning-gym task {task!r} could not make item {i} with params {params}: "
+                             f"{type(exc).__name__}: {exc}") from exc
         answer = None if entry["answer"] is None else str(entry["answer"])
         examples.append(
             Example(
@@ -123,6 +156,10 @@ def reasoning_gym_mixture(
     counts = [int(x) for x in exact]
     for i in sorted(range(len(entries)), key=lambda i: counts[i] - exact[i])[: size - sum(counts)]:
         counts[i] += 1
+    empty = [name for (name, _, _), n in zip(entries, counts) if n == 0]
+    if empty:
+        raise ValueError(f"a mixture of {size} prompts (task.size + task.eval_size) gives {', '.join(empty)} none at "
+                         "these weights: raise task.size or their weights")
     pool: list[Example] = []
     for k, ((name, _, params), n) in enumerate(zip(entries, counts)):
         if n:
@@ -161,15 +198,21 @@ def jsonl_examples(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"JSONL prompt file not found: {path}")
+    rows = [(f"{path}:{n}", row) for n, row in read_jsonl_rows(path)]
+    return _examples(rows, str(path), prompt_column, answer_column, instruction, format, image_column, path.parent)
+
+
+def read_jsonl_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, row) for every non-blank line of a JSONL file: UTF-8 (a byte-order mark in
+    front allowed), lines split at "\\n" only (a U+2028 inside a JSON string is text, not a line
+    break), each line a JSON object; else an error naming the file and line."""
     data = path.read_bytes()
     try:
-        text = data.decode("utf-8-sig")  # a byte-order mark in front is allowed
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
         raise ValueError(f"{path}:{line}: not UTF-8 text (byte {data[err.start]:#04x}); save the file as UTF-8") from None
-    rows = [(f"{path}:{n}", read_json_row(line, f"{path}:{n}"))
-            for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
-    return _examples(rows, str(path), prompt_column, answer_column, instruction, format, image_column, path.parent)
+    return [(n, read_json_row(line, f"{path}:{n}")) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
 
 
 def parquet_examples(
@@ -199,7 +242,14 @@ def hf_examples(
         raise ImportError("task.source = 'hf' needs the datasets package: pip install -e '.[data]'") from None
     if Path(name).is_dir():
         loaded = datasets.load_from_disk(name)
-        table = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise ValueError(f"{name}: no split {split!r} (task.params.split); it has {sorted(loaded)}")
+            table = loaded[split]
+        elif split != "train":
+            raise ValueError(f"{name} is a single dataset, without splits: leave task.params.split unset, not {split!r}")
+        else:
+            table = loaded
     else:
         table = datasets.load_dataset(name, split=split)
     return _examples([(f"{name}[{split}]:row {i}", dict(row)) for i, row in enumerate(table)], f"{name}[{split}]",
@@ -233,7 +283,15 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
 
     if layout not in LAYOUTS:
         raise ValueError(f"task.params.format must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    for name, value in (("prompt_column", prompt_column), ("answer_column", answer_column),
+                        ("image_column", image_column)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"task.params.{name} must be a column name (a string), got {value!r}")
+    if layout == "verl" and (prompt_column, answer_column) != ("prompt", "answer"):
+        raise ValueError("task.params.format = \"verl\" reads verl's own columns (prompt, reward_model.ground_truth): "
+                         "leave prompt_column and answer_column unset")
     examples = []
+    ids: dict[str, str] = {}
     for where, row in rows:
         if layout == "verl":
             prompt_column, answer_column = "prompt", None
@@ -241,18 +299,21 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
         for column in required:
             if column not in row:
                 raise ValueError(f"{where}: no {column!r} column; the row has {sorted(row)}")
+        _check_reserved(row, where, image_column)
         text, messages = _row_prompt(row[prompt_column], where, prompt_column, layout, instruction)
+        answer: str | None
         if layout == "verl":
-            from rlvr.rewards.styles import ground_truth
-
-            answer = ground_truth(row)
+            answer = _verl_answer(row, where)
         else:
-            answer = row.get(answer_column) if answer_column else row.get("answer")
-        answer = None if answer is None else str(answer)
+            column = answer_column or "answer"
+            answer = _answer_text(row.get(column), where, column, required=layout == "rlvr" and bool(answer_column))
+        if layout == "rlvr" and answer_column not in (None, "answer") and "answer" in row:
+            raise ValueError(f"{where}: the row has an 'answer' column beside answer_column {answer_column!r}; rewards "
+                             "get the gold answer as 'answer', which would hide the row's own: rename one of them")
         # TRL's rewards get the dataset's columns as they are, "answer" included (a list or a number
-        # made text turned their "in" and "==" checks silently wrong: a red-team review, session 19);
-        # rlvr's own rewards read any answer as text
-        fields = {"answer": answer, **row} if layout == "trl" and answer_column == "answer" else {**row, "answer": answer}
+        # made text turned their "in" and "==" checks silently wrong: red-team reviews, session 19
+        # and 20); rlvr's own rewards read any answer as text
+        fields = {"answer": answer, **row} if layout == "trl" else {**row, "answer": answer}
         if messages is not None:
             fields[PROMPT_MESSAGES] = messages
         if image_column is not None:
@@ -260,10 +321,58 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
                 raise ValueError(f"{where}: a prompt given as chat messages cannot take images from {image_column!r} "
                                  "yet; give the prompt as text")
             fields["images"] = _row_images(row, image_column, where, folder)
-        examples.append(Example(prompt=text, answer=answer, fields=fields, id=str(row.get("id", where))))
+        example_id = where if row.get("id") is None else str(row["id"])
+        if example_id in ids:
+            raise ValueError(f"{where}: id {example_id!r} is also the id of {ids[example_id]}; ids must be unique "
+                             "(rewards and methods find a row's fields by it)")
+        ids[example_id] = where
+        examples.append(Example(prompt=text, answer=answer, fields=fields, id=example_id))
     if not examples:
         raise ValueError(f"{source}: no examples (it is empty)")
     return examples
+
+
+RESERVED = ("prompt_messages", "images")
+"""Fields rlvr sets itself on an example: a prompt's chat messages, and its images."""
+
+
+def _check_reserved(row: dict[str, Any], where: str, image_column: str | None) -> None:
+    """A data column named like one of rlvr's own fields (`RESERVED`) would be read as that field:
+    an error, unless it is the image column the user named."""
+    for name in RESERVED:
+        if name in row and name != image_column:
+            hint = " (name it in task.params.image_column to use it as the prompt's images)" if name == "images" else ""
+            raise ValueError(f"{where}: the column {name!r} is a name rlvr gives its own field{hint}; rename it")
+
+
+def _answer_text(value: Any, where: str, column: str, required: bool) -> str | None:
+    """A gold answer as text for rlvr's rewards (the row keeps its own value under its column,
+    e.g. an MBPP row's list of tests): a string as it is, an integral float as an integer (3.0
+    from a float column is "3", 1e20 its 21 digits, where str() gave "3.0" and "1e+20", which
+    math_verify scored 0 against "3" and the digits), anything else as str(). A required answer
+    (rlvr's layout) must not be null or blank: every sample would be scored 0 against it."""
+    if value is None or isinstance(value, str) and not value.strip():
+        if required:
+            raise ValueError(f"{where}: the answer column {column!r} is empty; every row needs its gold answer")
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _verl_answer(row: dict[str, Any], where: str) -> str:
+    """verl's gold answer, ``reward_model.ground_truth`` (or a top-level ``ground_truth``), as text;
+    a row without one is refused, where a verl `compute_score` would get None and score 0."""
+    from rlvr.rewards.styles import ground_truth
+
+    model = row.get("reward_model")
+    value = ground_truth({k: v for k, v in row.items() if k != "answer"})
+    if value is None:
+        have = sorted(model) if isinstance(model, dict) else sorted(row)
+        raise ValueError(f"{where}: no reward_model.ground_truth (verl's gold answer); the row has {have}")
+    text = _answer_text(value, where, "reward_model.ground_truth", required=False)
+    assert text is not None
+    return text
 
 
 def _row_prompt(prompt: Any, where: str, column: str, layout: str, instruction: str,
@@ -275,6 +384,8 @@ def _row_prompt(prompt: Any, where: str, column: str, layout: str, instruction: 
             raise ValueError(f"{where}: {column!r} must be a string" +
                              (" (a list of chat messages needs task.params.format = \"trl\" or \"verl\")"
                               if isinstance(prompt, list) else ""))
+        if not prompt.strip():
+            raise ValueError(f"{where}: {column!r} is empty")
         return _with_instruction(prompt, instruction), None
     messages = _chat_messages(prompt, f"{where}: {column!r}")
     last = max(k for k, m in enumerate(messages) if m["role"] == "user")
@@ -294,14 +405,31 @@ def _row_images(row: dict[str, Any], column: str, where: str, folder: Path | Non
     return images
 
 
+PROMPT_ROLES = ("system", "user", "assistant")
+"""The roles of a prompt's chat messages (a tool's turn belongs to an episode, not a prompt)."""
+
+
 def _chat_messages(value: Any, where: str) -> list[dict[str, str]]:
-    """A prompt given as chat messages, checked: [{"role", "content"}, ...] with a user turn."""
+    """A prompt given as chat messages, checked: [{"role", "content"}, ...], each role one of
+    `PROMPT_ROLES`, no other keys (a "tool_calls" or "name" would be dropped), the last message
+    the user's (the model answers it), no user message empty."""
     if not isinstance(value, list) or not value or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
         raise ValueError(f"{where} must be a string or a non-empty list of {{\"role\": ..., \"content\": a string}} "
                          f"messages, got {str(value)[:200]}")
     if not any(m["role"] == "user" for m in value):
         raise ValueError(f"{where} has no user message")
+    for k, m in enumerate(value):
+        if m["role"] not in PROMPT_ROLES:
+            raise ValueError(f"{where}: message {k} has role {m['role']!r}; a prompt's roles are {', '.join(PROMPT_ROLES)}")
+        extra = sorted(set(m) - {"role", "content"})
+        if extra:
+            raise ValueError(f"{where}: message {k} has {extra}, which a prompt cannot carry (only role and content)")
+        if m["role"] == "user" and not m["content"].strip():
+            raise ValueError(f"{where}: message {k} (the user's) is empty")
+    if value[-1]["role"] != "user":
+        raise ValueError(f"{where}: the last message is the {value[-1]['role']}'s; a prompt ends with the user's, "
+                         "which the model answers")
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 

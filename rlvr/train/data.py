@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -169,6 +170,12 @@ def with_variants(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, task: Task
         return task
     if task.media is not None:
         raise ValueError("sampler.templates re-renders prompts as text, which would drop their images")
+    from rlvr.rewards.styles import PROMPT_MESSAGES
+
+    chats = [ex.id for ex in task.examples if PROMPT_MESSAGES in ex.fields]
+    if chats:
+        raise ValueError(f"sampler.templates re-renders a prompt from its last user message, which would drop the "
+                         f"rest of a conversation; {len(chats)} prompts are chat messages, e.g. {chats[0]}")
     from rlvr.train.collect import template_variants
 
     def render(text: str) -> list[int]:
@@ -199,14 +206,15 @@ def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
             held.append(ex)
             seen.add(key)
     train = [ex for ex, key in zip(pool, keys) if key not in seen]
+    generated = t.source == "reasoning_gym"  # task.size sets how many are made; a file or dataset has its rows
+    more = "raise task.size, lower task.eval_size, or widen the task's parameters" if generated else \
+        "lower task.eval_size or add rows"
     if not train:
-        raise ValueError(f"no training prompts left after holding out {len(held)} for evaluation; "
-                         "raise task.size, lower task.eval_size, or widen the task's parameters")
+        raise ValueError(f"no training prompts left after holding out {len(held)} for evaluation; {more}")
     distinct = len({key for key in keys if key not in seen})
     if distinct < 4 * cfg.train.prompts_per_step:  # a few steps' worth: almost surely not what was meant
-        logger.warning("only %d distinct training prompts (task.size = %d, less duplicates and the %d held-out "
-                       "texts): the task has few distinct prompts. Widen task.params or lower task.eval_size "
-                       "if that is not intended.", distinct, t.size, len(held))
+        logger.warning("only %d distinct training prompts (of %d %s, less duplicates and the %d held out): %s "
+                       "if that is not intended.", distinct, len(pool), "made" if generated else "rows", len(held), more)
     return train, held
 
 
@@ -260,10 +268,16 @@ def _task_pool(cfg: RunConfig) -> list[Example]:
 
 
 def prompt_key(ex: Example) -> tuple[str, tuple[str, ...]]:
-    """What makes two prompts the same: the text, and the images' content (a digest of each
-    image's pixels or bytes) where it has any: one question asked of two images is two prompts."""
+    """What makes two prompts the same: the text, or the whole conversation where the prompt is
+    chat messages (one question under two system turns is two prompts), and the images' content
+    (a digest of each image's pixels or bytes) where it has any: one question asked of two
+    images is two prompts."""
+    from rlvr.rewards.styles import PROMPT_MESSAGES
+
     images = ex.fields.get("images") or ()
-    return ex.prompt, tuple(_digest(image) for image in images)
+    messages = ex.fields.get(PROMPT_MESSAGES)
+    text = ex.prompt if messages is None else json.dumps(messages, sort_keys=True)
+    return text, tuple(_digest(image) for image in images)
 
 
 def _digest(image: Any) -> str:
