@@ -27,8 +27,6 @@ def test_rows_are_refused_where_they_would_silently_change_the_data(tmp_path: Pa
         # a column named like rlvr's own field replaced the prompt the model saw
         ({**ok, "prompt_messages": [{"role": "user", "content": "old text"}]}, "d.jsonl:1: the column 'prompt_messages'"),
         ({**ok, "images": ["a.png"]}, "column 'images'.*image_column"),
-        ({"prompt": "Q", "answer": None}, "d.jsonl:1: the answer column 'answer' is empty"),
-        ({"prompt": "Q", "answer": "  "}, "the answer column 'answer' is empty"),
         ({"prompt": "   ", "answer": "4"}, "d.jsonl:1: 'prompt' is empty"),
     ]
     for row, message in cases:
@@ -36,7 +34,17 @@ def test_rows_are_refused_where_they_would_silently_change_the_data(tmp_path: Pa
             jsonl_examples(_jsonl(tmp_path, [row]))
     # another column as the gold answer beside the row's own "answer": which one rewards see is ambiguous
     with pytest.raises(ValueError, match="'answer' column beside answer_column 'solution'"):
-        jsonl_examples(_jsonl(tmp_path, [{**ok, "solution": "4"}]), answer_column="solution")
+        jsonl_examples(_jsonl(tmp_path, [{**ok, "solution": "5"}]), answer_column="solution")
+    # a null or blank gold answer loads (a HumanEval row's gold is its tests), and a built-in reward
+    # that compares with it refuses the rows before training, where it scored every sample 0
+    from rlvr.rewards.combine import build_rewards
+    from rlvr.train.data import check_answers
+
+    blank = jsonl_examples(_jsonl(tmp_path, [ok, {"prompt": "Q", "answer": None}, {"prompt": "R", "answer": " "}]))
+    assert [ex.answer for ex in blank] == ["4", None, None]
+    with pytest.raises(ValueError, match=r"reward 'math_verify' compares with the gold answer, and 2 example\(s\)"):
+        check_answers(blank, build_rewards([{"fn": "math_verify"}]))
+    check_answers(blank, build_rewards([{"fn": "format"}]))  # a reward that reads no answer
     with pytest.raises(ValueError, match=r"d.jsonl:2: id '1' is also the id of .*d.jsonl:1"):
         jsonl_examples(_jsonl(tmp_path, [{**ok, "id": 1}, {**ok, "id": "1"}]))
     (no_id,) = jsonl_examples(_jsonl(tmp_path, [{**ok, "id": None}]))
@@ -60,6 +68,8 @@ def test_chat_prompts_are_checked_message_by_message(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=message):
             jsonl_examples(_jsonl(tmp_path, [row]), format="trl")
     assert jsonl_examples(_jsonl(tmp_path, [prompt({"role": "system", "content": "Be terse."}, user)]), format="trl")
+    # Arrow gives every message every key any message has, None where absent: not an extra key
+    assert jsonl_examples(_jsonl(tmp_path, [prompt({**user, "name": None, "tool_calls": None})]), format="trl")
 
 
 def test_answers_keep_their_meaning(tmp_path: Path) -> None:
@@ -73,9 +83,11 @@ def test_answers_keep_their_meaning(tmp_path: Path) -> None:
 
     big = jsonl_examples(_jsonl(tmp_path, rows))[1].answer
     assert math_verify_reward("", "<answer>100000000000000000000</answer>", answer=big) == 1.0
-    (trl,) = jsonl_examples(_jsonl(tmp_path, [{"prompt": "p", "answer": 42, "solution": [1, 2]}]), format="trl",
-                            answer_column="solution")
-    assert trl.fields["answer"] == 42 and trl.fields["solution"] == [1, 2]  # the row's own columns, unchanged
+    with pytest.raises(ValueError, match="'answer' column beside answer_column 'solution'"):  # which is the gold?
+        jsonl_examples(_jsonl(tmp_path, [{"prompt": "p", "answer": 42, "solution": [1, 2]}]), format="trl",
+                       answer_column="solution")
+    (trl,) = jsonl_examples(_jsonl(tmp_path, [{"prompt": "p", "solution": [1, 2]}]), format="trl", answer_column="solution")
+    assert trl.fields["answer"] == "[1, 2]" and trl.fields["solution"] == [1, 2]  # the gold as text, the column as it is
     (trl,) = jsonl_examples(_jsonl(tmp_path, [{"prompt": "p", "answer": [3, 4]}]), format="trl", answer_column=None)
     assert trl.fields["answer"] == [3, 4]
     (mbpp,) = jsonl_examples(_jsonl(tmp_path, [{"prompt": "p", "tests": ["assert f() == 1"]}]), answer_column="tests")
@@ -91,6 +103,16 @@ def test_verl_rows_need_their_ground_truth_and_columns(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist([row]), path)
     with pytest.raises(ValueError, match=r"v.parquet:row 0: no reward_model.ground_truth"):
         parquet_examples(path, format="verl")
+    for gold, answer in (({"style": "model", "ground_truth": ""}, ""), ({"style": "rule", "ground_truth": 7.0}, "7")):
+        pq.write_table(pa.Table.from_pylist([{**row, "reward_model": gold}]), path)
+        assert parquet_examples(path, format="verl")[0].answer == answer
+    pq.write_table(pa.Table.from_pylist([{**row, "answer": "5"}]), path)  # verl's fallback: a top-level answer
+    assert parquet_examples(path, format="verl")[0].answer == "5"
+    # verl's and TRL's vision layouts: one user message and an "images" column
+    vision = {"prompt": [{"role": "user", "content": "<image>How many?"}], "images": ["a.png"],
+              "reward_model": {"ground_truth": "3"}}
+    pq.write_table(pa.Table.from_pylist([vision]), path)
+    assert parquet_examples(path, format="verl")[0].fields["images"] == ["a.png"]
     with pytest.raises(ValueError, match="leave prompt_column and answer_column unset"):
         parquet_examples(path, format="verl", prompt_column="question")
 
@@ -118,6 +140,9 @@ def test_templates_refuse_chat_prompts(tmp_path: Path) -> None:
     task = TaskData(examples, [[1]], [], [], [], SamplingParams())
     with pytest.raises(ValueError, match="would drop the rest of a conversation"):
         with_variants(cfg, make_tiny_tokenizer(), task, 2048)
+    # one user message (verl's gsm8k): nothing to drop
+    single = jsonl_examples(_jsonl(tmp_path, [{"prompt": [{"role": "user", "content": "Q"}], "answer": "1"}]), format="trl")
+    assert with_variants(cfg, make_tiny_tokenizer(), TaskData(single, [[1]], [], [], [], SamplingParams()), 2048).variants
 
 
 def test_config_refuses_what_it_would_ignore_or_misread(tmp_path: Path) -> None:
@@ -136,6 +161,20 @@ def test_config_refuses_what_it_would_ignore_or_misread(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=message):
             load_config(None, overrides)
     assert load_config(None, ["train.lr=1"]).train.lr == 1.0  # an integer where a float goes is still a number
+    assert load_config(None, ["train.betas=[0.9, 0.95]"]).train.betas == (0.9, 0.95)  # TOML's array for a tuple
+
+
+def test_every_reasoning_gym_tasks_own_defaults_pass_the_type_check() -> None:
+    """The check must not refuse what reasoning-gym itself sets (rearc annotates diff_ub int and
+    sets 0.2)."""
+    import dataclasses
+
+    from rlvr.data.tasks import DATASETS, _check_param_types
+
+    for task, (_, config) in DATASETS.items():
+        defaults = {f.name: f.default for f in dataclasses.fields(config)
+                    if f.default is not dataclasses.MISSING and f.name not in ("size", "seed")}
+        _check_param_types(task, defaults)
 
 
 def test_reasoning_gym_params_and_mixtures_are_checked() -> None:
@@ -175,6 +214,11 @@ def test_filtered_trl_rows_read_back_as_they_were(tmp_path: Path) -> None:
     assert write_filtered([Rated(ex, 0.5)], out, low=0.0, high=1.0) == 1
     (back,) = jsonl_examples(out, format="trl")
     assert back.fields["prompt_messages"] == ex.fields["prompt_messages"] and back.fields["answer"] == ["Rome", "Roma"]
+    # another answer column, and a null answer (a HumanEval row): each reads back with the params it was read with
+    (solution, humaneval) = jsonl_examples(_jsonl(tmp_path, [{"prompt": "Q", "solution": "4"}, {"prompt": "R", "solution": None}]),
+                                           answer_column="solution")
+    assert write_filtered([Rated(solution, 0.5), Rated(humaneval, 0.5)], out, low=0.0, high=1.0) == 2
+    assert [ex.answer for ex in jsonl_examples(out, answer_column="solution")] == ["4", None]
 
 
 def test_chat_files_read_like_task_files(tmp_path: Path) -> None:

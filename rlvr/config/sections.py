@@ -289,7 +289,7 @@ class TrainConfig(_Section):
     """Learning-rate decay after warmup."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = Field((0.9, 0.999), strict=False)  # TOML writes a tuple as an array
     """AdamW betas."""
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this value (0 = off)."""

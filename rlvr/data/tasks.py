@@ -86,12 +86,16 @@ def _check_param_types(task: str, params: dict[str, Any]) -> None:
     and `max_digits = true` as 1 without a word."""
     import typing
 
+    config = DATASETS[task][1]
     try:
-        hints = typing.get_type_hints(DATASETS[task][1])
+        hints = typing.get_type_hints(config)
     except Exception:  # an annotation that does not resolve: nothing to check it against
         return
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
     for name, value in params.items():
         hint = hints.get(name)
+        if hint is int and isinstance(defaults.get(name), float):  # annotated int, a fraction by default (rearc)
+            hint = float
         options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
         plain = [t for t in options if t in (bool, int, float, str)]
         if not plain or len(plain) + (type(None) in options) != len(options):
@@ -299,28 +303,31 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
         for column in required:
             if column not in row:
                 raise ValueError(f"{where}: no {column!r} column; the row has {sorted(row)}")
-        _check_reserved(row, where, image_column)
+        # TRL's and verl's vision layouts keep a prompt's images in an "images" column
+        images = image_column or ("images" if layout != "rlvr" and "images" in row else None)
+        _check_reserved(row, where, images)
         text, messages = _row_prompt(row[prompt_column], where, prompt_column, layout, instruction)
         answer: str | None
         if layout == "verl":
             answer = _verl_answer(row, where)
         else:
             column = answer_column or "answer"
-            answer = _answer_text(row.get(column), where, column, required=layout == "rlvr" and bool(answer_column))
-        if layout == "rlvr" and answer_column not in (None, "answer") and "answer" in row:
+            answer = _answer_text(row.get(column), where, column)
+        if answer_column not in (None, "answer") and "answer" in row and row["answer"] != answer:
             raise ValueError(f"{where}: the row has an 'answer' column beside answer_column {answer_column!r}; rewards "
                              "get the gold answer as 'answer', which would hide the row's own: rename one of them")
         # TRL's rewards get the dataset's columns as they are, "answer" included (a list or a number
         # made text turned their "in" and "==" checks silently wrong: red-team reviews, session 19
         # and 20); rlvr's own rewards read any answer as text
-        fields = {"answer": answer, **row} if layout == "trl" else {**row, "answer": answer}
+        keep = layout == "trl" and answer_column in (None, "answer")
+        fields = {"answer": answer, **row} if keep else {**row, "answer": answer}
         if messages is not None:
             fields[PROMPT_MESSAGES] = messages
-        if image_column is not None:
-            if messages is not None:
-                raise ValueError(f"{where}: a prompt given as chat messages cannot take images from {image_column!r} "
-                                 "yet; give the prompt as text")
-            fields["images"] = _row_images(row, image_column, where, folder)
+        if images is not None:
+            if messages is not None and len(messages) > 1:
+                raise ValueError(f"{where}: a conversation of several messages cannot take images from {images!r} "
+                                 "yet; give the prompt as one user message or as text")
+            fields["images"] = _row_images(row, images, where, folder)
         example_id = where if row.get("id") is None else str(row["id"])
         if example_id in ids:
             raise ValueError(f"{where}: id {example_id!r} is also the id of {ids[example_id]}; ids must be unique "
@@ -338,22 +345,22 @@ RESERVED = ("prompt_messages", "images")
 
 def _check_reserved(row: dict[str, Any], where: str, image_column: str | None) -> None:
     """A data column named like one of rlvr's own fields (`RESERVED`) would be read as that field:
-    an error, unless it is the image column the user named."""
+    an error, except "images" where the prompt's images come from an image column (that column
+    or, rlvr filter's output read back, our own copy of it, made again from that column)."""
     for name in RESERVED:
-        if name in row and name != image_column:
+        if name in row and not (name == "images" and image_column is not None):  # ours, from the image column
             hint = " (name it in task.params.image_column to use it as the prompt's images)" if name == "images" else ""
             raise ValueError(f"{where}: the column {name!r} is a name rlvr gives its own field{hint}; rename it")
 
 
-def _answer_text(value: Any, where: str, column: str, required: bool) -> str | None:
+def _answer_text(value: Any, where: str, column: str) -> str | None:
     """A gold answer as text for rlvr's rewards (the row keeps its own value under its column,
     e.g. an MBPP row's list of tests): a string as it is, an integral float as an integer (3.0
     from a float column is "3", 1e20 its 21 digits, where str() gave "3.0" and "1e+20", which
-    math_verify scored 0 against "3" and the digits), anything else as str(). A required answer
-    (rlvr's layout) must not be null or blank: every sample would be scored 0 against it."""
+    math_verify scored 0 against "3" and the digits), anything else as str(); None for a null or
+    blank one (a HumanEval row's gold is its tests; where a reward needs the answer, the task
+    refuses such rows: rlvr.train.data.check_answers)."""
     if value is None or isinstance(value, str) and not value.strip():
-        if required:
-            raise ValueError(f"{where}: the answer column {column!r} is empty; every row needs its gold answer")
         return None
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
@@ -365,14 +372,13 @@ def _verl_answer(row: dict[str, Any], where: str) -> str:
     a row without one is refused, where a verl `compute_score` would get None and score 0."""
     from rlvr.rewards.styles import ground_truth
 
-    model = row.get("reward_model")
-    value = ground_truth({k: v for k, v in row.items() if k != "answer"})
+    value = ground_truth(row)
     if value is None:
+        model = row.get("reward_model")
         have = sorted(model) if isinstance(model, dict) else sorted(row)
-        raise ValueError(f"{where}: no reward_model.ground_truth (verl's gold answer); the row has {have}")
-    text = _answer_text(value, where, "reward_model.ground_truth", required=False)
-    assert text is not None
-    return text
+        raise ValueError(f"{where}: no reward_model.ground_truth (verl's gold answer; else a ground_truth or answer "
+                         f"column); the row has {have}")
+    return _answer_text(value, where, "reward_model.ground_truth") or ""
 
 
 def _row_prompt(prompt: Any, where: str, column: str, layout: str, instruction: str,
@@ -422,7 +428,7 @@ def _chat_messages(value: Any, where: str) -> list[dict[str, str]]:
     for k, m in enumerate(value):
         if m["role"] not in PROMPT_ROLES:
             raise ValueError(f"{where}: message {k} has role {m['role']!r}; a prompt's roles are {', '.join(PROMPT_ROLES)}")
-        extra = sorted(set(m) - {"role", "content"})
+        extra = sorted(k for k in set(m) - {"role", "content"} if m[k] is not None)  # Arrow fills absent keys with None
         if extra:
             raise ValueError(f"{where}: message {k} has {extra}, which a prompt cannot carry (only role and content)")
         if m["role"] == "user" and not m["content"].strip():

@@ -78,6 +78,7 @@ def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[
     (``fields["images"]``) are rendered by a vision-language model's ``processor``, their images
     kept beside the ids (TaskData.media)."""
     examples, held = load_examples(cfg)
+    check_answers(examples + held, rewards)
     with_images = [ex for ex in examples + held if ex.fields.get("images")]
     if with_images and processor is None:
         raise ValueError(f"{with_images[0].id}: the prompt has images, and {cfg.model!r} is a text-only model; "
@@ -103,6 +104,27 @@ def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[
     params = _sampling(cfg)
     return TaskData(examples, encode(examples), held, encode(held), rewards, params,
                     episodes=make_episodes(cfg, tokenizer, rewards, params))
+
+
+def check_answers(examples: Sequence[Example], rewards: Sequence[RewardFn]) -> None:
+    """A built-in reward that compares with the gold answer (math_verify, exact_answer,
+    multiple_choice: its ``answer`` is required) gets one from every example it scores: a row
+    with a null or blank answer is an error here, naming it, where it would score every sample 0
+    as an error. (A HumanEval row's gold is its tests, and a user's reward reads what it likes.)"""
+    import inspect
+
+    from rlvr.rewards.builtin import REWARDS
+
+    for reward in rewards:
+        if reward.fn not in REWARDS.values():
+            continue
+        answer = inspect.signature(reward.fn).parameters.get("answer")
+        if answer is None or answer.default is not inspect.Parameter.empty:
+            continue
+        missing = [ex.id for ex in examples if ex.answer is None and reward.applies(ex.fields)]
+        if missing:
+            raise ValueError(f"reward {reward.name!r} compares with the gold answer, and {len(missing)} example(s) have "
+                             f"none (null or blank), e.g. {', '.join(missing[:3])}")
 
 
 def check_prompt_lengths(task: TaskData, context: int) -> None:
@@ -172,10 +194,10 @@ def with_variants(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, task: Task
         raise ValueError("sampler.templates re-renders prompts as text, which would drop their images")
     from rlvr.rewards.styles import PROMPT_MESSAGES
 
-    chats = [ex.id for ex in task.examples if PROMPT_MESSAGES in ex.fields]
+    chats = [ex.id for ex in task.examples if len(ex.fields.get(PROMPT_MESSAGES) or ()) > 1]
     if chats:
         raise ValueError(f"sampler.templates re-renders a prompt from its last user message, which would drop the "
-                         f"rest of a conversation; {len(chats)} prompts are chat messages, e.g. {chats[0]}")
+                         f"rest of a conversation; {len(chats)} prompts are conversations, e.g. {chats[0]}")
     from rlvr.train.collect import template_variants
 
     def render(text: str) -> list[int]:
