@@ -89,6 +89,25 @@ def test_an_answer_that_would_compute_for_ever_is_refused_or_cut_off() -> None:
         scorer.close()
 
 
+def test_the_time_limit_is_the_answers_not_the_process_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting the scoring process and making a task's scorer take ~1 s (more on a loaded
+    machine): under a limit shorter than that a right answer still scores 1, where it scored 0
+    in CI; a process that cannot get ready at all is an infrastructure failure, not a 0."""
+    entry = entries("puzzle24", 1)[0]
+    scorer = gym_scoring.GymScorer(timeout_s=0.3)  # the start alone takes ~1 s here
+    try:
+        assert scorer.score("puzzle24", {}, entry["answer"], entry) == 1.0
+    finally:
+        scorer.close()
+    monkeypatch.setattr(gym_scoring, "SETUP_S", 0.01)
+    scorer = gym_scoring.GymScorer()
+    try:
+        with pytest.raises(InfrastructureError, match="not ready to score within"):
+            scorer.score("puzzle24", {}, entry["answer"], entry)
+    finally:
+        scorer.close()
+
+
 @pytest.mark.parametrize("task", ["puzzle24", "countdown", "simple_integration", "intermediate_integration",
                                   "polynomial_multiplication", "spiral_matrix", "binary_matrix", "n_queens",
                                   "string_insertion", "complex_arithmetic", "chain_sum", "letter_counting"])

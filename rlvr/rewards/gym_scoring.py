@@ -138,15 +138,29 @@ while True:
     try:
         if (task, params) not in scorers:
             scorers[task, params] = reasoning_gym.create_dataset(task, **json.loads(params)).score_answer
-        reply = ["score", float(scorers[task, params](answer, entry))]
+        score = scorers[task, params]
     except Exception as err:
-        reply = ["error", f"{type(err).__name__}: {err}"[:500]]
+        score, reply = None, ["error", f"{type(err).__name__}: {err}"[:500]]
+    replies.write(b"S")  # set up: the answer's own time starts now
+    replies.flush()
+    if score is not None:
+        try:
+            reply = ["score", float(score(answer, entry))]
+        except Exception as err:
+            reply = ["error", f"{type(err).__name__}: {err}"[:500]]
     data = json.dumps(reply).encode()
     replies.write(len(data).to_bytes(8, "big") + data)
     replies.flush()
 """
-"""The scoring process's program: pickled requests from the trainer on stdin; JSON replies (never
-pickle: the trainer reads nothing from it that could run code) on what was its stdout."""
+"""The scoring process's program: pickled requests from the trainer on stdin; on what was its
+stdout, a byte "S" once it is ready to score the answer (imports and the task's scorer made),
+then the JSON reply (never pickle: the trainer reads nothing from it that could run code)."""
+
+SETUP_S = 120.0
+"""How long the scoring process may take to start and make a task's scorer (~1 s when the
+machine is idle) before that is an infrastructure failure: never the answer's time, which
+`GymScorer.timeout_s` bounds from the moment the answer's own scoring starts (under a loaded
+CI machine the start alone took over 1 s, and a right answer scored 0 against a 1 s limit)."""
 
 
 class GymScorer:
@@ -176,7 +190,11 @@ class GymScorer:
             try:
                 process.stdin.write(len(request).to_bytes(8, "big") + request)
                 process.stdin.flush()
-                head = self._read(process, 8, first=True)
+                if self._read(process, 1, wait_s=SETUP_S) is None:
+                    self._stop()
+                    raise InfrastructureError(f"reasoning_gym: the scoring process was not ready to score within "
+                                              f"{SETUP_S:.0f} s (starting, or making the {task} scorer)")
+                head = self._read(process, 8, wait_s=self.timeout_s)
                 if head is None:
                     self._stop()
                     log.warning("reasoning_gym %s: scoring an answer took over %.0f s; it scores 0 (%r)",
@@ -192,12 +210,12 @@ class GymScorer:
             raise InfrastructureError("reasoning_gym: the scoring process broke the protocol")
         return value
 
-    def _read(self, process: subprocess.Popen[bytes], n: int, first: bool = False) -> bytes | None:
-        """`n` bytes of the reply; None when the first byte took longer than the time limit."""
+    def _read(self, process: subprocess.Popen[bytes], n: int, wait_s: float | None = None) -> bytes | None:
+        """`n` bytes from the process; None when the first byte took longer than ``wait_s``."""
         assert process.stdout is not None
         fd, data = process.stdout.fileno(), b""
         while len(data) < n:
-            if first and not data and not select.select([fd], [], [], self.timeout_s)[0]:
+            if wait_s is not None and not data and not select.select([fd], [], [], wait_s)[0]:
                 return None
             chunk = os.read(fd, n - len(data))
             if not chunk:
