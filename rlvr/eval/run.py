@@ -105,7 +105,7 @@ def _per_prompt(groups: list[Group], held: list[Example], rewards: list[RewardFn
     under its index). A sample the CoT judge gives no verdict on counts as unsound only where the judge
     did answer: one that failed leaves the prompt out of CoT-pass@k. ``no_verdict`` holds each
     prompt's share of samples without a verdict."""
-    from rlvr.train.rollouts import is_correct, judged
+    from rlvr.train.rollouts import is_correct, judged, judged_by
 
     fmt = str(rewards[0].kwargs.get("extract", "tag_or_last_number"))
     names = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "distinct_2", "no_verdict"]
@@ -127,7 +127,7 @@ def _per_prompt(groups: list[Group], held: list[Example], rewards: list[RewardFn
         if judge is not None:
             right = [x for x, ok in zip(kept, correct) if ok]
             verdicts = score_group([judge], g.prompt, [x.completion.text for x in right], held[i].fields)
-            if any(parts.get(f"{judge.name}/excluded") for _, parts in verdicts):
+            if not all(judged_by(parts, judge.name) for _, parts in verdicts):
                 continue  # the judge gave no verdict on a right answer: this prompt's CoT-pass@k is unknown
             sound = sum(1 for _, parts in verdicts if parts.get(judge.name, 0.0) >= 0.5 and len(parts) == 1)
             for k in ks:

@@ -31,7 +31,7 @@ from rlvr.data.images import with_prompt_media
 from rlvr.data.sampler import Sampler
 from rlvr.rewards import RewardFn
 from rlvr.rollout.engine import Engine
-from rlvr.train.rollouts import generate_groups, is_correct, judged, judged_accuracy, trained_rewards
+from rlvr.train.rollouts import generate_groups, has_verdict, is_correct, judged_accuracy, trained_rewards
 from rlvr.types import Completion, Group, PromptMedia, Sample, SamplingParams
 
 if TYPE_CHECKING:
@@ -250,10 +250,17 @@ def _pool_rewards(pool: list[Sample]) -> tuple[float, ...] | None:
 def _sides(pool: list[Sample], primary: str) -> tuple[list[Sample], list[Sample], list[Sample]]:
     """A pool's correct and wrong samples among those the correctness reward judged, and the
     samples it gave no verdict (`has_verdict`): a failed sandbox is neither side."""
-    kept = judged(pool, primary)
-    ids = {id(x) for x in kept}
-    pos = [x for x in kept if is_correct(x, primary)]
-    return pos, [x for x in kept if not is_correct(x, primary)], [x for x in pool if id(x) not in ids]
+    pos: list[Sample] = []
+    neg: list[Sample] = []
+    unjudged: list[Sample] = []
+    for x in pool:
+        if not has_verdict(x, primary):
+            unjudged.append(x)
+        elif is_correct(x, primary):
+            pos.append(x)
+        else:
+            neg.append(x)
+    return pos, neg, unjudged
 
 
 def _pick(rng: np.random.Generator, items: list[Sample], k: int) -> list[Sample]:

@@ -52,8 +52,8 @@ def evaluate_held_out(run: Run, step: int = 0) -> tuple[dict[str, float], dict[s
             sampled = _held_out(run, dataclasses.replace(task.params, n=n), rescore=False)
         finally:
             generator.set_state(saved)
-        counts = [(len(kept), sum(is_correct(x, task.rewards[0].name) for x in kept))
-                  for kept in (judged(g.samples, task.rewards[0].name) for g in sampled)]
+        counts = [(len(kept), sum(is_correct(x, primary) for x in kept))
+                  for kept in (judged(g.samples, primary) for g in sampled)]
         for k in sorted({*(2**i for i in range(n.bit_length()) if 2**i <= n), n}):
             # each prompt's judged samples (`judged`): one with fewer than k has no pass@k
             estimates = [pass_at_k(m, c, k) for m, c in counts if m >= k]

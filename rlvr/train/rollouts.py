@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rlvr.data import Example
@@ -66,14 +66,19 @@ def is_correct(sample: Sample, primary: str) -> bool:
     return sample.reward_parts.get(_primary_key(sample, primary), 0.0) >= 1.0 - 1e-6
 
 
+def judged_by(parts: Mapping[str, float], name: str) -> bool:
+    """Whether reward `name` gave a verdict, among a sample's reward parts: it did not flag it
+    ``<name>/excluded`` (it returned None, or its sandbox or service failed), or the flag only
+    keeps the sample out of the loss (``<name>/masked``: `env.mask` on an unfinished episode,
+    which the policy failed)."""
+    return f"{name}/excluded" not in parts or f"{name}/masked" in parts
+
+
 def has_verdict(sample: Sample, primary: str) -> bool:
-    """Whether the correctness reward (`_primary_key`) judged the sample: it did not flag it
-    ``<name>/excluded`` (it returned None, or its sandbox or service failed). Another reward's
-    missing verdict (a weight-0.1 style judge down) leaves the correctness verdict standing. A flag
-    that only keeps the sample out of the loss (``<name>/masked``: `env.mask` on an unfinished
-    episode, which the policy failed) is a verdict."""
-    key, parts = _primary_key(sample, primary), sample.reward_parts
-    return f"{key}/excluded" not in parts or f"{key}/masked" in parts
+    """Whether the correctness reward (`_primary_key`) judged the sample (`judged_by`). Another
+    reward's missing verdict (a weight-0.1 style judge down) leaves the correctness verdict
+    standing."""
+    return judged_by(sample.reward_parts, _primary_key(sample, primary))
 
 
 def judged(samples: Iterable[Sample], primary: str) -> list[Sample]:
@@ -83,11 +88,10 @@ def judged(samples: Iterable[Sample], primary: str) -> list[Sample]:
 
 
 def scored(sample: Sample) -> bool:
-    """Whether every reward gave the sample a verdict, so its total reward is its own: no
-    ``<name>/excluded`` flag, except where ``<name>/masked`` says the flag only keeps it out of
-    the loss (`env.mask`). Reward means are over these samples."""
+    """Whether every reward gave the sample a verdict (`judged_by`), so its total reward is its
+    own. Reward means are over these samples."""
     parts = sample.reward_parts
-    return all(k.removesuffix("/excluded") + "/masked" in parts for k in parts if k.endswith("/excluded"))
+    return all(judged_by(parts, k.removesuffix("/excluded")) for k in parts if k.endswith("/excluded"))
 
 
 def trained_rewards(group: Group) -> list[float]:
@@ -133,17 +137,16 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
     rewards = [s.reward for s in samples if scored(s)]  # a missing verdict's 0 is no reward earned
     if rewards:
         metrics |= {"reward": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards)}
-    accuracy = judged_accuracy(samples, primary)
-    if accuracy is not None:
-        metrics["accuracy"] = accuracy
-    metrics["no_verdict_fraction"] = 1 - len(judged(samples, primary)) / len(samples)
+    kept = judged(samples, primary)  # `judged_accuracy`, with the share left out beside it
+    if kept:
+        metrics["accuracy"] = statistics.fmean(is_correct(s, primary) for s in kept)
+    metrics["no_verdict_fraction"] = 1 - len(kept) / len(samples)
     for name in names:
         if "/" in name:  # "<name>/error", "<name>/excluded": an absent key counts as 0
             metrics[f"rewards/{name}"] = statistics.fmean(s.reward_parts.get(name, 0.0) for s in samples)
             continue
         # a reward's mean over the samples it scores (all of them unless routed) and gave a verdict
-        values = [s.reward_parts[name] for s in samples if name in s.reward_parts
-                  and (f"{name}/excluded" not in s.reward_parts or f"{name}/masked" in s.reward_parts)]
+        values = [s.reward_parts[name] for s in samples if name in s.reward_parts and judged_by(s.reward_parts, name)]
         if values:
             metrics[f"rewards/{name}"] = statistics.fmean(values)
     return metrics
