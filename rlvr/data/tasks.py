@@ -283,77 +283,77 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
     PIL image or a `datasets` Image value), kept as a list in ``fields["images"]``; relative
     paths are taken from ``folder`` (the file's) where the file is there. The images are read
     when the prompt is rendered (rlvr.data.images.load_image)."""
-    from rlvr.rewards.styles import PROMPT_MESSAGES
-
     if layout not in LAYOUTS:
         raise ValueError(f"task.params.format must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     for name, value in (("prompt_column", prompt_column), ("answer_column", answer_column),
                         ("image_column", image_column)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"task.params.{name} must be a column name (a string), got {value!r}")
-    if layout == "verl" and (prompt_column, answer_column) != ("prompt", "answer"):
-        raise ValueError("task.params.format = \"verl\" reads verl's own columns (prompt, reward_model.ground_truth): "
-                         "leave prompt_column and answer_column unset")
+    if layout == "verl":
+        if (prompt_column, answer_column) != ("prompt", "answer"):
+            raise ValueError("task.params.format = \"verl\" reads verl's own columns (prompt, "
+                             "reward_model.ground_truth): leave prompt_column and answer_column unset")
+        answer_column = None  # the gold is reward_model.ground_truth (`_verl_answer`)
     examples = []
     ids: dict[str, str] = {}
     for where, row in rows:
-        if layout == "verl":
-            prompt_column, answer_column = "prompt", None
-        required = [prompt_column] + ([answer_column] if layout == "rlvr" and answer_column else [])
-        for column in required:
-            if column not in row:
-                raise ValueError(f"{where}: no {column!r} column; the row has {sorted(row)}")
-        # TRL's and verl's vision layouts keep a prompt's images in an "images" column
-        images = image_column or ("images" if layout != "rlvr" and "images" in row else None)
-        _check_reserved(row, where, images)
-        text, messages = _row_prompt(row[prompt_column], where, prompt_column, layout, instruction)
-        answer: str | None
-        if layout == "verl":
-            answer = _verl_answer(row, where)
-        else:
-            column = answer_column or "answer"
-            answer = _answer_text(row.get(column), where, column)
-        if answer_column not in (None, "answer") and "answer" in row and row["answer"] != answer:
-            raise ValueError(f"{where}: the row has an 'answer' column beside answer_column {answer_column!r}; rewards "
-                             "get the gold answer as 'answer', which would hide the row's own: rename one of them")
-        # TRL's rewards get the dataset's columns as they are, "answer" included (a list or a number
-        # made text turned their "in" and "==" checks silently wrong: red-team reviews, session 19
-        # and 20); rlvr's own rewards read any answer as text
-        keep = layout == "trl" and answer_column in (None, "answer")
-        fields = {"answer": answer, **row} if keep else {**row, "answer": answer}
-        if messages is not None:
-            fields[PROMPT_MESSAGES] = messages
-        if images is not None:
-            if messages is not None and len(messages) > 1:
-                raise ValueError(f"{where}: a conversation of several messages cannot take images from {images!r} "
-                                 "yet; give the prompt as one user message or as text")
-            fields["images"] = _row_images(row, images, where, folder)
-        example_id = where if row.get("id") is None else str(row["id"])
-        if example_id in ids:
-            raise ValueError(f"{where}: id {example_id!r} is also the id of {ids[example_id]}; ids must be unique "
+        example = _row_example(where, row, prompt_column, answer_column, instruction, layout, image_column, folder)
+        if example.id in ids:
+            raise ValueError(f"{where}: id {example.id!r} is also the id of {ids[example.id]}; ids must be unique "
                              "(rewards and methods find a row's fields by it)")
-        ids[example_id] = where
-        examples.append(Example(prompt=text, answer=answer, fields=fields, id=example_id))
+        ids[example.id] = where
+        examples.append(example)
     if not examples:
         raise ValueError(f"{source}: no examples (it is empty)")
     return examples
 
 
-RESERVED = ("prompt_messages", "images")
-"""Fields rlvr sets itself on an example: a prompt's chat messages, and its images."""
+def _row_example(where: str, row: dict[str, Any], prompt_column: str, answer_column: str | None, instruction: str,
+                 layout: str, image_column: str | None, folder: Path | None) -> Example:
+    """One row as an Example (`_examples`), its columns checked."""
+    from rlvr.rewards.styles import PROMPT_MESSAGES
+
+    required = [prompt_column] + ([answer_column] if layout == "rlvr" and answer_column else [])
+    for column in required:
+        if column not in row:
+            raise ValueError(f"{where}: no {column!r} column; the row has {sorted(row)}")
+    # TRL's and verl's vision layouts keep a prompt's images in an "images" column
+    images = image_column or ("images" if layout != "rlvr" and "images" in row else None)
+    _check_reserved(row, where, images)
+    text, messages = _row_prompt(row[prompt_column], where, prompt_column, layout, instruction)
+    answer = _verl_answer(row, where) if layout == "verl" else _answer_text(row.get(answer_column or "answer"))
+    if answer_column not in (None, "answer") and "answer" in row and row["answer"] != answer:
+        raise ValueError(f"{where}: the row has an 'answer' column beside answer_column {answer_column!r}; rewards "
+                         "get the gold answer as 'answer', which would hide the row's own: rename one of them")
+    # TRL's rewards get the dataset's columns as they are, "answer" included (a list or a number
+    # made text turned their "in" and "==" checks silently wrong: red-team reviews, session 19
+    # and 20); rlvr's own rewards read any answer as text
+    keep = layout == "trl" and answer_column in (None, "answer")
+    fields = {"answer": answer, **row} if keep else {**row, "answer": answer}
+    if messages is not None:
+        fields[PROMPT_MESSAGES] = messages
+    if images is not None:
+        if messages is not None and len(messages) > 1:
+            raise ValueError(f"{where}: a conversation of several messages cannot take images from {images!r} "
+                             "yet; give the prompt as one user message or as text")
+        fields["images"] = _row_images(row, images, where, folder)
+    return Example(prompt=text, answer=answer, fields=fields, id=where if row.get("id") is None else str(row["id"]))
 
 
 def _check_reserved(row: dict[str, Any], where: str, image_column: str | None) -> None:
-    """A data column named like one of rlvr's own fields (`RESERVED`) would be read as that field:
-    an error, except "images" where the prompt's images come from an image column (that column
-    or, rlvr filter's output read back, our own copy of it, made again from that column)."""
-    for name in RESERVED:
+    """A data column named like one of rlvr's own fields (a prompt's chat messages, its images)
+    would be read as that field: an error, except "images" where the prompt's images come from an
+    image column (that column or, rlvr filter's output read back, our own copy of it, made again
+    from that column)."""
+    from rlvr.rewards.styles import PROMPT_MESSAGES
+
+    for name in (PROMPT_MESSAGES, "images"):
         if name in row and not (name == "images" and image_column is not None):  # ours, from the image column
             hint = " (name it in task.params.image_column to use it as the prompt's images)" if name == "images" else ""
             raise ValueError(f"{where}: the column {name!r} is a name rlvr gives its own field{hint}; rename it")
 
 
-def _answer_text(value: Any, where: str, column: str) -> str | None:
+def _answer_text(value: Any) -> str | None:
     """A gold answer as text for rlvr's rewards (the row keeps its own value under its column,
     e.g. an MBPP row's list of tests): a string as it is, an integral float as an integer (3.0
     from a float column is "3", 1e20 its 21 digits, where str() gave "3.0" and "1e+20", which
@@ -378,7 +378,7 @@ def _verl_answer(row: dict[str, Any], where: str) -> str:
         have = sorted(model) if isinstance(model, dict) else sorted(row)
         raise ValueError(f"{where}: no reward_model.ground_truth (verl's gold answer; else a ground_truth or answer "
                          f"column); the row has {have}")
-    return _answer_text(value, where, "reward_model.ground_truth") or ""
+    return _answer_text(value) or ""
 
 
 def _row_prompt(prompt: Any, where: str, column: str, layout: str, instruction: str,
