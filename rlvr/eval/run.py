@@ -76,19 +76,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
                                           temperature=temperature if temperature > 0 else 1.0, micro_batch_size=16)
     result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n,
                               "engine_weights": engine.weights}  # "model", "float16" or "int8" (engine.dtype)
-    for name, values in per_prompt.items():
-        if not values:
-            continue
-        mean, se = mean_and_se(list(values.values()))
-        result[name] = mean
-        if is_rate(name):  # the error bar over prompts (NaN from one prompt: left out)
-            result[f"{name}_se"] = se if se == se else None
-        if len(values) < len(held):  # prompts left out: too few judged samples
-            result[f"{name}_prompts"] = len(values)
-    result["no_verdict_fraction"] = result.pop("no_verdict")
-    # each prompt's value (null: none), so that models evaluated on the same prompts can be paired
-    result["per_prompt"] = {name: [values.get(i) for i in range(len(held))] for name, values in per_prompt.items()
-                            if is_rate(name)}
+    result |= _means(per_prompt, len(held))
     result["response_length"] = statistics.fmean(len(x.completion.token_ids) for x in samples)
     result["token_entropy"] = -float(negative_entropy.mean())
     return result
@@ -134,6 +122,26 @@ def _per_prompt(groups: list[Group], held: list[Example], rewards: list[RewardFn
                 if len(kept) >= k:
                     per_prompt[f"cot_pass@{k}"][i] = pass_at_k(len(kept), sound, k)
     return per_prompt
+
+
+def _means(per_prompt: dict[str, dict[int, float]], prompts: int) -> dict[str, Any]:
+    """Each metric's mean over the prompts that have it (`_per_prompt`); for a rate (`is_rate`)
+    its standard error (null from one prompt) and every prompt's value (null: none), so models
+    evaluated on the same prompts can be paired (`compared`); ``<metric>_prompts`` where prompts
+    were left out (too few judged samples); the share without a verdict as ``no_verdict_fraction``."""
+    out: dict[str, Any] = {}
+    for name, values in per_prompt.items():
+        if not values:
+            continue
+        mean, se = mean_and_se(list(values.values()))
+        out["no_verdict_fraction" if name == "no_verdict" else name] = mean
+        if is_rate(name):
+            out[f"{name}_se"] = se if se == se else None
+        if len(values) < prompts:
+            out[f"{name}_prompts"] = len(values)
+    out["per_prompt"] = {name: [values.get(i) for i in range(prompts)] for name, values in per_prompt.items()
+                         if is_rate(name)}
+    return out
 
 
 def is_rate(metric: str) -> bool:
