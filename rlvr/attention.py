@@ -50,6 +50,10 @@ LENGTHS = (64, 128, 192, 256, 384, 512)
 """The key counts `_measure` times, each with half as many queries and as many."""
 _WIDE_KEYS: dict[torch.dtype, float] = {}
 """Per dtype, the most keys an attention call is widened at (`widen_attention` sets it)."""
+_DECIDED: dict[torch.dtype, float] = {}
+"""Per dtype, the limit `widen_attention` chose in this process (0: not widened)."""
+_FOLLOWED: dict[torch.dtype, float] = {}
+"""Per dtype, another process's limits this one follows instead of its own (`follow_attention_limits`)."""
 
 
 def wide_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -81,18 +85,36 @@ def widen_attention(model: PreTrainedModel) -> bool:
     number of keys (`wide_keys`). Returns whether it did.
 
     The limit is the process's, per dtype (`_WIDE_KEYS`): every widened model of a dtype uses
-    the one measured for this CPU, or none with `RLVR_WIDE_ATTENTION=1`, whichever load set it last."""
-    setting = os.environ.get("RLVR_WIDE_ATTENTION", "")
-    if setting == "0" or getattr(model.config, "_attn_implementation", None) != "sdpa":
+    the one measured for this CPU, or none with `RLVR_WIDE_ATTENTION=1`, whichever load set it
+    last; or the limit of the process it follows (`follow_attention_limits`)."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
         return False
     if model.device.type != "cpu" or model.dtype not in (torch.bfloat16, torch.float16):
         return False
-    keys = float("inf") if setting == "1" else wide_keys(model.dtype)
+    setting = os.environ.get("RLVR_WIDE_ATTENTION", "")
+    if model.dtype in _FOLLOWED:
+        keys = _FOLLOWED[model.dtype]
+    else:
+        keys = 0 if setting == "0" else float("inf") if setting == "1" else wide_keys(model.dtype)
+    _DECIDED[model.dtype] = keys
     if not keys:
         return False
     _WIDE_KEYS[model.dtype] = keys
     model.set_attn_implementation(WIDE)  # a class that cannot change its attention only warns
     return bool(model.config._attn_implementation == WIDE)
+
+
+def attention_limits() -> dict[torch.dtype, float]:
+    """The limits this process chose, per dtype, for processes that must compute its numbers."""
+    return dict(_DECIDED)
+
+
+def follow_attention_limits(limits: dict[torch.dtype, float]) -> None:
+    """Use ``limits`` (another process's `attention_limits`) for the models loaded from now on,
+    instead of measuring this process's own. The limit is measured per thread count, so a Ray
+    rollout worker or learner rank on fewer threads than the driver would widen other lengths,
+    and sample or train other numbers in bf16 (rlvr.scaleout)."""
+    _FOLLOWED.update(limits)
 
 
 def wide_keys(dtype: torch.dtype) -> int:

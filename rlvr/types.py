@@ -7,7 +7,7 @@ token `t` of sequence `b` given the tokens before it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -68,6 +68,22 @@ class Completion:
     def trainable(self) -> int:
         """How many tokens the loss sees."""
         return len(self.token_ids) if self.loss_mask is None else sum(self.loss_mask)
+
+
+def joined_versions(parts: list[tuple[int, Completion]]) -> dict[str, Any]:
+    """The `policy_version` and `swapped_at` of a completion joined from ``parts``, each the
+    offset its tokens start at in the whole and the completion sampled there (an episode's
+    turns): the oldest version, which its staleness counts from (None if any part has none: a
+    local engine), and the offsets where newer weights took over, between or within parts."""
+    versions = [c.policy_version for _, c in parts]
+    if not parts or None in versions:
+        return {"policy_version": None, "swapped_at": ()}
+    swaps: list[int] = []
+    for k, (offset, c) in enumerate(parts):
+        if k and c.policy_version != parts[k - 1][1].policy_version:
+            swaps.append(offset)
+        swaps += [offset + i for i in c.swapped_at]
+    return {"policy_version": min(v for v in versions if v is not None), "swapped_at": tuple(swaps)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,3 +177,11 @@ class Group:
     @property
     def rewards(self) -> list[float]:
         return [s.reward for s in self.samples]
+
+
+def oldest_version(samples: Sequence[Sample]) -> int | None:
+    """The oldest weights' version among ``samples`` (what their staleness counts from), or None
+    when none has one. Samples without a version were not sampled by a versioned engine (a
+    demonstration, an episode the agent ended before sampling) and do not count."""
+    versions = [x.completion.policy_version for x in samples if x.completion.policy_version is not None]
+    return min(versions) if versions else None

@@ -139,6 +139,29 @@ def test_the_measurement_is_made_once_per_cpu_and_decides(
     assert calls == [64, 128, 192]
 
 
+def test_a_process_follows_the_limits_it_is_given(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit is measured per thread count, so a Ray worker on one thread would widen other
+    lengths than its two-thread driver and sample other bf16 numbers: workers follow the
+    driver's limits (`attention_limits`) without measuring, 0 (not widened) included."""
+    monkeypatch.delenv("RLVR_WIDE_ATTENTION", raising=False)
+    for name in ("_WIDE_KEYS", "_DECIDED", "_FOLLOWED"):
+        monkeypatch.setattr(attention, name, {})
+    monkeypatch.setattr(attention, "wide_keys", lambda dtype: 128)
+    assert load_model(str(tiny_dir), "bfloat16").config._attn_implementation == WIDE
+    assert attention.attention_limits() == {torch.bfloat16: 128}
+
+    def unmeasured(dtype: torch.dtype) -> int:
+        raise AssertionError("a process that follows another's limits measures nothing")
+
+    monkeypatch.setattr(attention, "wide_keys", unmeasured)
+    attention.follow_attention_limits({torch.bfloat16: 256})
+    assert load_model(str(tiny_dir), "bfloat16").config._attn_implementation == WIDE
+    assert attention._WIDE_KEYS[torch.bfloat16] == 256
+    attention.follow_attention_limits({torch.bfloat16: 0})
+    assert load_model(str(tiny_dir), "bfloat16").config._attn_implementation == "sdpa"
+    assert attention.attention_limits() == {torch.bfloat16: 0}
+
+
 def test_the_measurement_itself() -> None:
     """A real measurement: a positive, finite ratio (which way it goes depends on the CPU)."""
     assert 0 < attention._measure(torch.bfloat16, 64, reps=1) < float("inf")

@@ -274,3 +274,23 @@ def test_an_openai_agents_sdk_agent_runs_unchanged() -> None:
             assert INSTRUCTIONS in prompt and '"name": "python"' in prompt and g.prompt in prompt
             assert sample.completion.token_ids and set(sample.completion.loss_mask or {1}) <= {0, 1}
 
+
+
+def test_an_episodes_calls_give_it_the_oldest_weights_version_and_where_newer_ones_took_over() -> None:
+    """Rollout workers stamp each call's completion with its weights' version: the episode's is the
+    oldest (its staleness counts from it), and the later calls' versions are swaps. Joined without
+    them, an asynchronous run read every episode as version 0 and dropped it as stale."""
+    from rlvr.agents.openai_agent import Call, trajectory
+    from rlvr.types import Completion
+
+    tok = ascii_tokenizer()
+    a, b, c, d, e, f = tok.convert_tokens_to_ids(list("abcdef"))
+    calls = [Call([a, b], Completion((c,), (-0.1,), "stop", "c", policy_version=3)),
+             Call([a, b, c, d], Completion((e, f), (-0.2, -0.3), "stop", "ef", policy_version=4, swapped_at=(1,)))]
+    (prompt, joined), = trajectory(tok, calls)[0]
+    assert prompt == (a, b) and joined.token_ids == (c, d, e, f) and joined.loss_mask == (1, 0, 1, 1)
+    assert joined.policy_version == 3 and joined.swapped_at == (2, 3)
+    local = [Call(x.prompt_ids, Completion(x.completion.token_ids, x.completion.logprobs, "stop", x.completion.text))
+             for x in calls]
+    (_, unversioned), = trajectory(tok, local)[0]
+    assert unversioned.policy_version is None and unversioned.swapped_at == ()

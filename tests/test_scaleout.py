@@ -154,8 +154,94 @@ def test_two_learners_train_ppo_with_a_critic_as_one_does(tiny_dir: Path, tmp_pa
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
 
 
+def reads_a_field(prompt: str, steps: list[str], answer: object = None, **example: object) -> list[float]:
+    """A function PRM that reads an example field beyond the answer: without it, its scores change."""
+    return [float("entry" in example) * float(any(c.isdigit() for c in s)) for s in steps]
+
+
+def fails_on_a_learner_actor(prompt: str, steps: list[str], answer: object = None, **example: object) -> list[float]:
+    """A function PRM that raises on rank 1 only, leaving rank 0 waiting in a collective."""
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        raise RuntimeError("the PRM failed on this learner")
+    return [0.5 for _ in steps]
+
+
+@pytest.mark.dtype_independent  # pinned to fp32
+def test_a_function_prm_sees_its_example_on_every_learner(tiny_dir: Path, tmp_path: Path) -> None:
+    """Rank 1 was given the group's answer alone, so a PRM reading another field scored its
+    micro-batches otherwise: the gradient differed from one learner's (grad norm 0 against 1.2)."""
+    prm = ['algo.advantage="process"', "train.micro_batch_size=4", *FP32,
+           'algo.advantage_kwargs={prm = "tests.test_scaleout:reads_a_field", delimiter = " "}']
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "one"), *prm]), quiet=True)
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "two"), *prm, "dist.learners=2",
+                             "dist.ray.timeout_s=120"]), quiet=True)
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert one[0]["grad_norm"] > 0
+    for a, b in zip(one, two, strict=True):
+        for key in ("loss", "grad_norm", "process/step_score"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_learner_actor_that_fails_gives_its_own_error(tiny_dir: Path, tmp_path: Path) -> None:
+    """Rank 0 waits in a collective for a rank that failed; when the wait ends, the error is the
+    rank's own, not the process group's timeout."""
+    prm = ['algo.advantage="process"', "train.micro_batch_size=4",
+           'algo.advantage_kwargs={prm = "tests.test_scaleout:fails_on_a_learner_actor", delimiter = " "}']
+    with pytest.raises(RuntimeError, match="learner rank 1 failed during the update(.|\n)*the PRM failed on this learner"):
+        train(load_config(None, [*overrides(tiny_dir, tmp_path, "fail"), *prm, "dist.learners=2",
+                                 "dist.ray.timeout_s=15"]), quiet=True)
+
+
+def test_asynchronous_episodes_carry_the_version_of_their_weights(tiny_dir: Path, tmp_path: Path) -> None:
+    """Multi-turn episodes (env.name) were put together without their turns' weight versions,
+    read as version 0: with on_stale = "drop" every group was dropped from step 3 on."""
+    import json
+
+    env = ['env.name="guess_number"', "env.kwargs={low = 1, high = 3, max_guesses = 3}", "env.max_turns=3",
+           "env.max_void_turns=3", "sampling.max_new_tokens=4", "dist.rollout_workers=1", "dist.ray.timeout_s=120",
+           'dist.async_rollouts={steps = 1, max_staleness = 1, on_stale = "drop"}']
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "env", train__steps=4), *env]), quiet=True)
+    rows = read_metrics(tmp_path / "env")
+    assert [r.get("dist/stale_dropped") for r in rows] == [0.0] * 4 and not any(r.get("skipped_update") for r in rows)
+    assert all(0 <= r["dist/staleness_max"] <= 1 for r in rows)
+    samples = [json.loads(line) for line in (tmp_path / "env" / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["step"] - 1 - s["policy_version"] in (0, 1) for s in samples)
+
+
+def test_an_asynchronous_run_resumes_on_the_prompts_it_had_not_trained(tiny_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint waited for the collections made ahead, so it held the sampler after them: a
+    resumed run skipped their prompts, and its policy versions started again from 0."""
+    import json
+    import shutil
+
+    run = [*overrides(tiny_dir, tmp_path, "straight", train__steps=4), "checkpoint_every=2", "keep_checkpoints=5",
+           "dist.rollout_workers=1", "dist.async_rollouts={steps = 1}", "dist.ray.timeout_s=120"]
+    train(load_config(None, run), quiet=True)
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_000004")  # as if it stopped during step 3
+    (tmp_path / "resumed" / "summary.json").unlink()
+    train(resume=tmp_path / "resumed", quiet=True)
+
+    def by_step(name: str) -> dict[int, list]:
+        out: dict[int, list] = {}
+        for line in (tmp_path / name / "samples.jsonl").read_text().splitlines():
+            s = json.loads(line)
+            out.setdefault(s["step"], []).append((s["prompt_id"], s["policy_version"]))
+        return out
+
+    straight, resumed = by_step("straight"), by_step("resumed")
+    assert [p for p, _ in straight[1]] != [p for p, _ in straight[3]]
+    for step in (3, 4):
+        assert [p for p, _ in resumed[step]] == [p for p, _ in straight[step]], step
+        assert all(step - 1 - v in (0, 1) for _, v in resumed[step])  # the versions go on from the checkpoint's
+    assert read_metrics(tmp_path / "resumed")[-1]["dist/policy_version"] == 4
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (["dist.async_rollouts.steps=1"], "needs dist.rollout_workers"),
+    (["dist.rollout_workers=1", "dist.async_rollouts={steps = 1, max_staleness = 0}"], "never lets generation run ahead"),
+    (["dist.rollout_workers=2", "dist.learners=2", "dist.ray={num_cpus = 2, cpus_per_worker = 1}"],
+     "fewer than the 3 CPUs the actors reserve"),
     (["dist.async_rollouts.partial_rollouts=true"], "dist.async_rollouts: missing keyword 'steps'"),
     (["dist.async_rollouts.steps=0"], "need steps >= 1"),
     (["dist.ray.cpus_per_workers=2"], "did you mean 'cpus_per_worker'"),
@@ -185,3 +271,17 @@ def test_agent_episodes_sample_on_ray_rollout_workers(tmp_path: Path) -> None:
                              "env.max_total_tokens=16", "dist.rollout_workers=1", "dist.ray.timeout_s=120"]), quiet=True)
     rows = read_metrics(tmp_path / "ray")
     assert len(rows) == 2 and rows[-1]["env/turns"] == 2.0 and rows[-1]["env/ending/done"] == 1.0
+
+
+def test_a_vision_language_model_is_refused_on_data_parallel_learners(tmp_path: Path) -> None:
+    """The learner actors load text models only: they failed, and rank 0 waited out the timeout
+    for a process group they never joined."""
+    from tests.test_vlm_loop import visual_overrides
+    from tests.tiny import make_tiny_vlm
+
+    model, processor = make_tiny_vlm(seed=1)
+    model.save_pretrained(tmp_path / "vlm")
+    processor.save_pretrained(tmp_path / "vlm")
+    with pytest.raises(ValueError, match="does not train vision-language models"):
+        train(load_config(None, [*visual_overrides(tmp_path / "vlm", tmp_path, "x"), "dist.learners=2",
+                                 "dist.ray.timeout_s=120"]), quiet=True)

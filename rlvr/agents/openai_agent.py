@@ -55,7 +55,7 @@ from rlvr.agents.env import no_verdict
 from rlvr.agents.runner import FAILED, Ending, Episode, as_groups
 from rlvr.rollout.engine import Engine
 from rlvr.serve.protocol import Invalid
-from rlvr.types import Completion, SamplingParams
+from rlvr.types import Completion, SamplingParams, joined_versions
 
 _logger = logging.getLogger(__name__)
 
@@ -144,11 +144,13 @@ def trajectory(tokenizer: Any, calls: Sequence[Call]) -> tuple[list[tuple[tuple[
     mask: list[int] = []
     turns: list[int] = []
     pieces: list[str] = []
+    parts: list[tuple[int, Completion]] = []  # this segment's calls, for their weights' versions
 
     def close(reason: Any) -> None:
         if prompt:
             segments.append((tuple(prompt), Completion(tuple(ids), tuple(logprobs), reason, "".join(pieces),
-                                                       loss_mask=tuple(mask), turn_index=tuple(turns))))
+                                                       loss_mask=tuple(mask), turn_index=tuple(turns),
+                                                       **joined_versions(parts))))
 
     for turn, call in enumerate(calls):
         context = prompt + ids
@@ -167,8 +169,9 @@ def trajectory(tokenizer: Any, calls: Sequence[Call]) -> tuple[list[tuple[tuple[
             if prompt:
                 spans.append((len(text), len(text) + len(SEGMENT_BREAK)))
                 text += SEGMENT_BREAK
-            prompt, ids, logprobs, mask, turns, pieces = list(call.prompt_ids), [], [], [], [], []
+            prompt, ids, logprobs, mask, turns, pieces, parts = list(call.prompt_ids), [], [], [], [], [], []
         c = call.completion
+        parts.append((len(ids), c))
         ids += c.token_ids
         logprobs += c.logprobs
         mask += [1] * len(c.token_ids)

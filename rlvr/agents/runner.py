@@ -47,7 +47,7 @@ from rlvr.agents.env import Env, StepResult
 from rlvr.errors import InfrastructureError
 from rlvr.rollout.engine import Engine
 from rlvr.sandbox import SandboxUnavailable
-from rlvr.types import Completion, SamplingParams
+from rlvr.types import Completion, SamplingParams, joined_versions
 
 Ending = Literal["done", "max_turns", "budget", "context", "void", "infra", "error", "timeout"]
 
@@ -183,12 +183,15 @@ class _Trajectory:
     segments: list[tuple[tuple[int, ...], Completion]] = field(default_factory=list)
     shown: list[tuple[str, bool]] = field(default_factory=list)
     """Earlier segments' pieces, for the episode's text."""
+    sampled_parts: list[tuple[int, Completion]] = field(default_factory=list)
+    """This segment's turns as (offset in `ids`, the completion sampled there): their weights' versions."""
 
     @property
     def context(self) -> list[int]:
         return self.prompt_ids + self.ids
 
     def sample(self, c: Completion, eos: set[int]) -> None:
+        self.sampled_parts.append((len(self.ids), c))
         self.ids += c.token_ids
         self.logprobs += c.logprobs
         self.mask += [1] * len(c.token_ids)
@@ -208,13 +211,14 @@ class _Trajectory:
     def _completion(self, finish_reason: Any) -> Completion:
         text = "".join(piece for piece, _ in self.pieces)
         return Completion(tuple(self.ids), tuple(self.logprobs), finish_reason, text, loss_mask=tuple(self.mask),
-                          turn_index=tuple(self.turn_of))
+                          turn_index=tuple(self.turn_of), **joined_versions(self.sampled_parts))
 
     def close_segment(self, prompt_ids: list[int]) -> None:
         """The summary just sampled ends this segment; the episode goes on from ``prompt_ids``."""
         self.segments.append((tuple(self.prompt_ids), self._completion("stop")))
         self.shown += self.pieces + [(SEGMENT_MARK, True)]
         self.prompt_ids, self.ids, self.logprobs, self.mask, self.turn_of, self.pieces = prompt_ids, [], [], [], [], []
+        self.sampled_parts = []
         self.summarising, self.summaries = False, self.summaries + 1
 
     def finish(self, tokenizer: Any) -> Episode:

@@ -152,6 +152,11 @@ class RunConfig(_Section):
         if a is not None and not d.rollout_workers:
             raise ValueError("dist.async_rollouts needs dist.rollout_workers >= 1: the policy cannot train while it "
                              "samples in the same process")
+        actors = (d.rollout_workers + d.learners - 1) * r.cpus_per_worker
+        if r.address is None and r.num_cpus is not None and r.num_cpus < actors:
+            raise ValueError(f"dist.ray.num_cpus = {r.num_cpus} is fewer than the {actors:g} CPUs the actors reserve "
+                             f"({d.rollout_workers} rollout workers and {d.learners - 1} learner actors, "
+                             f"cpus_per_worker = {r.cpus_per_worker:g} each): they would never start")
         if d.learners > 1 and self.train.device.startswith("cuda") and not r.gpus_per_learner:
             raise ValueError("data-parallel learners on GPUs need one each: set dist.ray.gpus_per_learner = 1")
         if a is not None:

@@ -83,6 +83,9 @@ class AsyncOptions:
         if self.steps < 1 or self.max_staleness < 0 or self.on_stale not in ("wait", "drop"):
             raise ValueError(f"need steps >= 1, max_staleness >= 0 and on_stale \"wait\" or \"drop\" (got "
                              f"{self.steps}, {self.max_staleness}, {self.on_stale!r})")
+        if self.on_stale == "wait" and self.max_staleness == 0:
+            raise ValueError("max_staleness = 0 with on_stale = \"wait\" never lets generation run ahead: that is the "
+                             "synchronous loop (leave dist.async_rollouts unset), or set max_staleness >= 1")
 
 
 def require_ray() -> Any:
@@ -107,20 +110,28 @@ def attach(run: Run) -> None:
     from rlvr.scaleout.learners import DataParallel
     from rlvr.scaleout.pipeline import AsyncRollouts
     from rlvr.scaleout.rollout import RayEngine
+    from rlvr.train.methods.process import example_fields
 
     d = run.cfg.dist
     if d.rollout_workers == 0 and d.learners == 1:
         return
+    import math
     import os
 
     r, a = d.ray_options(), d.async_options()
-    start_ray(r.address, r.num_cpus or max(os.cpu_count() or 1, d.rollout_workers + d.learners))
+    if d.learners > 1 and run.processor is not None:
+        raise ValueError("dist.learners > 1 does not train vision-language models yet: unset dist.learners "
+                         "(rollout workers do sample them)")
+    # every actor reserves cpus_per_worker: a local Ray needs that many, or its actors never start
+    actors = (d.rollout_workers + d.learners - 1) * r.cpus_per_worker
+    start_ray(r.address, r.num_cpus or max(os.cpu_count() or 1, math.ceil(actors)))
     if d.rollout_workers:
         run.engine = RayEngine(run.cfg, run.learner.model, run.tokenizer, workers=d.rollout_workers,
-                               timeout_s=r.timeout_s, generator=run.engine.generator)
+                               timeout_s=r.timeout_s, generator=run.engine.generator, version=run.policy_version)
         run.updater.shared_weights = False
     if d.learners > 1:
-        run.updater = DataParallel(run.cfg, run.updater, d.learners, timeout_s=r.timeout_s)
+        run.updater = DataParallel(run.cfg, run.updater, d.learners, timeout_s=r.timeout_s,
+                                   fields_of=example_fields(run.task.examples))
     if a is not None:
         lookahead = min(a.steps, a.max_staleness) if a.on_stale == "wait" else a.steps
         run.rollouts = AsyncRollouts(run, lookahead=lookahead, last_step=run.cfg.train.steps,

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import datetime
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from rlvr.attention import attention_limits
 from rlvr.scaleout import require_ray
 from rlvr.train.methods import Extras
 from rlvr.train.update import UpdateResult, UpdateSettings
@@ -50,12 +52,14 @@ class LearnerWorker:
     """A Ray actor: one learner rank, a replica of the driver's policy, learner, reference model and
     per-token credit (PPO's critic, a distillation teacher)."""
 
-    def __init__(self, cfg: Any, threads: int) -> None:
+    def __init__(self, cfg: Any, threads: int, attention: dict[torch.dtype, float]) -> None:
+        from rlvr.attention import follow_attention_limits
         from rlvr.lora import apply_lora
         from rlvr.models import load_model, resolve_device, resolve_dtype
         from rlvr.train.learner import learner_for
 
         torch.set_num_threads(threads)
+        follow_attention_limits(attention)  # rank 0's: the same numbers, so the same gradient, on any thread count
         self.cfg = cfg
         device = resolve_device(cfg.train.device)  # with a GPU: the one Ray gave this actor (dist.ray.gpus_per_learner)
         if device.type == "cuda":
@@ -75,7 +79,17 @@ class LearnerWorker:
         # per-token credit: PPO's value model (a replica of the driver's, loaded below), or a teacher
         from rlvr.models import load_tokenizer
 
-        self.credit = per_token_credit(cfg, model, tr.steps * tr.epochs * tr.mini_batches, load_tokenizer(cfg.model))
+        self.fields: dict[Any, dict[str, Any]] = {}
+        """The fields of this update's examples, by id (sent with each update): what a function PRM reads."""
+
+        def fields_of(group: Group) -> dict[str, Any]:
+            return self.fields.get(group.metadata.get("id")) or {"answer": group.metadata.get("answer")}
+
+        self.credit = per_token_credit(cfg, model, tr.steps * tr.epochs * tr.mini_batches, load_tokenizer(cfg.model),
+                                       fields_of)
+
+    def ready(self) -> bool:
+        return True
 
     def join(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> int:
         dist.init_process_group(backend(self.cfg), init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
@@ -91,9 +105,10 @@ class LearnerWorker:
         self.credit.load_state_dict(state)
 
     def update(self, groups: list[Any], settings: Any, generator_state: torch.Tensor, loss_state: dict[str, float],
-               pad_token_id: int) -> None:
+               pad_token_id: int, fields: dict[Any, dict[str, Any]]) -> None:
         from rlvr.train.update import update_policy
 
+        self.fields = fields
         generator = torch.Generator()
         generator.set_state(generator_state)
         update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, ref_model=self.ref_model,
@@ -109,7 +124,8 @@ class DataParallel(Updater):
     them (the driver is rank 0), copies the driver's policy and optimizer state to them, and
     runs each update on every rank (an `Updater`: the loop calls it as the local one)."""
 
-    def __init__(self, cfg: Any, local: Updater, learners: int, *, timeout_s: float) -> None:
+    def __init__(self, cfg: Any, local: Updater, learners: int, *, timeout_s: float,
+                 fields_of: Callable[[Group], dict[str, Any]] | None = None) -> None:
         super().__init__(local.learner, pad_token_id=local.pad_token_id, seed=0, shared_weights=local.shared_weights)
         self.generator = local.generator  # the same stream of mini-batch orders, so the run is the local one
         self.ray = require_ray()
@@ -120,7 +136,10 @@ class DataParallel(Updater):
         if backend(cfg) == "nccl":  # rank 0's GPU: the one the driver's learner is on
             torch.cuda.set_device(next(local.learner.model.parameters()).device)
         actor = self.ray.remote(LearnerWorker).options(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_learner)
-        self.actors = [actor.remote(cfg, r.threads_per_worker) for _ in range(learners - 1)]
+        self.actors = [actor.remote(cfg, r.threads_per_worker, attention_limits()) for _ in range(learners - 1)]
+        self.fields_of = fields_of
+        # built before the process group forms: an actor that fails to start says why, at once
+        self._wait([a.ready.remote() for a in self.actors], "the learner actors to load the model")
         joined = [a.join.remote(address, port, rank, learners, timeout_s) for rank, a in enumerate(self.actors, 1)]
         dist.init_process_group(backend(cfg), init_method=f"tcp://{address}:{port}", rank=0, world_size=learners,
                                 timeout=datetime.timedelta(seconds=timeout_s))
@@ -143,11 +162,26 @@ class DataParallel(Updater):
             self._credit_loaded = True
         state = self.generator.get_state()
         # the loss terms (CHORD, DPH-RL) run on rank 0 only: the workers need none of them
-        remote = [a.update.remote(groups, settings, state, dict(extras.loss_state or {}), self.pad_token_id)
+        fields = {g.metadata.get("id"): self.fields_of(g) for g in groups} if self.fields_of else {}
+        remote = [a.update.remote(groups, settings, state, dict(extras.loss_state or {}), self.pad_token_id, fields)
                   for a in self.actors]
-        result = super().update(groups, settings, extras)
+        try:
+            result = super().update(groups, settings, extras)
+        except Exception:
+            self._raise_actor_error(remote)  # a rank that failed left rank 0 waiting in a collective: its error
+            raise
         self._wait(remote, "the learner actors to finish the update")
         return result
+
+    def _raise_actor_error(self, refs: list[Any]) -> None:
+        """Raise the error of the first of ``refs`` that failed, if one did (after a collective timed out)."""
+        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=5.0)
+        for rank, ref in enumerate(refs, 1):
+            if ref in done:
+                try:
+                    self.ray.get(ref)
+                except Exception as err:
+                    raise RuntimeError(f"learner rank {rank} failed during the update: {err}") from err
 
     def close(self) -> None:
         try:

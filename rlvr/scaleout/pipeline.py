@@ -25,13 +25,14 @@ would have used: asynchronous runs resume, but not bit for bit.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from rlvr.train.collect import Collected, Rollouts, collect
-from rlvr.types import Group
+from rlvr.train.collect import Collected, Observation, Rollouts, collect
+from rlvr.types import Group, oldest_version
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run
@@ -49,17 +50,28 @@ class Pipeline:
         self.queued = 0
         """The highest step whose collection was queued."""
         self.error: BaseException | None = None
+        self.following: dict[int, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
+        """Work to queue right behind a step's collection when it is queued (`after_collection`)."""
 
     def take(self, step: int) -> Any:
         """Step's collection (queued now if it was not), after queueing the ones ahead of it."""
         self._raise()
         for ahead in range(max(step, self.queued + 1), min(step + self.lookahead, self.last_step) + 1):
-            self.pending[ahead] = self.executor.submit(self.collect, ahead)
-            self.queued = ahead
-        if step not in self.pending:  # a resumed run, or a step the queue never reached
-            self.pending[step] = self.executor.submit(self.collect, step)
-            self.queued = max(self.queued, step)
+            self._queue(ahead)
+        if step not in self.pending:  # a step the queue never reached
+            self._queue(step)
         return self.pending.pop(step).result()
+
+    def _queue(self, step: int) -> None:
+        self.pending[step] = self.executor.submit(self.collect, step)
+        self.queued = max(self.queued, step)
+        for fn, args in self.following.pop(step, []):
+            self.after(fn, *args)
+
+    def after_collection(self, step: int, fn: Callable[..., Any], *args: Any) -> None:
+        """Run fn(*args) on the background thread right after step's collection, once that is
+        queued (a resumed run's observations, in the order the run it resumes made them)."""
+        self.following.setdefault(step, []).append((fn, args))
 
     def after(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run fn(*args) on the background thread, after every collection queued so far; an
@@ -94,18 +106,38 @@ class AsyncRollouts(Rollouts):
 
     def __init__(self, run: Run, *, lookahead: int, last_step: int, max_staleness: int, drop_stale: bool) -> None:
         super().__init__(run.rollouts.sampler, run.rollouts.replay)
-        self.pipeline = Pipeline(lambda step: collect(run, step), lookahead=lookahead, last_step=last_step)
+        self.pipeline = Pipeline(lambda step: self._collect(run, step), lookahead=lookahead, last_step=last_step)
         self.max_staleness, self.drop_stale = max_staleness, drop_stale
+        self.engine = run.engine
+        self.taken = 0
+        """The last step taken: a checkpoint saved now is this step's."""
+        self.starts: dict[int, dict[str, Any]] = {}
+        """The collection-side state each queued collection began from, by step (`state_dict`)."""
+        self.observed: list[Observation] = []
+        """Observations queued behind a collection no checkpoint has passed yet."""
+        for x in run.rollouts.pending:  # a resumed run: made where the run it resumes made them
+            self.pipeline.after_collection(x.after, Rollouts.observe, self, x.own, x.aside, x.step)
+            self.observed.append(x)
+        run.rollouts.pending = []
+
+    def _collect(self, run: Run, step: int) -> Collected:
+        """On the pipeline's thread: the state this collection begins from, kept, then the collection."""
+        self.starts[step] = copy.deepcopy({**super().state_dict(), "engine_rng": self.engine.generator.get_state()})
+        return collect(run, step)
 
     def take(self, run: Run, step: int) -> Collected:
         """Step's collection, made while earlier steps trained. Groups with a sample from older
         weights are trained against their sampling log-probs ("stale"); with on_stale = "drop"
         (dist.async_rollouts), groups staler than max_staleness are set aside, untrained."""
         collected: Collected = self.pipeline.take(step)
+        self.taken = step
+        for done in [s for s in self.starts if s <= step]:
+            del self.starts[done]
         serving = run.engine.version or 0  # the weights' version before this step's update
         gathered, kept, dropped = collected.gathered, [], 0
         for g in gathered.train:
-            staleness = serving - min(x.completion.policy_version or 0 for x in g.samples)
+            oldest = oldest_version(g.samples)
+            staleness = 0 if oldest is None else serving - oldest
             if staleness > self.max_staleness and self.drop_stale:
                 dropped += 1
                 gathered.aside.append(g)  # not trained on; the sampler still observes it
@@ -118,7 +150,18 @@ class AsyncRollouts(Rollouts):
 
     def observe(self, own: list[Group], aside: list[Group], step: int) -> None:
         """On the pipeline's thread, after the collections already under way."""
+        self.observed = [x for x in self.observed if x.after > step] + [Observation(self.pipeline.queued, step, own, aside)]
         self.pipeline.after(super().observe, own, aside, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """For a checkpoint after step `taken` (the pipeline drained): the state the next
+        collection began from, with the observations made since, so a resumed run collects that
+        step again, from the same prompts, instead of the steps after those made ahead."""
+        start = self.starts.get(self.taken + 1)
+        if start is None:  # nothing collected ahead: the state as it is
+            return super().state_dict()
+        later = [x.state() for x in self.observed if x.after > self.taken]
+        return {**start, "pending_observations": later}
 
     def drain(self) -> None:
         self.pipeline.drain()

@@ -33,7 +33,9 @@ class RolloutWorker:
 
     def __init__(self, model_spec: str, state: dict[str, torch.Tensor], version: int, *, dtype: str,
                  max_batch_size: int, decoder: str, eos_token_ids: list[int], threads: int,
-                 partial: bool = False, backend: str = "embedded", vllm_kwargs: dict[str, Any] | None = None) -> None:
+                 partial: bool = False, backend: str = "embedded", vllm_kwargs: dict[str, Any] | None = None,
+                 device: str = "cpu", attention: dict[torch.dtype, float] | None = None) -> None:
+        from rlvr.attention import follow_attention_limits
         from rlvr.data.images import image_token_ids
         from rlvr.models import (
             is_vision_language,
@@ -41,11 +43,13 @@ class RolloutWorker:
             load_processor,
             load_tokenizer,
             load_vlm_model,
+            resolve_device,
             resolve_dtype,
         )
         from rlvr.rollout.weights import decode_weights
 
         torch.set_num_threads(threads)
+        follow_attention_limits(attention or {})  # the driver's: its numbers, on any thread count
         vision = is_vision_language(model_spec)
         processor: Any = load_processor(model_spec) if vision else None
         tokenizer = processor.tokenizer if vision else load_tokenizer(model_spec)
@@ -64,7 +68,8 @@ class RolloutWorker:
             # float16/int8: the learner's model in the learner's dtype (that of the weights sent), as the local
             # engine shares it, decoding on float16 or int8 copies
             learner_dtype = next(v.dtype for v in state.values() if v.is_floating_point())
-            model = load(model_spec, learner_dtype if weights != "model" else resolve_dtype(dtype))
+            on = resolve_device(device)  # with a GPU: the one Ray gave this actor (dist.ray.gpus_per_worker)
+            model = load(model_spec, learner_dtype if weights != "model" else resolve_dtype(dtype, on), on)
             model.load_state_dict(state)
             self.engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids, max_batch_size=max_batch_size,
                                          decoder=decoder, banned_token_ids=banned,  # type: ignore[arg-type]
@@ -95,10 +100,12 @@ class RayEngine:
     """The `Engine` protocol over ``workers`` rollout worker actors (see module docstring).
 
     ``generator`` is the random state seeds are drawn from (the local engine's, so a run that
-    switches to Ray keeps its stream); ``timeout_s`` bounds every wait on the workers."""
+    switches to Ray keeps its stream); ``timeout_s`` bounds every wait on the workers; ``version``
+    is the policy's (the updates before it: a resumed run's count goes on)."""
 
     def __init__(self, cfg: Any, policy: Any, tokenizer: Any, *, workers: int, timeout_s: float,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, version: int = 0) -> None:
+        from rlvr.attention import attention_limits
         from rlvr.lora import merged_state_dict
         from rlvr.models import eos_token_ids, resolve_model_path
 
@@ -108,7 +115,7 @@ class RayEngine:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.generator = generator
         self.timeout_s = timeout_s
-        self.version = 0
+        self.version = version
         self.restarts = 0
         r, a = cfg.dist.ray_options(), cfg.dist.async_options()
         partial = a is not None and a.partial_rollouts
@@ -118,7 +125,10 @@ class RayEngine:
         self._kwargs = {"dtype": cfg.engine.dtype, "max_batch_size": cfg.engine.max_batch_size,
                         "decoder": cfg.engine.decoder, "eos_token_ids": self.eos_token_ids,
                         "threads": r.threads_per_worker, "partial": partial,
-                        "backend": cfg.engine.backend, "vllm_kwargs": dict(cfg.engine.vllm_kwargs)}
+                        "backend": cfg.engine.backend, "vllm_kwargs": dict(cfg.engine.vllm_kwargs),
+                        # an embedded engine on the GPU the worker reserves, as the local engine on train.device
+                        "device": cfg.train.device if r.gpus_per_worker else "cpu",
+                        "attention": attention_limits()}
         self._spec = resolve_model_path(cfg.model)
         self._state = self.ray.put({k: v.detach().cpu() for k, v in merged_state_dict(policy).items()})
         self._actor_class = self.ray.remote(RolloutWorker)

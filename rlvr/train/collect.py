@@ -344,6 +344,9 @@ def _group_state(g: Group) -> dict[str, Any]:
     a replayed episode must keep its loss mask and segments across a resume."""
     return {"prompt": g.prompt, "metadata": dict(g.metadata), "accuracy": g.accuracy,
             "pool_rewards": None if g.pool_rewards is None else list(g.pool_rewards), "staleness": g.staleness,
+            "greedy_reward": g.greedy_reward, "replay_age": g.replay_age,
+            "advantages": None if g.advantages is None else list(g.advantages),
+            "masked": None if g.masked is None else list(g.masked),
             "samples": [
         {"prompt_ids": list(x.prompt_ids), **_completion_state(x.completion), "reward": x.reward,
          "reward_parts": dict(x.reward_parts), "prompt_index": x.prompt_index,
@@ -360,8 +363,10 @@ def _group_from_state(state: dict[str, Any]) -> Group:
     accuracy = state["accuracy"] if "accuracy" in state else metadata.pop("accuracy", None)
     pool = state["pool_rewards"] if "pool_rewards" in state else metadata.pop("pool_rewards", None)
     staleness = int(state["staleness"] if "staleness" in state else metadata.pop("stale", 0))
+    optional = lambda key: None if state.get(key) is None else tuple(state[key])  # noqa: E731
     return Group(state["prompt"], samples, metadata, accuracy=accuracy, staleness=staleness,
-                 pool_rewards=None if pool is None else tuple(pool))
+                 pool_rewards=None if pool is None else tuple(pool), greedy_reward=state.get("greedy_reward"),
+                 replay_age=state.get("replay_age"), advantages=optional("advantages"), masked=optional("masked"))
 
 
 def template_variants(templates: list[str], render: Callable[[str], list[int]], examples: list[Example],
@@ -413,9 +418,17 @@ class Rollouts:
 
     def __init__(self, sampler: Sampler, replay: ReplayBuffer | None) -> None:
         self.sampler, self.replay = sampler, replay
+        self.pending: list[Observation] = []
+        """Observations a checkpoint of asynchronous rollouts carried, not made yet: the steps
+        before it whose groups the sampler had not seen when the next collection began
+        (rlvr.scaleout.pipeline). An asynchronous run makes them between its collections as
+        the run it resumes did; a synchronous one before its first."""
 
     def take(self, run: Run, step: int) -> Collected:
         """Step's rollouts."""
+        for observation in self.pending:
+            self.observe(observation.own, observation.aside, observation.step)
+        self.pending = []
         return collect(run, step)
 
     def observe(self, own: list[Group], aside: list[Group], step: int) -> None:
@@ -454,6 +467,40 @@ class Rollouts:
         self.sampler.load_state_dict(state["sampler"])
         if self.replay is not None and "replay" in state:
             self.replay.load_state_dict(state["replay"])
+        self.pending = [Observation.from_state(x) for x in state.get("pending_observations", [])]
+
+    def attach_media(self, media: list[PromptMedia | None]) -> None:
+        """Give the groups read back from a checkpoint (replay, pending observations) their
+        prompts' images (`TaskData.media`, by prompt index)."""
+        if self.replay is not None:
+            self.replay.attach_media(media)
+        self.pending = [x.with_media(media) for x in self.pending]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One step's `Rollouts.observe`: its trained groups and those set aside; ``after``, the
+    collection it was queued behind (asynchronous rollouts)."""
+
+    after: int
+    step: int
+    own: list[Group]
+    aside: list[Group]
+
+    def state(self) -> dict[str, Any]:
+        return {"after": self.after, "step": self.step, "own": [_group_state(g) for g in self.own],
+                "aside": [_group_state(g) for g in self.aside]}
+
+    @staticmethod
+    def from_state(x: dict[str, Any]) -> Observation:
+        return Observation(int(x["after"]), int(x["step"]), [_group_from_state(g) for g in x["own"]],
+                           [_group_from_state(g) for g in x["aside"]])
+
+    def with_media(self, media: list[PromptMedia | None]) -> Observation:
+        def attach(groups: list[Group]) -> list[Group]:
+            return [dataclasses.replace(g, samples=tuple(with_prompt_media(g.samples, media))) for g in groups]
+
+        return dataclasses.replace(self, own=attach(self.own), aside=attach(self.aside))
 
 
 def collect(run: Run, step: int) -> Collected:

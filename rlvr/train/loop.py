@@ -35,7 +35,7 @@ from rlvr.train.records import Thumbnails, sample_rows, summarise, summary_line,
 from rlvr.train.rollouts import group_metrics
 from rlvr.train.run import Run, RunDirError, open_run, save, setup
 from rlvr.train.stop import GracefulStop, Interrupted, stop_if_requested
-from rlvr.types import Group
+from rlvr.types import Group, oldest_version
 
 __all__ = ["Interrupted", "RunDirError", "setup", "train", "train_step"]
 
@@ -91,9 +91,9 @@ def _engine_metrics(run: Run, own: list[Group], collected: Collected, serving: i
     metrics = run.engine.metrics() | collected.metrics
     if not metrics:
         return {}
-    versions = [x.completion.policy_version for g in own for x in g.samples]
-    if serving is not None and versions and None not in versions:
-        metrics["dist/staleness_max"] = float(serving - min(v for v in versions if v is not None))
+    oldest = oldest_version([x for g in own for x in g.samples])
+    if serving is not None and oldest is not None:
+        metrics["dist/staleness_max"] = float(serving - oldest)
     if run.cfg.dist.partial_rollouts():  # samples that newer weights finished
         crossed = [bool(x.completion.swapped_at) for g in own for x in g.samples]
         metrics["dist/partial_fraction"] = statistics.fmean(crossed) if crossed else 0.0

@@ -76,6 +76,9 @@ class Run:
     processor: Any = None
     """A vision-language model's processor (its tokenizer, image processor, chat template): what
     renders prompts with images and what checkpoints save; None for a text model."""
+    policy_version: int = 0
+    """The policy's version where the run (re)started: the updates rollout workers had counted
+    (`Completion.policy_version`), restored on resume so their count goes on."""
 
 
 def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dtype: torch.dtype,
@@ -158,7 +161,10 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
 
 def _state(run: Run) -> dict[str, Any]:
     state = {"learner": run.learner.state_dict(), "engine_rng": run.engine.generator.get_state(),
-             **run.rollouts.state_dict(), **run.updater.state_dict()}
+             "policy_version": run.engine.version}
+    # asynchronous rollouts' state is the one the next collection began from, the engine's stream
+    # included: the collections made ahead are made again on resume (rlvr.scaleout.pipeline)
+    state |= run.rollouts.state_dict() | run.updater.state_dict()
     for method in run.methods.values():
         if method.state_key is not None:
             state[method.state_key] = method.state_dict()
@@ -168,9 +174,10 @@ def _state(run: Run) -> dict[str, Any]:
 def _restore(run: Run, state: dict[str, Any]) -> None:
     run.learner.load_state_dict(state["learner"])
     run.rollouts.load_state_dict(state)
-    if run.rollouts.replay is not None and run.task.media is not None:
-        run.rollouts.replay.attach_media(run.task.media)
+    if run.task.media is not None:
+        run.rollouts.attach_media(run.task.media)
     run.engine.generator.set_state(state["engine_rng"])
+    run.policy_version = state.get("policy_version") or 0
     run.updater.load_state_dict(state)
     for name, method in run.methods.items():
         if method.state_key is None:

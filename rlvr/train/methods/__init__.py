@@ -130,12 +130,14 @@ METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
 """Every method, by name; the order is the order their hooks run in."""
 
 
-def per_token_credit(cfg: Any, policy: PreTrainedModel, optimizer_steps: int, tokenizer: Any = None) -> Credit | None:
+def per_token_credit(cfg: Any, policy: PreTrainedModel, optimizer_steps: int, tokenizer: Any = None,
+                     fields_of: Callable[[Group], dict[str, Any]] | None = None) -> Credit | None:
     """The per-token `Credit` the config asks for (PPO's critic, a distillation teacher, a process
     reward model), or None: what a data-parallel learner rank builds for itself
-    (rlvr.scaleout.learners; there a function PRM sees the group's answer, not the example's fields)."""
+    (rlvr.scaleout.learners). ``fields_of(group)``: the fields of its example, which a function
+    PRM receives (rlvr.train.methods.process.example_fields)."""
     return (ppo.critic_credit(cfg, policy, optimizer_steps) or distill.teacher_credit(cfg, policy)
-            or process.process_credit(cfg, policy, tokenizer, optimizer_steps))
+            or process.process_credit(cfg, policy, tokenizer, optimizer_steps, fields_of))
 
 
 def build_methods(run: Run, info: SetupInfo) -> dict[str, Method]:

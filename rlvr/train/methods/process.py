@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -177,12 +177,19 @@ class ProcessSupervision(Method):
         self.credit.load_state_dict(state)
 
 
-def build(run: Run, info: SetupInfo) -> Method | None:
-    by_id = {ex.id: ex for ex in run.task.examples}
+def example_fields(examples: Iterable[Any]) -> Callable[[Group], dict[str, Any]]:
+    """``fields_of(group)``: the fields of the group's example (by its id), what a function PRM
+    receives as keywords; a group of no known example gets its answer alone."""
+    by_id = {ex.id: ex for ex in examples}
 
     def fields_of(group: Group) -> dict[str, Any]:
         example = by_id.get(group.metadata.get("id"))  # type: ignore[arg-type]
         return dict(example.fields) if example is not None else {"answer": group.metadata.get("answer")}
 
-    credit = process_credit(run.cfg, run.learner.model, run.tokenizer, info.optimizer_steps, fields_of)
+    return fields_of
+
+
+def build(run: Run, info: SetupInfo) -> Method | None:
+    credit = process_credit(run.cfg, run.learner.model, run.tokenizer, info.optimizer_steps,
+                            example_fields(run.task.examples))
     return None if credit is None else ProcessSupervision(credit)
