@@ -21,7 +21,7 @@ EXAMPLES = """examples:
   rlvr train --config configs/demo.toml
   rlvr train --config configs/demo.toml train.steps=5 algo.loss_kwargs.clip_high=0.28 name=quick
   rlvr train --resume runs/demo
-  rlvr sft --config configs/demo.toml sft.data=data/chats.jsonl name=my-sft
+  rlvr sft --config configs/sft.toml sft.task_examples=0 sft.data=data/chats.jsonl name=my-sft
   rlvr dpo --config configs/demo.toml dpo.data=pairs.jsonl dpo.beta=0.1
   rlvr sample --model runs/demo/checkpoints/step_000030 "What is 3 + 4?"
   rlvr serve --model runs/demo --port 8000    # OpenAI-compatible, at http://127.0.0.1:8000/v1
@@ -81,7 +81,8 @@ def _add_serve(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
                    help="require `Authorization: Bearer KEY` (default: $RLVR_API_KEY, else none)")
     v.add_argument("--engine", default="embedded", choices=["embedded", "vllm"],
                    help="embedded (any device) or vllm (a CUDA GPU with vLLM installed; docs/distributed.md)")
-    v.add_argument("--dtype", default="auto", help="auto, fp32, bf16 or fp16")
+    v.add_argument("--dtype", default="auto", choices=["auto", "bf16", "bfloat16", "fp32", "float32"],
+                   help="the weights' dtype (auto: bf16 where this device runs it fast, else fp32)")
     v.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     v.add_argument("--seed", type=int, default=0, help="the engine's random stream (requests without a seed)")
     v.add_argument("--max-batch-size", type=int, default=64, help="sequences the engine samples at once")
@@ -112,12 +113,14 @@ def _add_eval(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> Non
     e = sub.add_parser("eval", help="pass@k, maj@k, avg, length, entropy, diversity of models on held-out prompts")
     e.add_argument("--model", action="append", required=True,
                    help="model, checkpoint folder or run dir (repeat to compare several)")
-    e.add_argument("--config", help="TOML config whose task, rewards and held-out prompts to use (default: the demo's defaults)")
+    e.add_argument("--config", help="TOML config whose task, rewards, sampling and held-out prompts to use "
+                   "(default: rlvr's defaults, listed by `rlvr config`)")
     e.add_argument("--task", help="reasoning-gym task name (overrides the config's)")
-    e.add_argument("--k", default="1,4", help="comma-separated k for pass@k and maj@k")
-    e.add_argument("--n", type=int, default=8, help="samples per prompt (n >= max k)")
-    e.add_argument("--prompts", type=int, default=64, help="held-out prompts to use")
-    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--k", default="1,4", help="comma-separated k for pass@k and maj@k (default: %(default)s)")
+    e.add_argument("--n", type=int, default=8, help="samples per prompt, n >= max k (default: %(default)s)")
+    e.add_argument("--prompts", type=int, default=64, help="held-out prompts to use (default: %(default)s)")
+    e.add_argument("--temperature", type=float, default=None,
+                   help="default: the config's sampling.temperature; 0 = greedy")
     e.add_argument("--max-new-tokens", type=int, default=None, help="default: the config's sampling.max_new_tokens")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", default="eval.json", help="JSON results; the Markdown table goes beside it (.md)")
@@ -137,7 +140,7 @@ def _add_contamination(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
         "them all) and the non-members its held-out prompts, which no run of the config trains on.")
     c.add_argument("--model", required=True, help="model, checkpoint folder or run dir")
     c.add_argument("--config", help="TOML config for the default prompts, the system prompt and the response "
-                   "length (default: the demo's defaults)")
+                   "length (default: rlvr's defaults, listed by `rlvr config`)")
     c.add_argument("--method", choices=["self_critique", "min_k", "both"], default="both",
                    help="self_critique: Tao et al., arXiv:2510.09259; min_k: Min-K%% Prob, Shi et al., "
                    "arXiv:2310.16789 (default: both)")
@@ -161,7 +164,8 @@ def _add_filter(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
                         description="Estimates each training prompt's pass rate with --model (n samples at the "
                         "config's temperature, scored by its rewards) and writes the prompts whose rate lies in "
                         "(--min, --max) to a JSONL file. Train on it with task.source=\"jsonl\" "
-                        "task.path=FILE task.instruction=\"\" (the prompts keep their instruction). With --accepted it also "
+                        "task.path=FILE task.params={} task.instruction=\"\" (the prompts keep their instruction; "
+                        "task.params={} drops a reasoning-gym config's task parameters). With --accepted it also "
                         "writes the correct completions, which `rlvr sft` trains on (ReST, expert iteration).")
     fl.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model, checkpoint folder or run dir")
     fl.add_argument("--config", help="TOML config whose training prompts, rewards and sampling to use")
@@ -368,8 +372,9 @@ def _eval(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
     max_new = args.max_new_tokens or cfg.sampling.max_new_tokens
+    temperature = cfg.sampling.temperature if args.temperature is None else args.temperature
     judge = {"fn": args.cot_judge, "kwargs": json.loads(args.cot_judge_kwargs)} if args.cot_judge else None
-    results = compared([evaluate_model(m, cfg, n=args.n, ks=ks, prompts=args.prompts, temperature=args.temperature,
+    results = compared([evaluate_model(m, cfg, n=args.n, ks=ks, prompts=args.prompts, temperature=temperature,
                                        max_new_tokens=max_new, seed=args.seed, cot_judge=judge) for m in args.model])
     json_path, md_path = write_results(results, ks, Path(args.out))
     print(markdown_table(results, ks), end="")
@@ -401,7 +406,12 @@ def _filter(args: argparse.Namespace) -> int:
     from rlvr.data.filter import pass_rates, write_accepted, write_filtered
 
     cfg = load_config(args.config, args.overrides)
-    total = min(cfg.task.size, args.limit or cfg.task.size)
+    if cfg.task.source == "reasoning_gym":
+        total = min(cfg.task.size, args.limit or cfg.task.size)
+    else:  # a file or dataset: task.size does not say how many prompts it holds
+        from rlvr.train.data import load_examples
+
+        total = len(load_examples(cfg)[0][: args.limit])
     with _counting({"rating prompts": total}) as advance:
         rated = pass_rates(args.model, cfg, n=args.n, limit=args.limit,
                            progress=lambda k: advance("rating prompts", k))

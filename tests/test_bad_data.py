@@ -234,3 +234,14 @@ def test_chat_files_read_like_task_files(tmp_path: Path) -> None:
     pair = {"prompt": "Q", "chosen": "a", "rejected": "b", "score_chosen": "high", "score_rejected": 1}
     with pytest.raises(ChatDataError, match="c.jsonl:3: \"score_chosen\" and \"score_rejected\" must be finite numbers"):
         preference_pair(make_tiny_tokenizer(), pair, "c.jsonl:3", eos_token_ids=[2])
+
+
+def test_a_missing_relative_prompt_file_says_it_was_read_from_the_current_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bundled configs name their data relative to the repository's root: run from elsewhere,
+    the error said only "not found"."""
+    from rlvr.data.tasks import jsonl_examples
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"task.path, read from the current directory {tmp_path}"):
+        jsonl_examples("configs/data/word_problems.jsonl")

@@ -251,6 +251,13 @@ def test_rlvr_filter_keeps_the_prompts_in_the_pass_rate_band(tiny_dir: Path, tmp
     assert all(0 < r["pass_rate"] < 1 and r["prompt"] and r["task"] == "chain_sum" for r in rows)
     table = capsys.readouterr().out
     assert table.startswith("pass rate  prompts") and sum(int(line.split()[-1]) for line in table.splitlines()[1:]) == 6
+    # the kept prompts, rated again as the help says to train on them; progress counts the file's
+    # rows (it had counted task.size's 1000)
+    again = ["filter", "--model", str(tiny_dir), "--n", "2", "--out", str(tmp_path / "again.jsonl"),
+             'rewards=[{fn = "tests.test_losses:four_distinct"}]', "sampling.max_new_tokens=8", "task.eval_size=0",
+             'task.source="jsonl"', f'task.path="{out}"', "task.params={}", 'task.instruction=""']
+    assert main(again) == 0
+    assert f"rating prompts: {len(rows)}/{len(rows)}" in capsys.readouterr().err
     # the band's edges, by hand
     ex = [Example(f"q{i}", "1", {"task": "t"}, f"id{i}") for i in range(4)]
     rated = [Rated(e, rate) for e, rate in zip(ex, [0.0, 0.25, 0.75, 1.0])]

@@ -212,6 +212,15 @@ def test_rlvr_eval_compares_models_on_the_same_prompts(tiny_dir: Path, tmp_path:
     assert main(["eval", "--model", str(tiny_dir), "--k", "1", "--n", "2", "--prompts", "2", "--max-new-tokens", "4",
                  "--out", str(out), *overrides, 'engine.dtype="float16"']) == 0
     assert results[0]["engine_weights"] == "model" and json.loads(out.read_text())[0]["engine_weights"] == "float16"
+    # the config's sampling settings, temperature included (--temperature had defaulted to 1.0 over it), recorded
+    assert results[0]["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, "stop": [],
+                                      "seed": 0}
+    assert main(["eval", "--model", str(tiny_dir), "--k", "1", "--n", "2", "--prompts", "2", "--max-new-tokens", "4",
+                 "--out", str(out), *overrides, "sampling.temperature=0.3"]) == 0
+    assert json.loads(out.read_text())[0]["sampling"]["temperature"] == 0.3
+    assert main(["eval", "--model", str(tiny_dir), "--k", "1", "--n", "2", "--prompts", "2", "--max-new-tokens", "4",
+                 "--out", str(out), "--temperature", "0", *overrides, "sampling.temperature=0.3"]) == 0
+    assert json.loads(out.read_text())[0]["sampling"]["temperature"] == 0.0
     # prompts that leave no room for --max-new-tokens in the model's 2048 positions: named, nothing sampled
     assert main(["eval", "--model", str(tiny_dir), "--k", "1", "--n", "1", "--max-new-tokens", "2040", *overrides]) == 2
     assert "leave too little room for --max-new-tokens = 2040" in capsys.readouterr().err

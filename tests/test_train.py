@@ -422,3 +422,24 @@ def test_prompts_that_do_not_fit_the_context_are_named_before_sampling(tiny_dir:
         check_prompt_lengths(dataclasses.replace(task, prompt_ids=[[1] * 253]), 256)
     with pytest.raises(ValueError, match="longer than the model's context of 256"):
         check_prompt_lengths(dataclasses.replace(task, prompt_ids=[[1] * 256]), 256)
+
+
+def always_fails(prompt: str, completion: str, **_: object) -> float:
+    raise ValueError("this reward is broken")
+
+
+def test_a_failing_reward_stops_the_run_at_the_first_evaluation_or_is_counted_there(tiny_dir: Path,
+                                                                                    tmp_path: Path) -> None:
+    """on_reward_error = "stop": the held-out evaluation before training scored the failures 0 and
+    went on, so the run stopped only at step 1, after a warning that it was scoring them 0. With
+    "zero", the evaluation's rows count the failures, as a training step's do."""
+    from rlvr.rewards.combine import RewardError
+
+    failing = ['rewards=[{fn = "tests.test_train:always_fails", name = "broken"}]']
+    with pytest.raises(RewardError, match="on_reward_error = \"stop\""):
+        train(load_config(None, [*overrides(tiny_dir, tmp_path, "stop"), *failing, 'on_reward_error="stop"']),
+              quiet=True)
+    assert not (tmp_path / "stop" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "stop")
+    summary = train(load_config(None, [*overrides(tiny_dir, tmp_path, "zero", train__steps=1), *failing]), quiet=True)
+    assert summary["eval_before"]["eval/rewards/broken/error"] == 1.0
+    assert read_metrics(tmp_path / "zero")[0]["rewards/broken/error"] == 1.0

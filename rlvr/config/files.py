@@ -51,10 +51,22 @@ def _unknown(full: str, siblings: list[str], root: type[RunConfig]) -> str:
         return f"[{full.split('.')[0]}] belongs to `rlvr {owner}`'s config, not `rlvr {root.command}`'s"
     if full in MOVED:
         return f"'{full}' is now {MOVED[full]}"
-    near = difflib.get_close_matches(full, siblings + _known_keys(root), n=1, cutoff=0.5)
+    known = _known_keys(root)
+    synonym = SYNONYMS.get(full.rsplit(".", 1)[-1])
+    section = full.rsplit(".", 1)[0] + "." if "." in full else ""
+    near = sorted((k for k in known if synonym and (k == synonym or k.endswith("." + synonym))),
+                  key=lambda k: not k.startswith(section))[:1]  # the same section's first
+    near = near or difflib.get_close_matches(full, siblings + known, n=1, cutoff=0.5)
     hint = f"; did you mean '{near[0]}'?" if near else ""
     return f"unknown config key '{full}'{hint} (`rlvr config {root.command}` lists all keys)"
 
+
+SYNONYMS: dict[str, str] = {
+    "learning_rate": "lr", "num_generations": "group_size", "max_steps": "steps", "beta": "kl_coef",
+    "max_completion_length": "max_new_tokens", "max_tokens": "max_new_tokens",
+    "per_device_train_batch_size": "micro_batch_size", "num_train_epochs": "epochs",
+}
+"""Names other trainers (TRL's GRPOConfig, OpenAI's API) give rlvr's keys, for the unknown-key hint."""
 
 MOVED: dict[str, str] = {
     **{f"expert.{k}": f"expert.kwargs.{k} (with mode = \"chord\")"

@@ -201,7 +201,7 @@ def jsonl_examples(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"JSONL prompt file not found: {path}")
+        raise FileNotFoundError(f"JSONL prompt file not found: {path} (task.path{_relative(path)})")
     rows = [(f"{path}:{n}", row) for n, row in read_jsonl_rows(path)]
     return _examples(rows, str(path), prompt_column, answer_column, instruction, format, image_column, path.parent)
 
@@ -228,7 +228,7 @@ def parquet_examples(
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"Parquet prompt file not found: {path}")
+        raise FileNotFoundError(f"Parquet prompt file not found: {path} (task.path{_relative(path)})")
     rows = pq.read_table(path).to_pylist()
     return _examples([(f"{path}:row {i}", row) for i, row in enumerate(rows)], str(path), prompt_column,
                      answer_column, instruction, format, image_column, path.parent)
@@ -498,3 +498,9 @@ def humaneval_examples(*, instruction: str = CODE_INSTRUCTION) -> list[Example]:
                                         "code_prompt": problem["prompt"], "answer": None},
                                 id=str(task_id)))
     return examples
+
+
+def _relative(path: str | Path) -> str:
+    """How a relative path was read, for a file-not-found message: from the current directory,
+    not from the config file's."""
+    return "" if Path(path).is_absolute() else f", read from the current directory {Path.cwd()}"

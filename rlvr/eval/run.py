@@ -75,7 +75,9 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     _, negative_entropy = score_certainty(model, samples, engine.pad_token_id,
                                           temperature=temperature if temperature > 0 else 1.0, micro_batch_size=16)
     result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n,
-                              "engine_weights": engine.weights}  # "model", "float16" or "int8" (engine.dtype)
+                              "engine_weights": engine.weights,  # "model", "float16" or "int8" (engine.dtype)
+                              "sampling": {"temperature": temperature, "top_p": params.top_p, "top_k": params.top_k,
+                                           "max_new_tokens": max_new_tokens, "stop": list(params.stop), "seed": seed}}
     result |= _means(per_prompt, len(held))
     result["response_length"] = statistics.fmean(len(x.completion.token_ids) for x in samples)
     result["token_entropy"] = -float(negative_entropy.mean())

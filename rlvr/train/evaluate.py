@@ -42,6 +42,7 @@ def evaluate_held_out(run: Run, step: int = 0) -> tuple[dict[str, float], dict[s
     m = group_metrics(groups, primary)
     # accuracy over the answers that got a verdict; the share that did not is said beside it
     out = {f"eval/{k}": m[k] for k in ("accuracy", "reward", "response_length", "no_verdict_fraction") if k in m}
+    out |= {f"eval/{k}": v for k, v in m.items() if k.startswith("rewards/")}  # each reward, its errors included
     out |= {f"eval/{k}": v for k, v in episode_metrics(groups).items()}
     n = run.cfg.train.eval_samples
     if n:
@@ -69,7 +70,7 @@ def _held_out(run: Run, params: SamplingParams, rescore: bool = True) -> list[Gr
     if task.episodes is not None:
         return task.episodes(run.engine, task.eval_examples, everything, params.n, sampling=params)
     groups = generate_groups(run.engine, task.eval_examples, task.eval_ids, everything, task.rewards, params,
-                             media=task.eval_media)
+                             on_error=run.cfg.on_reward_error, media=task.eval_media)
     if rescore:  # rewards from the policy itself (RLP's information gain of the greedy thoughts)
         for method in run.methods.values():
             groups = method.rescore(run, groups, task.eval_examples, held_out=True)
