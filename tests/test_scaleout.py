@@ -285,3 +285,17 @@ def test_a_vision_language_model_is_refused_on_data_parallel_learners(tmp_path: 
     with pytest.raises(ValueError, match="does not train vision-language models"):
         train(load_config(None, [*visual_overrides(tmp_path / "vlm", tmp_path, "x"), "dist.learners=2",
                                  "dist.ray.timeout_s=120"]), quiet=True)
+
+
+def test_with_vllm_rollout_workers_the_driver_builds_no_vllm_engine_of_its_own(tiny_dir: Path, tmp_path: Path) -> None:
+    """The workers sample; the driver's engine is only the stream their seeds come from. It had
+    built a whole vLLM engine of its own (GPU memory the workers could not use, and a failure on a
+    driver without a GPU), which the rollout workers then replaced."""
+    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.train.loop import setup
+
+    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "v"), "dist.rollout_workers=1", 'engine.backend="vllm"',
+                             "dist.ray.gpus_per_worker=1"])
+    (tmp_path / "v").mkdir()
+    run = setup(cfg, tmp_path / "v")
+    assert isinstance(run.engine, EmbeddedEngine) and run.engine.model is run.learner.model

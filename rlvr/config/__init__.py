@@ -157,7 +157,7 @@ class RunConfig(_Section):
             raise ValueError(f"dist.ray.num_cpus = {r.num_cpus} is fewer than the {actors:g} CPUs the actors reserve "
                              f"({d.rollout_workers} rollout workers and {d.learners - 1} learner actors, "
                              f"cpus_per_worker = {r.cpus_per_worker:g} each): they would never start")
-        if d.learners > 1 and self.train.device.startswith("cuda") and not r.gpus_per_learner:
+        if d.learners > 1 and _on_gpu(self.train.device) and not r.gpus_per_learner:
             raise ValueError("data-parallel learners on GPUs need one each: set dist.ray.gpus_per_learner = 1")
         if a is not None:
             from rlvr.rewards.intrinsic import INTRINSIC
@@ -200,6 +200,15 @@ class RunConfig(_Section):
             if self.algo.advantage == "gae" or (self.algo.kl_placement == "reward" and self.algo.kl_coef > 0):
                 raise ValueError("env.summarize trains segments with the episode's outcome advantage: it does not "
                                  "combine with advantage = \"gae\" or a KL in the reward")
+
+
+def _on_gpu(device: str) -> bool:
+    """Whether train.device puts the learner on a GPU ("auto" does where torch sees one)."""
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
 
 
 class SFTRunConfig(RunConfig):

@@ -98,7 +98,9 @@ def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dty
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Same dtype: the engine samples from the learner's own weights, so updates need no copy. With
     # LoRA the engine keeps a plain copy of the base and loads the merged weights after each update.
-    vllm = cfg.engine.backend == "vllm"
+    # vLLM here only where this process samples: rollout workers run their own (rlvr.scaleout), and
+    # this engine, on the learner's own weights, is then only the stream their seeds are drawn from
+    vllm = cfg.engine.backend == "vllm" and not cfg.dist.rollout_workers
     shared = engine_dtype == dtype and not lora and not vllm
     engine_model = model if shared or vllm else copy.deepcopy(model).to(engine_dtype)  # type: ignore[arg-type]
     if engine_model is not model:  # e.g. a bf16 engine beside an fp32 learner: its prefill's attention
