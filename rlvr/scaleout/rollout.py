@@ -16,6 +16,7 @@ being sampled go on under the new weights from their next token (`EmbeddedEngine
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -117,6 +118,7 @@ class RayEngine:
         self.timeout_s = timeout_s
         self.version = version
         self.restarts = 0
+        self._restarting = threading.Lock()
         r, a = cfg.dist.ray_options(), cfg.dist.async_options()
         partial = a is not None and a.partial_rollouts
         # partial rollouts: a broadcast runs beside the sampling under way instead of queueing behind it
@@ -168,15 +170,26 @@ class RayEngine:
         return out
 
     def _submit(self, k: int, prompts: list[list[int]], params: SamplingParams, seeds: list[list[int]],
-                rows: range, media: Sequence[PromptMedia | None] | None) -> Any:
+                rows: range, media: Sequence[PromptMedia | None] | None) -> tuple[Any, Any]:
+        """(the worker asked, the reference to its samples)."""
         if media is not None:
             media = [media[i] for i in rows]
-        return self.workers[k].generate.remote([prompts[i] for i in rows], params, [seeds[i] for i in rows], media)
+        worker = self.workers[k]
+        return worker, worker.generate.remote([prompts[i] for i in rows], params, [seeds[i] for i in rows], media)
 
-    def _collect(self, k: int, ref: Any, prompts: list[list[int]], params: SamplingParams,
+    def _restart(self, k: int, dead: Any) -> None:
+        """Worker k in place of `dead`, unless another thread replaced it already (asynchronous
+        rollouts: a collection and a weight broadcast can both find it dead)."""
+        with self._restarting:
+            if self.workers[k] is dead:
+                self.restarts += 1
+                self.workers[k] = self._start()
+
+    def _collect(self, k: int, submitted: tuple[Any, Any], prompts: list[list[int]], params: SamplingParams,
                  seeds: list[list[int]], rows: range, media: Sequence[PromptMedia | None] | None,
                  ) -> list[list[Completion]]:
         """Worker k's shard; if the worker died, a restarted one runs it again with the same seeds."""
+        worker, ref = submitted
         for attempt in range(3):
             try:
                 return self._wait([ref], f"rollout worker {k}")[0]  # type: ignore[no-any-return]
@@ -185,25 +198,25 @@ class RayEngine:
                     raise RuntimeError(f"rollout worker {k} died three times in one call: {err}") from err
                 log.warning("rollout worker %d died (%s); restarting it and re-running its %d prompts",
                             k, type(err).__name__, len(rows))
-                self.restarts += 1
-                self.workers[k] = self._start()
-                ref = self._submit(k, prompts, params, seeds, rows, media)
+                self._restart(k, worker)
+                worker, ref = self._submit(k, prompts, params, seeds, rows, media)
         raise AssertionError("unreachable")
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Put the weights in the object store once; every worker loads them (zero-copy on its node)."""
-        self.version += 1
-        self._state = self.ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
-        refs = [w.update_weights.remote(self._state, self.version) for w in self.workers]
+        state = self.ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+        with self._restarting:  # a worker restarted from now on starts with these weights and their version
+            self._state, self.version = state, self.version + 1
+            workers = list(self.workers)
+        refs = [w.update_weights.remote(state, self.version) for w in workers]
         try:
             self._wait(refs, f"the weight broadcast (version {self.version}) to the rollout workers")
         except self.ray.exceptions.RayActorError:  # a dead worker is restarted with the new weights
-            for k, w in enumerate(self.workers):
+            for k, w in enumerate(workers):
                 try:
                     self._wait([w.ping.remote()], f"rollout worker {k}")
                 except self.ray.exceptions.RayActorError:
-                    self.restarts += 1
-                    self.workers[k] = self._start()
+                    self._restart(k, w)
 
     def metrics(self) -> dict[str, float]:
         return {"dist/policy_version": float(self.version), "dist/worker_restarts": float(self.restarts)}
