@@ -180,6 +180,23 @@ def test_offline_dpo_prefers_the_chosen_answers(tiny_dir: Path, tmp_path: Path) 
     assert read_metrics(tmp_path / "easy")[0]["pairs"] == 4
 
 
+def test_a_pair_with_no_answer_token_within_max_length_is_dropped(tiny_dir: Path, tmp_path: Path) -> None:
+    """A prompt that fills dpo.max_length leaves both answers empty: kept, the pair scored log 2
+    and a wrong preference whatever the policy did (TRL drops such rows too)."""
+    from rlvr.train.offline import preference_data
+    from rlvr.models import load_tokenizer
+
+    path = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": "Say yes", "chosen": "yes", "rejected": "no"},
+            {"prompt": "Say yes " * 20, "chosen": "yes", "rejected": "no"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "d"), f'dpo.data="{path}"', "dpo.max_length=48"],
+                      command="dpo")
+    pairs, stats = preference_data(cfg, load_tokenizer(str(tiny_dir)))
+    assert len(pairs) == 1 and stats["dropped"] == 1 and stats["truncated"] == 1
+    assert all(p.chosen.trained and p.rejected.trained for p in pairs)
+
+
 def test_online_dpo_trains_on_its_own_best_and_worst(tiny_dir: Path, tmp_path: Path) -> None:
     cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "online", train__steps=2), "dpo.online=true",
                              "train.lr=3e-3"], command="dpo")

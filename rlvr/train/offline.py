@@ -144,7 +144,7 @@ def preference_data(cfg: DPORunConfig, tokenizer: Any) -> tuple[list[PreferenceP
     if not d.data:
         raise ValueError("rlvr dpo needs preference pairs: set dpo.data to a JSONL file, or dpo.online = true")
     eos = _eos_ids(tokenizer)
-    pairs, truncated, outside = [], 0, 0
+    pairs, truncated, outside, dropped = [], 0, 0, 0
     for number, row in read_rows(d.data):
         where = f"{d.data}:{number}"
         pair = preference_pair(tokenizer, row, where, eos_token_ids=eos, system_prompt=cfg.task.system_prompt)
@@ -158,10 +158,22 @@ def preference_data(cfg: DPORunConfig, tokenizer: Any) -> tuple[list[PreferenceP
         if max(len(pair.chosen.ids), len(pair.rejected.ids)) > d.max_length:
             truncated += 1
             pair = PreferencePair(truncate(pair.chosen, d.max_length), truncate(pair.rejected, d.max_length), pair.gap)
+            if not (pair.chosen.trained and pair.rejected.trained):  # the prompt filled dpo.max_length
+                dropped += 1  # kept, it scored log 2 and a wrong preference whatever the policy did
+                continue
         pairs.append(pair)
     if not pairs:
-        raise ValueError(f"{d.data}: no pair left ({outside} outside dpo.min_gap/max_gap)")
-    return pairs, {"pairs": len(pairs), "truncated": truncated, "outside_gap": outside}
+        raise ValueError(f"{d.data}: no pair left ({outside} outside dpo.min_gap/max_gap, {dropped} with no answer "
+                         f"token within dpo.max_length = {d.max_length})")
+    return pairs, {"pairs": len(pairs), "truncated": truncated, "dropped": dropped, "outside_gap": outside}
+
+
+def _dpo_headline(st: dict[str, int], cfg: DPORunConfig) -> str | None:
+    """What `rlvr dpo` says before its first step where pairs were cut or dropped."""
+    if not (st["truncated"] or st["dropped"]):
+        return None
+    return (f"note: {st['truncated']} pairs cut at dpo.max_length = {cfg.dpo.max_length}, {st['dropped']} of them "
+            "dropped (no answer token left)")
 
 
 # ---------------------------------------------------------------- steps
@@ -346,7 +358,7 @@ def dpo(cfg: DPORunConfig | None = None, *, resume: str | Path | None = None, ov
         return dpo_step(run, [as_tuples[i] for i in items], ref_P2[items], d) | {"epoch": float(epoch)}, []
 
     return _fit(run, start, total, offline_step, quiet=quiet, command="dpo", live=DPO_LIVE, evaluate_too=True,
-                data=stats, prepare=score_reference)
+                data=stats, prepare=score_reference, headline=_dpo_headline(stats, cfg))
 
 
 def _reference(run: Run) -> Any:
