@@ -43,4 +43,6 @@ __all__ = sorted(_WHERE)
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'rlvr' has no attribute {name!r}")
+    if name == "train":  # the package, callable as the job (rlvr/train/__init__.py): one object, whatever ran first
+        return importlib.import_module("rlvr.train")
     return getattr(importlib.import_module(_WHERE[name]), name)

@@ -74,14 +74,21 @@ def joined_versions(parts: list[tuple[int, Completion]]) -> dict[str, Any]:
     """The `policy_version` and `swapped_at` of a completion joined from ``parts``, each the
     offset its tokens start at in the whole and the completion sampled there (an episode's
     turns): the oldest version, which its staleness counts from (None if any part has none: a
-    local engine), and the offsets where newer weights took over, between or within parts."""
+    local engine), and the offsets where newer weights took over, between or within parts. A
+    part records only its first version and where it swapped, so a part that starts on a newer
+    version than the previous one started on counts as a swap only past one version per swap
+    of the previous parts (two updates between two tokens of one part would hide one)."""
     versions = [c.policy_version for _, c in parts]
     if not parts or None in versions:
         return {"policy_version": None, "swapped_at": ()}
     swaps: list[int] = []
-    for k, (offset, c) in enumerate(parts):
-        if k and c.policy_version != parts[k - 1][1].policy_version:
+    latest = -1  # the newest version known to have sampled a token so far
+    for offset, c in parts:
+        assert c.policy_version is not None
+        if latest >= 0 and c.policy_version > latest:
             swaps.append(offset)
+        # each swap within a part is to weights at least one version newer
+        latest = max(latest, c.policy_version + len(c.swapped_at))
         swaps += [offset + i for i in c.swapped_at]
     return {"policy_version": min(v for v in versions if v is not None), "swapped_at": tuple(swaps)}
 
@@ -180,8 +187,9 @@ class Group:
 
 
 def oldest_version(samples: Sequence[Sample]) -> int | None:
-    """The oldest weights' version among ``samples`` (what their staleness counts from), or None
-    when none has one. Samples without a version were not sampled by a versioned engine (a
+    """The oldest weights' version among ``samples``, earlier segments of an episode included
+    (what their staleness counts from), or None when none has one. Samples without a version were not sampled by a versioned engine (a
     demonstration, an episode the agent ended before sampling) and do not count."""
-    versions = [x.completion.policy_version for x in samples if x.completion.policy_version is not None]
+    completions = [c for x in samples for c in (x.completion, *(c for _, c in x.segments))]
+    versions = [c.policy_version for c in completions if c.policy_version is not None]
     return min(versions) if versions else None

@@ -636,3 +636,16 @@ def test_tool_calls_that_break_the_json_parser_and_unicode_cells() -> None:
     result = env.step('<tool_call>{"name": "blank", "arguments": {}}</tool_call>')
     assert result.metrics["tool_errors"] == 0.0  # an empty output is not an error (it raised IndexError)
     assert call({}, deep[0]) == (f"error: {deep[0].error}", False)
+
+
+def test_staleness_counts_from_an_episodes_oldest_segment() -> None:
+    """A summarised episode's earlier segments were sampled before its last one: its staleness
+    counts from the oldest of them (only the last segment's version had been read)."""
+    from rlvr.types import Completion, Sample, oldest_version
+
+    early = Completion((1,), (-0.1,), "stop", "a", policy_version=3)
+    late = Completion((2,), (-0.2,), "stop", "b", policy_version=5)
+    assert oldest_version([Sample((0,), late, 1.0, {}, 0, segments=(((0,), early),))]) == 3
+    unsampled = Completion((), (), "stop", "")  # the last segment ended before sampling anything
+    assert oldest_version([Sample((0,), unsampled, 1.0, {}, 0, segments=(((0,), early),))]) == 3
+    assert oldest_version([Sample((0,), unsampled, 1.0, {}, 0)]) is None

@@ -38,8 +38,9 @@ def test_the_readmes_python_api_trains(tiny_dir: Path, tmp_path: Path) -> None:
 
     from tests.test_train import overrides
 
-    code = ("import sys, rlvr; cfg = rlvr.load_config(None, sys.argv[1:]); s = rlvr.train(cfg, quiet=True); "
-            "from rlvr import train; assert train is rlvr.train; print(len(s['eval_after']) > 0)")
+    code = ("import sys, inspect, rlvr; first = rlvr.train; cfg = rlvr.load_config(None, sys.argv[1:]); "
+            "s = rlvr.train(cfg, quiet=True); from rlvr import train; assert train is rlvr.train is first; "
+            "assert 'resume' in inspect.signature(rlvr.train).parameters; print(len(s['eval_after']) > 0)")
     done = subprocess.run([sys.executable, "-c", code, *overrides(tiny_dir, tmp_path, "api", train__steps=1)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -81,6 +82,8 @@ def test_unknown_key_names_the_nearest(capsys: pytest.CaptureFixture[str]) -> No
                        ("sampling.max_completion_length", "sampling.max_new_tokens"), ("algo.beta", "algo.kl_coef")]:
         assert main(["train", f"{key}=1"]) == 2
         assert f"did you mean '{meant}'" in capsys.readouterr().err, key
+    assert main(["train", "env.max_tokens=1"]) == 2  # the section's own near key beats another section's synonym
+    assert "did you mean 'env.max_total_tokens'" in capsys.readouterr().err
 
 
 def test_bad_value_names_the_key_and_what_is_allowed(capsys: pytest.CaptureFixture[str]) -> None:

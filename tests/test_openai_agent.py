@@ -294,3 +294,15 @@ def test_an_episodes_calls_give_it_the_oldest_weights_version_and_where_newer_on
              for x in calls]
     (_, unversioned), = trajectory(tok, local)[0]
     assert unversioned.policy_version is None and unversioned.swapped_at == ()
+
+
+def test_a_turn_on_the_weights_the_previous_turn_swapped_to_is_no_new_swap() -> None:
+    """Partial rollouts: turn 1 starts on version 3 and swaps to 4 at its second token; turn 2,
+    all on 4, had been recorded as a second swap because it differed from turn 1's first version."""
+    from rlvr.types import Completion, joined_versions
+
+    first = Completion((1, 2), (-0.1, -0.2), "stop", "ab", policy_version=3, swapped_at=(1,))
+    same = Completion((3,), (-0.3,), "stop", "c", policy_version=4)
+    newer = Completion((4,), (-0.4,), "stop", "d", policy_version=5)
+    assert joined_versions([(0, first), (2, same)]) == {"policy_version": 3, "swapped_at": (1,)}
+    assert joined_versions([(0, first), (2, same), (3, newer)]) == {"policy_version": 3, "swapped_at": (1, 3)}

@@ -285,6 +285,7 @@ def test_a_vision_language_model_is_refused_on_data_parallel_learners(tmp_path: 
     with pytest.raises(ValueError, match="does not train vision-language models"):
         train(load_config(None, [*visual_overrides(tmp_path / "vlm", tmp_path, "x"), "dist.learners=2",
                                  "dist.ray.timeout_s=120"]), quiet=True)
+    assert not (tmp_path / "x").exists()  # nothing trained: the same name can run the corrected command
 
 
 def test_with_vllm_rollout_workers_the_driver_builds_no_vllm_engine_of_its_own(tiny_dir: Path, tmp_path: Path) -> None:

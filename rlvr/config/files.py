@@ -54,9 +54,10 @@ def _unknown(full: str, siblings: list[str], root: type[RunConfig]) -> str:
     known = _known_keys(root)
     synonym = SYNONYMS.get(full.rsplit(".", 1)[-1])
     section = full.rsplit(".", 1)[0] + "." if "." in full else ""
-    near = sorted((k for k in known if synonym and (k == synonym or k.endswith("." + synonym))),
-                  key=lambda k: not k.startswith(section))[:1]  # the same section's first
-    near = near or difflib.get_close_matches(full, siblings + known, n=1, cutoff=0.5)
+    named = [k for k in known if synonym and (k == synonym or k.endswith("." + synonym))]
+    # another trainer's name for a key of this section, then the nearest spelling, then the name elsewhere
+    near = [k for k in named if k.startswith(section)][:1]
+    near = near or difflib.get_close_matches(full, siblings + known, n=1, cutoff=0.5) or named[:1]
     hint = f"; did you mean '{near[0]}'?" if near else ""
     return f"unknown config key '{full}'{hint} (`rlvr config {root.command}` lists all keys)"
 

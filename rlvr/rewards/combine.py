@@ -203,7 +203,7 @@ def _warn_once(name: str, kind: str, message: str) -> None:
         consequence = "excluding the sample" if kind == _INFRA else "scoring it 0.0"
         logger.warning(
             "reward %r failed (%s); %s. Further %s failures of this reward are "
-            "counted in the metric 'rewards/%s/error' but not logged.\n%s",
+            "not logged (a training run counts them in its metric 'rewards/%s/error').\n%s",
             name, kind, consequence, kind, name, message,
         )
 
@@ -339,7 +339,8 @@ def _unavailable(reward: RewardFn, exc: InfrastructureError, completion: str, on
 
 def _failed(reward: RewardFn, kind: str, message: str, completion: str, on_error: str) -> None:
     if on_error == "stop":
-        raise RewardError(f"reward {reward.name!r} failed ({kind}) on this completion, and on_reward_error = \"stop\":\n"
+        raise RewardError(f"reward {reward.name!r} failed ({kind}) on this completion, and failures stop the run "
+                          "(on_reward_error = \"stop\"; on_error in score_group):\n"
                           f"{completion[:2000]!r}\n{message}")
     _warn_once(reward.name, kind, message)
     return None

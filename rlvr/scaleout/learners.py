@@ -89,7 +89,8 @@ class LearnerWorker:
                                        fields_of)
 
     def ready(self) -> bool:
-        return True
+        """Built; and whether its credit reads the examples' fields (a function PRM), sent with each update then."""
+        return bool(getattr(self.credit, "reads_fields", False))
 
     def join(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> int:
         dist.init_process_group(backend(self.cfg), init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
@@ -137,9 +138,9 @@ class DataParallel(Updater):
             torch.cuda.set_device(next(local.learner.model.parameters()).device)
         actor = self.ray.remote(LearnerWorker).options(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_learner)
         self.actors = [actor.remote(cfg, r.threads_per_worker, attention_limits()) for _ in range(learners - 1)]
-        self.fields_of = fields_of
         # built before the process group forms: an actor that fails to start says why, at once
-        self._wait([a.ready.remote() for a in self.actors], "the learner actors to load the model")
+        wants = self._wait([a.ready.remote() for a in self.actors], "the learner actors to load the model")
+        self.fields_of = fields_of if any(wants) else None
         joined = [a.join.remote(address, port, rank, learners, timeout_s) for rank, a in enumerate(self.actors, 1)]
         dist.init_process_group(backend(cfg), init_method=f"tcp://{address}:{port}", rank=0, world_size=learners,
                                 timeout=datetime.timedelta(seconds=timeout_s))
@@ -175,7 +176,7 @@ class DataParallel(Updater):
 
     def _raise_actor_error(self, refs: list[Any]) -> None:
         """Raise the error of the first of ``refs`` that failed, if one did (after a collective timed out)."""
-        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=5.0)
+        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=1.0)  # a failed rank's answer is in by now
         for rank, ref in enumerate(refs, 1):
             if ref in done:
                 try:

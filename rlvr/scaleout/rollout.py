@@ -128,8 +128,9 @@ class RayEngine:
                         "decoder": cfg.engine.decoder, "eos_token_ids": self.eos_token_ids,
                         "threads": r.threads_per_worker, "partial": partial,
                         "backend": cfg.engine.backend, "vllm_kwargs": dict(cfg.engine.vllm_kwargs),
-                        # an embedded engine on the GPU the worker reserves, as the local engine on train.device
-                        "device": cfg.train.device if r.gpus_per_worker else "cpu",
+                        # an embedded engine on the GPU the worker reserves (the only one the actor sees, so
+                        # "cuda"), unless train.device keeps the policy on the CPU
+                        "device": "cuda" if r.gpus_per_worker and cfg.train.device != "cpu" else "cpu",
                         "attention": attention_limits()}
         self._spec = resolve_model_path(cfg.model)
         self._state = self.ray.put({k: v.detach().cpu() for k, v in merged_state_dict(policy).items()})

@@ -42,7 +42,8 @@ def evaluate_held_out(run: Run, step: int = 0) -> tuple[dict[str, float], dict[s
     m = group_metrics(groups, primary)
     # accuracy over the answers that got a verdict; the share that did not is said beside it
     out = {f"eval/{k}": m[k] for k in ("accuracy", "reward", "response_length", "no_verdict_fraction") if k in m}
-    out |= {f"eval/{k}": v for k, v in m.items() if k.startswith("rewards/")}  # each reward, its errors included
+    # a reward's failures and exclusions, as a training step counts them (present only where some happened)
+    out |= {f"eval/{k}": v for k, v in m.items() if k.startswith("rewards/") and k.endswith(("/error", "/excluded"))}
     out |= {f"eval/{k}": v for k, v in episode_metrics(groups).items()}
     n = run.cfg.train.eval_samples
     if n:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -118,7 +119,12 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
     began = time.perf_counter()  # elapsed_seconds counts model loading and setup too: the user waits for them
     run, start = open_run(cfg, resume=resume, overrides=overrides, quiet=quiet)
     try:
-        scaleout.attach(run)  # dist.rollout_workers / learners / async_rollouts: the same loop, parts on Ray
+        try:
+            scaleout.attach(run)  # dist.rollout_workers / learners / async_rollouts: the same loop, parts on Ray
+        except BaseException:
+            if resume is None:  # a new run that never started: its name stays free for the corrected command
+                shutil.rmtree(run.dir, ignore_errors=True)
+            raise
         return _train_loop(run, start, quiet, began)
     finally:
         scaleout.detach(run)

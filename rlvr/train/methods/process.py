@@ -71,6 +71,9 @@ class ProcessCredit:
     """Step scores as group-normalised per-token advantages (credit = "group"):
     rlvr.train.update.Credit, with nothing to train."""
 
+    reads_fields = True
+    """Its PRM gets each group's example fields (`fields_of`): data-parallel ranks are sent them."""
+
     def __init__(self, prm: PRM, options: ProcessOptions, tokenizer: Any,
                  fields_of: Callable[[Group], dict[str, Any]] | None = None) -> None:
         self.scorer = StepScorer(prm, options, tokenizer, fields_of)
@@ -124,6 +127,9 @@ class ProcessCredit:
 class StepRewardCritic(CriticCredit):
     """Step scores as rewards on each step's last token, for PPO's critic and GAE (credit = "gae");
     outcome_weight × the (shaped) outcome reward sits on the last token."""
+
+    reads_fields = True
+    """As ProcessCredit's."""
 
     def __init__(self, critic: CriticCredit, scorer: StepScorer) -> None:
         super().__init__(critic.critic, critic.options, self._placed)
