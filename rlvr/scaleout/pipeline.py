@@ -98,7 +98,9 @@ class Pipeline:
     def close(self) -> None:
         for f in self.pending.values():
             f.cancel()
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        # not waiting: after an error or a second Ctrl-C, a collection under way would hold the run for
+        # minutes; the workers are stopped next (rlvr.scaleout.detach), which ends it
+        self.executor.shutdown(wait=False, cancel_futures=True)
         self.pending.clear()
 
 
