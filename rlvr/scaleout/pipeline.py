@@ -18,9 +18,12 @@ log-probs (as for rollout replay), and any `algo.offpolicy` correction applies o
 The sampler and the replay buffer are touched by the background thread only: the observation
 of step k's groups is queued behind the collections already started, so every run sees the
 same order of sampling and observing (the sampler learns of a step D steps later). Checkpoints
-and evaluations wait for the queue to drain. A resumed run restarts the pipeline, so the steps
-right after a resume are generated from the resumed policy, not from the one a straight run
-would have used: asynchronous runs resume, but not bit for bit.
+and evaluations wait for the queue to drain. A checkpoint at step k keeps the state step k + 1's
+collection began from (sampler, replay buffer, the engine's stream) and the observations queued
+after it began, so a resumed run collects steps k + 1 ... again from the same prompts, making the
+observations between its collections where the straight run made them. Those steps are
+generated from the resumed policy, not from the older one a straight run used: asynchronous runs
+resume, but not bit for bit.
 """
 
 from __future__ import annotations
