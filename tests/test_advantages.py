@@ -360,3 +360,23 @@ def test_bnpo_decomposition_fits_only_the_reward_components() -> None:
     everything = advantage_inputs(groups, UpdateSettings())
     assert everything.components == ("correct", "format", "turns")  # without components: no flags, but "turns"
     assert set(everything.parts) == {"correct", "format", "turns", "correct/excluded", "format/error"}
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+def test_a_sample_without_a_verdict_leaves_its_groups_statistics_to_the_others(name: str) -> None:
+    """A reward that returned None excludes its sample; it took the group's kept mean, which kept
+    the mean but narrowed the std (the same squares over G - 1 instead of k - 1): with 1 of 4
+    excluded the advantages came out sqrt(3/2) = 1.22 times too large (TRL, which takes the
+    statistics over the scored samples, gave 1.00; a comparison in session 21). The kept samples'
+    advantages are now those of a group of the three alone."""
+    def sample(reward: float, excluded: bool) -> Sample:
+        parts = {"r": reward, **({"r/excluded": 1.0} if excluded else {})}
+        return Sample((1,), Completion((2,), (-0.1,), "stop", "x"), reward, parts, 0)
+
+    rewards = [1.0, 0.0, 0.0, 0.5]
+    group = Group("p", tuple(sample(r, i == 2) for i, r in enumerate(rewards)))
+    got = compute_advantages([group], UpdateSettings(advantage=name))[0]
+    alone = ESTIMATORS[name](torch.tensor([[1.0, 0.0, 0.5]]))[0]
+    assert torch.allclose(got[[0, 1, 3]], alone, atol=1e-6)
+    if name == "grpo":  # by hand: mean 0.5, sample std 0.5
+        assert torch.allclose(got[[0, 1, 3]], torch.tensor([1.0, -1.0, 0.0]), atol=1e-5)

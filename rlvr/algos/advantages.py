@@ -37,6 +37,12 @@ class AdvantageInputs:
     greedy_P: Tensor | None = None
     """The reward of each prompt's greedy completion (``remax``'s baseline); the loop samples it
     only for an estimator marked with `greedy_baseline`."""
+    kept_PG: Tensor | None = None
+    """True where a sample's reward counts, False where a reward gave no verdict (None: all count).
+    ``grpo``, ``dr_grpo`` and ``rloo`` take their group statistics over the kept samples only; the
+    other estimators see an excluded sample at its group's kept mean (rlvr.train.advantages.
+    shaped_rewards), which keeps a mean baseline but narrows a standard deviation. An excluded
+    sample's own advantage is never trained on."""
 
     def components_KPG(self) -> Tensor:
         """The reward components' values stacked, [K, P, G]."""
@@ -83,20 +89,29 @@ def group_advantages(
     A group whose rewards are all equal, including a group of one (G = 1, where the sample
     std is undefined), has exactly zero advantage: it carries no ranking signal.
 
+    ``eps`` is 1e-6 as in verl's ``compute_grpo_outcome_advantage``; TRL's ``GRPOTrainer`` adds
+    1e-4, which damps groups whose rewards differ by less than ~1e-3 where 1e-6 scales them to
+    unit size (``advantage_kwargs = {eps = 1e-4}`` gives TRL's advantages; docs/algorithms.md).
+    With ``inputs.kept_PG``, the mean and std are over each group's kept samples (k of them,
+    divisor k - 1), as if the others had not been sampled.
+
     Args:
         rewards_PG: float rewards, [P, G].
     Returns:
         advantages_PG: [P, G].
     """
     _check_PG(rewards_PG)
-    group_size = rewards_PG.shape[1]
-    advantages_PG = rewards_PG - rewards_PG.mean(dim=1, keepdim=True)
-    if normalize_std and group_size > 1:
-        std_P1 = rewards_PG.std(dim=1, keepdim=True)  # unbiased: divisor G - 1
-        advantages_PG = advantages_PG / (std_P1 + eps)
+    kept_PG = torch.ones_like(rewards_PG) if inputs.kept_PG is None else inputs.kept_PG.to(rewards_PG.dtype)
+    n_P1 = kept_PG.sum(dim=1, keepdim=True)
+    advantages_PG = rewards_PG - (rewards_PG * kept_PG).sum(dim=1, keepdim=True) / n_P1.clamp(min=1)
+    if normalize_std:
+        # unbiased: divisor k - 1 (G - 1 with every sample kept, torch.std's default)
+        var_P1 = (advantages_PG**2 * kept_PG).sum(dim=1, keepdim=True) / (n_P1 - 1).clamp(min=1)
+        advantages_PG = torch.where(n_P1 > 1, advantages_PG / (var_P1.sqrt() + eps), advantages_PG)
     # Rounding in the mean can leave ~1e-8 residues in a constant group, which division by
-    # (0 + eps) would blow up to O(1); pin such groups to exactly zero.
-    return torch.where(_constant_groups(rewards_PG), torch.zeros_like(advantages_PG), advantages_PG)
+    # (0 + eps) would blow up to O(1); pin such groups, and groups of one, to exactly zero.
+    alone_P1 = n_P1 <= 1
+    return torch.where(_constant_groups(rewards_PG) | alone_P1, torch.zeros_like(advantages_PG), advantages_PG)
 
 
 def dr_grpo_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS) -> Tensor:
@@ -105,7 +120,7 @@ def dr_grpo_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS) 
     Liu et al., "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783.
     The same as ``grpo`` with ``normalize_std=False``; a name of its own so recipes read plainly.
     """
-    return group_advantages(rewards_PG, normalize_std=False)
+    return group_advantages(rewards_PG, inputs, normalize_std=False)
 
 
 def rloo_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS) -> Tensor:
@@ -119,11 +134,10 @@ def rloo_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS) -> 
     itself, so the gradient estimate stays unbiased. G = 1 has no other sample: advantage 0.
     """
     _check_PG(rewards_PG)
-    group = rewards_PG.shape[1]
-    if group == 1:
-        return torch.zeros_like(rewards_PG)
-    centered_PG = group_advantages(rewards_PG, normalize_std=False)
-    return centered_PG * (group / (group - 1))
+    kept_PG = torch.ones_like(rewards_PG) if inputs.kept_PG is None else inputs.kept_PG.to(rewards_PG.dtype)
+    n_P1 = kept_PG.sum(dim=1, keepdim=True)  # G, or a group's kept samples (`AdvantageInputs.kept_PG`)
+    centered_PG = group_advantages(rewards_PG, inputs, normalize_std=False)
+    return torch.where(n_P1 > 1, centered_PG * (n_P1 / (n_P1 - 1).clamp(min=1)), torch.zeros_like(rewards_PG))
 
 
 def reinforce_pp_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS, *, group_baseline: bool = True,

@@ -20,8 +20,9 @@ def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor
     """rewards_PG after the configured shaping functions, and their metrics.
 
     A sample excluded by a reward (it returned None) takes the mean reward of the rest of its
-    group, so it moves neither the group's baseline nor, in expectation, its spread; it is then
-    left out of the loss (update_policy)."""
+    group, so it moves no mean baseline; it is then left out of the loss (update_policy). Its
+    value would narrow the group's standard deviation (the same squares over one more sample),
+    so the estimators that use one take it over the kept samples (`AdvantageInputs.kept_PG`)."""
     rewards_PG = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
     excluded_PG = torch.tensor([[x.excluded for x in g.samples] for g in groups], dtype=torch.bool)
     if excluded_PG.any():
@@ -73,10 +74,11 @@ def advantage_inputs(groups: list[Group], s: UpdateSettings, greedy: bool = Fals
             raise ValueError(f"advantage {s.advantage!r} needs each group's greedy_reward (the reward of a greedy "
                              f"completion; `rlvr train` adds it); missing for {missing[0]!r}")
         greedy_P = torch.tensor([float(g.greedy_reward) for g in groups])  # type: ignore[arg-type]
+    kept_PG = torch.tensor([[not x.excluded for x in g.samples] for g in groups], dtype=torch.bool)
     return AdvantageInputs(parts=parts, components=tuple(components),
                            pool_mean_P=torch.tensor([statistics.fmean(p) for p in pools]),
                            pool_std_P=torch.tensor([statistics.stdev(p) if len(p) > 1 else 0.0 for p in pools]),
-                           greedy_P=greedy_P)
+                           greedy_P=greedy_P, kept_PG=None if bool(kept_PG.all()) else kept_PG)
 
 
 def units(episodes: list[Sample]) -> tuple[list[Sample], list[int]]:
