@@ -1,0 +1,149 @@
+"""One GRPO update against TRL's `GRPOTrainer`, an implementation nobody here wrote: the same
+model, prompts, completions, rewards and settings give the same advantages, loss and gradient.
+
+The batch: the tiny model, 3 prompts × 4 completions of 2-10 tokens ending in EOS, one group
+with equal rewards (no signal, but in both sides' token counts). Off-policy, the sampling
+log-probs are moved by up to ±0.4 nats, so 15-26% of the tokens are clipped. rlvr's std epsilon
+is set to TRL's 1e-4 (docs/algorithms.md: rlvr's default is verl's 1e-6).
+
+Tolerance: both sides sum the same float32 terms in other orders (over ~60 tokens and the
+model's parameters); the comparison in session 21 found relative differences of 5e-7 to 8e-7,
+so 1e-5 is float32 rounding with room, and any real difference in the formulas (the std's
+divisor, a clip bound, an aggregation's denominator) is 1e-3 or more.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import pytest
+import torch
+
+trl = pytest.importorskip("trl", reason="the oracle is TRL's GRPOTrainer (pip install 'rlvr[test]')")
+
+from rlvr.train.update import UpdateSettings, update_policy  # noqa: E402
+from rlvr.types import Completion, Group, Sample  # noqa: E402
+from tests.tiny import EOS_ID, PAD_ID, make_tiny_model, make_tiny_tokenizer  # noqa: E402
+
+G, MAX_TOKENS = 4, 16
+REWARDS = [[1.0, 0.0, 0.5, 0.0], [0.2, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
+LENGTHS = [[3, 7, 5, 10], [9, 2, 6, 4], [5, 8, 3, 6]]
+
+
+@pytest.fixture(scope="module")
+def batch() -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 259, (5,), generator=gen).tolist() for _ in REWARDS]
+    completions = [[torch.randint(3, 259, (n,), generator=gen).tolist()[:-1] + [EOS_ID] for n in row]
+                   for row in LENGTHS]
+    model = make_tiny_model()
+    logprobs = []
+    with torch.no_grad():
+        for prompt, row in zip(prompts, completions):
+            out = []
+            for c in row:
+                ids = torch.tensor([prompt + c])
+                lp = model(input_ids=ids).logits.float().log_softmax(-1)[0, len(prompt) - 1:-1]
+                out.append(lp.gather(-1, ids[0, len(prompt):, None]).squeeze(-1))
+            logprobs.append(out)
+    return {"model": model, "prompts": prompts, "completions": completions, "logprobs": logprobs}
+
+
+def _sampling_logprobs(batch: dict[str, Any], off_policy: bool) -> list[list[torch.Tensor]]:
+    if not off_policy:  # on-policy: the ratio is 1
+        return batch["logprobs"]
+    g = torch.Generator().manual_seed(7)
+    return [[x + 0.4 * (2 * torch.rand(x.shape, generator=g) - 1) for x in row] for row in batch["logprobs"]]
+
+
+def _rlvr(batch: dict[str, Any], settings: UpdateSettings, off_policy: bool) -> tuple[torch.Tensor, float, torch.Tensor]:
+    sampled = _sampling_logprobs(batch, off_policy)
+    groups = [Group(f"p{p}", tuple(
+        Sample(tuple(batch["prompts"][p]), Completion(tuple(c), tuple(float(v) for v in sampled[p][g]), "stop", ""),
+               REWARDS[p][g], {"r": REWARDS[p][g]}, p) for g, c in enumerate(batch["completions"][p])),
+        staleness=1 if off_policy else 0)  # stale: the ratio is taken against the sampling log-probs
+        for p in range(len(REWARDS))]
+    model = copy.deepcopy(batch["model"])
+    grads: list[torch.Tensor] = []
+
+    class Recorder:  # the learner's interface, keeping the gradient instead of stepping
+        def __init__(self) -> None:
+            self.model = model
+
+        def step(self) -> float:
+            grads.append(torch.cat([q.grad.flatten() for q in model.parameters()]))
+            model.zero_grad(set_to_none=True)
+            return 0.0
+
+    result = update_policy(Recorder(), groups, settings, pad_token_id=PAD_ID, generator=torch.Generator().manual_seed(0))
+    advantages = torch.tensor([a for g in result.advantages for a in g])
+    return advantages, float(result.metrics["loss"]), grads[0]
+
+
+def _trl(batch: dict[str, Any], config: dict[str, Any], off_policy: bool, out: str) -> tuple[torch.Tensor, float,
+                                                                                             torch.Tensor]:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    rows = [(p, g) for p in range(len(REWARDS)) for g in range(G)]
+
+    def reward(prompts: list[Any], completions: list[Any], row: list[int], **_: Any) -> list[float]:
+        return [REWARDS[rows[r][0]][rows[r][1]] for r in row]
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:  # our completions, not TRL's samples
+        return {"prompt_ids": [batch["prompts"][p] for p, _ in rows],
+                "completion_ids": [batch["completions"][p][g] for p, g in rows],
+                "logprobs": [batch["logprobs"][p][g].tolist() for p, g in rows]}
+
+    args = GRPOConfig(output_dir=out, num_generations=G, per_device_train_batch_size=len(rows),
+                      gradient_accumulation_steps=1, max_completion_length=MAX_TOKENS, beta=0.0, report_to="none",
+                      use_cpu=True, bf16=False, save_strategy="no", temperature=1.0, **config)
+    trainer = GRPOTrainer(model=copy.deepcopy(batch["model"]), reward_funcs=reward, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": ["p0", "p1", "p2"], "row": [0, 0, 0]}),
+                          processing_class=make_tiny_tokenizer(), rollout_func=rollout)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = trainer._generate_and_score_completions([{"prompt": f"p{p}", "row": i} for i, (p, _) in enumerate(rows)])
+    if off_policy:
+        sampled = _sampling_logprobs(batch, True)
+        old = torch.zeros(len(rows), inputs["completion_ids"].shape[1])
+        for i, (p, g) in enumerate(rows):
+            old[i, : len(sampled[p][g])] = sampled[p][g]
+        inputs["old_per_token_logps"] = old
+    trainer.model.zero_grad(set_to_none=True)
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    grad = torch.cat([q.grad.flatten() for q in trainer.model.parameters()])
+    return inputs["advantages"].detach(), float(loss.detach()), grad
+
+
+TRL_EPS = {"eps": 1e-4}
+CASES = {
+    # rlvr's defaults (clip-higher, token-mean: DAPO) against TRL's "dapo"
+    "dapo": (UpdateSettings(advantage_kwargs=TRL_EPS), {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28}),
+    # the GRPO paper's per-sequence mean against TRL's "grpo"
+    "grpo": (UpdateSettings(advantage_kwargs=TRL_EPS, loss_kwargs={"clip_high": 0.2}, aggregation="seq-mean-token-mean"),
+             {"loss_type": "grpo", "epsilon": 0.2}),
+    # Dr. GRPO: no std, a constant denominator
+    "dr_grpo": (UpdateSettings(advantage="dr_grpo", aggregation="seq-mean-token-sum-norm", max_tokens=MAX_TOKENS),
+                {"loss_type": "dr_grpo", "epsilon": 0.2, "epsilon_high": 0.28, "scale_rewards": "none"}),
+    # a batch std: Lite PPO against TRL's batch scaling
+    "lite_ppo": (UpdateSettings(advantage="lite_ppo", advantage_kwargs=TRL_EPS),
+                 {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "scale_rewards": "batch"}),
+}
+
+
+@pytest.mark.dtype_independent  # float32 models on both sides
+@pytest.mark.parametrize("off_policy", [False, True], ids=["on-policy", "off-policy"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_update_equals_trls_grpo(batch: dict[str, Any], case: str, off_policy: bool, tmp_path: Any) -> None:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    settings, config = CASES[case]
+    a_rlvr, loss_rlvr, grad_rlvr = _rlvr(batch, settings, off_policy)
+    a_trl, loss_trl, grad_trl = _trl(batch, config, off_policy, str(tmp_path / "trl"))
+    assert torch.allclose(a_rlvr, a_trl, atol=1e-5), (a_rlvr, a_trl)
+    assert loss_rlvr == pytest.approx(loss_trl, rel=1e-5, abs=1e-7)
+    assert float((grad_rlvr - grad_trl).norm() / grad_trl.norm()) < 1e-5
+    assert grad_trl.norm() > 0
