@@ -380,3 +380,10 @@ def test_a_sample_without_a_verdict_leaves_its_groups_statistics_to_the_others(n
     assert torch.allclose(got[[0, 1, 3]], alone, atol=1e-6)
     if name == "grpo":  # by hand: mean 0.5, sample std 0.5
         assert torch.allclose(got[[0, 1, 3]], torch.tensor([1.0, -1.0, 0.0]), atol=1e-5)
+
+
+def test_the_ratio_weighted_kl_belongs_in_the_loss(tiny_dir: Path, tmp_path: Path) -> None:
+    base = [*overrides(tiny_dir, tmp_path, "x"), 'algo.kl_estimator="k3_ratio"', "algo.kl_coef=0.04"]
+    with pytest.raises(ConfigError, match="use it with algo.kl_placement"):
+        load_config(None, [*base, 'algo.kl_placement="reward"'])
+    assert load_config(None, base).algo.kl_estimator == "k3_ratio"

@@ -37,7 +37,7 @@ def test_registries() -> None:
     assert LOSSES["ppo_clip"] is ppo_clip_loss
     assert set(LOSSES) == {"ppo_clip", "pg", "cispo", "gspo", "topr", "opmd", "bapo", "rec", "r2vpo", "nft", "luffy",
                             "sapo", "gmpo", "clip_cov", "kl_cov"}
-    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
+    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3", "k3_ratio"}
     assert set(DIVERGENCES) == {"forward_kl", "js"}
     assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
@@ -124,6 +124,18 @@ def test_kl_gradients_flow_through_logprobs() -> None:
         KL_ESTIMATORS[name](logprobs_BT, t(REF_LOGPROBS)).sum().backward()
         assert logprobs_BT.grad is not None
         close(logprobs_BT.grad, grad)
+
+
+def test_the_ratio_weighted_k3_has_the_reverse_kls_gradient() -> None:
+    """DeepSeek-V3.2's Eq. 7 on-policy (π_old = π_θ in value): k3's value, and the gradient
+    d(ratio · k3)/d logp = k3 + 1 − e^−d = d = log π − log π_ref, the reverse KL's score-function
+    gradient, where k3's own is 1 − π_ref/π (test above): d = 1 → 1, d = −1 → −1, d = 0 → 0."""
+    logprobs_BT = t(LOGPROBS).requires_grad_()
+    kl_BT = KL_ESTIMATORS["k3_ratio"](logprobs_BT, t(REF_LOGPROBS), old_logprobs_BT=logprobs_BT.detach())
+    close(kl_BT.detach(), [[1 / math.e, math.e - 2.0, 0.0]])
+    kl_BT.sum().backward()
+    assert logprobs_BT.grad is not None
+    close(logprobs_BT.grad, [[1.0, -1.0, 0.0]])
 
 
 # --- PPO clip loss -----------------------------------------------------------------------

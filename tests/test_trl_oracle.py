@@ -2,7 +2,10 @@
 model, prompts, completions, rewards and settings give the same advantages, loss and gradient.
 
 The batch: the tiny model, 3 prompts × 4 completions of 2-10 tokens ending in EOS, one group
-with equal rewards (no signal, but in both sides' token counts). Off-policy, the sampling
+with equal rewards (no signal, but in both sides' token counts). The KL cases use another random
+model as the reference: GRPO's k3 in the loss, and DeepSeek-V3.2's ratio-weighted form, which
+TRL 1.16 uses by default (`use_bias_correction_kl`; the two have equal losses and gradients
+~30% apart on this batch). Off-policy, the sampling
 log-probs are moved by up to ±0.4 nats, so 15-26% of the tokens are clipped. rlvr's std epsilon
 is set to TRL's 1e-4 (docs/algorithms.md: rlvr's default is verl's 1e-6).
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +38,11 @@ LENGTHS = [[3, 7, 5, 10], [9, 2, 6, 4], [5, 8, 3, 6]]
 
 @pytest.fixture(scope="module")
 def batch() -> dict[str, Any]:
+    return make_batch()
+
+
+def make_batch() -> dict[str, Any]:
+    """The model, prompts, completions ending in EOS, and the model's log-probs of them."""
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 259, (5,), generator=gen).tolist() for _ in REWARDS]
     completions = [[torch.randint(3, 259, (n,), generator=gen).tolist()[:-1] + [EOS_ID] for n in row]
@@ -58,6 +67,10 @@ def _sampling_logprobs(batch: dict[str, Any], off_policy: bool) -> list[list[tor
     return [[x + 0.4 * (2 * torch.rand(x.shape, generator=g) - 1) for x in row] for row in batch["logprobs"]]
 
 
+REF_SEED = 1
+"""The reference model of the KL cases: another random model, so the KL and its gradient are not 0."""
+
+
 def _rlvr(batch: dict[str, Any], settings: UpdateSettings, off_policy: bool) -> tuple[torch.Tensor, float, torch.Tensor]:
     sampled = _sampling_logprobs(batch, off_policy)
     groups = [Group(f"p{p}", tuple(
@@ -77,13 +90,15 @@ def _rlvr(batch: dict[str, Any], settings: UpdateSettings, off_policy: bool) -> 
             model.zero_grad(set_to_none=True)
             return 0.0
 
-    result = update_policy(Recorder(), groups, settings, pad_token_id=PAD_ID, generator=torch.Generator().manual_seed(0))
+    ref = make_tiny_model(seed=REF_SEED) if settings.kl_coef else None
+    result = update_policy(Recorder(), groups, settings, pad_token_id=PAD_ID, ref_model=ref,
+                           generator=torch.Generator().manual_seed(0))
     advantages = torch.tensor([a for g in result.advantages for a in g])
     return advantages, float(result.metrics["loss"]), grads[0]
 
 
-def _trl(batch: dict[str, Any], config: dict[str, Any], off_policy: bool, out: str) -> tuple[torch.Tensor, float,
-                                                                                             torch.Tensor]:
+def _trl(batch: dict[str, Any], config: dict[str, Any], off_policy: bool, out: Path) -> tuple[torch.Tensor, float,
+                                                                                              torch.Tensor]:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -97,10 +112,14 @@ def _trl(batch: dict[str, Any], config: dict[str, Any], off_policy: bool, out: s
                 "completion_ids": [batch["completions"][p][g] for p, g in rows],
                 "logprobs": [batch["logprobs"][p][g].tolist() for p, g in rows]}
 
-    args = GRPOConfig(output_dir=out, num_generations=G, per_device_train_batch_size=len(rows),
-                      gradient_accumulation_steps=1, max_completion_length=MAX_TOKENS, beta=0.0, report_to="none",
-                      use_cpu=True, bf16=False, save_strategy="no", temperature=1.0, **config)
-    trainer = GRPOTrainer(model=copy.deepcopy(batch["model"]), reward_funcs=reward, args=args,
+    args = GRPOConfig(output_dir=str(out / "trl"), num_generations=G, per_device_train_batch_size=len(rows),
+                      gradient_accumulation_steps=1, max_completion_length=MAX_TOKENS, report_to="none",
+                      use_cpu=True, bf16=False, save_strategy="no", temperature=1.0, **{"beta": 0.0, **config})
+    policy = copy.deepcopy(batch["model"])
+    if args.beta:  # TRL loads its reference from the policy's folder: the reference model's, saved
+        make_tiny_model(seed=REF_SEED).save_pretrained(out / "ref")
+        policy.config._name_or_path = str(out / "ref")
+    trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=args,
                           train_dataset=Dataset.from_dict({"prompt": ["p0", "p1", "p2"], "row": [0, 0, 0]}),
                           processing_class=make_tiny_tokenizer(), rollout_func=rollout)
     trainer.model.train()
@@ -132,6 +151,12 @@ CASES = {
     # a batch std: Lite PPO against TRL's batch scaling
     "lite_ppo": (UpdateSettings(advantage="lite_ppo", advantage_kwargs=TRL_EPS),
                  {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "scale_rewards": "batch"}),
+    # GRPO's k3 KL in the loss; TRL 1.16 weights it by the ratio unless told not to
+    "kl": (UpdateSettings(advantage_kwargs=TRL_EPS, kl_coef=0.04),
+           {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.04, "use_bias_correction_kl": False}),
+    # DeepSeek-V3.2's ratio-weighted KL, TRL's default
+    "k3_ratio": (UpdateSettings(advantage_kwargs=TRL_EPS, kl_coef=0.04, kl_estimator="k3_ratio"),
+                 {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.04}),
 }
 
 
@@ -142,7 +167,7 @@ def test_one_update_equals_trls_grpo(batch: dict[str, Any], case: str, off_polic
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     settings, config = CASES[case]
     a_rlvr, loss_rlvr, grad_rlvr = _rlvr(batch, settings, off_policy)
-    a_trl, loss_trl, grad_trl = _trl(batch, config, off_policy, str(tmp_path / "trl"))
+    a_trl, loss_trl, grad_trl = _trl(batch, config, off_policy, tmp_path)
     assert torch.allclose(a_rlvr, a_trl, atol=1e-5), (a_rlvr, a_trl)
     assert loss_rlvr == pytest.approx(loss_trl, rel=1e-5, abs=1e-7)
     assert float((grad_rlvr - grad_trl).norm() / grad_trl.norm()) < 1e-5

@@ -8,7 +8,8 @@ With the log-ratio  log r = log pi_ref(x) - log pi_theta(x),  x ~ pi_theta:
     k3 = (r - 1) - log r         unbiased, low variance, >= 0  (GRPO's choice)
 
 Every function takes ``(logprobs_BT, ref_logprobs_BT)`` and returns ``kl_BT``, all [B, T];
-gradients flow through ``logprobs_BT``.
+gradients flow through ``logprobs_BT``. One that also takes the keyword ``old_logprobs_BT``
+(rlvr.algos.registry.LOOP_INPUTS) is given the log-probs the PPO ratio is taken against.
 """
 
 from __future__ import annotations
@@ -40,10 +41,22 @@ def kl_k3(logprobs_BT: Tensor, ref_logprobs_BT: Tensor) -> Tensor:
     return torch.exp(log_ratio_BT) - log_ratio_BT - 1.0
 
 
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+def kl_k3_ratio(logprobs_BT: Tensor, ref_logprobs_BT: Tensor, *, old_logprobs_BT: Tensor) -> Tensor:
+    """k3 weighted by the ratio π_θ/π_old: 1 in value on-policy, but not in gradient, where it
+    makes the term's gradient the reverse KL's instead of k3's biased one, which gives tokens
+    with π_θ ≪ π_ref large, unbounded weights.
+
+    DeepSeek-AI, "DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models",
+    arXiv:2512.02556, Eq. 7; TRL 1.16's default (``use_bias_correction_kl``).
+    """
+    return torch.exp(logprobs_BT - old_logprobs_BT) * kl_k3(logprobs_BT, ref_logprobs_BT)
+
+
+KL_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "k1": kl_k1,
     "k2": kl_k2,
     "k3": kl_k3,
+    "k3_ratio": kl_k3_ratio,
 }
 
 

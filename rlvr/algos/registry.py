@@ -16,8 +16,9 @@ LOOP_INPUTS: dict[str, str] = {
     "loss_state": "a dict the loss keeps across steps, saved in checkpoints (R²VPO's dual variable)",
     "advantages_BT": "the per-token advantages (an off-policy correction's input: OPSM)",
     "logprobs_BT": "the policy's log-probs of the sampled tokens in this pass, detached (OPSM)",
+    "old_logprobs_BT": "the log-probs the PPO ratio is taken against (π_old), detached (the ratio-weighted KL)",
 }
-"""Keywords of the policy losses and off-policy corrections that the training loop fills in,
+"""Keywords of the policy losses, off-policy corrections and KL estimators that the training loop fills in,
 never a config setting (a loss takes log-probs and advantages positionally).
 (An advantage estimator's inputs beyond the rewards arrive as one record instead:
 rlvr.algos.advantages.AdvantageInputs.)"""
@@ -34,8 +35,10 @@ def keyword_options(fn: Callable[..., Any], required: bool = False) -> list[str]
 
 
 def loop_inputs(fn: Callable[..., Any]) -> list[str]:
-    """The LOOP_INPUTS that `fn` takes."""
-    return [name for name in inspect.signature(fn).parameters if name in LOOP_INPUTS]
+    """The LOOP_INPUTS that `fn` takes as keywords (a positional argument of the same name, such as
+    a loss's own ``old_logprobs_BT``, is the caller's to pass)."""
+    return [p.name for p in inspect.signature(fn).parameters.values()
+            if p.name in LOOP_INPUTS and p.kind is inspect.Parameter.KEYWORD_ONLY]
 
 
 def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str],

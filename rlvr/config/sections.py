@@ -182,8 +182,8 @@ class AlgoConfig(_Section):
     """How per-token losses become one number (unset: the loss's paper's, rlvr.algos.losses.LOSS_AGGREGATION: "seq-mean-token-mean" for sapo, gmpo and gspo, else "token-mean"); "seq-mean-token-sum" sums each sequence's tokens and averages over sequences (verl's mode); "seq-mean-token-sum-norm" divides that by max_new_tokens (Dr.GRPO)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL penalty to a frozen copy of the initial model (0 = no reference model)."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Per-token KL estimator."""
+    kl_estimator: Literal["k1", "k2", "k3", "k3_ratio"] = "k3"
+    """Per-token KL estimator; "k3_ratio" (in the loss only) weights k3 by π_θ/π_old, so its gradient is the reverse KL's (DeepSeek-V3.2, arXiv:2512.02556, Eq. 7; TRL 1.16's default)."""
     kl_placement: Literal["loss", "reward"] = "loss"
     """Where the KL goes: "loss" adds kl_coef·KL per token to the loss (GRPO); "reward" subtracts kl_coef·(summed KL) from each completion's reward before the advantages (PPO-RLHF; per token with gae)."""
     kl_adaptive: dict[str, Any] = {}
@@ -223,6 +223,9 @@ class AlgoConfig(_Section):
         check_keywords(f"algo.offpolicy_kwargs for {self.offpolicy!r}", CORRECTIONS[self.offpolicy],
                        self.offpolicy_kwargs, required=True)
         self.entropy_options()
+        if self.kl_estimator == "k3_ratio" and self.kl_placement != "loss":
+            raise ValueError("algo.kl_estimator = \"k3_ratio\" weights the KL term in the loss by π_θ/π_old: use it "
+                             "with algo.kl_placement = \"loss\" (in the reward the KL is taken at the old policy)")
         if self.kl_adaptive:
             if self.kl_placement != "reward" or self.kl_coef == 0:
                 raise ValueError("algo.kl_adaptive adapts a KL penalty in the reward: set algo.kl_placement = "

@@ -349,7 +349,11 @@ def _accumulate(
         loss_BT = torch.where(high_entropy_tokens(entropy_BT, mask_BT, s.entropy_top), loss_BT, 0.0)
     loss_metrics = {**loss_metrics, **is_metrics, **mismatch_metrics(old_BT, sampler_BT, mask_BT)}
     if b.ref is not None:
-        kl_BT = KL_ESTIMATORS[s.kl_estimator](logprobs_BT, token_rows(b.ref, micro, where_BT))
+        estimator = KL_ESTIMATORS[s.kl_estimator]
+        # masked positions: a ratio of 1, never an overflow that 0 · inf would turn into NaN
+        given["old_logprobs_BT"] = torch.where(mask_BT, old_BT, logprobs_BT.detach())
+        kl_BT = estimator(logprobs_BT, token_rows(b.ref, micro, where_BT),
+                          **{name: given[name] for name in loop_inputs(estimator)})
         loss_BT = loss_BT + s.kl_coef * kl_BT
         sums["kl"] += float(kl_BT.detach()[mask_BT].sum())
     if s.entropy_coef:
