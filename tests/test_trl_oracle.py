@@ -1,5 +1,6 @@
-"""One GRPO update against TRL's `GRPOTrainer`, an implementation nobody here wrote: the same
-model, prompts, completions, rewards and settings give the same advantages, loss and gradient.
+"""One GRPO update against TRL's `GRPOTrainer`, and one RLOO update against its `RLOOTrainer`,
+implementations nobody here wrote: the same model, prompts, completions, rewards and settings
+give the same advantages, loss and gradient (docs/interop.md maps the settings).
 
 The batch: the tiny model, 3 prompts × 4 completions of 2-10 tokens ending in EOS, one group
 with equal rewards (no signal, but in both sides' token counts). The KL cases use another random
@@ -172,3 +173,53 @@ def test_one_update_equals_trls_grpo(batch: dict[str, Any], case: str, off_polic
     assert loss_rlvr == pytest.approx(loss_trl, rel=1e-5, abs=1e-7)
     assert float((grad_rlvr - grad_trl).norm() / grad_trl.norm()) < 1e-5
     assert grad_trl.norm() > 0
+
+
+def _trl_rloo(batch: dict[str, Any], config: dict[str, Any], out: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's `RLOOTrainer` on the batch: its advantages and gradient (on-policy; it has no
+    `rollout_func`, so its generation is replaced by the batch's completions)."""
+    from datasets import Dataset
+    from trl import RLOOConfig, RLOOTrainer
+
+    rows = [(p, g) for p in range(len(REWARDS)) for g in range(G)]
+
+    def reward(prompts: list[Any], completions: list[Any], row: list[int], **_: Any) -> list[float]:
+        return [REWARDS[rows[r][0]][rows[r][1]] for r in row]
+
+    args = RLOOConfig(output_dir=str(out / "trl"), num_generations=G, per_device_train_batch_size=len(rows),
+                      gradient_accumulation_steps=1, max_completion_length=MAX_TOKENS, report_to="none",
+                      use_cpu=True, bf16=False, save_strategy="no", temperature=1.0, **config)
+    policy = copy.deepcopy(batch["model"])
+    if args.beta:
+        make_tiny_model(seed=REF_SEED).save_pretrained(out / "ref")
+        policy.config._name_or_path = str(out / "ref")
+    trainer = RLOOTrainer(model=policy, reward_funcs=reward, args=args, processing_class=make_tiny_tokenizer(),
+                          train_dataset=Dataset.from_dict({"prompt": ["p0", "p1", "p2"], "row": [0, 0, 0]}))
+    trainer._generate = lambda prompts: ([batch["prompts"][p] for p, _ in rows],
+                                         [batch["completions"][p][g] for p, g in rows], ["x"] * len(rows))
+    trainer.model.train()
+    inputs = trainer._generate_and_score_completions([{"prompt": f"p{p}", "row": i} for i, (p, _) in enumerate(rows)])
+    trainer.model.zero_grad(set_to_none=True)
+    trainer._compute_loss(trainer.model, inputs).backward()
+    return inputs["advantages"].detach(), torch.cat([q.grad.flatten() for q in trainer.model.parameters()])
+
+
+RLOO_CASES = {
+    # RLOO treats a completion as one action: the summed log-probs (rlvr's seq-mean-token-sum)
+    "rloo": (UpdateSettings(advantage="rloo", loss="pg", aggregation="seq-mean-token-sum"), {"beta": 0.0}),
+    # TRL's default KL for RLOO: k1 summed over the completion, subtracted from its reward
+    "rloo_kl": (UpdateSettings(advantage="rloo", loss="pg", aggregation="seq-mean-token-sum", kl_coef=0.05,
+                               kl_placement="reward", kl_estimator="k1"), {"beta": 0.05}),
+}
+
+
+@pytest.mark.dtype_independent  # float32 models on both sides
+@pytest.mark.parametrize("case", list(RLOO_CASES))
+def test_one_update_equals_trls_rloo(batch: dict[str, Any], case: str, tmp_path: Path) -> None:
+    """The logged losses differ by definition (TRL's is −mean A on-policy, 0 here): the
+    advantages and the gradient are compared."""
+    settings, config = RLOO_CASES[case]
+    a_rlvr, _, grad_rlvr = _rlvr(batch, settings, off_policy=False)
+    a_trl, grad_trl = _trl_rloo(batch, config, tmp_path)
+    assert torch.allclose(a_rlvr, a_trl, atol=1e-5), (a_rlvr, a_trl)
+    assert float((grad_rlvr - grad_trl).norm() / grad_trl.norm()) < 1e-5
