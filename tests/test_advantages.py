@@ -362,7 +362,7 @@ def test_bnpo_decomposition_fits_only_the_reward_components() -> None:
     assert set(everything.parts) == {"correct", "format", "turns", "correct/excluded", "format/error"}
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo"])
 def test_a_sample_without_a_verdict_leaves_its_groups_statistics_to_the_others(name: str) -> None:
     """A reward that returned None excludes its sample; it took the group's kept mean, which kept
     the mean but narrowed the std (the same squares over G - 1 instead of k - 1): with 1 of 4

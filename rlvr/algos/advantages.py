@@ -39,10 +39,10 @@ class AdvantageInputs:
     only for an estimator marked with `greedy_baseline`."""
     kept_PG: Tensor | None = None
     """True where a sample's reward counts, False where a reward gave no verdict (None: all count).
-    ``grpo``, ``dr_grpo`` and ``rloo`` take their group statistics over the kept samples only; the
-    other estimators see an excluded sample at its group's kept mean (rlvr.train.advantages.
-    shaped_rewards), which keeps a mean baseline but narrows a standard deviation. An excluded
-    sample's own advantage is never trained on."""
+    ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp`` and ``lite_ppo`` take their group and batch
+    statistics over the kept samples only; the other estimators see an excluded sample at its
+    group's kept mean (rlvr.train.advantages.shaped_rewards), which keeps a mean baseline but
+    narrows a standard deviation. An excluded sample's own advantage is never trained on."""
 
     def components_KPG(self) -> Tensor:
         """The reward components' values stacked, [K, P, G]."""
@@ -155,10 +155,12 @@ def reinforce_pp_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INP
     the reward; rlvr's KL terms are separate (``algo.kl_coef``).
     """
     _check_PG(rewards_PG)
-    x_PG = group_advantages(rewards_PG, normalize_std=False) if group_baseline else rewards_PG
-    if x_PG.numel() < 2:
+    x_PG = group_advantages(rewards_PG, inputs, normalize_std=False) if group_baseline else rewards_PG
+    kept_PG = _kept(rewards_PG, inputs)
+    if kept_PG.sum() < 2:
         return torch.zeros_like(x_PG)
-    out_PG = (x_PG - x_PG.mean()) / (x_PG.std() + eps)
+    mean, std = _batch_mean_std(x_PG, kept_PG)
+    out_PG = (x_PG - mean) / (std + eps)
     if group_baseline:
         out_PG = torch.where(_constant_groups(rewards_PG), torch.zeros_like(out_PG), out_PG)
     return out_PG
@@ -175,10 +177,23 @@ def lite_ppo_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS,
     group with nearly equal rewards is not blown up to unit scale.
     """
     _check_PG(rewards_PG)
-    centered_PG = group_advantages(rewards_PG, normalize_std=False)
-    if rewards_PG.numel() < 2:
+    centered_PG = group_advantages(rewards_PG, inputs, normalize_std=False)
+    kept_PG = _kept(rewards_PG, inputs)
+    if kept_PG.sum() < 2:
         return centered_PG
-    return centered_PG / (rewards_PG.std() + eps)
+    return centered_PG / (_batch_mean_std(rewards_PG, kept_PG)[1] + eps)
+
+
+def _kept(rewards_PG: Tensor, inputs: AdvantageInputs) -> Tensor:
+    """1.0 where a sample's reward counts (`AdvantageInputs.kept_PG`), else 0.0."""
+    return torch.ones_like(rewards_PG) if inputs.kept_PG is None else inputs.kept_PG.to(rewards_PG.dtype)
+
+
+def _batch_mean_std(x_PG: Tensor, kept_PG: Tensor) -> tuple[Tensor, Tensor]:
+    """The mean and unbiased std of x over the kept entries of the whole batch (at least two)."""
+    n = kept_PG.sum()
+    mean = (x_PG * kept_PG).sum() / n
+    return mean, (((x_PG - mean) ** 2 * kept_PG).sum() / (n - 1)).sqrt()
 
 
 def bnpo_advantages(
