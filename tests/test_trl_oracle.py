@@ -152,6 +152,15 @@ CASES = {
     # a batch std: Lite PPO against TRL's batch scaling
     "lite_ppo": (UpdateSettings(advantage="lite_ppo", advantage_kwargs=TRL_EPS),
                  {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "scale_rewards": "batch"}),
+    # GSPO: one clipped ratio per sequence, the geometric mean of its tokens'
+    "gspo": (UpdateSettings(advantage_kwargs=TRL_EPS, loss="gspo", aggregation="seq-mean-token-mean"),
+             {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4}),
+    # CISPO: the importance weight clipped (above) and detached, times A·log π
+    "cispo": (UpdateSettings(advantage_kwargs=TRL_EPS, loss="cispo", loss_kwargs={"max_weight": 1.1}),
+              {"loss_type": "cispo", "epsilon_high": 1.1}),
+    # SAPO: a soft gate instead of the clip
+    "sapo": (UpdateSettings(advantage_kwargs=TRL_EPS, loss="sapo", aggregation="seq-mean-token-mean"),
+             {"loss_type": "sapo"}),
     # GRPO's k3 KL in the loss; TRL 1.16 weights it by the ratio unless told not to
     "kl": (UpdateSettings(advantage_kwargs=TRL_EPS, kl_coef=0.04),
            {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.04, "use_bias_correction_kl": False}),
