@@ -362,7 +362,7 @@ def test_bnpo_decomposition_fits_only_the_reward_components() -> None:
     assert set(everything.parts) == {"correct", "format", "turns", "correct/excluded", "format/error"}
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo"])
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "lite_ppo", "global_pool"])
 def test_a_sample_without_a_verdict_leaves_its_groups_statistics_to_the_others(name: str) -> None:
     """A reward that returned None excludes its sample; it took the group's kept mean, which kept
     the mean but narrowed the std (the same squares over G - 1 instead of k - 1): with 1 of 4
@@ -373,7 +373,7 @@ def test_a_sample_without_a_verdict_leaves_its_groups_statistics_to_the_others(n
         parts = {"r": reward, **({"r/excluded": 1.0} if excluded else {})}
         return Sample((1,), Completion((2,), (-0.1,), "stop", "x"), reward, parts, 0)
 
-    rewards = [1.0, 0.0, 0.0, 0.5]
+    rewards = [1.0, 0.0, 0.0, 0.5]  # the third's "0.0" is no score: its reward gave no verdict
     group = Group("p", tuple(sample(r, i == 2) for i, r in enumerate(rewards)))
     got = compute_advantages([group], UpdateSettings(advantage=name))[0]
     alone = ESTIMATORS[name](torch.tensor([[1.0, 0.0, 0.5]]))[0]

@@ -40,7 +40,8 @@ class AdvantageInputs:
     kept_PG: Tensor | None = None
     """True where a sample's reward counts, False where a reward gave no verdict (None: all count).
     ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp`` and ``lite_ppo`` take their group and batch
-    statistics over the kept samples only; the other estimators see an excluded sample at its
+    statistics over the kept samples only, and ``global_pool``'s own-group pool holds only them
+    (``pool_mean_P``); the other estimators see an excluded sample at its
     group's kept mean (rlvr.train.advantages.shaped_rewards), which keeps a mean baseline but
     narrows a standard deviation. An excluded sample's own advantage is never trained on."""
 

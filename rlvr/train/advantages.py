@@ -66,7 +66,9 @@ def advantage_inputs(groups: list[Group], s: UpdateSettings, greedy: bool = Fals
     # the parts that make up the reward: never a flag ("<name>/error", "<name>/excluded") or a
     # weight-0 diagnostic (an environment's "turns", a GRPO-RoC quality check)
     components = [k for k in names if (k in s.reward_components if s.reward_components else "/" not in k)]
-    pools = [list(g.rewards if g.pool_rewards is None else g.pool_rewards) for g in groups]
+    # a group without a pool is its own, over the samples with a verdict (an excluded one's reward is no score)
+    pools = [[x.reward for x in g.samples if not x.excluded] or [0.0] if g.pool_rewards is None
+             else list(g.pool_rewards) for g in groups]
     greedy_P = None
     if greedy:
         missing = [g.prompt[:40] for g in groups if g.greedy_reward is None]
