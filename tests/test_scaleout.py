@@ -300,3 +300,13 @@ def test_with_vllm_rollout_workers_the_driver_builds_no_vllm_engine_of_its_own(t
     (tmp_path / "v").mkdir()
     run = setup(cfg, tmp_path / "v")
     assert isinstance(run.engine, EmbeddedEngine) and run.engine.model is run.learner.model
+
+
+def test_an_address_for_a_ray_already_running_here_is_said_to_be_unused(caplog: pytest.LogCaptureFixture) -> None:
+    """A Ray the process started already (a notebook's, this module's) cannot join another cluster;
+    dist.ray.address was dropped without a word."""
+    from rlvr.scaleout import start_ray
+
+    with caplog.at_level("WARNING", logger="rlvr.scaleout"):
+        assert start_ray("ray://elsewhere:10001") is ray
+    assert "dist.ray.address = 'ray://elsewhere:10001' is not used" in caplog.text

@@ -26,6 +26,7 @@ seeds, so the step's samples are the ones it would have had; the restart is logg
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -100,6 +101,9 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> Any:
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": num_cpus}
         ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
+    elif address is not None:  # a notebook's or a test's Ray: it cannot be joined to another cluster now
+        logging.getLogger("rlvr.scaleout").warning(
+            "Ray is already running in this process: dist.ray.address = %r is not used", address)
     return ray
 
 
