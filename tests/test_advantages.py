@@ -387,3 +387,19 @@ def test_the_ratio_weighted_kl_belongs_in_the_loss(tiny_dir: Path, tmp_path: Pat
     with pytest.raises(ConfigError, match="use it with algo.kl_placement"):
         load_config(None, [*base, 'algo.kl_placement="reward"'])
     assert load_config(None, base).algo.kl_estimator == "k3_ratio"
+
+
+@pytest.mark.parametrize("name", ["grpo", "reinforce_pp"])
+def test_a_group_whose_judged_rewards_are_equal_has_no_advantage_beside_an_excluded_sample(name: str) -> None:
+    """Seven kept rewards of 0.7 and one excluded sample, filled with their float32 mean, which
+    differs from 0.7 in the last bit: the all-equal test saw eight rewards and missed the group,
+    and GRPO's std division blew the 1e-8 residues up to 0.056 on every kept sample (a review)."""
+    def sample(excluded: bool) -> Sample:
+        parts = {"r": 0.7, **({"r/excluded": 1.0} if excluded else {})}
+        return Sample((1,), Completion((2,), (-0.1,), "stop", "x"), 0.7, parts, 0)
+
+    flat = Group("p", tuple(sample(i == 7) for i in range(8)))
+    spread = Group("q", tuple(Sample((1,), Completion((2,), (-0.1,), "stop", "x"), r, {"r": r}, 0)
+                              for r in (0.0, 1.0, 0.5, 0.25, 0.0, 1.0, 0.5, 0.75)))
+    got = compute_advantages([flat, spread], UpdateSettings(advantage=name))
+    assert torch.equal(got[0], torch.zeros(8))

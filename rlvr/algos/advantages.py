@@ -112,7 +112,8 @@ def group_advantages(
     # Rounding in the mean can leave ~1e-8 residues in a constant group, which division by
     # (0 + eps) would blow up to O(1); pin such groups, and groups of one, to exactly zero.
     alone_P1 = n_P1 <= 1
-    return torch.where(_constant_groups(rewards_PG) | alone_P1, torch.zeros_like(advantages_PG), advantages_PG)
+    constant_P1 = _constant_groups(rewards_PG, inputs.kept_PG)
+    return torch.where(constant_P1 | alone_P1, torch.zeros_like(advantages_PG), advantages_PG)
 
 
 def dr_grpo_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS) -> Tensor:
@@ -163,7 +164,7 @@ def reinforce_pp_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INP
     mean, std = _batch_mean_std(x_PG, kept_PG)
     out_PG = (x_PG - mean) / (std + eps)
     if group_baseline:
-        out_PG = torch.where(_constant_groups(rewards_PG), torch.zeros_like(out_PG), out_PG)
+        out_PG = torch.where(_constant_groups(rewards_PG, inputs.kept_PG), torch.zeros_like(out_PG), out_PG)
     return out_PG
 
 
@@ -484,9 +485,14 @@ def _check_PG(rewards_PG: Tensor) -> None:
         raise ValueError(f"rewards_PG must be [P, G], got shape {tuple(rewards_PG.shape)}")
 
 
-def _constant_groups(rewards_PG: Tensor) -> Tensor:
-    """[P, 1] True where every reward of the group is equal."""
-    return (rewards_PG == rewards_PG[:, :1]).all(dim=1, keepdim=True)
+def _constant_groups(rewards_PG: Tensor, kept_PG: Tensor | None = None) -> Tensor:
+    """[P, 1] True where every reward of the group is equal (every kept one, with ``kept_PG``: an
+    excluded sample's filled-in mean can differ from them in the last bit)."""
+    if kept_PG is None:
+        return (rewards_PG == rewards_PG[:, :1]).all(dim=1, keepdim=True)
+    kept = kept_PG.bool()
+    first_P1 = rewards_PG.gather(1, kept.float().argmax(dim=1, keepdim=True))  # a kept one, where there is any
+    return ((rewards_PG == first_P1) | ~kept).all(dim=1, keepdim=True)
 
 
 ESTIMATORS: dict[str, Callable[..., Any]] = {
