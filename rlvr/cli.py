@@ -405,16 +405,12 @@ def _counting(totals: dict[str, int]) -> Iterator[Callable[[str, int], None]]:
 def _filter(args: argparse.Namespace) -> int:
     from rlvr.data.filter import pass_rates, write_accepted, write_filtered
 
-    cfg = load_config(args.config, args.overrides)
-    if cfg.task.source == "reasoning_gym":
-        total = min(cfg.task.size, args.limit or cfg.task.size)
-    else:  # a file or dataset: task.size does not say how many prompts it holds
-        from rlvr.train.data import load_examples
+    from rlvr.train.data import load_examples
 
-        total = len(load_examples(cfg)[0][: args.limit])
-    with _counting({"rating prompts": total}) as advance:
-        rated = pass_rates(args.model, cfg, n=args.n, limit=args.limit,
-                           progress=lambda k: advance("rating prompts", k))
+    cfg = load_config(args.config, args.overrides)
+    examples = load_examples(cfg)[0][: args.limit]  # a file's own count, not task.size
+    with _counting({"rating prompts": len(examples)}) as advance:
+        rated = pass_rates(args.model, cfg, examples, n=args.n, progress=lambda k: advance("rating prompts", k))
     kept = write_filtered(rated, args.out, low=args.min, high=args.max, include_low=args.inclusive,
                           include_high=args.inclusive)
     hist = [sum(1 for r in rated if r.rate is not None and round(r.rate * args.n) == k) for k in range(args.n + 1)]

@@ -36,16 +36,16 @@ class Rated(NamedTuple):
     max_new_tokens), in the order sampled."""
 
 
-def pass_rates(model_spec: str, cfg: RunConfig, *, n: int, limit: int | None = None, batch: int = 32,
+def pass_rates(model_spec: str, cfg: RunConfig, examples: list[Example], *, n: int, batch: int = 32,
                progress: Callable[[int], None] | None = None) -> list[Rated]:
-    """Each of the config's training prompts (the first ``limit``) rated by n samples, generated
-    ``batch`` prompts at a time."""
+    """Each of ``examples`` (`rlvr filter`: the config's training prompts, the first ``--limit``)
+    rated by n samples under the config's sampling and rewards, generated ``batch`` prompts at a time."""
     from rlvr.data import render_example
     from rlvr.eval.run import resolve_model
     from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_dtype
     from rlvr.rewards import build_rewards
     from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.train.data import load_examples, prompts_fit
+    from rlvr.train.data import prompts_fit
     from rlvr.train.rollouts import generate_groups, is_correct, judged
     from rlvr.types import SamplingParams
 
@@ -55,7 +55,6 @@ def pass_rates(model_spec: str, cfg: RunConfig, *, n: int, limit: int | None = N
     tokenizer = load_tokenizer(path)
     model = load_model(path, resolve_dtype("auto")).eval()
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=cfg.seed)
-    examples = load_examples(cfg)[0][:limit]
     ids = [render_example(tokenizer, ex, cfg.task.system_prompt) for ex in examples]
     s = cfg.sampling
     prompts_fit("training", examples, ids, context_length(model), s.max_new_tokens)
