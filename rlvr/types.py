@@ -188,8 +188,9 @@ class Group:
 
 def oldest_version(samples: Sequence[Sample]) -> int | None:
     """The oldest weights' version among ``samples``, earlier segments of an episode included
-    (what their staleness counts from), or None when none has one. Samples without a version were not sampled by a versioned engine (a
-    demonstration, an episode the agent ended before sampling) and do not count."""
+    (what their staleness counts from), or None when none has one. Samples without a version
+    were not sampled by a versioned engine (a demonstration, an episode the agent ended before
+    sampling) and do not count."""
     completions = [c for x in samples for c in (x.completion, *(c for _, c in x.segments))]
     versions = [c.policy_version for c in completions if c.policy_version is not None]
     return min(versions) if versions else None

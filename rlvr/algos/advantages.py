@@ -102,7 +102,7 @@ def group_advantages(
         advantages_PG: [P, G].
     """
     _check_PG(rewards_PG)
-    kept_PG = torch.ones_like(rewards_PG) if inputs.kept_PG is None else inputs.kept_PG.to(rewards_PG.dtype)
+    kept_PG = _kept(rewards_PG, inputs)
     n_P1 = kept_PG.sum(dim=1, keepdim=True)
     advantages_PG = rewards_PG - (rewards_PG * kept_PG).sum(dim=1, keepdim=True) / n_P1.clamp(min=1)
     if normalize_std:
@@ -136,8 +136,7 @@ def rloo_advantages(rewards_PG: Tensor, inputs: AdvantageInputs = NO_INPUTS) -> 
     itself, so the gradient estimate stays unbiased. G = 1 has no other sample: advantage 0.
     """
     _check_PG(rewards_PG)
-    kept_PG = torch.ones_like(rewards_PG) if inputs.kept_PG is None else inputs.kept_PG.to(rewards_PG.dtype)
-    n_P1 = kept_PG.sum(dim=1, keepdim=True)  # G, or a group's kept samples (`AdvantageInputs.kept_PG`)
+    n_P1 = _kept(rewards_PG, inputs).sum(dim=1, keepdim=True)  # G, or a group's kept samples
     centered_PG = group_advantages(rewards_PG, inputs, normalize_std=False)
     return torch.where(n_P1 > 1, centered_PG * (n_P1 / (n_P1 - 1).clamp(min=1)), torch.zeros_like(rewards_PG))
 

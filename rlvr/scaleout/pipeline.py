@@ -132,9 +132,8 @@ class AsyncRollouts(Rollouts):
         """On the pipeline's thread: the state this collection begins from, kept, then the collection.
         The replay buffer's state is made of new lists already (`ReplayBuffer.state_dict`): only the
         sampler's, small, is copied deeply (a full buffer took 0.5 s to copy, every step)."""
-        start = {"sampler": copy.deepcopy(self.sampler.state_dict()), "engine_rng": self.engine.generator.get_state()}
-        if self.replay is not None:
-            start["replay"] = self.replay.state_dict()
+        start = super().state_dict() | {"engine_rng": self.engine.generator.get_state()}
+        start["sampler"] = copy.deepcopy(start["sampler"])
         with self.lock:
             self.starts[step] = start
         return collect(run, step)
@@ -165,7 +164,8 @@ class AsyncRollouts(Rollouts):
 
     def observe(self, own: list[Group], aside: list[Group], step: int) -> None:
         """On the pipeline's thread, after the collections already under way."""
-        self.observed = [x for x in self.observed if x.after > step] + [Observation(self.pipeline.queued, step, own, aside)]
+        self.observed = [x for x in self.observed if x.after > step]  # no later checkpoint needs the others
+        self.observed.append(Observation(self.pipeline.queued, step, own, aside))
         self.pipeline.after(super().observe, own, aside, step)
 
     def state_dict(self) -> dict[str, Any]:

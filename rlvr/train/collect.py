@@ -321,8 +321,13 @@ class ReplayBuffer:
     def attach_media(self, media: list[PromptMedia | None]) -> None:
         """Give the groups read back from a checkpoint their prompts' images (`TaskData.media`, by
         prompt index): the checkpoint keeps a group's token ids, not its pixels."""
-        self.items = [(s, dataclasses.replace(g, samples=tuple(with_prompt_media(g.samples, media))))
-                      for s, g in self.items]
+        groups = _with_media([g for _, g in self.items], media)
+        self.items = [(s, g) for (s, _), g in zip(self.items, groups)]
+
+
+def _with_media(groups: list[Group], media: list[PromptMedia | None]) -> list[Group]:
+    """The groups with their prompts' images (`TaskData.media`, by prompt index) put back."""
+    return [dataclasses.replace(g, samples=tuple(with_prompt_media(g.samples, media))) for g in groups]
 
 
 def _completion_state(c: Completion) -> dict[str, Any]:
@@ -332,10 +337,13 @@ def _completion_state(c: Completion) -> dict[str, Any]:
             "swapped_at": list(c.swapped_at)}
 
 
+def _tuple_or_none(state: dict[str, Any], key: str) -> tuple[Any, ...] | None:
+    return None if state.get(key) is None else tuple(state[key])
+
+
 def _completion_from_state(x: dict[str, Any]) -> Completion:
-    optional = lambda key: None if x.get(key) is None else tuple(x[key])  # noqa: E731
     return Completion(tuple(x["token_ids"]), tuple(x["logprobs"]), x["finish_reason"], x["text"],
-                      loss_mask=optional("loss_mask"), turn_index=optional("turn_index"),
+                      loss_mask=_tuple_or_none(x, "loss_mask"), turn_index=_tuple_or_none(x, "turn_index"),
                       policy_version=x.get("policy_version"), swapped_at=tuple(x.get("swapped_at", ())))
 
 
@@ -363,10 +371,10 @@ def _group_from_state(state: dict[str, Any]) -> Group:
     accuracy = state["accuracy"] if "accuracy" in state else metadata.pop("accuracy", None)
     pool = state["pool_rewards"] if "pool_rewards" in state else metadata.pop("pool_rewards", None)
     staleness = int(state["staleness"] if "staleness" in state else metadata.pop("stale", 0))
-    optional = lambda key: None if state.get(key) is None else tuple(state[key])  # noqa: E731
     return Group(state["prompt"], samples, metadata, accuracy=accuracy, staleness=staleness,
                  pool_rewards=None if pool is None else tuple(pool), greedy_reward=state.get("greedy_reward"),
-                 replay_age=state.get("replay_age"), advantages=optional("advantages"), masked=optional("masked"))
+                 replay_age=state.get("replay_age"), advantages=_tuple_or_none(state, "advantages"),
+                 masked=_tuple_or_none(state, "masked"))
 
 
 def template_variants(templates: list[str], render: Callable[[str], list[int]], examples: list[Example],
@@ -497,10 +505,7 @@ class Observation:
                            [_group_from_state(g) for g in x["aside"]])
 
     def with_media(self, media: list[PromptMedia | None]) -> Observation:
-        def attach(groups: list[Group]) -> list[Group]:
-            return [dataclasses.replace(g, samples=tuple(with_prompt_media(g.samples, media))) for g in groups]
-
-        return dataclasses.replace(self, own=attach(self.own), aside=attach(self.aside))
+        return dataclasses.replace(self, own=_with_media(self.own, media), aside=_with_media(self.aside, media))
 
 
 def collect(run: Run, step: int) -> Collected:
