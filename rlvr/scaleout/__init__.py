@@ -114,7 +114,7 @@ def attach(run: Run) -> None:
     from rlvr.scaleout.learners import DataParallel
     from rlvr.scaleout.pipeline import AsyncRollouts
     from rlvr.scaleout.rollout import RayEngine
-    from rlvr.train.methods.process import example_fields
+    from rlvr.train.methods.process import example_fields, fields_by_id
 
     d = run.cfg.dist
     if d.rollout_workers == 0 and d.learners == 1:
@@ -135,7 +135,7 @@ def attach(run: Run) -> None:
         run.updater.shared_weights = False
     if d.learners > 1:
         run.updater = DataParallel(run.cfg, run.updater, d.learners, timeout_s=r.timeout_s,
-                                   fields_of=example_fields(run.task.examples))
+                                   fields_of=example_fields(fields_by_id(run.task.examples)))
     if a is not None:
         lookahead = min(a.steps, a.max_staleness) if a.on_stale == "wait" else a.steps
         run.rollouts = AsyncRollouts(run, lookahead=lookahead, last_step=run.cfg.train.steps,

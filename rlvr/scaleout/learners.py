@@ -79,14 +79,12 @@ class LearnerWorker:
         # per-token credit: PPO's value model (a replica of the driver's, loaded below), or a teacher
         from rlvr.models import load_tokenizer
 
+        from rlvr.train.methods.process import example_fields
+
         self.fields: dict[Any, dict[str, Any]] = {}
-        """The fields of this update's examples, by id (sent with each update): what a function PRM reads."""
-
-        def fields_of(group: Group) -> dict[str, Any]:
-            return self.fields.get(group.metadata.get("id")) or {"answer": group.metadata.get("answer")}
-
+        """The fields of this update's examples, by id (refilled by each update): what a function PRM reads."""
         self.credit = per_token_credit(cfg, model, tr.steps * tr.epochs * tr.mini_batches, load_tokenizer(cfg.model),
-                                       fields_of)
+                                       example_fields(self.fields))
 
     def ready(self) -> bool:
         """Built; and whether its credit reads the examples' fields (a function PRM), sent with each update then."""
@@ -109,7 +107,8 @@ class LearnerWorker:
                pad_token_id: int, fields: dict[Any, dict[str, Any]]) -> None:
         from rlvr.train.update import update_policy
 
-        self.fields = fields
+        self.fields.clear()
+        self.fields.update(fields)
         generator = torch.Generator()
         generator.set_state(generator_state)
         update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, ref_model=self.ref_model,

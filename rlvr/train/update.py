@@ -310,6 +310,17 @@ class _Batch:
     """The rows whose `old` is the current policy's, scored before the update."""
 
 
+def _kl_term(name: str, logprobs_BT: torch.Tensor, ref_BT: torch.Tensor, old_BT: torch.Tensor,
+             mask_BT: torch.Tensor) -> torch.Tensor:
+    """The per-token KL to the reference by `algo.kl_estimator`; one that asks for the loop's
+    ``old_logprobs_BT`` (the ratio-weighted k3) gets π_old, with the policy's own log-probs at
+    masked positions: a ratio of 1 there, never an overflow that 0 · inf would turn into NaN."""
+    estimator = KL_ESTIMATORS[name]
+    if "old_logprobs_BT" not in loop_inputs(estimator):
+        return estimator(logprobs_BT, ref_BT)
+    return estimator(logprobs_BT, ref_BT, old_logprobs_BT=torch.where(mask_BT, old_BT, logprobs_BT.detach()))
+
+
 def _accumulate(
     learner: Learner,
     credit: Credit | None,
@@ -349,11 +360,7 @@ def _accumulate(
         loss_BT = torch.where(high_entropy_tokens(entropy_BT, mask_BT, s.entropy_top), loss_BT, 0.0)
     loss_metrics = {**loss_metrics, **is_metrics, **mismatch_metrics(old_BT, sampler_BT, mask_BT)}
     if b.ref is not None:
-        estimator = KL_ESTIMATORS[s.kl_estimator]
-        # masked positions: a ratio of 1, never an overflow that 0 · inf would turn into NaN
-        given["old_logprobs_BT"] = torch.where(mask_BT, old_BT, logprobs_BT.detach())
-        kl_BT = estimator(logprobs_BT, token_rows(b.ref, micro, where_BT),
-                          **{name: given[name] for name in loop_inputs(estimator)})
+        kl_BT = _kl_term(s.kl_estimator, logprobs_BT, token_rows(b.ref, micro, where_BT), old_BT, mask_BT)
         loss_BT = loss_BT + s.kl_coef * kl_BT
         sums["kl"] += float(kl_BT.detach()[mask_BT].sum())
     if s.entropy_coef:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -183,19 +183,23 @@ class ProcessSupervision(Method):
         self.credit.load_state_dict(state)
 
 
-def example_fields(examples: Iterable[Any]) -> Callable[[Group], dict[str, Any]]:
-    """``fields_of(group)``: the fields of the group's example (by its id), what a function PRM
-    receives as keywords; a group of no known example gets its answer alone."""
-    by_id = {ex.id: ex for ex in examples}
-
+def example_fields(fields_by_id: Mapping[Any, Mapping[str, Any]]) -> Callable[[Group], dict[str, Any]]:
+    """``fields_of(group)``: the fields of the group's example, looked up by its id in
+    ``fields_by_id`` when called (a data-parallel rank's mapping is refilled each update), what a
+    function PRM receives as keywords; a group of no known example gets its answer alone."""
     def fields_of(group: Group) -> dict[str, Any]:
-        example = by_id.get(group.metadata.get("id"))  # type: ignore[arg-type]
-        return dict(example.fields) if example is not None else {"answer": group.metadata.get("answer")}
+        fields = fields_by_id.get(group.metadata.get("id"))
+        return dict(fields) if fields is not None else {"answer": group.metadata.get("answer")}
 
     return fields_of
 
 
+def fields_by_id(examples: Iterable[Any]) -> dict[Any, Mapping[str, Any]]:
+    """Each example's fields, by its id (`example_fields`)."""
+    return {ex.id: ex.fields for ex in examples}
+
+
 def build(run: Run, info: SetupInfo) -> Method | None:
     credit = process_credit(run.cfg, run.learner.model, run.tokenizer, info.optimizer_steps,
-                            example_fields(run.task.examples))
+                            example_fields(fields_by_id(run.task.examples)))
     return None if credit is None else ProcessSupervision(credit)
