@@ -43,14 +43,26 @@ SKIP = {"step", "epoch"}
 def curve_rows(run_dir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl with the evaluation before training as step 0 and the one after merged into
     the last step (summary.json), so held-out curves span the run."""
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    if summary.get("eval_before"):
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if _is_number(r.get("step"))]
+    summary = _summary(run_dir)
+    if isinstance(summary.get("eval_before"), dict) and summary["eval_before"]:
         rows.insert(0, {"step": 0, **summary["eval_before"]})
-    if summary.get("eval_after") and rows and rows[-1].get("step") == summary.get("steps"):
+    if isinstance(summary.get("eval_after"), dict) and rows and rows[-1].get("step") == summary.get("steps"):
         rows[-1] = summary["eval_after"] | rows[-1]
     return rows
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    """summary.json, or {} where there is none or it is not a readable JSON object."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def panels(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -128,20 +140,20 @@ def facts(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     trained = [r for r in rows if r.get("step", 0) > 0 and "reward" in r]
     if trained:
         out.append(("steps", str(trained[-1]["step"])))
-        seconds = sum(r.get("step_seconds") or 0 for r in trained)
+        seconds = sum(r["step_seconds"] for r in trained if _is_number(r.get("step_seconds")))
         out.append(("time", f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"))
         k = max(1, min(3, len(trained) // 3))
-        start = sum(r["reward"] or 0 for r in trained[:k]) / k
-        end = sum(r["reward"] or 0 for r in trained[-k:]) / k
+        start = sum(r["reward"] if _is_number(r["reward"]) else 0 for r in trained[:k]) / k
+        end = sum(r["reward"] if _is_number(r["reward"]) else 0 for r in trained[-k:]) / k
         out.append(("reward", f"{start:.3f} → {end:.3f}"))
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    before = summary.get("eval_before", {}).get("eval/accuracy")
-    after = summary.get("eval_after", {}).get("eval/accuracy")
-    if before is not None:
-        out.append(("held-out accuracy", f"{before:.1%} → {after:.1%}" if after is not None else f"{before:.1%} (before)"))
+    summary = _summary(run_dir)
+    before = (summary.get("eval_before") or {}).get("eval/accuracy")
+    after = (summary.get("eval_after") or {}).get("eval/accuracy")
+    if _is_number(before):
+        out.append(("held-out accuracy", f"{before:.1%} → {after:.1%}" if _is_number(after) else f"{before:.1%} (before)"))
     gain = summary.get("held_out_gain")
-    if gain and gain["se"] is not None:  # paired by prompt (rlvr.train.records.held_out_gain); None: one prompt
+    numbers = ("difference", "ci95_low", "ci95_high", "prompts", "se")
+    if isinstance(gain, dict) and all(_is_number(gain.get(k)) for k in numbers):  # se None: one prompt
         out.append(("held-out gain, 95% CI", f"{100 * gain['difference']:+.1f} points "
                     f"({100 * gain['ci95_low']:+.1f} to {100 * gain['ci95_high']:+.1f}, {gain['prompts']:.0f} prompts)"))
     return out

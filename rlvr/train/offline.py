@@ -44,7 +44,7 @@ from rlvr.train import checkpoint as ckpt
 from rlvr.train.logprobs import packed_batch, packed_logprobs, token_budget_batches
 from rlvr.train.collect import collect
 from rlvr.train.evaluate import evaluate_held_out
-from rlvr.train.records import sample_rows, summary_line, with_held_out_gain
+from rlvr.train.records import is_number, sample_rows, summary_line, with_held_out_gain
 from rlvr.train.run import Run, open_run, save
 from rlvr.train.stop import GracefulStop, stop_if_requested
 from rlvr.train.rollouts import group_metrics
@@ -431,8 +431,9 @@ def _totals(run: Run, total: int) -> dict[str, Any]:
     """The run's totals from its metrics.jsonl: steps, seconds, and the loss at the start and the end
     (means over up to three steps)."""
     rows = read_jsonl(run.dir / "metrics.jsonl")
-    losses = [r["loss"] for r in rows if "loss" in r]
-    out = {"run_dir": str(run.dir), "steps": total, "seconds": sum(r["step_seconds"] for r in rows)}
+    losses = [r["loss"] for r in rows if is_number(r.get("loss"))]  # any field may be missing from a row
+    out = {"run_dir": str(run.dir), "steps": total,
+           "seconds": sum(r["step_seconds"] for r in rows if is_number(r.get("step_seconds")))}
     if losses:
         k = max(1, min(3, len(losses) // 3))
         out |= {"loss_start": statistics.fmean(losses[:k]), "loss_end": statistics.fmean(losses[-k:])}

@@ -84,15 +84,25 @@ def write_report(run_dir: Path, progress: ConsoleProgress) -> None:
 
 
 def summarise(metrics_path: Path, run_dir: Path) -> dict[str, Any]:
+    """The run's totals from metrics.jsonl: its last step, the seconds of its steps, and the mean
+    reward of its first and last steps. Any field may be absent from any row (a step whose samples
+    all lacked a verdict has no reward): a total is over the rows that have it, or left out."""
     rows = read_jsonl(metrics_path)
     if not rows:
         return {"run_dir": str(run_dir), "steps": 0}
-    out = {"run_dir": str(run_dir), "steps": rows[-1]["step"], "seconds": sum(r["step_seconds"] for r in rows)}
-    rewarded = [r["reward"] for r in rows if "reward" in r]  # a step whose samples all lacked a verdict has none
+    steps = [r["step"] for r in rows if is_number(r.get("step"))]
+    out: dict[str, Any] = {"run_dir": str(run_dir), "steps": int(max(steps, default=0)),
+                           "seconds": sum(r["step_seconds"] for r in rows if is_number(r.get("step_seconds")))}
+    rewarded = [r["reward"] for r in rows if is_number(r.get("reward"))]
     if rewarded:
         k = max(1, min(3, len(rewarded) // 3))  # compare the mean of the first and last k steps
         out |= {"reward_start": sum(rewarded[:k]) / k, "reward_end": sum(rewarded[-k:]) / k}
     return out
+
+
+def is_number(value: Any) -> bool:
+    """Whether a logged value is a number that can be printed as one (not None, a bool or a string)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def held_out_gain(summary: dict[str, Any]) -> dict[str, float | None] | None:
@@ -121,29 +131,39 @@ def with_held_out_gain(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def accuracy_is_silent(summary: dict[str, Any]) -> bool:
-    """Held-out accuracy 0 before and after with a mean reward beside it: a reward that is not
+    """Held-out accuracy 0 before and after with a mean reward beside both: a reward that is not
     pass/fail (RLP's information gain), whose mean says more than accuracy or its gain."""
-    before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
-    return before.get("eval/accuracy") == after.get("eval/accuracy") == 0 and "eval/reward" in before
+    before, after = _section(summary, "eval_before"), _section(summary, "eval_after")
+    return (before.get("eval/accuracy") == after.get("eval/accuracy") == 0
+            and is_number(before.get("eval/reward")) and is_number(after.get("eval/reward")))
+
+
+def _section(summary: dict[str, Any], key: str) -> dict[str, Any]:
+    value = summary.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def summary_line(summary: dict[str, Any]) -> str:
-    """The one-line result: reward at start → end, held-out accuracy before → after, where the run is."""
+    """The one-line result: reward at start → end, held-out accuracy before → after, where the run
+    is. Every part is printed only where its numbers are there: a summary missing any of them (an
+    evaluation whose samples all lacked a verdict has no eval/reward) still gives a line."""
     parts = []
-    if "reward_start" in summary:
-        parts.append(f"reward {summary['reward_start']:.3f} → {summary['reward_end']:.3f}")
-    if "loss_start" in summary:  # rlvr sft, rlvr dpo
-        parts.append(f"loss {summary['loss_start']:.3f} → {summary['loss_end']:.3f}")
-    before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
-    if "eval/accuracy" in before and "eval/accuracy" in after:
-        if accuracy_is_silent(summary):
-            parts.append(f"held-out reward {before['eval/reward']:.3f} → {after['eval/reward']:.3f}")
-        else:
-            gain = summary.get("held_out_gain")
-            interval = "" if not gain or gain["se"] is None else (  # no interval from one prompt
-                f" ({100 * gain['difference']:+.1f} points, 95% CI {100 * gain['ci95_low']:+.1f} to "
-                f"{100 * gain['ci95_high']:+.1f} over {gain['prompts']:.0f} prompts)")
-            parts.append(f"held-out accuracy {before['eval/accuracy']:.1%} → {after['eval/accuracy']:.1%}{interval}")
-    parts.append(f"{summary.get('steps', 0)} steps in {summary.get('seconds', 0):.0f}s")
+    for label, start, end in (("reward", "reward_start", "reward_end"), ("loss", "loss_start", "loss_end")):
+        if is_number(summary.get(start)) and is_number(summary.get(end)):  # loss: rlvr sft, rlvr dpo
+            parts.append(f"{label} {summary[start]:.3f} → {summary[end]:.3f}")
+    before, after = _section(summary, "eval_before"), _section(summary, "eval_after")
+    if accuracy_is_silent(summary):
+        parts.append(f"held-out reward {before['eval/reward']:.3f} → {after['eval/reward']:.3f}")
+    elif is_number(before.get("eval/accuracy")) and is_number(after.get("eval/accuracy")):
+        gain = summary.get("held_out_gain")
+        numbers = ("difference", "ci95_low", "ci95_high", "prompts", "se")
+        interval = "" if not isinstance(gain, dict) or not all(is_number(gain.get(k)) for k in numbers) else (
+            f" ({100 * gain['difference']:+.1f} points, 95% CI {100 * gain['ci95_low']:+.1f} to "
+            f"{100 * gain['ci95_high']:+.1f} over {gain['prompts']:.0f} prompts)")  # se None: one prompt, no interval
+        parts.append(f"held-out accuracy {before['eval/accuracy']:.1%} → {after['eval/accuracy']:.1%}{interval}")
+    elif is_number(before.get("eval/accuracy")):  # no answer judged after training
+        parts.append(f"held-out accuracy {before['eval/accuracy']:.1%} → none judged")
+    steps, seconds = summary.get("steps"), summary.get("seconds")
+    parts.append(f"{steps if is_number(steps) else 0} steps in {seconds if is_number(seconds) else 0:.0f}s")
     parts.append(f"run: {summary.get('run_dir')}")
     return "done: " + " | ".join(parts)
