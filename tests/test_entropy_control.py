@@ -132,3 +132,35 @@ def test_kl_cov_with_one_step_per_batch_says_it_trains_as_the_policy_gradient(
     with caplog.at_level("WARNING", logger="rlvr.train"):
         settings_from_config(load_config(None, ['algo.loss="kl_cov"', "train.mini_batches=2"]), [])
     assert "plain policy gradient" not in caplog.text
+
+
+@pytest.mark.parametrize("name", sorted(__import__("rlvr.algos.losses", fromlist=["LOSSES"]).LOSSES))
+def test_high_entropy_selection_keeps_every_other_token_out_of_every_loss(name: str) -> None:
+    """algo.entropy = {top = 0.2} on one row of five trained tokens: only the highest-entropy token
+    (the third) gets a gradient, whatever the loss. A sequence-level loss (GMPO, GSPO) takes its
+    row statistic over the selected token; zeroing its loss afterwards had left GMPO's -0.041 on
+    all five tokens (issue 50, bug 2). The old policy differs, so ratio-dependent terms are live."""
+    from rlvr.algos.losses import LOSSES
+    from rlvr.algos.registry import loop_inputs
+    from rlvr.train.settings import UpdateSettings
+    from rlvr.train.update import policy_loss
+
+    logprobs = t([[-0.5, -1.0, -1.5, -0.7, -2.0]]).requires_grad_()
+    old = t([[-0.6, -0.9, -1.4, -0.8, -1.9]])
+    advantages = t([[1.0] * 5])
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    entropy = t([[0.1, 0.2, 3.0, 0.3, 0.4]])
+    given = {"correct_BT": t([[1.0] * 5]), "group_accuracy_BT": t([[0.5] * 5]), "offpolicy_BT": t([[0.0] * 5]),
+             "loss_state": {}}
+    loss_fn = LOSSES[name]
+    inputs = {k: given[k] for k in loop_inputs(loss_fn)}
+    s = UpdateSettings(loss=name, entropy_top=0.2)
+    loss_BT, _ = policy_loss(s, logprobs, old, advantages, mask, entropy, inputs)
+    (grad,) = torch.autograd.grad(loss_BT.sum(), logprobs)
+    assert grad[0, 2] != 0, name
+    assert grad[0, [0, 1, 3, 4]].abs().max() == 0, (name, grad)
+    assert loss_BT[0, [0, 1, 3, 4]].abs().max() == 0
+    # every token trained: every token gets one
+    (every,) = torch.autograd.grad(policy_loss(UpdateSettings(loss=name), logprobs, old, advantages, mask, entropy,
+                                               inputs)[0].sum(), logprobs)
+    assert (every != 0).all(), (name, every)

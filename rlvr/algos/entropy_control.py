@@ -35,8 +35,10 @@ class EntropyOptions:
     """Weight of the entropy bonus, −coef·H per trained token in the loss."""
     top: float = 1.0
     """The fraction of each forward pass's trained tokens, by highest entropy, that the policy
-    loss trains (high_entropy_tokens; 1 = all, 0.2 in arXiv:2506.01939). A KL term and the bonus
-    still see every trained token, and the aggregation's token counts are unchanged."""
+    loss trains (high_entropy_tokens; 1 = all, 0.2 in arXiv:2506.01939). The selection is the
+    policy loss's mask: a loss with a statistic over the row (GSPO's and GMPO's sequence ratio)
+    takes it over the selected tokens, so no other token gets a policy gradient. A KL term and the
+    bonus still see every trained token, and the aggregation's token counts are unchanged."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.top <= 1.0:

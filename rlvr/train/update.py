@@ -321,6 +321,22 @@ def _kl_term(name: str, logprobs_BT: torch.Tensor, ref_BT: torch.Tensor, old_BT:
     return estimator(logprobs_BT, ref_BT, old_logprobs_BT=torch.where(mask_BT, old_BT, logprobs_BT.detach()))
 
 
+def policy_loss(s: UpdateSettings, logprobs_BT: torch.Tensor, old_BT: torch.Tensor, adv_BT: torch.Tensor,
+                mask_BT: torch.Tensor, entropy_BT: torch.Tensor,
+                inputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`algo.loss` per token, over the trained tokens, or with `algo.entropy.top` < 1 over the
+    pass's high-entropy ("forking") tokens alone (`high_entropy_tokens`): the selection is the
+    loss's mask, so a loss that takes a statistic over a row (GSPO's and GMPO's sequence ratio)
+    takes it over the selected tokens and no other token gets a gradient (zeroing the loss after
+    it was computed left GMPO's row value on every token), and the loss's own metrics are over
+    the selected tokens. The aggregation's token counts stay those of every trained token."""
+    selected_BT = mask_BT
+    if s.entropy_top < 1.0:
+        selected_BT = high_entropy_tokens(entropy_BT, mask_BT, s.entropy_top)
+    loss_BT, metrics = LOSSES[s.loss](logprobs_BT, old_BT, adv_BT, selected_BT, **s.loss_kwargs, **inputs)
+    return torch.where(selected_BT, loss_BT, 0.0), metrics
+
+
 def _accumulate(
     learner: Learner,
     credit: Credit | None,
@@ -343,7 +359,7 @@ def _accumulate(
     inputs: dict[str, Any] = {name: token_rows(rows, micro, where_BT) for name, rows in b.loss_rows.items()}
     if keeps_state(LOSSES[s.loss]):
         inputs["loss_state"] = b.loss_state
-    loss_BT, loss_metrics = LOSSES[s.loss](logprobs_BT, old_BT, adv_BT, mask_BT, **s.loss_kwargs, **inputs)
+    loss_BT, loss_metrics = policy_loss(s, logprobs_BT, old_BT, adv_BT, mask_BT, entropy_BT, inputs)
     # The engine's own log-probs of what it sampled, against the learner's before this update.
     # (a demonstration was not sampled by the engine: it counts as matching, weight 1)
     sampler_BT = token_rows([torch.tensor(b.samples[i].completion.logprobs, dtype=torch.float32) for i in micro],
@@ -356,8 +372,6 @@ def _accumulate(
     weights_BT, is_metrics = correction(old_BT, sampler_BT, mask_BT, **s.offpolicy_kwargs,
                                         **{name: given[name] for name in loop_inputs(correction)})
     loss_BT = loss_BT * weights_BT
-    if s.entropy_top < 1.0:  # only the high-entropy ("forking") tokens carry the policy gradient
-        loss_BT = torch.where(high_entropy_tokens(entropy_BT, mask_BT, s.entropy_top), loss_BT, 0.0)
     loss_metrics = {**loss_metrics, **is_metrics, **mismatch_metrics(old_BT, sampler_BT, mask_BT)}
     if b.ref is not None:
         kl_BT = _kl_term(s.kl_estimator, logprobs_BT, token_rows(b.ref, micro, where_BT), old_BT, mask_BT)
