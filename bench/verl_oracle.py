@@ -17,6 +17,7 @@ import torch
 import verl.trainer.ppo.core_algos as core_algos
 
 from rlvr.algos.aggregation import AGGREGATIONS, aggregate_loss
+from rlvr.algos import entropy_control
 from rlvr.algos.entropy_control import clip_cov_loss, kl_cov_loss, token_covariance
 from rlvr.algos.offpolicy import geometric_mask
 from rlvr.algos.smooth_losses import gmpo_loss, sapo_loss
@@ -71,8 +72,12 @@ def covariance_losses(generator: torch.Generator, dtype: torch.dtype) -> dict[st
     k-th and (k+1)-th largest covariances tie (e.g. one row: its outcome advantage is constant, so
     every covariance is 0, up to rounding) may choose either, in verl and here; those are counted,
     not compared.
-    Also counts the batches where Clip-Cov chose a token at all."""
+    Also counts the batches where Clip-Cov chose a token at all. rlvr rounds Clip-Cov's count
+    r·N up or down at random (`chosen_count`), where verl takes max(1, ⌊r·N⌋); the comparison runs
+    rlvr's loss with verl's count, so that what is compared is the rest of the formula."""
     from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    entropy_control.chosen_count = lambda expected: max(1, int(expected))  # verl's count, this process only
 
     policy_loss = PolicyLossConfig(clip_cov_ratio=0.05, clip_cov_lb=0.5, clip_cov_ub=3.0, kl_cov_ratio=0.05,
                                    ppo_kl_coef=1.0)

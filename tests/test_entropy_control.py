@@ -34,7 +34,8 @@ def test_token_covariance_is_the_centred_product_over_trained_tokens() -> None:
 
 def test_clip_cov_cuts_the_gradient_of_the_high_covariance_token_only() -> None:
     logprobs = t(LOGPROBS).requires_grad_()
-    loss, metrics = clip_cov_loss(logprobs, t(LOGPROBS).nan_to_num(0.0), t(ADVANTAGES), t(MASK))
+    # clip_ratio·N = 0.25·4 = 1 token chosen
+    loss, metrics = clip_cov_loss(logprobs, t(LOGPROBS).nan_to_num(0.0), t(ADVANTAGES), t(MASK), clip_ratio=0.25)
     # on-policy, ratio 1: loss_t = -A_t, except token 0, chosen (the only candidate)
     torch.testing.assert_close(loss, t([[0.0, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
     (grad,) = torch.autograd.grad(loss.sum(), logprobs)
@@ -50,11 +51,11 @@ def test_clip_cov_leaves_tokens_ppo_already_clipped_and_chooses_ratio_n_of_the_r
     assert float(metrics["cov_clipped_fraction"]) == 0.0 and float(metrics["clip_fraction"]) == 0.25
     # the authors' recipe clips the ratio to [0, 2] (clip_low = clip_high = 1): e^0.5 is inside,
     # so token 0 (covariance 1.503 as above, ratio aside) is the one candidate and is cut
-    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK))
+    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK), clip_ratio=0.25)
     torch.testing.assert_close(loss, t([[0.0, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
     assert float(metrics["clip_fraction"]) == 0.0 and float(metrics["cov_clipped_fraction"]) == 0.25
     old = t([[-1.2, -2.0, -1.0, -1.0, 0.0]])  # ratio e^1.1 > 2: clipped even there
-    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK))
+    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK), clip_ratio=0.25)
     torch.testing.assert_close(loss, t([[-2.0 * 2.0, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
     # 40 rows like the first: 40 candidates, clip_ratio 0.05 of 160 tokens chooses 8
     rows = 40
@@ -62,6 +63,44 @@ def test_clip_cov_leaves_tokens_ppo_already_clipped_and_chooses_ratio_n_of_the_r
     loss, metrics = clip_cov_loss(t(LOGPROBS * rows), t(LOGPROBS * rows).nan_to_num(0.0), t(ADVANTAGES * rows),
                                   t(MASK * rows), clip_ratio=0.05)
     assert int((loss[:, 0] == 0).sum()) == 8 and bool((loss[:, 1] == 0.5).all())
+
+
+def test_clip_cov_chooses_its_ratio_of_tokens_however_the_batch_is_cut() -> None:
+    """Clip-Cov's count is clip_ratio·N in expectation per pass, so cutting a batch into micro-
+    batches does not change how many tokens it chooses (issue 50, bug 3: max(1, ⌊r·N⌋) chose at
+    least one in every pass, 64 of 2,048 tokens here where the ratio asks for 20.48). 64 rows of
+    32 tokens, every token a candidate: log π and A are ±1 about their means in every row, so each
+    centred product is exactly 1, inside (0.5, 2)."""
+    from rlvr.algos.entropy_control import chosen_count
+
+    signs = t([[1.0, -1.0] * 16] * 64)
+    logprobs, advantages, mask = -2.0 + signs, signs, torch.ones(64, 32, dtype=F64)
+    ratio, seeds = 0.01, 100
+
+    def chosen(rows_per_pass: int) -> list[int]:
+        counts = []
+        for seed in range(seeds):
+            torch.manual_seed(seed)
+            total = 0
+            for start in range(0, 64, rows_per_pass):
+                part = slice(start, start + rows_per_pass)
+                _, metrics = clip_cov_loss(logprobs[part], logprobs[part], advantages[part], mask[part],
+                                           clip_ratio=ratio, cov_low=0.5, cov_high=2.0)
+                total += round(float(metrics["cov_clipped_fraction"]) * 32 * len(range(64)[part]))
+            counts.append(total)
+        return counts
+
+    expected = ratio * 64 * 32  # 20.48
+    whole = chosen(64)
+    assert set(whole) == {20, 21}  # one pass: ⌊20.48⌋ or one more
+    assert abs(sum(whole) / seeds - expected) < 4 * math.sqrt(0.48 * 0.52 / seeds)
+    for rows in (1, 8):  # each pass expects 0.32 or 2.56 tokens; 64 or 8 passes
+        counts = chosen(rows)
+        p = ratio * 32 * rows % 1
+        sd = math.sqrt(64 // rows * p * (1 - p) / seeds)  # of the mean over the seeds
+        assert abs(sum(counts) / seeds - expected) < 4 * sd, (rows, sum(counts) / seeds)
+    # the count alone: exact for a whole number, never rounded up from zero
+    assert chosen_count(3.0) == 3 and chosen_count(0.0) == 0
 
 
 def test_kl_cov_penalises_the_largest_covariance_tokens_without_clipping() -> None:

@@ -19,6 +19,7 @@ Shapes: ``_B`` sequences, ``_T`` tokens; ``mask_BT`` is 1/True on trained tokens
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -73,13 +74,18 @@ def clip_cov_loss(
 
     cov_t  = (log π_θ(y_t) − mean log π_θ)·(A_t − mean A)          (token_covariance)
     candidates: trained tokens with cov_low < cov_t < cov_high that PPO's clip left alone
-    chosen:     max(1, ⌊clip_ratio·N⌋) candidates drawn uniformly at random (N: trained tokens)
+    chosen:     k = `chosen_count`(clip_ratio·N) candidates drawn uniformly at random (N: trained tokens)
     loss_t = max(−A_t·r_t, −A_t·clip(r_t, 1 − clip_low, 1 + clip_high)), and 0 where chosen
 
-    arXiv:2505.22617 (Cui et al.), Section 4 ("Clip-Cov"). The draw uses torch's global random
+    arXiv:2505.22617 (Cui et al.), Section 4 ("Clip-Cov"). The draws use torch's global random
     generator, which rlvr seeds from the run's seed and keeps in every checkpoint. The means and
     N are over the tokens the loss sees in one forward pass (a micro-batch; groups whose
-    advantages are all zero are not run, see rlvr.train.update), as in verl. Defaults are the
+    advantages are all zero are not run, see rlvr.train.update), as in verl. Departure from verl:
+    verl chooses max(1, ⌊clip_ratio·N⌋) per pass, at least one token in every micro-batch (with
+    1,024-token micro-batches and the recipe's 2e-4, five times the recipe's share, and a share
+    that grows as micro-batches shrink); `chosen_count` rounds clip_ratio·N up or down at random
+    with the fraction as probability, so the number chosen is clip_ratio·N in expectation
+    however the batch is cut (issue 50). Defaults are the
     authors' Clip-Cov recipes (recipe/dapo/7b_clip_cov.sh and 32b_clip_cov.sh in their
     repository, PRIME-RL/Entropy-Mechanism-of-RL): clip_ratio 2e-4, bounds 1 and 5, and PPO's
     clip opened to clip_low = clip_high = 1 (the ratio clamped to [0, 2], so that the covariance
@@ -104,13 +110,26 @@ def clip_cov_loss(
     covariance_BT = token_covariance(logprobs_BT, advantages_BT, mask_BT)
     candidates = torch.nonzero(mask_BT & ~clipped_BT & (covariance_BT > cov_low) & (covariance_BT < cov_high))
     if len(candidates):  # (no draw from the generator when there is nothing to draw, as in verl)
-        candidates = candidates[torch.randperm(len(candidates))[: max(1, int(clip_ratio * int(mask_BT.sum())))]]
+        k = chosen_count(clip_ratio * int(mask_BT.sum()))
+        candidates = candidates[torch.randperm(len(candidates))[:k]]
     keep_BT = torch.ones_like(mask_BT)
     keep_BT[candidates[:, 0], candidates[:, 1]] = False
     loss_BT = torch.where(mask_BT & keep_BT, torch.maximum(loss_BT, clipped_loss_BT), 0.0)
     metrics = {"cov_clipped_fraction": masked_mean(~keep_BT, mask_BT), "clip_fraction": masked_mean(clipped_BT, mask_BT),
                "ratio_mean": masked_mean(ratio_BT, mask_BT)}
     return loss_BT, metrics
+
+
+def chosen_count(expected: float) -> int:
+    """How many tokens Clip-Cov chooses in a pass that should choose ``expected`` (clip_ratio·N):
+    ⌊expected⌋, plus one with probability expected − ⌊expected⌋ (a draw from torch's global
+    generator, made only where the fraction is not 0). Its mean is ``expected``, so a batch cut
+    into micro-batches chooses clip_ratio times its tokens on average, as one pass over it would."""
+    whole = math.floor(expected)
+    fraction = expected - whole
+    if fraction > 0 and float(torch.rand(())) < fraction:
+        whole += 1
+    return whole
 
 
 def kl_cov_loss(
