@@ -68,6 +68,35 @@ def test_the_update_is_reinforce_with_the_teachers_per_token_advantages() -> Non
     assert metrics["trained_fraction"] == 1.0
 
 
+def test_under_truncated_sampling_the_policy_scores_the_student(tiny_dir: Path) -> None:
+    """top_p < 1, top_k > 0 or banned tokens: the engine's log-probs are of the renormalised
+    distribution (log π − log S; here -1 per token, far from the tiny student's ~-5.5), so the
+    policy scores the student's tokens and A_t = log π_T − log π_θ, as on the full distribution
+    (issue 50, bug 4: every advantage had shifted by −log S)."""
+    groups = make_groups([[1.0, 1.0, 1.0], [0.0, 1.0, 0.5]])
+    samples = [x for g in groups for x in g.samples]
+    teacher, student = make_tiny_model(seed=1, dtype=EXACT), exact_model()
+    credit = TeacherCredit(teacher, OpdOptions(teacher="unused"), student=student)
+    advantages = credit.advantages(groups, samples, set(range(len(samples))), torch.tensor([g.rewards for g in groups]),
+                                   None, UpdateSettings(), pad_token_id=0)
+    for x, a in zip(samples, advantages):
+        want = (teacher_logprobs(teacher, x) - teacher_logprobs(student, x)).float()
+        torch.testing.assert_close(a, want, atol=1e-6, rtol=0)  # float32 advantages of float64 log-probs
+    engine = TeacherCredit(teacher, OpdOptions(teacher="unused")).advantages(
+        groups, samples, set(range(len(samples))), torch.tensor([g.rewards for g in groups]), None, UpdateSettings(),
+        pad_token_id=0)
+    assert all(not torch.allclose(a, b) for a, b in zip(engine, advantages))  # the engine's -1 differs
+    # which runs score with the policy: those whose engine truncates
+    policy = make_tiny_model()
+    base = [f'model="{tiny_dir}"', 'algo.advantage="opd"', f'algo.advantage_kwargs={{teacher = "{tiny_dir}"}}']
+    from rlvr.train.methods.distill import teacher_credit
+
+    for extra, banned, scores in (([], False, False), (["sampling.top_p=0.9"], False, True),
+                                  (["sampling.top_k=20"], False, True), ([], True, True)):
+        credit_ = teacher_credit(load_config(None, base + extra), policy, banned=banned)
+        assert credit_ is not None and (credit_.student is policy) == scores, extra
+
+
 def test_the_outcome_advantage_mixes_in() -> None:
     """outcome_weight w adds w·A_grpo to every token of a sample; a teacher that agrees with the
     engine (the student itself, log-probs equal) leaves only that term."""

@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from rlvr.algos.distill import OpdOptions, reverse_kl_advantages
+from rlvr.data.images import image_token_ids
 from rlvr.models import load_model, load_tokenizer
 from rlvr.train.advantages import outcome_advantages
 from rlvr.train.batches import score_logprobs
@@ -30,10 +31,17 @@ if TYPE_CHECKING:
 
 
 class TeacherCredit:
-    """The reverse KL to a frozen teacher as per-token advantages: rlvr.train.update.Credit."""
+    """The reverse KL to a frozen teacher as per-token advantages: rlvr.train.update.Credit.
 
-    def __init__(self, teacher: PreTrainedModel, options: OpdOptions) -> None:
-        self.teacher, self.options = teacher, options
+    The student's log-probs are the engine's, of the very tokens it sampled (no extra forward
+    pass), where the engine samples from the policy's whole distribution at the temperature. Where
+    it samples from a truncated one (top_p < 1, top_k > 0, tokens it never samples), the engine's
+    log-probs are those of the renormalised distribution, log π − log S for the kept mass S, and
+    every advantage would shift by −log S: ``student`` (the policy being trained) then scores the
+    tokens instead, as the teacher does."""
+
+    def __init__(self, teacher: PreTrainedModel, options: OpdOptions, student: PreTrainedModel | None = None) -> None:
+        self.teacher, self.options, self.student = teacher, options, student
         self._metrics: dict[str, float] = {}
 
     def advantages(self, groups: list[Group], samples: list[Sample], kept: set[int], rewards_PG: torch.Tensor,
@@ -46,17 +54,19 @@ class TeacherCredit:
                                  "advantage = \"opd\" with outcome_weight > 0 is not supported with them")
             outcome_s = dataclasses.replace(s, advantage=o.outcome, advantage_kwargs={})
             outcome_B = outcome_advantages(groups, rewards_PG, outcome_s).flatten()
-        # the student's log-probs are the engine's, of the very tokens it sampled (no extra forward
-        # pass); the teacher scores the same tokens at the same sampling temperature (not those an
-        # environment injected: both are 0 there, and so is the advantage)
+        # the teacher scores the sampled tokens at the sampling temperature (not those an
+        # environment injected: both are 0 there, and so is the advantage); the student is the
+        # engine's log-probs, or the policy's own where the engine's are of a truncated distribution
         teacher = score_logprobs(self.teacher, samples, s, pad_token_id, kept)
+        scored = None if self.student is None else score_logprobs(self.student, samples, s, pad_token_id, kept)
         out, reverse_kl = [], []
         for i, x in enumerate(samples):
             n = len(x.completion.token_ids)
             if i not in kept:
                 out.append(torch.zeros(n))
                 continue
-            student_N = torch.tensor(x.completion.logprobs, dtype=torch.float32)
+            student_N = (torch.tensor(x.completion.logprobs, dtype=torch.float32) if scored is None
+                         else scored[i].float().cpu())
             advantage_N = reverse_kl_advantages(student_N, teacher[i].float().cpu(), coef=o.coef)
             if kl_N is not None:  # a KL to the reference in the reward: per token, as GAE has it
                 advantage_N = advantage_N - s.kl_coef * kl_N[i]
@@ -86,10 +96,14 @@ class TeacherCredit:
         pass
 
 
-def teacher_credit(cfg: RunConfig, policy: PreTrainedModel, tokenizer_spec: str | None = None) -> TeacherCredit | None:
+def teacher_credit(cfg: RunConfig, policy: PreTrainedModel, tokenizer_spec: str | None = None,
+                   banned: bool = False) -> TeacherCredit | None:
     """The teacher's credit when ``cfg`` asks for on-policy distillation, else None. The teacher
     is loaded frozen, in the policy's dtype and on its device, and must share its tokenizer's
-    vocabulary (checked against ``tokenizer_spec``, the run's model, when given)."""
+    vocabulary (checked against ``tokenizer_spec``, the run's model, when given). Where the
+    engine samples from a truncated distribution (sampling.top_p < 1, top_k > 0, or ``banned``
+    tokens it never samples: a VLM's image placeholders), the policy scores the student's tokens
+    (`TeacherCredit`)."""
     a = cfg.algo
     if PER_TOKEN.get(a.advantage) is not OpdOptions:
         return None
@@ -99,7 +113,8 @@ def teacher_credit(cfg: RunConfig, policy: PreTrainedModel, tokenizer_spec: str 
     if tokenizer_spec is not None and load_tokenizer(options.teacher).get_vocab() != load_tokenizer(tokenizer_spec).get_vocab():
         raise ValueError(f"algo.advantage_kwargs.teacher {options.teacher!r} has another tokenizer than the model "
                          f"{tokenizer_spec!r}: on-policy distillation scores the student's own token ids")
-    return TeacherCredit(teacher, options)
+    truncated = cfg.sampling.top_p < 1.0 or cfg.sampling.top_k > 0 or banned
+    return TeacherCredit(teacher, options, student=policy if truncated else None)
 
 
 class Distillation(Method):
@@ -111,5 +126,5 @@ class Distillation(Method):
 
 
 def build(run: Run, info: SetupInfo) -> Method | None:
-    credit = teacher_credit(run.cfg, run.learner.model, run.cfg.model)
+    credit = teacher_credit(run.cfg, run.learner.model, run.cfg.model, banned=bool(image_token_ids(run.processor)))
     return None if credit is None else Distillation(credit)
