@@ -464,6 +464,11 @@ def test_training_with_summarised_episodes_and_turn_credit(tiny_dir: Any, tmp_pa
         load_config(None, [*overrides(tiny_dir, tmp_path, "x"), *extra, "env.summarize.at=2000"])
     with pytest.raises(ValueError, match="needs multi-turn episodes"):
         load_config(None, [*overrides(tiny_dir, tmp_path, "x"), 'algo.credit="turn"'])
+    # the user's own agent or verifiers environment never reports a void turn: refused, not ignored
+    for name in ("openai_agent", "verifiers"):
+        with pytest.raises(ValueError, match=f"'{name}' episodes never do"):
+            load_config(None, [*overrides(tiny_dir, tmp_path, "x"), f'env.name="{name}"', 'env.mask=["void"]'])
+        load_config(None, [*overrides(tiny_dir, tmp_path, "x"), f'env.name="{name}"', 'env.mask=["unfinished"]'])
 
 
 @pytest.mark.parametrize("algo", [["algo.advantage=\"bnpo\"", "algo.advantage_kwargs={decompose = true}"],

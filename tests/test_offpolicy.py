@@ -91,3 +91,13 @@ def test_in_bf16_the_engines_logprobs_are_as_exact_as_the_learners(decoder: str)
             learner_err.append((token_logprobs(model, ids)[-n:] - truth).abs())
     engine_mean, learner_mean = float(torch.cat(engine_err).mean()), float(torch.cat(learner_err).mean())
     assert 0 < learner_mean and engine_mean <= 3 * learner_mean
+
+
+def test_the_offpolicy_key_names_every_correction() -> None:
+    """`rlvr config` is where a user finds the corrections: algo.offpolicy's text names each one
+    the registry has (it had left out geo_mask and opsm)."""
+    from rlvr.algos.offpolicy import CORRECTIONS
+    from rlvr.config import AlgoConfig
+
+    text = AlgoConfig.model_fields["offpolicy"].description or ""
+    assert [name for name in CORRECTIONS if f'"{name}"' not in text] == []

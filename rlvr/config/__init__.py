@@ -187,6 +187,11 @@ class RunConfig(_Section):
         if self.algo.credit == "turn" and self.env.name is None:
             raise ValueError("algo.credit = \"turn\" needs multi-turn episodes: set env.name")
         e = self.env
+        if "void" in e.mask and e.name in ("openai_agent", "verifiers"):
+            # their episodes run the user's own agent or environment, which never reports a void
+            # turn (rlvr.agents.runner's `metrics["void"]`): the mask would silently mask nothing
+            raise ValueError(f"env.mask = [\"void\"] needs an environment that reports void turns; {e.name!r} "
+                             "episodes never do. Leave \"void\" out (\"unfinished\" works with them)")
         if e.summarize:
             from rlvr.agents.runner import Summarize
             from rlvr.algos.registry import options

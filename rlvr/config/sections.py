@@ -167,9 +167,9 @@ class AlgoConfig(_Section):
     loss_kwargs: dict[str, Any] = {}
     """Keyword arguments of the loss, e.g. {clip_high = 0.28} (DAPO's clip-higher), {clip_low = 0.2, dual_clip = 3.0} for ppo_clip; unset ones take the loss's own defaults (ppo_clip 0.2/0.28, gspo 3e-4/4e-4)."""
     offpolicy: str = "none"
-    """Correction for the engine/learner log-prob mismatch, by name (rlvr.algos.CORRECTIONS): "none", "tis", "mis"."""
+    """Correction for the engine/learner log-prob mismatch, by name (rlvr.algos.CORRECTIONS): "none"; "tis", truncated importance sampling (weights capped); "mis", masked importance sampling (tokens or rows whose weight leaves [low, high] get none); "geo_mask", a row trained only where the geometric mean of its ratios lies in [low, high] (verl's Geo-RS); "opsm", DeepSeek-V3.2's off-policy sequence masking (a negative row whose mean drift passes delta is left out; delta has no default). docs/algorithms.md."""
     offpolicy_kwargs: dict[str, Any] = {}
-    """Keyword arguments of the correction, e.g. {cap = 2.0, level = "sequence"} for tis."""
+    """Keyword arguments of the correction, e.g. {cap = 2.0, level = "sequence"} for tis, {low = 0.999, high = 1.001} for geo_mask, {delta = 0.5} for opsm."""
     mask_truncated: bool = False
     """Leave completions cut off at max_new_tokens out of the loss entirely (DAPO's overlong filtering)."""
     shaping: list[ShapingSpec] = []
@@ -388,7 +388,7 @@ class EnvConfig(_Section):
     summarize: dict[str, Any] = Field(default_factory=dict)
     """SUPO context management, e.g. {at = 1536}: when the working context would reach `at` tokens, the policy summarises and the episode continues from the task plus the summary; at most rounds (2) summaries per episode, each of at most max_tokens (96) tokens (they count against max_total_tokens), asked for by instruction and continued after header (rlvr.agents.runner.Summarize). Empty = never."""
     mask: list[Literal["unfinished", "void"]] = Field(default_factory=list)
-    """Episodes left out of the loss (their reward replaced by their group's mean, so the baseline does not move): "unfinished", SUPO's overlong masking (ended without the environment saying done: turn, token, context or summary limits); "void", SimpleTIR's void-turn filtering (any turn the environment reported void: neither a valid action nor an answer)."""
+    """Episodes left out of the loss (their reward replaced by their group's mean, so the baseline does not move): "unfinished", SUPO's overlong masking (ended without the environment saying done: turn, token, context or summary limits); "void", SimpleTIR's void-turn filtering (any turn the environment reported void: neither a valid action nor an answer; refused with "openai_agent" and "verifiers", whose episodes never report one)."""
 
 
 class DistConfig(_Section):
