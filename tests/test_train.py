@@ -276,7 +276,7 @@ def test_a_save_that_leaves_too_little_room_for_the_next_warns(tiny_dir: Path, t
     with caplog.at_level("WARNING", logger="rlvr.train"):
         train(load_config(None, overrides(tiny_dir, tmp_path, "tight")), quiet=True)
     warned = [r.getMessage() for r in caplog.records if "the next save will fail" in r.getMessage()]
-    assert warned and "0.0 GB free" in warned[0]
+    assert warned and "1.0 kB free" in warned[0]
 
 
 def test_a_run_stopped_before_its_final_evaluation_resumes_to_finish_it(tiny_dir: Path, tmp_path: Path) -> None:

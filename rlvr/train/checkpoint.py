@@ -3,10 +3,13 @@
 `checkpoints/step_000010/` holds the model (loadable by plain `from_pretrained`), its tokenizer,
 and `trainer_state.pt`: optimizer (with the fp32 master weights), scheduler, sampler position,
 the engine's and the update's random generators, the global RNG states, and the step. It is
-written to a temporary folder and renamed, so a crash never leaves a half-written checkpoint. A
-write that fails (a full disk) removes its temporary folder, keeps the checkpoints before it, and
-raises CheckpointError saying what to free and how to resume; a save that leaves less free space
-than one more checkpoint takes logs a warning, before the next save fails.
+written to a temporary folder and renamed, so a crash never leaves a half-written checkpoint; an
+old one is pruned by renaming it out of the listing before deleting it, so a crash never leaves a
+half-deleted one either (the next save removes such leftovers). A write that fails (a full disk,
+whichever writer meets it: an OSError, safetensors' SafetensorError, torch.save's RuntimeError)
+removes its temporary folder, keeps the checkpoints before it, and raises CheckpointError saying
+what to free and how to resume; a save that leaves less free space than one more checkpoint
+takes logs a warning, before the next save fails.
 """
 
 from __future__ import annotations
@@ -49,23 +52,52 @@ def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, state:
     root = Path(run_dir) / CHECKPOINTS
     final = root / f"step_{step:06d}"
     tmp = root / f".step_{step:06d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_leftovers(run_dir)
     try:
         tmp.mkdir(parents=True)
         save_merged(model, tmp)  # a LoRA policy as its merged model, with the adapter in adapter/
         tokenizer.save_pretrained(tmp)
         torch.save({**state, "step": step, "rng": capture_rng()}, tmp / STATE_FILE)
         (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - a full disk is an OSError in some writers, not all:
+        # safetensors raises SafetensorError, torch.save's zip writer RuntimeError("[enforce fail ...")
         shutil.rmtree(tmp, ignore_errors=True)  # give back what the partial write took
         raise CheckpointError(_write_failed(run_dir, step, err, resume_command)) from err
     if final.exists():
-        shutil.rmtree(final)
+        _discard(final)
     tmp.rename(final)
     for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old)
+        _discard(old)
     _warn_if_the_next_will_not_fit(final)
     return final
+
+
+def _discard(checkpoint: Path) -> None:
+    """Remove a checkpoint folder: renamed out of the listing first (one step), then deleted, so
+    that a kill while deleting leaves a hidden leftover (`remove_leftovers`), never a `step_N`
+    folder holding part of a checkpoint."""
+    trash = checkpoint.with_name(f".trash_{checkpoint.name}")
+    shutil.rmtree(trash, ignore_errors=True)
+    checkpoint.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_leftovers(run_dir: Path) -> list[Path]:
+    """Delete what a killed save or prune left in the checkpoints folder: a temporary folder, a
+    checkpoint renamed for deletion, and a `step_N` folder older than the newest complete
+    checkpoint that lacks its training state (a prune killed mid-delete before `_discard`
+    renamed first). Returns what it removed."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    done = list_checkpoints(run_dir)
+    newest = done[-1].name if done else None
+    gone = [p for p in root.iterdir() if p.is_dir() and (
+        p.name.startswith(".trash_") or (p.name.startswith(".step_") and p.name.endswith(".tmp"))
+        or (p.name.startswith("step_") and not (p / STATE_FILE).is_file() and newest is not None and p.name < newest))]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return gone
 
 
 def folder_bytes(path: Path) -> int:
@@ -73,13 +105,18 @@ def folder_bytes(path: Path) -> int:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    """A size in GB, or in MB or kB below a tenth of one (a small model's checkpoint)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6)):
+        if n >= size / 10:
+            return f"{n / size:.1f} {unit}"
+    return f"{n / 1e3:.1f} kB"
 
 
-def _write_failed(run_dir: Path, step: int, err: OSError, resume_command: str) -> str:
+def _write_failed(run_dir: Path, step: int, err: Exception, resume_command: str) -> str:
     done = list_checkpoints(run_dir)
     free = shutil.disk_usage(run_dir).free
-    what = f"could not write the step-{step} checkpoint in {Path(run_dir) / CHECKPOINTS}: {err.strerror or err}"
+    cause = err.strerror if isinstance(err, OSError) and err.strerror else f"{type(err).__name__}: {err}"
+    what = f"could not write the step-{step} checkpoint in {Path(run_dir) / CHECKPOINTS}: {cause}"
     if not done:
         return f"{what} ({_gb(free)} free). No checkpoint was completed; free space and start the run again."
     last = done[-1]
