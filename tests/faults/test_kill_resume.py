@@ -1,0 +1,40 @@
+"""SIGKILL at named points of `rlvr train`, then `rlvr train --resume`: every metrics and samples
+row and the final weights equal an uninterrupted run's, bit for bit. These are a few of the points
+of bench/kill_resume.py (its 100-point measurement on the demo config is in docs/LOG.md), on the
+tiny model: inside generation, inside the update, in the middle of a checkpoint write, while an
+old checkpoint is pruned, and inside a held-out evaluation. Each child kills itself the k-th time
+it reaches its point, so nothing of rlvr's own gets to clean up."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from bench.kill_resume import _run, compare
+from tests.test_train import overrides
+
+
+def _args(tiny_dir: Path, out: Path, name: str) -> list[str]:
+    return ["train", *overrides(tiny_dir, out, name, train__steps=4, checkpoint_every=1, keep_checkpoints=2,
+                                train__eval_every=2)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("kill_reference")
+    code, _ = _run(_args(tiny_dir, out, "reference"))
+    assert code == 0
+    return out / "reference"
+
+
+@pytest.mark.parametrize(("point", "k"), [("generate", 20), ("update", 3), ("checkpoint_state", 3), ("prune", 1),
+                                          ("evaluate", 2)])
+def test_a_run_killed_at_a_point_resumes_to_the_same_run(point: str, k: int, reference: Path, tiny_dir: Path,
+                                                          tmp_path: Path) -> None:
+    code, _ = _run(_args(tiny_dir, tmp_path, "killed"), kill=f"{point}:{k}")
+    assert code == -signal.SIGKILL, f"the run never reached {point} {k} times"
+    code, _ = _run(["train", "--resume", str(tmp_path / "killed")])
+    assert code == 0
+    assert compare(reference, tmp_path / "killed") == []
