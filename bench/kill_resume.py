@@ -189,9 +189,10 @@ def child(argv: list[str]) -> int:
 # ---- the parent: trials ----------------------------------------------------------------------
 
 def _run(args: list[str], kill: str = "none:0", delay_s: float | None = None, log: Path | None = None,
-         threads: str | None = None) -> tuple[int, float]:
-    """One child process; returns its exit code (-9: killed) and seconds."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+         threads: str | None = None, env: dict[str, str] | None = None) -> tuple[int, float]:
+    """One child process (``env``: variables added to this one's); returns its exit code (-9:
+    killed) and seconds."""
+    env = dict(os.environ, **(env or {}), PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if threads:
         env["OMP_NUM_THREADS"] = threads
     start = time.perf_counter()
@@ -204,6 +205,27 @@ def _run(args: list[str], kill: str = "none:0", delay_s: float | None = None, lo
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     return proc.returncode, time.perf_counter() - start
+
+
+def measured_otherwise(cache: Path, target: Path) -> Path:
+    """A copy of the measurements in rlvr's cache folder ``cache`` (not its models) in which every
+    one is changed: "auto" flips between bfloat16 and float32, attention widens where it did not
+    (and not where it did), and every product runs another form. A process reading it stands for
+    a machine that measured otherwise since the run began (the cache cleared and measured again
+    under load, written over by another process, another machine of the same kind)."""
+    target.mkdir(parents=True, exist_ok=True)
+    changes = {
+        "dtype.json": lambda v: 0.5 if v >= 1.2 else 5.0,
+        "attention.json": lambda v: 0 if v else 512,
+        "products.json": lambda v: {part: ["linear" if form == "left" else "left" for form in forms]
+                                    for part, forms in v.items()},
+    }
+    for name, change in changes.items():
+        path = cache / name
+        if path.exists():
+            known = json.loads(path.read_text())
+            (target / name).write_text(json.dumps({k: change(v) for k, v in known.items()}))
+    return target
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

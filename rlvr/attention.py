@@ -113,7 +113,10 @@ def follow_attention_limits(limits: dict[torch.dtype, float]) -> None:
     """Use ``limits`` (another process's `attention_limits`) for the models loaded from now on,
     instead of measuring this process's own. The limit is measured per thread count, so a Ray
     rollout worker or learner rank on fewer threads than the driver would widen other lengths,
-    and sample or train other numbers in bf16 (rlvr.scaleout)."""
+    and sample or train other numbers in bf16 (rlvr.scaleout); and a resumed run would compute other
+    numbers than its first invocation where this machine measured again (rlvr.rollout.numerics).
+    They replace any limits followed before; {} returns to this process's own."""
+    _FOLLOWED.clear()
     _FOLLOWED.update(limits)
 
 

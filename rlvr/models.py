@@ -52,7 +52,8 @@ def bf16_supported(device: torch.device | str = "cpu") -> bool:
 
 def _bf16_speedup() -> float:
     """Measured bf16/fp32 throughput ratio of a matrix product of the shapes small LMs use."""
-    a32, b32 = torch.randn(256, 576), torch.randn(576, 1536)
+    generator = torch.Generator().manual_seed(0)  # not the global generator: a run's random draws stay its own
+    a32, b32 = torch.randn(256, 576, generator=generator), torch.randn(576, 1536, generator=generator)
     times = {}
     for dtype in (torch.float32, torch.bfloat16):
         a, b = a32.to(dtype), b32.to(dtype)
@@ -284,10 +285,25 @@ def _cache_keyword(cls: Any) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
+_FOLLOWED_AUTO: dict[str, torch.dtype] = {}
+"""What "auto" resolves to on a CPU in this process when it follows another process's choice
+(`follow_auto_dtype`: a resumed run's first invocation, a rollout worker's driver)."""
+
+
+def follow_auto_dtype(dtype: torch.dtype | None) -> None:
+    """Resolve "auto" on a CPU to ``dtype`` from now on, instead of $RLVR_AUTO_DTYPE or this
+    machine's measurement (`fast_bf16`); None: this process's own again (rlvr.rollout.numerics)."""
+    _FOLLOWED_AUTO.clear()
+    if dtype is not None:
+        _FOLLOWED_AUTO["cpu"] = dtype
+
+
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
-    """"auto" | "bf16" | "bfloat16" | "fp32" | "float32" → a torch dtype ("auto": $RLVR_AUTO_DTYPE
-    if set, else see fast_bf16)."""
+    """"auto" | "bf16" | "bfloat16" | "fp32" | "float32" → a torch dtype ("auto": the dtype this
+    process follows on a CPU, `follow_auto_dtype`; else $RLVR_AUTO_DTYPE if set, else see fast_bf16)."""
     if name == "auto":
+        if torch.device(device).type == "cpu" and "cpu" in _FOLLOWED_AUTO:
+            return _FOLLOWED_AUTO["cpu"]
         forced = os.environ.get(AUTO_DTYPE_ENV, "")
         if forced:
             if forced not in _DTYPES:

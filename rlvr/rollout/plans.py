@@ -97,22 +97,45 @@ def product_plans(model: PreTrainedModel) -> Plans:
     dtype, set of shapes and copy budget (`copy_budget`), and kept in $RLVR_CACHE/products.json, so
     every later process on this machine (a resumed run, a rollout worker) runs the same forms and
     gets the same numbers; RLVR_PRODUCTS=fixed in the environment takes `fixed_plan` instead,
-    without measuring. Otherwise `fixed_plan`."""
+    without measuring. Otherwise `fixed_plan`. A process that follows another's plans
+    (`follow_plans`: a resumed run its first invocation's, rlvr.rollout.numerics) takes those
+    for the shapes they name, whatever this machine's cache holds now. The plans each shape got
+    are kept (`used_plans`)."""
     head = model.lm_head.weight
     choice = os.environ.get("RLVR_PRODUCTS", "probe")
     if choice not in ("probe", "fixed"):
         raise ValueError(f"RLVR_PRODUCTS must be 'probe' (the default) or 'fixed', not {choice!r}")
     fixed = Plans(fixed_plan(head), fixed_plan(head, head=True))
-    if choice == "fixed" or any(p.device.type != "cpu" or p.dtype != head.dtype for p in model.parameters()) \
+    if any(p.device.type != "cpu" or p.dtype != head.dtype for p in model.parameters()) \
             or head.dtype not in PROBED_DTYPES:
         return fixed
-    shapes = ",".join("x".join(map(str, p.shape)) for p in model.model.layers[0].parameters())
-    copies = copy_budget(model)
-    key = (f"{cpu_signature()}|torch {torch.__version__}|{head.dtype}|layers {shapes} x{len(model.model.layers)}"
-           f"|head {'x'.join(map(str, head.shape))}|copies {copies}")
-    if key not in _PROBED:
-        _PROBED[key] = _known_plans(key) or _probe(key, model, copies)
-    return _PROBED[key]
+    layer_shapes = ",".join("x".join(map(str, p.shape)) for p in model.model.layers[0].parameters())
+    shape = f"{head.dtype}|layers {layer_shapes} x{len(model.model.layers)}|head {'x'.join(map(str, head.shape))}"
+    if shape in _FOLLOWED:
+        return _FOLLOWED[shape]
+    if choice == "fixed":
+        plans = fixed
+    else:
+        copies = copy_budget(model)
+        key = f"{cpu_signature()}|torch {torch.__version__}|{shape}|copies {copies}"
+        if key not in _PROBED:
+            _PROBED[key] = _known_plans(key) or _probe(key, model, copies)
+        plans = _PROBED[key]
+    _USED[shape] = plans
+    return plans
+
+
+def used_plans() -> dict[str, Plans]:
+    """The plans `product_plans` gave in this process, by dtype and shapes."""
+    return dict(_USED)
+
+
+def follow_plans(plans: Mapping[str, Plans]) -> None:
+    """Give these plans (another process's `used_plans`) for the dtypes and shapes they name, from
+    now on, instead of this machine's measurement; they replace any followed before ({}: this
+    process's own again). A plan naming a form this machine lacks is the caller's to refuse."""
+    _FOLLOWED.clear()
+    _FOLLOWED.update(plans)
 
 
 def copy_budget(model: PreTrainedModel) -> int:
@@ -128,6 +151,10 @@ def copy_budget(model: PreTrainedModel) -> int:
 
 _PROBED: dict[str, Plans] = {}
 """`product_plans`' plans in this process, by CPU, torch version, dtype, shapes and copy budget."""
+_USED: dict[str, Plans] = {}
+"""The plans `product_plans` gave, by dtype and shapes (`used_plans`)."""
+_FOLLOWED: dict[str, Plans] = {}
+"""Another process's plans this one follows, by dtype and shapes (`follow_plans`)."""
 
 
 def _known_plans(key: str) -> Plans | None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlvr.attention import attention_limits
+from rlvr.rollout.numerics import current
 from rlvr.scaleout import require_ray
 from rlvr.train.methods import Extras
 from rlvr.train.update import UpdateResult, UpdateSettings
@@ -52,14 +52,16 @@ class LearnerWorker:
     """A Ray actor: one learner rank, a replica of the driver's policy, learner, reference model and
     per-token credit (PPO's critic, a distillation teacher)."""
 
-    def __init__(self, cfg: Any, threads: int, attention: dict[torch.dtype, float]) -> None:
-        from rlvr.attention import follow_attention_limits
+    def __init__(self, cfg: Any, threads: int, numerics: dict[str, Any]) -> None:
+        from rlvr.rollout.numerics import Numerics, follow
         from rlvr.lora import apply_lora
         from rlvr.models import load_model, resolve_device, resolve_dtype
         from rlvr.train.learner import learner_for
 
         torch.set_num_threads(threads)
-        follow_attention_limits(attention)  # rank 0's: the same numbers, so the same gradient, on any thread count
+        # rank 0's measured choices ("auto"'s dtype, attention's limits): the same numbers, so the
+        # same gradient, on any thread count (the warnings would say only that the threads differ)
+        follow(Numerics.from_dict(numerics))
         self.cfg = cfg
         device = resolve_device(cfg.train.device)  # with a GPU: the one Ray gave this actor (dist.ray.gpus_per_learner)
         if device.type == "cuda":
@@ -136,7 +138,7 @@ class DataParallel(Updater):
         if backend(cfg) == "nccl":  # rank 0's GPU: the one the driver's learner is on
             torch.cuda.set_device(next(local.learner.model.parameters()).device)
         actor = self.ray.remote(LearnerWorker).options(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_learner)
-        self.actors = [actor.remote(cfg, r.threads_per_worker, attention_limits()) for _ in range(learners - 1)]
+        self.actors = [actor.remote(cfg, r.threads_per_worker, current().as_dict()) for _ in range(learners - 1)]
         # built before the process group forms: an actor that fails to start says why, at once
         wants = self._wait([a.ready.remote() for a in self.actors], "the learner actors to load the model")
         self.fields_of = fields_of if any(wants) else None

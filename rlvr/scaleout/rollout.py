@@ -35,8 +35,7 @@ class RolloutWorker:
     def __init__(self, model_spec: str, state: dict[str, torch.Tensor], version: int, *, dtype: str,
                  max_batch_size: int, decoder: str, eos_token_ids: list[int], threads: int,
                  partial: bool = False, backend: str = "embedded", vllm_kwargs: dict[str, Any] | None = None,
-                 device: str = "cpu", attention: dict[torch.dtype, float] | None = None) -> None:
-        from rlvr.attention import follow_attention_limits
+                 device: str = "cpu", numerics: dict[str, Any] | None = None) -> None:
         from rlvr.data.images import image_token_ids
         from rlvr.models import (
             is_vision_language,
@@ -47,10 +46,13 @@ class RolloutWorker:
             resolve_device,
             resolve_dtype,
         )
+        from rlvr.rollout.numerics import Numerics, follow
         from rlvr.rollout.weights import decode_weights
 
         torch.set_num_threads(threads)
-        follow_attention_limits(attention or {})  # the driver's: its numbers, on any thread count
+        # the driver's measured choices ("auto"'s dtype, the decoder's plans, attention's limits):
+        # its numbers, on any thread count (the warnings would say only that the threads differ)
+        follow(Numerics.from_dict(numerics) if numerics else None)
         vision = is_vision_language(model_spec)
         processor: Any = load_processor(model_spec) if vision else None
         tokenizer = processor.tokenizer if vision else load_tokenizer(model_spec)
@@ -106,7 +108,7 @@ class RayEngine:
 
     def __init__(self, cfg: Any, policy: Any, tokenizer: Any, *, workers: int, timeout_s: float,
                  generator: torch.Generator, version: int = 0) -> None:
-        from rlvr.attention import attention_limits
+        from rlvr.rollout.numerics import current
         from rlvr.lora import merged_state_dict
         from rlvr.models import eos_token_ids, resolve_model_path
 
@@ -131,7 +133,7 @@ class RayEngine:
                         # an embedded engine on the GPU the worker reserves (the only one the actor sees, so
                         # "cuda"), unless train.device keeps the policy on the CPU
                         "device": "cuda" if r.gpus_per_worker and cfg.train.device != "cpu" else "cpu",
-                        "attention": attention_limits()}
+                        "numerics": current().as_dict()}
         self._spec = resolve_model_path(cfg.model)
         self._state = self.ray.put({k: v.detach().cpu() for k, v in merged_state_dict(policy).items()})
         self._actor_class = self.ray.remote(RolloutWorker)

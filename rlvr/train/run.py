@@ -38,7 +38,10 @@ from rlvr.models import (
     resolve_model_path,
 )
 from rlvr.rewards import build_rewards
+from rlvr.rollout import numerics
 from rlvr.rollout.engine import EmbeddedEngine, Engine
+from rlvr.rollout.numerics import Numerics
+from rlvr.rollout.plans import product_plans
 from rlvr.rollout.weights import decode_weights
 from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
@@ -120,6 +123,10 @@ def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dty
         engine = EmbeddedEngine(engine_model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
                                 max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed, decoder=cfg.engine.decoder,
                                 banned_token_ids=banned, weights=weights)
+        if engine.decoder == "static" and weights == "model":
+            # the decoder's product plans, decided now (measured once per machine, or the resumed
+            # run's own), so that every checkpoint's `Numerics` holds them (rlvr.rollout.numerics)
+            product_plans(engine_model)
     return model, engine, shared
 
 
@@ -163,7 +170,7 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
 
 def _state(run: Run) -> dict[str, Any]:
     state = {"learner": run.learner.state_dict(), "engine_rng": run.engine.generator.get_state(),
-             "policy_version": run.engine.version}
+             "policy_version": run.engine.version, "numerics": numerics.current().as_dict()}
     # asynchronous rollouts' state is the one the next collection began from, the engine's stream
     # included: the collections made ahead are made again on resume (rlvr.scaleout.pipeline)
     state |= run.rollouts.state_dict() | run.updater.state_dict()
@@ -229,6 +236,7 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
             # stopped while it was set up or wrote its step-0 checkpoint: nothing was trained, so it
             # starts again from step 0 in the same directory (its partial logs dropped)
             print(f"{run_dir} stopped before its first checkpoint; starting it again from step 0", file=sys.stderr)
+            numerics.follow(None)
             for name in ("metrics.jsonl", "samples.jsonl", "summary.json"):
                 (run_dir / name).unlink(missing_ok=True)
             if overrides:
@@ -237,6 +245,10 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
             run.command = command
             return run, 0
         last, state = _loadable_checkpoint(run_dir)
+        # the choices its first invocation measured (the dtype "auto" meant, the decoder's plans,
+        # attention's limits), before any model loads: the numbers it would have computed
+        for said in numerics.follow(Numerics.from_dict(state["numerics"]) if "numerics" in state else None):
+            print(f"warning: resuming {run_dir}: {said}", file=sys.stderr)
         changes = _changes(load_config(run_dir / "config.toml", command=command), cfg) if overrides else []
         if changes:  # said, and the config the earlier steps ran under kept beside the new one
             print(f"resuming {run_dir} at step {int(state['step'])} with changes: " + "; ".join(changes), file=sys.stderr)
@@ -253,6 +265,7 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
     if cfg is None:
         raise ValueError(f"{command}() needs a config or resume=<run dir>")
     _require_sinks(cfg)
+    numerics.follow(None)  # a new run measures this machine's own (another run in this process may have followed)
     run_dir = create_run_dir(cfg, command)
     try:
         run = setup(cfg, run_dir, quiet=quiet, optimizer_steps=optimizer_steps)

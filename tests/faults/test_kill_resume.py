@@ -38,3 +38,22 @@ def test_a_run_killed_at_a_point_resumes_to_the_same_run(point: str, k: int, ref
     code, _ = _run(["train", "--resume", str(tmp_path / "killed")])
     assert code == 0
     assert compare(reference, tmp_path / "killed") == []
+
+
+def test_a_resume_where_the_machine_now_measures_otherwise_computes_the_same_numbers(
+        reference: Path, tiny_dir: Path, tmp_path: Path) -> None:
+    """The resume reads a cache in which every measurement changed ("auto" flipped between bf16
+    and fp32, attention's limit, every product's form): it follows the choices its checkpoint
+    recorded (rlvr.rollout.numerics) and computes the reference's numbers. Without them every
+    resume diverged, and one resume of the demo in eleven did (issue 50, bug 8)."""
+    from bench.kill_resume import measured_otherwise
+    from rlvr.models import cache_dir
+
+    code, _ = _run(_args(tiny_dir, tmp_path, "killed"), kill="update:3")
+    assert code == -signal.SIGKILL
+    other = measured_otherwise(cache_dir(), tmp_path / "other_cache")
+    assert (other / "products.json").exists() and (other / "attention.json").exists() or \
+        (other / "products.json").exists()  # fp32 runs widen no attention
+    code, _ = _run(["train", "--resume", str(tmp_path / "killed")], env={"RLVR_CACHE": str(other)})
+    assert code == 0
+    assert compare(reference, tmp_path / "killed") == []
