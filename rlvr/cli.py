@@ -237,27 +237,37 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except (ConfigError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        _say(err)
         return 2
     except ImportError as err:
         from rlvr.log.tracking import MissingExtra
 
         if not isinstance(err, MissingExtra):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        _say(err)
         return 2
     except RuntimeError as err:
+        from rlvr.errors import EngineOutOfMemory
         from rlvr.sandbox import SandboxUnavailable
 
-        if not isinstance(err, SandboxUnavailable):
+        if not isinstance(err, SandboxUnavailable | EngineOutOfMemory):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        _say(err)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # a second Ctrl-C: where the run can resume from (rlvr.train.stop)
+        for note in getattr(err, "__notes__", ()):
+            print(f"aborted: {note}", file=sys.stderr)
         return 130
     except OSError as err:  # a full disk, an output_dir that is a file or cannot be written: say which path
-        print(f"error: {err}", file=sys.stderr)
+        _say(err)
         return 1
+
+
+def _say(err: BaseException) -> None:
+    """An error as rlvr prints it: one line, then its notes (a stopped run's: where it resumes from)."""
+    print(f"error: {err}", file=sys.stderr)
+    for note in getattr(err, "__notes__", ()):
+        print(f"  {note}", file=sys.stderr)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -276,7 +286,7 @@ def _train(args: argparse.Namespace) -> int:
         else:
             run(load_config(args.config, args.overrides, command=args.command))
     except (RunDirError, MissingExtra, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        _say(err)
         return 2
     return 0
 

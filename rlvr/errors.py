@@ -13,3 +13,9 @@ class InfrastructureError(RuntimeError):
 class RunDirError(RuntimeError):
     """A run directory cannot be used as asked (it exists already, has nothing to resume, or lacks
     what a resumed method needs)."""
+
+
+class EngineOutOfMemory(RuntimeError):
+    """The rollout engine ran out of memory while it sampled; the message says how much it was
+    asked for and which settings shrink it. The run stops (its checkpoints intact) rather than
+    train on a step that lost its samples."""

@@ -65,6 +65,9 @@ class ConsoleProgress:
         self.console = console or Console(stderr=True)
         self.live = self.console.is_terminal
         self.shown = LIVE if live is None else live
+        self.done, self.doing = start, ""
+        """The last step finished, and what the run does now (the last status shown): what an
+        error that stops the run says it stopped in (rlvr.train.stop.resumable)."""
         self.progress = Progress(
             TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"),
@@ -81,9 +84,11 @@ class ConsoleProgress:
         self.progress.__exit__(*exc)
 
     def status(self, text: str) -> None:
+        self.doing = text
         self.progress.update(self.task, status=text)
 
     def step(self, step: int, metrics: dict[str, Any]) -> None:
+        self.done, self.doing = step, ""
         shown = "  ".join(label + " " + fmt.format(metrics[k]) for k, (label, fmt) in self.shown.items() if k in metrics)
         self.progress.update(self.task, completed=step, metrics=shown, status="")
         if not self.live:

@@ -39,6 +39,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr.data.images import batched_inputs, multimodal_positions
+from rlvr.errors import EngineOutOfMemory
 from rlvr.models import windowed_attention, with_cache
 from rlvr.rollout.prefixes import PrefixPlan, PrefixStore, Stored, plan_prefixes
 from rlvr.rollout.sampling import sample_tokens
@@ -125,6 +126,15 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release what it holds (actors, GPU memory); the run is over."""
         ...
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether `err` is an allocation that failed: CUDA's OutOfMemoryError, Python's MemoryError,
+    or the CPU allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory")."""
+    if isinstance(err, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
 
 
 class EmbeddedEngine:
@@ -257,8 +267,17 @@ class EmbeddedEngine:
                 for start in range(0, len(prompts), per_chunk):
                     self._take_offer()
                     chunk = prompts[start : start + per_chunk]
-                    out += self._generate_chunk(chunk, params, seeds[start : start + per_chunk],
-                                                None if media is None else media[start : start + per_chunk])
+                    try:
+                        out += self._generate_chunk(chunk, params, seeds[start : start + per_chunk],
+                                                    None if media is None else media[start : start + per_chunk])
+                    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
+                        if not out_of_memory(err):
+                            raise
+                        raise EngineOutOfMemory(
+                            f"the rollout engine ran out of memory on {self.device} sampling {len(chunk)} prompts × "
+                            f"{params.n} samples of up to {params.max_new_tokens} tokens ({type(err).__name__}: "
+                            f"{str(err)[:200]}): lower engine.max_batch_size (now {self.max_batch_size}), "
+                            "sampling.max_new_tokens or algo.group_size") from err
                     if progress:
                         progress(len(chunk))
             finally:

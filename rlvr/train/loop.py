@@ -35,7 +35,7 @@ from rlvr.train.methods import Plan
 from rlvr.train.records import Thumbnails, sample_rows, summarise, summary_line, with_held_out_gain, write_report
 from rlvr.train.rollouts import group_metrics
 from rlvr.train.run import Run, RunDirError, open_run, save, setup
-from rlvr.train.stop import GracefulStop, Interrupted, stop_if_requested
+from rlvr.train.stop import GracefulStop, Interrupted, resumable, stop_if_requested
 from rlvr.types import Group, oldest_version
 
 __all__ = ["Interrupted", "RunDirError", "setup", "train", "train_step"]
@@ -125,18 +125,19 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
             if resume is None:  # a new run that never started: its name stays free for the corrected command
                 shutil.rmtree(run.dir, ignore_errors=True)
             raise
-        return _train_loop(run, start, quiet, began)
+        progress = ConsoleProgress(run.cfg.train.steps, start)
+        if quiet:
+            progress.console.quiet = True
+        with resumable(run, progress):  # any error that stops it says where it resumes from
+            return _train_loop(run, start, began, progress)
     finally:
         scaleout.detach(run)
 
 
-def _train_loop(run: Run, start: int, quiet: bool, began: float) -> dict[str, Any]:
+def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -> dict[str, Any]:
     cfg = run.cfg
     summary_path = run.dir / "summary.json"
     summary = _read_summary(summary_path)
-    progress = ConsoleProgress(cfg.train.steps, start)
-    if quiet:
-        progress.console.quiet = True
     if start >= cfg.train.steps:
         return _completed(run, start, summary, progress)
     trackers = _trackers(run, start, progress)

@@ -46,7 +46,7 @@ from rlvr.train.collect import collect
 from rlvr.train.evaluate import evaluate_held_out
 from rlvr.train.records import is_number, sample_rows, summary_line, with_held_out_gain
 from rlvr.train.run import Run, open_run, save
-from rlvr.train.stop import GracefulStop, stop_if_requested
+from rlvr.train.stop import GracefulStop, resumable, stop_if_requested
 from rlvr.train.rollouts import group_metrics
 from rlvr.types import Group
 
@@ -385,7 +385,7 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
         progress.console.quiet = True
     metrics_sink, samples_sink = JsonlSink(run.dir / "metrics.jsonl"), JsonlSink(run.dir / "samples.jsonl")
     try:
-        with progress, GracefulStop(progress) as stop:
+        with resumable(run, progress), progress, GracefulStop(progress) as stop:
             if headline:
                 progress.print(headline)
             if start == 0 and ckpt.latest_checkpoint(run.dir) is None:

@@ -1,10 +1,12 @@
 """Ctrl-C (or SIGTERM) during training: the first one stops after the current step with a
-checkpoint saved."""
+checkpoint saved; and any other way a run stops early says where it can resume from."""
 
 from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from rlvr.log import ConsoleProgress
@@ -51,3 +53,32 @@ def stop_if_requested(run: Run, step: int, stop: GracefulStop, progress: Console
         save(run, step)
         progress.print(f"stopped: saved step {step}; resume with `rlvr {run.command} --resume {run.dir}`")
         raise Interrupted
+
+
+@contextmanager
+def resumable(run: Run, progress: ConsoleProgress) -> Iterator[None]:
+    """An error that stops the run (anything but a graceful stop: a failing component, a second
+    Ctrl-C, a kill signal Python sees) leaves with a note saying what the run was doing, its
+    newest complete checkpoint and the command that resumes from it (`resume_note`), printed
+    under the traceback, or by `rlvr` beside its own one-line error."""
+    try:
+        yield
+    except Interrupted:
+        raise
+    except (Exception, KeyboardInterrupt) as err:
+        if "--resume" not in str(err) and not any("--resume" in n for n in getattr(err, "__notes__", ())):
+            err.add_note(resume_note(run, progress))
+        raise
+
+
+def resume_note(run: Run, progress: ConsoleProgress) -> str:
+    """Where a run that stopped early can go on from, and how."""
+    from rlvr.train import checkpoint as ckpt
+
+    doing = f" ({progress.doing})" if progress.doing else ""
+    where = f"the run stopped in step {progress.done + 1}{doing}"
+    command = f"`rlvr {run.command} --resume {run.dir}`"
+    last = ckpt.latest_checkpoint(run.dir)
+    if last is None:
+        return f"{where}, before its first checkpoint: {command} starts it again from step 0"
+    return f"{where}; its newest complete checkpoint is {last.name}: resume with {command}"
