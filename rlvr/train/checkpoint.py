@@ -154,14 +154,20 @@ def load_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(Path(checkpoint) / STATE_FILE, weights_only=False, map_location="cpu")
 
 
-def check_weights(checkpoint: Path) -> None:
-    """Raise if a weight file of `checkpoint` cannot be read: every safetensors file's header
-    (where a file cut off shows; reading the header does not load the weights)."""
+def check_files(checkpoint: Path) -> None:
+    """Raise if a file of `checkpoint` cannot be read: every safetensors file's header (where a
+    file cut off shows; reading the header does not load the weights), and every JSON file (the
+    model's config, the tokenizer's files), naming the file."""
     from safetensors import safe_open
 
     for path in sorted(Path(checkpoint).rglob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
             f.keys()
+    for path in sorted(Path(checkpoint).rglob("*.json")):
+        try:
+            json.loads(path.read_text())
+        except (UnicodeDecodeError, ValueError) as err:
+            raise ValueError(f"{path.name} is not readable JSON ({err})") from None
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:

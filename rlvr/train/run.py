@@ -302,7 +302,7 @@ def _loadable_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
     for checkpoint in found:
         try:
             state = ckpt.load_state(checkpoint)
-            ckpt.check_weights(checkpoint)
+            ckpt.check_files(checkpoint)
         except OSError:
             raise  # the disk or a permission, not the file's contents: no older checkpoint is taken for it
         except Exception as err:  # noqa: BLE001 - contents that cannot be read (cut off, corrupt)

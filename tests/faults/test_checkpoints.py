@@ -129,3 +129,24 @@ def test_a_kill_while_old_checkpoints_are_pruned_leaves_no_partial_checkpoint(
     train(resume=run, quiet=True)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("broken", ["config.json", "tokenizer.json", "trainer_state.pt", "model.safetensors"])
+def test_a_corrupt_file_in_the_latest_checkpoint_is_named_and_the_one_before_resumes(
+        broken: str, tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Garbage in a JSON file of the newest checkpoint (the model's config, the tokenizer) stopped
+    the resume with "cannot load model ...: not available from the Hugging Face Hub" or a bare
+    "Expecting value", naming no file and passing over the intact checkpoint before it; a cut-off
+    state or weight file was already moved aside. Each is now named, moved aside, and the run
+    resumes from the one before it."""
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "bad"), "checkpoint_every=1", "keep_checkpoints=3"]),
+          quiet=True)
+    run = tmp_path / "bad"
+    target = run / "checkpoints" / "step_000002" / broken
+    data = target.read_bytes()
+    target.write_bytes(b"garbage{{{" if broken.endswith(".json") else data[: len(data) // 2])
+    train(resume=run, overrides=("train.steps=3",), quiet=True)
+    err = capsys.readouterr().err
+    assert "step_000002 cannot be read" in err and (broken in err or not broken.endswith(".json"))
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    assert (run / "checkpoints" / "unreadable_step_000002").is_dir()
