@@ -271,7 +271,7 @@ def _say(err: BaseException) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlvr.log.tracking import MissingExtra
+    from rlvr.log.tracking import MissingExtra, TrackerError
     from rlvr.train.checkpoint import CheckpointError
     from rlvr.train.loop import RunDirError, train
     from rlvr.train.offline import dpo, sft
@@ -285,7 +285,7 @@ def _train(args: argparse.Namespace) -> int:
             run(resume=args.resume, overrides=tuple(args.overrides))
         else:
             run(load_config(args.config, args.overrides, command=args.command))
-    except (RunDirError, MissingExtra, CheckpointError) as err:
+    except (RunDirError, MissingExtra, CheckpointError, TrackerError) as err:
         _say(err)
         return 2
     return 0

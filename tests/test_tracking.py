@@ -75,14 +75,14 @@ def test_a_failing_tracker_is_switched_off_and_the_others_go_on() -> None:
         def log(self, step: int, metrics: Any) -> None:
             raise OSError("disk full")
 
-        def close(self) -> None:
+        def close(self, outcome: str = "finished") -> None:
             pass
 
     class Good:
         def log(self, step: int, metrics: Any) -> None:
             seen.append((step, dict(metrics)))
 
-        def close(self) -> None:
+        def close(self, outcome: str = "finished") -> None:
             seen.append("closed")
 
     trackers = tracking.Trackers({"broken": Broken(), "good": Good()}, warnings.append)

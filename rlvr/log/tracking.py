@@ -20,13 +20,15 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from importlib import import_module
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 SINKS = ("tensorboard", "wandb", "mlflow")
 # sink → (module that must import, the extra that installs it)
 _REQUIRES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
              "mlflow": ("mlflow", "mlflow")}
 STATE_FILE = "trackers.json"
+INIT_TIMEOUT_S = 30
+"""The longest W&B may take to start a run before the start fails (its own default is 90 s)."""
 
 
 class MissingExtra(ImportError):
@@ -45,7 +47,17 @@ def import_extra(module: str, message: str) -> Any:
 class Tracker(Protocol):
     def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, outcome: Outcome = "finished") -> None: ...
+
+
+Outcome = Literal["finished", "failed", "interrupted"]
+"""How the run ended, for a tracker's run status: trained to its end, stopped by an error, or
+stopped by Ctrl-C (a graceful stop included; it resumes)."""
+
+
+class TrackerError(RuntimeError):
+    """A tracker the config names could not start (its server unreachable, its files unwritable):
+    the run stops before any compute is spent, naming it."""
 
 
 def require(name: str) -> None:
@@ -83,7 +95,7 @@ class TensorBoard:
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, outcome: Outcome = "finished") -> None:
         self.writer.close()
 
 
@@ -97,14 +109,16 @@ class WandB:
         import wandb
 
         state.setdefault("wandb_id", uuid.uuid4().hex[:12])
+        # a server that cannot be reached fails the start in INIT_TIMEOUT_S (W&B's own wait is 90 s)
+        settings = wandb.Settings(silent=True, init_timeout=INIT_TIMEOUT_S)
         self.run = wandb.init(project=project, name=name, id=state["wandb_id"], resume="allow", dir=str(run_dir),
-                              config=config, mode=mode, settings=wandb.Settings(silent=True))  # type: ignore[arg-type]
+                              config=config, mode=mode, settings=settings)  # type: ignore[arg-type]
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log(dict(metrics), step=step)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, outcome: Outcome = "finished") -> None:
+        self.run.finish(exit_code={"finished": 0, "failed": 1, "interrupted": 130}[outcome])
 
 
 _MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. :/]")
@@ -126,6 +140,11 @@ class MLflow:
             uri = (run_dir / "mlruns").resolve().as_uri()
             # MLflow 3 keeps the file store for local use but asks for an explicit opt-in
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        elif uri.startswith(("http://", "https://")):
+            # a server that cannot be reached: MLflow's own retries wait ~4 minutes before failing a
+            # request; these fail the start (and switch the tracker off mid-run) within a minute
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
@@ -150,8 +169,9 @@ class MLflow:
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, outcome: Outcome = "finished") -> None:
+        self.client.set_terminated(self.run_id, status={"finished": "FINISHED", "failed": "FAILED",
+                                                        "interrupted": "KILLED"}[outcome])
 
 
 def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -181,10 +201,12 @@ class Trackers:
                           "metrics.jsonl keeps every row")
                 self.trackers.pop(name)
 
-    def close(self) -> None:
+    def close(self, outcome: Outcome = "finished") -> None:
+        """Close every tracker, each told how the run ended (its status: a crashed run is not
+        "finished" in MLflow or W&B)."""
         for name, tracker in self.trackers.items():
             try:
-                tracker.close()
+                tracker.close(outcome)
             except Exception as e:  # noqa: BLE001
                 self.warn(f"log sink {name} failed to close ({type(e).__name__}: {e})")
         self.trackers = {}
@@ -217,10 +239,24 @@ def open_trackers(sinks: Sequence[str], run_dir: Path, *, name: str, config: dic
         require(sink)
     kwargs = kwargs or {}
     check_sink_kwargs(sinks, kwargs)
+    say = warn or (lambda text: warnings.warn(text, stacklevel=2))
     state_path = run_dir / STATE_FILE
-    state: dict[str, Any] = json.loads(state_path.read_text()) if state_path.exists() else {}
-    opened = {sink: TRACKERS[sink](run_dir, name, config, state, start_step, **kwargs.get(sink, {}))
-              for sink in dict.fromkeys(sinks)}
+    state: dict[str, Any] = {}
+    if state_path.exists():
+        try:
+            state = json.loads(state_path.read_text())
+        except (UnicodeDecodeError, ValueError) as err:  # cut off by a kill before it was written atomically
+            say(f"{state_path} is not readable JSON ({err}): the trackers start new runs of their own")
+    opened: dict[str, Tracker] = {}
+    for sink in dict.fromkeys(sinks):
+        try:
+            opened[sink] = TRACKERS[sink](run_dir, name, config, state, start_step, **kwargs.get(sink, {}))
+        except Exception as err:  # noqa: BLE001 - any failure to start, said with the sink's name
+            Trackers(opened, say).close("failed")
+            raise TrackerError(f"log sink {sink} could not start ({type(err).__name__}: {str(err)[:300]}): fix it, "
+                               f"or leave {sink!r} out of log.sinks (metrics.jsonl keeps every row)") from err
     if state:
-        state_path.write_text(json.dumps(state, indent=2))
+        tmp = state_path.with_suffix(".json.tmp")  # whole or not at all: a torn file stopped every resume
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(state_path)
     return Trackers(opened, warn)

@@ -143,6 +143,7 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
     trackers = _trackers(run, start, progress)
     metrics_sink, samples_sink = JsonlSink(run.dir / "metrics.jsonl"), JsonlSink(run.dir / "samples.jsonl")
     thumbnails = Thumbnails(run.dir)
+    outcome: tracking.Outcome = "failed"  # the trackers' status for the run, unless it gets further
     try:
         with progress, GracefulStop(progress) as stop:
             if start == 0 and ckpt.latest_checkpoint(run.dir) is None:
@@ -184,10 +185,14 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
             progress.status("evaluating (after)")
             summary["eval_after"], summary["held_out_after"] = evaluate_held_out(run, last)
             trackers.log(last, summary["eval_after"])
+        outcome = "finished"
+    except KeyboardInterrupt:  # Ctrl-C: a graceful stop with its checkpoint, or a second one
+        outcome = "interrupted"
+        raise
     finally:
         metrics_sink.close()
         samples_sink.close()
-        trackers.close()
+        trackers.close(outcome)
     return _finish(run, summary, progress)
 
 
