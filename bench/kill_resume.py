@@ -298,7 +298,8 @@ def trial(n: int, reference: Path, work: Path, base: list[str], rng: random.Rand
         _cut_copy(reference, run, from_step)
     # the points a run reaches scale with the steps it has left (4 in all)
     k = rng.randint(1, max(1, MAX_HITS.get(point, 1) * (4 - from_step) // 4)) if point != "time" else 0
-    delay = rng.uniform(5.0, 60.0) if point == "time" else None
+    # a random moment of the run's own length: loading (~10 s) and what is left of its 4 steps
+    delay = rng.uniform(3.0, 10.0 + (4 - from_step) * 12.0) if point == "time" else None
     args = (["train", "--resume", str(run)] if from_step else
             ["train", *base, f"output_dir={work}", f"name={run.name}"])
     code, seconds = _run(args, f"{point}:{k}" if point != "time" else "none:0", delay, log, threads)

@@ -11,6 +11,7 @@ step, W&B and MLflow reuse the run id kept in ``<run>/trackers.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -200,6 +201,8 @@ class Trackers:
                 self.warn(f"log sink {name} failed and is switched off ({type(e).__name__}: {e}); "
                           "metrics.jsonl keeps every row")
                 self.trackers.pop(name)
+                with contextlib.suppress(Exception):  # its writer or run is not left open until exit
+                    tracker.close("failed")
 
     def close(self, outcome: Outcome = "finished") -> None:
         """Close every tracker, each told how the run ended (its status: a crashed run is not

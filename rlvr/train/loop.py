@@ -182,6 +182,7 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
                     progress.status("checkpointing")
                     save(run, step)
             save(run, last)
+            stop.finishing = True
             progress.status("evaluating (after)")
             summary["eval_after"], summary["held_out_after"] = evaluate_held_out(run, last)
             trackers.log(last, summary["eval_after"])

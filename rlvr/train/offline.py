@@ -415,6 +415,7 @@ def _fit(run: Run, start: int, total: int, step_fn: Callable[[int], tuple[dict[s
                     save(run, k)
             if start < total:
                 save(run, total)
+            stop.finishing = True
             if evaluate_too and "eval_after" not in summary:
                 progress.status("evaluating (after)")
                 summary["eval_after"], summary["held_out_after"] = evaluate_held_out(run, total)

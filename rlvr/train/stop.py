@@ -21,13 +21,20 @@ class GracefulStop:
 
     def __init__(self, progress: ConsoleProgress) -> None:
         self.requested, self.progress = False, progress
+        self.finishing = False
+        """Set once the last step's checkpoint is saved (the final evaluation runs): there is no
+        step left to stop after."""
         self._previous: dict[int, Any] = {}  # the handlers it replaced, by signal
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        self.progress.print("stopping after this step and saving a checkpoint (Ctrl-C again to abort now)")
+        if self.finishing:
+            self.progress.print("training is done and its last checkpoint saved; finishing the final evaluation "
+                                "(Ctrl-C again to stop now: a resume finishes it)")
+        else:
+            self.progress.print("stopping after this step and saving a checkpoint (Ctrl-C again to abort now)")
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
@@ -77,6 +84,8 @@ def resume_note(run: Run, progress: ConsoleProgress) -> str:
 
     doing = f" ({progress.doing})" if progress.doing else ""
     where = f"the run stopped in step {progress.done + 1}{doing}"
+    if progress.doing == "evaluating (after)":
+        where = f"the run stopped in its final evaluation, after step {progress.done}"
     command = f"`rlvr {run.command} --resume {run.dir}`"
     last = ckpt.latest_checkpoint(run.dir)
     if last is None:

@@ -4,6 +4,8 @@ run is the one that would have run."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +102,45 @@ def test_an_unexpected_error_keeps_its_traceback_and_says_where_to_resume(tiny_d
     notes = caught.value.__notes__
     assert notes == [f"the run stopped in step 1 (training); its newest complete checkpoint is step_000000: resume "
                      f"with `rlvr train --resume {tmp_path / 'bug'}`"]
+
+
+_interrupts = {"calls": 0, "at": (), "n": 0}
+
+
+def interrupting(prompt: str, completion: str, **_: Any) -> float:
+    """distinct_chars, and a SIGINT to this process at the chosen calls (a user's Ctrl-C)."""
+    import os
+    import signal
+
+    _interrupts["calls"] += 1
+    if _interrupts["calls"] in _interrupts["at"]:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the handler runs on the main thread, while this one waits
+    return len(set(completion)) / 8.0
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_during_the_final_evaluation(presses: int, tiny_dir: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The final evaluation runs after the last checkpoint: one Ctrl-C there said "stopping after
+    this step and saving a checkpoint" and then finished as if nothing had happened; two exited
+    130 saying nothing. One now says the evaluation is being finished; two stop at once, saying
+    where a resume finishes the run."""
+    calls_before_final = 4 + 2 * 16  # the evaluation before (4 held-out prompts), 2 steps of 4 × 4
+    _interrupts.update(calls=0, at=tuple(calls_before_final + 1 + i for i in range(presses)))
+    args = [*overrides(tiny_dir, tmp_path, "fin", reward="distinct_chars"),
+            'rewards=[{fn = "tests.faults.test_stops:interrupting", name = "chars"}]']
+    code = main(["train", *args])
+    err = capsys.readouterr().err
+    run = tmp_path / "fin"
+    summary = json.loads((run / "summary.json").read_text())
+    if presses == 1:
+        assert code == 0 and "eval_after" in summary
+        assert "training is done and its last checkpoint saved; finishing the final evaluation" in err
+    else:
+        assert code == 130 and "eval_after" not in summary
+        assert f"aborted: the run stopped in its final evaluation, after step 2; its newest complete checkpoint is " \
+               f"step_000002: resume with `rlvr train --resume {run}`" in err
+        _interrupts["at"] = ()
+        assert main(["train", "--resume", str(run)]) == 0
+        assert "eval_after" in json.loads((run / "summary.json").read_text())
