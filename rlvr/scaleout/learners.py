@@ -133,6 +133,7 @@ class DataParallel(Updater):
         self.ray = require_ray()
         r = cfg.dist.ray_options()
         self.timeout_s = timeout_s
+        self._broken = False
         address = "127.0.0.1" if r.address is None else self.ray.util.get_node_ip_address()
         port = _free_port()
         if backend(cfg) == "nccl":  # rank 0's GPU: the one the driver's learner is on
@@ -169,8 +170,14 @@ class DataParallel(Updater):
                   for a in self.actors]
         try:
             result = super().update(groups, settings, extras)
-        except Exception:
+        except Exception as err:
+            self._broken = True  # the ranks are out of step: closing waits for none of them
             self._raise_actor_error(remote)  # a rank that failed left rank 0 waiting in a collective: its error
+            pending = [rank for rank, ref in enumerate(remote, 1) if not self.ray.wait([ref], timeout=0)[0]]
+            if pending:  # alive and silent: hung, or its node gone
+                raise RuntimeError(f"learner rank{'s' if len(pending) > 1 else ''} {', '.join(map(str, pending))} did "
+                                   f"not answer during the update within dist.ray.timeout_s = {self.timeout_s:g} s "
+                                   f"(hung, or its node gone); rank 0 gave up waiting: {err}") from err
             raise
         self._wait(remote, "the learner actors to finish the update")
         return result
@@ -186,10 +193,11 @@ class DataParallel(Updater):
                     raise RuntimeError(f"learner rank {rank} failed during the update: {err}") from err
 
     def close(self) -> None:
-        try:
-            self.ray.get([a.leave.remote() for a in self.actors], timeout=self.timeout_s)
-        except Exception:  # noqa: BLE001 - closing: a dead actor has left already
-            pass
+        if not self._broken:  # a rank that hung would answer `leave` only after its update: not waited for
+            try:
+                self.ray.get([a.leave.remote() for a in self.actors], timeout=self.timeout_s)
+            except Exception:  # noqa: BLE001 - closing: a dead actor has left already
+                pass
         if dist.is_initialized():
             dist.destroy_process_group()
         for a in self.actors:

@@ -144,11 +144,17 @@ class RayEngine:
         return self._actor_class.options(**self._options).remote(self._spec, self._state, self.version, **self._kwargs)
 
     def _wait(self, refs: list[Any], what: str) -> list[Any]:
+        """The results of ``refs`` (one per worker, in order, where several), or a TimeoutError after
+        dist.ray.timeout_s naming the workers that did not answer."""
         try:
             return list(self.ray.get(refs, timeout=self.timeout_s))
         except self.ray.exceptions.GetTimeoutError as err:
-            raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.ray.timeout_s); a worker may be "
-                               "stuck or its node gone") from err
+            silent = ""
+            if len(refs) > 1:
+                ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
+                silent = " (silent: rollout worker " + ", ".join(str(k) for k, r in enumerate(refs) if r not in ready) + ")"
+            raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what}{silent} (dist.ray.timeout_s); a worker may "
+                               "be stuck or its node gone") from err
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  progress: Callable[[int], None] | None = None, *,
