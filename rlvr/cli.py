@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rlvr.config import ConfigError, RunConfig, describe, load_config
 from rlvr.config.sections import EngineConfig
+from rlvr.errors import EngineOutOfMemory
 
 EXAMPLES = """examples:
   rlvr train --config configs/demo.toml
@@ -247,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
         _say(err)
         return 2
     except RuntimeError as err:
-        from rlvr.errors import EngineOutOfMemory
         from rlvr.sandbox import SandboxUnavailable
 
         if not isinstance(err, SandboxUnavailable | EngineOutOfMemory):
@@ -271,6 +271,7 @@ def _say(err: BaseException) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rlvr.agents.openai_agent import AgentError
     from rlvr.log.tracking import MissingExtra, TrackerError
     from rlvr.train.checkpoint import CheckpointError
     from rlvr.train.loop import RunDirError, train
@@ -285,7 +286,7 @@ def _train(args: argparse.Namespace) -> int:
             run(resume=args.resume, overrides=tuple(args.overrides))
         else:
             run(load_config(args.config, args.overrides, command=args.command))
-    except (RunDirError, MissingExtra, CheckpointError, TrackerError) as err:
+    except (RunDirError, MissingExtra, CheckpointError, TrackerError, AgentError) as err:
         _say(err)
         return 2
     return 0

@@ -46,6 +46,9 @@ class ToolMath:
     chat models, and the one a small model finds (no void turns). The instruction follows the
     choice unless one is given."""
 
+    runs_code = True
+    """It runs the policy's code in rlvr's sandbox: `rlvr train` checks the sandbox before training."""
+
     def __init__(self, example: Example, rewards: list[RewardFn], *, instruction: str | None = None,
                  extra_tools: dict[str, Tool] | None = None, tool_bonus: float = 0.0,
                  answer_bonus: float = 0.0, answer_hint: bool = False, answer: str = "tag",

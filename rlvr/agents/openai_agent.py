@@ -53,6 +53,7 @@ from typing import Any
 
 from rlvr.agents.env import no_verdict
 from rlvr.agents.runner import FAILED, Ending, Episode, as_groups
+from rlvr.errors import InfrastructureError
 from rlvr.rollout.engine import Engine
 from rlvr.serve.protocol import Invalid
 from rlvr.types import Completion, SamplingParams, joined_versions
@@ -88,6 +89,9 @@ class _Episode:
     sampled: int = 0
     refused: Ending | None = None
     """The limit a call hit, if any (an agent that then gives up ends with it)."""
+    server_error: str | None = None
+    """Why a call could not be served (the engine failed), if one could not: the episode is then
+    an infrastructure failure whatever the agent returned."""
 
 
 class EpisodeRecorder:
@@ -129,6 +133,11 @@ class EpisodeRecorder:
             ep = self.episodes[tag]
             ep.calls.append(Call(list(prompt_ids), completions[0]))
             ep.sampled += len(completions[0].token_ids)
+
+    def failed(self, tag: str | None, why: str) -> None:
+        if tag is not None and tag in self.episodes:
+            with self._lock:
+                self.episodes[tag].server_error = self.episodes[tag].server_error or why
 
 
 def trajectory(tokenizer: Any, calls: Sequence[Call]) -> tuple[list[tuple[tuple[int, ...], Completion]], str,
@@ -239,9 +248,10 @@ def agent_episode_groups(engine: Engine, tokenizer: Any, fn: Callable[..., Any],
 
     with BackgroundServer(served, limits=server_limits, api_key=key, recorder=recorder) as server:
         outcomes = asyncio.run(everything(server.base_url.removesuffix("/v1")))
-    episodes = [_episode(tokenizer, examples[i], recorder.episodes[tag], outcome, rewards, system_prompt)
-                for (i, tag), outcome in zip(jobs, outcomes)]
-    failures = [(ep, outcome) for ep, outcome in zip(episodes, outcomes) if ep.ending in FAILED]
+    judged = [_episode(tokenizer, examples[i], recorder.episodes[tag], outcome, rewards, system_prompt)
+              for (i, tag), outcome in zip(jobs, outcomes)]
+    episodes = [ep for ep, _ in judged]
+    failures = [(ep, why) for ep, why in judged if ep.ending in FAILED]  # why: what made it fail, said below
     if failures and len(failures) == len(episodes):
         raise AgentError(f"every agent episode of this step failed; the first: {_why(failures[0][1])}") \
             from failures[0][1] if isinstance(failures[0][1], BaseException) else None
@@ -260,15 +270,21 @@ def _why(outcome: Any) -> str:
 
 
 def _episode(tokenizer: Any, example: Any, ep: _Episode, outcome: Any, rewards: list[Any],
-             system_prompt: str | None) -> Episode:
+             system_prompt: str | None) -> tuple[Episode, Any]:
+    """The episode from its calls and what the agent returned, and that outcome, replaced by the
+    error that made the episode fail where one did (for the log and AgentError)."""
     from rlvr.data.tasks import render_example
     from rlvr.rewards.combine import score_group
 
     segments, text, spans = trajectory(tokenizer, ep.calls)
-    metrics = {"turns": float(len(ep.calls)), "sampled_tokens": float(ep.sampled)}
+    metrics = {"turns": float(len(ep.calls)), "sampled_tokens": float(ep.sampled),
+               "segments": float(len(segments))}  # more than one: the agent rewrote its history
     ending: Ending = "done"
     reward = 0.0
-    if isinstance(outcome, BaseException):
+    if ep.server_error is not None:  # the engine failed a call: whatever the agent made of it is not the model's
+        ending = "infra"
+        outcome = InfrastructureError(f"a call could not be served ({ep.server_error})")
+    elif isinstance(outcome, BaseException):
         timed_out = isinstance(outcome, asyncio.TimeoutError | TimeoutError)
         ending = ep.refused if ep.refused is not None and not timed_out else ("timeout" if timed_out else "error")
     elif not ep.calls:
@@ -292,7 +308,7 @@ def _episode(tokenizer: Any, example: Any, ep: _Episode, outcome: Any, rewards: 
     if not segments:  # nothing was sampled: an empty completion of the task's prompt, excluded above
         segments = [(tuple(render_example(tokenizer, example, system_prompt)), Completion((), (), "stop", ""))]
     (prompt_ids, completion), earlier = segments[-1], segments[:-1]
-    return Episode(prompt_ids, completion, reward, len(ep.calls), ending, metrics, [reward], spans, earlier, text)
+    return Episode(prompt_ids, completion, reward, len(ep.calls), ending, metrics, [reward], spans, earlier, text), outcome
 
 
 def agent_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: SamplingParams, *,

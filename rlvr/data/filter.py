@@ -58,7 +58,7 @@ def pass_rates(model_spec: str, cfg: RunConfig, examples: list[Example], *, n: i
     ids = [render_example(tokenizer, ex, cfg.task.system_prompt) for ex in examples]
     s = cfg.sampling
     prompts_fit("training", examples, ids, context_length(model), s.max_new_tokens)
-    rewards = build_rewards(cfg.reward_specs())
+    rewards = build_rewards(cfg.reward_specs(), on_error=cfg.on_reward_error)
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
                             stop=tuple(s.stop), n=n)
     out = []

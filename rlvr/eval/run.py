@@ -65,7 +65,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     else:
         ids = [render_example(tokenizer, ex, cfg.task.system_prompt) for ex in held]
     prompts_fit("held-out", held, ids, context_length(model), max_new_tokens, "--max-new-tokens")
-    rewards = build_rewards(cfg.reward_specs())
+    rewards = build_rewards(cfg.reward_specs(), on_error=cfg.on_reward_error)
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=n, top_p=cfg.sampling.top_p,
                             top_k=cfg.sampling.top_k, stop=tuple(cfg.sampling.stop))
     groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params, media=media)

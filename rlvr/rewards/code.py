@@ -208,3 +208,9 @@ def _verdict(stdout: str, token: str, suite_size: int, mode: str) -> float | Inf
             return 0.0
         return passed / total if mode == "fraction" else float(passed == total)
     return 0.0
+
+
+# rlvr train checks the sandbox before it trains when a reward runs code (rlvr.train.run.setup):
+# a machine without one would otherwise learn so at the first completion with code in it, hours in
+unit_tests_reward.runs_code = True  # type: ignore[attr-defined]
+unit_tests_group_reward.runs_code = True  # type: ignore[attr-defined]

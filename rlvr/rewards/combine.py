@@ -26,16 +26,18 @@ is ``sum_i weight_i * fn_i(prompt, completion, **example, **kwargs_i)``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import difflib
 import importlib
 import inspect
 import logging
 import math
 import numbers
+import threading
 import traceback
 import urllib.error
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +79,10 @@ class RewardFn:
     source_field: str = "task"
     wants_completion_ids: bool = False
     """Called with ``completion_ids=`` (the sampled token ids), as TRL's reward functions are."""
+    on_error: str = "zero"
+    """What a failure does where the caller of score_group does not say: "zero" scores it 0.0
+    and counts it, "stop" raises RewardError (the run's on_reward_error, which so reaches every
+    caller: an environment's or an agent's scoring too)."""
 
     def applies(self, example: dict[str, Any]) -> bool:
         return not self.sources or str(example.get(self.source_field, "default")) in self.sources
@@ -125,8 +131,11 @@ def load_callable(spec: str) -> Callable[..., Any]:
     return obj
 
 
-def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
-    """Resolve config specs ``{"fn", "weight"=1.0, "name"=<last part of fn>, "kwargs"={}}``."""
+def build_rewards(specs: list[dict[str, Any]], on_error: str = "zero") -> list[RewardFn]:
+    """Resolve config specs ``{"fn", "weight"=1.0, "name"=<last part of fn>, "kwargs"={}}``, each
+    failing as ``on_error`` says (`RewardFn.on_error`)."""
+    if on_error not in ("zero", "stop"):
+        raise ValueError(f"on_error must be 'zero' or 'stop', got {on_error!r}")
     rewards: list[RewardFn] = []
     for i, spec in enumerate(specs):
         unknown = set(spec) - _SPEC_KEYS
@@ -184,7 +193,7 @@ def build_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
         group = bool(spec.get("group", False)) or fn in GROUP_REWARDS.values()
         rewards.append(RewardFn(name, fn, weight, kwargs, None if timeout is None else float(timeout), group,
                                 wants_completion_ids=getattr(fn, "wants_completion_ids", False), **routing))
-    return rewards
+    return [dataclasses.replace(r, on_error=on_error) for r in rewards]
 
 
 def _check_kwargs(name: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
@@ -212,24 +221,50 @@ _EXCLUDED = "excluded"
 _NO_VALUE = "no value"  # a TRL-style None: this reward does not apply to this sample
 _UNAVAILABLE = "unavailable"  # an InfrastructureError: no verdict, not the completion's fault
 _INFRA = "infrastructure"
-_POOL: dict[str, ThreadPoolExecutor] = {}
+MAX_STUCK = 8
+"""A reward with this many calls still running past its timeout_s hangs, and more would only pile
+up threads (a thread cannot be killed): the run stops, naming it (`_invoke`)."""
+_STUCK: dict[str, list[threading.Thread]] = {}
+"""Per reward, its calls that ran past timeout_s, in threads that may still run."""
 
 
 def _run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a reward; an async one (``async def``) is run to completion on its own event loop."""
+    """Call a reward; an async one (``async def``) is run to completion on its own event loop, and a
+    generator's values are listed, here, where the call's time limit and error handling apply."""
     value = fn(*args, **kwargs)
-    return asyncio.run(value) if inspect.iscoroutine(value) else value
+    if inspect.iscoroutine(value):
+        value = asyncio.run(value)
+    return list(value) if inspect.isgenerator(value) else value
 
 
 def _invoke(reward: RewardFn, prompt: str, completion: str | list[str], fields: dict[str, Any]) -> Any:
+    """The reward's value; with a timeout_s, called on a thread of its own (a daemon: one that
+    never returns neither keeps the process alive at exit nor holds up any other call, as a shared
+    pool's full queue did), TooSlow past it. A reward with `MAX_STUCK` calls still running past
+    their limit stops the run (RewardError)."""
     args = {**fields, **reward.kwargs}
     if reward.timeout_s is None:
         return _run(reward.fn, prompt, completion, **args)
-    pool = _POOL.setdefault("pool", ThreadPoolExecutor(max_workers=8, thread_name_prefix="rlvr-reward"))
-    future = pool.submit(_run, reward.fn, prompt, completion, **args)
+    stuck = _STUCK.setdefault(reward.name, [])
+    stuck[:] = [t for t in stuck if t.is_alive()]
+    if len(stuck) >= MAX_STUCK:
+        raise RewardError(f"reward {reward.name!r} has {len(stuck)} calls still running past its timeout_s "
+                          f"({reward.timeout_s:g} s): it hangs, and a thread cannot be stopped. Make it return (or "
+                          "time out by itself, e.g. on its network calls), or give it a process of its own")
+    result: Future[Any] = Future()
+
+    def call() -> None:
+        try:
+            result.set_result(_run(reward.fn, prompt, completion, **args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            result.set_exception(exc)
+
+    thread = threading.Thread(target=call, name=f"rlvr-reward-{reward.name}", daemon=True)
+    thread.start()
     try:
-        return future.result(timeout=reward.timeout_s)
+        return result.result(timeout=reward.timeout_s)
     except FuturesTimeout:
+        stuck.append(thread)
         raise TooSlow(f"no result after {reward.timeout_s:g} s (timeout_s)") from None
 
 
@@ -261,7 +296,7 @@ def _call(reward: RewardFn, prompt: str, completions: list[str], example: dict[s
         return [_one(reward, prompt, c, fields, on_error) for c in completions]
     try:
         values = _invoke(reward, prompt, completions, fields)
-    except SandboxUnavailable:
+    except (SandboxUnavailable, RewardError):
         raise
     except InfrastructureError as exc:
         return [_unavailable(reward, exc, completions[0], on_error)] * len(completions)
@@ -282,8 +317,8 @@ def _call(reward: RewardFn, prompt: str, completions: list[str], example: dict[s
 def _one(reward: RewardFn, prompt: str, completion: str, fields: dict[str, Any], on_error: str) -> float | str | None:
     try:
         value = _invoke(reward, prompt, completion, fields)
-    except SandboxUnavailable:
-        raise  # not this completion's fault: no code reward can work, so stop and say how to fix it
+    except (SandboxUnavailable, RewardError):
+        raise  # not this completion's fault: no code reward can work (or this one hangs), so stop and say so
     except InfrastructureError as exc:
         return _unavailable(reward, exc, completion, on_error)
     except Exception as exc:  # a user reward must not stop training unless asked; see module docstring
@@ -298,9 +333,7 @@ def _one(reward: RewardFn, prompt: str, completion: str, fields: dict[str, Any],
 
 def _listed(values: Any) -> Any:
     """A group reward's values as a list where it returned an array or tensor of one dimension
-    (numpy's, torch's: what TRL accepts), or a generator; anything else as it is."""
-    if inspect.isgenerator(values):
-        return list(values)
+    (numpy's, torch's: what TRL accepts; a generator was listed by `_run`); anything else as it is."""
     if type(values).__module__ in ("numpy", "torch") and getattr(values, "ndim", None) == 1:
         return list(values)
     return values
@@ -326,10 +359,15 @@ def _checked_value(reward: RewardFn, value: Any, completion: str, on_error: str)
     if not isinstance(value, numbers.Real):  # bool is a Real: True → 1.0
         _failed(reward, "non-number", f"returned {type(value).__name__}: {value!r:.200}", completion, on_error)
         return None
-    if not math.isfinite(value):
-        _failed(reward, "non-finite", f"returned {value!r}", completion, on_error)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond a float's range (10**400)
+        value = math.inf
+    if not math.isfinite(value) or not math.isfinite(reward.weight * value):  # 1e308 × a weight of 10 too
+        weighted = f" (× weight {reward.weight:g} is beyond a float)" if math.isfinite(value) else ""
+        _failed(reward, "non-finite", f"returned {value!r}{weighted}", completion, on_error)
         return None
-    return float(value)
+    return value
 
 
 def _unavailable(reward: RewardFn, exc: InfrastructureError, completion: str, on_error: str) -> str:
@@ -347,14 +385,14 @@ def _failed(reward: RewardFn, kind: str, message: str, completion: str, on_error
 
 
 def score(
-    rewards: list[RewardFn], prompt: str, completion: str, example: dict[str, Any], on_error: str = "zero"
+    rewards: list[RewardFn], prompt: str, completion: str, example: dict[str, Any], on_error: str | None = None
 ) -> tuple[float, dict[str, float]]:
     """The weighted total reward and each reward's raw value, keyed by name (see score_group)."""
     return score_group(rewards, prompt, [completion], example, on_error)[0]
 
 
 def score_group(
-    rewards: list[RewardFn], prompt: str, completions: list[str], example: dict[str, Any], on_error: str = "zero",
+    rewards: list[RewardFn], prompt: str, completions: list[str], example: dict[str, Any], on_error: str | None = None,
     completion_ids: list[Any] | None = None,
 ) -> list[tuple[float, dict[str, float]]]:
     """For each completion of one prompt: the weighted total reward and each reward's raw value.
@@ -364,13 +402,15 @@ def score_group(
     absent otherwise); an InfrastructureError gains both. A reward routed to other sources, or a
     TRL-style reward that returned None for a completion (rlvr.rewards.styles), has no key at all.
     ``completion_ids`` (each completion's token ids) reach the rewards that ask for them (TRL's).
-    ``on_error = "stop"`` raises RewardError on a failure instead.
+    ``on_error = "stop"`` raises RewardError on a failure instead; unset, each reward's own
+    (`RewardFn.on_error`, the run's on_reward_error).
     """
-    if on_error not in ("zero", "stop"):
+    if on_error not in (None, "zero", "stop"):
         raise ValueError(f"on_error must be 'zero' or 'stop', got {on_error!r}")
     # intrinsic rewards are filled in later, from the policy; routed ones only score their sources
     rewards = [r for r in rewards if not r.intrinsic and r.applies(example)]
-    per_reward = [_call(reward, prompt, completions, example, on_error, completion_ids) for reward in rewards]
+    per_reward = [_call(reward, prompt, completions, example, on_error or reward.on_error, completion_ids)
+                  for reward in rewards]
     out = []
     for k in range(len(completions)):
         total = 0.0

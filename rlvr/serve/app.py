@@ -60,6 +60,11 @@ class Recorder(Protocol):
         """A prompt served, with its completions exactly as sampled."""
         ...
 
+    def failed(self, tag: str | None, why: str) -> None:
+        """A call the server could not serve (the engine failed: its 500): whatever the agent makes
+        of it, its episode's outcome is not the model's."""
+        ...
+
 
 def create_app(served: Served, *, limits: Limits = Limits(), api_key: str | None = None,
                recorder: Recorder | None = None) -> FastAPI:
@@ -138,6 +143,16 @@ class _Handlers:
         return {"object": "list",
                 "data": [{"id": self.served.name, "object": "model", "created": 0, "owned_by": "rlvr"}]}
 
+    async def _sampled(self, job: Job, tag: str | None, gone: Gone | None) -> Job:
+        """`_sampled`, and an engine failure told to the recorder (an agent may catch the 500 and
+        answer anyway: its episode must not be scored as the model's answer)."""
+        try:
+            return await _sampled(self.batcher, job, gone)
+        except _Refused as refused:
+            if refused.status == 500 and self.recorder is not None:
+                self.recorder.failed(tag, refused.message)
+            raise
+
     async def chat(self, req: ChatRequest, tag: str | None = None, gone: Gone | None = None) -> Any:
         served, limits, recorder = self.served, self.limits, self.recorder
         req.check()
@@ -150,7 +165,7 @@ class _Handlers:
             if recorder is not None:
                 params = recorder.admit(tag, prompt, params)
             top = _top(limits, req.top_logprobs, served, "top_logprobs") if req.logprobs else 0
-            job = await _sampled(self.batcher, Job([prompt], params, req.seed, top), gone)
+            job = await self._sampled(Job([prompt], params, req.seed, top), tag, gone)
         if recorder is not None:
             recorder.record(tag, prompt, job.result[0])
         body = _chat_body(served, req, job, bool(tools))
@@ -168,7 +183,7 @@ class _Handlers:
                 for p in prompts:
                     params = recorder.admit(tag, p, params)
             top = _top(limits, req.logprobs, served, "logprobs") if req.logprobs is not None else 0
-            job = await _sampled(self.batcher, Job(prompts, params, req.seed, top), gone)
+            job = await self._sampled(Job(prompts, params, req.seed, top), tag, gone)
         if recorder is not None:
             for prompt, group in zip(prompts, job.result):
                 recorder.record(tag, prompt, group)

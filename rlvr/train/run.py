@@ -37,7 +37,9 @@ from rlvr.models import (
     resolve_dtype,
     resolve_model_path,
 )
+from rlvr.agents.envs import ENVS, env_factory
 from rlvr.rewards import build_rewards
+from rlvr.rewards.combine import RewardFn
 from rlvr.rollout import numerics
 from rlvr.rollout.engine import EmbeddedEngine, Engine
 from rlvr.rollout.numerics import Numerics
@@ -150,7 +152,9 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     tr = cfg.train
     optimizer_steps = optimizer_steps or tr.steps * tr.epochs * tr.mini_batches
     learner = learner_for(model, tr, optimizer_steps)
-    rewards = build_rewards(cfg.reward_specs())
+    rewards = build_rewards(cfg.reward_specs(), on_error=cfg.on_reward_error)
+    if runs_code(cfg, rewards):  # before the first step, not at the first completion with code in it
+        sandbox.check_isolation(cfg.sandbox.isolation)
     task = load_task(cfg, tokenizer, rewards, processor)
     check_prompt_lengths(task, context_length(model))
     sc = cfg.sampler
@@ -198,6 +202,13 @@ def _restore(run: Run, state: dict[str, Any]) -> None:
                               f"a run without {name})")
     ckpt.restore_rng(state["rng"])
     run.updater.sync(run.engine)
+
+
+def runs_code(cfg: RunConfig, rewards: list[RewardFn]) -> bool:
+    """Whether a reward or the environment runs the policy's code in rlvr's sandbox (they say so:
+    ``runs_code``; a user's own reward that uses the sandbox is found at its first call)."""
+    env = env_factory(cfg.env.name) if cfg.env.name is not None and cfg.env.name in ENVS else None
+    return any(getattr(r.fn, "runs_code", False) for r in rewards) or bool(getattr(env, "runs_code", False))
 
 
 def save(run: Run, step: int) -> Path:

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from rlvr.log import ConsoleProgress
+from rlvr.train import checkpoint as ckpt
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run
@@ -80,8 +81,6 @@ def resumable(run: Run, progress: ConsoleProgress) -> Iterator[None]:
 
 def resume_note(run: Run, progress: ConsoleProgress) -> str:
     """Where a run that stopped early can go on from, and how."""
-    from rlvr.train import checkpoint as ckpt
-
     doing = f" ({progress.doing})" if progress.doing else ""
     where = f"the run stopped in step {progress.done + 1}{doing}"
     if progress.doing == "evaluating (after)":
