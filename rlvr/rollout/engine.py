@@ -112,7 +112,11 @@ class Engine(Protocol):
         An engine that can keep a context's keys and values from one call to the next also offers
         ``reusing_prefixes()``, a context manager (EmbeddedEngine's): inside it, a prompt that
         extends an earlier call's prompt plus its sample encodes only the new tokens. The episode
-        runner opens it around its turns where the engine has it; other engines need not."""
+        runner opens it around its turns where the engine has it; other engines need not.
+
+        An engine that can end a call early says so with ``can_cancel = True`` and takes
+        ``cancelled=``, a callable it asks between decode steps: once it answers True the call
+        ends, its samples cut short (nobody will read them: `rlvr serve`'s clients that left)."""
         ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -139,6 +143,9 @@ def out_of_memory(err: BaseException) -> bool:
 
 class EmbeddedEngine:
     """Batched sampling with a KV cache on the local device (see module docstring)."""
+
+    can_cancel = True
+    """`generate` takes ``cancelled=`` (see `Engine.generate`)."""
 
     def __init__(
         self,
@@ -243,9 +250,12 @@ class EmbeddedEngine:
         *,
         seeds: list[list[int]] | None = None,
         media: Sequence[PromptMedia | None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[list[Completion]]:
         """Sample `params.n` completions per prompt; `progress(k)` is called as prompts finish.
         ``media[i]``: prompt i's images (a vision-language model), prefilled with its ids.
+        ``cancelled``: asked between decode steps; once True, every sample still running ends
+        there, finish reason "length" (see `Engine.generate`).
 
         Each sample draws its tokens from a random stream of its own, seeded by ``seeds[i][j]``
         (by default drawn from the engine's generator, `draw_seeds`). So what a sample gets does
@@ -269,7 +279,8 @@ class EmbeddedEngine:
                     chunk = prompts[start : start + per_chunk]
                     try:
                         out += self._generate_chunk(chunk, params, seeds[start : start + per_chunk],
-                                                    None if media is None else media[start : start + per_chunk])
+                                                    None if media is None else media[start : start + per_chunk],
+                                                    cancelled)
                     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
                         if not out_of_memory(err):
                             raise
@@ -296,7 +307,7 @@ class EmbeddedEngine:
     @torch.no_grad()
     def _generate_chunk(
         self, prompts: list[list[int]], params: SamplingParams, seeds: list[list[int]],
-        media: Sequence[PromptMedia | None] | None = None,
+        media: Sequence[PromptMedia | None] | None = None, cancelled: Callable[[], bool] | None = None,
     ) -> list[list[Completion]]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
@@ -329,7 +340,7 @@ class EmbeddedEngine:
                 done_B |= self._hit_stop(rows, tokens, params.stop, max_stop)
             for r in rows[done_B].tolist():
                 reasons[r] = "stop"
-            if step == params.max_new_tokens - 1:
+            if step == params.max_new_tokens - 1 or (cancelled is not None and cancelled()):
                 break
             keep_B = ~done_B
             if not keep_B.any():

@@ -240,7 +240,14 @@ class Batcher:
             return
         try:
             self.batches += 1
-            results = self.engine.generate(prompts, params, seeds=seeds)
+            # every client of the batch gone: the engine stops at its next decode step, where it
+            # used to sample a whole max_tokens for nobody while the next request waited behind it
+            if getattr(self.engine, "can_cancel", False):
+                engine: Any = self.engine  # (the optional keyword is not the protocol's)
+                results = engine.generate(prompts, params, seeds=seeds,
+                                          cancelled=lambda: all(job.abandoned for job, _, _ in ready))
+            else:
+                results = self.engine.generate(prompts, params, seeds=seeds)
             start = 0
             for job, _, _ in ready:
                 job.result = results[start : start + len(job.prompts)]
