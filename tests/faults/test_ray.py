@@ -38,6 +38,24 @@ def hangs_on_a_learner_actor(prompt: str, steps: list[str], answer: object = Non
     return [0.5 for _ in steps]
 
 
+def dies_on_a_learner_actor(prompt: str, steps: list[str], answer: object = None, **example: object) -> list[float]:
+    """A function PRM whose process dies on rank 1 (SIGKILL: the OOM killer, a lost node)."""
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [0.5 for _ in steps]
+
+
+def test_a_learner_rank_killed_in_the_update_is_named(tiny_dir: Path, tmp_path: Path) -> None:
+    prm = ['algo.advantage="process"', "train.micro_batch_size=4",
+           'algo.advantage_kwargs={prm = "tests.faults.test_ray:dies_on_a_learner_actor", delimiter = " "}']
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as caught:
+        main(["train", *overrides(tiny_dir, tmp_path, "dead"), *prm, "dist.learners=2", f"dist.ray.timeout_s={TIMEOUT}"])
+    assert time.monotonic() - start < WITHIN
+    assert "learner rank 1" in str(caught.value)
+    assert any(f"rlvr train --resume {tmp_path / 'dead'}" in note for note in caught.value.__notes__)
+
+
 def test_a_learner_rank_that_hangs_is_named_within_the_timeout(tiny_dir: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """gloo's own timeout named no rank and no setting, and closing waited as long again for the

@@ -157,3 +157,52 @@ def test_an_engine_failure_the_agent_caught_is_not_scored_as_the_models_answer(c
     failed = [s for s in samples if s.excluded]
     assert failed and all(s.reward_parts.get("env/error") == 1.0 for s in failed)
     assert "a call could not be served" in caplog.text and "the engine broke" in caplog.text
+
+
+@pytest.mark.parametrize(("returns", "parts"), [
+    (KeyError("a bug"), {"r": 0.0, "r/error": 1.0}),           # raises: scored 0, counted
+    (float("nan"), {"r": 0.0, "r/error": 1.0}),                # not finite: the same
+    (float("-inf"), {"r": 0.0, "r/error": 1.0}),
+    ("1.0", {"r": 0.0, "r/error": 1.0}),                       # not a number
+    (None, {"r": 0.0, "r/excluded": 1.0}),                     # no verdict: out of the update
+    (ConnectionResetError("the judge hung up"), {"r": 0.0, "r/error": 1.0, "r/excluded": 1.0}),  # infrastructure
+])
+def test_a_reward_that_fails_is_scored_by_the_policy_and_counted(returns: Any, parts: dict[str, float]) -> None:
+    def reward(prompt: str, completion: str, **_: Any) -> Any:
+        if isinstance(returns, BaseException):
+            raise returns
+        return returns
+
+    assert score([RewardFn("r", reward, 1.0, {}, timeout_s=5.0)], "p", "c", {}) == (0.0, parts)
+
+
+@pytest.mark.parametrize("returns", [[1.0], [1.0, 1.0, 1.0], 1.0, {"a": 1.0}, None])
+def test_a_group_reward_with_the_wrong_count_is_a_counted_failure(returns: Any) -> None:
+    group = [RewardFn("g", lambda p, cs, **_: returns, 1.0, {}, timeout_s=5.0, group=True)]
+    assert [p for _, p in score_group(group, "p", ["a", "b"], {})] == [{"g": 0.0, "g/error": 1.0}] * 2
+
+
+def test_a_bubblewrap_that_cannot_start_is_found_before_the_first_step(
+        tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bwrap that fails (no user namespaces in this container, say): the same check, its reason."""
+    from rlvr import sandbox
+    from rlvr.config import load_config
+    from rlvr.train.loop import train
+    from tests.test_train import overrides
+
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp())  # (the sandbox's probe drops privileges: pytest's folders are the user's)
+    folder.chmod(0o755)
+    fake = folder / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sandbox, "_checked", {})
+    monkeypatch.setattr(sandbox, "bwrap_path", lambda: str(fake))
+    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "code"), 'rewards=[{fn = "unit_tests"}]'])
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match="cannot create namespaces here.*No permissions"):
+            train(cfg, quiet=True)
+    finally:
+        shutil.rmtree(folder)
