@@ -235,6 +235,12 @@ def test_an_asynchronous_run_resumes_on_the_prompts_it_had_not_trained(tiny_dir:
         assert [p for p, _ in resumed[step]] == [p for p, _ in straight[step]], step
         assert all(step - 1 - v in (0, 1) for _, v in resumed[step])  # the versions go on from the checkpoint's
     assert read_metrics(tmp_path / "resumed")[-1]["dist/policy_version"] == 4
+    # bit for bit: the checkpoint kept step 3's collection, made ahead from the older weights
+    # (it used to be made again on the resumed policy); restart counts and timings aside
+    assert [comparable(r) for r in read_metrics(tmp_path / "resumed")] == \
+        [comparable(r) for r in read_metrics(tmp_path / "straight")]
+    assert [r for r in (tmp_path / "resumed" / "samples.jsonl").read_text().splitlines()] == \
+        [r for r in (tmp_path / "straight" / "samples.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize(("extra", "message"), [

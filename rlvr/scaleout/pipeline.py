@@ -18,24 +18,24 @@ log-probs (as for rollout replay), and any `algo.offpolicy` correction applies o
 The sampler and the replay buffer are touched by the background thread only: the observation
 of step k's groups is queued behind the collections already started, so every run sees the
 same order of sampling and observing (the sampler learns of a step D steps later). Checkpoints
-and evaluations wait for the queue to drain. A checkpoint at step k keeps the state step k + 1's
-collection began from (sampler, replay buffer, the engine's stream) and the observations queued
-after it began, so a resumed run collects steps k + 1 ... again from the same prompts, making the
-observations between its collections where the straight run made them. Those steps are
-generated from the resumed policy, not from the older one a straight run used: asynchronous runs
-resume, but not bit for bit.
+and evaluations wait for the queue to drain. A checkpoint at step k keeps the collections made
+ahead for steps k + 1 ... (their groups as sampled, from the older weights a straight run trains
+them with) and the state after them and after step k's observation (sampler, replay buffer, the
+engine's stream): a resumed run trains those collections as they were and makes the next one
+from where the straight run made it, so asynchronous runs resume bit for bit (tested; a run
+killed with its buffer full, bench/kill_resume.py). Checkpoints of rlvr 0.2.0 kept the state the
+next collection began from instead; they still load, and their resumed runs collect those steps
+again from the same prompts, on the resumed policy.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from rlvr.train.collect import Collected, Observation, Rollouts, collect
+from rlvr.train.collect import Collected, Rollouts, collect
 from rlvr.types import Group, oldest_version
 
 if TYPE_CHECKING:
@@ -114,28 +114,19 @@ class AsyncRollouts(Rollouts):
         super().__init__(run.rollouts.sampler, run.rollouts.replay)
         self.pipeline = Pipeline(lambda step: self._collect(run, step), lookahead=lookahead, last_step=last_step)
         self.max_staleness, self.drop_stale = max_staleness, drop_stale
-        self.engine = run.engine
         self.taken = 0
         """The last step taken: a checkpoint saved now is this step's."""
-        self.starts: dict[int, dict[str, Any]] = {}
-        """The collection-side state each queued collection began from, by step (`state_dict`);
-        written on the pipeline's thread, pruned on the main one, under `lock`."""
-        self.lock = threading.Lock()
-        self.observed: list[Observation] = []
-        """Observations queued behind a collection no checkpoint has passed yet."""
-        for x in run.rollouts.pending:  # a resumed run: made where the run it resumes made them
+        for x in run.rollouts.pending:  # resumed from rlvr 0.2.0: made where the run it resumes made them
             self.pipeline.after_collection(x.after, Rollouts.observe, self, x.own, x.aside, x.step)
-            self.observed.append(x)
         run.rollouts.pending = []
+        for step, made in sorted(run.rollouts.ahead.items()):  # resumed: the collections its checkpoint carried
+            done: Future[Any] = Future()
+            done.set_result(made)
+            self.pipeline.pending[step] = done
+            self.pipeline.queued = max(self.pipeline.queued, step)
+        run.rollouts.ahead = {}
 
     def _collect(self, run: Run, step: int) -> Collected:
-        """On the pipeline's thread: the state this collection begins from, kept, then the collection.
-        The replay buffer's state is made of new lists already (`ReplayBuffer.state_dict`): only the
-        sampler's, small, is copied deeply (a full buffer took 0.5 s to copy, every step)."""
-        start = super().state_dict() | {"engine_rng": self.engine.generator.get_state()}
-        start["sampler"] = copy.deepcopy(start["sampler"])
-        with self.lock:
-            self.starts[step] = start
         return collect(run, step)
 
     def take(self, run: Run, step: int) -> Collected:
@@ -144,9 +135,6 @@ class AsyncRollouts(Rollouts):
         (dist.async_rollouts), groups staler than max_staleness are set aside, untrained."""
         collected: Collected = self.pipeline.take(step)
         self.taken = step
-        with self.lock:
-            for done in [s for s in self.starts if s <= step]:
-                del self.starts[done]
         serving = run.engine.version or 0  # the weights' version before this step's update
         gathered, kept, dropped = collected.gathered, [], 0
         for g in gathered.train:
@@ -164,20 +152,15 @@ class AsyncRollouts(Rollouts):
 
     def observe(self, own: list[Group], aside: list[Group], step: int) -> None:
         """On the pipeline's thread, after the collections already under way."""
-        self.observed = [x for x in self.observed if x.after > step]  # no later checkpoint needs the others
-        self.observed.append(Observation(self.pipeline.queued, step, own, aside))
         self.pipeline.after(super().observe, own, aside, step)
 
     def state_dict(self) -> dict[str, Any]:
-        """For a checkpoint after step `taken` (the pipeline drained): the state the next
-        collection began from, with the observations made since, so a resumed run collects that
-        step again, from the same prompts, instead of the steps after those made ahead."""
-        with self.lock:
-            start = self.starts.get(self.taken + 1)
-        if start is None:  # nothing collected ahead: the state as it is
-            return super().state_dict()
-        later = [x.state() for x in self.observed if x.after > self.taken]
-        return {**start, "pending_observations": later}
+        """For a checkpoint after step `taken` (the pipeline drained, so every collection queued is
+        made and every observation queued is made): the collections made ahead, and the state
+        after them, where the next collection begins (see the module docstring)."""
+        ahead = {step: made.result().state() for step, made in sorted(self.pipeline.pending.items())
+                 if step > self.taken}
+        return super().state_dict() | ({"ahead": ahead} if ahead else {})
 
     def drain(self) -> None:
         self.pipeline.drain()

@@ -418,6 +418,26 @@ class Collected:
         """What the step trains on: the new groups, then the replayed ones."""
         return self.gathered.train + self.replayed
 
+    def state(self) -> dict[str, Any]:
+        """As plain lists and numbers (a checkpoint of asynchronous rollouts keeps the collections
+        made ahead of it)."""
+        g = self.gathered
+        return {"train": [_group_state(x) for x in g.train], "aside": [_group_state(x) for x in g.aside],
+                "gathered_metrics": dict(g.metrics), "replayed": [_group_state(x) for x in self.replayed],
+                "tokens": self.tokens, "seconds": self.seconds, "metrics": dict(self.metrics)}
+
+    @staticmethod
+    def from_state(x: dict[str, Any]) -> Collected:
+        gathered = Gathered([_group_from_state(g) for g in x["train"]], [_group_from_state(g) for g in x["aside"]],
+                            dict(x["gathered_metrics"]))
+        return Collected(gathered, [_group_from_state(g) for g in x["replayed"]], int(x["tokens"]),
+                         float(x["seconds"]), dict(x["metrics"]))
+
+    def with_media(self, media: list[PromptMedia | None]) -> Collected:
+        g = self.gathered
+        return dataclasses.replace(self, gathered=Gathered(_with_media(g.train, media), _with_media(g.aside, media),
+                                                           g.metrics), replayed=_with_media(self.replayed, media))
+
 
 class Rollouts:
     """Collects each step's groups (replayed ones first taken from the buffer, then fresh ones by
@@ -427,17 +447,21 @@ class Rollouts:
     def __init__(self, sampler: Sampler, replay: ReplayBuffer | None) -> None:
         self.sampler, self.replay = sampler, replay
         self.pending: list[Observation] = []
-        """Observations a checkpoint of asynchronous rollouts carried, not made yet: the steps
-        before it whose groups the sampler had not seen when the next collection began
-        (rlvr.scaleout.pipeline). An asynchronous run makes them between its collections as
-        the run it resumes did; a synchronous one before its first."""
+        """Observations a checkpoint of asynchronous rollouts carried, not made yet (one written by
+        rlvr 0.2.0 before the checkpoints kept the collections made ahead): the steps before it
+        whose groups the sampler had not seen when the next collection began. An asynchronous run
+        makes them between its collections as the run it resumes did; a synchronous one before
+        its first."""
+        self.ahead: dict[int, Collected] = {}
+        """Collections a checkpoint of asynchronous rollouts carried, by step: made before it for
+        the steps after it (rlvr.scaleout.pipeline), trained as they were made."""
 
     def take(self, run: Run, step: int) -> Collected:
-        """Step's rollouts."""
+        """Step's rollouts (made already where a checkpoint carried them, `ahead`)."""
         for observation in self.pending:
             self.observe(observation.own, observation.aside, observation.step)
         self.pending = []
-        return collect(run, step)
+        return self.ahead.pop(step) if step in self.ahead else collect(run, step)
 
     def observe(self, own: list[Group], aside: list[Group], step: int) -> None:
         """The sampler learns from every group generated this step (set-aside ones have zero
@@ -476,13 +500,15 @@ class Rollouts:
         if self.replay is not None and "replay" in state:
             self.replay.load_state_dict(state["replay"])
         self.pending = [Observation.from_state(x) for x in state.get("pending_observations", [])]
+        self.ahead = {int(step): Collected.from_state(x) for step, x in state.get("ahead", {}).items()}
 
     def attach_media(self, media: list[PromptMedia | None]) -> None:
-        """Give the groups read back from a checkpoint (replay, pending observations) their
-        prompts' images (`TaskData.media`, by prompt index)."""
+        """Give the groups read back from a checkpoint (replay, pending observations, collections
+        made ahead) their prompts' images (`TaskData.media`, by prompt index)."""
         if self.replay is not None:
             self.replay.attach_media(media)
         self.pending = [x.with_media(media) for x in self.pending]
+        self.ahead = {step: made.with_media(media) for step, made in self.ahead.items()}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import os
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,14 @@ from rlvr.config import load_config
 from rlvr.scaleout.rollout import RolloutWorker
 from rlvr.train.loop import train
 from tests.test_train import FP32, TIMING, overrides, read_metrics
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray() -> Iterator[None]:
+    """One local Ray for the module, shut down after it (tests/test_scaleout.py starts its own)."""
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
 
 
 TIMEOUT = 30
