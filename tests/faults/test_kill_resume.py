@@ -57,3 +57,21 @@ def test_a_resume_where_the_machine_now_measures_otherwise_computes_the_same_num
     code, _ = _run(["train", "--resume", str(tmp_path / "killed")], env={"RLVR_CACHE": str(other)})
     assert code == 0
     assert compare(reference, tmp_path / "killed") == []
+
+
+@pytest.mark.dtype_independent  # pinned to fp32
+def test_an_asynchronous_run_killed_with_its_buffer_full_resumes_to_the_same_run(tiny_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    """Killed in step 3's update, while step 4's collection is made ahead (or made already): the
+    checkpoint of step 2 holds step 3's collection, and the resume trains it as it was sampled."""
+    from tests.test_train import FP32
+
+    def args(name: str) -> list[str]:
+        return [*_args(tiny_dir, tmp_path, name), "dist.rollout_workers=1", "dist.async_rollouts={steps = 1}",
+                "dist.ray.timeout_s=120", *FP32]
+
+    assert _run(args("straight"))[0] == 0
+    code, _ = _run(args("killed"), kill="optimizer:3")
+    assert code == -signal.SIGKILL
+    assert _run(["train", "--resume", str(tmp_path / "killed")])[0] == 0
+    assert compare(tmp_path / "straight", tmp_path / "killed") == []
