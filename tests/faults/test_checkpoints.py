@@ -59,18 +59,23 @@ def test_a_disk_that_fills_during_a_checkpoint_stops_the_run_and_it_resumes(
     assert (run / "checkpoints" / "step_000003" / checkpoint.STATE_FILE).is_file()
 
 
-def test_torch_saves_full_disk_error_is_a_checkpoint_error_everywhere(
-        tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same failure without a small disk (it runs on any machine): torch.save raising what its
-    zip writer raised on the full disk."""
+def _torch_save_fails_in(monkeypatch: pytest.MonkeyPatch, folder: str) -> None:
+    """torch.save raises, into `folder`, what its zip writer raised on a full disk."""
     real = torch.save
 
     def full(obj: object, path: object, *args: object, **kwargs: object) -> None:
-        if ".step_000002.tmp" in str(path):
+        if folder in str(path):
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 8640 vs 8534")
         real(obj, path, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(torch, "save", full)
+
+
+def test_torch_saves_full_disk_error_is_a_checkpoint_error_everywhere(
+        tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same failure without a small disk (it runs on any machine): torch.save raising what its
+    zip writer raised on the full disk."""
+    _torch_save_fails_in(monkeypatch, ".step_000002.tmp")
     cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "full"), "train.steps=3", "checkpoint_every=1"])
     with pytest.raises(CheckpointError) as caught:
         train(cfg, quiet=True)
@@ -82,14 +87,7 @@ def test_the_cli_says_how_to_resume_after_a_failed_save(tiny_dir: Path, tmp_path
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     from rlvr.cli import main
 
-    real = torch.save
-
-    def full(obj: object, path: object, *args: object, **kwargs: object) -> None:
-        if ".step_000001.tmp" in str(path):
-            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1 vs 0")
-        real(obj, path, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(torch, "save", full)
+    _torch_save_fails_in(monkeypatch, ".step_000001.tmp")
     code = main(["train", *overrides(tiny_dir, tmp_path, "cli"), "checkpoint_every=1"])
     err = capsys.readouterr().err
     assert code == 2 and "error: could not write the step-1 checkpoint" in err and "Traceback" not in err

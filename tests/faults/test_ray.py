@@ -54,30 +54,23 @@ def dies_on_a_learner_actor(prompt: str, steps: list[str], answer: object = None
     return [0.5 for _ in steps]
 
 
-def test_a_learner_rank_killed_in_the_update_is_named(tiny_dir: Path, tmp_path: Path) -> None:
-    prm = ['algo.advantage="process"', "train.micro_batch_size=4",
-           'algo.advantage_kwargs={prm = "tests.faults.test_ray:dies_on_a_learner_actor", delimiter = " "}']
+@pytest.mark.parametrize(("prm", "said"), [
+    ("dies_on_a_learner_actor", "learner rank 1 failed during the update"),
+    ("hangs_on_a_learner_actor", f"learner rank 1 did not answer during the update within dist.ray.timeout_s = {TIMEOUT} s"),
+], ids=["killed", "hangs"])
+def test_a_learner_rank_that_dies_or_hangs_in_the_update_is_named(prm: str, said: str, tiny_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """A hung rank: gloo's own timeout named no rank and no setting, and closing waited as long
+    again for it to leave (50 s at a 20 s timeout; ~10 minutes at the default)."""
+    settings = ['algo.advantage="process"', "train.micro_batch_size=4",
+                f'algo.advantage_kwargs={{prm = "tests.faults.test_ray:{prm}", delimiter = " "}}']
     start = time.monotonic()
     with pytest.raises(RuntimeError) as caught:
-        main(["train", *overrides(tiny_dir, tmp_path, "dead"), *prm, "dist.learners=2", f"dist.ray.timeout_s={TIMEOUT}"])
+        main(["train", *overrides(tiny_dir, tmp_path, "rank"), *settings, "dist.learners=2",
+              f"dist.ray.timeout_s={TIMEOUT}"])
     assert time.monotonic() - start < WITHIN
-    assert "learner rank 1" in str(caught.value)
-    assert any(f"rlvr train --resume {tmp_path / 'dead'}" in note for note in caught.value.__notes__)
-
-
-def test_a_learner_rank_that_hangs_is_named_within_the_timeout(tiny_dir: Path, tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    """gloo's own timeout named no rank and no setting, and closing waited as long again for the
-    hung rank to leave (50 s at a 20 s timeout; ~10 minutes at the default)."""
-    prm = ['algo.advantage="process"', "train.micro_batch_size=4",
-           'algo.advantage_kwargs={prm = "tests.faults.test_ray:hangs_on_a_learner_actor", delimiter = " "}']
-    start = time.monotonic()
-    with pytest.raises(RuntimeError) as caught:
-        main(["train", *overrides(tiny_dir, tmp_path, "hang"), *prm, "dist.learners=2", f"dist.ray.timeout_s={TIMEOUT}"])
-    assert time.monotonic() - start < WITHIN
-    message = str(caught.value)
-    assert f"learner rank 1 did not answer during the update within dist.ray.timeout_s = {TIMEOUT} s" in message
-    assert any(f"rlvr train --resume {tmp_path / 'hang'}" in note for note in caught.value.__notes__)
+    assert said in str(caught.value)
+    assert any(f"rlvr train --resume {tmp_path / 'rank'}" in note for note in caught.value.__notes__)
 
 
 DIED = Path(tempfile.gettempdir()) / "rlvr-test-rollout-worker-died"
