@@ -3,7 +3,9 @@ wrote with an uninterrupted run: every metrics.jsonl and samples.jsonl row (timi
 and the final weights, bit for bit.
 
     python bench/kill_resume.py --trials 100 --out /tmp/kills            # the demo config, short
-    python bench/kill_resume.py --trials 4 --points generate,checkpoint  # a few, named points
+    python bench/kill_resume.py --trials 4 --points generate,checkpoint_state  # a few, named points
+    python bench/kill_resume.py --trials 10 --out /tmp/kills_async --points update,optimizer,time \
+        dist.rollout_workers=1 'dist.async_rollouts={steps = 1}'     # the asynchronous buffer full
 
 A trial runs the training in a child process that kills itself (SIGKILL, so nothing of rlvr's
 gets to clean up) at the k-th time it reaches a named point, or is killed by this script after a
