@@ -19,6 +19,8 @@ from rlvr.agents.env import StepResult
 from rlvr.agents.runner import FAILED, Limits
 from tests.test_agents import Counter, setup
 
+pytestmark = pytest.mark.dtype_independent  # what these faults end in does not depend on "auto" precision
+
 
 class _Flaky(http.server.BaseHTTPRequestHandler):
     """Answers "/500" with HTTP 500, closes "/close" without a word, and "/ok" with a reward."""

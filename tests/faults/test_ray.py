@@ -24,6 +24,8 @@ from rlvr.scaleout.rollout import RolloutWorker
 from rlvr.train.loop import train
 from tests.test_train import FP32, TIMING, overrides, read_metrics
 
+pytestmark = pytest.mark.dtype_independent  # what these faults end in does not depend on "auto" precision
+
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray() -> Iterator[None]:
@@ -105,7 +107,6 @@ class NeverLoadsVersion2(RolloutWorker):
 RAY = ["dist.rollout_workers=1", f"dist.ray.timeout_s={TIMEOUT}", *FP32]
 
 
-@pytest.mark.dtype_independent  # pinned to fp32
 def test_a_rollout_worker_killed_mid_collection_is_restarted_and_the_run_is_the_same(
         tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """The restarted worker samples its shard again from the same seeds: every row is the run a
@@ -123,7 +124,6 @@ def test_a_rollout_worker_killed_mid_collection_is_restarted_and_the_run_is_the_
     assert strip(died) == strip(calm)
 
 
-@pytest.mark.dtype_independent  # pinned to fp32
 @pytest.mark.parametrize("fault", ["always dies", "stalls"])
 def test_a_rollout_worker_that_cannot_go_on_stops_the_run_naming_it(
         fault: str, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -21,6 +21,8 @@ import pytest
 from rlvr.rewards import combine
 from rlvr.rewards.combine import RewardError, RewardFn, build_rewards, score, score_group
 
+pytestmark = pytest.mark.dtype_independent  # what these faults end in does not depend on "auto" precision
+
 RELEASE = threading.Event()
 
 

@@ -17,6 +17,8 @@ from rlvr.serve.protocol import Limits
 from rlvr.serve.server import BackgroundServer
 from tests.test_serve import tiny_served
 
+pytestmark = pytest.mark.dtype_independent  # what these faults end in does not depend on "auto" precision
+
 
 def test_a_client_that_leaves_mid_generation_stops_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     steps = {"n": 0}

@@ -18,6 +18,8 @@ from rlvr.log import tracking
 from rlvr.train.loop import train
 from tests.test_train import overrides, read_metrics
 
+pytestmark = pytest.mark.dtype_independent  # what these faults end in does not depend on "auto" precision
+
 
 class Recording:
     """A tracker that keeps what it was told, in `log`."""
