@@ -130,34 +130,41 @@ def test_a_missing_sandbox_is_found_before_the_first_step(tiny_dir: Path, tmp_pa
 def test_an_engine_failure_the_agent_caught_is_not_scored_as_the_models_answer(caplog: Any) -> None:
     """The server answered 500 (the engine failed); the agent caught it and answered anyway. Its
     episode was trained as the model's reward of 0; it is now an infrastructure failure, excluded
-    and counted, and the log says why."""
+    and counted, and the log says why. (The first example's episode ends before the second's call
+    fails, so the two are never in one failing batch.)"""
+    import asyncio
+
     from rlvr.rollout.engine import EmbeddedEngine
     from tests.test_openai_agent import run
 
     real = EmbeddedEngine.generate
-    calls = {"n": 0}
 
-    def fails_second(self: EmbeddedEngine, *args: Any, **kwargs: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 2:
+    def breaks_on_request(self: EmbeddedEngine, prompts: list[list[int]], *args: Any, **kwargs: Any) -> Any:
+        if any("break now" in self.tokenizer.decode(p) for p in prompts):
             raise RuntimeError("the engine broke")
-        return real(self, *args, **kwargs)
+        return real(self, prompts, *args, **kwargs)
 
-    async def swallows(client: openai.AsyncOpenAI, row: dict[str, Any]) -> str:
-        messages = [{"role": "user", "content": row["prompt"]}]
+    first_done: dict[str, asyncio.Event] = {}
+
+    async def agent(client: openai.AsyncOpenAI, row: dict[str, Any]) -> str:
+        done = first_done.setdefault("event", asyncio.Event())
+        if row["id"] == "ex0":
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+            done.set()
+            return "done"
+        await done.wait()
         try:
-            await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
-            await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "break now"}])
         except openai.APIError:
             return ""  # "no answer": scored by the rewards as the model's
         return "done"
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(EmbeddedEngine, "generate", fails_second)
-        groups = run(swallows, n=1)
-    samples = [s for g in groups for s in g.samples]
-    failed = [s for s in samples if s.excluded]
-    assert failed and all(s.reward_parts.get("env/error") == 1.0 for s in failed)
+        patch.setattr(EmbeddedEngine, "generate", breaks_on_request)
+        groups = run(agent, n=1)
+    (ok,), (failed,) = (g.samples for g in groups)
+    assert not ok.excluded and ok.reward_parts.get("env/error") is None
+    assert failed.excluded and failed.reward_parts.get("env/error") == 1.0
     assert "a call could not be served" in caplog.text and "the engine broke" in caplog.text
 
 
