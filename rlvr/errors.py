@@ -19,3 +19,10 @@ class EngineOutOfMemory(RuntimeError):
     """The rollout engine ran out of memory while it sampled; the message says how much it was
     asked for and which settings shrink it. The run stops (its checkpoints intact) rather than
     train on a step that lost its samples."""
+
+
+class WeightSyncError(RuntimeError):
+    """New weights did not reach a rollout engine that holds its own copy of them: some of its
+    parameters received none, or the probe after the update (rlvr.rollout.probe) found the engine
+    computing other log-probabilities than the learner. The run stops rather than sample from a
+    policy it is no longer training."""

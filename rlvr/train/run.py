@@ -44,6 +44,7 @@ from rlvr.rollout import numerics
 from rlvr.rollout.engine import EmbeddedEngine, Engine
 from rlvr.rollout.numerics import Numerics
 from rlvr.rollout.plans import product_plans
+from rlvr.rollout.probe import probe_ids
 from rlvr.rollout.weights import decode_weights
 from rlvr.runtime import keep_freed_memory
 from rlvr.train import checkpoint as ckpt
@@ -159,7 +160,8 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     check_prompt_lengths(task, context_length(model))
     sc = cfg.sampler
     replay = ReplayBuffer(**sc.replay) if sc.replay else None
-    updater = Updater(learner, pad_token_id=engine.pad_token_id, seed=cfg.seed, shared_weights=shared)
+    updater = Updater(learner, pad_token_id=engine.pad_token_id, seed=cfg.seed, shared_weights=shared,
+                      probe_ids=probe_ids(tokenizer))
     run = Run(cfg, run_dir, tokenizer, engine, learner, task, settings_from_config(cfg, rewards),
               Rollouts(make_sampler(cfg, task.examples), replay), updater, methods={}, processor=processor)
     run.methods = build_methods(run, SetupInfo(device, dtype, optimizer_steps, resuming=model_spec is not None,

@@ -13,6 +13,7 @@ import torch
 
 from rlvr.lora import merged_state_dict
 from rlvr.rollout.engine import Engine
+from rlvr.rollout.probe import check, learner_logprobs, tolerance
 from rlvr.train.learner import Learner
 from rlvr.train.update import UpdateResult, UpdateSettings, update_policy
 from rlvr.types import Group
@@ -22,21 +23,37 @@ if TYPE_CHECKING:
 
 
 class Updater:
-    def __init__(self, learner: Learner, *, pad_token_id: int, seed: int, shared_weights: bool) -> None:
+    def __init__(self, learner: Learner, *, pad_token_id: int, seed: int, shared_weights: bool,
+                 probe_ids: list[int] | None = None) -> None:
         self.learner, self.pad_token_id = learner, pad_token_id
         self.generator = torch.Generator().manual_seed(seed)
         """The order of the mini-batches (checkpointed)."""
         self.shared_weights = shared_weights
         """The engine samples from the learner's own model: nothing to copy after an update."""
+        self.probe_ids = probe_ids or []
+        """The tokens an engine with its own copy of the weights scores after every sync (rlvr.rollout.probe)."""
+        self.probe_gap: float | None = None
+        """The last probe's mean |Δ log-prob| between the engine and the learner, or None (not probed)."""
 
     def update(self, groups: list[Group], settings: UpdateSettings, extras: Extras) -> UpdateResult:
         return update_policy(self.learner, groups, settings, pad_token_id=self.pad_token_id,
                              generator=self.generator, **extras.keywords())
 
     def sync(self, engine: Engine) -> None:
-        """The engine samples the updated policy from now on."""
-        if not self.shared_weights:
-            engine.update_weights(merged_state_dict(self.learner.model))
+        """The engine samples the updated policy from now on; an engine that can be probed
+        (rlvr.rollout.probe) is checked to compute what the learner does."""
+        if self.shared_weights:
+            return
+        engine.update_weights(merged_state_dict(self.learner.model))
+        probe = getattr(engine, "probe", None)
+        if probe is None or not self.probe_ids:
+            return
+        scored = probe(self.probe_ids)
+        if scored:
+            model = self.learner.model
+            dtypes = (next(model.parameters()).dtype, getattr(engine, "dtype", torch.bfloat16))
+            self.probe_gap = check(scored, learner_logprobs(model, self.probe_ids), tolerance(*dtypes),
+                                   getattr(engine, "version", None))
 
     def state_dict(self) -> dict[str, Any]:
         return {"update_rng": self.generator.get_state()}
