@@ -94,7 +94,8 @@ def test_a_sync_that_reaches_only_some_parameters_is_an_error(vllm_engines: Any)
 
 
 def test_the_probe_agrees_with_the_learner_and_finds_a_model_that_differs(vllm_engines: Any) -> None:
-    from rlvr.rollout.probe import check, learner_logprobs, probe_ids, tolerance
+    from rlvr.rollout.probe import check, probe_ids, tolerance
+    from rlvr.train.updater import learner_probe as learner_logprobs
 
     model = make_tiny_model(seed=3, head_dim=VLLM_HEAD_DIM)
     engine = vllm_engines(model)

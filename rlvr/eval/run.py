@@ -79,8 +79,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     try:
         groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params, media=media)
     finally:
-        if cfg.engine.backend == "vllm":
-            engine.close()
+        engine.close()  # vLLM's processes
     judge = build_rewards([cot_judge])[0] if cot_judge else None
     per_prompt = _per_prompt(groups, held, rewards, judge, n, ks)
     samples = [x for g in groups for x in g.samples]

@@ -6,8 +6,8 @@ nothing, loads some parameters under the wrong names, or loads stale weights (a 
 left unmerged) would not fail: the engine would go on sampling an older or another policy, and
 the importance ratios would quietly absorb it. So after each sync the engine scores a fixed
 sequence (`PROBE_TEXT`: the log-probability of each of its tokens given those before) and the
-learner scores it with its own forward pass, the adapter applied as the learner applies it
-(not the merged weights that were sent); the two must agree to the rounding of their dtypes
+learner scores it as it scores tokens for its loss (rlvr.train.updater.learner_probe), the
+adapter applied as the learner applies it, not the merged weights that were sent; the two must agree to the rounding of their dtypes
 (`tolerance`), or the run stops with `WeightSyncError`.
 
 An engine offers this as ``probe(ids) -> list[list[float]]``: for each replica it runs (one, or
@@ -33,20 +33,6 @@ the mean, few enough that the probe costs a prefill of one short prompt a step."
 
 def probe_ids(tokenizer: Any) -> list[int]:
     return list(tokenizer.encode(PROBE_TEXT, add_special_tokens=False))[:PROBE_TOKENS]
-
-
-@torch.no_grad()
-def learner_logprobs(model: torch.nn.Module, ids: Sequence[int]) -> list[float]:
-    """The log-probs of ``ids[1:]`` under `model`'s own forward pass (in eval mode: no dropout)."""
-    device = next(model.parameters()).device
-    training = model.training
-    model.eval()
-    try:
-        logits = model(input_ids=torch.tensor([list(ids)], device=device)).logits[0, :-1].float()
-    finally:
-        model.train(training)
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ids[1:], device=device)[:, None])
-    return [float(x) for x in lp.squeeze(-1).cpu()]
 
 
 def tolerance(*dtypes: torch.dtype) -> float:

@@ -182,10 +182,11 @@ class VLLMEngine:
                  seeds: list[list[int]] | None = None,
                  media: Sequence[PromptMedia | None] | None = None) -> list[list[Completion]]:
         """As the embedded engine's; vLLM seeds a request, not a sample, so a prompt's n samples
-        share the stream of ``seeds[i][0]``; greedy samples are one continuation, repeated. A prompt's images (``media[i].images``) go in as
-        vLLM's multimodal data beside its token ids; the ids already hold the processor's
-        expanded image tokens, which vLLM's multimodal processor detects as applied (its "prompt
-        update detection", docs.vllm.ai, design/mm_processing) instead of expanding them again."""
+        share the stream of ``seeds[i][0]``; greedy samples are one continuation, repeated. A
+        prompt's images (``media[i].images``) go in as vLLM's multimodal data beside its token
+        ids; the ids already hold the processor's expanded image tokens, which vLLM's multimodal
+        processor detects as applied (its "prompt update detection", docs.vllm.ai,
+        design/mm_processing) instead of expanding them again."""
         vllm = import_vllm()
         from vllm.inputs import TokensPrompt
 

@@ -13,8 +13,9 @@ import torch
 
 from rlvr.lora import merged_state_dict
 from rlvr.rollout.engine import Engine
-from rlvr.rollout.probe import check, learner_logprobs, tolerance
+from rlvr.rollout.probe import check, tolerance
 from rlvr.train.learner import Learner
+from rlvr.train.logprobs import token_logprobs
 from rlvr.train.update import UpdateResult, UpdateSettings, update_policy
 from rlvr.types import Group
 
@@ -52,8 +53,7 @@ class Updater:
         if scored:
             model = self.learner.model
             dtypes = (next(model.parameters()).dtype, getattr(engine, "dtype", torch.bfloat16))
-            self.probe_gap = check(scored, learner_logprobs(model, self.probe_ids), tolerance(*dtypes),
-                                   getattr(engine, "version", None))
+            self.probe_gap = check(scored, learner_probe(model, self.probe_ids), tolerance(*dtypes), engine.version)
 
     def state_dict(self) -> dict[str, Any]:
         return {"update_rng": self.generator.get_state()}
@@ -63,3 +63,20 @@ class Updater:
 
     def close(self) -> None:
         pass
+
+
+@torch.no_grad()
+def learner_probe(model: torch.nn.Module, ids: list[int]) -> list[float]:
+    """The log-probs of ``ids[1:]`` as the learner scores tokens for its loss (`token_logprobs`),
+    in eval mode (no dropout): what an engine's probe is held to (rlvr.rollout.probe)."""
+    device = next(model.parameters()).device
+    ids_BT = torch.tensor([ids], device=device)
+    target_BT = torch.ones_like(ids_BT)
+    target_BT[:, 0] = 0
+    training = model.training
+    model.eval()
+    try:
+        logprobs_BT, _ = token_logprobs(model, ids_BT, torch.ones_like(ids_BT), target_BT)  # type: ignore[arg-type]
+    finally:
+        model.train(training)
+    return [float(x) for x in logprobs_BT[0, 1:].float().cpu()]
