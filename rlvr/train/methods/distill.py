@@ -16,12 +16,11 @@ import torch
 from transformers import PreTrainedModel
 
 from rlvr.algos.distill import OpdOptions, reverse_kl_advantages
-from rlvr.data.images import image_token_ids
 from rlvr.models import load_model, load_tokenizer
 from rlvr.train.advantages import outcome_advantages
 from rlvr.train.batches import score_logprobs
 from rlvr.train.critic import PER_TOKEN
-from rlvr.train.methods import Method, Plan, SetupInfo
+from rlvr.train.methods import Extras, Method, Plan, RankInfo, SetupInfo
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Group, Sample
 
@@ -125,6 +124,11 @@ class Distillation(Method):
         return dataclasses.replace(plan, extras=dataclasses.replace(plan.extras, credit=self.credit))
 
 
+def on_rank(cfg: RunConfig, policy: PreTrainedModel, info: RankInfo) -> Extras | None:
+    credit = teacher_credit(cfg, policy, cfg.model, banned=info.banned)
+    return None if credit is None else Extras(credit=credit)
+
+
 def build(run: Run, info: SetupInfo) -> Method | None:
-    credit = teacher_credit(run.cfg, run.learner.model, run.cfg.model, banned=bool(image_token_ids(run.processor)))
-    return None if credit is None else Distillation(credit)
+    extras = on_rank(run.cfg, run.learner.model, RankInfo.of(run, info))
+    return None if extras is None else Distillation(extras.credit)  # type: ignore[arg-type]

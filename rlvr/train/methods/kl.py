@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 
 from rlvr.algos.kl import AdaptiveKL, KLController
 from rlvr.models import load_policy
-from rlvr.train.methods import Method, SetupInfo, Plan
+from rlvr.train.methods import Extras, Method, Plan, RankInfo, SetupInfo
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run
@@ -42,11 +42,21 @@ class Reference(Method):
         self.controller.load_state_dict(state)
 
 
+def on_rank(cfg: Any, policy: PreTrainedModel, info: RankInfo) -> Extras | None:
+    """The frozen reference model (the run's model as loaded, in the policy's dtype and on its device)."""
+    if cfg.algo.kl_coef <= 0:
+        return None
+    weight = next(policy.parameters())
+    return Extras(ref_model=load_policy(cfg.model, weight.dtype, weight.device)[0].eval().requires_grad_(False))
+
+
 def build(run: Run, info: SetupInfo) -> Method | None:
     a = run.cfg.algo
-    if a.kl_coef <= 0:
+    extras = on_rank(run.cfg, run.learner.model, RankInfo.of(run, info))
+    if extras is None:
         return None
-    ref_model = load_policy(run.cfg.model, info.dtype, info.device)[0].eval().requires_grad_(False)
+    ref_model = extras.ref_model
+    assert ref_model is not None
     if a.kl_adaptive:
         adaptive = AdaptiveKL(**a.kl_adaptive)
         return Reference(ref_model, KLController(a.kl_coef, adaptive.target, adaptive.horizon))

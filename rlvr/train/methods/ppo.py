@@ -25,7 +25,7 @@ from rlvr.algos.advantages import gae_advantages
 from rlvr.train.batches import batches, token_rows
 from rlvr.train.critic import PER_TOKEN, Critic, GaeOptions, value_loss
 from rlvr.train.learner import Learner, learner_for
-from rlvr.train.methods import Method, Plan, SetupInfo
+from rlvr.train.methods import Extras, Method, Plan, RankInfo, SetupInfo
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Completion, Group, Sample
 
@@ -126,9 +126,14 @@ class CriticMethod(Method):
         self.credit.load_state_dict(state)
 
 
+def on_rank(cfg: RunConfig, policy: PreTrainedModel, info: RankInfo) -> Extras | None:
+    credit = critic_credit(cfg, policy, info.optimizer_steps)
+    return None if credit is None else Extras(credit=credit)
+
+
 def build(run: Run, info: SetupInfo) -> Method | None:
-    credit = critic_credit(run.cfg, run.learner.model, info.optimizer_steps)
-    return None if credit is None else CriticMethod(credit)
+    extras = on_rank(run.cfg, run.learner.model, RankInfo.of(run, info))
+    return None if extras is None else CriticMethod(extras.credit)  # type: ignore[arg-type]
 
 
 @torch.no_grad()

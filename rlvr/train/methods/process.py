@@ -24,7 +24,7 @@ from rlvr.rewards.process import PRM, load_prm
 from rlvr.train.advantages import outcome_advantages
 from rlvr.train.critic import PER_TOKEN, GaeOptions
 from rlvr.train.methods.ppo import CriticCredit, new_critic
-from rlvr.train.methods import Method, Plan, SetupInfo
+from rlvr.train.methods import Extras, Method, Plan, RankInfo, SetupInfo
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Group, Sample
 
@@ -199,7 +199,11 @@ def fields_by_id(examples: Iterable[Any]) -> dict[Any, Mapping[str, Any]]:
     return {ex.id: ex.fields for ex in examples}
 
 
+def on_rank(cfg: RunConfig, policy: Any, info: RankInfo) -> Extras | None:
+    credit = process_credit(cfg, policy, info.tokenizer, info.optimizer_steps, info.fields_of)
+    return None if credit is None else Extras(credit=credit)
+
+
 def build(run: Run, info: SetupInfo) -> Method | None:
-    credit = process_credit(run.cfg, run.learner.model, run.tokenizer, info.optimizer_steps,
-                            example_fields(fields_by_id(run.task.examples)))
-    return None if credit is None else ProcessSupervision(credit)
+    extras = on_rank(run.cfg, run.learner.model, RankInfo.of(run, info))
+    return None if extras is None else ProcessSupervision(extras.credit)  # type: ignore[arg-type]
