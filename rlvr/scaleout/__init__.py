@@ -141,23 +141,32 @@ def attach(run: Run) -> None:
     from rlvr.train.methods.process import example_fields, fields_by_id
 
     d = run.cfg.dist
-    if d.rollout_workers == 0 and d.learners == 1:
+    sharded = d.sharding == "fsdp"
+    if d.rollout_workers == 0 and d.learners == 1 and not sharded:
         return
     import math
     import os
 
     r, a = d.ray_options(), d.async_options()
-    if d.learners > 1 and run.processor is not None:
+    if (d.learners > 1 or sharded) and run.processor is not None:
         raise ValueError("dist.learners > 1 does not train vision-language models yet: unset dist.learners "
                          "(rollout workers do sample them)")
     # every actor reserves cpus_per_worker: a local Ray needs that many, or its actors never start
-    actors = (d.rollout_workers + d.learners - 1) * r.cpus_per_worker
-    start_ray(r.address, r.num_cpus or max(os.cpu_count() or 1, math.ceil(actors)))
+    # (sharded learners are all actors; replicated ones, all but this process)
+    actors = (d.rollout_workers + d.learners - (0 if sharded else 1)) * r.cpus_per_worker
+    ray = start_ray(r.address, r.num_cpus or max(os.cpu_count() or 1, math.ceil(actors)))
     if d.rollout_workers:
         run.engine = RayEngine(run.cfg, run.learner.model, run.tokenizer, workers=d.rollout_workers,
                                timeout_s=r.timeout_s, generator=run.engine.generator, version=run.policy_version)
         run.updater.shared_weights = False
-    if d.learners > 1:
+    if sharded:
+        from rlvr.scaleout.sharded import ShardedLearners
+
+        reserves = {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_learner}
+        run.updater = ShardedLearners(run.cfg, run.updater, d.learners, timeout_s=r.timeout_s, checkpoint=run.checkpoint,
+                                      fields_of=example_fields(fields_by_id(run.task.examples)),
+                                      placement=lambda rank: placement(ray, r.spread, rank, reserves))
+    elif d.learners > 1:
         run.updater = DataParallel(run.cfg, run.updater, d.learners, timeout_s=r.timeout_s,
                                    fields_of=example_fields(fields_by_id(run.task.examples)))
     if a is not None:

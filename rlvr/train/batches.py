@@ -12,6 +12,7 @@ from rlvr.rewards.intrinsic import token_certainty
 from rlvr.models import windowed_attention
 from rlvr.train.logprobs import (can_share_prompts, completion_lanes, packs_completions, shared_prompt_logprobs,
                                  token_budget_batches, token_logprobs)
+from rlvr.train.parallel import sharded
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import PromptMedia, Sample
 
@@ -69,7 +70,8 @@ def prompt_sharing(model: PreTrainedModel, s: UpdateSettings) -> bool:
     packed completions' mask would replace it: rlvr.models.windowed_attention) and that keeps a
     key/value cache (not under activation checkpointing). The micro-batch cut and the pass
     agree on it."""
-    return s.share_prompts and windowed_attention(model) is None and can_share_prompts(model)
+    # sharded learners run one forward per micro-batch on every rank (rlvr.train.parallel.idle_passes)
+    return s.share_prompts and windowed_attention(model) is None and can_share_prompts(model) and not sharded(model)
 
 
 def shares_prompts(rows: list[Sample], lanes: bool = True) -> bool:

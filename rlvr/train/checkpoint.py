@@ -18,6 +18,7 @@ import json
 import logging
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,10 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int,
-                    resume_command: str = "") -> Path:
+                    resume_command: str = "", beside: Callable[[Path], dict[str, Any]] | None = None) -> Path:
+    """The checkpoint of ``step`` (see the module docstring). ``beside(folder)`` writes what is
+    kept elsewhere than this process into the checkpoint being written (sharded learners'
+    shares) and returns entries for its training state."""
     root = Path(run_dir) / CHECKPOINTS
     final = root / f"step_{step:06d}"
     tmp = root / f".step_{step:06d}.tmp"
@@ -57,6 +61,8 @@ def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, state:
         tmp.mkdir(parents=True)
         save_merged(model, tmp)  # a LoRA policy as its merged model, with the adapter in adapter/
         tokenizer.save_pretrained(tmp)
+        if beside is not None:
+            state = {**state, **beside(tmp)}
         torch.save({**state, "step": step, "rng": capture_rng()}, tmp / STATE_FILE)
         (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
     except Exception as err:  # noqa: BLE001 - a full disk is an OSError in some writers, not all:

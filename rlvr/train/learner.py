@@ -122,6 +122,8 @@ class Learner:
         grads = [m for m in self.masters if m.grad is not None]
         # max_norm = inf measures the norm without clipping
         norm = torch.nn.utils.clip_grad_norm_(grads, self.grad_clip if self.grad_clip > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):  # sharded learners' gradients: the norm over every rank's share
+            norm = norm.full_tensor()
         if not torch.isfinite(norm):
             # a nan or inf anywhere in the gradient (a reward or a loss that was not finite) would
             # write nan into every weight: the step is skipped and said, the weights kept

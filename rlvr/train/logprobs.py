@@ -10,6 +10,8 @@ of probabilities) exists at a time, forward or backward.
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -118,12 +120,12 @@ def token_logprobs(
     if target_mask_BT[:, 0].any():
         raise ValueError("the first token of a row has no prediction; target_mask[:, 0] must be 0")
     model = causal_lm(model)  # a LoRA policy: the wrapped model, adapters in its layers
-    hidden_BTH = model.base_model(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
-                                  position_ids=position_ids_BT, **(media or {})).last_hidden_state
     select_BT = target_mask_BT[:, 1:].bool()
-    hidden_NH = hidden_BTH[:, :-1][select_BT]
     targets_N = input_ids_BT[:, 1:][select_BT]
-    logprobs_N, entropy_N = _head_logprobs(model, hidden_NH, targets_N, temperature, chunk_size)
+    # sharded learners: the same function as a method of the model, which gathers its weights first
+    scored = getattr(model, SCORED, None) or functools.partial(scored_tokens, model)
+    logprobs_N, entropy_N = scored(input_ids_BT, attention_mask_BT, position_ids_BT, media, select_BT, targets_N,
+                                   temperature, chunk_size)
     dtype = logprobs_N.dtype
     shape = input_ids_BT.shape
     full_mask = torch.zeros(shape, dtype=torch.bool, device=input_ids_BT.device)
@@ -131,6 +133,22 @@ def token_logprobs(
     logprobs_BT = torch.zeros(shape, dtype=dtype, device=input_ids_BT.device).masked_scatter(full_mask, logprobs_N)
     entropy_BT = torch.zeros(shape, dtype=dtype, device=input_ids_BT.device).masked_scatter(full_mask, entropy_N)
     return logprobs_BT, entropy_BT
+
+
+SCORED = "rlvr_scored_tokens"
+"""The name `scored_tokens` has as a method of a sharded model (rlvr.scaleout.sharded registers it
+with FSDP2, which then gathers the weights outside the decoder layers before it runs)."""
+
+
+def scored_tokens(model: PreTrainedModel, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
+                  position_ids_BT: torch.Tensor | None, media: Mapping[str, torch.Tensor] | None,
+                  select_BT: torch.Tensor, targets_N: torch.Tensor, temperature: float, chunk_size: int,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs`' forward pass: the selected positions' (logprobs_N, entropy_N), the head
+    applied to the hidden states in chunks (`_head_logprobs`)."""
+    hidden_BTH = model.base_model(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
+                                  position_ids=position_ids_BT, **(media or {})).last_hidden_state
+    return _head_logprobs(model, hidden_BTH[:, :-1][select_BT], targets_N, temperature, chunk_size)
 
 
 def can_share_prompts(model: Any) -> bool:

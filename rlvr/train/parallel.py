@@ -8,6 +8,12 @@ totals (token and sequence counts) are those of the whole mini-batch, the sum is
 gradient one learner would compute on the whole batch, and identical optimizer steps keep the
 replicas identical. Metric sums are reduced the same way (`all_reduce_sums`).
 
+Sharded learners (rlvr.scaleout.sharded: FSDP2's `fully_shard`) hold each weight's 1/world
+share; every forward gathers a layer's weights from all ranks, so every rank must run as many
+forward and backward passes as the others: a rank with fewer micro-batches runs idle passes
+(`idle_passes`) that add a zero gradient. Their gradients come out of backward already reduced
+(`sharded`): not reduced again.
+
 Outside a process group (the local loop) every function here is a no-op.
 """
 
@@ -34,9 +40,40 @@ def share(items: list[T]) -> list[T]:
     return items[rank::size] if size > 1 else items
 
 
+def sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s weights are sharded over the ranks (DTensors: FSDP2's `fully_shard`)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(next(model.parameters(), None), DTensor)
+
+
+def idle_passes(model: torch.nn.Module, passes: int, pad_token_id: int) -> None:
+    """On sharded learners, the forward and backward passes this rank lacks so that every rank
+    has run its share of ``passes`` (every world-th, as `share` gives): each is a one-token
+    forward whose loss is multiplied by zero, a zero gradient that takes part in the collectives."""
+    rank, size = world()
+    if size == 1 or not sharded(model):
+        return
+    from rlvr.train.logprobs import token_logprobs
+
+    ids_BT = torch.tensor([[pad_token_id, pad_token_id]], device=next(model.parameters()).device)
+    for _ in range(-(-passes // size) - len(range(rank, passes, size))):
+        logprobs_BT, _ = token_logprobs(model, ids_BT, torch.ones_like(ids_BT), torch.tensor([[0, 1]], device=ids_BT.device))  # type: ignore[arg-type]
+        (logprobs_BT.sum() * 0.0).backward()
+
+
 def all_reduce_grads(params: list[torch.Tensor]) -> None:
-    """Sum every parameter's gradient over the ranks (a missing gradient counts as zeros)."""
+    """Sum every parameter's gradient over the ranks (a missing gradient counts as zeros).
+    Sharded parameters' gradients were reduced by backward (FSDP2 averages them over the ranks):
+    they are multiplied by the world size, the sum."""
     if world()[1] == 1:
+        return
+    from torch.distributed.tensor import DTensor
+
+    if params and isinstance(params[0], DTensor):
+        for p in params:
+            if p.grad is not None:  # averaged in fp32 or the grads' dtype, times a power of two or a small int
+                p.grad.mul_(world()[1])
         return
     for p in params:
         if p.grad is None:

@@ -85,6 +85,8 @@ class Run:
     policy_version: int = 0
     """The policy's version where the run (re)started: the updates rollout workers had counted
     (`Completion.policy_version`), restored on resume so their count goes on."""
+    checkpoint: Path | None = None
+    """The checkpoint a resumed run started from (sharded learners read their shares there)."""
 
 
 def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dtype: torch.dtype,
@@ -175,6 +177,10 @@ def _state(run: Run) -> dict[str, Any]:
 
 
 def _restore(run: Run, state: dict[str, Any]) -> None:
+    shards = state.get("learner_shards")
+    if shards and run.cfg.dist.sharding != "fsdp":  # the optimizer's state is in the ranks' shares
+        raise RunDirError(f"this checkpoint's optimizer state is sharded over {shards['ranks']} learner ranks: resume "
+                          "it with dist.sharding = \"fsdp\" (on any number of dist.learners)")
     run.learner.load_state_dict(state["learner"])
     run.rollouts.load_state_dict(state)
     if run.task.media is not None:
@@ -205,7 +211,8 @@ def save(run: Run, step: int) -> Path:
     """A checkpoint of the run at `step` (after any collection under way has finished)."""
     run.rollouts.drain()  # the sampler and the replay buffer are saved between collections
     return ckpt.save_checkpoint(run.dir, step, run.learner.model, run.processor or run.tokenizer, _state(run),
-                                keep=run.cfg.keep_checkpoints, resume_command=f"rlvr {run.command} --resume {run.dir}")
+                                keep=run.cfg.keep_checkpoints, resume_command=f"rlvr {run.command} --resume {run.dir}",
+                                beside=run.updater.checkpoint)
 
 
 def create_run_dir(cfg: RunConfig, command: str = "train") -> Path:
@@ -254,7 +261,7 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
         if changes:  # said, and the config the earlier steps ran under kept beside the new one
             print(f"resuming {run_dir} at step {int(state['step'])} with changes: " + "; ".join(changes), file=sys.stderr)
         run = setup(cfg, run_dir, model_spec=str(last), quiet=quiet, optimizer_steps=optimizer_steps)
-        run.command = command
+        run.command, run.checkpoint = command, last
         _restore(run, state)
         if changes:  # e.g. train.steps=40 to extend a finished run; written once setup has worked
             shutil.copyfile(run_dir / "config.toml", run_dir / f"config.before_step_{int(state['step']) + 1}.toml")

@@ -27,7 +27,7 @@ from rlvr.train.batches import (collate, micro_batches, old_rows, prompt_sharing
 from rlvr.train.inputs import keeps_state, loss_rows
 from rlvr.train.learner import Learner
 from rlvr.train.logprobs import packs_completions
-from rlvr.train.parallel import all_reduce_sums, share, world
+from rlvr.train.parallel import all_reduce_sums, idle_passes, share, world
 from rlvr.train.settings import UpdateSettings, settings_from_config
 from rlvr.types import Group, Sample
 
@@ -215,9 +215,11 @@ def _optimise(
             run = [i for i in mini if i in trained]
             step_sums: dict[str, float] = defaultdict(float)
             # data-parallel learners each take their share of the micro-batches (rlvr.train.parallel)
-            for micro in share(micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens,
-                                             prompt_sharing(learner.model, s), packs_completions(learner.model))):
+            micros = micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens,
+                                   prompt_sharing(learner.model, s), packs_completions(learner.model))
+            for micro in share(micros):
                 _accumulate(learner, credit, batch, old, micro, s, totals, pad_token_id, device, step_sums)
+            idle_passes(learner.model, len(micros), pad_token_id)  # sharded learners: as many passes on every rank
             if world()[0] == 0:
                 for term in terms:
                     term.add(learner, s, pad_token_id, device, step_sums)

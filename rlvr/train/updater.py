@@ -7,6 +7,7 @@ learners. The loop asks neither which one it has.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -54,6 +55,11 @@ class Updater:
             model = self.learner.model
             dtypes = (next(model.parameters()).dtype, getattr(engine, "dtype", torch.bfloat16))
             self.probe_gap = check(scored, learner_probe(model, self.probe_ids), tolerance(*dtypes), engine.version)
+
+    def checkpoint(self, folder: Path) -> dict[str, Any]:
+        """Write what this updater keeps outside the driver into the checkpoint being written in
+        ``folder`` (sharded learners' shares: rlvr.scaleout.sharded); returns entries for its training state."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"update_rng": self.generator.get_state()}
