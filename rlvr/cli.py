@@ -109,6 +109,11 @@ def _add_bench(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
                    help="grpo: rlvr's engine.dtype (TRL's side is unchanged)")
     b.add_argument("--model", default=None,
                    help="model folder or hub id to time instead of the bundled model (llama.cpp is timed only on the bundled model's GGUF)")
+    b.add_argument("--vllm-python", default=None,
+                   help="generate: the interpreter that has vLLM (default: this one if it has, else ./.venv-vllm's: "
+                        "`make vllm-env`); 'none' skips vLLM")
+    b.add_argument("--vllm-eager", action="store_true",
+                   help="generate: vLLM without graph compilation (starts faster, decodes slower)")
 
 
 def _add_eval(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -365,7 +370,9 @@ def _bench(args: argparse.Namespace) -> int:
     for part in parts:
         if part == "generate":
             sizes = [int(b) for b in args.batch_sizes.split(",")]
-            emit(run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens, **model))
+            ours = run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens, **model)
+            emit(ours)
+            emit(_bench_vllm(args, sizes, ours, model))
         elif part == "learner":
             from rlvr.config.sections import TrainConfig
 
@@ -382,6 +389,24 @@ def _bench(args: argparse.Namespace) -> int:
                 emit(compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps,
                                   engine_dtype=args.engine_dtype, **model))
     return 0
+
+
+def _bench_vllm(args: argparse.Namespace, sizes: list[int], ours: dict[str, Any], model: dict[str, str]) -> dict[str, Any]:
+    """vLLM on the same prompts and batches as rlvr's engine (`ours`), with the ratio per batch."""
+    from rlvr.bench import run_part, vllm_python
+
+    python = None if args.vllm_python == "none" else args.vllm_python or vllm_python()
+    if python is None:
+        reason = "skipped" if args.vllm_python == "none" else "vLLM is not installed here: `make vllm-env`, or --vllm-python"
+        return {"part": "generate_vllm", "skipped": reason}
+    theirs = run_part("generate_vllm", python=python, batch_sizes=sizes, new_tokens=args.new_tokens,
+                      enforce_eager=args.vllm_eager, **model)
+    mine = {row["batch"]: row.get("rlvr_static_tok_s") for row in ours.get("rows", [])}
+    for row in theirs.get("rows", []):
+        if isinstance(mine.get(row["batch"]), float):
+            row["rlvr_static_tok_s"] = mine[row["batch"]]
+            row["rlvr_vs_vllm"] = round(mine[row["batch"]] / row["vllm_tok_s"], 2)
+    return theirs
 
 
 def _eval(args: argparse.Namespace) -> int:

