@@ -113,9 +113,10 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
 
 def part_generate_vllm(batch_sizes: list[int], new_tokens: int, model_spec: str = MODEL,
                        enforce_eager: bool = False) -> dict[str, Any]:
-    """vLLM's tokens/s on `part_generate`'s prompts and batches, in the dtype "auto" picks. vLLM
-    stops a row at the model's EOS (rlvr's engine is timed without one), so the rate counts the
-    tokens it generated. ``enforce_eager``: no graph compilation (starts in a third of the time)."""
+    """vLLM's tokens/s on `part_generate`'s prompts and batches, in the dtype "auto" picks, every
+    row forced to ``new_tokens`` as rlvr's are (vLLM's ``ignore_eos``, on the engine's own
+    `vllm.LLM`), with the sampled tokens' log-probs as a training run asks for them.
+    ``enforce_eager``: no graph compilation (starts in a third of the time)."""
     from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path
     from rlvr.rollout.build import make_engine
     from rlvr.types import SamplingParams
@@ -129,20 +130,23 @@ def part_generate_vllm(batch_sizes: list[int], new_tokens: int, model_spec: str 
     startup = time.perf_counter() - start
     rows = []
     try:
+        import vllm
+        from vllm.inputs import TokensPrompt
+
+        llm = engine.llm  # type: ignore[attr-defined]
         engine.generate(prompt_ids(tokenizer, 1), SamplingParams(max_new_tokens=4, n=1))  # warm
         for batch in batch_sizes:
             group = min(8, batch)
             ids = prompt_ids(tokenizer, max(1, batch // group))
+            params = vllm.SamplingParams(n=group, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, logprobs=0)
             start = time.perf_counter()
-            out = engine.generate(ids, SamplingParams(max_new_tokens=new_tokens, n=group))
+            out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
             seconds = time.perf_counter() - start
-            tokens = sum(len(c.token_ids) for completions in out for c in completions)
+            tokens = sum(len(c.token_ids) for request in out for c in request.outputs)
             rows.append({"batch": batch, "vllm_tok_s": round(tokens / seconds, 1),
                          "mean_tokens": round(tokens / (len(ids) * group), 1)})
     finally:
         engine.close()
-    import vllm
-
     return {"part": "generate_vllm", "model": model_spec, "dtype": str(dtype), "new_tokens": new_tokens,
             "vllm": vllm.__version__, "enforce_eager": enforce_eager, "startup_s": round(startup, 1), "rows": rows}
 
