@@ -6,7 +6,13 @@
 #   2. `rlvr train` end to end with train.device=cuda: on-policy distillation of one random
 #      SmolLM2-shaped model into another on the demo task (prints the reverse KL per step);
 #   3. bench/multiturn.py on guess_number with train.device=cuda: multi-turn episodes with each
-#      turn's context prefilled whole against reusing the stored prefixes, fresh processes.
+#      turn's context prefilled whole against reusing the stored prefixes, fresh processes;
+#   4. issue 51: sharded learners (FSDP2) over NCCL on the GPU, without Ray (bench/fsdp_check.py:
+#      the gathered weights after 3 updates against the unsharded learner's, and both times), on
+#      a random-weight SmolLM2 shape and on Qwen2-0.5B's (bench/gpu.py make-model);
+#   5. issue 51: if the machine has vLLM (it cannot be carried: its wheel is far over the 64 MiB
+#      carry, and the machine has no network), the engine contract tests and the vLLM tests on
+#      CUDA vLLM; else a line saying so. Likewise Ray, which sharded learners in `rlvr train` need.
 # The machine has torch and transformers but not rlvr's other dependencies, nor the bundled model:
 # .gpu/site holds those packages' files and .gpu/tok the bundled model's tokenizer (made on the
 # development machine, see the LOG), carried with the call. Writes to $OUT.
@@ -30,3 +36,15 @@ for r in map(json.loads, open(sys.argv[1])):
 PY
 timeout "${MULTITURN_S:-150}" python3 bench/multiturn.py configs/guess_number.toml --steps 3 model=/tmp/student \
   train.device=cuda 2>&1 | grep -v -i warn | tee "$OUT/multiturn.log"
+for shape in smollm2-135m qwen2-0.5b; do
+  python3 bench/gpu.py make-model /tmp/fsdp_$shape --tokenizer .gpu/tok --seed 3 --shape $shape 2>&1 | grep -v -i warn
+  timeout "${FSDP_S:-120}" python3 bench/fsdp_check.py --device cuda --world 1 --model /tmp/fsdp_$shape 2>&1 \
+    | grep -v -i warn | tee "$OUT/fsdp_$shape.json"
+done
+if python3 -c "import vllm" 2>/dev/null; then
+  RLVR_REQUIRE_VLLM=1 timeout "${VLLM_S:-240}" python3 -m pytest -x -q -m vllm tests/test_engine_contract.py tests/test_vllm.py \
+    2>&1 | tail -15 | tee "$OUT/vllm_tests.log"
+else
+  echo "vLLM is not installed on this machine: the CUDA vLLM tests did not run" | tee "$OUT/vllm_tests.log"
+fi
+python3 -c "import ray" 2>/dev/null || echo "Ray is not installed on this machine: rlvr train with dist.* did not run"
