@@ -109,20 +109,57 @@ class LearnerWorker:
             dist.destroy_process_group()
 
 
-class DataParallel(Updater):
+class ActorLearners(Updater):
+    """What the driver's side of replicated and sharded learners (rlvr.scaleout.sharded) shares:
+    the local updater's learner and random stream, bounded waits on the actors, the critic's first
+    copy to them, and closing."""
+
+    def __init__(self, local: Updater, timeout_s: float) -> None:
+        super().__init__(local.learner, pad_token_id=local.pad_token_id, seed=0, shared_weights=local.shared_weights,
+                         probe_ids=local.probe_ids)
+        self.generator = local.generator  # the same stream of mini-batch orders, so the run is the local one
+        self.ray = require_ray()
+        self.timeout_s = timeout_s
+        self._broken = False
+        """The ranks are out of step (an update failed or timed out): closing waits for none of them."""
+        self._credit_loaded = False
+        self.actors: list[Any] = []
+
+    def _wait(self, refs: list[Any], what: str) -> list[Any]:
+        try:
+            return list(self.ray.get(refs, timeout=self.timeout_s))
+        except self.ray.exceptions.GetTimeoutError as err:
+            raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.ray.timeout_s)") from err
+
+    def _send_credit(self, extras: Extras) -> None:
+        """Before the first update, the ranks' credit (PPO's critic) becomes the driver's."""
+        if extras.credit is not None and not self._credit_loaded:
+            state = self.ray.put(_on_cpu(extras.credit.state_dict()))
+            self._wait([a.load_credit.remote(state) for a in self.actors], "the learners to load the critic")
+            self._credit_loaded = True
+
+    def close(self) -> None:
+        if not self._broken:  # a rank that hung would answer `leave` only after its update: not waited for
+            try:
+                self.ray.get([a.leave.remote() for a in self.actors], timeout=self.timeout_s)
+            except Exception:  # noqa: BLE001 - closing: a dead actor has left already
+                pass
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for a in self.actors:
+            self.ray.kill(a)
+        self.actors = []
+
+
+class DataParallel(ActorLearners):
     """The driver's side: starts ``learners - 1`` learner actors, forms the process group with
     them (the driver is rank 0), copies the driver's policy and optimizer state to them, and
     runs each update on every rank (an `Updater`: the loop calls it as the local one)."""
 
     def __init__(self, cfg: Any, local: Updater, learners: int, *, timeout_s: float,
                  fields_of: Callable[[Group], dict[str, Any]] | None = None) -> None:
-        super().__init__(local.learner, pad_token_id=local.pad_token_id, seed=0, shared_weights=local.shared_weights,
-                         probe_ids=local.probe_ids)
-        self.generator = local.generator  # the same stream of mini-batch orders, so the run is the local one
-        self.ray = require_ray()
+        super().__init__(local, timeout_s)
         r = cfg.dist.ray_options()
-        self.timeout_s = timeout_s
-        self._broken = False
         address = "127.0.0.1" if r.address is None else self.ray.util.get_node_ip_address()
         port = _free_port()
         if backend(cfg) == "nccl":  # rank 0's GPU: the one the driver's learner is on
@@ -142,19 +179,9 @@ class DataParallel(Updater):
         model_state = self.ray.put({k: v.detach().cpu() for k, v in local.learner.model.state_dict().items()})
         learner_state = self.ray.put(local.learner.state_dict())
         self._wait([a.load.remote(model_state, learner_state) for a in self.actors], "the learners to load the policy")
-        self._credit_loaded = False
-
-    def _wait(self, refs: list[Any], what: str) -> list[Any]:
-        try:
-            return list(self.ray.get(refs, timeout=self.timeout_s))
-        except self.ray.exceptions.GetTimeoutError as err:
-            raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.ray.timeout_s)") from err
 
     def update(self, groups: list[Group], settings: UpdateSettings, extras: Extras) -> UpdateResult:
-        if extras.credit is not None and not self._credit_loaded:  # PPO: the ranks' critics start as the driver's
-            state = self.ray.put(_on_cpu(extras.credit.state_dict()))
-            self._wait([a.load_credit.remote(state) for a in self.actors], "the learners to load the critic")
-            self._credit_loaded = True
+        self._send_credit(extras)
         state = self.generator.get_state()
         # the loss terms (CHORD, DPH-RL) run on rank 0 only: the workers need none of them
         fields = {g.metadata.get("id"): self.fields_of(g) for g in groups} if self.fields_of else {}
@@ -183,15 +210,3 @@ class DataParallel(Updater):
                     self.ray.get(ref)
                 except Exception as err:
                     raise RuntimeError(f"learner rank {rank} failed during the update: {err}") from err
-
-    def close(self) -> None:
-        if not self._broken:  # a rank that hung would answer `leave` only after its update: not waited for
-            try:
-                self.ray.get([a.leave.remote() for a in self.actors], timeout=self.timeout_s)
-            except Exception:  # noqa: BLE001 - closing: a dead actor has left already
-                pass
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        for a in self.actors:
-            self.ray.kill(a)
-        self.actors = []

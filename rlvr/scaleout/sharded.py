@@ -36,8 +36,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.rollout.numerics import current
-from rlvr.scaleout import require_ray
-from rlvr.scaleout.learners import _on_cpu, backend
+from rlvr.scaleout.learners import ActorLearners, _on_cpu, backend
 from rlvr.train.methods import Extras
 from rlvr.train.update import UpdateResult, UpdateSettings
 from rlvr.train.updater import Updater
@@ -208,7 +207,7 @@ class ShardedWorker:
             dist.destroy_process_group()
 
 
-class ShardedLearners(Updater):
+class ShardedLearners(ActorLearners):
     """The driver's side: starts ``learners`` sharded learner actors (see the module docstring),
     runs each update on them, and keeps the driver's learner (its whole policy, its schedule) in
     step with them. An `Updater`: the loop calls it as the local one."""
@@ -216,13 +215,8 @@ class ShardedLearners(Updater):
     def __init__(self, cfg: Any, local: Updater, learners: int, *, timeout_s: float, checkpoint: Path | None,
                  fields_of: Callable[[Group], dict[str, Any]] | None = None,
                  placement: Callable[[int], dict[str, Any]] = lambda rank: {}) -> None:
-        super().__init__(local.learner, pad_token_id=local.pad_token_id, seed=0, shared_weights=local.shared_weights,
-                         probe_ids=local.probe_ids)
-        self.generator = local.generator  # the same stream of mini-batch orders, so the run is the local one
-        self.ray = require_ray()
+        super().__init__(local, timeout_s)
         r = cfg.dist.ray_options()
-        self.timeout_s = timeout_s
-        self._broken = False
         actor = self.ray.remote(ShardedWorker)
         self.actors = [actor.options(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_learner, **placement(rank))
                        .remote(cfg, r.threads_per_worker, current().as_dict()) for rank in range(learners)]
@@ -240,23 +234,12 @@ class ShardedLearners(Updater):
             self._wait([a.load.remote(str(checkpoint / SHARDS), scheduler) for a in self.actors],
                        f"the learner actors to load {checkpoint / SHARDS}")
         self.fields_of = fields_of
-        self._credit_loaded = False
-
-    def _wait(self, refs: list[Any], what: str) -> list[Any]:
-        try:
-            return list(self.ray.get(refs, timeout=self.timeout_s))
-        except self.ray.exceptions.GetTimeoutError as err:
-            self._broken = True
-            raise TimeoutError(f"waited {self.timeout_s:.0f} s for {what} (dist.ray.timeout_s)") from err
 
     def update(self, groups: list[Group], settings: UpdateSettings, extras: Extras) -> UpdateResult:
         if extras.terms:
             raise ValueError("a loss term beside the policy loss (CHORD's SFT, DPH-RL's divergence) needs the policy "
                              "on the driver, which sharded learners do not train there: unset dist.sharding")
-        if extras.credit is not None and not self._credit_loaded:  # PPO: the ranks' critics start as the driver's
-            state = self.ray.put(_on_cpu(extras.credit.state_dict()))
-            self._wait([a.load_credit.remote(state) for a in self.actors], "the learners to load the critic")
-            self._credit_loaded = True
+        self._send_credit(extras)
         fields = {g.metadata.get("id"): self.fields_of(g) for g in groups} if self.fields_of else {}
         state = self.generator.get_state()
         refs = [a.update.remote(groups, settings, state, dict(extras.loss_state or {}), self.pad_token_id, fields)
@@ -291,13 +274,3 @@ class ShardedLearners(Updater):
         """Every rank writes its share into ``folder``/`SHARDS`; the training state records how many."""
         self._wait([a.save.remote(str(folder / SHARDS)) for a in self.actors], f"the learner actors to save {folder}")
         return {"learner_shards": {"ranks": len(self.actors), "folder": SHARDS}}
-
-    def close(self) -> None:
-        if not self._broken:
-            try:
-                self.ray.get([a.leave.remote() for a in self.actors], timeout=self.timeout_s)
-            except Exception:  # noqa: BLE001 - closing: a dead actor has left already
-                pass
-        for a in self.actors:
-            self.ray.kill(a)
-        self.actors = []
