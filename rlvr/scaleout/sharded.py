@@ -25,8 +25,6 @@ machine, or a filesystem shared by the nodes); a resumed run reads them onto any
 
 from __future__ import annotations
 
-import datetime
-import socket
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +34,8 @@ import torch
 import torch.distributed as dist
 
 from rlvr.rollout.numerics import current
-from rlvr.scaleout.learners import ActorLearners, _on_cpu, backend
+from rlvr.scaleout import placement
+from rlvr.scaleout.learners import ActorLearners, RankActor, _free_port, _on_cpu
 from rlvr.train.methods import Extras
 from rlvr.train.update import UpdateResult, UpdateSettings
 from rlvr.train.updater import Updater
@@ -86,44 +85,23 @@ def local_bytes(learner: Any) -> dict[str, int]:
     return {"weights": weights, "optimizer": moments}
 
 
-class ShardedWorker:
+class ShardedWorker(RankActor):
     """A Ray actor: one rank of the sharded learners, built as the local run builds its learner
     (rlvr.train.parts.learner_rank) and then sharded."""
-
-    def __init__(self, cfg: Any, threads: int, numerics: dict[str, Any]) -> None:
-        from rlvr.rollout.numerics import Numerics, follow
-
-        torch.set_num_threads(threads)
-        follow(Numerics.from_dict(numerics))  # rank 0's measured choices: the same numbers on every rank
-        self.cfg = cfg
-        self.fields: dict[Any, dict[str, Any]] = {}
-        """The fields of this update's examples, by id (refilled by each update): what a function PRM reads."""
 
     def address(self) -> tuple[str, int]:
         """Where the process group meets: this actor's node and a free port on it (rank 0's)."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), int(s.getsockname()[1])
-
-    def join(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> int:
-        dist.init_process_group(backend(self.cfg), init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        return rank
+        return ray.util.get_node_ip_address(), _free_port()
 
     def build(self, model_state: dict[str, torch.Tensor]) -> dict[str, int]:
         """The rank's learner on the driver's weights, sharded; returns what it holds (`local_bytes`)."""
-        from rlvr.models import load_tokenizer, resolve_device, resolve_dtype
-        from rlvr.train.methods import RankInfo
-        from rlvr.train.methods.process import example_fields
+        from rlvr.models import resolve_dtype
         from rlvr.train.parts import learner_rank
 
-        cfg, tr = self.cfg, self.cfg.train
-        device = resolve_device(tr.device)  # with a GPU: the one Ray gave this actor (dist.ray.gpus_per_learner)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        mixed = resolve_dtype(tr.precision, device) != torch.float32
+        dtype = resolve_dtype(self.cfg.train.precision, self.device)
+        mixed = dtype != torch.float32
 
         def place(model: torch.nn.Module) -> torch.nn.Module:
             # bf16: the rank's share kept in fp32 and computed in bf16 (`shard`); the parts beside it stay bf16
@@ -131,13 +109,8 @@ class ShardedWorker:
             model.load_state_dict(model_state)
             return shard(model, mixed)
 
-        info = RankInfo(tr.steps * tr.epochs * tr.mini_batches, load_tokenizer(cfg.model), example_fields(self.fields))
-        self.learner, self.extras = learner_rank(cfg, info, device, resolve_dtype(tr.precision, device), place=place)
+        self.learner, self.extras = learner_rank(self.cfg, self._rank_info(), self.device, dtype, place=place)
         return local_bytes(self.learner)
-
-    def load_credit(self, state: dict[str, Any]) -> None:
-        assert self.extras.credit is not None
-        self.extras.credit.load_state_dict(state)
 
     def update(self, groups: list[Group], settings: UpdateSettings, generator_state: torch.Tensor,
                loss_state: dict[str, float], pad_token_id: int, fields: dict[Any, dict[str, Any]],
@@ -145,19 +118,9 @@ class ShardedWorker:
         """One update on every rank; rank 0 returns its result, the gathered weights (every rank
         takes part in gathering them), its learning-rate schedule, and the state that moved with
         the update (the loss's, the credit's)."""
-        import dataclasses
-
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        from rlvr.train.update import update_policy
-
-        self.fields.clear()
-        self.fields.update(fields)
-        generator = torch.Generator()
-        generator.set_state(generator_state)
-        extras = dataclasses.replace(self.extras, loss_state=loss_state)
-        result = update_policy(self.learner, groups, settings, pad_token_id=pad_token_id, generator=generator,
-                               **extras.keywords())
+        result, generator = self._update(groups, settings, generator_state, loss_state, pad_token_id, fields)
         weights = get_model_state_dict(self.learner.model, options=StateDictOptions(full_state_dict=True,
                                                                                       cpu_offload=True))
         held: list[Any] = [None] * dist.get_world_size()
@@ -202,23 +165,19 @@ class ShardedWorker:
             set_model_state_dict(self.learner.model, model)
         self.learner.scheduler.load_state_dict(scheduler)
 
-    def leave(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 class ShardedLearners(ActorLearners):
     """The driver's side: starts ``learners`` sharded learner actors (see the module docstring),
     runs each update on them, and keeps the driver's learner (its whole policy, its schedule) in
     step with them. An `Updater`: the loop calls it as the local one."""
 
     def __init__(self, cfg: Any, local: Updater, learners: int, *, timeout_s: float, checkpoint: Path | None,
-                 fields_of: Callable[[Group], dict[str, Any]] | None = None,
-                 placement: Callable[[int], dict[str, Any]] = lambda rank: {}) -> None:
+                 fields_of: Callable[[Group], dict[str, Any]] | None = None) -> None:
         super().__init__(local, timeout_s)
         r = cfg.dist.ray_options()
-        actor = self.ray.remote(ShardedWorker)
-        self.actors = [actor.options(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_learner, **placement(rank))
+        actor, reserves = self.ray.remote(ShardedWorker), {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_learner}
+        # rank r's actor, on node r with dist.ray.spread (rank 0 on the driver's)
+        self.actors = [actor.options(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_learner,
+                                     **placement(self.ray, r.spread, rank, reserves))
                        .remote(cfg, r.threads_per_worker, current().as_dict()) for rank in range(learners)]
         address, port = self._wait([self.actors[0].address.remote()], "learner rank 0 to start")[0]
         self._wait([a.join.remote(address, port, rank, learners, timeout_s) for rank, a in enumerate(self.actors)],

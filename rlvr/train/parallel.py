@@ -40,11 +40,15 @@ def share(items: list[T]) -> list[T]:
     return items[rank::size] if size > 1 else items
 
 
-def sharded(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s weights are sharded over the ranks (DTensors: FSDP2's `fully_shard`)."""
+def _is_shard(t: torch.Tensor | None) -> bool:
     from torch.distributed.tensor import DTensor
 
-    return isinstance(next(model.parameters(), None), DTensor)
+    return isinstance(t, DTensor)
+
+
+def sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s weights are sharded over the ranks (DTensors: FSDP2's `fully_shard`)."""
+    return _is_shard(next(model.parameters(), None))
 
 
 def idle_passes(model: torch.nn.Module, passes: int, pad_token_id: int) -> None:
@@ -68,9 +72,7 @@ def all_reduce_grads(params: list[torch.Tensor]) -> None:
     they are multiplied by the world size, the sum."""
     if world()[1] == 1:
         return
-    from torch.distributed.tensor import DTensor
-
-    if params and isinstance(params[0], DTensor):
+    if params and _is_shard(params[0]):
         for p in params:
             if p.grad is not None:  # averaged in fp32 or the grads' dtype, times a power of two or a small int
                 p.grad.mul_(world()[1])
