@@ -109,6 +109,10 @@ class PromptMedia:
     tokens: Mapping[str, torch.Tensor] = field(default_factory=dict)
     """Per-token inputs over the prompt's ids (1-D, the prompt's length; e.g. Qwen2-VL's
     ``mm_token_type_ids``), zero-padded with each row where a batch is made."""
+    template_ids: tuple[int, ...] = ()
+    """The prompt's ids as its chat template wrote them, one placeholder token per image, before
+    the processor expanded each into the image's tokens: what vLLM takes (its own processor
+    expands them, and would expand already expanded ids again). Empty where not known."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from rlvr.data.images import image_token_ids, load_image, render_with_images
+from rlvr.data.images import image_token_ids, load_image, render_with_images, template_ids
 from rlvr.data.visual import visual_examples
 from tests.tiny import IMAGE, IMAGE_SIDE, PATCH, make_tiny_vlm
 
@@ -48,6 +48,10 @@ def test_a_prompt_with_images_renders_to_image_tokens_and_pixels() -> None:
     assert set(media) == {"pixel_values"} and tuple(media["pixel_values"].shape) == (2, 3, IMAGE_SIDE, IMAGE_SIDE)
     with pytest.raises(ValueError, match="no images"):
         render_with_images(processor, "How many?", [])
+    # the template's ids, for vLLM: one placeholder per image where the processor put the image's tokens
+    template = template_ids(processor, "How many?", 2, system_prompt="Be brief.")
+    assert template.count(image_id) == 2
+    assert [i for i in template if i != image_id] == [i for i in ids if i != image_id]
 
 
 def test_the_pixels_reach_the_model() -> None:

@@ -203,3 +203,97 @@ def test_rlvr_eval_on_vllm_scores_greedy_samples_as_the_embedded_engine_does(tin
     assert on_vllm["engine"] == "vllm" and embedded["engine"] == "embedded"
     for key in ("pass@1", "response_length", "distinct_2"):
         assert on_vllm[key] == embedded[key], key
+
+
+@pytest.fixture(scope="module")
+def idefics3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Idefics3 (tests.tiny.make_tiny_idefics3) and its processor, as a Hugging Face folder."""
+    from tests.conftest import need_vllm
+    from tests.tiny import make_tiny_idefics3
+
+    need_vllm()
+    path = tmp_path_factory.mktemp("idefics3")
+    model, processor = make_tiny_idefics3(seed=2)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
+def test_images_reach_vllm_and_its_samples_score_as_the_learner_scores_them(idefics3_dir: Path) -> None:
+    """Two prompts with the same text and different images: every sampled token's log-prob is the
+    one the Hugging Face model gives it beside that prompt's own pixels (fp32: as the text
+    engine's contract, 1e-4 for two summation orders), and not beside the other image's pixels
+    (the images differ enough to tell apart, so the test could fail). After a weight update the
+    same images are embedded by the new vision weights, not taken from vLLM's encoder cache (the
+    first trained VLM on vLLM stopped at "Encoder cache miss" without it). A prompt whose ids vLLM
+    would expand a second time (what rlvr first sent: the processor's ids) is refused by name."""
+    from PIL import Image
+
+    from rlvr.data.images import image_token_ids, prompt_media, render_with_images, template_ids
+    from rlvr.models import load_vlm
+    from rlvr.rollout.vllm_engine import VLLMEngine
+    from rlvr.types import PromptMedia
+    from tests.tiny import EOS_ID
+
+    model, processor = load_vlm(str(idefics3_dir), "float32")
+    pictures = [[Image.new("RGB", (32, 32), (200, 30, 30))], [Image.new("RGB", (32, 32), (10, 60, 220))]]
+    rendered = [render_with_images(processor, "How many?", images) for images in pictures]
+    prompts = [ids for ids, _ in rendered]
+    media = [prompt_media(images, inputs, len(ids), template_ids(processor, "How many?", len(images)))
+             for images, (ids, inputs) in zip(pictures, rendered)]
+    assert len(media[0].template_ids) < len(prompts[0])  # one placeholder where the processor put six tokens
+    banned = image_token_ids(processor)
+    engine = VLLMEngine(str(idefics3_dir), processor.tokenizer, eos_token_ids=[EOS_ID], dtype="float32",
+                        enforce_eager=True, max_model_len=256, kv_cache_memory_bytes=2**28, banned_token_ids=banned)
+    updated, _ = load_vlm(str(idefics3_dir), "float32")
+    with torch.no_grad():
+        for p in updated.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    try:
+        params = SamplingParams(max_new_tokens=6, n=3, temperature=1.0)
+        groups = engine.generate(prompts, params, media=media)
+        engine.update_weights(updated.state_dict())  # the images' embeddings cached above are stale now
+        after = engine.generate(prompts, params, media=media)
+        with pytest.raises(RuntimeError, match="learner would score another prompt"):
+            engine.generate(prompts[:1], params, media=[PromptMedia(media[0].images, media[0].inputs, (), tuple(prompts[0]))])
+        with pytest.raises(ValueError, match="template"):
+            engine.generate(prompts[:1], params, media=[PromptMedia(media[0].images, media[0].inputs)])
+    finally:
+        engine.close()
+
+    @torch.no_grad()
+    def scored(prompt: list[int], token_ids: tuple[int, ...], pixels: PromptMedia, model: Any = model) -> torch.Tensor:
+        ids = torch.tensor([prompt + list(token_ids)])
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **pixels.inputs).logits[0].float()
+        logits[:, sorted(banned)] = float("-inf")  # both engines sample from the distribution without them
+        return logits[len(prompt) - 1:-1].log_softmax(-1).gather(-1, torch.tensor(token_ids)[:, None]).squeeze(-1)
+
+    for k, group in enumerate(groups):
+        assert len(group) == 3
+        for c in group:
+            assert len(c.token_ids) >= 1
+            own = scored(prompts[k], c.token_ids, media[k])
+            torch.testing.assert_close(torch.tensor(c.logprobs), own, atol=1e-4, rtol=0)
+            other = scored(prompts[k], c.token_ids, media[1 - k])
+            assert (own - other).abs().max() > 1e-2
+    for k, group in enumerate(after):
+        for c in group:
+            torch.testing.assert_close(torch.tensor(c.logprobs), scored(prompts[k], c.token_ids, media[k], updated),
+                                       atol=1e-4, rtol=0)
+
+
+def test_a_vision_language_model_trains_on_vllm(idefics3_dir: Path, tmp_path: Path) -> None:
+    """GRPO on the synthetic image-count task with the Idefics3 on vLLM: two steps, the probe
+    after each sync finds vLLM computing the learner's numbers, and the vision tower's weights
+    move (their gradient reaches them only through the images)."""
+    from safetensors.torch import load_file
+
+    visual = ['task.source="visual"', 'task.name="count"', "task.params={max_shapes = 4}",
+              'task.instruction="Answer with the number."']
+    summary = train(load_config(None, [*overrides(idefics3_dir, tmp_path, "vlm", *visual), *FP32, *VLLM]), quiet=True)
+    assert summary["steps"] == 2
+    assert all(0 <= r["engine/probe_gap"] < 1e-3 for r in rows(tmp_path / "vlm"))
+    before = load_file(idefics3_dir / "model.safetensors")
+    after = load_file(tmp_path / "vlm" / "checkpoints" / "step_000002" / "model.safetensors")
+    moved = {k.split(".")[1] for k in before if not torch.equal(before[k], after[k])}
+    assert {"vision_model", "connector", "text_model"} <= moved, moved

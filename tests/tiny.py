@@ -126,6 +126,37 @@ def make_tiny_vlm(seed: int = 0, dtype: torch.dtype = torch.float32, *, text_hid
     return model.to(dtype).eval(), processor
 
 
+def make_tiny_idefics3(seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """A random Idefics3 (SmolVLM's architecture) that vLLM's CPU backend runs (its Llava, Qwen2-VL
+    and Gemma 3 need torchvision, which is not installed here): a 1-layer SigLIP-style vision
+    tower on 32 × 32 images (patch 8, head size 32, which vLLM-CPU's attention takes; 16 it does
+    not), a 2 × 2 pixel shuffle to 4 image tokens, and the tiny Llama at head size 32 over the
+    tiny tokenizer with Idefics3's image tokens: (model, processor). The processor does not split
+    images into tiles, so an image becomes ``<fake_token_around_image><global-img>``, four
+    ``<image>`` tokens and ``<fake_token_around_image>``. The output head is tied, in the text
+    config too: vLLM reads the tie from there."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil, Idefics3Processor
+
+    tokenizer = make_tiny_tokenizer()
+    specials = ["<fake_token_around_image>", IMAGE, "<global-img>", "<end_of_utterance>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})  # type: ignore[dict-item]
+    text = LlamaConfig(**{**make_tiny_model(vocab_size=len(tokenizer), seed=seed).config.to_dict(),
+                          "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+                          "num_key_value_heads": 4, "head_dim": VLLM_HEAD_DIM, "tie_word_embeddings": True})
+    vision = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": IMAGE_SIDE, "patch_size": PATCH}
+    config = Idefics3Config(vision_config=vision, text_config=text.to_dict(), scale_factor=2, tie_word_embeddings=True,
+                            image_token_id=tokenizer.convert_tokens_to_ids(IMAGE))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Idefics3ForConditionalGeneration(config)
+    images = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": IMAGE_SIDE},
+                                    max_image_size={"longest_edge": IMAGE_SIDE})
+    processor = Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4,
+                                  chat_template=CHATML_IMAGE_TEMPLATE)
+    return model.to(dtype).eval(), processor
+
+
 QWEN_IMAGE_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}"

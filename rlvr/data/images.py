@@ -51,7 +51,7 @@ def load_image(value: Any, where: str) -> Image.Image:
     return image.convert("RGB") if image.mode != "RGB" else image
 
 
-def image_messages(prompt: str, images: list[Image.Image], system_prompt: str | None = None) -> list[dict[str, Any]]:
+def image_messages(prompt: str, images: Sequence[object], system_prompt: str | None = None) -> list[dict[str, Any]]:
     """The chat messages of a prompt with images: the images as ``{"type": "image"}`` parts, then
     the text, in one user turn (after the system turn, if any)."""
     content = [*({"type": "image"} for _ in images), {"type": "text", "text": prompt}]
@@ -83,18 +83,29 @@ def render_with_images(processor: Any, prompt: str, images: list[Any], system_pr
     return ids, media
 
 
+def template_ids(processor: Any, prompt: str, images: int, system_prompt: str | None = None) -> list[int]:
+    """The ids of the prompt that `render_with_images` renders, as its chat template writes them:
+    one placeholder token per image (``<image>``, Qwen2-VL's ``<|image_pad|>``), not yet expanded
+    into each image's tokens by the processor (`PromptMedia.template_ids`, what vLLM takes)."""
+    text = processor.apply_chat_template(image_messages(prompt, [None] * images, system_prompt),
+                                         add_generation_prompt=True, tokenize=False)
+    return [int(i) for i in processor.tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
 def with_prompt_media(samples: Sequence[Sample], media: Sequence[PromptMedia | None]) -> list[Sample]:
     """The samples with their prompts' images (`TaskData.media`, by prompt index), for samples
     read back from a file or checkpoint, which keeps a sample's ids but not its pixels."""
     return [dataclasses.replace(x, media=media[x.prompt_index]) for x in samples]
 
 
-def prompt_media(images: Sequence[Any], inputs: Mapping[str, torch.Tensor], length: int) -> PromptMedia:
+def prompt_media(images: Sequence[Any], inputs: Mapping[str, torch.Tensor], length: int,
+                 template: Sequence[int] = ()) -> PromptMedia:
     """A prompt's `PromptMedia` from what `render_with_images` returned for its ``length`` ids:
     tensors of shape (1, length) are per-token inputs (Qwen2-VL's ``mm_token_type_ids``, Gemma 3's
-    ``token_type_ids``), the others pixel inputs."""
+    ``token_type_ids``), the others pixel inputs. ``template``: its `template_ids`."""
     tokens = {k: v[0] for k, v in inputs.items() if v.dim() == 2 and tuple(v.shape) == (1, length)}
-    return PromptMedia(tuple(images), {k: v for k, v in inputs.items() if k not in tokens}, tokens)
+    return PromptMedia(tuple(images), {k: v for k, v in inputs.items() if k not in tokens}, tokens,
+                       tuple(int(i) for i in template))
 
 
 def batched_inputs(media: Sequence[PromptMedia | None], device: torch.device | str | None = None,

@@ -183,10 +183,13 @@ class VLLMEngine:
                  media: Sequence[PromptMedia | None] | None = None) -> list[list[Completion]]:
         """As the embedded engine's; vLLM seeds a request, not a sample, so a prompt's n samples
         share the stream of ``seeds[i][0]``; greedy samples are one continuation, repeated. A
-        prompt's images (``media[i].images``) go in as vLLM's multimodal data beside its token
-        ids; the ids already hold the processor's expanded image tokens, which vLLM's multimodal
-        processor detects as applied (its "prompt update detection", docs.vllm.ai,
-        design/mm_processing) instead of expanding them again."""
+        prompt's images (``media[i].images``) go in as vLLM's multimodal data beside the prompt
+        as its chat template wrote it (``media[i].template_ids``, one placeholder per image):
+        vLLM's processor expands every placeholder it finds in the ids it is given, so the ids
+        rlvr holds, already expanded, would be expanded again (vLLM 0.32 has no "already applied"
+        detection; that is how a first try scored the wrong prompt). vLLM's expansion must then
+        equal the processor's, token for token, or the learner would score another prompt than
+        the one sampled from: an error says so."""
         vllm = import_vllm()
         from vllm.inputs import TokensPrompt
 
@@ -204,10 +207,21 @@ class VLLMEngine:
         if media is not None and len(media) != len(prompts):
             raise ValueError(f"media must give one entry (or None) per prompt: {len(media)} for {len(prompts)} prompts")
         inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        for prompt, m in zip(inputs, media or ()):
+        for i, (prompt, m) in enumerate(zip(inputs, media or ())):
             if m is not None:
+                if not m.template_ids:
+                    raise ValueError(f"prompt {i} has images but not the ids of its unexpanded template "
+                                     f"(PromptMedia.template_ids), which vLLM needs: rlvr.data.images.template_ids")
+                prompt["prompt_token_ids"] = list(m.template_ids)
                 prompt["multi_modal_data"] = {"image": list(m.images) if len(m.images) > 1 else m.images[0]}
         outputs = self.llm.generate(inputs, requests, use_tqdm=False)
+        for i, (p, out) in enumerate(zip(prompts, outputs)):
+            if list(out.prompt_token_ids) != list(p):
+                raise RuntimeError(
+                    f"vLLM expanded prompt {i}'s images into {len(out.prompt_token_ids)} prompt tokens where the "
+                    f"model's processor gave {len(p)}: the learner would score another prompt than the one vLLM "
+                    f"sampled from (do the processor's settings, e.g. image splitting and size, match the ones "
+                    f"saved in the model's folder, which vLLM reads?)")
         # vLLM refuses n > 1 when greedy: its samples would all be the one greedy continuation
         groups = [[self._completion(o) for o in out.outputs] * (params.n if greedy else 1) for out in outputs]
         if progress:
@@ -224,7 +238,10 @@ class VLLMEngine:
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.transport.send(self.llm, state_dict)
-        self.llm.reset_prefix_cache()  # cached prefixes were computed by the old weights
+        # cached prefixes, and a VLM's cached image embeddings, were computed by the old weights
+        self.llm.reset_prefix_cache()
+        if self.llm.llm_engine.model_config.is_multimodal_model:
+            self.llm.llm_engine.reset_encoder_cache()
 
     def probe(self, ids: Sequence[int]) -> list[list[float]]:
         """The log-probs of ``ids[1:]`` under the weights vLLM holds (rlvr.rollout.probe): its

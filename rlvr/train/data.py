@@ -20,7 +20,7 @@ from rlvr.agents.runner import ChatDelta, Limits, Summarize, episode_groups
 from rlvr.algos.registry import check_keywords, keyword_options
 from rlvr.config import RunConfig
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_example, render_prompt
-from rlvr.data.images import load_image, prompt_media, render_with_images
+from rlvr.data.images import load_image, prompt_media, render_with_images, template_ids
 from rlvr.data.sampler import Sampler, UniformSampler
 from rlvr.data.tasks import (
     CODE_INSTRUCTION,
@@ -179,7 +179,8 @@ def render_with_processor(processor: Any, examples: list[Example], system_prompt
         pictures = [load_image(image, f"{ex.id}: image {k}") for k, image in enumerate(images)]
         row, inputs = render_with_images(processor, ex.prompt, pictures, system_prompt, where=ex.id)
         ids.append(row)
-        media.append(prompt_media(pictures, inputs, len(row)))
+        media.append(prompt_media(pictures, inputs, len(row),
+                                  template_ids(processor, ex.prompt, len(pictures), system_prompt)))
     return ids, media if any(m is not None for m in media) else None
 
 
