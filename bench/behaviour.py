@@ -45,7 +45,31 @@ CASES: dict[str, list[str]] = {
     "rlp": ["--config", "configs/rlp.toml", *SMALL],
     "env": ["--config", "configs/guess_number.toml", *SMALL, "train.eval_every=0"],
     "replay": [*DEMO, *SMALL, "sampler.replay.fraction=0.5"],
+    # the cases issue 52 adds: the per-token estimators, the losses with a row statistic, and a VLM
+    "opd": [*DEMO, *SMALL, 'algo.advantage="opd"', 'algo.advantage_kwargs={teacher = "builtin:smollm2-135m-instruct", '
+            "outcome_weight = 1.0}"],
+    "process": [*DEMO, *SMALL, 'algo.advantage="process"',
+                'algo.advantage_kwargs={prm = "rlvr.rewards.process:arithmetic_steps", outcome_weight = 1.0}'],
+    "sapo": [*DEMO, *SMALL, 'algo.loss="sapo"'],
+    "gmpo": [*DEMO, *SMALL, 'algo.loss="gmpo"'],
+    "clip_cov": [*DEMO, *SMALL, 'algo.loss="clip_cov"'],
+    "vlm": ["model={vlm}", 'task.source="visual"', 'task.name="count"', "task.params={max_shapes = 4}",
+            'task.instruction="Answer with the number."', *SMALL],
 }
+VLM_SEED = 1
+"""The "vlm" case's model: tests.tiny's random Llava (seed 1), saved once into the recording folder
+and read by both checkouts."""
+
+
+def tiny_vlm(folder: Path) -> Path:
+    if not (folder / "config.json").is_file():
+        sys.path.insert(0, str(ROOT))
+        from tests.tiny import make_tiny_vlm
+
+        model, processor = make_tiny_vlm(seed=VLM_SEED)
+        model.save_pretrained(folder)
+        processor.save_pretrained(folder)
+    return folder
 
 
 def record(checkout: Path, out: Path, cases: list[str]) -> None:
@@ -54,7 +78,8 @@ def record(checkout: Path, out: Path, cases: list[str]) -> None:
     # both checkouts (one before session 15 knows no other), so only the change compared can differ
     env = {**os.environ, "PYTHONPATH": str(checkout), "RLVR_PRODUCTS": "fixed"}
     for case in cases:
-        cmd = [sys.executable, "-m", "rlvr.cli", "train", *CASES[case], f"name={case}", f"output_dir={json.dumps(str(out))}",
+        args = [a.replace("{vlm}", json.dumps(str(tiny_vlm(out.parent / "tiny_vlm")))) for a in CASES[case]]
+        cmd = [sys.executable, "-m", "rlvr.cli", "train", *args, f"name={case}", f"output_dir={json.dumps(str(out))}",
                "log.report=false"]
         print(f"{checkout.name}: {case}", flush=True)
         done = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)

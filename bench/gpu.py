@@ -296,7 +296,8 @@ def part_methods(device: str) -> dict[str, Any]:
 
     from rlvr.algos.distill import OpdOptions
     from rlvr.train.learner import Learner
-    from rlvr.train.critic import Critic, GaeOptions
+    from rlvr.options import GaeOptions
+    from rlvr.train.critic import Critic
     from rlvr.train.methods.distill import TeacherCredit
     from rlvr.train.methods.ppo import CriticCredit
     from rlvr.train.update import UpdateSettings, update_policy

@@ -303,7 +303,7 @@ def _sample(args: argparse.Namespace) -> int:
     from rlvr.data import render_prompt
     from rlvr.models import eos_token_ids, load_policy, resolve_dtype
     from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.eval.run import resolve_model
+    from rlvr.models import resolve_model
     from rlvr.types import SamplingParams
 
     model_spec = resolve_model(args.model)  # a run directory: its latest checkpoint
@@ -482,7 +482,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _contamination(args: argparse.Namespace) -> int:
     from rlvr.eval.contamination import METHODS, contamination_report
-    from rlvr.eval.run import resolve_model
+    from rlvr.models import resolve_model
     from rlvr.models import load_model, load_tokenizer, resolve_dtype
 
     cfg = load_config(args.config, args.overrides)

@@ -336,6 +336,11 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def resolve_model(spec: str) -> str:
+    """A run directory means its latest checkpoint; anything else is loaded as given."""
+    return str(run_checkpoint(Path(spec))) if (Path(spec) / "config.toml").is_file() else spec
+
+
 def run_checkpoint(run_dir: Path) -> Path:
     """A run directory's latest complete checkpoint (the model a later stage starts from)."""
     from rlvr.train.checkpoint import latest_checkpoint  # the checkpoint layout belongs to train

@@ -18,7 +18,7 @@ arenas, and 6.1 GB with one, at the same speed. Other runs keep the default aren
 two threads, oneDNN's worker thread allocates beside the main one, and one arena made them take
 turns: a learner update took 13.5 s with the default arenas and 15.5 s with one (means of
 three, Zen 4 EPYC; docs/LOG.md, sessions 13-14). The cap has
-to come before those threads first allocate, so `rlvr.train.run.setup` asks for it first thing.
+to come before those threads first allocate, so `rlvr.train.setup.setup` asks for it first thing.
 
 Set RLVR_MALLOC_TUNING=0 to leave malloc alone, or RLVR_MALLOC_TUNING=one_arena to cap the
 arenas in every run (an environment of your own that serves the policy from a thread).

@@ -229,7 +229,7 @@ def test_a_bf16_engine_beside_an_fp32_learner_is_widened(
     """The engine's own bf16 copy of an fp32 learner's model widens its prefill's attention; the
     learner, in fp32, keeps SDPA."""
     from rlvr.config import load_config
-    from rlvr.train.run import setup
+    from rlvr.train.setup import setup
     from tests.test_train import overrides
 
     monkeypatch.setenv("RLVR_WIDE_ATTENTION", "1")

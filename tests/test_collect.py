@@ -15,7 +15,8 @@ from rlvr.config import ConfigError, load_config
 from rlvr.data import Example
 from rlvr.data.sampler import UniformSampler
 from rlvr.rewards import build_rewards
-from rlvr.train.collect import ReplayBuffer, Source, dynamic, has_spread, reinforce_ada, roc, template_variants
+from rlvr.train.collect import ReplayBuffer, Source, dynamic, has_spread, reinforce_ada, roc
+from rlvr.train.data import template_variants
 from rlvr.train.loop import train
 from rlvr.types import Completion, SamplingParams
 from tests.test_train import TIMING, overrides, read_metrics

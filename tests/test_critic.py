@@ -133,7 +133,7 @@ def test_gae_puts_each_turns_reward_on_that_turns_last_sampled_token() -> None:
     With V = 0, γ = λ = 1 (no whitening) a token's advantage is the reward still to come, so
     turn 0's tokens get 1.25 and turn 1's (and the observation's) only 1: the intermediate
     reward is not summed onto the episode's last token."""
-    from rlvr.train.critic import GaeOptions
+    from rlvr.options import GaeOptions
     from rlvr.train.methods.ppo import reward_positions as _reward_positions
     from rlvr.train.methods.ppo import token_advantages as _token_advantages
     from rlvr.types import Completion, Sample

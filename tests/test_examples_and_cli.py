@@ -69,6 +69,22 @@ def test_every_example_in_the_help_loads_its_config() -> None:
     assert checked >= 7
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["config"], ["config", "dpo"], ["train", "--help"],
+                                  ["sandbox", "--help"]], ids=" ".join)
+def test_the_commands_users_run_constantly_start_without_torch(argv: list[str]) -> None:
+    """`rlvr --help` and `rlvr config` took 4.6 s on an AMD EPYC, 5.4 s of an import on an Intel,
+    importing torch and transformers through rlvr.config (issue 52); they need neither. A test of
+    what is imported, not of time (docs/LOG.md, session 25, has the times)."""
+    code = ("import sys, contextlib, io\nfrom rlvr.cli import main\n"
+            f"with contextlib.redirect_stdout(io.StringIO()):\n    try:\n        main({argv!r})\n"
+            "    except SystemExit:\n        pass\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'numpy', 'ray'})\n"
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
 def test_unknown_key_names_the_nearest(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "algo.kl_cof=0.3"]) == 2
     err = capsys.readouterr().err

@@ -16,7 +16,7 @@ from rlvr.train.methods import Extras, RankInfo, rank_extras
 from rlvr.train.methods.kl import Reference
 from rlvr.train.methods.ppo import CriticMethod
 from rlvr.train.parts import learner_rank
-from rlvr.train.run import setup
+from rlvr.train.setup import setup
 from tests.test_train import overrides
 
 ROOT = Path(__file__).resolve().parents[1]

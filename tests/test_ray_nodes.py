@@ -205,7 +205,9 @@ def test_a_lost_node_restarts_its_rollout_worker_elsewhere_and_names_its_learner
             assert time.monotonic() < deadline, "node b was never marked dead"
             time.sleep(0.2)
         # the step's collection: worker 1 is found dead, restarted on the head, and re-runs its prompts
-        collected, expected = run.rollouts.take(run, 1), local.rollouts.take(local, 1)
+        from rlvr.train.run import collect
+
+        collected, expected = collect(run, 1), collect(local, 1)
         assert run.engine.restarts == 1
         assert [node_of(w) for w in run.engine.workers] == [ids["a"], ids["a"]]
         assert [[x.completion.token_ids for x in g.samples] for g in collected.groups] == \

@@ -59,7 +59,7 @@ def test_setup_caps_the_arenas_for_environments_served_from_a_thread(
         env: str | None, one_arena: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """setup() asks first thing, before any thread allocates: the served environments (their
     episodes go through rlvr's OpenAI-compatible server in this process) get one arena."""
-    from rlvr.train import run
+    from rlvr.train import setup as run
 
     asked: list[bool] = []
 

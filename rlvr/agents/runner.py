@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from rlvr.agents.env import Env, StepResult
 from rlvr.errors import InfrastructureError
+from rlvr.options import Summarize
 from rlvr.rollout.engine import Engine
 from rlvr.sandbox import SandboxUnavailable
 from rlvr.types import Completion, SamplingParams, joined_versions
@@ -70,34 +71,7 @@ class Limits:
             raise ValueError(f"episode limits must be >= 1: {', '.join(bad)}")
 
 
-SUMMARY_INSTRUCTION = ("Your context is almost full. Summarise your progress so far: what you found, what you "
-                       "computed and what is left to do. Keep every number you will need. Do not answer yet.")
-SUMMARY_HEADER = "Summary of your progress so far:"
 SEGMENT_MARK = "\n\n[context summarised: the episode continues from the task and the summary]\n\n"
-
-
-@dataclass(frozen=True)
-class Summarize:
-    """Summarisation-based context management, after SUPO: Lu et al., "Scaling LLM Multi-turn RL
-    with End-to-end Summarization-based Context Management", arXiv:2510.06727.
-
-    When the working context (prompt plus everything sampled and injected since the last
-    summary) would reach ``at`` tokens, the observation is followed by ``instruction`` and the
-    policy's next output, at most ``max_tokens`` tokens, is its summary (trained like any other
-    action). The segment then closes and the episode continues from a new prompt: the task, then
-    ``header`` and the summary's text. At most ``rounds`` summaries per episode; after that the
-    context limit ends the episode as usual. The summary's tokens count against the episode's
-    sampled-token budget; it is not an environment turn (the environment never sees it)."""
-
-    at: int
-    rounds: int = 2
-    max_tokens: int = 96
-    instruction: str = SUMMARY_INSTRUCTION
-    header: str = SUMMARY_HEADER
-
-    def __post_init__(self) -> None:
-        if self.at < 1 or self.rounds < 1 or self.max_tokens < 1:
-            raise ValueError(f"summarisation needs at, rounds and max_tokens >= 1 (got {self})")
 
 
 class ChatDelta:

@@ -187,7 +187,7 @@ class ProcessOptions:
     true steps earn nothing, where the sum pays for them); "gae", as rewards on each step's last
     token for PPO's critic and GAE (with outcome_weight × the outcome reward on the last token)."""
     gae: dict[str, Any] = field(default_factory=dict)
-    """With credit = "gae": GAE's and the critic's options (rlvr.train.critic.GaeOptions)."""
+    """With credit = "gae": GAE's and the critic's options (rlvr.options.GaeOptions)."""
 
     def __post_init__(self) -> None:
         from rlvr.algos.advantages import ESTIMATORS

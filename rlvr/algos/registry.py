@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from rlvr.options import check_names, options, within  # noqa: F401  (re-exported: the registries' checks)
 
 
 LOOP_INPUTS: dict[str, str] = {
@@ -52,44 +52,6 @@ def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str],
         missing = [k for k in set(accepted) - set(keyword_options(fn)) if k not in keys]
         if missing:
             raise ValueError(f"{what}: missing keyword {missing[0]!r} (it takes {', '.join(accepted)})")
-    for key in keys:
-        if key not in accepted:
-            near = difflib.get_close_matches(key, accepted, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            takes = f"it takes {', '.join(accepted)}" if accepted else "it takes no keywords"
-            raise ValueError(f"{what}: unknown keyword {key!r}{hint} ({takes})")
+    check_names(what, keys, accepted)
 
 
-def options(what: str, cls: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-    """`cls(**kwargs)`, a method's options from a config's kwargs: each name checked against `cls`'s
-    parameters (the nearest named when unknown), each value against its annotated type (a dataclass's,
-    through pydantic) and by `cls` itself."""
-    named = [p for p in inspect.signature(cls).parameters.values()
-             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    check_keywords(what, cls, kwargs, [p.name for p in named])
-    missing = [p.name for p in named if p.default is inspect.Parameter.empty and p.name not in kwargs]
-    if missing:
-        raise ValueError(f"{what}: missing keyword {missing[0]!r} (it takes {', '.join(p.name for p in named)})")
-    if dataclasses.is_dataclass(cls):  # each value checked against its annotated type, as config fields are
-        from pydantic import TypeAdapter, ValidationError
-
-        try:
-            return TypeAdapter(cls).validate_python(kwargs)
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(x) for x in first["loc"])
-            message = first["msg"].removeprefix("Value error, ")
-            if where:  # a value of the wrong type
-                message = f"{where}: {message} (got {first['input']!r})"
-            raise ValueError(f"{what}: {message}") from None  # else cls's own check says what it got
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{what}: {err}") from None
-
-
-def within(name: str, value: float, low: float, high: float | None = None) -> None:
-    """Raise a ValueError unless low <= value (<= high)."""
-    if not (low <= value and (high is None or value <= high)):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise ValueError(f"{name} must be {bound} (got {value!r})")

@@ -13,6 +13,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from rlvr.options import RLPOptions, Summarize, options
+
 from rlvr.config.sections import (AlgoConfig, ConfigError, DistConfig, DPOConfig, EngineConfig, EnvConfig,
                                   ExpertConfig, LogConfig, LoraConfig, MixtureEntry, RewardConfig, SamplerConfig,
                                   SamplingConfig, SandboxConfig, SFTConfig, ShapingSpec, TaskConfig, TrainConfig,
@@ -34,24 +36,24 @@ class RunConfig(_Section):
     """Most recent checkpoints kept on disk."""
     samples_every: int = Field(1, ge=1)
     """Write every N-th step's prompts, completions and rewards to samples.jsonl."""
-    task: TaskConfig = TaskConfig()
+    task: TaskConfig = Field(default_factory=TaskConfig)
     on_reward_error: Literal["zero", "stop"] = "zero"
     """A reward that raises, times out or returns a non-number: "zero" scores 0 and counts it (<name>/error); "stop" ends the run with the traceback and the completion."""
     rewards: list[RewardConfig] = Field(default_factory=list)
     """Reward functions, summed with their weights; the first is the correctness reward behind
     "accuracy". Default: the task's own verifier (reasoning-gym's score_answer on the answer in
     <answer> tags, or math-verify against the JSONL answer column)."""
-    sampling: SamplingConfig = SamplingConfig()
-    engine: EngineConfig = EngineConfig()
-    lora: LoraConfig = LoraConfig()
-    algo: AlgoConfig = AlgoConfig()
-    train: TrainConfig = TrainConfig()
-    sandbox: SandboxConfig = SandboxConfig()
-    sampler: SamplerConfig = SamplerConfig()
-    env: EnvConfig = EnvConfig()
-    dist: DistConfig = DistConfig()
-    log: LogConfig = LogConfig()
-    expert: ExpertConfig = ExpertConfig()
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    dist: DistConfig = Field(default_factory=DistConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    expert: ExpertConfig = Field(default_factory=ExpertConfig)
 
     command: ClassVar[str] = "train"
     """The CLI command this config root belongs to."""
@@ -60,10 +62,7 @@ class RunConfig(_Section):
     section). Setting any other key of them is refused, so nothing set is silently ignored."""
 
     def rlp_options(self) -> Any:
-        """RLP's options (rlvr.train.methods.rlp.RLPOptions): the information_gain reward's kwargs."""
-        from rlvr.algos.registry import options
-        from rlvr.train.methods.rlp import RLPOptions
-
+        """RLP's options (rlvr.options.RLPOptions): the information_gain reward's kwargs."""
         spec = next((r for r in self.rewards if r.fn == "information_gain"), None)
         return options("the information_gain reward's kwargs", RLPOptions, spec.kwargs if spec else {})
 
@@ -191,9 +190,6 @@ class RunConfig(_Section):
             raise ValueError(f"env.mask = [\"void\"] needs an environment that reports void turns; {e.name!r} "
                              "episodes never do. Leave \"void\" out (\"unfinished\" works with them)")
         if e.summarize:
-            from rlvr.agents.runner import Summarize
-            from rlvr.algos.registry import options
-
             at = options("env.summarize", Summarize, e.summarize).at
             if e.name is None:
                 raise ValueError("env.summarize needs multi-turn episodes: set env.name")
@@ -218,7 +214,7 @@ class SFTRunConfig(RunConfig):
     """`rlvr sft`'s config: the run, its task (whose held-out prompts evaluate it), the model, the
     optimizer in [train], and [sft]."""
 
-    sft: SFTConfig = SFTConfig()
+    sft: SFTConfig = Field(default_factory=SFTConfig)
     command: ClassVar[str] = "sft"
     partial: ClassVar[dict[str, tuple[str, ...]]] = {
         "algo": (), "sampler": (), "env": (), "dist": (), "expert": ()}
@@ -228,7 +224,7 @@ class DPORunConfig(RunConfig):
     """`rlvr dpo`'s config: the run, its task, the model, the optimizer in [train], and [dpo]; online
     DPO samples as `rlvr train` does (sampling, sampler, env, algo.group_size)."""
 
-    dpo: DPOConfig = DPOConfig()
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
     command: ClassVar[str] = "dpo"
     partial: ClassVar[dict[str, tuple[str, ...]]] = {"algo": ("group_size",), "dist": (), "expert": ()}
 

@@ -7,6 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from rlvr.options import (EXPERT_OPTIONS, ROLLOUT_OPTIONS, AsyncOptions, RayOptions, RehearsalOptions, ReplayOptions,
+                          options)
+
 
 _GROUP_BASELINES = frozenset({"grpo", "dr_grpo", "rloo", "lite_ppo", "stratified"})
 """Outcome estimators whose baseline is the other completions of the prompt (rlvr.algos.ESTIMATORS)."""
@@ -191,7 +194,7 @@ class AlgoConfig(_Section):
     divergence: Literal["none", "forward_kl", "js"] = "none"
     """DPH-RL: a mass-covering divergence to the initial policy on its own stored samples (rlvr.algos.DIVERGENCES)."""
     divergence_kwargs: dict[str, Any] = {}
-    """DPH-RL's knobs (rlvr.train.methods.rehearsal.RehearsalOptions): coef (0.05), the divergence term's weight; prompts (256), training prompts the initial policy is screened on (0 = all); k (4) samples per screened prompt; min_correct (all k), correct samples a prompt needs to join the rehearsal set (lower it for a weak model); batch (16), stored samples per update; exclude (true), RL samples only the prompts that did not join the set."""
+    """DPH-RL's knobs (rlvr.options.RehearsalOptions): coef (0.05), the divergence term's weight; prompts (256), training prompts the initial policy is screened on (0 = all); k (4) samples per screened prompt; min_correct (all k), correct samples a prompt needs to join the rehearsal set (lower it for a weak model); batch (16), stored samples per update; exclude (true), RL samples only the prompts that did not join the set."""
     entropy: dict[str, Any] = {}
     """Entropy terms (rlvr.algos.entropy_control.EntropyOptions): coef (0), the weight of an entropy bonus subtracted from the loss; top (1), the fraction of each forward pass's trained tokens, by highest entropy, that the policy loss trains, e.g. {top = 0.2} (the "forking tokens" of arXiv:2506.01939). Clip-Cov and KL-Cov are losses (algo.loss)."""
 
@@ -199,8 +202,7 @@ class AlgoConfig(_Section):
     @field_validator("advantage", "loss", "offpolicy")
     @classmethod
     def _registered(cls, value: str, info: ValidationInfo) -> str:
-        from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES  # registries of named functions
-        from rlvr.train.critic import PER_TOKEN
+        from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES, PER_TOKEN  # registries of named functions
 
         registries: dict[str, dict[str, Any]] = {"advantage": {**ESTIMATORS, **PER_TOKEN}, "loss": LOSSES,
                                                  "offpolicy": CORRECTIONS}
@@ -209,10 +211,9 @@ class AlgoConfig(_Section):
 
     @model_validator(mode="after")
     def _known_kwargs(self) -> AlgoConfig:
-        from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES
-        from rlvr.algos.registry import check_keywords, options
+        from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES, PER_TOKEN
+        from rlvr.algos.registry import check_keywords
         from rlvr.algos.kl import AdaptiveKL
-        from rlvr.train.critic import PER_TOKEN
 
         what = f"algo.advantage_kwargs for {self.advantage!r}"
         if self.advantage in PER_TOKEN:
@@ -256,15 +257,11 @@ class AlgoConfig(_Section):
     def entropy_options(self) -> Any:
         """The entropy bonus and token selection, from algo.entropy."""
         from rlvr.algos.entropy_control import EntropyOptions
-        from rlvr.algos.registry import options
 
         return options("algo.entropy", EntropyOptions, self.entropy)
 
     def divergence_options(self) -> Any:
         """DPH-RL's options, from divergence_kwargs."""
-        from rlvr.algos.registry import options
-        from rlvr.train.methods.rehearsal import RehearsalOptions
-
         return options("algo.divergence_kwargs", RehearsalOptions, self.divergence_kwargs)
 
 
@@ -328,7 +325,6 @@ class SandboxConfig(_Section):
 
     def sandbox_limits(self) -> Any:
         """`limits` as rlvr.sandbox.Limits."""
-        from rlvr.algos.registry import options
         from rlvr.sandbox import Limits
 
         return options("sandbox.limits", Limits, self.limits)
@@ -354,16 +350,13 @@ class SamplerConfig(_Section):
 
     @model_validator(mode="after")
     def _known(self) -> SamplerConfig:
-        from rlvr.train.collect import check_rollouts
-
-        check_rollouts(self.rollouts, self.rollouts_kwargs)
+        if self.rollouts not in ROLLOUT_OPTIONS:
+            raise ValueError(f"unknown sampler.rollouts {self.rollouts!r}; choose from {', '.join(ROLLOUT_OPTIONS)}")
+        options(f"sampler.rollouts {self.rollouts!r}", ROLLOUT_OPTIONS[self.rollouts], self.rollouts_kwargs)
         if self.replay:
-            from rlvr.algos.registry import options
-            from rlvr.train.collect import ReplayBuffer
-
             if not self.replay.get("fraction"):
                 raise ValueError("sampler.replay needs a fraction > 0 (the share of each step's groups it replays)")
-            options("sampler.replay", ReplayBuffer, self.replay)
+            options("sampler.replay", ReplayOptions, self.replay)
         for t in self.templates:
             if "{prompt}" not in t:
                 raise ValueError(f"sampler.templates: {t!r} has no {{prompt}}")
@@ -386,7 +379,7 @@ class EnvConfig(_Section):
     observation_role: str = "user"
     """The chat role observations are rendered with ("user", or "tool" where the template has it)."""
     summarize: dict[str, Any] = Field(default_factory=dict)
-    """SUPO context management, e.g. {at = 1536}: when the working context would reach `at` tokens, the policy summarises and the episode continues from the task plus the summary; at most rounds (2) summaries per episode, each of at most max_tokens (96) tokens (they count against max_total_tokens), asked for by instruction and continued after header (rlvr.agents.runner.Summarize). Empty = never."""
+    """SUPO context management, e.g. {at = 1536}: when the working context would reach `at` tokens, the policy summarises and the episode continues from the task plus the summary; at most rounds (2) summaries per episode, each of at most max_tokens (96) tokens (they count against max_total_tokens), asked for by instruction and continued after header (rlvr.options.Summarize). Empty = never."""
     mask: list[Literal["unfinished", "void"]] = Field(default_factory=list)
     """Episodes left out of the loss (their reward replaced by their group's mean, so the baseline does not move): "unfinished", SUPO's overlong masking (ended without the environment saying done: turn, token, context or summary limits); "void", SimpleTIR's void-turn filtering (any turn the environment reported void: neither a valid action nor an answer; refused with "openai_agent" and "verifiers", whose episodes never report one)."""
 
@@ -399,9 +392,9 @@ class DistConfig(_Section):
     sharding: Literal["replicas", "fsdp"] = "replicas"
     """How the learner ranks hold the policy: "replicas" (each the whole model and its optimizer) or "fsdp" (FSDP2: each rank holds 1/learners of the weights, gradients and optimizer state; the ranks are all Ray actors, and this process keeps only the whole weights; checkpoints hold the shares in torch's distributed format and resume on any number of learners)."""
     ray: dict[str, Any] = Field(default_factory=dict)
-    """Where the actors run and what each reserves (rlvr.scaleout.RayOptions), e.g. {address = "auto"}: address (unset = a local Ray; "auto" = the cluster `ray start` made; ray://host:port), num_cpus a local Ray advertises (unset = enough for every worker), cpus_per_worker (1.0), gpus_per_learner (0; 1 with train.device = "cuda"), gpus_per_worker (0; vLLM workers need 1), threads_per_worker (1) torch threads per actor, timeout_s (300) the longest wait on the actors before the run fails saying what it waited for, spread (false) rollout worker k and learner rank r on node k and r of the cluster (round-robin, the driver's first)."""
+    """Where the actors run and what each reserves (rlvr.options.RayOptions), e.g. {address = "auto"}: address (unset = a local Ray; "auto" = the cluster `ray start` made; ray://host:port), num_cpus a local Ray advertises (unset = enough for every worker), cpus_per_worker (1.0), gpus_per_learner (0; 1 with train.device = "cuda"), gpus_per_worker (0; vLLM workers need 1), threads_per_worker (1) torch threads per actor, timeout_s (300) the longest wait on the actors before the run fails saying what it waited for, spread (false) rollout worker k and learner rank r on node k and r of the cluster (round-robin, the driver's first)."""
     async_rollouts: dict[str, Any] = Field(default_factory=dict)
-    """Asynchronous rollouts (rlvr.scaleout.AsyncOptions), e.g. {steps = 1}: generation runs `steps` ahead of training, overlapping the updates (needs rollout_workers); max_staleness (1), the most versions a trained-on sample's weights may lag; on_stale ("wait" never generates further ahead than max_staleness; "drop" generates `steps` ahead and drops staler groups); partial_rollouts (false): a weight broadcast reaches the samples being generated, which go on under the new weights from their next token. Empty = synchronous."""
+    """Asynchronous rollouts (rlvr.options.AsyncOptions), e.g. {steps = 1}: generation runs `steps` ahead of training, overlapping the updates (needs rollout_workers); max_staleness (1), the most versions a trained-on sample's weights may lag; on_stale ("wait" never generates further ahead than max_staleness; "drop" generates `steps` ahead and drops staler groups); partial_rollouts (false): a weight broadcast reaches the samples being generated, which go on under the new weights from their next token. Empty = synchronous."""
 
     @model_validator(mode="after")
     def _known(self) -> DistConfig:
@@ -410,17 +403,11 @@ class DistConfig(_Section):
         return self
 
     def ray_options(self) -> Any:
-        """dist.ray as rlvr.scaleout.RayOptions."""
-        from rlvr.algos.registry import options
-        from rlvr.scaleout import RayOptions
-
+        """dist.ray as rlvr.options.RayOptions."""
         return options("dist.ray", RayOptions, self.ray)
 
     def async_options(self) -> Any:
-        """dist.async_rollouts as rlvr.scaleout.AsyncOptions, or None when synchronous."""
-        from rlvr.algos.registry import options
-        from rlvr.scaleout import AsyncOptions
-
+        """dist.async_rollouts as rlvr.options.AsyncOptions, or None when synchronous."""
         return options("dist.async_rollouts", AsyncOptions, self.async_rollouts) if self.async_rollouts else None
 
     def partial_rollouts(self) -> bool:
@@ -451,7 +438,7 @@ class ExpertConfig(_Section):
     template: str = "{answer}"
     """A prompt's demonstration: formatted with the example's reference answer and fields (reasoning-gym metadata, a JSONL row's columns), e.g. "{expression} = {answer}" or "{solution}"."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    """The mode's own knobs (rlvr.train.methods.expert.OPTIONS). chord: mu_peak (0.5) and mu_valley (0.05), the SFT weight μ after warm-up and after the cosine decay; mu_warmup_steps (0); mu_decay_steps (0 = train.steps); weighting ("chord_phi" = p(1 − p), "sft_is" = p, "none"). relift: batch (8), demonstrations per interleaved SFT step; max_accuracy (0.0), the group accuracy at or below which a prompt is hard."""
+    """The mode's own knobs (rlvr.options.EXPERT_OPTIONS). chord: mu_peak (0.5) and mu_valley (0.05), the SFT weight μ after warm-up and after the cosine decay; mu_warmup_steps (0); mu_decay_steps (0 = train.steps); weighting ("chord_phi" = p(1 − p), "sft_is" = p, "none"). relift: batch (8), demonstrations per interleaved SFT step; max_accuracy (0.0), the group accuracy at or below which a prompt is hard."""
 
     @model_validator(mode="after")
     def _known(self) -> ExpertConfig:
@@ -463,10 +450,7 @@ class ExpertConfig(_Section):
 
     def options(self) -> Any:
         """The mode's options, from kwargs."""
-        from rlvr.algos.registry import options
-        from rlvr.train.methods.expert import OPTIONS
-
-        return options(f"expert.kwargs for mode {self.mode!r}", OPTIONS[self.mode], self.kwargs)
+        return options(f"expert.kwargs for mode {self.mode!r}", EXPERT_OPTIONS[self.mode], self.kwargs)
 
 
 class SFTConfig(_Section):

@@ -41,7 +41,7 @@ def pass_rates(model_spec: str, cfg: RunConfig, examples: list[Example], *, n: i
     """Each of ``examples`` (`rlvr filter`: the config's training prompts, the first ``--limit``)
     rated by n samples under the config's sampling and rewards, generated ``batch`` prompts at a time."""
     from rlvr.data import render_example
-    from rlvr.eval.run import resolve_model
+    from rlvr.models import resolve_model
     from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_dtype
     from rlvr.rewards import build_rewards
     from rlvr.rollout.engine import EmbeddedEngine

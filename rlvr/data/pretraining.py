@@ -5,7 +5,7 @@ column. Each example is a cut through one document at a word boundary: ``context
 before the cut (at most ``context_chars`` characters, starting at a word), and ``target``, the
 next ``target_words`` words. The policy sees the context followed by ``think_open`` and writes
 a thought. The thought is rewarded by how much it raises the likelihood of the target
-(`rlvr.train.rlp.information_gain`). Cuts are drawn from (seed, example number), so a corpus
+(`rlvr.rewards.intrinsic.information_gain`). Cuts are drawn from (seed, example number), so a corpus
 gives the same examples every run. Each cut has at least ``min_context_words`` words before it.
 """
 
@@ -14,7 +14,9 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
+from typing import Any
 
+from rlvr.data.chat import encode_text
 from rlvr.data.tasks import Example
 
 WORD = re.compile(r"\S+")
@@ -71,3 +73,15 @@ def text_examples(path: str | Path, *, size: int, seed: int, context_chars: int 
                                 fields={"context": context, "target": target, "document": d, "answer": target},
                                 id=f"{Path(path).name}:{d}:{cut}:{n}"))
     return examples
+
+
+def context_ids(tokenizer: Any, context: str) -> list[int]:
+    """A cut's context as the policy and the no-think baseline both see it: the raw text, with the
+    tokenizer's BOS if it adds one."""
+    return [int(i) for i in tokenizer(context)["input_ids"]]
+
+
+def prompt_ids(tokenizer: Any, context: str, think_open: str) -> list[int]:
+    """The engine's prompt for a cut: the context, then the thought's opening marker. Tokenized in
+    two pieces, so the context's own tokens are exactly those the no-think baseline scores."""
+    return context_ids(tokenizer, context) + encode_text(tokenizer, think_open)

@@ -20,13 +20,6 @@ if TYPE_CHECKING:
     from rlvr.types import Group
 
 
-def resolve_model(spec: str) -> str:
-    """A run directory means its latest checkpoint; anything else is loaded as given."""
-    from rlvr.models import run_checkpoint
-
-    return str(run_checkpoint(Path(spec))) if (Path(spec) / "config.toml").is_file() else spec
-
-
 def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], prompts: int,
                    temperature: float, max_new_tokens: int, seed: int = 0,
                    cot_judge: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -38,7 +31,7 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     Verifiable Rewards Implicitly Incentivizes Correct Reasoning in Base LLMs", arXiv:2506.14245).
     Only samples with a correct answer are sent to the judge."""
     from rlvr.data import render_example, render_prompt
-    from rlvr.models import context_length, eos_token_ids, load_policy, resolve_dtype
+    from rlvr.models import context_length, eos_token_ids, load_policy, resolve_dtype, resolve_model
     from rlvr.rollout.build import make_engine
     from rlvr.rollout.weights import decode_weights
     from rlvr.data.images import image_token_ids

@@ -210,7 +210,7 @@ def _verdict(stdout: str, token: str, suite_size: int, mode: str) -> float | Inf
     return 0.0
 
 
-# rlvr train checks the sandbox before it trains when a reward runs code (rlvr.train.run.setup):
+# rlvr train checks the sandbox before it trains when a reward runs code (rlvr.train.setup.setup):
 # a machine without one would otherwise learn so at the first completion with code in it, hours in
 unit_tests_reward.runs_code = True  # type: ignore[attr-defined]
 unit_tests_group_reward.runs_code = True  # type: ignore[attr-defined]

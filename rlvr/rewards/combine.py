@@ -46,7 +46,8 @@ from rlvr.algos.registry import check_keywords
 from rlvr.errors import InfrastructureError
 from rlvr.rewards.builtin import GROUP_REWARDS, REWARDS
 from rlvr.rewards.extract import EXTRACTORS
-from rlvr.rewards.intrinsic import INTRINSIC
+from rlvr.rewards.intrinsic import INTRINSIC, information_gain
+from rlvr.options import RLPOptions, options
 from rlvr.rewards.styles import NO_VALUE, STYLES, detect_style, trl_style, verl_style
 from rlvr.sandbox import SandboxUnavailable
 
@@ -154,9 +155,6 @@ def build_rewards(specs: list[dict[str, Any]], on_error: str = "zero") -> list[R
         routing: dict[str, Any] = {"sources": tuple(str(x) for x in spec.get("sources") or ()),
                                    "source_field": str(spec.get("source_field") or "task")}
         if fn_spec == "information_gain":  # RLP: computed from the policy and its EMA (rlvr.train.methods.rlp)
-            from rlvr.algos.registry import options
-            from rlvr.train.methods.rlp import RLPOptions, information_gain
-
             options(f"reward {name!r}: information_gain's kwargs", RLPOptions, kwargs)  # read by the RLP method
             rewards.append(RewardFn(name, information_gain, weight, {}, intrinsic=True, **routing))
             continue

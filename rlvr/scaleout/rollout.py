@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import torch
 
-from rlvr.scaleout import placement, require_ray
+from rlvr.scaleout.cluster import placement, require_ray
 from rlvr.rollout.engine import EmbeddedEngine, draw_seeds
 from rlvr.types import Completion, PromptMedia, SamplingParams
 

@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 
 from rlvr.rollout.numerics import current
-from rlvr.scaleout import placement
+from rlvr.scaleout.cluster import placement
 from rlvr.scaleout.learners import ActorLearners, RankActor, _free_port, _on_cpu
-from rlvr.train.methods import Extras
+from rlvr.train.methods.base import Extras
 from rlvr.train.update import UpdateResult, UpdateSettings
 from rlvr.train.updater import Updater
 from rlvr.types import Group

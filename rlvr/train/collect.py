@@ -21,11 +21,10 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from rlvr.algos.registry import check_keywords
 from rlvr.data import Example
 from rlvr.data.images import with_prompt_media
 from rlvr.data.sampler import Sampler
@@ -33,9 +32,8 @@ from rlvr.rewards import RewardFn
 from rlvr.rollout.engine import Engine
 from rlvr.train.rollouts import generate_groups, has_verdict, is_correct, judged_accuracy, trained_rewards
 from rlvr.types import Completion, Group, PromptMedia, Sample, SamplingParams
+from rlvr.options import DynamicOptions, ReinforceAdaOptions, ReplayOptions, RocOptions
 
-if TYPE_CHECKING:
-    from rlvr.train.run import Run
 
 
 @dataclass
@@ -116,7 +114,7 @@ def plain(src: Source, n: int) -> Gathered:
     return Gathered(src.generate(src.sampler.next_batch(n)))
 
 
-def dynamic(src: Source, n: int, *, max_rounds: int = 3, oversample: float = 1.0) -> Gathered:
+def dynamic(src: Source, n: int, **knobs: Any) -> Gathered:
     """DAPO's dynamic sampling (Yu et al., arXiv:2503.14476, §3.2): a group whose rewards are all
     equal has zero advantage under group normalisation and teaches nothing, so it is set aside
     and more prompts are sampled until n groups with differing rewards are in hand.
@@ -124,9 +122,10 @@ def dynamic(src: Source, n: int, *, max_rounds: int = 3, oversample: float = 1.0
     Each round asks the sampler for ceil((n − kept) × oversample) prompts; after ``max_rounds``
     rounds the step trains on the groups it has (fewer than n; DAPO keeps sampling, a bound keeps a
     step's time predictable). Groups beyond n are set aside too. Never trains on a zero-spread group.
+    ``knobs``: rlvr.options.DynamicOptions.
     """
-    if max_rounds < 1 or oversample < 1.0:
-        raise ValueError("dynamic sampling needs max_rounds >= 1 and oversample >= 1")
+    o = DynamicOptions(**knobs)
+    max_rounds, oversample = o.max_rounds, o.oversample
     kept: list[Group] = []
     aside: list[Group] = []
     rounds = 0
@@ -141,8 +140,7 @@ def dynamic(src: Source, n: int, *, max_rounds: int = 3, oversample: float = 1.0
         "rollouts/filled_fraction": len(kept) / n})
 
 
-def reinforce_ada(src: Source, n: int, *, round_size: int | None = None, max_rounds: int = 4,
-                  exit: str = "balanced", min_positives: int = 1) -> Gathered:
+def reinforce_ada(src: Source, n: int, **knobs: Any) -> Gathered:
     """Reinforce-Ada (Xiong et al., arXiv:2510.04996): adaptive sampling with successive
     elimination. Each of the n prompts is sampled ``round_size`` (default G) at a time; after a
     round a prompt leaves the active set once its exit rule holds, so later rounds spend the budget
@@ -155,14 +153,13 @@ def reinforce_ada(src: Source, n: int, *, round_size: int | None = None, max_rou
     the rest incorrect, topped up from whichever side has more, so both outcomes are present
     whenever the pool has both. ``Group.pool_rewards`` keeps every reward of the pool:
     ``algo.advantage = "global_pool"`` then takes the baseline and scale from all of them, as the
-    paper does. "Correct" means full marks from the first reward function.
+    paper does. "Correct" means full marks from the first reward function. ``knobs``:
+    rlvr.options.ReinforceAdaOptions.
     """
-    if exit not in ("balanced", "positive-focused"):
-        raise ValueError(f"reinforce_ada exit must be 'balanced' or 'positive-focused', got {exit!r}")
+    o = ReinforceAdaOptions(**knobs)
+    exit, max_rounds, min_positives = o.exit, o.max_rounds, o.min_positives
     g_size = src.group_size
-    size = round_size or g_size
-    if size < 1 or max_rounds < 1:
-        raise ValueError("reinforce_ada needs round_size >= 1 and max_rounds >= 1")
+    size = o.round_size or g_size
     indices = src.sampler.next_batch(n)
     pools: dict[int, list[Sample]] = {i: [] for i in indices}
     heads: dict[int, Group] = {}
@@ -199,8 +196,7 @@ def reinforce_ada(src: Source, n: int, *, round_size: int | None = None, max_rou
         "rollouts/zero_spread_fraction": statistics.fmean(not has_spread(g) for g in train) if train else 0.0})
 
 
-def roc(src: Source, n: int, *, oversample: float = 2.0, quality: list[str] | None = None, min_negatives: int = 2,
-        min_positives: int = 2, reject_equal: bool = True) -> Gathered:
+def roc(src: Source, n: int, **knobs: Any) -> Gathered:
     """GRPO-RoC, Resample-on-Correct (rStar2-Agent, Shang et al., arXiv:2508.20722): sample
     ``oversample`` × G completions per prompt, then keep G. Failures are kept broadly: drawn
     uniformly at random, so the model sees the variety of its errors. Successes are kept by
@@ -209,8 +205,12 @@ def roc(src: Source, n: int, *, oversample: float = 2.0, quality: list[str] | No
     tool-error score; none named: drawn at random like failures). The kept mix follows the pool's
     success ratio, with at least ``min_negatives`` failures and ``min_positives`` successes where
     the pool has them (the recipe's min_zero/min_non_zero_reward_trace_num). With
-    ``reject_equal``, a prompt whose pool rewards are all equal is set aside.
+    ``reject_equal``, a prompt whose pool rewards are all equal is set aside. ``knobs``:
+    rlvr.options.RocOptions.
     """
+    o = RocOptions(**knobs)
+    oversample, quality, reject_equal = o.oversample, o.quality, o.reject_equal
+    min_negatives, min_positives = o.min_negatives, o.min_positives
     g_size = src.group_size
     wide = max(g_size, math.ceil(g_size * oversample))
     train, aside = [], []
@@ -271,13 +271,6 @@ ROLLOUTS: dict[str, Callable[..., Gathered]] = {
     "plain": plain, "dynamic": dynamic, "reinforce_ada": reinforce_ada, "roc": roc}
 
 
-def check_rollouts(name: str, kwargs: dict[str, Any]) -> None:
-    """A clear error for an unknown strategy or keyword (called when the config is read)."""
-    if name not in ROLLOUTS:
-        raise ValueError(f"unknown sampler.rollouts {name!r}; choose from {', '.join(ROLLOUTS)}")
-    check_keywords(f"sampler.rollouts {name!r}", ROLLOUTS[name], kwargs)
-
-
 class ReplayBuffer:
     """Rollout replay (DOTS, Sun et al., arXiv:2506.05316, §4): a FIFO buffer of recent groups
     that had differing rewards; each step takes ``fraction`` of its groups from it instead of
@@ -286,14 +279,10 @@ class ReplayBuffer:
     weighted (update_policy does this for groups with a ``replay_age``). Groups older
     than ``max_age`` steps are dropped, and a group is replayed at most once."""
 
-    def __init__(self, capacity: int = 256, fraction: float = 0.0, max_age: int = 4) -> None:
-        """`sampler.replay`'s keys: the groups the buffer holds (oldest dropped first), the share of
-        each step's groups taken from it, and the steps after which a group is too stale to replay."""
-        if not 0.0 <= fraction < 1.0:
-            raise ValueError(f"replay fraction must be in [0, 1), got {fraction}")
-        if capacity < 1 or max_age < 1:
-            raise ValueError(f"replay capacity and max_age must be >= 1 (got {capacity}, {max_age})")
-        self.capacity, self.fraction, self.max_age = capacity, fraction, max_age
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """`sampler.replay`'s keys (rlvr.options.ReplayOptions: capacity, fraction, max_age)."""
+        o = ReplayOptions(*args, **kwargs)
+        self.capacity, self.fraction, self.max_age = o.capacity, o.fraction, o.max_age
         self.items: list[tuple[int, Group]] = []  # (step it was sampled at, group), oldest first
 
     def take(self, n: int, step: int, rng: np.random.Generator) -> list[Group]:
@@ -377,30 +366,6 @@ def _group_from_state(state: dict[str, Any]) -> Group:
                  masked=_tuple_or_none(state, "masked"))
 
 
-def template_variants(templates: list[str], render: Callable[[str], list[int]], examples: list[Example],
-                      rendered: dict[tuple[int, int], list[int]] | None = None,
-                      ) -> Callable[[int, int, np.random.Generator], list[list[int]]]:
-    """Prompt augmentation (Lu et al., "Prompt Augmentation Scales up GRPO Training on
-    Mathematical Reasoning"): each rollout of a prompt is sampled under a reasoning template drawn
-    uniformly from ``templates`` (``{prompt}`` marks where the prompt goes), so a group mixes
-    ways of reasoning. Rewards still see the original prompt. Rendered prompts are cached
-    (``rendered``: by example index and template index, made already)."""
-    for t in templates:
-        if "{prompt}" not in t:
-            raise ValueError(f"prompt template {t!r} has no {{prompt}}")
-    cache: dict[tuple[int, int], list[int]] = rendered if rendered is not None else {}
-
-    def variants(index: int, n: int, rng: np.random.Generator) -> list[list[int]]:
-        out = []
-        for k in rng.integers(len(templates), size=n).tolist():
-            if (index, k) not in cache:
-                cache[index, k] = render(templates[k].replace("{prompt}", examples[index].prompt))
-            out.append(cache[index, k])
-        return out
-
-    return variants
-
-
 @dataclass
 class Collected:
     """A step's rollouts, as the rollout strategy gathered them."""
@@ -456,12 +421,13 @@ class Rollouts:
         """Collections a checkpoint of asynchronous rollouts carried, by step: made before it for
         the steps after it (rlvr.scaleout.pipeline), trained as they were made."""
 
-    def take(self, run: Run, step: int) -> Collected:
-        """Step's rollouts (made already where a checkpoint carried them, `ahead`)."""
+    def take(self, step: int, make: Callable[[int], Collected]) -> Collected:
+        """Step's rollouts: made already where a checkpoint carried them (`ahead`), else by
+        ``make(step)`` (rlvr.train.run.collect)."""
         for observation in self.pending:
             self.observe(observation.own, observation.aside, observation.step)
         self.pending = []
-        return self.ahead.pop(step) if step in self.ahead else collect(run, step)
+        return self.ahead.pop(step) if step in self.ahead else make(step)
 
     def observe(self, own: list[Group], aside: list[Group], step: int) -> None:
         """The sampler learns from every group generated this step (set-aside ones have zero
@@ -534,24 +500,3 @@ class Observation:
         return dataclasses.replace(self, own=_with_media(self.own, media), aside=_with_media(self.aside, media))
 
 
-def collect(run: Run, step: int) -> Collected:
-    """Step's rollouts: replayed groups, then fresh ones by the configured rollout strategy; the
-    methods fill in rewards that need the policy (`Method.rescore`) before a strategy sees them."""
-    t0 = time.perf_counter()
-    cfg, task, replay = run.cfg, run.task, run.rollouts.replay
-    n = cfg.train.prompts_per_step
-    rng = np.random.default_rng([cfg.seed, step, 7])
-    replayed = replay.take(n, step, rng) if replay is not None else []
-
-    def rescore(groups: list[Group]) -> list[Group]:
-        for method in run.methods.values():
-            groups = method.rescore(run, groups, task.examples, held_out=False)
-        return groups
-
-    episodes = task.episodes
-    source = Source(run.engine, task.examples, task.prompt_ids, task.rewards, task.params, run.rollouts.sampler, rng,
-                    on_error=cfg.on_reward_error, variants=task.variants,
-                    episodes=None if episodes is None else lambda ix, k: episodes(run.engine, task.examples, ix, k),
-                    rescore=rescore if any(r.intrinsic for r in task.rewards) else None, media=task.media)
-    gathered = ROLLOUTS[cfg.sampler.rollouts](source, n - len(replayed), **cfg.sampler.rollouts_kwargs)
-    return Collected(gathered, replayed, source.tokens, time.perf_counter() - t0)

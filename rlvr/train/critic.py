@@ -9,15 +9,11 @@ values are 0 and the first advantages are the discounted returns themselves.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from rlvr.algos.distill import OpdOptions
-from rlvr.algos.process import ProcessOptions
-from rlvr.algos.registry import within
 
 
 class Critic(nn.Module):
@@ -70,31 +66,3 @@ def value_loss(values_BT: Tensor, old_values_BT: Tensor, returns_BT: Tensor, mas
         metrics = {"value_clip_fraction": (clipped_BT & mask_BT).sum() / n,
                    "value_mean": values_BT.detach().sum() / n}
     return loss_BT, metrics
-
-
-@dataclass(frozen=True)
-class GaeOptions:
-    """``algo.advantage_kwargs`` of ``advantage = "gae"``: GAE's discount and trace decay, and the critic's."""
-
-    gamma: float = 1.0
-    """Discount per token."""
-    lam: float = 0.95
-    """GAE's λ (1 = Monte-Carlo returns minus the value, 0 = one-step TD)."""
-    whiten: bool = True
-    """Shift and scale the advantages to mean 0, std 1 over the batch's trained tokens."""
-    critic_lr: float = 1e-5
-    """Learning rate of the critic's AdamW."""
-    value_clip: float | None = 0.2
-    """Clip of the value loss around the critic's old values (None = plain squared error)."""
-
-    def __post_init__(self) -> None:
-        within("gamma", self.gamma, 0.0, 1.0)
-        within("lam", self.lam, 0.0, 1.0)
-        if self.critic_lr <= 0 or (self.value_clip is not None and self.value_clip <= 0):
-            raise ValueError(f"critic_lr and value_clip must be > 0 (got {self.critic_lr}, {self.value_clip})")
-
-
-PER_TOKEN: dict[str, type] = {"gae": GaeOptions, "opd": OpdOptions, "process": ProcessOptions}
-"""Advantages computed per token by a model beside the policy, by ``algo.advantage`` name, with
-their options: PPO's critic (rlvr.train.methods.ppo), on-policy distillation's teacher
-(rlvr.train.methods.distill), a process reward model (rlvr.train.methods.process)."""

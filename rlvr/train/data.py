@@ -92,7 +92,7 @@ def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[
         evals, eval_media = render_with_processor(processor, held, cfg.task.system_prompt)
         return TaskData(examples, train, held, evals, rewards, params, media=train_media, eval_media=eval_media)
     if cfg.task.source == "text":
-        from rlvr.train.methods.rlp import prompt_ids
+        from rlvr.data.pretraining import prompt_ids
 
         think_open = cfg.rlp_options().think_open
 
@@ -199,7 +199,6 @@ def with_variants(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, task: Task
     if chats:
         raise ValueError(f"sampler.templates re-renders a prompt from its last user message, which would drop the "
                          f"rest of a conversation; {len(chats)} prompts are conversations, e.g. {chats[0]}")
-    from rlvr.train.collect import template_variants
 
     def render(text: str) -> list[int]:
         return render_prompt(tokenizer, text, cfg.task.system_prompt)
@@ -364,3 +363,27 @@ def make_sampler(cfg: RunConfig, examples: list[Example]) -> Sampler:
                          sources=[str(ex.fields.get(sc.source_field, "default")) for ex in examples],
                          seed=cfg.seed, difficulty=difficulty)
     return build_sampler(sc.name, ctx, dict(sc.kwargs))
+
+
+def template_variants(templates: list[str], render: Callable[[str], list[int]], examples: list[Example],
+                      rendered: dict[tuple[int, int], list[int]] | None = None,
+                      ) -> Callable[[int, int, np.random.Generator], list[list[int]]]:
+    """Prompt augmentation (Lu et al., "Prompt Augmentation Scales up GRPO Training on
+    Mathematical Reasoning"): each rollout of a prompt is sampled under a reasoning template drawn
+    uniformly from ``templates`` (``{prompt}`` marks where the prompt goes), so a group mixes
+    ways of reasoning. Rewards still see the original prompt. Rendered prompts are cached
+    (``rendered``: by example index and template index, made already)."""
+    for t in templates:
+        if "{prompt}" not in t:
+            raise ValueError(f"prompt template {t!r} has no {{prompt}}")
+    cache: dict[tuple[int, int], list[int]] = rendered if rendered is not None else {}
+
+    def variants(index: int, n: int, rng: np.random.Generator) -> list[list[int]]:
+        out = []
+        for k in rng.integers(len(templates), size=n).tolist():
+            if (index, k) not in cache:
+                cache[index, k] = render(templates[k].replace("{prompt}", examples[index].prompt))
+            out.append(cache[index, k])
+        return out
+
+    return variants

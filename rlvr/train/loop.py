@@ -31,10 +31,11 @@ from rlvr.log.sinks import read_jsonl
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import Collected
 from rlvr.train.evaluate import evaluate, evaluate_held_out
-from rlvr.train.methods import Plan
+from rlvr.train.methods.base import Plan
 from rlvr.train.records import Thumbnails, sample_rows, summarise, summary_line, with_held_out_gain, write_report
 from rlvr.train.rollouts import group_metrics
-from rlvr.train.run import Run, RunDirError, open_run, save, setup
+from rlvr.train.run import Run, collect
+from rlvr.train.setup import RunDirError, open_run, save, setup
 from rlvr.train.stop import GracefulStop, Interrupted, resumable, stop_if_requested
 from rlvr.types import Group, oldest_version
 
@@ -48,7 +49,7 @@ def train_step(run: Run, step: int, progress: ConsoleProgress | None = None) -> 
     t0 = time.perf_counter()
     if progress:
         progress.status("generating")
-    collected = run.rollouts.take(run, step)  # asynchronous: generated during earlier updates
+    collected = run.rollouts.take(step, lambda k: collect(run, k))  # asynchronous: generated during earlier updates
     serving = run.engine.version  # rollout workers: the weights' version before this update
     if not collected.groups:  # e.g. dynamic sampling found no group with differing rewards: nothing to learn
         return _skipped_step(run, step, collected, t0), []

@@ -42,10 +42,11 @@ from rlvr.log.sinks import ConsoleProgress, JsonlSink, read_jsonl
 from rlvr.models import load_model, load_tokenizer, resolve_device, resolve_dtype
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.logprobs import packed_batch, packed_logprobs, token_budget_batches
-from rlvr.train.collect import collect
+from rlvr.train.run import collect
 from rlvr.train.evaluate import evaluate_held_out
 from rlvr.train.records import is_number, sample_rows, summary_line, with_held_out_gain
-from rlvr.train.run import Run, open_run, save
+from rlvr.train.run import Run
+from rlvr.train.setup import open_run, save
 from rlvr.train.stop import GracefulStop, resumable, stop_if_requested
 from rlvr.train.rollouts import group_metrics
 from rlvr.types import Group

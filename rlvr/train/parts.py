@@ -19,7 +19,8 @@ from transformers import PreTrainedModel
 from rlvr.lora import apply_lora
 from rlvr.models import load_model, load_vlm_model
 from rlvr.train.learner import Learner, learner_for
-from rlvr.train.methods import Extras, RankInfo, rank_extras
+from rlvr.train.methods import rank_extras
+from rlvr.train.methods.base import Extras, RankInfo
 
 if TYPE_CHECKING:
     from rlvr.config import RunConfig

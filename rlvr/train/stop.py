@@ -55,7 +55,7 @@ class Interrupted(KeyboardInterrupt):
 
 def stop_if_requested(run: Run, step: int, stop: GracefulStop, progress: ConsoleProgress) -> None:
     """After a step: on a first Ctrl-C, save it and stop, saying how to resume."""
-    from rlvr.train.run import save
+    from rlvr.train.setup import save
 
     if stop.requested:
         save(run, step)

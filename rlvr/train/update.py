@@ -10,7 +10,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 import torch
@@ -69,6 +69,22 @@ class Credit(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What an update takes beyond the groups and the settings (`update_policy`'s keywords), from
+    the methods that need it (rlvr.train.methods)."""
+
+    ref_model: PreTrainedModel | None = None
+    credit: Credit | None = None
+    """Per-token advantages in place of the outcome estimator (PPO's critic with GAE)."""
+    loss_state: dict[str, float] | None = None
+    terms: tuple[LossTerm, ...] = ()
+    """Gradient terms of their own beside the policy loss (CHORD's SFT, DPH-RL's divergence)."""
+
+    def keywords(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)

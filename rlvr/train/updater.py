@@ -21,7 +21,7 @@ from rlvr.train.update import UpdateResult, UpdateSettings, update_policy
 from rlvr.types import Group
 
 if TYPE_CHECKING:
-    from rlvr.train.methods import Extras
+    from rlvr.train.update import Extras
 
 
 class Updater:

@@ -28,117 +28,18 @@ learner ranks (rlvr.scaleout.learners) call `rank_extras`, and never name a meth
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from dataclasses import fields
+from typing import Any
 
-import torch
 from transformers import PreTrainedModel
 
-from rlvr.data import Example
-from rlvr.train.data import TaskData
-from rlvr.train.update import Credit, LossTerm, UpdateSettings
-from rlvr.types import Group
+from rlvr.train.methods import (distill, expert, intrinsic, kl, loss_state, ppo, process, rehearsal, remax,
+                                rlp)
+from rlvr.train.methods.base import Extras, Method, Plan, RankInfo, SetupInfo, example_fields, fields_by_id
+from rlvr.train.run import Run
 
-if TYPE_CHECKING:
-    from rlvr.train.run import Run
-
-
-@dataclass(frozen=True)
-class Extras:
-    """What an update takes beyond the groups and the settings (rlvr.train.update.update_policy's keywords)."""
-
-    ref_model: PreTrainedModel | None = None
-    credit: Credit | None = None
-    """Per-token advantages in place of the outcome estimator (PPO's critic with GAE)."""
-    loss_state: dict[str, float] | None = None
-    terms: tuple[LossTerm, ...] = ()
-    """Gradient terms of their own beside the policy loss (CHORD's SFT, DPH-RL's divergence)."""
-
-    def keywords(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One step's update, as the methods prepared it."""
-
-    groups: list[Group]
-    """What the update trains on: this step's groups, then any replayed ones."""
-    own: list[Group]
-    """This step's groups as the policy sampled them: the sampler observes these, with the update's
-    per-sample results (`UpdateResult.outcomes`)."""
-    settings: UpdateSettings
-    extras: Extras = field(default_factory=Extras)
-
-
-@dataclass(frozen=True)
-class SetupInfo:
-    """What a method's factory may need beyond the run's parts."""
-
-    device: torch.device
-    dtype: torch.dtype
-    """The learner's."""
-    optimizer_steps: int
-    """The learning-rate schedule's length."""
-    resuming: bool
-    quiet: bool
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """What a learner rank's parts are built from, beside the config and the rank's policy."""
-
-    optimizer_steps: int
-    """The learning-rate schedule's length (a critic's optimizer follows it)."""
-    tokenizer: Any
-    fields_of: Callable[[Group], dict[str, Any]] | None = None
-    """The fields of a group's example (what a function PRM reads: rlvr.train.methods.process)."""
-    banned: bool = False
-    """The engine never samples some tokens (a VLM's image placeholders): its distribution is truncated."""
-
-    @classmethod
-    def of(cls, run: Run, info: SetupInfo) -> RankInfo:
-        """The local run's: what its methods' factories build their parts from."""
-        from rlvr.data.images import image_token_ids
-        from rlvr.train.methods.process import example_fields, fields_by_id
-
-        return cls(info.optimizer_steps, run.tokenizer, example_fields(fields_by_id(run.task.examples)),
-                   bool(image_token_ids(run.processor)))
-
-
-class Method:
-    """A method's seams (see the module docstring); every hook is a no-op here."""
-
-    state_key: str | None = None
-    """The checkpoint's key for this method's state (None: it keeps none)."""
-    state_required = False
-    """A checkpoint without this method's state cannot be resumed with it (else it starts fresh)."""
-
-    def task(self, task: TaskData) -> TaskData:
-        return task
-
-    def rescore(self, run: Run, groups: list[Group], examples: list[Example], held_out: bool) -> list[Group]:
-        return groups
-
-    def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
-        return plan
-
-    def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
-        return {}
-
-    def metrics(self, run: Run) -> dict[str, float]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-
-# The methods' modules import the seams above, so they are imported here, below them.
-from rlvr.train.methods import (distill, expert, intrinsic, kl, loss_state, ppo, process, rehearsal,  # noqa: E402
-                                remax, rlp)
+__all__ = ["METHODS", "ON_RANKS", "Extras", "Method", "Plan", "RankInfo", "SetupInfo", "build_methods",
+           "example_fields", "fields_by_id", "rank_extras"]
 
 METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
     "remax": remax.build,            # ReMax: a greedy completion per prompt as the baseline

@@ -19,8 +19,8 @@ from rlvr.algos.distill import OpdOptions, reverse_kl_advantages
 from rlvr.models import load_model, load_tokenizer
 from rlvr.train.advantages import outcome_advantages
 from rlvr.train.batches import score_logprobs
-from rlvr.train.critic import PER_TOKEN
-from rlvr.train.methods import Extras, Method, Plan, RankInfo, SetupInfo
+from rlvr.algos import PER_TOKEN
+from rlvr.train.methods.base import Extras, Method, Plan, RankInfo, SetupInfo
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Group, Sample
 

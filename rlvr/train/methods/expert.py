@@ -29,67 +29,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlvr.algos import aggregate_loss
-from rlvr.algos.registry import within
+from rlvr.options import EXPERT_OPTIONS as OPTIONS, ChordOptions, ReliftOptions
 from rlvr.algos.supervised import chord_mu, sft_token_loss
 from rlvr.data.chat import tokenize_chat, with_system
 from rlvr.data.tasks import Example, demonstration_text
 from rlvr.rewards.combine import score_group
 from rlvr.train.batches import scored_batches
 from rlvr.train.learner import Learner
-from rlvr.train.methods import Method, SetupInfo, Plan
+from rlvr.train.methods.base import Method, SetupInfo, Plan
 from rlvr.train.rollouts import judged_accuracy
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Completion, Group, Sample
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChordOptions:
-    """CHORD's knobs (expert.kwargs with mode = "chord")."""
-
-    mu_peak: float = 0.5
-    """The SFT weight μ after warm-up."""
-    mu_valley: float = 0.05
-    """The SFT weight μ after the cosine decay."""
-    mu_warmup_steps: int = 0
-    """Steps of linear warm-up of μ from 0."""
-    mu_decay_steps: int = 0
-    """Steps of cosine decay from mu_peak to mu_valley (0 = train.steps)."""
-    weighting: str = "chord_phi"
-    """The SFT term's token weight: "chord_phi" = p(1 − p), "sft_is" = p, "none" = plain SFT."""
-
-    def __post_init__(self) -> None:
-        within("mu_peak", self.mu_peak, 0, 1)
-        within("mu_valley", self.mu_valley, 0, 1)
-        within("mu_warmup_steps", self.mu_warmup_steps, 0)
-        within("mu_decay_steps", self.mu_decay_steps, 0)
-        if self.weighting not in ("none", "chord_phi", "sft_is"):
-            raise ValueError(f"weighting must be \"none\", \"chord_phi\" or \"sft_is\" (got {self.weighting!r})")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReliftOptions:
-    """ReLIFT's knobs (expert.kwargs with mode = "relift")."""
-
-    batch: int = 8
-    """Demonstrations per interleaved SFT step; a step runs whenever this many hard prompts wait."""
-    max_accuracy: float = 0.0
-    """A prompt whose group accuracy is at most this is hard and waits for SFT (0 = every sample failed)."""
-
-    def __post_init__(self) -> None:
-        within("batch", self.batch, 1)
-        within("max_accuracy", self.max_accuracy, 0, 1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class NoOptions:
-    """A mode without knobs of its own (luffy)."""
-
-
-OPTIONS: dict[str, type] = {"chord": ChordOptions, "luffy": NoOptions, "relift": ReliftOptions}
-"""Each expert mode's options, filled from expert.kwargs."""
 
 
 def demonstration(run: Run, index: int, prompt_ids: tuple[int, ...]) -> Sample:

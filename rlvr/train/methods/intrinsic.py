@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from rlvr.data import Example
 from rlvr.rewards import RewardFn
-from rlvr.train.methods import Method, SetupInfo
-from rlvr.train.methods.rlp import information_gain
+from rlvr.train.methods.base import Method, SetupInfo
+from rlvr.rewards.intrinsic import information_gain
 from rlvr.train.batches import score_certainty
 from rlvr.types import Group
 

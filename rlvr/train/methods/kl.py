@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 
 from rlvr.algos.kl import AdaptiveKL, KLController
 from rlvr.models import load_policy
-from rlvr.train.methods import Extras, Method, Plan, RankInfo, SetupInfo
+from rlvr.train.methods.base import Extras, Method, Plan, RankInfo, SetupInfo
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlvr.algos import LOSSES
 from rlvr.algos.registry import loop_inputs
-from rlvr.train.methods import Method, SetupInfo, Plan
+from rlvr.train.methods.base import Method, SetupInfo, Plan
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run

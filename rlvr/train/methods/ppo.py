@@ -23,9 +23,11 @@ from transformers import PreTrainedModel
 from rlvr.algos import aggregate_loss
 from rlvr.algos.advantages import gae_advantages
 from rlvr.train.batches import batches, token_rows
-from rlvr.train.critic import PER_TOKEN, Critic, GaeOptions, value_loss
+from rlvr.algos import PER_TOKEN
+from rlvr.options import GaeOptions
+from rlvr.train.critic import Critic, value_loss
 from rlvr.train.learner import Learner, learner_for
-from rlvr.train.methods import Extras, Method, Plan, RankInfo, SetupInfo
+from rlvr.train.methods.base import Extras, Method, Plan, RankInfo, SetupInfo
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Completion, Group, Sample
 

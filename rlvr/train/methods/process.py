@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,9 +22,10 @@ import torch
 from rlvr.algos.process import ProcessOptions, process_advantages, split_steps, step_end_tokens, step_text
 from rlvr.rewards.process import PRM, load_prm
 from rlvr.train.advantages import outcome_advantages
-from rlvr.train.critic import PER_TOKEN, GaeOptions
+from rlvr.algos import PER_TOKEN
+from rlvr.options import GaeOptions
 from rlvr.train.methods.ppo import CriticCredit, new_critic
-from rlvr.train.methods import Extras, Method, Plan, RankInfo, SetupInfo
+from rlvr.train.methods.base import Extras, Method, Plan, RankInfo, SetupInfo
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Group, Sample
 
@@ -181,22 +182,6 @@ class ProcessSupervision(Method):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.credit.load_state_dict(state)
-
-
-def example_fields(fields_by_id: Mapping[Any, Mapping[str, Any]]) -> Callable[[Group], dict[str, Any]]:
-    """``fields_of(group)``: the fields of the group's example, looked up by its id in
-    ``fields_by_id`` when called (a data-parallel rank's mapping is refilled each update), what a
-    function PRM receives as keywords; a group of no known example gets its answer alone."""
-    def fields_of(group: Group) -> dict[str, Any]:
-        fields = fields_by_id.get(group.metadata.get("id"))
-        return dict(fields) if fields is not None else {"answer": group.metadata.get("answer")}
-
-    return fields_of
-
-
-def fields_by_id(examples: Iterable[Any]) -> dict[Any, Mapping[str, Any]]:
-    """Each example's fields, by its id (`example_fields`)."""
-    return {ex.id: ex.fields for ex in examples}
 
 
 def on_rank(cfg: RunConfig, policy: Any, info: RankInfo) -> Extras | None:

@@ -27,14 +27,14 @@ import numpy as np
 import torch
 
 from rlvr.algos import DIVERGENCES, aggregate_loss
-from rlvr.algos.registry import within
+from rlvr.options import RehearsalOptions
 from rlvr.data.images import with_prompt_media
 from rlvr.errors import RunDirError
 from rlvr.log import ScreeningProgress
 from rlvr.train.data import TaskData
 from rlvr.train.batches import score_logprobs, scored_batches, token_rows
 from rlvr.train.learner import Learner
-from rlvr.train.methods import Method, SetupInfo, Plan
+from rlvr.train.methods.base import Method, SetupInfo, Plan
 from rlvr.train.rollouts import generate_groups, is_correct
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Completion, Sample
@@ -43,32 +43,6 @@ if TYPE_CHECKING:
     from rlvr.train.run import Run
 
 FILE = "rehearsal.jsonl"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RehearsalOptions:
-    """DPH-RL's knobs (algo.divergence_kwargs)."""
-
-    coef: float = 0.05
-    """Weight of the divergence term (token mean over the rehearsal batch)."""
-    prompts: int = 256
-    """Training prompts the initial policy is screened on (0 = all)."""
-    k: int = 4
-    """Samples per screened prompt."""
-    min_correct: int | None = None
-    """Correct samples (of k) a prompt needs to join the set; None = all k (DPH-RL). Lower it for a weak model."""
-    batch: int = 16
-    """Stored samples in each update's divergence term."""
-    exclude: bool = True
-    """RL samples only the prompts that did not join the rehearsal set (as DPH-RL does)."""
-
-    def __post_init__(self) -> None:
-        within("coef", self.coef, 0)
-        within("prompts", self.prompts, 0)
-        within("k", self.k, 1)
-        within("batch", self.batch, 1)
-        if self.min_correct is not None and not 1 <= self.min_correct <= self.k:
-            raise ValueError(f"min_correct ({self.min_correct}) must be between 1 and k ({self.k})")
 
 
 @dataclasses.dataclass

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from rlvr.algos import ESTIMATORS
 from rlvr.algos.advantages import wants_greedy
-from rlvr.train.methods import Method, SetupInfo, Plan
+from rlvr.train.methods.base import Method, SetupInfo, Plan
 from rlvr.train.rollouts import generate_groups
 
 if TYPE_CHECKING:

@@ -23,7 +23,6 @@ checkpoints. It starts as the initial policy, `model`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import dataclasses
 from typing import TYPE_CHECKING, Any
@@ -34,33 +33,16 @@ from transformers import PreTrainedModel
 from rlvr.data import Example
 from rlvr.data.chat import Tokenized, encode_text
 from rlvr.lora import merged_state_dict
+from rlvr.options import RLPOptions
+from rlvr.data.pretraining import context_ids, prompt_ids  # noqa: F401  (prompt_ids: RLP's prompts, rendered by rlvr.train.data)
 from rlvr.models import load_model
+from rlvr.rewards.intrinsic import information_gain
 from rlvr.train.logprobs import packed_batch, packed_logprobs
-from rlvr.train.methods import Method, SetupInfo, Plan
+from rlvr.train.methods.base import Method, SetupInfo, Plan
 from rlvr.types import Group
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run
-
-INFORMATION_GAIN = "information_gain"
-
-
-def information_gain(*_: Any) -> float:  # noqa: D401 - a marker: the loop computes this reward (score_groups)
-    """Placeholder for the reward named "information_gain"; `score_groups` fills it in."""
-    raise RuntimeError("information_gain is computed by the training loop (rlvr.train.methods.rlp.score_groups)")
-
-
-def context_ids(tokenizer: Any, context: str) -> list[int]:
-    """A cut's context as the policy and the no-think baseline both see it: the raw text, with the
-    tokenizer's BOS if it adds one."""
-    return [int(i) for i in tokenizer(context)["input_ids"]]
-
-
-def prompt_ids(tokenizer: Any, context: str, think_open: str) -> list[int]:
-    """The engine's prompt for a cut: the context, then the thought's opening marker. Tokenized in
-    two pieces, so the context's own tokens are exactly those the no-think baseline scores."""
-    return context_ids(tokenizer, context) + encode_text(tokenizer, think_open)
-
 
 @torch.no_grad()
 def _target_logprob(model: Any, rows: list[tuple[list[int], int]], pad_token_id: int, micro_batch_size: int,
@@ -72,23 +54,6 @@ def _target_logprob(model: Any, rows: list[tuple[list[int], int]], pad_token_id:
         part = [[Tokenized(tuple(ids), (0,) * (len(ids) - k) + (1,) * k)] for ids, k in rows[start : start + micro_batch_size]]
         out += packed_logprobs(model, packed_batch(part, pad_token_id, device), chunk).sum(-1).tolist()
     return out
-
-
-@dataclass(frozen=True, kw_only=True)
-class RLPOptions:
-    """RLP's knobs: the information_gain reward's kwargs."""
-
-    think_open: str = "\n<think>"
-    """Written after the context: the policy's thought follows it (the prompt is the raw text, no chat template)."""
-    think_close: str = "</think>"
-    """Closes a thought before the target is scored (appended when the thought did not write it; use it
-    as a sampling.stop string)."""
-    ema_decay: float = 0.999
-    """The no-think baseline: an EMA of the policy, p̄ ← decay·p̄ + (1 − decay)·p_θ after every update."""
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.ema_decay < 1:
-            raise ValueError(f"ema_decay must be in [0, 1) (got {self.ema_decay!r})")
 
 
 def score_groups(run: Run, ema: PreTrainedModel, groups: list[Group], examples: list[Example]) -> list[Group]:
