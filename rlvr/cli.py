@@ -225,6 +225,9 @@ def _parser() -> argparse.ArgumentParser:
     cf = sub.add_parser("config", help="list every config key of a command (train, sft, dpo) with its default and meaning")
     cf.add_argument("for_command", nargs="?", default="train", choices=["train", "sft", "dpo"],
                     help="the command whose config to list (default: train)")
+    cf.add_argument("--all", action="store_true",
+                    help="also every key of the open tables (algo.loss_kwargs, sampler.rollouts_kwargs, dist.ray, ...) "
+                         "for each choice they follow, with its default, and the count (slower: loads the registries)")
     return p
 
 
@@ -568,6 +571,11 @@ def _tasks(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
+    if args.all:
+        from rlvr.config.knobs import describe_all
+
+        print(describe_all(args.for_command))
+        return 0
     print(describe(args.for_command))
     return 0
 

@@ -26,14 +26,14 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from rlvr.log.tracking import import_extra
+
 ADAPTER_DIR = "adapter"
 
 INSTALL_HINT = "pip install 'rlvr[lora]'   (PEFT)"
 
 
 def _peft() -> Any:
-    from rlvr.log.tracking import import_extra
-
     return import_extra("peft", f"lora.rank > 0 needs PEFT: {INSTALL_HINT}")
 
 

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlvr.train.checkpoint import latest_checkpoint  # the checkpoint layout belongs to train
+
 log = logging.getLogger("rlvr.models")
 
 BUILTIN_PREFIX = "builtin:"
@@ -343,7 +345,6 @@ def resolve_model(spec: str) -> str:
 
 def run_checkpoint(run_dir: Path) -> Path:
     """A run directory's latest complete checkpoint (the model a later stage starts from)."""
-    from rlvr.train.checkpoint import latest_checkpoint  # the checkpoint layout belongs to train
 
     last = latest_checkpoint(run_dir)
     if last is None:

@@ -18,6 +18,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 
+def check_present(what: str, required: Iterable[str], keys: Iterable[str], accepted: list[str]) -> None:
+    """Raise a ValueError naming the first of `required` that `keys` lacks (and what is accepted)."""
+    missing = [k for k in required if k not in set(keys)]
+    if missing:
+        raise ValueError(f"{what}: missing keyword {missing[0]!r} (it takes {', '.join(accepted)})")
+
+
 def check_names(what: str, keys: Iterable[str], accepted: list[str]) -> None:
     """Raise a ValueError naming the nearest accepted name when a key is not one of `accepted`."""
     for key in keys:
@@ -35,9 +42,8 @@ def options(what: str, cls: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     named = [p for p in inspect.signature(cls).parameters.values()
              if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
     check_names(what, kwargs, [p.name for p in named])
-    missing = [p.name for p in named if p.default is inspect.Parameter.empty and p.name not in kwargs]
-    if missing:
-        raise ValueError(f"{what}: missing keyword {missing[0]!r} (it takes {', '.join(p.name for p in named)})")
+    check_present(what, [p.name for p in named if p.default is inspect.Parameter.empty], kwargs,
+                  [p.name for p in named])
     if dataclasses.is_dataclass(cls):  # each value checked against its annotated type, as config fields are
         from pydantic import TypeAdapter, ValidationError
 
@@ -335,3 +341,8 @@ class RocOptions:
 ROLLOUT_OPTIONS: dict[str, type] = {"plain": NoOptions, "dynamic": DynamicOptions,
                                     "reinforce_ada": ReinforceAdaOptions, "roc": RocOptions}
 """Each ``sampler.rollouts`` strategy's options, filled from ``sampler.rollouts_kwargs``."""
+
+
+TURN_CREDIT_ALONE = ("algo.credit = \"turn\" computes its own group-relative advantages from the turn rewards: "
+                     "use it with advantage = \"grpo\", no shaping and no KL in the reward")
+"""Refused by the config when it loads, and by an update given such settings directly."""

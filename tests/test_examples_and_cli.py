@@ -178,6 +178,26 @@ def test_tasks_and_config_listings(capsys: pytest.CaptureFixture[str]) -> None:
     assert "dpo.beta = 0.1" in out and "algo.group_size" in out and "algo.loss" not in out
 
 
+def test_config_all_lists_every_open_tables_keys_for_each_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlvr config --all`: under each open table, the keys it takes for every choice it follows,
+    read from what receives them (so a new loss's knobs appear without a line written for it)."""
+    from rlvr.algos import LOSSES
+    from rlvr.options import ROLLOUT_OPTIONS
+
+    assert main(["config", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "algo.group_size = 8" in out  # the declared keys first, as `rlvr config`
+    assert 'algo.loss_kwargs  [loss = "ppo_clip"]: clip_low = 0.2, clip_high = 0.28, dual_clip = None' in out
+    assert all(f'[loss = "{name}"]' in out for name in LOSSES)
+    assert all(f'[rollouts = "{name}"]' in out for name in ROLLOUT_OPTIONS)
+    assert "dist.ray: address = None" in out and "correct_BT" not in out  # the loop's inputs are not knobs
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("# 102 declared keys; 19 open tables reach ")
+    assert main(["config", "sft", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "algo.loss_kwargs" not in out and "rewards.kwargs" in out  # only the tables sft reads
+
+
 def test_each_command_has_its_own_config_root(capsys: pytest.CaptureFixture[str]) -> None:
     """[sft] and [dpo] belong to their commands; a setting a command would ignore is refused."""
     assert main(["train", "sft.epochs=2"]) == 2

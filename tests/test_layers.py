@@ -93,3 +93,25 @@ def test_the_config_imports_nothing_above_it() -> None:
     upward = sorted(f"{m} -> {t}" for m in edges if m.startswith("rlvr.config") for t in edges[m]
                     if t.startswith(above))
     assert not upward, upward
+
+
+def test_each_error_message_is_written_once() -> None:
+    """A check written twice drifts apart (issue 52 found validations written two to four times
+    with identical messages): each message of a raised error appears once in the package, and a
+    check needed in two places is one function or one constant both use."""
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
+                continue
+            first = node.exc.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                text = first.value
+            elif isinstance(first, ast.JoinedStr):
+                text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in first.values)
+            else:
+                continue
+            if len(text) > 25:  # short ones ("{}: {}") are formats, not messages
+                seen.setdefault(text, []).append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    repeated = {text: where for text, where in seen.items() if len(where) > 1}
+    assert not repeated, repeated

@@ -1,6 +1,6 @@
 """One way to build the parts: a data-parallel learner rank (rlvr.train.parts.learner_rank) is
 built as the local run builds its learner, with whatever the config's methods need on every
-rank (rlvr.train.methods.ON_RANKS), and scale-out code names no method."""
+rank (rlvr.train.methods.registry.ON_RANKS), and scale-out code names no method."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from rlvr.config import load_config
-from rlvr.train import methods
-from rlvr.train.methods import Extras, RankInfo, rank_extras
+from rlvr.train.methods import registry as methods
+from rlvr.train.methods import Extras, RankInfo
+from rlvr.train.methods.registry import rank_extras
 from rlvr.train.methods.kl import Reference
 from rlvr.train.methods.ppo import CriticMethod
 from rlvr.train.parts import learner_rank

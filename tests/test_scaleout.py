@@ -25,7 +25,9 @@ def local_ray() -> object:
 
 
 def comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if k not in TIMING and not k.startswith("dist/")}
+    """A row's numbers to compare across runs (timing and the scale-out's own aside); the first
+    row's "methods" (what the run composed, a string) is compared exactly."""
+    return {k: v for k, v in row.items() if k not in TIMING and not k.startswith("dist/") and k != "methods"}
 
 
 @pytest.mark.dtype_independent  # pinned to fp32
@@ -45,6 +47,7 @@ def test_two_workers_and_two_learners_give_the_local_losses(tiny_dir: Path, tmp_
         for key in a:  # the same samples; the gradient summed over two ranks, in another order
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     assert dist[-1]["grad_norm"] > 0 and dist[-1]["dist/policy_version"] == 3
+    assert local[0]["methods"] == dist[0]["methods"] == "none"  # the same composition, said the same way
     assert all(r["dist/staleness_max"] == 0 for r in dist)  # synchronous: every sample from the current policy
 
 

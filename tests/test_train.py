@@ -161,6 +161,32 @@ def test_kl_epochs_and_mini_batches_path(tiny_dir: Path, tmp_path: Path) -> None
     assert any(r["ratio_max"] > 1.0 for r in rows)
 
 
+def test_a_run_records_which_methods_it_composed_and_through_which_seams(tiny_dir: Path, tmp_path: Path) -> None:
+    """Issue 52: methods switch on by the config alone, so each run says which did and where
+    they plug in: in its first metrics row, in config.toml's header (which the report shows),
+    and "none" for the core step alone."""
+    from rlvr.train.methods import Method
+    from rlvr.train.methods.registry import active
+
+    train(load_config(None, overrides(tiny_dir, tmp_path, "kl", algo__kl_coef=0.1, train__steps=2)), quiet=True)
+    rows = read_metrics(tmp_path / "kl")
+    assert rows[0]["methods"] == "kl (prepare, after_update, state)" and "methods" not in rows[1]
+    header = (tmp_path / "kl" / "config.toml").read_text().splitlines()
+    assert "# methods: kl (prepare, after_update, state)" in header
+    assert load_config(tmp_path / "kl" / "config.toml").algo.kl_coef == 0.1  # the header is a comment
+    train(load_config(None, overrides(tiny_dir, tmp_path, "plain", train__steps=1)), quiet=True)
+    assert read_metrics(tmp_path / "plain")[0]["methods"] == "none"
+
+    class Scores(Method):  # a method whose rescore runs in training only beside an intrinsic reward
+        state_key = "scores"
+
+        def rescore(self, run, groups, examples, held_out):  # type: ignore[no-untyped-def]
+            return groups
+
+    assert active({"scores": Scores()}, intrinsic=True) == {"scores": ["rescore", "state"]}
+    assert active({"scores": Scores()}, intrinsic=False) == {"scores": ["rescore (held-out only)", "state"]}
+
+
 def test_jsonl_prompts_scored_with_math_verify(tiny_dir: Path, tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n"

@@ -19,6 +19,7 @@ from rlvr.agents.tools import PythonInterpreter, Tool, call, parse_tool_calls
 from rlvr.data import Example
 from rlvr.rewards import RewardFn, extract_answer
 from rlvr.rewards.combine import score_group
+from rlvr.agents.search import SearchQA
 
 TOOL_INSTRUCTION = ("You can run Python: write a ```python code block and you will see what it prints. "
                     "When you know the answer, give it inside <answer></answer> tags.")
@@ -129,8 +130,6 @@ class GuessNumber:
 
 
 def _search(example: Example, rewards: list[RewardFn], **kwargs: Any) -> Env:
-    from rlvr.agents.search import SearchQA
-
     return SearchQA(example, rewards, **kwargs)
 
 

@@ -57,6 +57,11 @@ from rlvr.errors import InfrastructureError
 from rlvr.rollout.engine import Engine
 from rlvr.serve.protocol import Invalid
 from rlvr.types import Completion, SamplingParams, joined_versions
+from rlvr.serve.protocol import Limits
+from rlvr.models import context_length
+from rlvr.data.tasks import render_example
+from rlvr.rewards.combine import load_callable
+from rlvr.rewards.combine import score_group
 
 _logger = logging.getLogger(__name__)
 
@@ -195,8 +200,6 @@ SEGMENT_BREAK = "\n[… a new segment: the next call did not extend this one …
 
 
 def load_agent(entry: str) -> Callable[..., Any]:
-    from rlvr.rewards.combine import load_callable
-
     fn = load_callable(entry)
     if not callable(fn):
         raise ValueError(f"env.kwargs.entry = {entry!r} is not a function")
@@ -230,8 +233,6 @@ def agent_episode_groups(engine: Engine, tokenizer: Any, fn: Callable[..., Any],
                          mask: Collection[str] = ()) -> list[Any]:
     """n episodes of the agent on each example index, as Groups (rlvr.agents.runner.as_groups)."""
     from rlvr.serve.app import Served
-    from rlvr.serve.protocol import Limits
-    from rlvr.models import context_length
     from rlvr.serve.server import BackgroundServer
 
     jobs = [(i, f"{k}-{secrets.token_hex(4)}") for k, i in enumerate(j for j in indices for _ in range(n))]
@@ -273,8 +274,6 @@ def _episode(tokenizer: Any, example: Any, ep: _Episode, outcome: Any, rewards: 
              system_prompt: str | None) -> tuple[Episode, Any]:
     """The episode from its calls and what the agent returned, and that outcome, replaced by the
     error that made the episode fail where one did (for the log and AgentError)."""
-    from rlvr.data.tasks import render_example
-    from rlvr.rewards.combine import score_group
 
     segments, text, spans = trajectory(tokenizer, ep.calls)
     metrics = {"turns": float(len(ep.calls)), "sampled_tokens": float(ep.sampled),

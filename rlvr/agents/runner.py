@@ -49,6 +49,8 @@ from rlvr.options import Summarize
 from rlvr.rollout.engine import Engine
 from rlvr.sandbox import SandboxUnavailable
 from rlvr.types import Completion, SamplingParams, joined_versions
+from rlvr.data import render_prompt
+from rlvr.types import Group, Sample
 
 Ending = Literal["done", "max_turns", "budget", "context", "void", "infra", "error", "timeout"]
 
@@ -388,7 +390,6 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
     "env", followed by "turns" and "tool_calls", which do not count in the reward); the group's
     metadata keeps each episode's metrics, ending, turn rewards, text (all segments) and injected
     spans. ``mask`` names the episodes kept out of the loss (rlvr.agents.runner.masked_episode)."""
-    from rlvr.data import render_prompt
 
     envs = [factory(examples[i], rewards, **(kwargs or {})) for i in indices for _ in range(n)]
     tasks = [env.initial_observation() for env in envs]
@@ -441,7 +442,6 @@ def _flags(episode: Episode, mask: Collection[str]) -> dict[str, float]:
 def as_groups(examples: Sequence[Any], indices: list[int], n: int, episodes: Sequence[Episode], *,
               mask: Collection[str] = ()) -> list[Any]:
     """Episodes (n per example index, in order) as Groups (see episode_groups)."""
-    from rlvr.types import Group, Sample
 
     groups = []
     for k, i in enumerate(indices):

@@ -28,6 +28,7 @@ from rlvr.agents.openai_agent import episodes_of
 from rlvr.data.tasks import Example
 from rlvr.rewards.styles import PROMPT_MESSAGES
 from rlvr.types import SamplingParams
+from rlvr.rewards.combine import load_callable
 
 POLICY_ERRORS = frozenset({"InvalidModelResponseError", "EmptyModelResponseError", "OverlongPromptError",
                            "ToolParseError", "ToolCallError"})
@@ -62,7 +63,6 @@ def _load(load: str, args_json: str) -> Any:
     except ImportError:
         raise ImportError(f"env.name = \"verifiers\" needs the verifiers package: pip install 'rlvr[verifiers]' "
                           f"(verifiers=={SUPPORTED})") from None
-    from rlvr.rewards.combine import load_callable
 
     env = load_callable(load)(**json.loads(args_json))
     if not isinstance(env, verifiers.Environment):

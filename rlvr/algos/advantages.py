@@ -508,3 +508,10 @@ ESTIMATORS: dict[str, Callable[..., Any]] = {
 }
 """Outcome estimators: ``fn(rewards_PG, inputs, **kwargs) -> advantages_PG``. GAE is per token
 and needs a critic: PPO's module composes it (rlvr.train.methods.ppo; ``algo.advantage = "gae"``)."""
+
+
+def check_outcome(name: str) -> None:
+    """A mix's outcome estimator (on-policy distillation's, a process reward's) must be one of
+    ESTIMATORS."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"outcome {name!r} is not an outcome estimator ({', '.join(sorted(ESTIMATORS))})")

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from rlvr.algos.advantages import check_outcome
+
 
 def reverse_kl_advantages(student_logprobs_N: Tensor, teacher_logprobs_N: Tensor, *, coef: float = 1.0) -> Tensor:
     """A_t = −coef · (log π_S(y_t) − log π_T(y_t)), for each token y_t the student sampled.
@@ -44,11 +46,8 @@ class OpdOptions:
     """The outcome estimator (rlvr.algos.ESTIMATORS) of that mix, with its defaults."""
 
     def __post_init__(self) -> None:
-        from rlvr.algos.advantages import ESTIMATORS
-
         if self.coef < 0 or self.outcome_weight < 0:
             raise ValueError(f"coef and outcome_weight must be >= 0 (got {self.coef}, {self.outcome_weight})")
         if self.coef == 0 and self.outcome_weight == 0:
             raise ValueError("coef and outcome_weight are both 0: nothing to train on")
-        if self.outcome not in ESTIMATORS:
-            raise ValueError(f"outcome {self.outcome!r} is not an outcome estimator ({', '.join(sorted(ESTIMATORS))})")
+        check_outcome(self.outcome)

@@ -28,6 +28,12 @@ from torch import Tensor
 from rlvr.algos.masked import masked_inputs, masked_mean
 
 
+def check_top(top: float) -> None:
+    """The share of tokens the high-entropy selection keeps: in (0, 1]."""
+    if not 0.0 < top <= 1.0:
+        raise ValueError(f"top must be in (0, 1], got {top}")
+
+
 @dataclass(frozen=True)
 class EntropyOptions:
     """``algo.entropy``: the entropy bonus and the high-entropy token selection."""
@@ -42,8 +48,7 @@ class EntropyOptions:
     bonus still see every trained token, and the aggregation's token counts are unchanged."""
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.top <= 1.0:
-            raise ValueError(f"top must be in (0, 1], got {self.top}")
+        check_top(self.top)
 
 
 def token_covariance(logprobs_BT: Tensor, advantages_BT: Tensor, mask_BT: Tensor) -> Tensor:
@@ -182,8 +187,7 @@ def high_entropy_tokens(entropy_BT: Tensor, mask_BT: Tensor, top: float) -> Tens
 
     Wang et al., arXiv:2506.01939 (they keep the top 20%: ``top = 0.2``), applied per forward pass
     over its trained tokens, as TRL applies it per micro-batch."""
-    if not 0.0 < top <= 1.0:
-        raise ValueError(f"top must be in (0, 1], got {top}")
+    check_top(top)
     mask_BT = mask_BT.bool()
     if top == 1.0 or not mask_BT.any():
         return mask_BT

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlvr.algos.advantages import check_outcome
+
 
 def split_steps(text: str, delimiter: str = "\n\n") -> list[tuple[int, int]]:
     """The character spans [start, end) of the reasoning steps of ``text``: the pieces between
@@ -190,8 +192,6 @@ class ProcessOptions:
     """With credit = "gae": GAE's and the critic's options (rlvr.options.GaeOptions)."""
 
     def __post_init__(self) -> None:
-        from rlvr.algos.advantages import ESTIMATORS
-
         if self.credit not in ("group", "min", "gae"):
             raise ValueError(f"credit must be \"group\", \"min\" or \"gae\", got {self.credit!r}")
         if self.gae and self.credit != "gae":
@@ -200,5 +200,4 @@ class ProcessOptions:
             raise ValueError("delimiter must not be empty")
         if self.outcome_weight < 0:
             raise ValueError(f"outcome_weight must be >= 0, got {self.outcome_weight}")
-        if self.outcome not in ESTIMATORS:
-            raise ValueError(f"outcome {self.outcome!r} is not an outcome estimator ({', '.join(sorted(ESTIMATORS))})")
+        check_outcome(self.outcome)

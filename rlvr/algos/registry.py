@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rlvr.options import check_names, options, within  # noqa: F401  (re-exported: the registries' checks)
+from rlvr.options import check_names, check_present, options, within  # noqa: F401  (re-exported: the registries' checks)
 
 
 LOOP_INPUTS: dict[str, str] = {
@@ -49,9 +49,7 @@ def check_keywords(what: str, fn: Callable[..., Any], keys: Iterable[str],
     keys = list(keys)
     if accepted is None:
         accepted = keyword_options(fn, required)
-        missing = [k for k in set(accepted) - set(keyword_options(fn)) if k not in keys]
-        if missing:
-            raise ValueError(f"{what}: missing keyword {missing[0]!r} (it takes {', '.join(accepted)})")
+        check_present(what, [k for k in accepted if k not in keyword_options(fn)], keys, accepted)
     check_names(what, keys, accepted)
 
 

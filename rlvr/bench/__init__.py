@@ -26,6 +26,22 @@ from typing import Any
 
 import torch
 
+from rlvr.types import SamplingParams
+from rlvr.bench.llama_cpp import llama_cpp_tok_s
+from rlvr.train.learner import Learner
+from rlvr.runtime import keep_freed_memory
+from rlvr.types import Completion, Group, Sample
+from rlvr.data import reasoning_gym_examples, render_prompt
+from rlvr.models import load_model, load_tokenizer
+from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.rollout.weights import LAZY_AFTER, weights_unavailable
+from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path
+from rlvr.rollout.build import make_engine
+from rlvr.models import load_model
+from rlvr.train.logprobs import packs_completions
+from rlvr.train.update import UpdateSettings, update_policy
+from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
+
 MODEL = "builtin:smollm2-135m-instruct"
 TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 INSTRUCTION = "Answer with just the number."
@@ -47,18 +63,11 @@ def matmul_gflops(dtype: torch.dtype, m: int = 1024, k: int = 576, n: int = 1536
 
 
 def prompt_ids(tokenizer: Any, count: int) -> list[list[int]]:
-    from rlvr.data import reasoning_gym_examples, render_prompt
-
     examples = reasoning_gym_examples("chain_sum", size=count, seed=0, params=TASK, instruction=INSTRUCTION)
     return [render_prompt(tokenizer, ex.prompt) for ex in examples]
 
 
 def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = True, model_spec: str = MODEL) -> dict[str, Any]:
-    from rlvr.models import load_model, load_tokenizer
-    from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.rollout.weights import LAZY_AFTER, weights_unavailable
-    from rlvr.types import SamplingParams
-
     tokenizer, model = load_tokenizer(model_spec), load_model(model_spec, "auto")
     rows = []
     for batch in batch_sizes:
@@ -117,9 +126,6 @@ def part_generate_vllm(batch_sizes: list[int], new_tokens: int, model_spec: str 
     row forced to ``new_tokens`` as rlvr's are (vLLM's ``ignore_eos``, on the engine's own
     `vllm.LLM`), with the sampled tokens' log-probs as a training run asks for them.
     ``enforce_eager``: no graph compilation (starts in a third of the time)."""
-    from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path
-    from rlvr.rollout.build import make_engine
-    from rlvr.types import SamplingParams
 
     spec = resolve_model_path(model_spec)
     tokenizer = load_tokenizer(spec)
@@ -166,7 +172,6 @@ def _llama_cpp(ids: list[list[int]], group: int, new_tokens: int) -> float | str
     """llama.cpp tokens/s, or why it was not measured."""
     if importlib.util.find_spec("llama_cpp") is None:
         return "not installed (pip install llama-cpp-python)"
-    from rlvr.bench.llama_cpp import llama_cpp_tok_s
 
     llama_cpp_tok_s(ids[:1], 1, 2, threads=torch.get_num_threads())  # warm-up
     return round(llama_cpp_tok_s(ids, group, new_tokens, threads=torch.get_num_threads())["tok_s"], 1)
@@ -179,12 +184,6 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     counts every sample's prompt and completion (the work a per-sample learner does); the
     achieved GFLOP/s and its fraction of the matmul rate count the tokens actually run, each
     group's prompt once when the prompts are shared (no activation checkpointing)."""
-    from rlvr.models import load_model
-    from rlvr.train.learner import Learner
-    from rlvr.train.logprobs import packs_completions
-    from rlvr.train.update import UpdateSettings, update_policy
-
-    from rlvr.runtime import keep_freed_memory
 
     keep_freed_memory()  # as `rlvr train` does
     model = load_model(model_spec, "auto")
@@ -218,7 +217,6 @@ def tokens_run(groups: list[Any], micro_batch: int, micro_batch_tokens: int | No
     `share` allows and that is cheaper, as `update_policy` cuts them; ``lanes``: whether the
     model packs a prompt's completions, rlvr.train.logprobs.packs_completions), and whether any
     was shared."""
-    from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
 
     samples = [x for g in groups for x in g.samples]
     cuts = [[samples[i] for i in c] for c in micro_batches(list(range(len(samples))), samples, micro_batch,
@@ -230,7 +228,6 @@ def tokens_run(groups: list[Any], micro_batch: int, micro_batch_tokens: int | No
 
 def fake_groups(batch: int, group: int, prompt: int, completion: int, vocab: int) -> list[Any]:
     """Random token groups of fixed lengths with alternating rewards (every sample is trained)."""
-    from rlvr.types import Completion, Group, Sample
 
     gen = torch.Generator().manual_seed(0)
     groups = []

@@ -18,11 +18,14 @@ import time
 from typing import Any
 
 from rlvr.bench import INSTRUCTION, MODEL, TASK
+from rlvr.rewards import reasoning_gym_reward
+from rlvr.config import load_config
+from rlvr.train.loop import setup, train_step
+from rlvr.data import reasoning_gym_examples
+from rlvr.models import resolve_model_path
 
 
 def _reward_fn() -> Any:
-    from rlvr.rewards import reasoning_gym_reward
-
     def score(completion: str, entry: dict[str, Any]) -> float:
         return reasoning_gym_reward("", completion, task="chain_sum", entry=entry, params=TASK,
                                     extract="tag_or_last_number")
@@ -32,9 +35,6 @@ def _reward_fn() -> Any:
 def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int, engine_dtype: str = "auto",
                model_spec: str = MODEL) -> dict[str, Any]:
     from pathlib import Path
-
-    from rlvr.config import load_config
-    from rlvr.train.loop import setup, train_step
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(None, [
@@ -66,9 +66,6 @@ def trl_steps(prompts: int, group: int, max_new_tokens: int, steps: int, model_s
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    from rlvr.data import reasoning_gym_examples
-    from rlvr.models import resolve_model_path
 
     examples = reasoning_gym_examples("chain_sum", size=200, seed=0, params=TASK, instruction=INSTRUCTION)
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": ex.prompt}], "idx": i}

@@ -167,14 +167,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return from_dict(data, where if not overrides else f"{where} + overrides", command)
 
 
-def to_toml(cfg: RunConfig) -> str:
+def to_toml(cfg: RunConfig, notes: tuple[str, ...] = ()) -> str:
     """The run directory's config.toml: every key the config sets or that differs from its default
     (the rest left out, so it reads as what makes this run), under a header naming the rlvr version
-    whose defaults fill in the rest. Loading it gives back an equal config (with that version)."""
+    whose defaults fill in the rest, and `notes` (comment lines: what the run composed, once it is
+    set up). Loading it gives back an equal config (with that version)."""
     from rlvr import __version__
 
     header = (f"# rlvr {__version__}, `rlvr {cfg.command}`: the keys this run sets; every other key has its "
-              f"default in this version (`rlvr config {cfg.command}`)\n")
+              f"default in this version (`rlvr config {cfg.command}`)\n") + "".join(f"# {note}\n" for note in notes)
     given = _merged(cfg.model_dump(mode="json", exclude_unset=True),
                     cfg.model_dump(mode="json", exclude_defaults=True))
     return header + _dump_table(given, [])

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from rlvr.options import (EXPERT_OPTIONS, ROLLOUT_OPTIONS, AsyncOptions, RayOptions, RehearsalOptions, ReplayOptions,
+from rlvr.options import (EXPERT_OPTIONS, ROLLOUT_OPTIONS, TURN_CREDIT_ALONE, AsyncOptions, RayOptions, RehearsalOptions, ReplayOptions,
                           options)
 
 
@@ -250,8 +250,7 @@ class AlgoConfig(_Section):
                              "prompt: algo.group_size must be at least 2 (with 1 every advantage is 0 and nothing trains)")
         if self.credit == "turn" and (self.advantage != "grpo" or self.shaping or self.kl_placement == "reward"
                                       and self.kl_coef > 0):
-            raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn rewards: "
-                             "use it with advantage = \"grpo\", no shaping and no KL in the reward")
+            raise ValueError(TURN_CREDIT_ALONE)
         return self
 
     def entropy_options(self) -> Any:

@@ -24,6 +24,15 @@ from typing import Any, NamedTuple
 from rlvr.config import RunConfig
 from rlvr.data import Example
 from rlvr.data.chat import with_system
+from rlvr.data import render_example
+from rlvr.types import SamplingParams
+from rlvr.models import resolve_model
+from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_dtype
+from rlvr.rewards import build_rewards
+from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.train.data import prompts_fit
+from rlvr.train.rollouts import generate_groups, is_correct, judged
+from rlvr.rewards.styles import PROMPT_MESSAGES
 
 
 class Rated(NamedTuple):
@@ -40,14 +49,6 @@ def pass_rates(model_spec: str, cfg: RunConfig, examples: list[Example], *, n: i
                progress: Callable[[int], None] | None = None) -> list[Rated]:
     """Each of ``examples`` (`rlvr filter`: the config's training prompts, the first ``--limit``)
     rated by n samples under the config's sampling and rewards, generated ``batch`` prompts at a time."""
-    from rlvr.data import render_example
-    from rlvr.models import resolve_model
-    from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_dtype
-    from rlvr.rewards import build_rewards
-    from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.train.data import prompts_fit
-    from rlvr.train.rollouts import generate_groups, is_correct, judged
-    from rlvr.types import SamplingParams
 
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
@@ -105,7 +106,6 @@ def _row(ex: Example) -> dict[str, Any]:
     prompt as the text the policy saw, or as its chat messages where it was a conversation (TRL
     and verl layouts; the text alone would drop the system turn and earlier turns); "answer" as
     the fields hold it (a TRL row's own list or number, not its text)."""
-    from rlvr.rewards.styles import PROMPT_MESSAGES
 
     row = {**ex.fields, "id": ex.id}
     messages = row.pop(PROMPT_MESSAGES, None)

@@ -18,6 +18,9 @@ import numpy as np
 import reasoning_gym
 from reasoning_gym.factory import DATASETS
 
+from rlvr.rewards.styles import ground_truth
+from rlvr.rewards.styles import PROMPT_MESSAGES
+
 
 @dataclass(frozen=True)
 class Example:
@@ -311,7 +314,6 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
 def _row_example(where: str, row: dict[str, Any], prompt_column: str, answer_column: str | None, instruction: str,
                  layout: str, image_column: str | None, folder: Path | None) -> Example:
     """One row as an Example (`_examples`), its columns checked."""
-    from rlvr.rewards.styles import PROMPT_MESSAGES
 
     required = [prompt_column] + ([answer_column] if layout == "rlvr" and answer_column else [])
     for column in required:
@@ -345,7 +347,6 @@ def _check_reserved(row: dict[str, Any], where: str, image_column: str | None) -
     would be read as that field: an error, except "images" where the prompt's images come from an
     image column (that column or, rlvr filter's output read back, our own copy of it, made again
     from that column)."""
-    from rlvr.rewards.styles import PROMPT_MESSAGES
 
     for name in (PROMPT_MESSAGES, "images"):
         if name in row and not (name == "images" and image_column is not None):  # ours, from the image column
@@ -370,7 +371,6 @@ def _answer_text(value: Any) -> str | None:
 def _verl_answer(row: dict[str, Any], where: str) -> str:
     """verl's gold answer, ``reward_model.ground_truth`` (or a top-level ``ground_truth``), as text;
     a row without one is refused, where a verl `compute_score` would get None and score 0."""
-    from rlvr.rewards.styles import ground_truth
 
     value = ground_truth(row)
     if value is None:
@@ -442,7 +442,6 @@ def _chat_messages(value: Any, where: str) -> list[dict[str, str]]:
 def render_example(tokenizer: Any, example: Example, system_prompt: str | None = None) -> list[int]:
     """Token ids of an example's prompt: its chat messages where it has them (TRL's and verl's
     layouts), else its text (`render_prompt`)."""
-    from rlvr.rewards.styles import PROMPT_MESSAGES
 
     messages = example.fields.get(PROMPT_MESSAGES)
     if messages is None:

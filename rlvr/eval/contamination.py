@@ -33,6 +33,7 @@ from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.train.logprobs import token_logprobs
 from rlvr.train.update import collate
 from rlvr.types import Completion, Sample, SamplingParams
+from rlvr.data import render_prompt
 
 CRITIQUE_TEMPLATE = (
     "Here is one possible answer to this problem. It may be right or wrong. Write a response that "
@@ -120,7 +121,6 @@ def self_critique(
     model keeps its collapsed path even when asked to leave it). ``progress(k)`` is called as k
     more prompts of either pass finish (2·len(problems) in all).
     """
-    from rlvr.data import render_prompt
 
     if "{response}" not in template:
         raise ValueError("the critique template must contain {response}")

@@ -13,6 +13,15 @@ from rlvr.eval.metrics import Z95, avg_at_k, distinct_n, maj_at_k, mean_and_se, 
 from rlvr.rewards import build_rewards, extract_answer
 from rlvr.rewards.combine import score_group
 from rlvr.types import SamplingParams
+from rlvr.data import render_example, render_prompt
+from rlvr.models import context_length, eos_token_ids, load_policy, resolve_dtype, resolve_model
+from rlvr.rollout.build import make_engine
+from rlvr.rollout.weights import decode_weights
+from rlvr.data.images import image_token_ids
+from rlvr.train.data import load_examples, prompts_fit, render_with_processor
+from rlvr.train.rollouts import generate_groups
+from rlvr.train.batches import score_certainty
+from rlvr.train.rollouts import is_correct, judged, judged_by
 
 if TYPE_CHECKING:
     from rlvr.data import Example
@@ -30,14 +39,6 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     and the judge also scores its reasoning >= 0.5 (Wen et al., "Reinforcement Learning with
     Verifiable Rewards Implicitly Incentivizes Correct Reasoning in Base LLMs", arXiv:2506.14245).
     Only samples with a correct answer are sent to the judge."""
-    from rlvr.data import render_example, render_prompt
-    from rlvr.models import context_length, eos_token_ids, load_policy, resolve_dtype, resolve_model
-    from rlvr.rollout.build import make_engine
-    from rlvr.rollout.weights import decode_weights
-    from rlvr.data.images import image_token_ids
-    from rlvr.train.data import load_examples, prompts_fit, render_with_processor
-    from rlvr.train.rollouts import generate_groups
-    from rlvr.train.batches import score_certainty
 
     bad = [k for k in ks if not 1 <= k <= n]
     if bad:
@@ -95,7 +96,6 @@ def _per_prompt(groups: list[Group], held: list[Example], rewards: list[RewardFn
     under its index). A sample the CoT judge gives no verdict on counts as unsound only where the judge
     did answer: one that failed leaves the prompt out of CoT-pass@k. ``no_verdict`` holds each
     prompt's share of samples without a verdict."""
-    from rlvr.train.rollouts import is_correct, judged, judged_by
 
     fmt = str(rewards[0].kwargs.get("extract", "tag_or_last_number"))
     names = [*(f"pass@{k}" for k in ks), *(f"maj@{k}" for k in ks), "avg", "distinct_2", "no_verdict"]

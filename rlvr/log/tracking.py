@@ -23,6 +23,8 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from rlvr.algos.registry import check_keywords
+
 SINKS = ("tensorboard", "wandb", "mlflow")
 # sink → (module that must import, the extra that installs it)
 _REQUIRES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
@@ -221,7 +223,6 @@ TRACKERS: dict[str, Callable[..., Tracker]] = {"tensorboard": TensorBoard, "wand
 
 def check_sink_kwargs(sinks: Sequence[str], kwargs: Mapping[str, Mapping[str, Any]]) -> None:
     """Raise a ValueError for settings of a sink not in ``sinks`` or a keyword its tracker does not take."""
-    from rlvr.algos.registry import check_keywords
 
     for sink, given in kwargs.items():
         if sink not in sinks:

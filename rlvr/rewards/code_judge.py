@@ -57,6 +57,9 @@ imported (MBPP's ``math.isclose`` without an import of its own), which the judge
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 
+BROKE_PROTOCOL = "the solution's process broke the protocol"
+
+
 class SolutionError(Exception):
     """The solution raised an exception that is not a builtin one, or broke the protocol."""
 
@@ -114,7 +117,7 @@ class Solution:
             raise SolutionError("the solution's process ended or broke the protocol") from None
         if type(reply) is not tuple or not reply:
             self.close()
-            raise SolutionError("the solution's process broke the protocol")
+            raise SolutionError(BROKE_PROTOCOL)
         return reply
 
     def _read(self, n: int) -> bytes:
@@ -158,13 +161,13 @@ def _raise(reply: tuple[Any, ...]) -> Any:
         raise SolutionError(f"{reply[1]}: {reply[2]}")
     if len(reply) == 2 and reply[0] == "unplain":
         raise SolutionError(f"returned a {reply[1]!s}, which is not plain data")
-    raise SolutionError("the solution's process broke the protocol")
+    raise SolutionError(BROKE_PROTOCOL)
 
 
 def _changed(given: Any, now: Any) -> None:
     """Write a call's change to a list, dict or set argument into the test's own object."""
     if type(given) is not type(now) or type(given) not in (list, dict, set):
-        raise SolutionError("the solution's process broke the protocol")
+        raise SolutionError(BROKE_PROTOCOL)
     if type(given) is list:
         given[:] = now
     else:
@@ -181,11 +184,11 @@ def _proxy(solution: Solution, name: str) -> Any:
         if len(reply) == 4 and reply[0] == "return" and type(reply[2]) is dict and type(reply[3]) is dict:
             for key, now in reply[2].items():
                 if type(key) is not int or not 0 <= key < len(args):
-                    raise SolutionError("the solution's process broke the protocol")
+                    raise SolutionError(BROKE_PROTOCOL)
                 _changed(args[key], now)
             for key, now in reply[3].items():
                 if key not in kwargs:
-                    raise SolutionError("the solution's process broke the protocol")
+                    raise SolutionError(BROKE_PROTOCOL)
                 _changed(kwargs[key], now)
             return reply[1]
         return _raise(reply)
@@ -238,7 +241,7 @@ def _bind(solution: Solution, namespace: dict[str, Any], tests: list[Any], bind:
         raise Unjudgeable("the tests use no name a solution defines (only the task's own and the builtins)")
     kinds = solution.request(("describe", order))
     if len(kinds) != len(order):
-        raise SolutionError("the solution's process broke the protocol")
+        raise SolutionError(BROKE_PROTOCOL)
     for name, kind in zip(order, kinds):
         if type(kind) is not tuple or not kind:
             continue

@@ -132,11 +132,15 @@ def load_callable(spec: str) -> Callable[..., Any]:
     return obj
 
 
+def _check_on_error(on_error: str) -> None:
+    if on_error not in ("zero", "stop"):
+        raise ValueError(f"on_error must be 'zero' or 'stop', got {on_error!r}")
+
+
 def build_rewards(specs: list[dict[str, Any]], on_error: str = "zero") -> list[RewardFn]:
     """Resolve config specs ``{"fn", "weight"=1.0, "name"=<last part of fn>, "kwargs"={}}``, each
     failing as ``on_error`` says (`RewardFn.on_error`)."""
-    if on_error not in ("zero", "stop"):
-        raise ValueError(f"on_error must be 'zero' or 'stop', got {on_error!r}")
+    _check_on_error(on_error)
     rewards: list[RewardFn] = []
     for i, spec in enumerate(specs):
         unknown = set(spec) - _SPEC_KEYS
@@ -403,8 +407,8 @@ def score_group(
     ``on_error = "stop"`` raises RewardError on a failure instead; unset, each reward's own
     (`RewardFn.on_error`, the run's on_reward_error).
     """
-    if on_error not in (None, "zero", "stop"):
-        raise ValueError(f"on_error must be 'zero' or 'stop', got {on_error!r}")
+    if on_error is not None:
+        _check_on_error(on_error)
     # intrinsic rewards are filled in later, from the policy; routed ones only score their sources
     rewards = [r for r in rewards if not r.intrinsic and r.applies(example)]
     per_reward = [_call(reward, prompt, completions, example, on_error or reward.on_error, completion_ids)

@@ -28,6 +28,9 @@ a test may pass back what the solution returned inside a few levels of its own, 
 carries a changed argument as deep as the call's."""
 
 
+ENDS_EARLY = "a plain-data message ends early"
+
+
 class NotPlain(TypeError):
     """A value (or an encoded message) that is not plain data."""
 
@@ -88,7 +91,7 @@ def _put(v: Any, out: list[bytes], depth: int, limit: int) -> None:
 
 def _length(data: bytes, at: int) -> tuple[int, int]:
     if at + 4 > len(data):
-        raise NotPlain("a plain-data message ends early")
+        raise NotPlain(ENDS_EARLY)
     return int.from_bytes(data[at:at + 4], "big"), at + 4
 
 
@@ -96,7 +99,7 @@ def _get(data: bytes, at: int, depth: int, limit: int) -> tuple[Any, int]:
     if depth > limit:
         raise NotPlain(f"nested deeper than {limit}")
     if at >= len(data):
-        raise NotPlain("a plain-data message ends early")
+        raise NotPlain(ENDS_EARLY)
     tag = data[at:at + 1]
     at += 1
     if tag == b"N":
@@ -106,7 +109,7 @@ def _get(data: bytes, at: int, depth: int, limit: int) -> tuple[Any, int]:
     n, at = _length(data, at)
     if tag in (b"L", b"T", b"E", b"Z", b"D"):
         if n > len(data) - at:  # every item takes a byte at least: no allocation past the data
-            raise NotPlain("a plain-data message ends early")
+            raise NotPlain(ENDS_EARLY)
         items = []
         for _ in range(2 * n if tag == b"D" else n):
             item, at = _get(data, at, depth + 1, limit)
@@ -118,7 +121,7 @@ def _get(data: bytes, at: int, depth: int, limit: int) -> tuple[Any, int]:
         except TypeError as err:  # an unhashable key or member
             raise NotPlain(str(err)) from None
     if n > len(data) - at:
-        raise NotPlain("a plain-data message ends early")
+        raise NotPlain(ENDS_EARLY)
     payload, at = data[at:at + n], at + n
     try:
         if tag == b"I":

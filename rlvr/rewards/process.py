@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import torch
 
+from rlvr.models import load_tokenizer, resolve_model_path
+
 
 class PRM(Protocol):
     def score(self, prompts: Sequence[str], steps: Sequence[Sequence[str]],
@@ -65,8 +67,6 @@ class ClassifierPRM:
     @classmethod
     def load(cls, spec: str, separator: str, dtype: torch.dtype, device: torch.device) -> ClassifierPRM:
         from transformers import AutoModelForTokenClassification
-
-        from rlvr.models import load_tokenizer, resolve_model_path
 
         path = resolve_model_path(spec)
         model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype).to(device).requires_grad_(False)

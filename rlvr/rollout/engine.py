@@ -266,8 +266,7 @@ class EmbeddedEngine:
             seeds = self.draw_seeds(len(prompts), params)
         if len(seeds) != len(prompts) or any(len(row) != params.n for row in seeds):
             raise ValueError(f"seeds must be {len(prompts)} rows of n = {params.n}")
-        if media is not None and len(media) != len(prompts):
-            raise ValueError(f"media must give one entry (or None) per prompt: {len(media)} for {len(prompts)} prompts")
+        check_prompts(prompts, media)
         per_chunk = max(1, self.max_batch_size // params.n)
         out: list[list[Completion]] = []
         with self._busy, without_cudnn_attention(self.device):
@@ -309,8 +308,6 @@ class EmbeddedEngine:
         self, prompts: list[list[int]], params: SamplingParams, seeds: list[list[int]],
         media: Sequence[PromptMedia | None] | None = None, cancelled: Callable[[], bool] | None = None,
     ) -> list[list[Completion]]:
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("cannot generate from an empty prompt")
         n, eos = params.n, torch.tensor(self.eos_token_ids, device=self.device)
         uniforms_BT = self._uniforms(params, seeds)
         cache, logits_PV, mask_PT, offsets_P = self._prefill(prompts, media)
@@ -540,6 +537,15 @@ def _weights_problem(weights: str, decoder: str, reason: str | None, device: tor
     if why is None and device.type != "cpu":
         why = f"engine.dtype = {weights!r} runs CPU kernels; on a GPU use bfloat16 or float32 (or train.device = \"cpu\")"
     return why
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], media: Sequence[Any] | None = None) -> None:
+    """What every engine refuses before it generates: an empty prompt, and images not given one
+    entry (or None) per prompt."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("cannot generate from an empty prompt")
+    if media is not None and len(media) != len(prompts):
+        raise ValueError(f"media must give one entry (or None) per prompt: {len(media)} for {len(prompts)} prompts")
 
 
 def draw_seeds(generator: torch.Generator, num_prompts: int, params: SamplingParams) -> list[list[int]]:

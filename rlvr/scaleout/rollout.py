@@ -23,7 +23,7 @@ from typing import Any, cast
 import torch
 
 from rlvr.scaleout.cluster import placement, require_ray
-from rlvr.rollout.engine import EmbeddedEngine, draw_seeds
+from rlvr.rollout.engine import EmbeddedEngine, check_prompts, draw_seeds
 from rlvr.types import Completion, PromptMedia, SamplingParams
 
 log = logging.getLogger("rlvr.scaleout")
@@ -173,8 +173,7 @@ class RayEngine:
         """As the embedded engine's: each sample's stream from ``seeds`` (default: drawn here), so
         the workers sample what one engine would. A prompt's images (``media``) go with it to its
         worker."""
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("cannot generate from an empty prompt")
+        check_prompts(prompts, media)
         if seeds is None:
             seeds = draw_seeds(self.generator, len(prompts), params)
         size = -(-len(prompts) // len(self.workers))

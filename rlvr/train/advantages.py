@@ -11,6 +11,7 @@ import torch
 
 from rlvr.algos import ESTIMATORS, SHAPING, turn_advantages
 from rlvr.algos.advantages import AdvantageInputs, wants_greedy
+from rlvr.options import TURN_CREDIT_ALONE
 from rlvr.train.rollouts import is_correct
 from rlvr.train.settings import UpdateSettings
 from rlvr.types import Group, Sample
@@ -104,8 +105,7 @@ def check_combination(s: UpdateSettings, per_token: bool, kl_in_reward: bool, su
         raise ValueError("summarised episodes (env.summarize) train with outcome advantages: "
                          "kl_placement = \"reward\" is not supported with them")
     if s.turn_credit and (per_token or kl_in_reward or s.shaping or s.advantage != "grpo"):
-        raise ValueError("algo.credit = \"turn\" computes its own group-relative advantages from the turn "
-                         "rewards: use it with advantage = \"grpo\", no shaping and no KL in the reward")
+        raise ValueError(TURN_CREDIT_ALONE)
 
 
 def turn_credit(groups: list[Group], samples: list[Sample], owner: list[int], s: UpdateSettings) -> list[torch.Tensor]:

@@ -27,6 +27,7 @@ import numpy as np
 
 from rlvr.data import Example
 from rlvr.data.images import with_prompt_media
+from rlvr.data.curricula.base import NO_ACCURACY
 from rlvr.data.sampler import Sampler
 from rlvr.rewards import RewardFn
 from rlvr.rollout.engine import Engine
@@ -436,7 +437,7 @@ class Rollouts:
                  for g in aside]
         unset = [g for g in own + aside if g.accuracy is None and not all(x.excluded for x in g.samples)]
         if unset:  # a collection path that forgot `with_accuracy`, not a group without a verdict
-            raise ValueError(f"a sampler observed a group without its accuracy (collection sets it): {unset[0].prompt[:60]!r}")
+            raise ValueError(f"{NO_ACCURACY}: {unset[0].prompt[:60]!r}")
         # a group without a verdict (its reward's service down, say) says nothing about the prompt
         self.sampler.observe([g for g in own + aside if g.accuracy is not None])
         if self.replay is not None:

@@ -31,6 +31,7 @@ from rlvr.log.sinks import read_jsonl
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import Collected
 from rlvr.train.evaluate import evaluate, evaluate_held_out
+from rlvr.train.methods.registry import composed
 from rlvr.train.methods.base import Plan
 from rlvr.train.records import Thumbnails, sample_rows, summarise, summary_line, with_held_out_gain, write_report
 from rlvr.train.rollouts import group_metrics
@@ -169,6 +170,8 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
                     progress.status("evaluating")
                     metrics |= evaluate(run, step)  # greedy on the held-out prompts, in this step's row
                 metrics["elapsed_seconds"] = carried + time.perf_counter() - began
+                if step == 1:  # the run's first row says what it composed beside the step
+                    metrics["methods"] = composed(run)
                 metrics_sink.write(metrics)
                 trackers.log(step, metrics)
                 if step % cfg.samples_every == 0:

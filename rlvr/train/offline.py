@@ -46,7 +46,7 @@ from rlvr.train.run import collect
 from rlvr.train.evaluate import evaluate_held_out
 from rlvr.train.records import is_number, sample_rows, summary_line, with_held_out_gain
 from rlvr.train.run import Run
-from rlvr.train.setup import open_run, save
+from rlvr.train.setup import NO_CONFIG, open_run, save
 from rlvr.train.stop import GracefulStop, resumable, stop_if_requested
 from rlvr.train.rollouts import group_metrics
 from rlvr.types import Group
@@ -264,7 +264,7 @@ def _config(cfg: RunConfig | None, resume: str | Path | None, overrides: tuple[s
     if resume is not None:
         return load_config(Path(resume) / "config.toml", overrides, command=command)
     if cfg is None:
-        raise ValueError(f"{command}() needs a config or resume=<run dir>")
+        raise ValueError(NO_CONFIG.format(command=command))
     if cfg.command != command:
         raise ValueError(f"{command}() needs `rlvr {command}`'s config: load_config(..., command=\"{command}\")")
     return cfg

@@ -24,6 +24,8 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from rlvr.train.logprobs import token_logprobs
+
 T = TypeVar("T")
 
 
@@ -58,7 +60,6 @@ def idle_passes(model: torch.nn.Module, passes: int, pad_token_id: int) -> None:
     rank, size = world()
     if size == 1 or not sharded(model):
         return
-    from rlvr.train.logprobs import token_logprobs
 
     ids_BT = torch.tensor([[pad_token_id, pad_token_id]], device=next(model.parameters()).device)
     for _ in range(-(-passes // size) - len(range(rank, passes, size))):

@@ -4,7 +4,7 @@
     load_base(cfg, spec, ...)   the policy's weights as loaded (with LoRA: the base model)
     trainable(cfg, model)       as the learner trains it: activation checkpointing, LoRA
     learner_rank(cfg, ...)      a learner rank: its policy, its optimizer, and what the config's
-                                methods need on every rank (rlvr.train.methods.ON_RANKS)
+                                methods need on every rank (rlvr.train.methods.registry.ON_RANKS)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 from rlvr.lora import apply_lora
 from rlvr.models import load_model, load_vlm_model
 from rlvr.train.learner import Learner, learner_for
-from rlvr.train.methods import rank_extras
+from rlvr.train.methods.registry import rank_extras
 from rlvr.train.methods.base import Extras, RankInfo
 
 if TYPE_CHECKING:

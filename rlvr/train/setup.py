@@ -48,13 +48,18 @@ from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import ReplayBuffer, Rollouts
 from rlvr.train.data import check_prompt_lengths, load_task, make_sampler, with_variants
 from rlvr.train.learner import learner_for
-from rlvr.train.methods import SetupInfo, build_methods
+from rlvr.train.methods.base import SetupInfo
+from rlvr.train.methods.registry import build_methods, composed
 from rlvr.train.parts import load_base, trainable
 from rlvr.train.update import settings_from_config
 from rlvr.train.updater import Updater
 from rlvr.train.run import Run
 
 __all__ = ["Run", "RunDirError", "create_run_dir", "open_run", "save", "setup"]
+
+
+NO_CONFIG = "{command}() needs a config or resume=<run dir>"
+"""What `open_run` (and `rlvr.train.offline`'s commands) say when given neither."""
 
 
 def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dtype: torch.dtype,
@@ -215,9 +220,8 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
             numerics.follow(None)
             for name in ("metrics.jsonl", "samples.jsonl", "summary.json"):
                 (run_dir / name).unlink(missing_ok=True)
-            if overrides:
-                (run_dir / "config.toml").write_text(to_toml(cfg))
             run = setup(cfg, run_dir, quiet=quiet, optimizer_steps=optimizer_steps)
+            (run_dir / "config.toml").write_text(to_toml(cfg, _notes(run)))
             run.command = command
             return run, 0
         last, state = _loadable_checkpoint(run_dir)
@@ -233,23 +237,29 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
         _restore(run, state)
         if changes:  # e.g. train.steps=40 to extend a finished run; written once setup has worked
             shutil.copyfile(run_dir / "config.toml", run_dir / f"config.before_step_{int(state['step']) + 1}.toml")
-            (run_dir / "config.toml").write_text(to_toml(cfg))
+            (run_dir / "config.toml").write_text(to_toml(cfg, _notes(run)))
         start = int(state["step"])
         for name in ("metrics.jsonl", "samples.jsonl"):
             ckpt.truncate_jsonl(run_dir / name, start)
         return run, start
     if cfg is None:
-        raise ValueError(f"{command}() needs a config or resume=<run dir>")
+        raise ValueError(NO_CONFIG.format(command=command))
     _require_sinks(cfg)
     numerics.follow(None)  # a new run measures this machine's own (another run in this process may have followed)
     run_dir = create_run_dir(cfg, command)
     try:
         run = setup(cfg, run_dir, quiet=quiet, optimizer_steps=optimizer_steps)
+        (run_dir / "config.toml").write_text(to_toml(cfg, _notes(run)))  # now with what the run composed
         run.command = command
         return run, 0
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-made is left behind
         raise
+
+
+def _notes(run: Run) -> tuple[str, ...]:
+    """config.toml's header lines about the run as set up: the methods it composed and their seams."""
+    return (f"methods: {composed(run)}",)
 
 
 def _changes(before: RunConfig, after: RunConfig) -> list[str]:

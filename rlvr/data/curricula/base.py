@@ -47,6 +47,11 @@ class Curriculum(Sampler, Protocol):
 # shared pieces
 
 
+NO_ACCURACY = "a sampler observed a group without its accuracy (collection sets it)"
+"""Every collection sets `Group.accuracy` (None only for a group without a verdict); a sampler
+that meets a group without it was given one from a path that forgot `with_accuracy`."""
+
+
 def _rng(seed: int, tag: str, counter: int) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(tag.encode()), counter])
 
@@ -57,7 +62,7 @@ def _prompt(g: Group) -> int:
 
 def _accuracy(g: Group) -> float:
     if g.accuracy is None:
-        raise ValueError(f"a sampler observed a group without its accuracy (collection sets it): {g.prompt[:60]!r}")
+        raise ValueError(f"{NO_ACCURACY}: {g.prompt[:60]!r}")
     return g.accuracy
 
 
