@@ -24,11 +24,11 @@ def _knobs(target: Callable[..., Any], every_keyword: bool = False) -> list[tupl
         return [(f.name, f.default if f.default is not dataclasses.MISSING else
                  f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)")
                 for f in dataclasses.fields(target)]
+    # a class (a sampler, a tracker) takes its knobs by name in any form; a function, keyword-only
+    kinds = ((inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) if inspect.isclass(target)
+             else (inspect.Parameter.KEYWORD_ONLY,))
     out = []
     for p in inspect.signature(target).parameters.values():
-        # a class (a sampler, a tracker) takes its knobs by name in any form; a function, keyword-only
-        kinds = ((inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) if inspect.isclass(target)
-                 else (inspect.Parameter.KEYWORD_ONLY,))
         if p.kind not in kinds or p.name in LOOP_INPUTS or p.name in ("self", "ctx"):
             continue
         if p.default is inspect.Parameter.empty and not every_keyword:
@@ -49,34 +49,31 @@ def open_tables() -> Iterator[tuple[str, str, Callable[..., Any], bool]]:
     from rlvr.rewards.builtin import REWARDS
     from rlvr.sandbox import Limits
 
-    for name, fn in ESTIMATORS.items():
-        yield "algo.advantage_kwargs", f'advantage = "{name}"', fn, True
-    for name, cls in PER_TOKEN.items():
-        yield "algo.advantage_kwargs", f'advantage = "{name}"', cls, False
-    for name, fn in LOSSES.items():
-        yield "algo.loss_kwargs", f'loss = "{name}"', fn, False
-    for name, fn in CORRECTIONS.items():
-        yield "algo.offpolicy_kwargs", f'offpolicy = "{name}"', fn, True
-    for name, fn in SHAPING.items():
-        yield "algo.shaping.kwargs", f'fn = "{name}"', fn, False
-    yield "algo.entropy", "", EntropyOptions, False
-    yield "algo.kl_adaptive", "", AdaptiveKL, False
-    yield "algo.divergence_kwargs", "", RehearsalOptions, False
-    for name, fn in REWARDS.items():
-        yield "rewards.kwargs", f'fn = "{name}"', fn, False
-    for name, cls in CURRICULA.items():
-        yield "sampler.kwargs", f'name = "{name}"', cls, False
-    for name, cls in ROLLOUT_OPTIONS.items():
-        yield "sampler.rollouts_kwargs", f'rollouts = "{name}"', cls, False
-    yield "sampler.replay", "", ReplayOptions, False
-    for name, cls in EXPERT_OPTIONS.items():
-        yield "expert.kwargs", f'mode = "{name}"', cls, False
-    yield "env.summarize", "", Summarize, False
-    yield "sandbox.limits", "", Limits, False
-    yield "dist.ray", "", RayOptions, False
-    yield "dist.async_rollouts", "", AsyncOptions, False
-    for name, tracker in TRACKERS.items():
-        yield f"log.sink_kwargs.{name}", "", tracker, False
+    # (key, the setting that chooses among the registry's entries, or "" for a table of one
+    # receiver, the registry, every keyword a knob), in the config's order
+    tables: list[tuple[str, str, dict[str, Any], bool]] = [
+        ("algo.advantage_kwargs", "advantage", ESTIMATORS, True),
+        ("algo.advantage_kwargs", "advantage", PER_TOKEN, False),
+        ("algo.loss_kwargs", "loss", LOSSES, False),
+        ("algo.offpolicy_kwargs", "offpolicy", CORRECTIONS, True),
+        ("algo.shaping.kwargs", "fn", SHAPING, False),
+        ("algo.entropy", "", {"": EntropyOptions}, False),
+        ("algo.kl_adaptive", "", {"": AdaptiveKL}, False),
+        ("algo.divergence_kwargs", "", {"": RehearsalOptions}, False),
+        ("rewards.kwargs", "fn", REWARDS, False),
+        ("sampler.kwargs", "name", CURRICULA, False),
+        ("sampler.rollouts_kwargs", "rollouts", ROLLOUT_OPTIONS, False),
+        ("sampler.replay", "", {"": ReplayOptions}, False),
+        ("expert.kwargs", "mode", EXPERT_OPTIONS, False),
+        ("env.summarize", "", {"": Summarize}, False),
+        ("sandbox.limits", "", {"": Limits}, False),
+        ("dist.ray", "", {"": RayOptions}, False),
+        ("dist.async_rollouts", "", {"": AsyncOptions}, False),
+        *((f"log.sink_kwargs.{name}", "", {"": tracker}, False) for name, tracker in TRACKERS.items()),
+    ]
+    for key, setting, registry, every in tables:
+        for name, target in registry.items():
+            yield key, f'{setting} = "{name}"' if setting else "", target, every
 
 
 def describe_all(command: str = "train") -> str:

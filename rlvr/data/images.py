@@ -61,6 +61,12 @@ def image_messages(prompt: str, images: Sequence[object], system_prompt: str | N
     return messages
 
 
+def _chat_text(processor: Any, prompt: str, images: int, system_prompt: str | None) -> str:
+    """The prompt with `images` image parts through the processor's chat template, as text."""
+    return str(processor.apply_chat_template(image_messages(prompt, [None] * images, system_prompt),
+                                             add_generation_prompt=True, tokenize=False))
+
+
 def render_with_images(processor: Any, prompt: str, images: list[Any], system_prompt: str | None = None,
                        where: str = "prompt") -> tuple[list[int], dict[str, torch.Tensor]]:
     """A prompt with images as the model takes it: (token ids ending with the assistant turn's
@@ -72,8 +78,7 @@ def render_with_images(processor: Any, prompt: str, images: list[Any], system_pr
     if not getattr(processor, "chat_template", None):
         raise ValueError(f"{where}: the processor has no chat template to place the images in")
     pictures = [load_image(image, f"{where}: image {i}") for i, image in enumerate(images)]
-    text = processor.apply_chat_template(image_messages(prompt, pictures, system_prompt), add_generation_prompt=True,
-                                         tokenize=False)
+    text = _chat_text(processor, prompt, len(pictures), system_prompt)
     encoded = processor(images=pictures, text=text, return_tensors="pt", add_special_tokens=False)
     ids = [int(i) for i in encoded["input_ids"][0]]
     media = {k: v for k, v in encoded.items()
@@ -87,8 +92,7 @@ def template_ids(processor: Any, prompt: str, images: int, system_prompt: str | 
     """The ids of the prompt that `render_with_images` renders, as its chat template writes them:
     one placeholder token per image (``<image>``, Qwen2-VL's ``<|image_pad|>``), not yet expanded
     into each image's tokens by the processor (`PromptMedia.template_ids`, what vLLM takes)."""
-    text = processor.apply_chat_template(image_messages(prompt, [None] * images, system_prompt),
-                                         add_generation_prompt=True, tokenize=False)
+    text = _chat_text(processor, prompt, images, system_prompt)
     return [int(i) for i in processor.tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 

@@ -132,7 +132,7 @@ class AsyncRollouts(Rollouts):
         """Step's collection, made while earlier steps trained. Groups with a sample from older
         weights are trained against their sampling log-probs ("stale"); with on_stale = "drop"
         (dist.async_rollouts), groups staler than max_staleness are set aside, untrained."""
-        run = self.run  # `make` is what the pipeline's thread runs, ahead
+        run = self.run  # the pipeline made this collection ahead, on its thread; `make` is the synchronous path's
         collected: Collected = self.pipeline.take(step)
         self.taken = step
         serving = run.engine.version or 0  # the weights' version before this step's update

@@ -25,7 +25,7 @@ from rlvr.train.settings import UpdateSettings
 from rlvr.train.updater import Updater
 from rlvr.types import Group
 
-__all__ = ["Run", "collect"]
+__all__ = ["Run", "collect", "rescores_in_training"]
 
 
 @dataclass
@@ -59,6 +59,12 @@ class Run:
     """The checkpoint a resumed run started from (sharded learners read their shares there)."""
 
 
+def rescores_in_training(run: Run) -> bool:
+    """Whether `collect` lets the methods rescore a step's groups (`Method.rescore`): only when a
+    reward is intrinsic, filled in from the policy itself (held-out evaluation always does)."""
+    return any(r.intrinsic for r in run.task.rewards)
+
+
 def collect(run: Run, step: int) -> Collected:
     """Step's rollouts: replayed groups, then fresh ones by the configured rollout strategy; the
     methods fill in rewards that need the policy (`Method.rescore`) before a strategy sees them."""
@@ -77,6 +83,6 @@ def collect(run: Run, step: int) -> Collected:
     source = Source(run.engine, task.examples, task.prompt_ids, task.rewards, task.params, run.rollouts.sampler, rng,
                     on_error=cfg.on_reward_error, variants=task.variants,
                     episodes=None if episodes is None else lambda ix, k: episodes(run.engine, task.examples, ix, k),
-                    rescore=rescore if any(r.intrinsic for r in task.rewards) else None, media=task.media)
+                    rescore=rescore if rescores_in_training(run) else None, media=task.media)
     gathered = ROLLOUTS[cfg.sampler.rollouts](source, n - len(replayed), **cfg.sampler.rollouts_kwargs)
     return Collected(gathered, replayed, source.tokens, time.perf_counter() - t0)

@@ -4,7 +4,6 @@ hook order), `ON_RANKS` (what a method needs on every learner rank), and what a 
 the methods (rlvr.train.run) can import the seams (rlvr.train.methods.base) without running
 every method's module first."""
 
-
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from transformers import PreTrainedModel
 from rlvr.train.methods import (distill, expert, intrinsic, kl, loss_state, ppo, process, rehearsal, remax,
                                 rlp)
 from rlvr.train.methods.base import Extras, Method, RankInfo, SetupInfo
-from rlvr.train.run import Run
+from rlvr.train.run import Run, rescores_in_training
 
 __all__ = ["METHODS", "ON_RANKS", "SEAMS", "active", "build_methods", "composed", "describe", "rank_extras"]
 
@@ -78,7 +77,7 @@ SEAMS = ("task", "rescore", "prepare", "after_update", "metrics")
 def active(methods: dict[str, Method], intrinsic: bool) -> dict[str, list[str]]:
     """The seams each method of a run plugs into: the hooks its class overrides, and "state" when
     a checkpoint keeps its state. A method's ``rescore`` runs in training only when a reward is
-    intrinsic (``intrinsic``; rlvr.train.run.collect), else on held-out groups alone, which the
+    intrinsic (``intrinsic``; rlvr.train.run.rescores_in_training), else on held-out groups alone, which the
     list says ("rescore (held-out only)") so a method that needs it can be seen not to run."""
     out = {}
     for name, method in methods.items():
@@ -98,4 +97,4 @@ def describe(methods: dict[str, Method], intrinsic: bool) -> str:
 def composed(run: Run) -> str:
     """`describe` for a run: what it composed beside the core step, as its first metrics row and
     its config.toml header record it."""
-    return describe(run.methods, any(r.intrinsic for r in run.task.rewards))
+    return describe(run.methods, rescores_in_training(run))
