@@ -15,6 +15,7 @@ import tempfile
 import torch
 
 from rlvr.algos import offpolicy
+from rlvr.algos.inputs import LossInputs
 from rlvr.config import load_config
 from rlvr.train import update
 from rlvr.train.loop import train
@@ -22,14 +23,13 @@ from rlvr.train.loop import train
 rows: list[tuple[float, float]] = []
 
 
-def recording(old, sampler, mask, *, advantages_BT, logprobs_BT, delta):  # type: ignore[no-untyped-def]
-    m = mask.bool()
+def recording(x: LossInputs, **kw: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    m = x.mask.bool()
     n = m.sum(-1).clamp(min=1)
-    drift = torch.where(m, sampler - logprobs_BT.detach(), 0.0).sum(-1) / n
-    adv = torch.where(m, advantages_BT, 0.0).sum(-1) / n
+    drift = torch.where(m, x.need("sampler") - x.logprobs.detach(), 0.0).sum(-1) / n
+    adv = torch.where(m, x.advantages, 0.0).sum(-1) / n
     rows.extend((d, a) for d, a, k in zip(drift.tolist(), adv.tolist(), m.sum(-1).tolist()) if k)
-    return offpolicy.offpolicy_sequence_mask(old, sampler, mask, advantages_BT=advantages_BT,
-                                             logprobs_BT=logprobs_BT, delta=delta)
+    return offpolicy.offpolicy_sequence_mask(x, **kw)
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import verl.trainer.ppo.core_algos as core_algos
 from rlvr.algos.aggregation import AGGREGATIONS, aggregate_loss
 from rlvr.algos import entropy_control
 from rlvr.algos.entropy_control import clip_cov_loss, kl_cov_loss, token_covariance
+from rlvr.algos.inputs import LossInputs
 from rlvr.algos.offpolicy import geometric_mask
 from rlvr.algos.smooth_losses import gmpo_loss, sapo_loss
 
@@ -51,8 +52,8 @@ def losses(generator: torch.Generator, dtype: torch.dtype) -> dict[str, float]:
     for new, old, adv, mask in batches(generator, dtype):
         rows, non_empty = new.shape[0], int((mask.sum(-1) > 0).sum())
         for name, theirs_fn, ours_fn, seqs in (
-                ("sapo", registry["sapo"], lambda *a: sapo_loss(*a, tau_pos=1.0, tau_neg=1.05), non_empty),
-                ("gmpo", registry["geo_mean"], lambda *a: gmpo_loss(*a, clip_low=0.4, clip_high=0.4), rows)):
+                ("sapo", registry["sapo"], lambda *a: sapo_loss(LossInputs(*a), tau_pos=1.0, tau_neg=1.05), non_empty),
+                ("gmpo", registry["geo_mean"], lambda *a: gmpo_loss(LossInputs(*a), clip_low=0.4, clip_high=0.4), rows)):
             a = new.clone().requires_grad_()
             theirs, _ = theirs_fn(old, a, adv, mask, "seq-mean-token-mean", config)
             (grad_theirs,) = torch.autograd.grad(theirs, a)
@@ -83,9 +84,9 @@ def covariance_losses(generator: torch.Generator, dtype: torch.dtype) -> dict[st
                                    ppo_kl_coef=1.0)
     config = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=1, rollout_n=1,
                          clip_ratio_low=0.2, clip_ratio_high=0.28, policy_loss=policy_loss)
-    ours_fns = {"clip_cov": lambda *a: clip_cov_loss(*a, clip_ratio=0.05, cov_low=0.5, cov_high=3.0, clip_low=0.2,
-                                                     clip_high=0.28),
-                "kl_cov": lambda *a: kl_cov_loss(*a, kl_ratio=0.05, kl_coef=1.0)}
+    ours_fns = {"clip_cov": lambda *a: clip_cov_loss(LossInputs(*a), clip_ratio=0.05, cov_low=0.5, cov_high=3.0,
+                                                     clip_low=0.2, clip_high=0.28),
+                "kl_cov": lambda *a: kl_cov_loss(LossInputs(*a), kl_ratio=0.05, kl_coef=1.0)}
     worst = {"clip_cov": 0.0, "clip_cov grad": 0.0, "kl_cov": 0.0, "kl_cov grad": 0.0, "batches with a choice": 0.0,
              "kl_cov ties skipped": 0.0}
     for trial, (new, old, adv, mask) in enumerate(batches(generator, dtype)):
@@ -122,7 +123,8 @@ def geometric_masks(generator: torch.Generator, dtype: torch.dtype) -> dict[str,
     for old, sampler, _, mask in batches(generator, dtype):
         old = sampler + (old - sampler) * 0.004  # log-ratios of about ±0.002, around the bounds
         verl_mask, _ = compute_rollout_rejection_mask(old - sampler, mask, "seq_mean_k1", "0.999_1.001")
-        weights, _ = geometric_mask(old, sampler, mask, low=1 / 1.001, high=1 / 0.999)
+        inputs = LossInputs(old, old, torch.zeros_like(old), mask, sampler=sampler)
+        weights, _ = geometric_mask(inputs, low=1 / 1.001, high=1 / 0.999)
         has = mask.sum(-1) > 0
         differ += int(((verl_mask.sum(-1) > 0) != (weights.sum(-1) > 0))[has].sum())
         masked += int((weights.sum(-1) == 0)[has].sum())

@@ -18,6 +18,7 @@ from rlvr.algos import (
     group_advantages,
     ppo_clip_loss,
 )
+from rlvr.algos.inputs import LossInputs
 
 F64 = torch.float64
 
@@ -150,7 +151,7 @@ def ppo_on_ratios(
     logprobs_BT = torch.log(t([ratios])).requires_grad_()
     mask_BT = torch.tensor([mask if mask is not None else [True] * len(ratios)])
     loss_BT, metrics = ppo_clip_loss(
-        logprobs_BT, torch.zeros_like(logprobs_BT), t([advantages]), mask_BT, **kwargs
+        LossInputs(logprobs_BT, torch.zeros_like(logprobs_BT), t([advantages]), mask_BT), **kwargs
     )
     loss_BT.sum().backward()
     assert logprobs_BT.grad is not None
@@ -235,7 +236,7 @@ def hand_batch(
 
 
 def test_ppo_metrics_on_hand_batch() -> None:
-    loss_BT, metrics = ppo_clip_loss(*hand_batch(), clip_high=0.2, dual_clip=3.0)
+    loss_BT, metrics = ppo_clip_loss(LossInputs(*hand_batch()), clip_high=0.2, dual_clip=3.0)
     # losses: -1.2 | 0.8 | -1.0 ; min(5, 3) = 3 | -1.1 | 0 (masked)
     close(loss_BT, [[-1.2, 0.8, -1.0], [3.0, -1.1, 0.0]])
     # 5 unmasked tokens: one high clip, one low clip, one dual clip
@@ -256,7 +257,7 @@ def test_ppo_masked_positions_do_not_change_result_even_if_nan() -> None:
         logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = hand_batch(nan_in_masked)
         logprobs_BT.requires_grad_()
         loss_BT, metrics = ppo_clip_loss(
-            logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, dual_clip=3.0
+            LossInputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT), dual_clip=3.0
         )
         loss_BT.sum().backward()
         assert logprobs_BT.grad is not None
@@ -283,7 +284,7 @@ def test_ppo_masked_positions_do_not_change_result_even_if_nan() -> None:
 def test_ppo_rejects_bad_arguments(kwargs: dict[str, float], name: str) -> None:
     x_BT = torch.zeros(1, 2)
     with pytest.raises(ValueError, match=name):
-        ppo_clip_loss(x_BT, x_BT, x_BT, x_BT.bool(), **kwargs)
+        ppo_clip_loss(LossInputs(x_BT, x_BT, x_BT, x_BT.bool()), **kwargs)
 
 
 # --- aggregation -------------------------------------------------------------------------
@@ -410,18 +411,22 @@ def _positional(fn: object) -> tuple[str, ...]:
 @pytest.mark.dtype_independent
 def test_every_entry_of_a_registry_takes_the_same_positional_arguments() -> None:
     """One signature per dict: the loop calls any entry the same way; what an entry needs beyond
-    these arrives by keyword (a config knob, or a loss input named in LOOP_INPUTS) or, for an
-    advantage estimator, in its one `AdvantageInputs` record. GAE is not an entry: it needs a
-    critic, and PPO's module composes it (rlvr.train.methods.ppo)."""
+    these arrives by keyword (a config knob) or in its one record: `LossInputs` for a policy loss
+    or an off-policy correction, `AdvantageInputs` for an advantage estimator. A KL estimator's
+    third argument, π_old, is read by the ratio-weighted k3 alone. GAE is not an entry: it needs
+    a critic, and PPO's module composes it (rlvr.train.methods.ppo)."""
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
     from rlvr.algos import CORRECTIONS, DIVERGENCES, ESTIMATORS, KL_ESTIMATORS, LOSSES, SHAPING
     from rlvr.algos.advantages import AdvantageInputs
 
-    expected = {
-        "CORRECTIONS": (CORRECTIONS, ("old_logprobs_BT", "sampler_logprobs_BT", "mask_BT")),
+    expected: dict[str, tuple[Mapping[str, Callable[..., Any]], tuple[str, ...]]] = {
+        "CORRECTIONS": (CORRECTIONS, ("x",)),
         "DIVERGENCES": (DIVERGENCES, ("logprobs_BT", "init_logprobs_BT", "mask_BT")),
         "ESTIMATORS": (ESTIMATORS, ("rewards_PG", "inputs")),
-        "KL_ESTIMATORS": (KL_ESTIMATORS, ("logprobs_BT", "ref_logprobs_BT")),
-        "LOSSES": (LOSSES, ("logprobs_BT", "old_logprobs_BT", "advantages_BT", "mask_BT")),
+        "KL_ESTIMATORS": (KL_ESTIMATORS, ("logprobs_BT", "ref_logprobs_BT", "old_logprobs_BT")),
+        "LOSSES": (LOSSES, ("x",)),
         "SHAPING": (SHAPING, ("rewards_PG", "lengths_PG", "correct_PG", "max_tokens")),
     }
     for name, (registry, positional) in expected.items():
@@ -432,6 +437,8 @@ def test_every_entry_of_a_registry_takes_the_same_positional_arguments() -> None
 
     for key, fn in ESTIMATORS.items():  # the record's type is part of the signature
         assert inspect.signature(fn).parameters["inputs"].annotation in (AdvantageInputs, "AdvantageInputs"), key
+    for key, fn in [*LOSSES.items(), *CORRECTIONS.items()]:
+        assert inspect.signature(fn).parameters["x"].annotation in (LossInputs, "LossInputs"), key
 
 
 # --- SAPO and GMPO (rlvr.algos.smooth_losses) ---------------------------------------------
@@ -444,7 +451,7 @@ def test_sapo_gate_by_hand() -> None:
     new = torch.tensor([[0.0, 0.5, 0.0]], dtype=torch.float64, requires_grad=True)
     old = torch.tensor([[0.0, 0.0, 0.0]], dtype=torch.float64)
     adv = torch.tensor([[1.0, 2.0, -1.0]], dtype=torch.float64)
-    loss_BT, metrics = sapo_loss(new, old, adv, torch.ones(1, 3, dtype=torch.bool), tau_pos=1.0, tau_neg=1.05)
+    loss_BT, metrics = sapo_loss(LossInputs(new, old, adv, torch.ones(1, 3, dtype=torch.bool)), tau_pos=1.0, tau_neg=1.05)
     r = math.exp(0.5)
     sigma = 1 / (1 + math.exp(-(r - 1)))  # τ = 1 for A = 2 > 0
     close(loss_BT.detach(), torch.tensor([[-2.0, -2.0 * 4 * sigma, 2 / 1.05]], dtype=torch.float64), atol=1e-12)
@@ -461,7 +468,7 @@ def test_gmpo_geometric_mean_with_log_space_clip_by_hand() -> None:
     old = torch.zeros(2, 3, dtype=torch.float64)
     adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)  # the third token is masked junk
-    loss_BT, metrics = gmpo_loss(new, old, adv, mask, clip_low=0.4, clip_high=0.4)
+    loss_BT, metrics = gmpo_loss(LossInputs(new, old, adv, mask), clip_low=0.4, clip_high=0.4)
     # A > 0: min(0.1, 0.4), min(0.6, 0.4) → mean 0.25; A < 0: max(ℓ, −0.4) keeps both → mean 0.35
     s0, s1 = math.exp(0.25), math.exp(0.35)
     close(loss_BT.detach(), torch.tensor([[-s0, -s0, 0.0], [s1, s1, 0.0]], dtype=torch.float64), atol=1e-12)
@@ -478,10 +485,10 @@ def test_smooth_losses_are_zero_for_equal_rewards_and_ignore_masked_junk(name: s
     new = torch.tensor([[0.3, float("nan")], [-0.2, 0.1]], dtype=torch.float64, requires_grad=True)
     old = torch.tensor([[0.0, float("inf")], [0.0, 0.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool)
-    loss_BT, _ = LOSSES[name](new, old, torch.zeros(2, 2, dtype=torch.float64), mask)  # A = 0: equal rewards
+    loss_BT, _ = LOSSES[name](LossInputs(new, old, torch.zeros(2, 2, dtype=torch.float64), mask))  # A = 0: equal rewards
     (grad,) = torch.autograd.grad(loss_BT.sum(), new)
     assert torch.equal(loss_BT.detach(), torch.zeros(2, 2, dtype=torch.float64)) and torch.equal(grad, torch.zeros_like(grad))
-    loss_BT, _ = LOSSES[name](new, old, torch.ones(2, 2, dtype=torch.float64), mask)
+    loss_BT, _ = LOSSES[name](LossInputs(new, old, torch.ones(2, 2, dtype=torch.float64), mask))
     (grad,) = torch.autograd.grad(loss_BT.sum(), new)
     assert torch.isfinite(loss_BT).all() and loss_BT[0, 1] == 0 and grad[0, 1] == 0
 

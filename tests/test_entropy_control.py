@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlvr.algos.entropy_control import clip_cov_loss, high_entropy_tokens, kl_cov_loss, token_covariance
+from rlvr.algos.inputs import LossInputs
 
 F64 = torch.float64
 
@@ -35,7 +36,8 @@ def test_token_covariance_is_the_centred_product_over_trained_tokens() -> None:
 def test_clip_cov_cuts_the_gradient_of_the_high_covariance_token_only() -> None:
     logprobs = t(LOGPROBS).requires_grad_()
     # clip_ratio·N = 0.25·4 = 1 token chosen
-    loss, metrics = clip_cov_loss(logprobs, t(LOGPROBS).nan_to_num(0.0), t(ADVANTAGES), t(MASK), clip_ratio=0.25)
+    loss, metrics = clip_cov_loss(LossInputs(logprobs, t(LOGPROBS).nan_to_num(0.0), t(ADVANTAGES), t(MASK)),
+                                  clip_ratio=0.25)
     # on-policy, ratio 1: loss_t = -A_t, except token 0, chosen (the only candidate)
     torch.testing.assert_close(loss, t([[0.0, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
     (grad,) = torch.autograd.grad(loss.sum(), logprobs)
@@ -46,22 +48,22 @@ def test_clip_cov_cuts_the_gradient_of_the_high_covariance_token_only() -> None:
 def test_clip_cov_leaves_tokens_ppo_already_clipped_and_chooses_ratio_n_of_the_rest() -> None:
     # token 0's ratio is e^0.5 > 1.2 with A > 0: a clip of 0.2 holds it, so it is no candidate
     old = t([[-0.6, -2.0, -1.0, -1.0, 0.0]])
-    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK), clip_low=0.2, clip_high=0.2)
+    loss, metrics = clip_cov_loss(LossInputs(t(LOGPROBS), old, t(ADVANTAGES), t(MASK)), clip_low=0.2, clip_high=0.2)
     torch.testing.assert_close(loss, t([[-2.0 * 1.2, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
     assert float(metrics["cov_clipped_fraction"]) == 0.0 and float(metrics["clip_fraction"]) == 0.25
     # the authors' recipe clips the ratio to [0, 2] (clip_low = clip_high = 1): e^0.5 is inside,
     # so token 0 (covariance 1.503 as above, ratio aside) is the one candidate and is cut
-    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK), clip_ratio=0.25)
+    loss, metrics = clip_cov_loss(LossInputs(t(LOGPROBS), old, t(ADVANTAGES), t(MASK)), clip_ratio=0.25)
     torch.testing.assert_close(loss, t([[0.0, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
     assert float(metrics["clip_fraction"]) == 0.0 and float(metrics["cov_clipped_fraction"]) == 0.25
     old = t([[-1.2, -2.0, -1.0, -1.0, 0.0]])  # ratio e^1.1 > 2: clipped even there
-    loss, metrics = clip_cov_loss(t(LOGPROBS), old, t(ADVANTAGES), t(MASK), clip_ratio=0.25)
+    loss, metrics = clip_cov_loss(LossInputs(t(LOGPROBS), old, t(ADVANTAGES), t(MASK)), clip_ratio=0.25)
     torch.testing.assert_close(loss, t([[-2.0 * 2.0, 0.5, 0.0, 0.0, 0.0]]), atol=1e-12, rtol=0)
     # 40 rows like the first: 40 candidates, clip_ratio 0.05 of 160 tokens chooses 8
     rows = 40
     torch.manual_seed(0)
-    loss, metrics = clip_cov_loss(t(LOGPROBS * rows), t(LOGPROBS * rows).nan_to_num(0.0), t(ADVANTAGES * rows),
-                                  t(MASK * rows), clip_ratio=0.05)
+    loss, metrics = clip_cov_loss(LossInputs(t(LOGPROBS * rows), t(LOGPROBS * rows).nan_to_num(0.0),
+                                             t(ADVANTAGES * rows), t(MASK * rows)), clip_ratio=0.05)
     assert int((loss[:, 0] == 0).sum()) == 8 and bool((loss[:, 1] == 0.5).all())
 
 
@@ -84,7 +86,7 @@ def test_clip_cov_chooses_its_ratio_of_tokens_however_the_batch_is_cut() -> None
             total = 0
             for start in range(0, 64, rows_per_pass):
                 part = slice(start, start + rows_per_pass)
-                _, metrics = clip_cov_loss(logprobs[part], logprobs[part], advantages[part], mask[part],
+                _, metrics = clip_cov_loss(LossInputs(logprobs[part], logprobs[part], advantages[part], mask[part]),
                                            clip_ratio=ratio, cov_low=0.5, cov_high=2.0)
                 total += round(float(metrics["cov_clipped_fraction"]) * 32 * len(range(64)[part]))
             counts.append(total)
@@ -106,7 +108,7 @@ def test_clip_cov_chooses_its_ratio_of_tokens_however_the_batch_is_cut() -> None
 def test_kl_cov_penalises_the_largest_covariance_tokens_without_clipping() -> None:
     old = t([[-0.2, -1.9, -1.0, -1.0, 0.0]])  # log r = (0.1, -0.1, 0, 0)
     logprobs = t(LOGPROBS).requires_grad_()
-    loss, metrics = kl_cov_loss(logprobs, old, t(ADVANTAGES), t(MASK), kl_ratio=0.25, kl_coef=1.0)
+    loss, metrics = kl_cov_loss(LossInputs(logprobs, old, t(ADVANTAGES), t(MASK)), kl_ratio=0.25, kl_coef=1.0)
     # one token (0.25 · 4) of largest covariance: token 0, which also gets + |log r|
     expected = [[-2.0 * math.exp(0.1) + 0.1, 0.5 * math.exp(-0.1), 0.0, 0.0, 0.0]]
     torch.testing.assert_close(loss, t(expected), atol=1e-12, rtol=0)
@@ -115,7 +117,7 @@ def test_kl_cov_penalises_the_largest_covariance_tokens_without_clipping() -> No
                                atol=1e-12, rtol=0)
     assert float(metrics["cov_penalised_fraction"]) == 0.25
     # kl_coef 0: the plain unclipped surrogate, whatever the ratio
-    loss, _ = kl_cov_loss(t(LOGPROBS), old - 5.0, t(ADVANTAGES), t(MASK), kl_coef=0.0)
+    loss, _ = kl_cov_loss(LossInputs(t(LOGPROBS), old - 5.0, t(ADVANTAGES), t(MASK)), kl_coef=0.0)
     torch.testing.assert_close(loss[0, :2], t([-2.0 * math.exp(5.1), 0.5 * math.exp(4.9)]), rtol=1e-12, atol=0)
 
 
@@ -124,21 +126,21 @@ def test_equal_rewards_give_zero_and_an_empty_batch_is_fine(loss_fn) -> None:  #
     """On-policy (ratio 1) with zero advantages, no loss and no gradient. (Off-policy, KL-Cov's
     |log r| still holds its chosen token back: a trust region, whatever the advantage.)"""
     logprobs = t(LOGPROBS).nan_to_num(0.0).requires_grad_()
-    loss, _ = loss_fn(logprobs, logprobs.detach(), torch.zeros(1, 5, dtype=F64), t(MASK))
+    loss, _ = loss_fn(LossInputs(logprobs, logprobs.detach(), torch.zeros(1, 5, dtype=F64), t(MASK)))
     (grad,) = torch.autograd.grad(loss.sum(), logprobs)
     assert float(loss.detach().abs().sum()) == 0.0 and float(grad.abs().sum()) == 0.0
-    loss, _ = loss_fn(logprobs, logprobs.detach(), t(ADVANTAGES), torch.zeros(1, 5))
+    loss, _ = loss_fn(LossInputs(logprobs, logprobs.detach(), t(ADVANTAGES), torch.zeros(1, 5)))
     assert float(loss.detach().abs().sum()) == 0.0
 
 
 def test_bad_settings_are_refused() -> None:
-    args = (t(LOGPROBS), t(LOGPROBS), t(ADVANTAGES), t(MASK))
+    x = LossInputs(t(LOGPROBS), t(LOGPROBS), t(ADVANTAGES), t(MASK))
     with pytest.raises(ValueError, match="clip_ratio"):
-        clip_cov_loss(*args, clip_ratio=0.0)
+        clip_cov_loss(x, clip_ratio=0.0)
     with pytest.raises(ValueError, match="cov_low"):
-        clip_cov_loss(*args, cov_low=5.0, cov_high=1.0)
+        clip_cov_loss(x, cov_low=5.0, cov_high=1.0)
     with pytest.raises(ValueError, match="kl_ratio"):
-        kl_cov_loss(*args, kl_ratio=2.0)
+        kl_cov_loss(x, kl_ratio=2.0)
     with pytest.raises(ValueError, match="top"):
         high_entropy_tokens(t(LOGPROBS), t(MASK), 0.0)
 
@@ -161,7 +163,7 @@ def test_kl_cov_with_one_step_per_batch_says_it_trains_as_the_policy_gradient(
     from rlvr.train.settings import settings_from_config
 
     logprobs = t(LOGPROBS).nan_to_num(0.0).requires_grad_()
-    loss, _ = kl_cov_loss(logprobs, logprobs.detach(), t(ADVANTAGES), t(MASK), kl_ratio=1.0, kl_coef=1.0)
+    loss, _ = kl_cov_loss(LossInputs(logprobs, logprobs.detach(), t(ADVANTAGES), t(MASK)), kl_ratio=1.0, kl_coef=1.0)
     (grad,) = torch.autograd.grad(loss.sum(), logprobs)
     torch.testing.assert_close(grad, -t(ADVANTAGES) * t(MASK), atol=1e-12, rtol=0)  # every token penalised, none moved
     with caplog.at_level("WARNING", logger="rlvr.train"):
@@ -179,8 +181,6 @@ def test_high_entropy_selection_keeps_every_other_token_out_of_every_loss(name: 
     (the third) gets a gradient, whatever the loss. A sequence-level loss (GMPO, GSPO) takes its
     row statistic over the selected token; zeroing its loss afterwards had left GMPO's -0.041 on
     all five tokens (issue 50, bug 2). The old policy differs, so ratio-dependent terms are live."""
-    from rlvr.algos.losses import LOSSES
-    from rlvr.algos.registry import loop_inputs
     from rlvr.train.settings import UpdateSettings
     from rlvr.train.update import policy_loss
 
@@ -189,17 +189,14 @@ def test_high_entropy_selection_keeps_every_other_token_out_of_every_loss(name: 
     advantages = t([[1.0] * 5])
     mask = torch.ones(1, 5, dtype=torch.bool)
     entropy = t([[0.1, 0.2, 3.0, 0.3, 0.4]])
-    given = {"correct_BT": t([[1.0] * 5]), "group_accuracy_BT": t([[0.5] * 5]), "offpolicy_BT": t([[0.0] * 5]),
-             "loss_state": {}}
-    loss_fn = LOSSES[name]
-    inputs = {k: given[k] for k in loop_inputs(loss_fn)}
+    x = LossInputs(logprobs, old, advantages, mask, entropy=entropy, correct=t([[1.0] * 5]),
+                   group_accuracy=t([[0.5] * 5]), offpolicy=t([[0.0] * 5]), state={})
     s = UpdateSettings(loss=name, entropy_top=0.2)
-    loss_BT, _ = policy_loss(s, logprobs, old, advantages, mask, entropy, inputs)
+    loss_BT, _ = policy_loss(s, x)
     (grad,) = torch.autograd.grad(loss_BT.sum(), logprobs)
     assert grad[0, 2] != 0, name
     assert grad[0, [0, 1, 3, 4]].abs().max() == 0, (name, grad)
     assert loss_BT[0, [0, 1, 3, 4]].abs().max() == 0
     # every token trained: every token gets one
-    (every,) = torch.autograd.grad(policy_loss(UpdateSettings(loss=name), logprobs, old, advantages, mask, entropy,
-                                               inputs)[0].sum(), logprobs)
+    (every,) = torch.autograd.grad(policy_loss(UpdateSettings(loss=name), x)[0].sum(), logprobs)
     assert (every != 0).all(), (name, every)

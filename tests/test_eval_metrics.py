@@ -305,9 +305,8 @@ def test_no_verdict_is_neither_side_where_collection_and_methods_count_outcomes(
     case for counting it as wrong)."""
     from rlvr.data.filter import Rated, write_filtered
     from rlvr.train.collect import reinforce_ada, roc
-    from rlvr.train.inputs import loss_rows
+    from rlvr.train.inputs import sample_fields
     from rlvr.train.methods.expert import HardPrompts
-    from rlvr.algos.losses import LOSSES
     from rlvr.types import Group
     from tests.test_collect import source
 
@@ -336,8 +335,8 @@ def test_no_verdict_is_neither_side_where_collection_and_methods_count_outcomes(
     assert hard.pending == [3]
 
     mixed = Group("q", (_scored("a", 1.0), _scored("b", 0.0), _scored("c", None), _scored("d", None)))
-    rows = loss_rows(LOSSES["nft"], [mixed], list(mixed.samples), [0, 1, 2, 3])
-    assert [float(t[0]) for t in rows["group_accuracy_BT"]] == [0.5] * 4  # 1 right of 2 judged, not of 4
+    rows = sample_fields([mixed], list(mixed.samples), [0, 1, 2, 3])
+    assert [float(t[0]) for t in rows.group_accuracy] == [0.5] * 4  # 1 right of 2 judged, not of 4
 
     examples = [Example(prompt=f"q{i}", answer=None, fields={}, id=f"q{i}") for i in range(2)]
     out = write_filtered([Rated(examples[0], None), Rated(examples[1], 0.5)], tmp_path / "kept.jsonl", low=0.0,

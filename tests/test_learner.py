@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from rlvr.algos import ESTIMATORS, LOSSES
+from rlvr.algos.inputs import LossInputs
 from rlvr.train.learner import Learner, lr_lambda
 from rlvr.train.logprobs import token_logprobs
 from rlvr.train.update import UpdateSettings, update_policy
@@ -716,10 +717,9 @@ def test_before_the_first_optimizer_step_the_ratio_is_exactly_one(monkeypatch: p
     seen: list[torch.Tensor] = []
     ppo = LOSSES["ppo_clip"]
 
-    def recording(logprobs_BT: torch.Tensor, old_BT: torch.Tensor, adv_BT: torch.Tensor, mask_BT: torch.Tensor,
-                  **kw: object) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        seen.append((logprobs_BT.detach() - old_BT)[mask_BT.bool()])
-        return ppo(logprobs_BT, old_BT, adv_BT, mask_BT, **kw)
+    def recording(x: LossInputs, **kw: object) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        seen.append((x.logprobs.detach() - x.old)[x.mask.bool()])
+        return ppo(x, **kw)
 
     monkeypatch.setitem(LOSSES, "ppo_clip", recording)
     recorder = SGDRecorder(exact_model(), lr=1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -9,8 +10,7 @@ import pytest
 import torch
 
 from rlvr.algos import LOSSES
-from rlvr.algos.losses import r2vpo_dual_step
-from rlvr.algos.registry import loop_inputs
+from rlvr.algos.inputs import LossInputs, StatefulLoss
 from rlvr.config import load_config
 from rlvr.train.loop import train
 from tests.test_train import overrides, read_metrics
@@ -18,20 +18,26 @@ from tests.test_train import overrides, read_metrics
 F64 = torch.float64
 
 
-def loop_inputs_for(name: str, shape: torch.Size) -> dict[str, object]:
-    """What the training loop would fill in: a fresh state; every sample correct in a group
-    that is half right (NFT)."""
-    return {"loss_state": {}, "correct_BT": torch.ones(shape, dtype=torch.bool),
-            "group_accuracy_BT": torch.full(shape, 0.5, dtype=F64)}
+_FIELDS = {f.name for f in dataclasses.fields(LossInputs)}
+
+
+def loop_fields(shape: torch.Size) -> dict[str, object]:
+    """The LossInputs fields the training loop would fill in besides the first four: a fresh
+    state; every sample correct in a group that is half right (NFT)."""
+    return {"state": {}, "correct": torch.ones(shape, dtype=torch.bool),
+            "group_accuracy": torch.full(shape, 0.5, dtype=F64)}
 
 
 def run(name: str, logprobs: list[list[float]], old: list[list[float]], adv: list[list[float]],
         mask: list[list[int]], **kwargs: object) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """(loss_BT, d(sum of loss)/d logprobs, metrics)."""
+    """(loss_BT, d(sum of loss)/d logprobs, metrics). A keyword naming a LossInputs field
+    (``state``, ``correct``, ...) replaces the loop's value in the record; the rest are the loss's knobs."""
     lp = torch.tensor(logprobs, dtype=F64, requires_grad=True)
-    inputs = {k: v for k, v in loop_inputs_for(name, lp.shape).items() if k in loop_inputs(LOSSES[name])}
-    loss_BT, metrics = LOSSES[name](lp, torch.tensor(old, dtype=F64), torch.tensor(adv, dtype=F64),
-                                    torch.tensor(mask, dtype=torch.bool), **(inputs | kwargs))
+    fields = loop_fields(lp.shape) | {k: v for k, v in kwargs.items() if k in _FIELDS}
+    knobs = {k: v for k, v in kwargs.items() if k not in _FIELDS}
+    x = LossInputs(lp, torch.tensor(old, dtype=F64), torch.tensor(adv, dtype=F64),
+                   torch.tensor(mask, dtype=torch.bool), **fields)  # type: ignore[arg-type]
+    loss_BT, metrics = LOSSES[name](x, **knobs)
     loss_BT.sum().backward()
     assert lp.grad is not None
     return loss_BT.detach(), lp.grad, metrics
@@ -227,26 +233,29 @@ def test_rec_regularisers() -> None:
 def test_r2vpo_by_hand() -> None:
     # ratio 1.2, A = 1, λ = 2: loss -1.2 + 2·0.04 = -1.12; d/dlog π = -A·ρ + 2λ(ρ-1)ρ = -1.2 + 0.96
     state = {"lam": 2.0}
-    loss, grad, m = run("r2vpo", [[0.0]], [[-math.log(1.2)]], [[1.0]], [[1]], loss_state=state)
+    loss, grad, m = run("r2vpo", [[0.0]], [[-math.log(1.2)]], [[1.0]], [[1]], state=state)
     close(loss, [[-1.12]])
     close(grad, [[-0.24]])
     close(m["r2vpo_variance"], 0.04)
     assert float(m["r2vpo_lambda"]) == 2.0
-    r2vpo_dual_step(state, {"r2vpo_variance": 0.04})  # λ + η(V - δ) = 2 + (0.04 - 0.01)
+    r2vpo = LOSSES["r2vpo"]
+    assert isinstance(r2vpo, StatefulLoss)  # the update calls its after_step after each optimizer step
+    assert not [n for n, fn in LOSSES.items() if n != "r2vpo" and isinstance(fn, StatefulLoss)]
+    r2vpo.after_step(state, {"r2vpo_variance": 0.04})  # λ + η(V - δ) = 2 + (0.04 - 0.01)
     assert state["lam"] == pytest.approx(2.03)
     state = {"lam": 0.005}
-    r2vpo_dual_step(state, {"r2vpo_variance": 0.0})
+    r2vpo.after_step(state, {"r2vpo_variance": 0.0})
     assert state["lam"] == 0.0  # projected onto λ >= 0
     fresh: dict[str, float] = {}
-    run("r2vpo", [[0.0]], [[0.0]], [[1.0]], [[1]], loss_state=fresh, lam_init=0.5)
+    run("r2vpo", [[0.0]], [[0.0]], [[1.0]], [[1]], state=fresh, lam_init=0.5)
     assert fresh == {"lam": 0.5}
 
 
 def nft(ratios: list[float], correct: list[int], accuracy: float, **kw: object) -> tuple[torch.Tensor, torch.Tensor, dict]:
     t = bapo_tokens(ratios, [0.0] * len(ratios))
     shape = torch.Size([1, len(ratios)])
-    return run("nft", **t, correct_BT=torch.tensor([correct], dtype=torch.bool),  # type: ignore[arg-type]
-               group_accuracy_BT=torch.full(shape, accuracy, dtype=F64), **kw)
+    return run("nft", **t, correct=torch.tensor([correct], dtype=torch.bool),  # type: ignore[arg-type]
+               group_accuracy=torch.full(shape, accuracy, dtype=F64), **kw)
 
 
 def test_nft_by_hand() -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlvr.algos import CORRECTIONS, mismatch_metrics
+from rlvr.algos.inputs import LossInputs
 from rlvr.config import ConfigError, load_config
 from rlvr.train.loop import train
 from tests.test_train import FP32, overrides, read_metrics
@@ -18,27 +19,29 @@ from tests.test_train import FP32, overrides, read_metrics
 OLD = torch.tensor([[math.log(3.0), 0.0, math.log(0.25)], [0.1, -0.1, 7.0]])
 SAMPLER = torch.zeros(2, 3)
 MASK = torch.tensor([[True, True, True], [True, True, False]])
+# what a correction reads: π_old, μ and the mask (these corrections read no log-probs or advantages)
+X = LossInputs(logprobs=OLD, old=OLD, advantages=torch.zeros_like(OLD), mask=MASK, sampler=SAMPLER)
 
 
 def test_truncated_is_by_hand() -> None:
-    w, m = CORRECTIONS["tis"](OLD, SAMPLER, MASK, cap=2.0)
+    w, m = CORRECTIONS["tis"](X, cap=2.0)
     torch.testing.assert_close(w, torch.tensor([[2.0, 1.0, 0.25], [math.exp(0.1), math.exp(-0.1), 0.0]]))
     torch.testing.assert_close(m["is_truncated_fraction"], torch.tensor(1 / 5))
     # sequence level: row 0's product of ratios is 3·1·0.25 = 0.75, row 1's is 1
-    w, _ = CORRECTIONS["tis"](OLD, SAMPLER, MASK, cap=2.0, level="sequence")
+    w, _ = CORRECTIONS["tis"](X, cap=2.0, level="sequence")
     torch.testing.assert_close(w, torch.tensor([[0.75] * 3, [1.0, 1.0, 0.0]]))
 
 
 def test_masked_is_by_hand() -> None:
-    w, m = CORRECTIONS["mis"](OLD, SAMPLER, MASK, low=0.5, high=2.0)
+    w, m = CORRECTIONS["mis"](X, low=0.5, high=2.0)
     torch.testing.assert_close(w, torch.tensor([[0.0, 1.0, 0.0], [math.exp(0.1), math.exp(-0.1), 0.0]]))
     torch.testing.assert_close(m["is_masked_fraction"], torch.tensor(2 / 5))
     with pytest.raises(ValueError, match="low"):
-        CORRECTIONS["mis"](OLD, SAMPLER, MASK, low=1.5)
+        CORRECTIONS["mis"](X, low=1.5)
 
 
 def test_none_and_mismatch_metrics() -> None:
-    w, m = CORRECTIONS["none"](OLD, SAMPLER, MASK)
+    w, m = CORRECTIONS["none"](X)
     torch.testing.assert_close(w, MASK.float())
     assert m == {}
     mm = mismatch_metrics(OLD, SAMPLER, MASK)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlvr.algos.inputs import LossInputs
 from rlvr.algos.masked import masked_inputs, masked_mean
 
 
@@ -64,10 +65,7 @@ def token_covariance(logprobs_BT: Tensor, advantages_BT: Tensor, mask_BT: Tensor
 
 
 def clip_cov_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
     clip_ratio: float = 2e-4,
     cov_low: float = 1.0,
@@ -101,6 +99,7 @@ def clip_cov_loss(
     Metrics: ``cov_clipped_fraction`` (trained tokens chosen), ``clip_fraction`` (PPO's clip
     active), ``ratio_mean``.
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     if not 0.0 < clip_ratio <= 1.0:
         raise ValueError(f"clip_ratio must be in (0, 1], got {clip_ratio}")
     if cov_low >= cov_high:
@@ -138,10 +137,7 @@ def chosen_count(expected: float) -> int:
 
 
 def kl_cov_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
     kl_ratio: float = 2e-3,
     kl_coef: float = 1.0,
@@ -161,6 +157,7 @@ def kl_cov_loss(
     Metrics: ``cov_penalised_fraction`` (trained tokens chosen), ``kl_abs_mean`` (mean |log r|),
     ``ratio_mean``.
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     if not 0.0 < kl_ratio <= 1.0:
         raise ValueError(f"kl_ratio must be in (0, 1], got {kl_ratio}")
     if kl_coef < 0:

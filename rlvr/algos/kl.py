@@ -7,9 +7,9 @@ With the log-ratio  log r = log pi_ref(x) - log pi_theta(x),  x ~ pi_theta:
     k2 = (log r)^2 / 2           biased, low variance, >= 0
     k3 = (r - 1) - log r         unbiased, low variance, >= 0  (GRPO's choice)
 
-Every function takes ``(logprobs_BT, ref_logprobs_BT)`` and returns ``kl_BT``, all [B, T];
-gradients flow through ``logprobs_BT``. One that also takes the keyword ``old_logprobs_BT``
-(rlvr.algos.registry.LOOP_INPUTS) is given the log-probs the PPO ratio is taken against.
+Every function takes ``(logprobs_BT, ref_logprobs_BT, old_logprobs_BT)`` and returns ``kl_BT``,
+all [B, T]; gradients flow through ``logprobs_BT``. ``old_logprobs_BT``, the log-probs the PPO
+ratio is taken against, is read by the ratio-weighted estimator alone (None: not given).
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ import torch
 from torch import Tensor
 
 
-def kl_k1(logprobs_BT: Tensor, ref_logprobs_BT: Tensor) -> Tensor:
+def kl_k1(logprobs_BT: Tensor, ref_logprobs_BT: Tensor, old_logprobs_BT: Tensor | None = None) -> Tensor:
     """k1 = log pi_theta - log pi_ref (Schulman, "Approximating KL Divergence")."""
     return logprobs_BT - ref_logprobs_BT
 
 
-def kl_k2(logprobs_BT: Tensor, ref_logprobs_BT: Tensor) -> Tensor:
+def kl_k2(logprobs_BT: Tensor, ref_logprobs_BT: Tensor, old_logprobs_BT: Tensor | None = None) -> Tensor:
     """k2 = (log pi_theta - log pi_ref)^2 / 2 (Schulman, "Approximating KL Divergence")."""
     return 0.5 * (logprobs_BT - ref_logprobs_BT) ** 2
 
 
-def kl_k3(logprobs_BT: Tensor, ref_logprobs_BT: Tensor) -> Tensor:
+def kl_k3(logprobs_BT: Tensor, ref_logprobs_BT: Tensor, old_logprobs_BT: Tensor | None = None) -> Tensor:
     """k3 = exp(log pi_ref - log pi_theta) - (log pi_ref - log pi_theta) - 1.
 
     Schulman, "Approximating KL Divergence"; the per-token KL penalty of GRPO (Shao et al.,
@@ -41,7 +41,7 @@ def kl_k3(logprobs_BT: Tensor, ref_logprobs_BT: Tensor) -> Tensor:
     return torch.exp(log_ratio_BT) - log_ratio_BT - 1.0
 
 
-def kl_k3_ratio(logprobs_BT: Tensor, ref_logprobs_BT: Tensor, *, old_logprobs_BT: Tensor) -> Tensor:
+def kl_k3_ratio(logprobs_BT: Tensor, ref_logprobs_BT: Tensor, old_logprobs_BT: Tensor | None = None) -> Tensor:
     """k3 weighted by the ratio π_θ/π_old: 1 in value on-policy, but not in gradient, where it
     makes the term's gradient the reverse KL's instead of k3's biased one, which gives tokens
     with π_θ ≪ π_ref large, unbounded weights.
@@ -49,6 +49,8 @@ def kl_k3_ratio(logprobs_BT: Tensor, ref_logprobs_BT: Tensor, *, old_logprobs_BT
     DeepSeek-AI, "DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models",
     arXiv:2512.02556, Eq. 7; TRL 1.16's default (``use_bias_correction_kl``).
     """
+    if old_logprobs_BT is None:
+        raise ValueError("the k3_ratio KL estimator needs the log-probs the PPO ratio is taken against")
     return torch.exp(logprobs_BT - old_logprobs_BT) * kl_k3(logprobs_BT, ref_logprobs_BT)
 
 

@@ -1,4 +1,5 @@
-"""Per-token policy losses. Each returns ``(loss_BT, metrics)``; aggregation is separate.
+"""Per-token policy losses. Each takes a micro-batch's `LossInputs` (rlvr.algos.inputs) and its
+keyword options, and returns ``(loss_BT, metrics)``; aggregation is separate.
 
 Shapes: ``_B`` sequences, ``_T`` tokens. ``mask_BT`` is 1/True on tokens that are trained on.
 """
@@ -6,20 +7,19 @@ Shapes: ``_B`` sequences, ``_T`` tokens. ``mask_BT`` is 1/True on tokens that ar
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
+from rlvr.algos.inputs import LossInputs
 from rlvr.algos.masked import log_ratio, masked_inputs, masked_mean
 from rlvr.algos.entropy_control import clip_cov_loss, kl_cov_loss
 from rlvr.algos.smooth_losses import gmpo_loss, sapo_loss
 
 
 def ppo_clip_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
@@ -51,13 +51,12 @@ def ppo_clip_loss(
         ratio_mean, ratio_max.
 
     Args:
-        logprobs_BT: log pi_theta of the sampled tokens, [B, T], with gradient.
-        old_logprobs_BT: log pi_old of the same tokens (the sampling policy), [B, T].
-        advantages_BT: per-token advantages, [B, T].
-        mask_BT: 1/True on trained tokens, [B, T].
+        x: the micro-batch's inputs; reads ``logprobs`` (log π_θ of the sampled tokens, with
+           gradient), ``old`` (log π_old of the same tokens), ``advantages`` and ``mask``.
     Returns:
         loss_BT: [B, T], not aggregated (see ``aggregate_loss``); metrics.
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     if not 0.0 <= clip_low < 1.0:
         raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
     if clip_high < 0.0:
@@ -106,9 +105,7 @@ def ppo_clip_loss(
     return loss_BT, metrics
 
 
-def pg_loss(
-    logprobs_BT: Tensor, old_logprobs_BT: Tensor, advantages_BT: Tensor, mask_BT: Tensor
-) -> tuple[Tensor, dict[str, Tensor]]:
+def pg_loss(x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     """Plain policy gradient (REINFORCE with the given advantages): loss = -A · log π_θ.
 
     Williams, "Simple Statistical Gradient-Following Algorithms for Connectionist Reinforcement
@@ -116,16 +113,14 @@ def pg_loss(
     which equals PPO's at ratio 1, i.e. on-policy. ``old_logprobs_BT`` only feeds the
     ``ratio_mean`` metric (how far off-policy the data is).
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     loss_BT = -advantages_BT * logprobs_BT
     return loss_BT, {"ratio_mean": masked_mean(torch.exp(log_ratio_BT), mask_BT)}
 
 
 def cispo_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
     min_weight: float = 0.0,
     max_weight: float = 2.0,
@@ -143,6 +138,7 @@ def cispo_loss(
 
     Metrics: ``weight_clip_fraction`` (tokens whose weight was capped), ``ratio_mean``.
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     if not 0.0 <= min_weight <= 1.0 <= max_weight:
         raise ValueError(f"need 0 <= min_weight <= 1 <= max_weight, got {min_weight}, {max_weight}")
     mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
@@ -157,10 +153,7 @@ def cispo_loss(
 
 
 def gspo_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
@@ -179,6 +172,7 @@ def gspo_loss(
 
     Metrics: ``clip_fraction`` (share of sequences clipped), ``ratio_mean`` (mean s_b).
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
         raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
     mask_BT = mask_BT.bool()
@@ -204,10 +198,7 @@ def gspo_loss(
 
 
 def topr_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
     level: str = "token",
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -222,6 +213,7 @@ def topr_loss(
     ratios); ``level = "token"`` uses each token's own ratio, as some implementations do.
     Metric ``topr_clamped_fraction``: negative-advantage tokens whose ratio exceeded 1.
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     mask_BT, logprobs_BT, advantages_BT, _ = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     ratio_BT = torch.exp(log_ratio(logprobs_BT, old_logprobs_BT, mask_BT, level))
     negative_BT = advantages_BT < 0
@@ -234,10 +226,7 @@ def topr_loss(
 
 
 def opmd_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
     tau: float = 1.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -253,6 +242,7 @@ def opmd_loss(
     Pair it with ``dr_grpo`` (the paper's baseline is the mean reward, without std division).
     Metric ``opmd_penalty``: mean of (log π_θ - log π_old)² / 2.
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     if tau < 0:
         raise ValueError(f"tau must be >= 0, got {tau}")
     mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
@@ -263,10 +253,7 @@ def opmd_loss(
 
 
 def bapo_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
     target_share: float = 0.5,
     low_start: float = 0.6,
@@ -304,6 +291,7 @@ def bapo_loss(
     Metrics: ``bapo_clip_low`` / ``bapo_clip_high`` (the chosen ratio bounds), ``bapo_positive_share``
     (the share at those bounds), and ppo_clip's clip fractions.
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     if not (0.0 < target_share <= 1.0 and 0.0 < low_start <= low_max < 1.0 and 1.0 < high_start <= high_max
             and low_step > 0 and high_step > 0):
         raise ValueError("BAPO needs 0 < target_share <= 1, 0 < low_start <= low_max < 1, "
@@ -323,8 +311,7 @@ def bapo_loss(
         reached = (share_C >= target_share).nonzero()
         k = int(reached[0, 0]) if len(reached) else len(candidates) - 1
     c_low, c_high = candidates[k]
-    loss_BT, metrics = ppo_clip_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT,
-                                     clip_low=1.0 - c_low, clip_high=c_high - 1.0, dual_clip=dual_clip)
+    loss_BT, metrics = ppo_clip_loss(x, clip_low=1.0 - c_low, clip_high=c_high - 1.0, dual_clip=dual_clip)
     metrics |= {"bapo_clip_low": torch.tensor(c_low), "bapo_clip_high": torch.tensor(c_high),
                 "bapo_positive_share": share_C[k]}
     return loss_BT, metrics
@@ -336,10 +323,7 @@ _REC_REGULARIZERS = ("none", "asymre", "opmd")
 
 
 def rec_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
     clip: str = "one-side",
     weight: str = "none",
@@ -376,6 +360,7 @@ def rec_loss(
 
     Metrics: ``rec_dropped_fraction`` (tokens outside the kept region), ``ratio_mean``.
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     for name, value, allowed in (("clip", clip, _REC_CLIPS), ("weight", weight, _REC_WEIGHTS),
                                  ("regularizer", regularizer, _REC_REGULARIZERS)):
         if value not in allowed:
@@ -402,20 +387,10 @@ def rec_loss(
     return loss_BT, {"rec_dropped_fraction": masked_mean(~keep_BT, mask_BT), "ratio_mean": masked_mean(ratio_BT, mask_BT)}
 
 
-def r2vpo_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
-    *,
-    loss_state: dict[str, float],
-    delta: float = 0.01,
-    eta: float = 1.0,
-    lam_init: float = 1.0,
-) -> tuple[Tensor, dict[str, Tensor]]:
+class R2vpoLoss:
     """R²VPO: the importance-weighted surrogate with a penalty on the ratio's spread instead of a clip.
 
-    loss = -ρ · A + λ · (ρ - 1)²,   ρ = π_θ / π_old (with gradient), λ from ``loss_state``
+    loss = -ρ · A + λ · (ρ - 1)²,   ρ = π_θ / π_old (with gradient), λ from ``x.state``
     after each optimizer step:  λ ← max(0, λ + eta · (V - delta)),   V = token mean of (ρ - 1)²
 
     "Ratio-Variance Regularized Policy Optimization", arXiv:2601.03320 (and arXiv:2605.26784).
@@ -431,33 +406,33 @@ def r2vpo_loss(
 
     Metrics: ``r2vpo_lambda`` (λ used for this batch), ``r2vpo_variance`` (the token mean of (ρ-1)²).
     """
-    if delta < 0 or eta < 0 or lam_init < 0:
-        raise ValueError(f"r2vpo: need delta, eta, lam_init >= 0; got {delta}, {eta}, {lam_init}")
-    lam = float(loss_state.setdefault("lam", lam_init))
-    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
-    ratio_BT = torch.exp(log_ratio_BT)
-    spread_BT = (ratio_BT - 1.0) ** 2
-    loss_BT = torch.where(mask_BT, -ratio_BT * advantages_BT + lam * spread_BT, torch.zeros_like(ratio_BT))
-    # float64: the dual step reads this mean, and float32 sums would make λ depend on micro-batching
-    return loss_BT, {"r2vpo_lambda": torch.tensor(lam), "r2vpo_variance": masked_mean(spread_BT.double(), mask_BT),
-                     "ratio_mean": masked_mean(ratio_BT, mask_BT)}
+
+    def __call__(self, x: LossInputs, *, delta: float = 0.01, eta: float = 1.0,
+                 lam_init: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
+        if delta < 0 or eta < 0 or lam_init < 0:
+            raise ValueError(f"r2vpo: need delta, eta, lam_init >= 0; got {delta}, {eta}, {lam_init}")
+        lam = float(x.state.setdefault("lam", lam_init))
+        mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(x.logprobs, x.old, x.advantages, x.mask)
+        ratio_BT = torch.exp(log_ratio_BT)
+        spread_BT = (ratio_BT - 1.0) ** 2
+        loss_BT = torch.where(mask_BT, -ratio_BT * advantages_BT + lam * spread_BT, torch.zeros_like(ratio_BT))
+        # float64: the dual step reads this mean, and float32 sums would make λ depend on micro-batching
+        return loss_BT, {"r2vpo_lambda": torch.tensor(lam), "r2vpo_variance": masked_mean(spread_BT.double(), mask_BT),
+                         "ratio_mean": masked_mean(ratio_BT, mask_BT)}
+
+    def after_step(self, state: dict[str, float], means: dict[str, float], *, delta: float = 0.01,
+                   eta: float = 1.0, lam_init: float = 1.0) -> None:
+        """The dual ascent after an optimizer step, from the step's token-mean metrics."""
+        lam = float(state.get("lam", lam_init))
+        state["lam"] = max(0.0, lam + eta * (means["r2vpo_variance"] - delta))
 
 
-def r2vpo_dual_step(loss_state: dict[str, float], metrics: dict[str, float], *, delta: float = 0.01,
-                    eta: float = 1.0, lam_init: float = 1.0) -> None:
-    """R²VPO's dual ascent after an optimizer step, from the step's token-mean metrics."""
-    lam = float(loss_state.get("lam", lam_init))
-    loss_state["lam"] = max(0.0, lam + eta * (metrics["r2vpo_variance"] - delta))
+r2vpo_loss = R2vpoLoss()
 
 
 def nft_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
-    correct_BT: Tensor,
-    group_accuracy_BT: Tensor,
     accuracy_clamp: float = 0.02,
     negative_clamp: float = 1.0,
     prompt_weight: str = "dr_grpo",
@@ -486,10 +461,12 @@ def nft_loss(
 
     Metrics: ``nft_negative_clamped_fraction`` (wrong-answer tokens whose value was clamped).
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     if not 0.0 < accuracy_clamp < 0.5:
         raise ValueError(f"nft: accuracy_clamp must be in (0, 0.5), got {accuracy_clamp}")
     if prompt_weight not in ("dr_grpo", "grpo", "none"):
         raise ValueError(f"nft: prompt_weight must be dr_grpo, grpo or none; got {prompt_weight!r}")
+    group_accuracy_BT = x.need("group_accuracy")
     mixed_BT = (group_accuracy_BT > 0) & (group_accuracy_BT < 1)
     mask_BT, logprobs_BT, _, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT,
                                                     mask_BT.bool() & mixed_BT)
@@ -497,7 +474,7 @@ def nft_loss(
     log_ratio_BT = log_ratio_BT.clamp(max=max_log_ratio)
     negative_BT = (1 - r_BT * torch.exp(log_ratio_BT)) / (1 - r_BT)
     floored_BT = negative_BT + (negative_BT.clamp(min=negative_clamp) - negative_BT).detach()
-    correct = correct_BT.bool()
+    correct = x.need("correct").bool()
     loss_BT = torch.where(correct, -log_ratio_BT, -torch.log(torch.where(correct, 1.0, floored_BT)))
     weight_BT = {"dr_grpo": 1 - r_BT, "grpo": torch.sqrt((1 - r_BT) / r_BT), "none": torch.ones_like(r_BT)}[prompt_weight]
     loss_BT = torch.where(mask_BT, weight_BT * loss_BT, torch.zeros_like(loss_BT))
@@ -508,12 +485,8 @@ def nft_loss(
 
 
 def luffy_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
-    offpolicy_BT: Tensor,
     shaping_gamma: float = 0.1,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
@@ -530,17 +503,17 @@ def luffy_loss(
     sampling log-probs are 0 and r = π_θ. The gradient of f is γ·r/(r + γ)² · ∇log π_θ: largest
     for tokens the policy finds unlikely, where plain importance weighting (gradient r·∇log π_θ)
     would nearly vanish; the shaping is what keeps the policy learning from demonstrations that
-    are far from its own distribution. ``offpolicy_BT`` (filled in by the loop) is 1 on a
+    are far from its own distribution. ``x.offpolicy`` (filled in by the loop) is 1 on a
     demonstration's tokens. The advantages are GRPO's over the group with its demonstrations.
 
     Metrics: ``offpolicy_fraction`` (trained tokens from demonstrations) and
     ``offpolicy_prob_mean`` (π_θ of those tokens).
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     if shaping_gamma <= 0:
         raise ValueError(f"luffy: shaping_gamma must be > 0, got {shaping_gamma}")
-    off_BT = offpolicy_BT.bool() & mask_BT.bool()
-    on_loss_BT, metrics = ppo_clip_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT.bool() & ~off_BT,
-                                        clip_low=clip_low, clip_high=clip_high)
+    off_BT = x.need("offpolicy").bool() & mask_BT.bool()
+    on_loss_BT, metrics = ppo_clip_loss(replace(x, mask=mask_BT.bool() & ~off_BT), clip_low=clip_low, clip_high=clip_high)
     _, _, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, off_BT)
     ratio_BT = torch.exp(log_ratio_BT)
     off_loss_BT = torch.where(off_BT, -advantages_BT * ratio_BT / (ratio_BT + shaping_gamma), 0.0)
@@ -567,7 +540,8 @@ LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "clip_cov": clip_cov_loss,
     "kl_cov": kl_cov_loss,
 }
-"""Keywords named in ``rlvr.algos.registry.LOOP_INPUTS`` are filled in by the training loop."""
+"""Each takes the micro-batch's `LossInputs` and its keyword options (``algo.loss_kwargs``); one
+that keeps values across steps is a `StatefulLoss` (R²VPO)."""
 
 LOSS_AGGREGATION: dict[str, str] = {"sapo": "seq-mean-token-mean", "gmpo": "seq-mean-token-mean",
                                      "gspo": "seq-mean-token-mean"}
@@ -586,7 +560,3 @@ ACTS_OFF_POLICY: dict[str, str] = {"kl_cov": "its penalty β·|log ρ| and the p
                                               "policy has moved"}
 """Losses that differ from the policy gradient only once the policy has moved from the one that
 sampled (ρ ≠ 1): with one optimizer step per batch they train exactly as −ρA (a run says so)."""
-
-STATE_UPDATES: dict[str, Callable[..., None]] = {"r2vpo": r2vpo_dual_step}
-"""Per-loss updates of ``loss_state`` after each optimizer step, called with the loss's keyword
-arguments and the step's token-mean metrics."""

@@ -7,10 +7,9 @@ policy-gradient surrogate assumes they are equal (Qwen team, "Stabilizing Reinfo
 Learning with LLMs: Formulation and Practices", arXiv:2512.01374). A correction reweights each
 token's loss by a detached importance weight built from ρ = π_old / μ.
 
-Every function takes ``(old_logprobs_BT, sampler_logprobs_BT, mask_BT, **kwargs)`` and returns
-``(weights_BT, metrics)``; weights are 0 at masked positions and carry no gradient. A correction
-that needs more names it as a keyword from rlvr.algos.registry.LOOP_INPUTS (``advantages_BT``,
-``logprobs_BT``: OPSM), and the update passes it.
+Every function takes a micro-batch's `LossInputs` (rlvr.algos.inputs: π_old is ``x.old``, μ is
+``x.sampler``) and its keyword options, and returns ``(weights_BT, metrics)``; weights are 0 at
+masked positions and carry no gradient. OPSM also reads ``x.advantages`` and ``x.logprobs``.
 """
 
 from __future__ import annotations
@@ -21,16 +20,17 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from rlvr.algos.inputs import LossInputs
 from rlvr.algos.masked import log_ratio, masked_mean
 
 
-def no_correction(old_logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, mask_BT: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+def no_correction(x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     """Weight 1 on every trained token (the on-policy assumption)."""
-    return mask_BT.to(old_logprobs_BT.dtype), {}
+    return x.mask.to(x.old.dtype), {}
 
 
 def truncated_is(
-    old_logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, mask_BT: Tensor, *, cap: float = 2.0, level: str = "token"
+    x: LossInputs, *, cap: float = 2.0, level: str = "token"
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Truncated importance sampling: w = min(ρ, cap).
 
@@ -39,6 +39,7 @@ def truncated_is(
     Off-Policy RL Training" (2025). level "sequence" uses the row's product of token ratios.
     Metric ``is_truncated_fraction``: tokens whose weight hit the cap.
     """
+    old_logprobs_BT, sampler_logprobs_BT, mask_BT = x.old, x.need("sampler"), x.mask
     if cap < 1.0:
         raise ValueError(f"cap must be >= 1, got {cap}")
     mask_BT = mask_BT.bool()
@@ -49,8 +50,7 @@ def truncated_is(
 
 
 def masked_is(
-    old_logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, mask_BT: Tensor, *,
-    low: float = 0.5, high: float = 2.0, level: str = "token",
+    x: LossInputs, *, low: float = 0.5, high: float = 2.0, level: str = "token",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Masked importance sampling: w = ρ inside [low, high], 0 outside (the token, or with level
     "sequence" the whole row, is dropped from the update).
@@ -58,6 +58,7 @@ def masked_is(
     The masked counterpart of truncation (MIS, a baseline in the ALP work on off-policy
     corrections). Metric ``is_masked_fraction``: tokens given weight 0.
     """
+    old_logprobs_BT, sampler_logprobs_BT, mask_BT = x.old, x.need("sampler"), x.mask
     if not 0.0 <= low <= 1.0 <= high:
         raise ValueError(f"need 0 <= low <= 1 <= high, got {low}, {high}")
     mask_BT = mask_BT.bool()
@@ -69,7 +70,7 @@ def masked_is(
 
 
 def geometric_mask(
-    old_logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, mask_BT: Tensor, *, low: float = 0.999, high: float = 1.001,
+    x: LossInputs, *, low: float = 0.999, high: float = 1.001,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Geometric-mean sequence mask: a row is trained (weight 1) only if the geometric mean of
     its token ratios, ρ_geo = exp(mean_t log(π_old / μ)), lies in [low, high]; else weight 0.
@@ -82,6 +83,7 @@ def geometric_mask(
     verl bounds exp(mean log(μ / π_old)), the reciprocal: its [a, b] is this [1/b, 1/a]
     (docs/algorithms.md). The kept rows are not reweighted. Metric ``is_masked_fraction``.
     """
+    old_logprobs_BT, sampler_logprobs_BT, mask_BT = x.old, x.need("sampler"), x.mask
     if not 0.0 < low <= 1.0 <= high:
         raise ValueError(f"need 0 < low <= 1 <= high, got {low}, {high}")
     mask_BT = mask_BT.bool()
@@ -92,10 +94,7 @@ def geometric_mask(
     return weights_BT, {"is_masked_fraction": masked_mean(~inside_B1.expand_as(mask_BT), mask_BT)}
 
 
-def offpolicy_sequence_mask(
-    old_logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, mask_BT: Tensor, *,
-    advantages_BT: Tensor, logprobs_BT: Tensor, delta: float,
-) -> tuple[Tensor, dict[str, Tensor]]:
+def offpolicy_sequence_mask(x: LossInputs, *, delta: float) -> tuple[Tensor, dict[str, Tensor]]:
     """Off-policy sequence masking (OPSM): a row with a negative advantage whose tokens have
     drifted too far from the policy that sampled them is left out of the update.
 
@@ -111,6 +110,8 @@ def offpolicy_sequence_mask(
     ``GRPOTrainer.get_off_policy_mask`` (tests/test_offpolicy_masks.py). Metric
     ``opsm_masked_fraction`` (rows dropped, among rows with tokens).
     """
+    old_logprobs_BT, sampler_logprobs_BT, mask_BT = x.old, x.need("sampler"), x.mask
+    advantages_BT, logprobs_BT = x.advantages, x.logprobs
     if delta < 0:
         raise ValueError(f"delta must be >= 0, got {delta}")
     mask_BT = mask_BT.bool()

@@ -9,14 +9,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlvr.algos.inputs import LossInputs
 from rlvr.algos.masked import masked_inputs, masked_mean
 
 
 def sapo_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
@@ -37,6 +35,7 @@ def sapo_loss(
     Metrics: ``gate_mean`` (mean f'(r) = 4σ(1 − σ) over trained tokens: 1 on-policy, smaller as
     the gate damps), ``ratio_mean``.
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     if tau_pos <= 0 or tau_neg <= 0:
         raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos}, {tau_neg}")
     mask_BT, _, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
@@ -52,10 +51,7 @@ def sapo_loss(
 
 
 def gmpo_loss(
-    logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
-    advantages_BT: Tensor,
-    mask_BT: Tensor,
+    x: LossInputs,
     *,
     clip_low: float = 0.4,
     clip_high: float = 0.4,
@@ -78,6 +74,7 @@ def gmpo_loss(
     Metrics: ``clip_fraction`` (trained tokens whose log-ratio was clipped on the side that
     matters), ``ratio_mean`` (mean s_b over rows with tokens).
     """
+    logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
     mask_BT, _, advantages_BT, log_ratio_BT = masked_inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)

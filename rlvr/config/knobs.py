@@ -16,10 +16,7 @@ from rlvr.config.files import declared_keys, describe
 
 def _knobs(target: Callable[..., Any], every_keyword: bool = False) -> list[tuple[str, Any]]:
     """(name, default) of what `target` takes by name from a config: an options class's fields,
-    or a function's keyword-only parameters (``every_keyword``: those without a default too;
-    the loop's own inputs, rlvr.algos.registry.LOOP_INPUTS, never)."""
-    from rlvr.algos.registry import LOOP_INPUTS
-
+    or a function's keyword-only parameters (``every_keyword``: those without a default too)."""
     if dataclasses.is_dataclass(target):
         return [(f.name, f.default if f.default is not dataclasses.MISSING else
                  f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)")
@@ -29,7 +26,7 @@ def _knobs(target: Callable[..., Any], every_keyword: bool = False) -> list[tupl
              else (inspect.Parameter.KEYWORD_ONLY,))
     out = []
     for p in inspect.signature(target).parameters.values():
-        if p.kind not in kinds or p.name in LOOP_INPUTS or p.name in ("self", "ctx"):
+        if p.kind not in kinds or p.name in ("self", "ctx"):
             continue
         if p.default is inspect.Parameter.empty and not every_keyword:
             continue

@@ -18,13 +18,12 @@ from transformers import PreTrainedModel
 
 from rlvr.algos import CORRECTIONS, KL_ESTIMATORS, LOSSES, aggregate_loss, mismatch_metrics
 from rlvr.algos.entropy_control import high_entropy_tokens
-from rlvr.algos.losses import STATE_UPDATES
-from rlvr.algos.registry import loop_inputs
+from rlvr.algos.inputs import LossInputs, StatefulLoss
 from rlvr.train.advantages import (check_combination, compute_advantages, outcome_advantages, shaped_rewards,
                                    turn_credit, units)
 from rlvr.train.batches import (collate, micro_batches, old_rows, prompt_sharing, sample_logprobs, score_certainty,
                                 score_logprobs, token_rows)
-from rlvr.train.inputs import keeps_state, loss_rows
+from rlvr.train.inputs import SampleFields, sample_fields
 from rlvr.train.learner import Learner
 from rlvr.train.logprobs import packs_completions
 from rlvr.train.parallel import all_reduce_sums, idle_passes, share, world
@@ -151,7 +150,6 @@ def update_policy(
         batch.ref = score_logprobs(ref_model, samples, s, pad_token_id, trained)  # type: ignore[arg-type]
     elif not kl_in_loss:
         batch.ref = None  # scored for a KL in the reward: not a loss term
-    batch.loss_rows = loss_rows(LOSSES[s.loss], groups, samples, owner)
     batch.loss_state = {} if loss_state is None else loss_state
 
     sums, grad_norms = _optimise(learner, credit, batch, trained, dropped, s, pad_token_id, generator, terms)
@@ -234,7 +232,7 @@ def _optimise(
             micros = micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens,
                                    prompt_sharing(learner.model, s), packs_completions(learner.model))
             for micro in share(micros):
-                _accumulate(learner, credit, batch, old, micro, s, totals, pad_token_id, device, step_sums)
+                _accumulate(learner, credit, batch, old, micro, s, totals, step_sums)
             idle_passes(learner.model, len(micros), pad_token_id)  # sharded learners: as many passes on every rank
             if world()[0] == 0:
                 for term in terms:
@@ -243,9 +241,10 @@ def _optimise(
             grad_norms.append(learner.step())
             if credit is not None:
                 credit.step()
-            if s.loss in STATE_UPDATES and step_sums.get("_tokens"):  # e.g. R²VPO's dual ascent on λ
+            loss = LOSSES[s.loss]
+            if isinstance(loss, StatefulLoss) and step_sums.get("_tokens"):  # e.g. R²VPO's dual ascent on λ
                 means = {k: v / step_sums["_tokens"] for k, v in step_sums.items() if not k.startswith("_")}
-                STATE_UPDATES[s.loss](batch.loss_state, means, **s.loss_kwargs)
+                loss.after_step(batch.loss_state, means, **s.loss_kwargs)
             for key, value in step_sums.items():
                 sums[key] = max(sums.get(key, float("-inf")), value) if key.startswith("_max/") else sums[key] + value
     return sums, grad_norms
@@ -289,7 +288,8 @@ def _advantages(
         advantages_B = outcome_advantages(groups, rewards_PG, s).flatten()
         advantages = [torch.full((len(x.completion.token_ids),), float(advantages_B[owner[u]]))
                       for u, x in enumerate(samples)]
-    return _Batch(samples, advantages, old, ref), metrics
+    device = next(learner.model.parameters()).device
+    return _Batch(samples, advantages, old, ref, sample_fields(groups, samples, owner), pad_token_id, device), metrics
 
 
 def _summary(sums: dict[str, float], grad_norms: list[float], kl_in_loss: bool,
@@ -321,94 +321,89 @@ class _Batch:
     old: Sequence[torch.Tensor | None] | None
     """Old-policy log-probs; None (all, or one sample's) = the current policy's, detached."""
     ref: list[torch.Tensor] | None
-    loss_rows: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-    """Per-token loss inputs the loop fills in (rlvr.algos.registry.LOOP_INPUTS), per sample."""
+    fields: SampleFields
+    """The loss inputs that come from the groups (correctness, demonstrations), per sample."""
+    pad_token_id: int
+    device: torch.device
     loss_state: dict[str, float] = field(default_factory=dict)
     scored: set[int] = field(default_factory=set)
     """The rows whose `old` is the current policy's, scored before the update."""
 
 
-def _kl_term(name: str, logprobs_BT: torch.Tensor, ref_BT: torch.Tensor, old_BT: torch.Tensor,
-             mask_BT: torch.Tensor) -> torch.Tensor:
-    """The per-token KL to the reference by `algo.kl_estimator`; one that asks for the loop's
-    ``old_logprobs_BT`` (the ratio-weighted k3) gets π_old, with the policy's own log-probs at
-    masked positions: a ratio of 1 there, never an overflow that 0 · inf would turn into NaN."""
-    estimator = KL_ESTIMATORS[name]
-    if "old_logprobs_BT" not in loop_inputs(estimator):
-        return estimator(logprobs_BT, ref_BT)
-    return estimator(logprobs_BT, ref_BT, old_logprobs_BT=torch.where(mask_BT, old_BT, logprobs_BT.detach()))
-
-
-def policy_loss(s: UpdateSettings, logprobs_BT: torch.Tensor, old_BT: torch.Tensor, adv_BT: torch.Tensor,
-                mask_BT: torch.Tensor, entropy_BT: torch.Tensor,
-                inputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def policy_loss(s: UpdateSettings, x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`algo.loss` per token, over the trained tokens, or with `algo.entropy.top` < 1 over the
     pass's high-entropy ("forking") tokens alone (`high_entropy_tokens`): the selection is the
     loss's mask, so a loss that takes a statistic over a row (GSPO's and GMPO's sequence ratio)
     takes it over the selected tokens and no other token gets a gradient (zeroing the loss after
     it was computed left GMPO's row value on every token), and the loss's own metrics are over
     the selected tokens. The aggregation's token counts stay those of every trained token."""
-    selected_BT = mask_BT
-    if s.entropy_top < 1.0:
-        selected_BT = high_entropy_tokens(entropy_BT, mask_BT, s.entropy_top)
-    loss_BT, metrics = LOSSES[s.loss](logprobs_BT, old_BT, adv_BT, selected_BT, **s.loss_kwargs, **inputs)
+    selected_BT = x.mask if s.entropy_top >= 1.0 else high_entropy_tokens(x.need("entropy"), x.mask, s.entropy_top)
+    loss_BT, metrics = LOSSES[s.loss](replace(x, mask=selected_BT), **s.loss_kwargs)
     return torch.where(selected_BT, loss_BT, 0.0), metrics
 
 
-def _accumulate(
-    learner: Learner,
-    credit: Credit | None,
-    b: _Batch,
-    old: Sequence[torch.Tensor | None] | None,
-    micro: list[int],
-    s: UpdateSettings,
-    totals: dict[str, float],
-    pad_token_id: int,
-    device: torch.device,
-    sums: dict[str, float],
-) -> None:
+def _accumulate(learner: Learner, credit: Credit | None, b: _Batch, old: Sequence[torch.Tensor | None] | None,
+                micro: list[int], s: UpdateSettings, totals: dict[str, float], sums: dict[str, float]) -> None:
     """Forward and backward one micro-batch; add its token-weighted metrics to `sums`."""
-    batch = collate([b.samples[i] for i in micro], pad_token_id, device)
-    # per-token values sit on every completion token; the loss and its metrics see the trained ones
-    mask_BT, where_BT = batch["loss_mask"], batch["completion_mask"]
-    logprobs_BT, entropy_BT = sample_logprobs(learner.model, [b.samples[i] for i in micro], batch, s, pad_token_id)
-    old_BT = logprobs_BT.detach() if old is None else old_rows(old, micro, logprobs_BT.detach(), where_BT)
-    adv_BT = token_rows(b.advantages, micro, where_BT)
-    inputs: dict[str, Any] = {name: token_rows(rows, micro, where_BT) for name, rows in b.loss_rows.items()}
-    if keeps_state(LOSSES[s.loss]):
-        inputs["loss_state"] = b.loss_state
-    loss_BT, loss_metrics = policy_loss(s, logprobs_BT, old_BT, adv_BT, mask_BT, entropy_BT, inputs)
-    # The engine's own log-probs of what it sampled, against the learner's before this update.
-    # (a demonstration was not sampled by the engine: it counts as matching, weight 1)
-    sampler_BT = token_rows([torch.tensor(b.samples[i].completion.logprobs, dtype=torch.float32) for i in micro],
-                       list(range(len(micro))), where_BT)
-    demos = torch.tensor([b.samples[i].off_policy for i in micro], device=where_BT.device)
-    if demos.any():
-        sampler_BT = torch.where(demos[:, None], old_BT, sampler_BT)
-    correction = CORRECTIONS[s.offpolicy]
-    given = {"advantages_BT": adv_BT, "logprobs_BT": logprobs_BT.detach()}
-    weights_BT, is_metrics = correction(old_BT, sampler_BT, mask_BT, **s.offpolicy_kwargs,
-                                        **{name: given[name] for name in loop_inputs(correction)})
-    loss_BT = loss_BT * weights_BT
-    loss_metrics = {**loss_metrics, **is_metrics, **mismatch_metrics(old_BT, sampler_BT, mask_BT)}
-    if b.ref is not None:
-        kl_BT = _kl_term(s.kl_estimator, logprobs_BT, token_rows(b.ref, micro, where_BT), old_BT, mask_BT)
-        loss_BT = loss_BT + s.kl_coef * kl_BT
-        sums["kl"] += float(kl_BT.detach()[mask_BT].sum())
-    if s.entropy_coef:
-        loss_BT = loss_BT - s.entropy_coef * entropy_BT
-    loss = aggregate_loss(loss_BT, mask_BT, mode=s.aggregation, max_tokens=s.max_tokens, **totals)
-    if s.policy_weight != 1.0:  # e.g. CHORD's 1 − μ; its μ·SFT is a LossTerm
-        loss = loss * s.policy_weight
+    batch = collate([b.samples[i] for i in micro], b.pad_token_id, b.device)
+    x = _loss_inputs(learner, b, old, micro, batch, s)
+    loss_BT, metrics = policy_loss(s, x)
+    weights_BT, is_metrics = CORRECTIONS[s.offpolicy](x, **s.offpolicy_kwargs)
+    loss_BT = _penalised(loss_BT * weights_BT, x, s, sums)
+    # s.policy_weight: e.g. CHORD's 1 − μ beside its μ·SFT LossTerm
+    loss = aggregate_loss(loss_BT, x.mask, mode=s.aggregation, max_tokens=s.max_tokens, **totals) * s.policy_weight
     loss.backward()
-    n = float(mask_BT.sum())
+    metrics = {**metrics, **is_metrics, **mismatch_metrics(x.old, x.need("sampler"), x.mask)}
     if credit is not None:
-        loss_metrics |= credit.backward(batch, micro, s, totals, sums)
+        metrics |= credit.backward(batch, micro, s, totals, sums)
+    _add(sums, metrics, x, float(loss.detach()))
+
+
+def _add(sums: dict[str, float], metrics: dict[str, torch.Tensor], x: LossInputs, loss: float) -> None:
+    """Add a micro-batch's loss, entropy and metrics, weighted by its trained tokens, to `sums`."""
+    n = float(x.mask.sum())
     sums["_tokens"] += n
-    sums["_loss"] += float(loss.detach())  # micro-batch aggregates sum to the mini-batch loss
-    sums["entropy"] += float(entropy_BT.detach()[mask_BT].sum())
-    for key, value in loss_metrics.items():
+    sums["_loss"] += loss  # micro-batch aggregates sum to the mini-batch loss
+    sums["entropy"] += float(x.need("entropy").detach()[x.mask].sum())
+    for key, value in metrics.items():
         if key.endswith("_max"):  # maxima over the update, kept apart from the token-weighted sums
             sums["_max/" + key] = max(sums.get("_max/" + key, float("-inf")), float(value))
         else:
             sums[key] += float(value) * n
+
+
+def _loss_inputs(learner: Learner, b: _Batch, old: Sequence[torch.Tensor | None] | None, micro: list[int],
+                 batch: dict[str, torch.Tensor], s: UpdateSettings) -> LossInputs:
+    """The micro-batch's `LossInputs`: the policy's log-probs and entropy from its forward pass,
+    and every per-sample value of the update on the micro-batch's completion tokens (values sit
+    on every completion token; the loss and its metrics see the trained ones, ``loss_mask``)."""
+    rows, where_BT = [b.samples[i] for i in micro], batch["completion_mask"]
+    logprobs_BT, entropy_BT = sample_logprobs(learner.model, rows, batch, s, b.pad_token_id)
+    old_BT = logprobs_BT.detach() if old is None else old_rows(old, micro, logprobs_BT.detach(), where_BT)
+    # The engine's own log-probs of what it sampled, against the learner's before this update
+    # (a demonstration was not sampled by the engine: it counts as matching, weight 1).
+    sampler_BT = token_rows([torch.tensor(x.completion.logprobs, dtype=torch.float32) for x in rows],
+                            list(range(len(micro))), where_BT)
+    demos_B = torch.tensor([x.off_policy for x in rows], device=where_BT.device)
+    if demos_B.any():
+        sampler_BT = torch.where(demos_B[:, None], old_BT, sampler_BT)
+    fields = b.fields
+    return LossInputs(
+        logprobs_BT, old_BT, token_rows(b.advantages, micro, where_BT), batch["loss_mask"], sampler=sampler_BT,
+        ref=None if b.ref is None else token_rows(b.ref, micro, where_BT), entropy=entropy_BT,
+        correct=token_rows(fields.correct, micro, where_BT),
+        group_accuracy=token_rows(fields.group_accuracy, micro, where_BT),
+        offpolicy=token_rows(fields.offpolicy, micro, where_BT), state=b.loss_state)
+
+
+def _penalised(loss_BT: torch.Tensor, x: LossInputs, s: UpdateSettings, sums: dict[str, float]) -> torch.Tensor:
+    """The per-token loss plus β·KL to the reference, when the batch has one, and minus the entropy
+    bonus. The KL estimator gets π_old with the policy's own log-probs at masked positions: a ratio
+    of 1 there (the ratio-weighted k3), never an overflow that 0 · inf would turn into NaN."""
+    if x.ref is not None:
+        kl_BT = KL_ESTIMATORS[s.kl_estimator](x.logprobs, x.ref, torch.where(x.mask, x.old, x.logprobs.detach()))
+        loss_BT = loss_BT + s.kl_coef * kl_BT
+        sums["kl"] += float(kl_BT.detach()[x.mask].sum())
+    if s.entropy_coef:
+        loss_BT = loss_BT - s.entropy_coef * x.need("entropy")
+    return loss_BT

@@ -1,5 +1,5 @@
 """What a stateful loss keeps across steps (R²VPO's dual variable λ): a dict the loss updates
-after each optimizer step (rlvr.algos.losses.STATE_UPDATES), saved in checkpoints."""
+after each optimizer step (rlvr.algos.inputs.StatefulLoss), saved in checkpoints."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from rlvr.algos import LOSSES
-from rlvr.algos.registry import loop_inputs
+from rlvr.algos.inputs import StatefulLoss
 from rlvr.train.methods.base import Method, SetupInfo, Plan
 
 if TYPE_CHECKING:
@@ -31,4 +31,4 @@ class LossState(Method):
 
 
 def build(run: Run, info: SetupInfo) -> Method | None:
-    return LossState() if "loss_state" in loop_inputs(LOSSES[run.cfg.algo.loss]) else None
+    return LossState() if isinstance(LOSSES[run.cfg.algo.loss], StatefulLoss) else None
