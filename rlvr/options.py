@@ -181,6 +181,13 @@ class RLPOptions:
             raise ValueError(f"ema_decay must be in [0, 1) (got {self.ema_decay!r})")
 
 
+def rlp_options(rewards: Iterable[Any]) -> RLPOptions:
+    """RLP's options from a config's reward specs: the information_gain reward's kwargs (the
+    defaults when no reward is RLP's)."""
+    spec = next((r for r in rewards if r.fn == "information_gain"), None)
+    return options("the information_gain reward's kwargs", RLPOptions, spec.kwargs if spec else {})
+
+
 @dataclass(frozen=True)
 class RayOptions:
     """``dist.ray``: where the actors run and what each reserves."""

@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from rlvr.algos import LOSSES
+from rlvr.algos.inputs import LossInputs
 from rlvr.algos.supervised import chord_mu
 from rlvr.config import load_config
 from rlvr.train.methods.expert import demonstration
 from rlvr.train.loop import setup, train
+from rlvr.train.methods.registry import check
 from tests.test_train import overrides, read_metrics
 
 EXPERT = ['expert.template="{expression} = {answer}"']
@@ -33,7 +35,7 @@ def test_luffy_loss_by_hand() -> None:
     adv = torch.tensor([[1.0, 2.0]])
     mask = torch.tensor([[True, True]])
     off = torch.tensor([[0.0, 1.0]])
-    loss, metrics = LOSSES["luffy"](logprobs, old, adv, mask, offpolicy_BT=off, shaping_gamma=0.1)
+    loss, metrics = LOSSES["luffy"](LossInputs(logprobs, old, adv, mask, offpolicy=off), shaping_gamma=0.1)
     # on-policy: -A·ratio = -1; off-policy: -A·r/(r + γ) = -2·0.5/0.6
     torch.testing.assert_close(loss, torch.tensor([[-1.0, -2 * 0.5 / 0.6]]))
     loss.sum().backward()
@@ -84,8 +86,8 @@ def test_luffy_mixes_a_demonstration_into_every_group(tiny_dir: Path, tmp_path: 
     _, groups = train_step(run, 1)
     assert [len(g.samples) for g in seen] == [4] * 4 and [len(g.samples) for g in groups] == [5] * 4
     assert all(g.advantages is not None and len(g.advantages) == len(g.samples) for g in seen + groups)
-    with pytest.raises(ValueError, match="go together"):
-        load_config(None, [*overrides(tiny_dir, tmp_path, "x"), 'expert.mode="luffy"'])
+    with pytest.raises(ValueError, match="go together"):  # LUFFY's own check, when a run opens
+        check(load_config(None, [*overrides(tiny_dir, tmp_path, "x"), 'expert.mode="luffy"']))
 
 
 def test_relift_fine_tunes_on_the_prompts_rl_fails(tiny_dir: Path, tmp_path: Path) -> None:

@@ -11,8 +11,10 @@ import torch
 
 from rlvr.config import load_config
 from rlvr.data.pretraining import text_examples
+from rlvr.options import rlp_options
 from rlvr.train.methods import rlp
 from rlvr.train.loop import setup, train
+from rlvr.train.methods.registry import check
 from tests.test_train import FP32, overrides, read_metrics
 from tests.tiny import make_tiny_model
 
@@ -119,8 +121,8 @@ def test_an_rlp_run_trains_thoughts_and_resumes_exactly(tiny_dir: Path, tmp_path
     resumed = read_metrics(tmp_path / "rlp-a")
     for a, b in zip(rows, resumed, strict=True):  # the EMA baseline was restored, so the rewards repeat
         assert b["reward"] == pytest.approx(a["reward"], abs=1e-5) and b["loss"] == pytest.approx(a["loss"], abs=1e-5)
-    with pytest.raises(ValueError, match="pairs task.source"):
-        load_config(None, [*overrides(tiny_dir, tmp_path, "x"), 'rewards=[{fn = "information_gain"}]'])
+    with pytest.raises(ValueError, match="pairs task.source"):  # RLP's own check, when the run opens
+        check(load_config(None, [*overrides(tiny_dir, tmp_path, "x"), 'rewards=[{fn = "information_gain"}]']))
 
 
 def test_the_summary_line_shows_the_held_out_reward_when_accuracy_says_nothing() -> None:
@@ -143,8 +145,8 @@ def test_rlps_knobs_are_the_text_tasks_params_and_the_rewards_kwargs() -> None:
 
     base = ['task.source="text"', 'task.path="corpus.txt"']
     cfg = load_config(None, [*base, 'rewards=[{fn = "information_gain", kwargs = {ema_decay = 0.5}}]'])
-    assert cfg.rlp_options().ema_decay == 0.5 and cfg.rlp_options().think_close == "</think>"
-    with pytest.raises(ConfigError, match="unknown keyword 'ema_decy'; did you mean 'ema_decay'"):
-        load_config(None, [*base, 'rewards=[{fn = "information_gain", kwargs = {ema_decy = 0.5}}]'])
+    assert rlp_options(cfg.rewards).ema_decay == 0.5 and rlp_options(cfg.rewards).think_close == "</think>"
+    with pytest.raises(ValueError, match="unknown keyword 'ema_decy'; did you mean 'ema_decay'"):  # RLP's check
+        check(load_config(None, [*base, 'rewards=[{fn = "information_gain", kwargs = {ema_decy = 0.5}}]']))
     with pytest.raises(ConfigError, match=r"'rlp.context_chars' is now task.params.context_chars"):
         load_config(None, [*base, "rlp.context_chars=100"])

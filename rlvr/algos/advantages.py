@@ -515,3 +515,7 @@ def check_outcome(name: str) -> None:
     ESTIMATORS."""
     if name not in ESTIMATORS:
         raise ValueError(f"outcome {name!r} is not an outcome estimator ({', '.join(sorted(ESTIMATORS))})")
+
+GROUP_BASELINES: frozenset[str] = frozenset({"grpo", "dr_grpo", "rloo", "lite_ppo", "stratified"})
+"""Estimators whose baseline is the other completions of the prompt: a config refuses them with
+algo.group_size = 1 (every advantage would be 0)."""

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlvr.options import RLPOptions, Summarize, options
+from rlvr.options import Summarize, options
 
 from rlvr.config.sections import (AlgoConfig, ConfigError, DistConfig, DPOConfig, EngineConfig, EnvConfig,
                                   ExpertConfig, LogConfig, LoraConfig, MixtureEntry, RewardConfig, SamplerConfig,
@@ -60,11 +60,6 @@ class RunConfig(_Section):
     partial: ClassVar[dict[str, tuple[str, ...]]] = {}
     """Sections this command reads only in part: section -> the keys it reads (none: it ignores the
     section). Setting any other key of them is refused, so nothing set is silently ignored."""
-
-    def rlp_options(self) -> Any:
-        """RLP's options (rlvr.options.RLPOptions): the information_gain reward's kwargs."""
-        spec = next((r for r in self.rewards if r.fn == "information_gain"), None)
-        return options("the information_gain reward's kwargs", RLPOptions, spec.kwargs if spec else {})
 
     def reward_specs(self) -> list[dict[str, Any]]:
         """The reward specs for rlvr.rewards.build_rewards, with the source field for routing."""
@@ -121,23 +116,9 @@ class RunConfig(_Section):
                 f"train.mini_batches = {self.train.mini_batches} must divide prompts_per_step × "
                 f"group_size = {batch}"
             )
-        if self.lora.rank and (self.algo.advantage == "gae" or self.algo.advantage_kwargs.get("credit") == "gae"):
-            raise ValueError("lora.rank > 0 with advantage = \"gae\" is not supported yet: the critic copies the "
-                             "policy's trunk, which LoRA wraps; use an outcome estimator or full fine-tuning")
-        self._check_rlp()
         self._check_dist()
-        self._check_expert()
         self._check_env()
         return self
-
-    def _check_rlp(self) -> None:
-        """RL on pre-training data: the text source and its reward go together."""
-        gain = any(r.fn == "information_gain" for r in self.rewards)
-        if gain != (self.task.source == "text"):
-            raise ValueError("RL on pre-training data pairs task.source = \"text\" with the reward "
-                             "fn = \"information_gain\": set both (configs/rlp.toml)")
-        if gain:
-            self.rlp_options()
 
     def _check_dist(self) -> None:
         """Rollout workers, asynchronous steps, partial rollouts and data-parallel learners."""
@@ -156,28 +137,6 @@ class RunConfig(_Section):
                              f"cpus_per_worker = {r.cpus_per_worker:g} each): they would never start")
         if d.learners > 1 and _on_gpu(self.train.device) and not r.gpus_per_learner:
             raise ValueError("data-parallel learners on GPUs need one each: set dist.ray.gpus_per_learner = 1")
-        if a is not None:
-            from rlvr.rewards.intrinsic import INTRINSIC
-
-            from_policy = (["ReMax's greedy baseline"] if self.algo.advantage == "remax" else []) + [
-                f"reward {r.fn!r}" for r in self.rewards if r.fn in INTRINSIC or r.fn == "information_gain"]
-            if from_policy:
-                raise ValueError("dist.async_rollouts does not combine with what is computed from the policy itself "
-                                 f"while rollouts are collected: {', '.join(from_policy)}")
-
-    def _check_expert(self) -> None:
-        """The expert hybrids (LUFFY, CHORD, ReLIFT) and what their demonstrations need."""
-        if (self.expert.mode == "luffy") != (self.algo.loss == "luffy"):
-            raise ValueError("expert.mode = \"luffy\" and algo.loss = \"luffy\" go together: the loss trains the "
-                             "demonstrations mixed into the groups, and without them it is PPO's")
-        if self.expert.mode == "relift" and self.dist.learners > 1:
-            raise ValueError("expert.mode = \"relift\" runs its SFT steps in one learner; unset dist.learners")
-        if self.expert.mode != "none" and self.sampler.templates:
-            raise ValueError("expert demonstrations follow the task's own prompt; they do not combine with "
-                             "sampler.templates")
-        if self.expert.mode != "none" and self.env.name is not None:
-            raise ValueError(f"expert.mode = {self.expert.mode!r} trains single-turn demonstrations; it does not "
-                             "combine with multi-turn episodes (env.name)")
 
     def _check_env(self) -> None:
         """What needs multi-turn episodes, and what summarised episodes cannot train."""
@@ -196,9 +155,6 @@ class RunConfig(_Section):
             if at >= e.max_context:
                 raise ValueError(f"env.summarize.at ({at}) must be below env.max_context ({e.max_context}): "
                                  "the summary is written inside the context")
-            if self.algo.advantage == "gae" or (self.algo.kl_placement == "reward" and self.algo.kl_coef > 0):
-                raise ValueError("env.summarize trains segments with the episode's outcome advantage: it does not "
-                                 "combine with advantage = \"gae\" or a KL in the reward")
 
 
 def _on_gpu(device: str) -> bool:

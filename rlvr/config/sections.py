@@ -7,12 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from rlvr.options import (EXPERT_OPTIONS, ROLLOUT_OPTIONS, TURN_CREDIT_ALONE, AsyncOptions, RayOptions, RehearsalOptions, ReplayOptions,
+from rlvr.options import (EXPERT_OPTIONS, ROLLOUT_OPTIONS, AsyncOptions, RayOptions, RehearsalOptions, ReplayOptions,
                           options)
 
 
-_GROUP_BASELINES = frozenset({"grpo", "dr_grpo", "rloo", "lite_ppo", "stratified"})
-"""Outcome estimators whose baseline is the other completions of the prompt (rlvr.algos.ESTIMATORS)."""
 
 class ConfigError(ValueError):
     """A config file, override or value that cannot be used; the message says what and where."""
@@ -236,7 +234,7 @@ class AlgoConfig(_Section):
             raise ValueError("algo.divergence_kwargs are the knobs of DPH-RL's divergence: set algo.divergence")
         if self.divergence != "none":
             self.divergence_options()
-        from rlvr.algos import losses, offpolicy
+        from rlvr.algos import advantages, losses, offpolicy
 
         row_wise = [f"{kind} = {name!r}" for kind, name, names in [("algo.loss", self.loss, losses.ROW_ADVANTAGE),
                     ("algo.offpolicy", self.offpolicy, offpolicy.ROW_ADVANTAGE)] if name in names]
@@ -245,12 +243,9 @@ class AlgoConfig(_Section):
         if row_wise and per_token:
             raise ValueError(f"{row_wise[0]} takes one advantage per row, and {per_token} "
                              "gives each token its own: use an outcome estimator, or another loss or correction")
-        if self.advantage in _GROUP_BASELINES and self.group_size < 2:
+        if self.advantage in advantages.GROUP_BASELINES and self.group_size < 2:
             raise ValueError(f"algo.advantage = {self.advantage!r} compares each completion with the others of its "
                              "prompt: algo.group_size must be at least 2 (with 1 every advantage is 0 and nothing trains)")
-        if self.credit == "turn" and (self.advantage != "grpo" or self.shaping or self.kl_placement == "reward"
-                                      and self.kl_coef > 0):
-            raise ValueError(TURN_CREDIT_ALONE)
         return self
 
     def entropy_options(self) -> Any:

@@ -11,6 +11,7 @@ import torch
 
 from rlvr.algos import ESTIMATORS, SHAPING, turn_advantages
 from rlvr.algos.advantages import AdvantageInputs, wants_greedy
+from rlvr.config import RunConfig
 from rlvr.options import TURN_CREDIT_ALONE
 from rlvr.train.rollouts import is_correct
 from rlvr.train.settings import UpdateSettings
@@ -97,6 +98,13 @@ def units(episodes: list[Sample]) -> tuple[list[Sample], list[int]]:
         units.append(x)
         owner.append(i)
     return units, owner
+
+
+def check_turn_credit(cfg: RunConfig) -> None:
+    """Turn credit computes its own advantages: refuse what it would ignore (run when a run opens)."""
+    a = cfg.algo
+    if a.credit == "turn" and (a.advantage != "grpo" or a.shaping or a.kl_placement == "reward" and a.kl_coef > 0):
+        raise ValueError(TURN_CREDIT_ALONE)
 
 
 def check_combination(s: UpdateSettings, per_token: bool, kl_in_reward: bool, summarised: bool) -> None:

@@ -19,6 +19,7 @@ from rlvr.agents.envs import env_factory
 from rlvr.agents.runner import ChatDelta, Limits, Summarize, episode_groups
 from rlvr.algos.registry import check_keywords, keyword_options
 from rlvr.config import RunConfig
+from rlvr.options import rlp_options
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_example, render_prompt
 from rlvr.data.images import load_image, prompt_media, render_with_images, template_ids
 from rlvr.data.sampler import Sampler, UniformSampler
@@ -94,7 +95,7 @@ def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[
     if cfg.task.source == "text":
         from rlvr.data.pretraining import prompt_ids
 
-        think_open = cfg.rlp_options().think_open
+        think_open = rlp_options(cfg.rewards).think_open
 
         def encode(exs: list[Example]) -> list[list[int]]:
             return [prompt_ids(tokenizer, ex.fields["context"], think_open) for ex in exs]

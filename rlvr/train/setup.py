@@ -49,7 +49,7 @@ from rlvr.train.collect import ReplayBuffer, Rollouts
 from rlvr.train.data import check_prompt_lengths, load_task, make_sampler, with_variants
 from rlvr.train.learner import learner_for
 from rlvr.train.methods.base import SetupInfo
-from rlvr.train.methods.registry import build_methods, composed
+from rlvr.train.methods.registry import build_methods, check, composed
 from rlvr.train.parts import load_base, trainable
 from rlvr.train.update import settings_from_config
 from rlvr.train.updater import Updater
@@ -211,6 +211,7 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
         if any(o.split("=", 1)[0].strip() in ("model", "name", "output_dir") for o in overrides):
             raise RunDirError("model, name and output_dir belong to the run and cannot change on resume")
         cfg = load_config(run_dir / "config.toml", overrides, command=command)
+        check(cfg)
         _warn_version(run_dir / "config.toml")
         _require_sinks(cfg)
         if not ckpt.list_checkpoints(run_dir) and not list((run_dir / ckpt.CHECKPOINTS).glob("unreadable_*")):
@@ -244,6 +245,7 @@ def open_run(cfg: RunConfig | None, *, resume: str | Path | None = None, overrid
         return run, start
     if cfg is None:
         raise ValueError(NO_CONFIG.format(command=command))
+    check(cfg)  # each method's own check of the config
     _require_sinks(cfg)
     numerics.follow(None)  # a new run measures this machine's own (another run in this process may have followed)
     run_dir = create_run_dir(cfg, command)

@@ -42,6 +42,7 @@ from rlvr.train.settings import UpdateSettings
 from rlvr.types import Completion, Group, Sample
 
 if TYPE_CHECKING:
+    from rlvr.config import RunConfig
     from rlvr.train.run import Run
 
 
@@ -188,6 +189,23 @@ class Relift(Method):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.buffer.load_state_dict(state)
+
+
+def check(cfg: RunConfig) -> None:
+    """The expert hybrids (LUFFY, CHORD, ReLIFT) and what their demonstrations need (run when a
+    run opens, before the model loads)."""
+    mode = cfg.expert.mode
+    if (mode == "luffy") != (cfg.algo.loss == "luffy"):
+        raise ValueError("expert.mode = \"luffy\" and algo.loss = \"luffy\" go together: the loss trains the "
+                         "demonstrations mixed into the groups, and without them it is PPO's")
+    if mode == "relift" and cfg.dist.learners > 1:
+        raise ValueError("expert.mode = \"relift\" runs its SFT steps in one learner; unset dist.learners")
+    if mode != "none" and cfg.sampler.templates:
+        raise ValueError("expert demonstrations follow the task's own prompt; they do not combine with "
+                         "sampler.templates")
+    if mode != "none" and cfg.env.name is not None:
+        raise ValueError(f"expert.mode = {mode!r} trains single-turn demonstrations; it does not "
+                         "combine with multi-turn episodes (env.name)")
 
 
 def build_luffy(run: Run, info: SetupInfo) -> Method | None:

@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 from rlvr.data import Example
 from rlvr.rewards import RewardFn
 from rlvr.train.methods.base import Method, SetupInfo
-from rlvr.rewards.intrinsic import information_gain
+from rlvr.rewards.intrinsic import INTRINSIC, information_gain
 from rlvr.train.batches import score_certainty
 from rlvr.types import Group
 
 if TYPE_CHECKING:
+    from rlvr.config import RunConfig
     from rlvr.train.run import Run
 
 
@@ -43,6 +44,14 @@ class IntrinsicRewards(Method):
                 k += 1
             out.append(dataclasses.replace(g, samples=tuple(scored)))
         return out
+
+
+def check(cfg: RunConfig) -> None:
+    """Intrinsic rewards are computed from the policy itself (run when a run opens)."""
+    from_policy = [r.fn for r in cfg.rewards if r.fn in INTRINSIC]
+    if from_policy and cfg.dist.async_options() is not None:
+        raise ValueError("dist.async_rollouts does not combine with rewards computed from the policy being "
+                         f"trained while rollouts are collected: {', '.join(map(repr, from_policy))}")
 
 
 def build(run: Run, info: SetupInfo) -> Method | None:

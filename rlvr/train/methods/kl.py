@@ -14,6 +14,7 @@ from rlvr.models import load_policy
 from rlvr.train.methods.base import Extras, Method, Plan, RankInfo, SetupInfo
 
 if TYPE_CHECKING:
+    from rlvr.config import RunConfig
     from rlvr.train.run import Run
 
 
@@ -48,6 +49,13 @@ def on_rank(cfg: Any, policy: PreTrainedModel, info: RankInfo) -> Extras | None:
         return None
     weight = next(policy.parameters())
     return Extras(ref_model=load_policy(cfg.model, weight.dtype, weight.device)[0].eval().requires_grad_(False))
+
+
+def check(cfg: RunConfig) -> None:
+    """A KL in the reward needs whole episodes (run when a run opens, before the model loads)."""
+    if cfg.env.summarize and cfg.algo.kl_placement == "reward" and cfg.algo.kl_coef > 0:
+        raise ValueError("env.summarize trains segments with the episode's outcome advantage: it does not "
+                         "combine with a KL in the reward (algo.kl_placement = \"reward\")")
 
 
 def build(run: Run, info: SetupInfo) -> Method | None:

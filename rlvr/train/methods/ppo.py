@@ -133,6 +133,17 @@ def on_rank(cfg: RunConfig, policy: PreTrainedModel, info: RankInfo) -> Extras |
     return None if credit is None else Extras(credit=credit)
 
 
+def check(cfg: RunConfig) -> None:
+    """What a learned critic cannot train beside (run when a run opens, before the model loads)."""
+    a = cfg.algo
+    if cfg.lora.rank and (a.advantage == "gae" or a.advantage_kwargs.get("credit") == "gae"):
+        raise ValueError("lora.rank > 0 with advantage = \"gae\" is not supported yet: the critic copies the "
+                         "policy's trunk, which LoRA wraps; use an outcome estimator or full fine-tuning")
+    if cfg.env.summarize and a.advantage == "gae":
+        raise ValueError("env.summarize trains segments with the episode's outcome advantage: it does not "
+                         "combine with advantage = \"gae\"")
+
+
 def build(run: Run, info: SetupInfo) -> Method | None:
     extras = on_rank(run.cfg, run.learner.model, RankInfo.of(run, info))
     return None if extras is None else CriticMethod(extras.credit)  # type: ignore[arg-type]

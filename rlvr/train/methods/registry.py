@@ -14,10 +14,13 @@ from transformers import PreTrainedModel
 
 from rlvr.train.methods import (distill, expert, intrinsic, kl, loss_state, ppo, process, rehearsal, remax,
                                 rlp)
+from rlvr.config import RunConfig
 from rlvr.train.methods.base import Extras, Method, RankInfo, SetupInfo
+from rlvr.train.advantages import check_turn_credit
 from rlvr.train.run import Run, rescores_in_training
 
-__all__ = ["METHODS", "ON_RANKS", "SEAMS", "active", "build_methods", "composed", "describe", "rank_extras"]
+__all__ = ["CHECKS", "METHODS", "ON_RANKS", "SEAMS", "active", "build_methods", "check", "composed", "describe",
+           "rank_extras"]
 
 METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
     "remax": remax.build,            # ReMax: a greedy completion per prompt as the baseline
@@ -43,6 +46,26 @@ ON_RANKS: dict[str, Callable[[Any, PreTrainedModel, RankInfo], Extras | None]] =
     "process": process.on_rank,  # the process reward model (and its critic)
 }
 """What a method needs on every learner rank, by name: the same parts its factory builds locally."""
+
+
+CHECKS: dict[str, Callable[[RunConfig], None]] = {
+    "kl": kl.check,                # a KL in the reward needs whole episodes
+    "ppo": ppo.check,              # the critic: not with LoRA, nor with summarised episodes
+    "remax": remax.check,          # the greedy baseline: not with asynchronous rollouts
+    "expert": expert.check,        # LUFFY's loss and mode together; demonstrations are single-turn
+    "intrinsic": intrinsic.check,  # rewards from the policy itself: not with asynchronous rollouts
+    "rlp": rlp.check,              # the text source and the information_gain reward together
+    "turn_credit": check_turn_credit,  # turn credit replaces the estimator, shaping and a KL in the reward
+}
+"""Each method's own check of a config, by name: what it cannot run beside. The config itself
+compares no method's name (rlvr.config checks its sections alone)."""
+
+
+def check(cfg: RunConfig) -> None:
+    """Run every method's check of `cfg` (when a run opens, before anything is created or loaded);
+    a ValueError says what to change."""
+    for method_check in CHECKS.values():
+        method_check(cfg)
 
 
 def rank_extras(cfg: Any, policy: PreTrainedModel, info: RankInfo) -> Extras:

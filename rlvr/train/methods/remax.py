@@ -18,6 +18,7 @@ from rlvr.train.methods.base import Method, SetupInfo, Plan
 from rlvr.train.rollouts import generate_groups
 
 if TYPE_CHECKING:
+    from rlvr.config import RunConfig
     from rlvr.train.run import Run
 
 
@@ -39,6 +40,17 @@ class GreedyBaseline(Method):
         return {"greedy_reward": statistics.fmean(g.greedy_reward or 0.0 for g in plan.groups)}
 
 
+def _greedy(cfg: RunConfig) -> bool:
+    estimator = ESTIMATORS.get(cfg.algo.advantage)
+    return estimator is not None and wants_greedy(estimator)
+
+
+def check(cfg: RunConfig) -> None:
+    """The greedy baseline is sampled from the policy at the step (run when a run opens)."""
+    if _greedy(cfg) and cfg.dist.async_options() is not None:
+        raise ValueError("dist.async_rollouts does not combine with a greedy baseline "
+                         f"(advantage = {cfg.algo.advantage!r}): it is sampled from the policy being trained")
+
+
 def build(run: Run, info: SetupInfo) -> Method | None:
-    estimator = ESTIMATORS.get(run.cfg.algo.advantage)
-    return GreedyBaseline() if estimator is not None and wants_greedy(estimator) else None
+    return GreedyBaseline() if _greedy(run.cfg) else None

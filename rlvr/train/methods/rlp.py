@@ -33,7 +33,7 @@ from transformers import PreTrainedModel
 from rlvr.data import Example
 from rlvr.data.chat import Tokenized, encode_text
 from rlvr.lora import merged_state_dict
-from rlvr.options import RLPOptions
+from rlvr.options import RLPOptions, rlp_options
 from rlvr.data.pretraining import context_ids, prompt_ids  # noqa: F401  (prompt_ids: RLP's prompts, rendered by rlvr.train.data)
 from rlvr.models import load_model
 from rlvr.rewards.intrinsic import information_gain
@@ -42,6 +42,7 @@ from rlvr.train.methods.base import Method, SetupInfo, Plan
 from rlvr.types import Group
 
 if TYPE_CHECKING:
+    from rlvr.config import RunConfig
     from rlvr.train.run import Run
 
 @torch.no_grad()
@@ -62,7 +63,7 @@ def score_groups(run: Run, ema: PreTrainedModel, groups: list[Group], examples: 
     rewards = [r for r in run.task.rewards if r.fn is information_gain]
     if not rewards:
         return groups
-    cfg, tokenizer = run.cfg.rlp_options(), run.tokenizer
+    cfg, tokenizer = rlp_options(run.cfg.rewards), run.tokenizer
     close = encode_text(tokenizer, cfg.think_close)
     pad, mb, chunk = run.engine.pad_token_id, run.settings.micro_batch_size, run.settings.logprob_chunk
     pred_rows, base_rows = [], []
@@ -126,7 +127,21 @@ class RLP(Method):
         self.ema.load_state_dict(state)
 
 
+def check(cfg: RunConfig) -> None:
+    """RL on pre-training data: the text source and the information_gain reward go together, and
+    its EMA baseline is updated from the policy each step (run when a run opens)."""
+    gain = any(r.fn == "information_gain" for r in cfg.rewards)
+    if gain != (cfg.task.source == "text"):
+        raise ValueError("RL on pre-training data pairs task.source = \"text\" with the reward "
+                         "fn = \"information_gain\": set both (configs/rlp.toml)")
+    if gain:
+        rlp_options(cfg.rewards)
+        if cfg.dist.async_options() is not None:
+            raise ValueError("dist.async_rollouts does not combine with the information_gain reward: its EMA "
+                             "baseline follows the policy being trained")
+
+
 def build(run: Run, info: SetupInfo) -> Method | None:
     if not any(r.fn is information_gain for r in run.task.rewards):
         return None
-    return RLP(load_model(run.cfg.model, info.dtype, info.device).eval().requires_grad_(False), run.cfg.rlp_options())
+    return RLP(load_model(run.cfg.model, info.dtype, info.device).eval().requires_grad_(False), rlp_options(run.cfg.rewards))
