@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rlvr.bench import fake_groups  # noqa: E402
 from rlvr.models import load_model  # noqa: E402
 from rlvr.train.learner import Learner  # noqa: E402
+from rlvr.train.settings import LossSettings, Passes  # noqa: E402
 from rlvr.train.update import UpdateSettings, update_policy  # noqa: E402
 
-SETTINGS = UpdateSettings(micro_batch_size=4, max_tokens=32, share_prompts=False)
+SETTINGS = UpdateSettings(loss=LossSettings(max_tokens=32), passes=Passes(micro_batch_size=4, share_prompts=False))
 
 
 def updates(learner: Learner, steps: int, vocab: int) -> float:

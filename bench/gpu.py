@@ -225,6 +225,24 @@ def part_graphs(device: str) -> dict[str, Any]:
 
 # --- every method on the device ---------------------------------------------------------------
 
+def _nested(**flat: Any) -> Any:
+    """UpdateSettings from method_settings' flat keys (the config's names: loss, kl_coef, ...)."""
+    from rlvr.train.settings import AdvantageSettings, KLSettings, LossSettings, Passes, UpdateSettings
+
+    parts: dict[str, dict[str, Any]] = {"advantage": {}, "loss": {}, "kl": {}, "passes": {}, "": {}}
+    where = {"advantage": ("advantage", "name"), "loss": ("loss", "name"), "offpolicy": ("loss", "offpolicy"),
+             "offpolicy_kwargs": ("loss", "offpolicy_kwargs"), "aggregation": ("loss", "aggregation"),
+             "max_tokens": ("loss", "max_tokens"), "entropy_top": ("loss", "entropy_top"),
+             "entropy_coef": ("loss", "entropy_coef"), "kl_coef": ("kl", "coef"), "kl_placement": ("kl", "placement"),
+             "micro_batch_size": ("passes", "micro_batch_size"), "share_prompts": ("passes", "share_prompts"),
+             "mini_batches": ("", "mini_batches"), "epochs": ("", "epochs")}
+    for key, value in flat.items():
+        part, name = where[key]
+        parts[part][name] = value
+    return UpdateSettings(advantage=AdvantageSettings(**parts["advantage"]), loss=LossSettings(**parts["loss"]),
+                          kl=KLSettings(**parts["kl"]), passes=Passes(**parts["passes"]), **parts[""])
+
+
 def method_settings() -> dict[str, dict[str, Any]]:
     """One update setting per loss, off-policy correction, outcome estimator and aggregation,
     plus the KL placements and the entropy options: the update's seams, each exercised once.
@@ -323,7 +341,7 @@ def part_methods(device: str) -> dict[str, Any]:
                 if extra.get("_critic"):
                     critic = Learner(Critic(copy.deepcopy(model)).to(where), lr=1e-3)
                     credit = CriticCredit(critic, GaeOptions())
-                settings = UpdateSettings(micro_batch_size=4, mini_batches=2, max_tokens=10, **options)
+                settings = _nested(micro_batch_size=4, mini_batches=2, max_tokens=10, **options)
                 learner = Learner(model, lr=1e-3, optimizer=extra.get("_optimizer", "adamw"))
                 res = update_policy(learner, groups, settings, pad_token_id=0, ref_model=ref,
                                     credit=credit, generator=torch.Generator().manual_seed(0))
@@ -435,6 +453,7 @@ def part_learner(device: str, shape: str, batch: int, prompt: int, completion: i
     cap per micro-batch (`rlvr train`'s default caps it at 1024: `train.micro_batch_tokens`)."""
     from rlvr.bench import fake_groups, tokens_run
     from rlvr.train.learner import Learner
+    from rlvr.train.settings import LossSettings, Passes
     from rlvr.train.update import UpdateSettings, update_policy
 
     model = random_model(shape, dtype, device)
@@ -442,7 +461,8 @@ def part_learner(device: str, shape: str, batch: int, prompt: int, completion: i
     params = sum(p.numel() for p in model.parameters())
     learner = Learner(model, lr=1e-6)
     groups = fake_groups(batch, min(8, batch), prompt, completion, model.config.vocab_size)
-    settings = UpdateSettings(micro_batch_size=micro_batch, max_tokens=completion, share_prompts=share_prompts)
+    settings = UpdateSettings(loss=LossSettings(max_tokens=completion),
+                              passes=Passes(micro_batch_size=micro_batch, share_prompts=share_prompts))
     update_policy(learner, groups, settings, pad_token_id=0)  # warm-up: allocator, kernel choice
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()

@@ -27,6 +27,7 @@ from rlvr.models import cpu_description, load_model
 from rlvr.train import batches
 from rlvr.train import update as update_module
 from rlvr.train.logprobs import can_share_prompts, shared_prompt_logprobs, token_logprobs
+from rlvr.train.settings import Passes
 from rlvr.train.update import UpdateSettings, update_policy
 from rlvr.types import Completion, Group, Sample
 
@@ -61,14 +62,14 @@ def every_token(model: Any, rows: list[Sample], batch: dict[str, torch.Tensor], 
     """`sample_logprobs` as it was before (9ab368f^): the same choice between shared prompts and
     whole rows, but every completion token scored and every column run (both sides pack a
     prompt's completions into shared rows since session 17, rlvr.train.logprobs.completion_lanes)."""
-    if not (s.share_prompts and batches.shares_prompts(rows) and can_share_prompts(model)):
+    if not (s.passes.share_prompts and batches.shares_prompts(rows) and can_share_prompts(model)):
         return token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
-                              temperature=s.temperature, chunk_size=s.logprob_chunk)
+                              temperature=s.passes.temperature, chunk_size=s.passes.logprob_chunk)
     prompts: dict[Any, int] = {}
     row_prompt = [prompts.setdefault(x.prompt_key, len(prompts)) for x in rows]
     lp_N, ent_N = shared_prompt_logprobs(model, [list(ids) for ids, _ in prompts],
                                          [list(x.completion.token_ids) for x in rows], row_prompt, pad,
-                                         temperature=s.temperature, chunk_size=s.logprob_chunk)
+                                         temperature=s.passes.temperature, chunk_size=s.passes.logprob_chunk)
     where_BT = batch["completion_mask"]
     zeros = torch.zeros(where_BT.shape, dtype=lp_N.dtype, device=where_BT.device)
     return zeros.masked_scatter(where_BT, lp_N), zeros.masked_scatter(where_BT, ent_N)
@@ -107,7 +108,7 @@ def main() -> None:
     model.train()
     groups = episodes(args.prompts, args.group, args.prompt, args.turns, args.sampled, args.injected, args.trailing,
                       model.config.vocab_size)
-    settings = UpdateSettings(micro_batch_size=args.micro_batch, share_prompts=not args.whole)
+    settings = UpdateSettings(passes=Passes(micro_batch_size=args.micro_batch, share_prompts=not args.whole))
     sides = {"scored": batches.sample_logprobs, "every_token": every_token}
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     grads: dict[str, dict[str, torch.Tensor]] = {}

@@ -15,6 +15,7 @@ from rlvr.bench import fake_groups
 from rlvr.models import load_model
 from rlvr.runtime import keep_freed_memory
 from rlvr.train.learner import Learner
+from rlvr.train.settings import LossSettings, Passes
 from rlvr.train.update import UpdateSettings, update_policy
 
 
@@ -25,7 +26,7 @@ def main() -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     learner = Learner(model, lr=1e-6)
     groups = fake_groups(16, 8, 64, 192, model.config.vocab_size)
-    settings = UpdateSettings(micro_batch_size=4, max_tokens=192)
+    settings = UpdateSettings(loss=LossSettings(max_tokens=192), passes=Passes(micro_batch_size=4))
     for step in range(1, 5):
         update_policy(learner, groups, settings, pad_token_id=0)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

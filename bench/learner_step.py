@@ -21,6 +21,7 @@ from rlvr.bench import fake_groups
 from rlvr.models import load_model
 from rlvr.runtime import keep_freed_memory
 from rlvr.train.learner import Learner
+from rlvr.train.settings import LossSettings, Passes
 from rlvr.train.update import UpdateSettings, update_policy
 from rlvr.types import Group
 
@@ -58,7 +59,8 @@ def main() -> None:
     model = load_model("builtin:smollm2-135m-instruct", args.precision)
     learner = Learner(model, lr=1e-6, optimizer=args.optimizer)
     groups = fake_groups(args.batch, args.group, args.prompt, args.completion, model.config.vocab_size)
-    settings = UpdateSettings(micro_batch_size=args.micro_batch, max_tokens=args.completion, logprob_chunk=args.chunk)
+    settings = UpdateSettings(loss=LossSettings(max_tokens=args.completion),
+                              passes=Passes(micro_batch_size=args.micro_batch, logprob_chunk=args.chunk))
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     if args.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -40,9 +40,9 @@ def main() -> None:
 
     sampling = rlvr.SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, n=args.group_size)
     settings = rlvr.UpdateSettings(
-        advantage="grpo", advantage_kwargs={"normalize_std": True},          # group-relative advantages
-        loss="ppo_clip", loss_kwargs={"clip_low": 0.2, "clip_high": 0.28},   # clipped surrogate, clip-higher
-        aggregation="token-mean", max_tokens=args.max_new_tokens,
+        advantage=rlvr.AdvantageSettings("grpo", {"normalize_std": True}),   # group-relative advantages
+        loss=rlvr.LossSettings("ppo_clip", {"clip_low": 0.2, "clip_high": 0.28},  # clipped surrogate, clip-higher
+                               aggregation="token-mean", max_tokens=args.max_new_tokens),
     )
     rng = random.Random(0)
     for step in range(1, args.steps + 1):

@@ -11,6 +11,7 @@ The public API, importable from `rlvr` directly (loaded on first use, so `import
     build_rewards, score, REWARDS, extract_answer                      rewards (rlvr.rewards)
     generate_groups, group_metrics              rollouts + scoring (rlvr.train.rollouts)
     Learner, UpdateSettings, update_policy, UpdateResult, compute_advantages   learning (rlvr.train)
+    AdvantageSettings, LossSettings, KLSettings, Passes    the parts of UpdateSettings (rlvr.train.settings)
     ESTIMATORS, LOSSES, KL_ESTIMATORS, aggregate_loss                  algorithms (rlvr.algos)
     keep_freed_memory                           CPU malloc tuning for training processes (rlvr.runtime)
 """
@@ -33,6 +34,7 @@ _EXPORTS = {
     "rlvr.train.rollouts": ["generate_groups", "group_metrics"],
     "rlvr.train.learner": ["Learner"],
     "rlvr.train.update": ["UpdateSettings", "update_policy", "UpdateResult", "compute_advantages"],
+    "rlvr.train.settings": ["AdvantageSettings", "LossSettings", "KLSettings", "Passes"],
     "rlvr.algos": ["ESTIMATORS", "LOSSES", "KL_ESTIMATORS", "aggregate_loss"],
     "rlvr.runtime": ["keep_freed_memory"],
 }

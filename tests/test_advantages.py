@@ -12,7 +12,8 @@ from rlvr.algos import ESTIMATORS
 from rlvr.algos.advantages import AdvantageInputs, gae_advantages
 from rlvr.config import ConfigError, load_config
 from rlvr.train.loop import train
-from rlvr.train.update import UpdateSettings, compute_advantages
+from rlvr.train.settings import AdvantageSettings, UpdateSettings
+from rlvr.train.update import compute_advantages
 from rlvr.types import Completion, Group, Sample
 from tests.test_train import overrides, read_metrics
 
@@ -173,7 +174,7 @@ def test_global_pool_reads_the_groups_pool_and_falls_back_to_the_group() -> None
 
     pooled = Group("p", (sample(1.0), sample(0.0)), pool_rewards=(1.0, 0.0, 0.0, 0.0))
     plain = Group("q", (sample(1.0), sample(0.0)))
-    s = UpdateSettings(advantage="global_pool")
+    s = UpdateSettings(advantage=AdvantageSettings(name="global_pool"))
     out = compute_advantages([pooled, plain], s)
     std = math.sqrt(0.25) + 1e-6  # pool [1, 0, 0, 0]: mean 0.25, unbiased std 0.5
     torch.testing.assert_close(out[0], torch.tensor([0.75 / std, -0.25 / std]))
@@ -185,14 +186,15 @@ def test_stratified_reads_the_strata_from_a_reward_part() -> None:
         return Sample((1,), Completion((2,), (-0.1,), "stop", "x"), r, {"acc": r, "calls": calls}, 0)
 
     group = Group("p", (sample(1.0, 0), sample(0.0, 0), sample(1.0, 2), sample(0.5, 2)))
-    out = compute_advantages([group], UpdateSettings(advantage="stratified",
-                                                     advantage_kwargs={"stratum": "calls", "alpha": 1.0}))
+    out = compute_advantages([group], UpdateSettings(advantage=AdvantageSettings(
+        name="stratified", kwargs={"stratum": "calls", "alpha": 1.0})))
     expected = ESTIMATORS["stratified"](torch.tensor([[1.0, 0.0, 1.0, 0.5]]),
                                         AdvantageInputs(parts={"s": torch.tensor([[0, 0, 2, 2]])}), stratum="s",
                                         alpha=1.0)
     torch.testing.assert_close(out, expected)
     with pytest.raises(ValueError, match="'tools' is not a reward of this run"):
-        compute_advantages([group], UpdateSettings(advantage="stratified", advantage_kwargs={"stratum": "tools"}))
+        compute_advantages([group], UpdateSettings(advantage=AdvantageSettings(name="stratified",
+                                                                               kwargs={"stratum": "tools"})))
     with pytest.raises(ConfigError, match="'stratified': missing keyword 'stratum'"):
         load_config(None, ['algo.advantage="stratified"'])
     with pytest.raises(ConfigError, match="is now algo.advantage_kwargs.stratum"):
@@ -332,9 +334,9 @@ def test_estimator_keywords_are_checked_against_the_function() -> None:
 def test_the_clip_settings_are_the_losss_keywords() -> None:
     from rlvr.train.settings import settings_from_config
 
-    assert settings_from_config(load_config(None, []), []).loss_kwargs == {}  # the loss's own defaults
+    assert settings_from_config(load_config(None, []), []).loss.kwargs == {}  # the loss's own defaults
     cfg = load_config(None, ["algo.loss_kwargs.clip_high=0.3", "algo.loss_kwargs.dual_clip=3.0"])
-    assert settings_from_config(cfg, []).loss_kwargs == {"clip_high": 0.3, "dual_clip": 3.0}
+    assert settings_from_config(cfg, []).loss.kwargs == {"clip_high": 0.3, "dual_clip": 3.0}
     with pytest.raises(ConfigError, match="'gspo': unknown keyword 'dual_clip'"):  # gspo takes no dual_clip
         load_config(None, ['algo.loss="gspo"', "algo.loss_kwargs.dual_clip=3.0"])
     with pytest.raises(ConfigError, match="did you mean 'clip_high'"):
@@ -347,7 +349,7 @@ def test_bnpo_decomposition_fits_only_the_reward_components() -> None:
     """Flags ("<name>/excluded", "<name>/error") and weight-0 diagnostics (an environment's
     "turns") are reward parts but not rewards: only the components enter the decomposition."""
     from rlvr.train.advantages import advantage_inputs
-    from rlvr.train.settings import UpdateSettings
+    from rlvr.train.settings import AdvantageSettings, UpdateSettings
     from rlvr.types import Completion, Group, Sample
 
     def sample(correct: float, fmt: float) -> Sample:
@@ -355,7 +357,8 @@ def test_bnpo_decomposition_fits_only_the_reward_components() -> None:
         return Sample((1,), Completion((2,), (0.0,), "stop", ""), correct + fmt, parts, 0)
 
     groups = [Group("p", (sample(1, 0), sample(0, 1))), Group("q", (sample(1, 1), sample(0, 0)))]
-    parts = advantage_inputs(groups, UpdateSettings(reward_components=("correct", "format"))).components_KPG()
+    components = UpdateSettings(advantage=AdvantageSettings(reward_components=("correct", "format")))
+    parts = advantage_inputs(groups, components).components_KPG()
     torch.testing.assert_close(parts, torch.tensor([[[1.0, 0.0], [1.0, 0.0]], [[0.0, 1.0], [1.0, 0.0]]]))
     everything = advantage_inputs(groups, UpdateSettings())
     assert everything.components == ("correct", "format", "turns")  # without components: no flags, but "turns"
@@ -375,7 +378,7 @@ def test_a_sample_without_a_verdict_leaves_its_groups_statistics_to_the_others(n
 
     rewards = [1.0, 0.0, 0.0, 0.5]  # the third's "0.0" is no score: its reward gave no verdict
     group = Group("p", tuple(sample(r, i == 2) for i, r in enumerate(rewards)))
-    got = compute_advantages([group], UpdateSettings(advantage=name))[0]
+    got = compute_advantages([group], UpdateSettings(advantage=AdvantageSettings(name=name)))[0]
     alone = ESTIMATORS[name](torch.tensor([[1.0, 0.0, 0.5]]))[0]
     assert torch.allclose(got[[0, 1, 3]], alone, atol=1e-6)
     if name == "grpo":  # by hand: mean 0.5, sample std 0.5
@@ -401,5 +404,5 @@ def test_a_group_whose_judged_rewards_are_equal_has_no_advantage_beside_an_exclu
     flat = Group("p", tuple(sample(i == 7) for i in range(8)))
     spread = Group("q", tuple(Sample((1,), Completion((2,), (-0.1,), "stop", "x"), r, {"r": r}, 0)
                               for r in (0.0, 1.0, 0.5, 0.25, 0.0, 1.0, 0.5, 0.75)))
-    got = compute_advantages([flat, spread], UpdateSettings(advantage=name))
+    got = compute_advantages([flat, spread], UpdateSettings(advantage=AdvantageSettings(name=name)))
     assert torch.equal(got[0], torch.zeros(8))

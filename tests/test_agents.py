@@ -496,7 +496,8 @@ def test_outcome_estimators_that_read_more_than_the_reward_work_on_episodes(
 def test_length_shaping_counts_only_the_policys_tokens() -> None:
     """Two episodes that sampled 6 tokens each, one with a long observation injected: DAPO's
     overlong penalty (L_max 8, cache 4: (4 - 6)/4 = -0.5) is the same for both."""
-    from rlvr.train.update import UpdateSettings, shaped_rewards
+    from rlvr.train.settings import AdvantageSettings, LossSettings, UpdateSettings
+    from rlvr.train.update import shaped_rewards
     from rlvr.types import Completion, Group, Sample
 
     def episode(injected: int) -> Sample:
@@ -504,7 +505,8 @@ def test_length_shaping_counts_only_the_policys_tokens() -> None:
         completion = Completion(tuple(range(len(mask))), (0.0,) * len(mask), "stop", "", loss_mask=mask)
         return Sample((1,), completion, 1.0, {"env": 1.0}, 0)
 
-    s = UpdateSettings(shaping=(("overlong", {"cache": 4}),), max_tokens=8)
+    s = UpdateSettings(advantage=AdvantageSettings(shaping=(("overlong", {"cache": 4}),)),
+                       loss=LossSettings(max_tokens=8))
     rewards, _ = shaped_rewards([Group("p", (episode(0), episode(40)))], s)
     torch.testing.assert_close(rewards, torch.tensor([[0.5, 0.5]]))
 

@@ -500,7 +500,7 @@ def test_sapo_and_gmpo_aggregate_per_sequence_unless_told_otherwise() -> None:
     from rlvr.train.settings import settings_from_config
 
     def aggregation(*extra: str) -> str:
-        return settings_from_config(load_config(None, list(extra)), []).aggregation
+        return settings_from_config(load_config(None, list(extra)), []).loss.aggregation
 
     assert aggregation() == "token-mean"
     assert aggregation('algo.loss="gmpo"') == aggregation('algo.loss="sapo"') == aggregation('algo.loss="gspo"') \

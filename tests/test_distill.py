@@ -13,7 +13,8 @@ import torch
 from rlvr.algos.distill import OpdOptions, reverse_kl_advantages
 from rlvr.config import ConfigError, load_config
 from rlvr.train.methods.distill import TeacherCredit
-from rlvr.train.update import UpdateSettings, update_policy
+from rlvr.train.settings import Passes, UpdateSettings
+from rlvr.train.update import update_policy
 from rlvr.types import Completion, Group, Sample
 from tests.test_learner import EXACT, GradRecorder, assert_grads_close, exact_model, make_groups
 from tests.test_train import overrides
@@ -49,8 +50,8 @@ def test_the_update_is_reinforce_with_the_teachers_per_token_advantages() -> Non
     teacher = make_tiny_model(seed=1, dtype=EXACT)
     credit = TeacherCredit(teacher, OpdOptions(teacher="unused"))
     recorder = GradRecorder(exact_model())
-    metrics = update_policy(recorder, groups, UpdateSettings(micro_batch_size=2), pad_token_id=0,  # type: ignore[arg-type]
-                            credit=credit).metrics
+    metrics = update_policy(recorder, groups, UpdateSettings(passes=Passes(micro_batch_size=2)),  # type: ignore[arg-type]
+                            pad_token_id=0, credit=credit).metrics
     samples = [x for g in groups for x in g.samples]
     model = exact_model()
     total = sum(len(x.completion.token_ids) for x in samples)

@@ -14,7 +14,8 @@ from rlvr.algos import DIVERGENCES
 from rlvr.config import load_config
 from rlvr.train.loop import train
 from rlvr.train.methods.rehearsal import FILE
-from rlvr.train.update import UpdateSettings, update_policy
+from rlvr.train.settings import Passes, UpdateSettings
+from rlvr.train.update import update_policy
 from tests.test_train import TIMING, read_metrics
 
 F64 = torch.float64
@@ -113,7 +114,7 @@ def test_micro_batching_does_not_change_the_divergence_gradient(divergence: str)
 
     def grads(micro: int) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
         recorder = SGDRecorder(exact_model(), lr=0.1)  # float64: see test_learner.EXACT
-        settings = UpdateSettings(micro_batch_size=micro, mini_batches=2)
+        settings = UpdateSettings(passes=Passes(micro_batch_size=micro), mini_batches=2)
         metrics = update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
                                 generator=torch.Generator().manual_seed(0), terms=[Divergence(stored, divergence, 1.0)]).metrics
         return recorder.grads, metrics

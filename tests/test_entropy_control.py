@@ -181,7 +181,7 @@ def test_high_entropy_selection_keeps_every_other_token_out_of_every_loss(name: 
     (the third) gets a gradient, whatever the loss. A sequence-level loss (GMPO, GSPO) takes its
     row statistic over the selected token; zeroing its loss afterwards had left GMPO's -0.041 on
     all five tokens (issue 50, bug 2). The old policy differs, so ratio-dependent terms are live."""
-    from rlvr.train.settings import UpdateSettings
+    from rlvr.train.settings import LossSettings, UpdateSettings
     from rlvr.train.update import policy_loss
 
     logprobs = t([[-0.5, -1.0, -1.5, -0.7, -2.0]]).requires_grad_()
@@ -191,12 +191,12 @@ def test_high_entropy_selection_keeps_every_other_token_out_of_every_loss(name: 
     entropy = t([[0.1, 0.2, 3.0, 0.3, 0.4]])
     x = LossInputs(logprobs, old, advantages, mask, entropy=entropy, correct=t([[1.0] * 5]),
                    group_accuracy=t([[0.5] * 5]), offpolicy=t([[0.0] * 5]), state={})
-    s = UpdateSettings(loss=name, entropy_top=0.2)
+    s = UpdateSettings(loss=LossSettings(name=name, entropy_top=0.2))
     loss_BT, _ = policy_loss(s, x)
     (grad,) = torch.autograd.grad(loss_BT.sum(), logprobs)
     assert grad[0, 2] != 0, name
     assert grad[0, [0, 1, 3, 4]].abs().max() == 0, (name, grad)
     assert loss_BT[0, [0, 1, 3, 4]].abs().max() == 0
     # every token trained: every token gets one
-    (every,) = torch.autograd.grad(policy_loss(UpdateSettings(loss=name), x)[0].sum(), logprobs)
+    (every,) = torch.autograd.grad(policy_loss(UpdateSettings(loss=LossSettings(name=name)), x)[0].sum(), logprobs)
     assert (every != 0).all(), (name, every)

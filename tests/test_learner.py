@@ -18,7 +18,8 @@ from rlvr.algos import ESTIMATORS, LOSSES
 from rlvr.algos.inputs import LossInputs
 from rlvr.train.learner import Learner, lr_lambda
 from rlvr.train.logprobs import token_logprobs
-from rlvr.train.update import UpdateSettings, update_policy
+from rlvr.train.settings import AdvantageSettings, KLSettings, LossSettings, Passes, UpdateSettings
+from rlvr.train.update import update_policy
 from rlvr.types import Completion, Group, Sample
 from tests.tiny import EOS_ID, make_tiny_model
 
@@ -320,8 +321,8 @@ def assert_grads_close(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch
 @pytest.mark.parametrize("mini_batches", [1, 2])
 def test_micro_batch_size_does_not_change_the_gradient(aggregation: str, mini_batches: int) -> None:
     def grads(micro: int) -> list[dict[str, torch.Tensor]]:
-        settings = UpdateSettings(aggregation=aggregation, max_tokens=8, micro_batch_size=micro,
-                                  mini_batches=mini_batches, entropy_coef=0.01)
+        settings = UpdateSettings(loss=LossSettings(aggregation=aggregation, max_tokens=8, entropy_coef=0.01),
+                                  passes=Passes(micro_batch_size=micro), mini_batches=mini_batches)
         return recorded_grads(make_groups(GROUPS), settings)
 
     whole = grads(6)
@@ -333,7 +334,8 @@ def test_micro_batch_size_does_not_change_the_gradient(aggregation: str, mini_ba
 def test_micro_batching_gives_the_same_parameters_after_a_learner_step() -> None:
     def params_after(micro: int) -> list[torch.Tensor]:
         learner = Learner(make_tiny_model(), lr=1e-5, weight_decay=0.0, grad_clip=0.0)
-        update_policy(learner, make_groups(GROUPS), UpdateSettings(micro_batch_size=micro), pad_token_id=0)
+        settings = UpdateSettings(passes=Passes(micro_batch_size=micro))
+        update_policy(learner, make_groups(GROUPS), settings, pad_token_id=0)
         return [p.detach().clone() for p in learner.model.parameters()]
 
     start = list(make_tiny_model().parameters())
@@ -345,7 +347,7 @@ def test_micro_batching_gives_the_same_parameters_after_a_learner_step() -> None
 def test_equal_rewards_leave_parameters_unchanged() -> None:
     learner = Learner(make_tiny_model(), lr=1e-2, weight_decay=0.0, grad_clip=0.0)
     metrics = update_policy(learner, make_groups([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
-                            UpdateSettings(micro_batch_size=2), pad_token_id=0).metrics
+                            UpdateSettings(passes=Passes(micro_batch_size=2)), pad_token_id=0).metrics
     assert metrics["advantage_abs_mean"] == 0.0 and metrics["grad_norm"] == 0.0
     for p, p0 in zip(learner.model.parameters(), make_tiny_model().parameters()):
         assert torch.equal(p, p0)
@@ -354,7 +356,8 @@ def test_equal_rewards_leave_parameters_unchanged() -> None:
 def test_constant_group_adds_no_gradient() -> None:
     """Under seq-mean-token-sum-norm the weights are fixed per token, so adding a constant group
     changes only the 1 / total_seqs factor: grad(both) = grad(varied alone) * 3 / 6."""
-    settings = UpdateSettings(aggregation="seq-mean-token-sum-norm", max_tokens=8, micro_batch_size=4)
+    settings = UpdateSettings(loss=LossSettings(aggregation="seq-mean-token-sum-norm", max_tokens=8),
+                              passes=Passes(micro_batch_size=4))
     varied = make_groups([GROUPS[1]], seed=1)
     both = make_groups([[0.5, 0.5, 0.5]], seed=2) + varied
     g_varied, g_both = recorded_grads(varied, settings), recorded_grads(both, settings)
@@ -372,7 +375,7 @@ def test_padding_and_prompt_positions_do_not_contribute() -> None:
     onto prompt positions would cancel out.)
     """
     groups = make_groups(GROUPS)
-    settings = UpdateSettings(micro_batch_size=3, entropy_coef=0.1)
+    settings = UpdateSettings(loss=LossSettings(entropy_coef=0.1), passes=Passes(micro_batch_size=3))
     got = recorded_grads(groups, settings, pad_token_id=0)
     assert_grads_close(recorded_grads(groups, settings, pad_token_id=200), got)
 
@@ -397,8 +400,9 @@ def test_zero_advantage_samples_are_skipped_without_changing_the_gradient(aggreg
     gradient equals the one computed over every sample. A negligible entropy bonus (1e-30) forces
     the run over every sample for the reference."""
     groups = make_groups([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.0, 1.0, 0.5]])
-    skip = UpdateSettings(aggregation=aggregation, max_tokens=8, micro_batch_size=2)
-    every = UpdateSettings(aggregation=aggregation, max_tokens=8, micro_batch_size=2, entropy_coef=1e-30)
+    skip = UpdateSettings(loss=LossSettings(aggregation=aggregation, max_tokens=8), passes=Passes(micro_batch_size=2))
+    every = UpdateSettings(loss=LossSettings(aggregation=aggregation, max_tokens=8, entropy_coef=1e-30),
+                           passes=Passes(micro_batch_size=2))
     assert_grads_close(recorded_grads(groups, skip), recorded_grads(groups, every))
     metrics = update_policy(GradRecorder(make_tiny_model()), groups, skip, pad_token_id=0).metrics  # type: ignore[arg-type]
     # the constant group (3 samples) and the 0.5 of [0, 1, 0.5] (its group mean) have A = 0
@@ -435,7 +439,8 @@ def test_micro_batch_size_does_not_change_the_gradient_of_any_loss(loss: str, of
         # reach the hundreds and fp32 rounding of the forward pass is amplified past the tolerance;
         # a tenth of the step still moves the ratios well away from 1
         recorder = SGDRecorder(exact_model(), lr=0.1 if loss == "r2vpo" else 1.0)
-        settings = UpdateSettings(loss=loss, micro_batch_size=micro, mini_batches=2, offpolicy=offpolicy)
+        settings = UpdateSettings(loss=LossSettings(name=loss, offpolicy=offpolicy),
+                                  passes=Passes(micro_batch_size=micro), mini_batches=2)
         metrics = update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
                                 generator=torch.Generator().manual_seed(0)).metrics
         return recorder.grads, metrics
@@ -457,7 +462,8 @@ def test_in_bf16_micro_batching_costs_no_more_than_bf16_itself(loss: str) -> Non
     def grads(micro: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         model = make_tiny_model(dtype=torch.bfloat16).to(dtype)  # bf16 weights, exact in float64
         recorder = GradRecorder(model)
-        settings = UpdateSettings(loss=loss, micro_batch_size=micro, entropy_coef=0.01)
+        settings = UpdateSettings(loss=LossSettings(name=loss, entropy_coef=0.01),
+                                  passes=Passes(micro_batch_size=micro))
         update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
                       generator=torch.Generator().manual_seed(0))
         return {n: g.double() for n, g in recorder.grads[0].items()}
@@ -493,15 +499,16 @@ def truncate(groups: list[Group], which: set[tuple[int, int]]) -> list[Group]:
 
 def test_mask_truncated_leaves_cut_off_samples_out_of_the_loss() -> None:
     groups = truncate(make_groups(GROUPS), {(0, 0), (1, 2)})
-    masked = UpdateSettings(micro_batch_size=6, mask_truncated=True)
+    masked = UpdateSettings(loss=LossSettings(mask_truncated=True), passes=Passes(micro_batch_size=6))
     metrics = update_policy(GradRecorder(make_tiny_model()), groups, masked, pad_token_id=0).metrics  # type: ignore[arg-type]
     assert metrics["masked_truncated_fraction"] == pytest.approx(2 / 6)
     assert metrics["trained_fraction"] == pytest.approx(4 / 6)
     # it changes the gradient, and micro-batching still does not
     whole = recorded_grads(groups, masked)
-    unmasked = recorded_grads(groups, UpdateSettings(micro_batch_size=6))
+    unmasked = recorded_grads(groups, UpdateSettings(passes=Passes(micro_batch_size=6)))
     assert any(not torch.allclose(whole[0][n], unmasked[0][n]) for n in whole[0])
-    assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=1, mask_truncated=True)), whole)
+    masked_each = UpdateSettings(loss=LossSettings(mask_truncated=True), passes=Passes(micro_batch_size=1))
+    assert_grads_close(recorded_grads(groups, masked_each), whole)
     # every sample cut off: nothing to train on
     everything = truncate(make_groups(GROUPS), {(p, k) for p in range(2) for k in range(3)})
     metrics = update_policy(GradRecorder(make_tiny_model()), everything, masked, pad_token_id=0).metrics  # type: ignore[arg-type]
@@ -527,7 +534,7 @@ def test_injected_tokens_condition_but_are_not_trained() -> None:
     tokens only (N counts only them), with the injected tokens still in the context."""
     groups = with_injected_tokens(make_groups(GROUPS))
     assert any(0 in s.completion.loss_mask for g in groups for s in g.samples)  # type: ignore[operator]
-    got = recorded_grads(groups, UpdateSettings(micro_batch_size=6))
+    got = recorded_grads(groups, UpdateSettings(passes=Passes(micro_batch_size=6)))
     model = exact_model()
     samples = [s for g in groups for s in g.samples]
     rewards = torch.tensor([g.rewards for g in groups])
@@ -545,9 +552,9 @@ def test_injected_tokens_condition_but_are_not_trained() -> None:
     for name, param in model.named_parameters():
         torch.testing.assert_close(got[0][name], param.grad, atol=1e-6, rtol=1e-4, msg=name)
     # and the same samples trained on every token give a different gradient
-    plain = recorded_grads(make_groups(GROUPS), UpdateSettings(micro_batch_size=6))
+    plain = recorded_grads(make_groups(GROUPS), UpdateSettings(passes=Passes(micro_batch_size=6)))
     assert any(not torch.allclose(plain[0][n], got[0][n]) for n in got[0])
-    assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=1)), got)
+    assert_grads_close(recorded_grads(groups, UpdateSettings(passes=Passes(micro_batch_size=1))), got)
 
 
 def hand_grads(groups: list[Group], rows: list[tuple[Sample, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -576,7 +583,7 @@ def test_a_summarised_episode_trains_every_segment_with_its_one_advantage() -> N
     third = dataclasses.replace(groups[1].samples[2], segments=(segment(2),))
     groups = [Group(groups[0].prompt, (first, *groups[0].samples[1:]), {}),
               Group(groups[1].prompt, (*groups[1].samples[:2], third), {})]
-    got = recorded_grads(groups, UpdateSettings(micro_batch_size=6))
+    got = recorded_grads(groups, UpdateSettings(passes=Passes(micro_batch_size=6)))
     rewards = torch.tensor([g.rewards for g in groups])
     adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).flatten()
     rows = []
@@ -589,13 +596,14 @@ def test_a_summarised_episode_trains_every_segment_with_its_one_advantage() -> N
     want = hand_grads(groups, rows)
     for name, grad in want.items():
         torch.testing.assert_close(got[0][name], grad, atol=1e-6, rtol=1e-4, msg=name)
-    assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=1)), got)
+    assert_grads_close(recorded_grads(groups, UpdateSettings(passes=Passes(micro_batch_size=1))), got)
     # the samples log gets one advantage per episode: the token mean over its segments
     result = update_policy(GradRecorder(make_tiny_model()), groups, UpdateSettings(), pad_token_id=0)  # type: ignore[arg-type]
     assert result.advantages[0][0] == pytest.approx(float(adv[0]), abs=1e-5)
     assert result.outcomes(groups)[0].advantages == result.advantages[0] and groups[0].advantages is None
     with pytest.raises(ValueError, match="summarised episodes"):
-        update_policy(GradRecorder(make_tiny_model()), groups, UpdateSettings(kl_coef=0.1, kl_placement="reward"),
+        update_policy(GradRecorder(make_tiny_model()), groups,
+                      UpdateSettings(kl=KLSettings(coef=0.1, placement="reward")),
                       pad_token_id=0, ref_model=make_tiny_model())  # type: ignore[arg-type]
 
 
@@ -633,7 +641,8 @@ def test_turn_credit_gives_each_turn_its_own_advantage() -> None:
             index = tuple(min(t * len(tr) // n, len(tr) - 1) for t in range(n))
             samples.append(dataclasses.replace(x, completion=dataclasses.replace(x.completion, turn_index=index)))
         out.append(Group(g.prompt, tuple(samples), {"turn_rewards": trs}))
-    got = recorded_grads(out, UpdateSettings(micro_batch_size=6, credit="turn"))
+    got = recorded_grads(out, UpdateSettings(advantage=AdvantageSettings(credit="turn"),
+                                             passes=Passes(micro_batch_size=6)))
     from rlvr.algos import turn_advantages
 
     rows = []
@@ -645,7 +654,7 @@ def test_turn_credit_gives_each_turn_its_own_advantage() -> None:
     for name, grad in want.items():
         torch.testing.assert_close(got[0][name], grad, atol=1e-6, rtol=1e-4, msg=name)
     with pytest.raises(ValueError, match="turn rewards"):
-        recorded_grads(make_groups(GROUPS), UpdateSettings(credit="turn"))
+        recorded_grads(make_groups(GROUPS), UpdateSettings(advantage=AdvantageSettings(credit="turn")))
 
 
 def test_a_token_cap_cuts_micro_batches_without_changing_the_gradient() -> None:
@@ -658,8 +667,8 @@ def test_a_token_cap_cuts_micro_batches_without_changing_the_gradient() -> None:
     assert sorted(i for m in cut for i in m) == list(range(len(samples))) and len(cut) > 1
     assert all(len(m) == 1 or len(m) * max(lengths[i] for i in m) <= 20 for m in cut)
     assert _micro_batches(list(range(6)), samples, 4) == _micro_batches(list(range(6)), samples, 4, None)
-    assert_grads_close(recorded_grads(groups, UpdateSettings(micro_batch_size=6, micro_batch_tokens=12)),
-                       recorded_grads(groups, UpdateSettings(micro_batch_size=6)))
+    assert_grads_close(recorded_grads(groups, UpdateSettings(passes=Passes(micro_batch_size=6, micro_batch_tokens=12))),
+                       recorded_grads(groups, UpdateSettings(passes=Passes(micro_batch_size=6))))
 
 
 def reference_grads(groups: list[Group], keep: Callable[[float, torch.Tensor], torch.Tensor]) -> list[dict[str, torch.Tensor]]:
@@ -684,7 +693,7 @@ def test_high_entropy_selection_trains_only_the_top_tokens_of_the_forward_pass()
     the 0.7-quantile of all trained tokens of the pass (one micro-batch here), over the same
     token count as without it."""
     groups = make_groups(GROUPS)
-    got = recorded_grads(groups, UpdateSettings(micro_batch_size=6, entropy_top=0.3))
+    got = recorded_grads(groups, UpdateSettings(loss=LossSettings(entropy_top=0.3), passes=Passes(micro_batch_size=6)))
     model = exact_model()
     entropies = []
     with torch.no_grad():
@@ -693,7 +702,7 @@ def test_high_entropy_selection_trains_only_the_top_tokens_of_the_forward_pass()
             entropies.append(-(logp_TV.exp() * logp_TV).sum(-1)[len(s.prompt_ids) - 1:])
     threshold = torch.quantile(torch.cat(entropies), 0.7)
     assert_grads_close(got, reference_grads(groups, lambda a, entropy_T: (entropy_T >= threshold).to(EXACT)))
-    every = recorded_grads(groups, UpdateSettings(micro_batch_size=6))[0]
+    every = recorded_grads(groups, UpdateSettings(passes=Passes(micro_batch_size=6)))[0]
     assert any(not torch.allclose(got[0][name], every[name]) for name in every)
 
 
@@ -702,10 +711,12 @@ def test_opsm_drops_the_negative_samples_that_drifted_from_the_sampler() -> None
     every row has drifted past δ = 1, so OPSM keeps exactly the rows with a positive advantage
     (the correction's advantages and log-probs come from the update itself)."""
     groups = make_groups(GROUPS)
-    got = recorded_grads(groups, UpdateSettings(micro_batch_size=2, offpolicy="opsm", offpolicy_kwargs={"delta": 1.0}))
+    got = recorded_grads(groups, UpdateSettings(loss=LossSettings(offpolicy="opsm", offpolicy_kwargs={"delta": 1.0}),
+                                                passes=Passes(micro_batch_size=2)))
     assert_grads_close(got, reference_grads(groups, lambda a, entropy_T: torch.full_like(entropy_T, float(a >= 0))))
-    kept_all = recorded_grads(groups, UpdateSettings(micro_batch_size=2, offpolicy="opsm",
-                                                     offpolicy_kwargs={"delta": 100.0}))
+    kept_all = recorded_grads(groups, UpdateSettings(loss=LossSettings(offpolicy="opsm",
+                                                                       offpolicy_kwargs={"delta": 100.0}),
+                                                     passes=Passes(micro_batch_size=2)))
     assert_grads_close(kept_all, reference_grads(groups, lambda a, entropy_T: torch.ones_like(entropy_T)))
 
 
@@ -728,7 +739,7 @@ def test_before_the_first_optimizer_step_the_ratio_is_exactly_one(monkeypatch: p
     monkeypatch.setattr(recorder, "step", lambda: (steps.append(len(seen)), step())[1])
     # the scoring pass runs all six rows together, the training pass each mini-batch's three: on
     # this batch their roundings differ (the ratio was ~1e-16 away from 1 before 4182e12)
-    settings = UpdateSettings(loss="ppo_clip", micro_batch_size=8, mini_batches=2)
+    settings = UpdateSettings(loss=LossSettings(name="ppo_clip"), passes=Passes(micro_batch_size=8), mini_batches=2)
     update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
                   generator=torch.Generator().manual_seed(0))
     assert len(steps) == 2 and 0 < steps[0] < len(seen)

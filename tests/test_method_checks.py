@@ -77,3 +77,24 @@ def test_config_compares_no_method_name() -> None:
                 found += [f"{path.name}:{node.lineno}: {lit.value!r}" for lit in literals
                           if isinstance(lit, ast.Constant) and lit.value in names]
     assert not found, found
+
+
+def test_a_choice_and_its_knobs_are_one_table() -> None:
+    """algo.advantage (loss, offpolicy) takes a name or a table tagged by its type; the table is
+    kept as the name and its kwargs, so a run's config.toml reads back the same."""
+    import tomllib
+
+    from rlvr.config import ConfigError, to_toml
+
+    table = load_config(None, ['algo.advantage={type = "gae", lam = 0.9}',
+                               'algo.loss={type = "cispo", max_weight = 3.0}'])
+    flat = load_config(None, ['algo.advantage="gae"', "algo.advantage_kwargs={lam = 0.9}", 'algo.loss="cispo"',
+                              "algo.loss_kwargs={max_weight = 3.0}"])
+    assert table.algo == flat.algo and table.algo.advantage_kwargs == {"lam": 0.9}
+    assert tomllib.loads(to_toml(table))["algo"]["advantage"] == "gae"
+    with pytest.raises(ConfigError, match="names its choice with type"):
+        load_config(None, ["algo.advantage={lam = 0.9}"])
+    with pytest.raises(ConfigError, match="give them there, not in algo.advantage_kwargs too"):
+        load_config(None, ['algo.advantage={type = "gae"}', "algo.advantage_kwargs={lam = 0.9}"])
+    with pytest.raises(ConfigError, match="unknown keyword 'lamb'; did you mean 'lam'"):
+        load_config(None, ['algo.advantage={type = "gae", lamb = 0.9}'])

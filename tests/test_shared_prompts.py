@@ -21,7 +21,8 @@ from rlvr.train import logprobs as logprobs_module
 from rlvr.train import update as update_module
 from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
 from rlvr.train.logprobs import can_share_prompts, shared_prompt_logprobs, token_logprobs
-from rlvr.train.update import UpdateSettings, update_policy
+from rlvr.train.settings import KLSettings, LossSettings, Passes, UpdateSettings
+from rlvr.train.update import update_policy
 from rlvr.types import Completion, Group, Sample
 from tests.test_learner import GradRecorder, SGDRecorder, assert_grads_close, exact_model, make_groups
 from tests.tiny import make_tiny_model
@@ -190,7 +191,8 @@ def test_a_windowed_model_runs_whole_rows() -> None:
 
     def grads(share: bool) -> list[dict[str, torch.Tensor]]:
         recorder = GradRecorder(copy.deepcopy(model))
-        update_policy(recorder, make_groups(GROUPS), UpdateSettings(micro_batch_size=8, share_prompts=share),  # type: ignore[arg-type]
+        settings = UpdateSettings(passes=Passes(micro_batch_size=8, share_prompts=share))
+        update_policy(recorder, make_groups(GROUPS), settings,  # type: ignore[arg-type]
                       pad_token_id=0, generator=torch.Generator().manual_seed(0))
         return recorder.grads
 
@@ -209,8 +211,9 @@ def test_every_loss_gets_the_per_sample_gradient(loss: str, offpolicy: str) -> N
     clipping and importance weights are exercised; KL to a reference and an entropy bonus on."""
     def grads(share: bool) -> list[dict[str, torch.Tensor]]:
         recorder = SGDRecorder(exact_model(), lr=0.1 if loss == "r2vpo" else 1.0)  # see test_learner.py
-        settings = UpdateSettings(loss=loss, micro_batch_size=8, mini_batches=2, offpolicy=offpolicy,
-                                  share_prompts=share, kl_coef=0.05, entropy_coef=0.01)
+        settings = UpdateSettings(loss=LossSettings(name=loss, offpolicy=offpolicy, entropy_coef=0.01),
+                                  kl=KLSettings(coef=0.05), passes=Passes(micro_batch_size=8, share_prompts=share),
+                                  mini_batches=2)
         update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
                       ref_model=make_tiny_model(seed=1, dtype=torch.float64),
                       generator=torch.Generator().manual_seed(0))
@@ -227,7 +230,8 @@ def test_in_fp32_the_difference_is_rounding() -> None:
     (fp32's unit roundoff is 6e-8; a formula error is ~1e-2, test_a_wrong_prompt_position_is_caught)."""
     def grads(share: bool) -> dict[str, torch.Tensor]:
         recorder = GradRecorder(make_tiny_model())
-        settings = UpdateSettings(micro_batch_size=8, share_prompts=share, entropy_coef=0.01)
+        settings = UpdateSettings(loss=LossSettings(entropy_coef=0.01),
+                                  passes=Passes(micro_batch_size=8, share_prompts=share))
         update_policy(recorder, make_groups(GROUPS), settings, pad_token_id=0,  # type: ignore[arg-type]
                       generator=torch.Generator().manual_seed(0))
         return recorder.grads[0]
@@ -282,8 +286,8 @@ def test_the_prompt_runs_once_per_micro_batch() -> None:
     def fed(share: bool) -> int:
         recorder = GradRecorder(exact_model())
         counts = count_fed_tokens(recorder.model)
-        update_policy(recorder, groups, UpdateSettings(micro_batch_size=4, share_prompts=share),  # type: ignore[arg-type]
-                      pad_token_id=0)
+        update_policy(recorder, groups,  # type: ignore[arg-type]
+                      UpdateSettings(passes=Passes(micro_batch_size=4, share_prompts=share)), pad_token_id=0)
         return sum(counts)
 
     prompts = [len(g.samples[0].prompt_ids) for g in groups]
@@ -309,11 +313,11 @@ def test_activation_checkpointing_runs_rows_whole() -> None:
     model.train()
     assert not can_share_prompts(model)
     recorder = GradRecorder(model)
-    update_policy(recorder, make_groups(GROUPS), UpdateSettings(micro_batch_size=8),  # type: ignore[arg-type]
+    update_policy(recorder, make_groups(GROUPS), UpdateSettings(passes=Passes(micro_batch_size=8)),  # type: ignore[arg-type]
                   pad_token_id=0)
     plain = GradRecorder(exact_model())
-    update_policy(plain, make_groups(GROUPS), UpdateSettings(micro_batch_size=8, share_prompts=False),  # type: ignore[arg-type]
-                  pad_token_id=0)
+    update_policy(plain, make_groups(GROUPS),  # type: ignore[arg-type]
+                  UpdateSettings(passes=Passes(micro_batch_size=8, share_prompts=False)), pad_token_id=0)
     assert_grads_close(recorder.grads, plain.grads)
 
 
@@ -366,7 +370,8 @@ def test_prompts_are_shared_only_where_that_is_cheaper(monkeypatch: pytest.Monke
     model = exact_model()
     model.model.embed_tokens.register_forward_hook(lambda m, args, out: counts.append(args[0].numel()))
     groups = [Group("", tuple(group(6, 30)))]  # 8 × 36 whole = 288 tokens; shared 6 + 8 × 29 = 238, × COST > 288
-    update_policy(GradRecorder(model), groups, UpdateSettings(micro_batch_size=8), pad_token_id=0)  # type: ignore[arg-type]
+    update_policy(GradRecorder(model), groups, UpdateSettings(passes=Passes(micro_batch_size=8)),  # type: ignore[arg-type]
+                  pad_token_id=0)
     assert sum(counts) == 8 * 36
 
 
@@ -430,8 +435,8 @@ def test_episodes_with_injected_tokens_get_the_whole_row_gradient(loss: str, sha
 
     def grads(sample_logprobs: object) -> list[dict[str, torch.Tensor]]:
         recorder = SGDRecorder(exact_model(), lr=1.0)
-        settings = UpdateSettings(loss=loss, micro_batch_size=8, mini_batches=2, share_prompts=share,
-                                  kl_coef=0.05, entropy_coef=0.01)
+        settings = UpdateSettings(loss=LossSettings(name=loss, entropy_coef=0.01), kl=KLSettings(coef=0.05),
+                                  passes=Passes(micro_batch_size=8, share_prompts=share), mini_batches=2)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(update_module, "sample_logprobs", sample_logprobs)
             patch.setattr(batches, "sample_logprobs", sample_logprobs)
@@ -444,7 +449,7 @@ def test_episodes_with_injected_tokens_get_the_whole_row_gradient(loss: str, sha
                     pad: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The reference: each row whole, every completion token scored, injected ones zeroed after."""
         lp_BT, ent_BT = token_logprobs(model, batch["input_ids"], batch["attention_mask"],  # type: ignore[arg-type]
-                                       batch["completion_mask"], temperature=s.temperature)
+                                       batch["completion_mask"], temperature=s.passes.temperature)
         keep = batch["loss_mask"]
         return torch.where(keep, lp_BT, 0.0), torch.where(keep, ent_BT, 0.0)
 
@@ -464,8 +469,8 @@ def test_injected_tokens_skip_the_head_and_a_trailing_observation_is_not_run(mon
         scored.clear()
         model = exact_model()
         counts = count_fed_tokens(model)
-        update_policy(GradRecorder(model), groups, UpdateSettings(micro_batch_size=8, share_prompts=share),  # type: ignore[arg-type]
-                      pad_token_id=0)
+        update_policy(GradRecorder(model), groups,  # type: ignore[arg-type]
+                      UpdateSettings(passes=Passes(micro_batch_size=8, share_prompts=share)), pad_token_id=0)
         assert sum(scored) == sum(x.completion.trainable() for x in samples)
         if not share:  # micro-batches of 8 rows cut by length: each fed up to its last trained column
             cuts = micro_batches(list(range(len(samples))), samples, 8)
@@ -488,8 +493,8 @@ def test_a_micro_batch_with_nothing_trained_adds_nothing(share: bool) -> None:
 
     def grads(size: int) -> list[dict[str, torch.Tensor]]:
         recorder = GradRecorder(exact_model())
-        update_policy(recorder, groups, UpdateSettings(micro_batch_size=size, share_prompts=share),  # type: ignore[arg-type]
-                      pad_token_id=0)
+        update_policy(recorder, groups,  # type: ignore[arg-type]
+                      UpdateSettings(passes=Passes(micro_batch_size=size, share_prompts=share)), pad_token_id=0)
         return recorder.grads
 
     assert_grads_close(grads(1), grads(8))
@@ -501,7 +506,7 @@ def test_a_kl_in_the_reward_is_on_the_sampled_tokens_only() -> None:
     groups = injected(make_groups(GROUPS))
     ref = make_tiny_model(seed=1, dtype=torch.float64)
     result = update_policy(GradRecorder(exact_model()), groups, UpdateSettings(  # type: ignore[arg-type]
-        kl_coef=0.1, kl_placement="reward", kl_estimator="k1"), pad_token_id=0, ref_model=ref)
+        kl=KLSettings(coef=0.1, placement="reward", estimator="k1")), pad_token_id=0, ref_model=ref)
     policy = exact_model()
     with torch.no_grad():
         want = []

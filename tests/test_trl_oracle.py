@@ -28,7 +28,8 @@ import torch
 
 trl = pytest.importorskip("trl", reason="the oracle is TRL's GRPOTrainer (pip install 'rlvr[test]')")
 
-from rlvr.train.update import UpdateSettings, update_policy  # noqa: E402
+from rlvr.train.settings import AdvantageSettings, KLSettings, LossSettings, UpdateSettings  # noqa: E402
+from rlvr.train.update import update_policy  # noqa: E402
 from rlvr.types import Completion, Group, Sample  # noqa: E402
 from tests.tiny import EOS_ID, PAD_ID, make_tiny_model, make_tiny_tokenizer  # noqa: E402
 
@@ -91,7 +92,7 @@ def _rlvr(batch: dict[str, Any], settings: UpdateSettings, off_policy: bool) -> 
             model.zero_grad(set_to_none=True)
             return 0.0
 
-    ref = make_tiny_model(seed=REF_SEED) if settings.kl_coef else None
+    ref = make_tiny_model(seed=REF_SEED) if settings.kl.coef else None
     result = update_policy(Recorder(), groups, settings, pad_token_id=PAD_ID, ref_model=ref,
                            generator=torch.Generator().manual_seed(0))
     advantages = torch.tensor([a for g in result.advantages for a in g])
@@ -140,32 +141,35 @@ def _trl(batch: dict[str, Any], config: dict[str, Any], off_policy: bool, out: P
 
 
 TRL_EPS = {"eps": 1e-4}
+EPS = AdvantageSettings(kwargs=TRL_EPS)  # GRPO's advantages with TRL's epsilon
 CASES = {
     # rlvr's defaults (clip-higher, token-mean: DAPO) against TRL's "dapo"
-    "dapo": (UpdateSettings(advantage_kwargs=TRL_EPS), {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28}),
+    "dapo": (UpdateSettings(advantage=EPS), {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28}),
     # the GRPO paper's per-sequence mean against TRL's "grpo"
-    "grpo": (UpdateSettings(advantage_kwargs=TRL_EPS, loss_kwargs={"clip_high": 0.2}, aggregation="seq-mean-token-mean"),
+    "grpo": (UpdateSettings(advantage=EPS,
+                            loss=LossSettings(kwargs={"clip_high": 0.2}, aggregation="seq-mean-token-mean")),
              {"loss_type": "grpo", "epsilon": 0.2}),
     # Dr. GRPO: no std, a constant denominator
-    "dr_grpo": (UpdateSettings(advantage="dr_grpo", aggregation="seq-mean-token-sum-norm", max_tokens=MAX_TOKENS),
+    "dr_grpo": (UpdateSettings(advantage=AdvantageSettings(name="dr_grpo"),
+                               loss=LossSettings(aggregation="seq-mean-token-sum-norm", max_tokens=MAX_TOKENS)),
                 {"loss_type": "dr_grpo", "epsilon": 0.2, "epsilon_high": 0.28, "scale_rewards": "none"}),
     # a batch std: Lite PPO against TRL's batch scaling
-    "lite_ppo": (UpdateSettings(advantage="lite_ppo", advantage_kwargs=TRL_EPS),
+    "lite_ppo": (UpdateSettings(advantage=AdvantageSettings(name="lite_ppo", kwargs=TRL_EPS)),
                  {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "scale_rewards": "batch"}),
     # GSPO: one clipped ratio per sequence, the geometric mean of its tokens'
-    "gspo": (UpdateSettings(advantage_kwargs=TRL_EPS, loss="gspo", aggregation="seq-mean-token-mean"),
+    "gspo": (UpdateSettings(advantage=EPS, loss=LossSettings(name="gspo", aggregation="seq-mean-token-mean")),
              {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4}),
     # CISPO: the importance weight clipped (above) and detached, times A·log π
-    "cispo": (UpdateSettings(advantage_kwargs=TRL_EPS, loss="cispo", loss_kwargs={"max_weight": 1.1}),
+    "cispo": (UpdateSettings(advantage=EPS, loss=LossSettings(name="cispo", kwargs={"max_weight": 1.1})),
               {"loss_type": "cispo", "epsilon_high": 1.1}),
     # SAPO: a soft gate instead of the clip
-    "sapo": (UpdateSettings(advantage_kwargs=TRL_EPS, loss="sapo", aggregation="seq-mean-token-mean"),
+    "sapo": (UpdateSettings(advantage=EPS, loss=LossSettings(name="sapo", aggregation="seq-mean-token-mean")),
              {"loss_type": "sapo"}),
     # GRPO's k3 KL in the loss; TRL 1.16 weights it by the ratio unless told not to
-    "kl": (UpdateSettings(advantage_kwargs=TRL_EPS, kl_coef=0.04),
+    "kl": (UpdateSettings(advantage=EPS, kl=KLSettings(coef=0.04)),
            {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.04, "use_bias_correction_kl": False}),
     # DeepSeek-V3.2's ratio-weighted KL, TRL's default
-    "k3_ratio": (UpdateSettings(advantage_kwargs=TRL_EPS, kl_coef=0.04, kl_estimator="k3_ratio"),
+    "k3_ratio": (UpdateSettings(advantage=EPS, kl=KLSettings(coef=0.04, estimator="k3_ratio")),
                  {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.04}),
 }
 
@@ -215,10 +219,12 @@ def _trl_rloo(batch: dict[str, Any], config: dict[str, Any], out: Path) -> tuple
 
 RLOO_CASES = {
     # RLOO treats a completion as one action: the summed log-probs (rlvr's seq-mean-token-sum)
-    "rloo": (UpdateSettings(advantage="rloo", loss="pg", aggregation="seq-mean-token-sum"), {"beta": 0.0}),
+    "rloo": (UpdateSettings(advantage=AdvantageSettings(name="rloo"),
+                            loss=LossSettings(name="pg", aggregation="seq-mean-token-sum")), {"beta": 0.0}),
     # TRL's default KL for RLOO: k1 summed over the completion, subtracted from its reward
-    "rloo_kl": (UpdateSettings(advantage="rloo", loss="pg", aggregation="seq-mean-token-sum", kl_coef=0.05,
-                               kl_placement="reward", kl_estimator="k1"), {"beta": 0.05}),
+    "rloo_kl": (UpdateSettings(advantage=AdvantageSettings(name="rloo"),
+                               loss=LossSettings(name="pg", aggregation="seq-mean-token-sum"),
+                               kl=KLSettings(coef=0.05, placement="reward", estimator="k1")), {"beta": 0.05}),
 }
 
 

@@ -19,7 +19,7 @@ from rlvr.models import load_vlm
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.train.batches import collate, sample_logprobs
 from rlvr.train.loop import train
-from rlvr.train.settings import UpdateSettings
+from rlvr.train.settings import Passes, UpdateSettings
 from rlvr.types import PromptMedia, Sample, SamplingParams
 from tests.test_train import TIMING, overrides, read_metrics
 from tests.tiny import IMAGE, make_tiny_qwen2_vl, make_tiny_vlm
@@ -80,7 +80,7 @@ def test_learner_logprobs_equal_the_engines(vlm: tuple[Any, Any], share: bool) -
     out = engine.generate(ids, params, media=media)  # 3 prompts × 2 samples, 2 prompts per chunk
     samples = [Sample(tuple(p), c, 0.0, {}, i, media=m) for i, (p, m, group) in enumerate(zip(ids, media, out))
                for c in group]
-    settings = UpdateSettings(share_prompts=share, micro_batch_size=len(samples))
+    settings = UpdateSettings(passes=Passes(share_prompts=share, micro_batch_size=len(samples)))
     batch = collate(samples, tokenizer.pad_token_id, torch.device("cpu"))
     images_BT = torch.isin(batch["input_ids"], torch.tensor(sorted(image_token_ids(processor))))
     assert images_BT.any() and not (images_BT & batch["loss_mask"]).any()  # image tokens are never trained

@@ -39,6 +39,7 @@ from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path
 from rlvr.rollout.build import make_engine
 from rlvr.models import load_model
 from rlvr.train.logprobs import packs_completions
+from rlvr.train.settings import LossSettings, Passes
 from rlvr.train.update import UpdateSettings, update_policy
 from rlvr.train.batches import micro_batches, run_cost, shared_tokens, shares_prompts
 
@@ -192,8 +193,9 @@ def part_learner(batch: int, prompt: int, completion: int, micro_batch: int, che
     params = sum(p.numel() for p in model.parameters())
     learner = Learner(model, lr=1e-6)
     groups = fake_groups(batch, min(8, batch), prompt, completion, model.config.vocab_size)
-    settings = UpdateSettings(micro_batch_size=micro_batch, max_tokens=completion, share_prompts=share_prompts,
-                              micro_batch_tokens=micro_batch_tokens)
+    settings = UpdateSettings(loss=LossSettings(max_tokens=completion),
+                              passes=Passes(micro_batch_size=micro_batch, share_prompts=share_prompts,
+                                            micro_batch_tokens=micro_batch_tokens))
     update_policy(learner, groups, settings, pad_token_id=0)  # warm-up: allocators, kernel choice
     start = time.perf_counter()
     update_policy(learner, groups, settings, pad_token_id=0)

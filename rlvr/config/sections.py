@@ -160,7 +160,7 @@ class AlgoConfig(_Section):
     group_size: int = Field(8, ge=1)
     """G: completions sampled per prompt."""
     advantage: str = "grpo"
-    """Advantage estimator, by name (rlvr.algos.ESTIMATORS; or per token: "gae", PPO's critic, rlvr.train.methods.ppo; "opd", on-policy distillation from a teacher, rlvr.train.methods.distill; "process", a process reward model's step scores, rlvr.train.methods.process; docs/algorithms.md)."""
+    """Advantage estimator, by name, or a table of its name and knobs ({type = "gae", lam = 0.95}; so too loss and offpolicy) (rlvr.algos.ESTIMATORS; or per token: "gae", PPO's critic, rlvr.train.methods.ppo; "opd", on-policy distillation from a teacher, rlvr.train.methods.distill; "process", a process reward model's step scores, rlvr.train.methods.process; docs/algorithms.md)."""
     advantage_kwargs: dict[str, Any] = {}
     """Keyword arguments of the estimator, e.g. {normalize_std = false} for grpo, {stratum = "tool_calls"} for stratified, {lam = 0.95, critic_lr = 1e-5, value_clip = 0.2} for gae, {teacher = "runs/strong", coef = 1.0, outcome_weight = 0.0} for opd, {prm = "mypkg.prm:score", delimiter = "\n\n"} for process."""
     loss: str = "ppo_clip"
@@ -196,6 +196,28 @@ class AlgoConfig(_Section):
     entropy: dict[str, Any] = {}
     """Entropy terms (rlvr.algos.entropy_control.EntropyOptions): coef (0), the weight of an entropy bonus subtracted from the loss; top (1), the fraction of each forward pass's trained tokens, by highest entropy, that the policy loss trains, e.g. {top = 0.2} (the "forking tokens" of arXiv:2506.01939). Clip-Cov and KL-Cov are losses (algo.loss)."""
 
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tables(cls, data: Any) -> Any:
+        """`advantage`, `loss` and `offpolicy` each take a name, or one table that names the choice
+        by ``type`` with its knobs beside it: ``advantage = {type = "gae", lam = 0.95}`` is
+        ``advantage = "gae"`` with ``advantage_kwargs = {lam = 0.95}``, which is how it is kept."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key in ("advantage", "loss", "offpolicy"):
+            table = data.get(key)
+            if not isinstance(table, dict):
+                continue
+            if "type" not in table:
+                raise ValueError(f"algo.{key} as a table names its choice with type, e.g. "
+                                 f"{{type = \"...\", knob = ...}}; got keys {sorted(table)}")
+            if data.get(f"{key}_kwargs"):
+                raise ValueError(f"algo.{key} is a table with its knobs: give them there, not in algo.{key}_kwargs too")
+            knobs = dict(table)
+            data[key], data[f"{key}_kwargs"] = knobs.pop("type"), knobs
+        return data
 
     @field_validator("advantage", "loss", "offpolicy")
     @classmethod

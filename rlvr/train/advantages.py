@@ -32,14 +32,14 @@ def shaped_rewards(groups: list[Group], s: UpdateSettings) -> tuple[torch.Tensor
         fill_P1 = (rewards_PG * kept_PG).sum(1, keepdim=True) / kept_PG.sum(1, keepdim=True).clamp(min=1)
         rewards_PG = torch.where(excluded_PG, fill_P1, rewards_PG)
     metrics: dict[str, float] = {}
-    if not s.shaping:
+    if not s.advantage.shaping:
         return rewards_PG, metrics
     # the policy's own tokens: an episode's observations are not its length
     lengths_PG = torch.tensor([[x.sampled_tokens for x in g.samples] for g in groups])
     # correct: the first (correctness) reward function gave full marks, as in the accuracy metric
     correct_PG = torch.tensor([[is_correct(x, next(iter(x.reward_parts), "")) for x in g.samples] for g in groups])
-    for name, kwargs in s.shaping:
-        rewards_PG, m = SHAPING[name](rewards_PG, lengths_PG, correct_PG, s.max_tokens, **kwargs)
+    for name, kwargs in s.advantage.shaping:
+        rewards_PG, m = SHAPING[name](rewards_PG, lengths_PG, correct_PG, s.loss.max_tokens, **kwargs)
         metrics |= m
     metrics["shaping/reward_mean"] = float(rewards_PG.mean())
     return rewards_PG, metrics
@@ -53,11 +53,11 @@ def compute_advantages(groups: list[Group], s: UpdateSettings) -> torch.Tensor:
 
 def outcome_advantages(groups: list[Group], rewards_PG: torch.Tensor, s: UpdateSettings) -> torch.Tensor:
     """The outcome estimator on rewards_PG, with the step's `AdvantageInputs`."""
-    if s.advantage not in ESTIMATORS:
-        raise ValueError(f"advantage {s.advantage!r} is not an outcome estimator (rlvr.algos.ESTIMATORS): a "
+    if s.advantage.name not in ESTIMATORS:
+        raise ValueError(f"advantage {s.advantage.name!r} is not an outcome estimator (rlvr.algos.ESTIMATORS): a "
                          "per-token one comes with its method's Credit (rlvr.train.methods.ppo)")
-    estimator = ESTIMATORS[s.advantage]
-    return estimator(rewards_PG, advantage_inputs(groups, s, greedy=wants_greedy(estimator)), **s.advantage_kwargs)
+    estimator = ESTIMATORS[s.advantage.name]
+    return estimator(rewards_PG, advantage_inputs(groups, s, greedy=wants_greedy(estimator)), **s.advantage.kwargs)
 
 
 def advantage_inputs(groups: list[Group], s: UpdateSettings, greedy: bool = False) -> AdvantageInputs:
@@ -67,7 +67,8 @@ def advantage_inputs(groups: list[Group], s: UpdateSettings, greedy: bool = Fals
     parts = {k: torch.tensor([[float(x.reward_parts.get(k, 0.0)) for x in g.samples] for g in groups]) for k in names}
     # the parts that make up the reward: never a flag ("<name>/error", "<name>/excluded") or a
     # weight-0 diagnostic (an environment's "turns", a GRPO-RoC quality check)
-    components = [k for k in names if (k in s.reward_components if s.reward_components else "/" not in k)]
+    chosen = s.advantage.reward_components
+    components = [k for k in names if (k in chosen if chosen else "/" not in k)]
     # a group without a pool is its own, over the samples with a verdict (an excluded one's reward is no score)
     pools = [[x.reward for x in g.samples if not x.excluded] or [0.0] if g.pool_rewards is None
              else list(g.pool_rewards) for g in groups]
@@ -75,7 +76,7 @@ def advantage_inputs(groups: list[Group], s: UpdateSettings, greedy: bool = Fals
     if greedy:
         missing = [g.prompt[:40] for g in groups if g.greedy_reward is None]
         if missing:
-            raise ValueError(f"advantage {s.advantage!r} needs each group's greedy_reward (the reward of a greedy "
+            raise ValueError(f"advantage {s.advantage.name!r} needs each group's greedy_reward (the reward of a greedy "
                              f"completion; `rlvr train` adds it); missing for {missing[0]!r}")
         greedy_P = torch.tensor([float(g.greedy_reward) for g in groups])  # type: ignore[arg-type]
     kept_PG = torch.tensor([[not x.excluded for x in g.samples] for g in groups], dtype=torch.bool)
@@ -112,7 +113,7 @@ def check_combination(s: UpdateSettings, per_token: bool, kl_in_reward: bool, su
     if kl_in_reward and summarised:
         raise ValueError("summarised episodes (env.summarize) train with outcome advantages: "
                          "kl_placement = \"reward\" is not supported with them")
-    if s.turn_credit and (per_token or kl_in_reward or s.shaping or s.advantage != "grpo"):
+    if s.advantage.turn_credit and (per_token or kl_in_reward or s.advantage.shaping or s.advantage.name != "grpo"):
         raise ValueError(TURN_CREDIT_ALONE)
 
 
@@ -124,7 +125,7 @@ def turn_credit(groups: list[Group], samples: list[Sample], owner: list[int], s:
         if "turn_rewards" not in g.metadata:
             raise ValueError("algo.credit = \"turn\" needs multi-turn episodes (an [env] section): a group "
                              f"without turn rewards: {g.prompt[:60]!r}")
-        per_episode += turn_advantages(g.metadata["turn_rewards"], gamma=s.turn_gamma)
+        per_episode += turn_advantages(g.metadata["turn_rewards"], gamma=s.advantage.turn_gamma)
     out = []
     for u, x in enumerate(samples):
         turns = per_episode[owner[u]]

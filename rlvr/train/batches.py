@@ -65,13 +65,14 @@ def run_cost(rows: list[Sample], share: bool = True, lanes: bool = True) -> floa
 
 def prompt_sharing(model: PreTrainedModel, s: UpdateSettings) -> bool:
     """Whether the learner may encode a prompt shared by several rows once (`sample_logprobs`,
-    in the micro-batches where that is cheaper): ``s.share_prompts``, and a model whose
+    in the micro-batches where that is cheaper): ``s.passes.share_prompts``, and a model whose
     attention spans every column (a window counts a shared prompt's padding as tokens, and the
     packed completions' mask would replace it: rlvr.models.windowed_attention) and that keeps a
     key/value cache (not under activation checkpointing). The micro-batch cut and the pass
     agree on it."""
     # sharded learners run one forward per micro-batch on every rank (rlvr.train.parallel.idle_passes)
-    return s.share_prompts and windowed_attention(model) is None and can_share_prompts(model) and not sharded(model)
+    return (s.passes.share_prompts and windowed_attention(model) is None and can_share_prompts(model)
+            and not sharded(model))
 
 
 def shares_prompts(rows: list[Sample], lanes: bool = True) -> bool:
@@ -132,7 +133,7 @@ def sample_logprobs(model: PreTrainedModel, rows: list[Sample], batch: dict[str,
                     pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprobs_BT, entropy_BT) of a micro-batch's trained tokens (``loss_mask``) at the sampling
     temperature, in `collate`'s layout (`batch`), 0 elsewhere. Rows that share a prompt have it
-    encoded once (rlvr.train.logprobs.shared_prompt_logprobs) when ``s.share_prompts``, the model
+    encoded once (rlvr.train.logprobs.shared_prompt_logprobs) when ``s.passes.share_prompts``, the model
     allows it and it is cheaper (`shares_prompts`); otherwise each row runs whole
     (token_logprobs). Both give the same values to float rounding.
 
@@ -150,7 +151,7 @@ def sample_logprobs(model: PreTrainedModel, rows: list[Sample], batch: dict[str,
         return _whole_rows(model, rows, batch, s, dtype)
     logprobs_N, entropy_N = shared_prompt_logprobs(
         model, [list(ids) for ids, _ in prompts], [list(x.completion.token_ids) for x in rows], row_prompt,
-        pad_token_id, temperature=s.temperature, chunk_size=s.logprob_chunk,
+        pad_token_id, temperature=s.passes.temperature, chunk_size=s.passes.logprob_chunk,
         media=batched_inputs([m for _, m in prompts], device, dtype),
         scored=[x.completion.loss_mask or (1,) * len(x.completion.token_ids) for x in rows])
     zeros = torch.zeros(trained_BT.shape, dtype=logprobs_N.dtype, device=trained_BT.device)
@@ -166,8 +167,8 @@ def _whole_rows(model: PreTrainedModel, rows: list[Sample], batch: dict[str, tor
     width = max(int(columns[-1]) + 1 if len(columns) else 1, max(len(x.prompt_ids) for x in rows))
     cut = {key: batch[key][:, :width] for key in ("input_ids", "attention_mask")}
     logprobs_BW, entropy_BW = token_logprobs(
-        model, cut["input_ids"], cut["attention_mask"], trained_BT[:, :width], temperature=s.temperature,
-        chunk_size=s.logprob_chunk, media=row_inputs([x.media for x in rows], cut, dtype))
+        model, cut["input_ids"], cut["attention_mask"], trained_BT[:, :width], temperature=s.passes.temperature,
+        chunk_size=s.passes.logprob_chunk, media=row_inputs([x.media for x in rows], cut, dtype))
     if width == trained_BT.shape[1]:
         return logprobs_BW, entropy_BW
     pad = (0, trained_BT.shape[1] - width)
@@ -189,7 +190,8 @@ def scored_batches(model: PreTrainedModel, samples: list[Sample], s: UpdateSetti
     settings, each with its collated tensors and `model`'s log-probs of the completion tokens at
     the sampling temperature (with gradients unless the caller turned them off)."""
     for micro, batch in batches(samples, list(range(len(samples))) if indices is None else indices, pad_token_id,
-                                device, s.micro_batch_size, s.micro_batch_tokens, prompt_sharing(model, s),
+                                device, s.passes.micro_batch_size, s.passes.micro_batch_tokens,
+                                prompt_sharing(model, s),
                                 packs_completions(model)):
         logprobs_BT, _ = sample_logprobs(model, [samples[i] for i in micro], batch, s, pad_token_id)
         yield micro, batch, logprobs_BT

@@ -27,11 +27,13 @@ from rlvr.train.inputs import SampleFields, sample_fields
 from rlvr.train.learner import Learner
 from rlvr.train.logprobs import packs_completions
 from rlvr.train.parallel import all_reduce_sums, idle_passes, share, world
-from rlvr.train.settings import UpdateSettings, settings_from_config
+from rlvr.train.settings import (AdvantageSettings, KLSettings, LossSettings, Passes, UpdateSettings,
+                                 settings_from_config)
 from rlvr.types import Group, Sample
 
-__all__ = ["Credit", "LossTerm", "UpdateResult", "UpdateSettings", "collate", "compute_advantages", "score_certainty",
-           "score_logprobs", "settings_from_config", "shaped_rewards", "update_policy"]
+__all__ = ["AdvantageSettings", "Credit", "KLSettings", "LossSettings", "LossTerm", "Passes", "UpdateResult",
+           "UpdateSettings", "collate", "compute_advantages", "score_certainty", "score_logprobs", "settings_from_config",
+           "shaped_rewards", "update_policy"]
 
 
 class LossTerm(Protocol):
@@ -126,24 +128,24 @@ def update_policy(
     policy (`Credit`: PPO's critic).
     ``loss_state`` is the dict a stateful loss (R²VPO's λ) keeps across steps; the caller owns it
     (and checkpoints it); None gives the loss a fresh one. ``terms`` add their own gradient to
-    every optimizer step (`LossTerm`), beside the policy loss weighted by ``s.policy_weight``.
+    every optimizer step (`LossTerm`), beside the policy loss weighted by ``s.loss.policy_weight``.
     """
     episodes = [smp for g in groups for smp in g.samples]
     samples, owner = units(episodes)  # what is trained: one row per sample, or per segment of a summarised episode
     model = learner.model
-    kl_in_loss = s.kl_in_loss and ref_model is not None
+    kl_in_loss = s.kl.in_loss and ref_model is not None
     # DAPO's overlong filtering: a completion cut off by the token budget is left out of the
     # loss altogether (numerator and the token/sequence counts), not treated as a failure;
     # so is a sample a reward excluded (returned None for), and every segment of such an episode.
     dropped_episodes = {i for i, smp in enumerate(episodes)
-                        if smp.excluded or (s.mask_truncated and smp.completion.finish_reason == "length")}
+                        if smp.excluded or (s.loss.mask_truncated and smp.completion.finish_reason == "length")}
     dropped = {u for u, i in enumerate(owner) if i in dropped_episodes}
     kept = {u for u in range(len(samples)) if u not in dropped}
     batch, metrics = _advantages(learner, groups, samples, owner, kept, s, pad_token_id, ref_model, credit)
     # A sample with zero advantage adds exactly zero to the policy loss and its gradient, so it is
     # not run at all unless a KL or entropy term (or the critic) gives it a gradient of its own.
     # (GRPO groups whose rewards are all equal are common: 30-90% of groups late in a run.)
-    needs_all = kl_in_loss or s.entropy_coef != 0 or credit is not None
+    needs_all = kl_in_loss or s.loss.entropy_coef != 0 or credit is not None
     trained = {i for i in kept if needs_all or bool(batch.advantages[i].any())}
     batch.old, batch.scored = _old_logprobs(model, groups, batch, owner, trained, s, pad_token_id)
     if kl_in_loss and batch.ref is None:
@@ -157,7 +159,7 @@ def update_policy(
     metrics["advantage_abs_mean"] = statistics.fmean(float(a.abs().mean()) if len(a) else 0.0
                                                      for a in batch.advantages) if samples else 0.0
     metrics["trained_fraction"] = len(trained) / len(samples)
-    if s.mask_truncated:
+    if s.loss.mask_truncated:
         metrics["masked_truncated_fraction"] = len(dropped) / len(samples)
     return _result(metrics, groups, batch.advantages, owner, dropped_episodes)
 
@@ -229,7 +231,7 @@ def _optimise(
             run = [i for i in mini if i in trained]
             step_sums: dict[str, float] = defaultdict(float)
             # data-parallel learners each take their share of the micro-batches (rlvr.train.parallel)
-            micros = micro_batches(run, samples, s.micro_batch_size, s.micro_batch_tokens,
+            micros = micro_batches(run, samples, s.passes.micro_batch_size, s.passes.micro_batch_tokens,
                                    prompt_sharing(learner.model, s), packs_completions(learner.model))
             for micro in share(micros):
                 _accumulate(learner, credit, batch, old, micro, s, totals, step_sums)
@@ -241,10 +243,10 @@ def _optimise(
             grad_norms.append(learner.step())
             if credit is not None:
                 credit.step()
-            loss = LOSSES[s.loss]
+            loss = LOSSES[s.loss.name]
             if isinstance(loss, StatefulLoss) and step_sums.get("_tokens"):  # e.g. R²VPO's dual ascent on λ
                 means = {k: v / step_sums["_tokens"] for k, v in step_sums.items() if not k.startswith("_")}
-                loss.after_step(batch.loss_state, means, **s.loss_kwargs)
+                loss.after_step(batch.loss_state, means, **s.loss.kwargs)
             for key, value in step_sums.items():
                 sums[key] = max(sums.get(key, float("-inf")), value) if key.startswith("_max/") else sums[key] + value
     return sums, grad_norms
@@ -260,7 +262,7 @@ def _advantages(
     A KL in the reward needs the samples scored first (old policy and reference); those are kept
     in the batch so the update does not compute them again.
     """
-    kl_in_reward = s.kl_in_reward and ref_model is not None
+    kl_in_reward = s.kl.in_reward and ref_model is not None
     check_combination(s, credit is not None, kl_in_reward, summarised=len(set(owner)) != len(samples))
     rewards_PG, metrics = shaped_rewards(groups, s)
     old = ref = None
@@ -272,17 +274,17 @@ def _advantages(
         assert old is not None and ref is not None
         # per-sample values live on the CPU (token_rows takes them to the model's device); both
         # scores are 0 at tokens an environment injected, so the penalty is on the policy's own tokens
-        kl_N = [KL_ESTIMATORS[s.kl_estimator](old[i], ref[i]).float().cpu() if i in kept else kl_N[i]
+        kl_N = [KL_ESTIMATORS[s.kl.estimator](old[i], ref[i]).float().cpu() if i in kept else kl_N[i]
                 for i in range(len(samples))]
         seq_kl_PG = torch.tensor([float(k.sum()) for k in kl_N]).view_as(rewards_PG)
         metrics["kl_reward"] = float(seq_kl_PG.flatten()[sorted(kept)].mean()) if kept else float("nan")
-        metrics["kl_coef"] = s.kl_coef
+        metrics["kl_coef"] = s.kl.coef
         if credit is None:
-            rewards_PG = rewards_PG - s.kl_coef * seq_kl_PG
+            rewards_PG = rewards_PG - s.kl.coef * seq_kl_PG
     if credit is not None:
         advantages = credit.advantages(groups, samples, kept, rewards_PG, kl_N if kl_in_reward else None, s,
                                        pad_token_id)
-    elif s.turn_credit:
+    elif s.advantage.turn_credit:
         advantages = turn_credit(groups, samples, owner, s)
     else:
         advantages_B = outcome_advantages(groups, rewards_PG, s).flatten()
@@ -337,8 +339,9 @@ def policy_loss(s: UpdateSettings, x: LossInputs) -> tuple[torch.Tensor, dict[st
     takes it over the selected tokens and no other token gets a gradient (zeroing the loss after
     it was computed left GMPO's row value on every token), and the loss's own metrics are over
     the selected tokens. The aggregation's token counts stay those of every trained token."""
-    selected_BT = x.mask if s.entropy_top >= 1.0 else high_entropy_tokens(x.need("entropy"), x.mask, s.entropy_top)
-    loss_BT, metrics = LOSSES[s.loss](replace(x, mask=selected_BT), **s.loss_kwargs)
+    top = s.loss.entropy_top
+    selected_BT = x.mask if top >= 1.0 else high_entropy_tokens(x.need("entropy"), x.mask, top)
+    loss_BT, metrics = LOSSES[s.loss.name](replace(x, mask=selected_BT), **s.loss.kwargs)
     return torch.where(selected_BT, loss_BT, 0.0), metrics
 
 
@@ -348,10 +351,10 @@ def _accumulate(learner: Learner, credit: Credit | None, b: _Batch, old: Sequenc
     batch = collate([b.samples[i] for i in micro], b.pad_token_id, b.device)
     x = _loss_inputs(learner, b, old, micro, batch, s)
     loss_BT, metrics = policy_loss(s, x)
-    weights_BT, is_metrics = CORRECTIONS[s.offpolicy](x, **s.offpolicy_kwargs)
+    weights_BT, is_metrics = CORRECTIONS[s.loss.offpolicy](x, **s.loss.offpolicy_kwargs)
     loss_BT = _penalised(loss_BT * weights_BT, x, s, sums)
-    # s.policy_weight: e.g. CHORD's 1 − μ beside its μ·SFT LossTerm
-    loss = aggregate_loss(loss_BT, x.mask, mode=s.aggregation, max_tokens=s.max_tokens, **totals) * s.policy_weight
+    ls = s.loss  # its policy_weight: e.g. CHORD's 1 − μ beside its μ·SFT LossTerm
+    loss = aggregate_loss(loss_BT, x.mask, mode=ls.aggregation, max_tokens=ls.max_tokens, **totals) * ls.policy_weight
     loss.backward()
     metrics = {**metrics, **is_metrics, **mismatch_metrics(x.old, x.need("sampler"), x.mask)}
     if credit is not None:
@@ -401,9 +404,9 @@ def _penalised(loss_BT: torch.Tensor, x: LossInputs, s: UpdateSettings, sums: di
     bonus. The KL estimator gets π_old with the policy's own log-probs at masked positions: a ratio
     of 1 there (the ratio-weighted k3), never an overflow that 0 · inf would turn into NaN."""
     if x.ref is not None:
-        kl_BT = KL_ESTIMATORS[s.kl_estimator](x.logprobs, x.ref, torch.where(x.mask, x.old, x.logprobs.detach()))
-        loss_BT = loss_BT + s.kl_coef * kl_BT
+        kl_BT = KL_ESTIMATORS[s.kl.estimator](x.logprobs, x.ref, torch.where(x.mask, x.old, x.logprobs.detach()))
+        loss_BT = loss_BT + s.kl.coef * kl_BT
         sums["kl"] += float(kl_BT.detach()[x.mask].sum())
-    if s.entropy_coef:
-        loss_BT = loss_BT - s.entropy_coef * x.need("entropy")
+    if s.loss.entropy_coef:
+        loss_BT = loss_BT - s.loss.entropy_coef * x.need("entropy")
     return loss_BT

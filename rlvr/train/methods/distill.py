@@ -21,7 +21,7 @@ from rlvr.train.advantages import outcome_advantages
 from rlvr.train.batches import score_logprobs
 from rlvr.algos import PER_TOKEN
 from rlvr.train.methods.base import Extras, Method, Plan, RankInfo, SetupInfo
-from rlvr.train.settings import UpdateSettings
+from rlvr.train.settings import UpdateSettings, outcome_settings
 from rlvr.types import Group, Sample
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class TeacherCredit:
             if len(samples) != sum(len(g.samples) for g in groups):
                 raise ValueError("summarised episodes (env.summarize) train with the episode's outcome advantage: "
                                  "advantage = \"opd\" with outcome_weight > 0 is not supported with them")
-            outcome_s = dataclasses.replace(s, advantage=o.outcome, advantage_kwargs={})
+            outcome_s = outcome_settings(s, o.outcome)
             outcome_B = outcome_advantages(groups, rewards_PG, outcome_s).flatten()
         # the teacher scores the sampled tokens at the sampling temperature (not those an
         # environment injected: both are 0 there, and so is the advantage); the student is the
@@ -68,7 +68,7 @@ class TeacherCredit:
                          else scored[i].float().cpu())
             advantage_N = reverse_kl_advantages(student_N, teacher[i].float().cpu(), coef=o.coef)
             if kl_N is not None:  # a KL to the reference in the reward: per token, as GAE has it
-                advantage_N = advantage_N - s.kl_coef * kl_N[i]
+                advantage_N = advantage_N - s.kl.coef * kl_N[i]
             if outcome_B is not None:
                 advantage_N = advantage_N + o.outcome_weight * float(outcome_B[i])
             out.append(advantage_N)

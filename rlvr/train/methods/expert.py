@@ -131,7 +131,7 @@ class Chord(Method):
         mu = self.mu(run, step)
         demos = step_demonstrations(run, plan.groups)
         terms = (*plan.extras.terms, Imitation(demos, mu, self.options.weighting)) if mu else plan.extras.terms
-        return replace(plan, settings=replace(plan.settings, policy_weight=1 - mu),
+        return replace(plan, settings=replace(plan.settings, loss=replace(plan.settings.loss, policy_weight=1 - mu)),
                        extras=replace(plan.extras, terms=terms))
 
     def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:

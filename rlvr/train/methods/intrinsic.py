@@ -27,10 +27,10 @@ class IntrinsicRewards(Method):
         if held_out:
             return groups
         samples = [x for g in groups for x in g.samples]
-        s = run.settings
+        p = run.settings.passes
         certainty, negative_entropy = score_certainty(run.learner.model, samples, run.engine.pad_token_id,
-                                                      temperature=s.temperature, micro_batch_size=s.micro_batch_size,
-                                                      chunk_size=s.logprob_chunk)
+                                                      temperature=p.temperature, micro_batch_size=p.micro_batch_size,
+                                                      chunk_size=p.logprob_chunk)
         out, k = [], 0
         for g in groups:
             scored = []

@@ -27,7 +27,7 @@ class Reference(Method):
     def prepare(self, run: Run, plan: Plan, step: int) -> Plan:
         settings = plan.settings
         if self.controller.target is not None:  # the adaptive coefficient of this step
-            settings = dataclasses.replace(settings, kl_coef=self.controller.value)
+            settings = dataclasses.replace(settings, kl=dataclasses.replace(settings.kl, coef=self.controller.value))
         return dataclasses.replace(plan, settings=settings,
                                    extras=dataclasses.replace(plan.extras, ref_model=self.ref_model))
 

@@ -61,7 +61,7 @@ class CriticCredit:
         self._values = score_values(self.critic.model, samples, s, pad_token_id, kept)
         turn_rewards = [tr for g in groups for tr in g.metadata.get("turn_rewards", [None] * len(g.samples))]
         placed = self.placed(groups, samples, kept, rewards_PG) if self.placed is not None else None
-        advantages, self._returns = token_advantages(samples, rewards_PG, kl_N, self._values, kept, s.kl_coef,
+        advantages, self._returns = token_advantages(samples, rewards_PG, kl_N, self._values, kept, s.kl.coef,
                                                      turn_rewards, self.options, placed)
         self._norms = []
         return advantages
@@ -73,7 +73,7 @@ class CriticCredit:
         v_loss_BT, metrics = value_loss(values_BT, token_rows(self._values, micro, where_BT),
                                         token_rows(self._returns, micro, where_BT), mask_BT,
                                         clip=self.options.value_clip)
-        v_loss = aggregate_loss(v_loss_BT, mask_BT, mode=s.aggregation, max_tokens=s.max_tokens, **totals)
+        v_loss = aggregate_loss(v_loss_BT, mask_BT, mode=s.loss.aggregation, max_tokens=s.loss.max_tokens, **totals)
         v_loss.backward()
         sums["value_loss"] += float(v_loss.detach())
         return metrics
@@ -156,7 +156,8 @@ def score_values(
     """The critic's values of each sample's completion tokens (zeros outside `which`)."""
     out: list[torch.Tensor] = [torch.zeros(len(smp.completion.token_ids)) for smp in samples]
     device = next(critic.parameters()).device
-    for micro, batch in batches(samples, sorted(which), pad, device, s.micro_batch_size, s.micro_batch_tokens):
+    p = s.passes
+    for micro, batch in batches(samples, sorted(which), pad, device, p.micro_batch_size, p.micro_batch_tokens):
         values_BT = critic(batch["input_ids"], batch["attention_mask"])
         for row, i in enumerate(micro):
             out[i] = values_BT[row][batch["completion_mask"][row]].float().cpu()

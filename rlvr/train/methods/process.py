@@ -26,7 +26,7 @@ from rlvr.algos import PER_TOKEN
 from rlvr.options import GaeOptions
 from rlvr.train.methods.ppo import CriticCredit, new_critic
 from rlvr.train.methods.base import Extras, Method, Plan, RankInfo, SetupInfo
-from rlvr.train.settings import UpdateSettings
+from rlvr.train.settings import UpdateSettings, outcome_settings
 from rlvr.types import Group, Sample
 
 if TYPE_CHECKING:
@@ -86,8 +86,7 @@ class ProcessCredit:
         scores, ends = self.scorer(groups, samples, kept)
         outcome_B = None
         if o.outcome_weight:
-            outcome_B = outcome_advantages(groups, rewards_PG, dataclasses.replace(s, advantage=o.outcome,
-                                                                                  advantage_kwargs={})).flatten()
+            outcome_B = outcome_advantages(groups, rewards_PG, outcome_settings(s, o.outcome)).flatten()
         out: list[torch.Tensor] = []
         first = 0
         for g in groups:
@@ -101,7 +100,7 @@ class ProcessCredit:
             for i in rows:
                 a = advantages.get(i, torch.zeros(len(samples[i].completion.token_ids)))
                 if i in advantages and kl_N is not None:
-                    a = a - s.kl_coef * kl_N[i]
+                    a = a - s.kl.coef * kl_N[i]
                 if i in advantages and outcome_B is not None:
                     a = a + o.outcome_weight * float(outcome_B[i])
                 out.append(a)

@@ -65,7 +65,7 @@ def score_groups(run: Run, ema: PreTrainedModel, groups: list[Group], examples: 
         return groups
     cfg, tokenizer = rlp_options(run.cfg.rewards), run.tokenizer
     close = encode_text(tokenizer, cfg.think_close)
-    pad, mb, chunk = run.engine.pad_token_id, run.settings.micro_batch_size, run.settings.logprob_chunk
+    pad, mb, chunk = run.engine.pad_token_id, run.settings.passes.micro_batch_size, run.settings.passes.logprob_chunk
     pred_rows, base_rows = [], []
     for g in groups:
         example = examples[g.samples[0].prompt_index]
