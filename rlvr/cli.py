@@ -1,22 +1,20 @@
 """The `rlvr` command: train, sft, dpo, sample, serve, eval, contamination, report, filter, bench, sandbox, tasks,
-config. Each subcommand is a thin call into the library."""
+config. Each subcommand is a thin call into the library; those that import torch run from a module of their
+own in rlvr.commands, imported when the command runs, so `rlvr --help` and `rlvr config` start without it."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import logging
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator
-from typing import Any, get_args
+from typing import get_args
 from pathlib import Path
 
-from rlvr.config import ConfigError, RunConfig, describe, load_config
+from rlvr.config import ConfigError, describe
 from rlvr.config.sections import EngineConfig
-from rlvr.errors import EngineOutOfMemory
+from rlvr.errors import EngineOutOfMemory, MissingExtra, SandboxUnavailable
+from rlvr.serve.protocol import Limits as ServeLimits
 
 EXAMPLES = """examples:
   rlvr train --config configs/demo.toml
@@ -67,9 +65,7 @@ def _add_sample(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
 
 def _add_serve(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """`rlvr serve`."""
-    from rlvr.serve.protocol import Limits
-
-    d = Limits()
+    d = ServeLimits()
     v = sub.add_parser("serve", help="an OpenAI-compatible server (chat, completions, token ids) for a model or checkpoint",
                        description="Serves /v1/chat/completions, /v1/completions and /v1/models on the embedded "
                        "engine; every response carries the exact prompt and completion token ids. Binds the "
@@ -236,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     # Like `python -m`: modules in the current directory can be named by dotted paths (rewards).
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from rlvr.runtime import keep_freed_memory
+    from rlvr.runtime import keep_freed_memory  # not for --help, which exits in parse_args
 
     keep_freed_memory()  # malloc reuses freed memory instead of page-faulting it back in; see rlvr.runtime
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -251,15 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         _say(err)
         return 2
     except ImportError as err:
-        from rlvr.log.tracking import MissingExtra
-
         if not isinstance(err, MissingExtra):
             raise
         _say(err)
         return 2
     except RuntimeError as err:
-        from rlvr.sandbox import SandboxUnavailable
-
         if not isinstance(err, SandboxUnavailable | EngineOutOfMemory):
             raise
         _say(err)
@@ -281,201 +273,53 @@ def _say(err: BaseException) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlvr.agents.openai_agent import AgentError
-    from rlvr.log.tracking import MissingExtra, TrackerError
-    from rlvr.train.checkpoint import CheckpointError
-    from rlvr.train.loop import RunDirError, train
-    from rlvr.train.offline import dpo, sft
+    from rlvr.commands import train  # torch: each command's module is imported when it runs, not for --help
 
-    commands: dict[str, Callable[..., Any]] = {"train": train, "sft": sft, "dpo": dpo}
-    run = commands[args.command]
     try:
-        if args.resume:
-            if args.config:
-                raise ConfigError("--resume uses the run's own config.toml; pass changes as key=value overrides")
-            run(resume=args.resume, overrides=tuple(args.overrides))
-        else:
-            run(load_config(args.config, args.overrides, command=args.command))
-    except (RunDirError, MissingExtra, CheckpointError, TrackerError, AgentError) as err:
+        return train.run(args)
+    except train.STOPS as err:
         _say(err)
         return 2
-    return 0
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from rlvr.data import render_prompt
-    from rlvr.models import eos_token_ids, load_policy, resolve_dtype
-    from rlvr.rollout.engine import EmbeddedEngine
-    from rlvr.models import resolve_model
-    from rlvr.types import SamplingParams
+    from rlvr.commands import sample  # torch
 
-    model_spec = resolve_model(args.model)  # a run directory: its latest checkpoint
-    prompts = args.prompts or [line.strip() for line in sys.stdin if line.strip()]
-    if not prompts:
-        raise ValueError("no prompts given (pass them as arguments or one per line on stdin)")
-    model, tokenizer, _ = load_policy(model_spec, resolve_dtype("auto"))  # a VLM answers text prompts too
-    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids(model, tokenizer), seed=args.seed)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_new_tokens=args.max_new_tokens, n=args.n)
-    ids = [render_prompt(tokenizer, p, args.system) for p in prompts]
-    for prompt, group in zip(prompts, engine.generate(ids, params)):
-        for c in group:
-            if args.json:
-                print(json.dumps({"prompt": prompt, "completion": c.text, "token_ids": c.token_ids,
-                                  "logprobs": c.logprobs, "finish_reason": c.finish_reason}))
-            else:
-                print(f"### {prompt}\n{c.text}\n[{c.finish_reason}, {len(c.token_ids)} tokens]\n")
-    return 0
+    return sample.run(args)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from rlvr.log.tracking import import_extra
-    from rlvr.serve.protocol import Limits
+    from rlvr.commands import serve  # torch
 
-    for module in ("fastapi", "uvicorn"):
-        import_extra(module, f"rlvr serve needs {module}: pip install 'rlvr[serve]'")
-    from rlvr.serve.server import is_loopback, load_served, serve_forever
-
-    limits = Limits(max_n=args.max_n, max_tokens=args.max_tokens, max_concurrent=args.max_concurrent,
-                    max_body_bytes=args.max_body_bytes)
-    args.api_key = args.api_key or None  # an empty RLVR_API_KEY is no key
-    if not is_loopback(args.host) and not args.api_key:
-        print(f"warning: serving on {args.host} without an API key: anyone who can reach it can use the model "
-              "(pass --api-key or set RLVR_API_KEY)", file=sys.stderr)
-    try:
-        vllm_kwargs = json.loads(args.vllm_kwargs)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--vllm-kwargs is not JSON: {e}") from None
-    if not isinstance(vllm_kwargs, dict):
-        raise SystemExit("--vllm-kwargs must be a JSON object, e.g. '{\"enforce_eager\": true}'")
-    served = load_served(args.model, name=args.name, dtype=args.dtype, device=args.device, seed=args.seed,
-                         max_batch_size=args.max_batch_size, backend=args.engine, vllm_kwargs=vllm_kwargs)
-    print(f"serving {served.name!r} at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    serve_forever(served, host=args.host, port=args.port, limits=limits, api_key=args.api_key)
-    return 0
+    return serve.run(args)
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from rlvr.bench import compare_grpo, run_part
-    from rlvr.models import cpu_description, cpu_line
+    from rlvr.commands import bench  # torch
 
-    cpu = cpu_line(cpu_description())  # every figure names the CPU it came from
-
-    def emit(record: dict[str, Any]) -> None:
-        print(json.dumps({**record, "cpu": cpu}), flush=True)
-
-    print(f"# rlvr bench, {time.strftime('%Y-%m-%d %H:%M')}, {cpu}", flush=True)
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    model = {"model_spec": args.model} if args.model else {}
-    unknown = [p for p in parts if p not in ("generate", "learner", "grpo")]
-    if unknown:
-        raise ValueError(f"unknown bench part {unknown[0]!r}; use generate, learner, grpo")
-    for part in parts:
-        if part == "generate":
-            sizes = [int(b) for b in args.batch_sizes.split(",")]
-            ours = run_part("generate", batch_sizes=sizes, new_tokens=args.new_tokens, **model)
-            emit(ours)
-            emit(_bench_vllm(args, sizes, ours, model))
-        elif part == "learner":
-            from rlvr.config.sections import TrainConfig
-
-            cap = TrainConfig().micro_batch_tokens  # what a run uses by default
-            # 8 rows a micro-batch, the same without shared prompts, the default token cap, the smallest
-            # memory; then a long system prompt
-            for prompt, completion, micro, tokens, checkpointing, share in (
-                    (64, 192, 8, None, False, True), (64, 192, 8, None, False, False), (64, 192, 8, cap, False, True),
-                    (64, 192, 4, None, True, True), (448, 64, 8, None, False, True), (448, 64, 8, None, False, False)):
-                emit(run_part("learner", batch=16, prompt=prompt, completion=completion, micro_batch=micro,
-                              micro_batch_tokens=tokens, checkpointing=checkpointing, share_prompts=share, **model))
-        else:
-            for p, g in [tuple(int(x) for x in s.split("x")) for s in args.grpo_shapes.split(",")]:
-                emit(compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps,
-                                  engine_dtype=args.engine_dtype, **model))
-    return 0
-
-
-def _bench_vllm(args: argparse.Namespace, sizes: list[int], ours: dict[str, Any], model: dict[str, str]) -> dict[str, Any]:
-    """vLLM on the same prompts and batches as rlvr's engine (`ours`), with the ratio per batch."""
-    from rlvr.bench import run_part, vllm_python
-
-    python = None if args.vllm_python == "none" else args.vllm_python or vllm_python()
-    if python is None:
-        reason = "skipped" if args.vllm_python == "none" else "vLLM is not installed here: `make vllm-env`, or --vllm-python"
-        return {"part": "generate_vllm", "skipped": reason}
-    theirs = run_part("generate_vllm", python=python, batch_sizes=sizes, new_tokens=args.new_tokens,
-                      enforce_eager=args.vllm_eager, **model)
-    mine = {row["batch"]: row.get("rlvr_static_tok_s") for row in ours.get("rows", [])}
-    for row in theirs.get("rows", []):
-        if isinstance(mine.get(row["batch"]), float):
-            row["rlvr_static_tok_s"] = mine[row["batch"]]
-            row["rlvr_vs_vllm"] = round(mine[row["batch"]] / row["vllm_tok_s"], 2)
-    return theirs
+    return bench.run(args)
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rlvr.eval.run import compared, evaluate_model, markdown_table, write_results
+    from rlvr.commands import eval as evaluate  # torch
 
-    overrides = list(args.overrides) + ([f'task.name="{args.task}"'] if args.task else [])
-    cfg = load_config(args.config, overrides)
-    ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
-    max_new = args.max_new_tokens or cfg.sampling.max_new_tokens
-    temperature = cfg.sampling.temperature if args.temperature is None else args.temperature
-    judge = {"fn": args.cot_judge, "kwargs": json.loads(args.cot_judge_kwargs)} if args.cot_judge else None
-    results = compared([evaluate_model(m, cfg, n=args.n, ks=ks, prompts=args.prompts, temperature=temperature,
-                                       max_new_tokens=max_new, seed=args.seed, cot_judge=judge) for m in args.model])
-    json_path, md_path = write_results(results, ks, Path(args.out))
-    print(markdown_table(results, ks), end="")
-    print(f"written: {json_path}, {md_path}", file=sys.stderr)
-    return 0
+    return evaluate.run(args)
 
 
-@contextlib.contextmanager
-def _counting(totals: dict[str, int]) -> Iterator[Callable[[str, int], None]]:
-    """Progress bars on stderr, one per name, advanced by ``advance(name, k)``; where stderr is not a
-    terminal (a log file), one "name: done/total" line per advance instead."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _contamination(args: argparse.Namespace) -> int:
+    from rlvr.commands import contamination  # torch
 
-    console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, disable=not console.is_terminal) as bar:
-        tasks = {name: bar.add_task(name, total=total) for name, total in totals.items()}
-
-        def advance(name: str, k: int) -> None:
-            bar.advance(tasks[name], k)
-            if not console.is_terminal:
-                print(f"{name}: {int(bar.tasks[tasks[name]].completed)}/{totals[name]}", file=sys.stderr, flush=True)
-
-        yield advance
+    return contamination.run(args)
 
 
 def _filter(args: argparse.Namespace) -> int:
-    from rlvr.data.filter import pass_rates, write_accepted, write_filtered
+    from rlvr.commands import filter as filtering  # torch
 
-    from rlvr.train.data import load_examples
-
-    cfg = load_config(args.config, args.overrides)
-    examples = load_examples(cfg)[0][: args.limit]  # a file's own count, not task.size
-    with _counting({"rating prompts": len(examples)}) as advance:
-        rated = pass_rates(args.model, cfg, examples, n=args.n, progress=lambda k: advance("rating prompts", k))
-    kept = write_filtered(rated, args.out, low=args.min, high=args.max, include_low=args.inclusive,
-                          include_high=args.inclusive)
-    hist = [sum(1 for r in rated if r.rate is not None and round(r.rate * args.n) == k) for k in range(args.n + 1)]
-    print("pass rate  prompts\n" + "\n".join(f"{k}/{args.n:<7} {c}" for k, c in enumerate(hist)))
-    unknown = sum(1 for r in rated if r.rate is None)
-    if unknown:
-        print(f"{unknown} prompt(s) got no verdict on any sample (the reward's sandbox or service failed): "
-              "left out", file=sys.stderr)
-    print(f"kept {kept} of {len(rated)} prompts in {args.out}", file=sys.stderr)
-    if args.accepted:
-        rows = write_accepted(rated, args.accepted, system_prompt=cfg.task.system_prompt)
-        solved = sum(1 for r in rated if r.accepted)
-        print(f"wrote {rows} accepted completions of {solved} prompts to {args.accepted}", file=sys.stderr)
-    return 0
+    return filtering.run(args)
 
 
 def _report(args: argparse.Namespace) -> int:
-    from rlvr.report import write_html, write_png
+    from rlvr.report import write_html, write_png  # rich: not on --help's path
 
     print(write_html(args.run_dir, args.out, max_steps=args.max_steps))
     if not args.no_png:
@@ -483,73 +327,8 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _contamination(args: argparse.Namespace) -> int:
-    from rlvr.eval.contamination import METHODS, contamination_report
-    from rlvr.models import resolve_model
-    from rlvr.models import load_model, load_tokenizer, resolve_dtype
-
-    cfg = load_config(args.config, args.overrides)
-    members, non_members = _contamination_prompts(args, cfg)
-    methods = list(METHODS) if args.method == "both" else [args.method]
-    path = resolve_model(args.model)
-    tokenizer = load_tokenizer(path)
-    model = load_model(path, resolve_dtype("auto")).eval()
-    print(f"contamination: {len(members)} members, {len(non_members)} non-members, {', '.join(methods)}",
-          file=sys.stderr)
-    totals = {m: (2 if m == "self_critique" else 1) * (len(members) + len(non_members)) for m in methods}
-    with _counting(totals) as advance:
-        report = contamination_report(
-            model, tokenizer, members, non_members, methods=methods, k=args.k,
-            max_new_tokens=args.max_new_tokens or cfg.sampling.max_new_tokens, system_prompt=cfg.task.system_prompt,
-            batch_size=args.batch_size, progress=advance)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "checkpoint": path, "members": len(members),
-                               "non_members": len(non_members), **report}, indent=2) + "\n")
-    print("| method | AUC | mean (members) | mean (non-members) |\n|---|---|---|---|")
-    for m in methods:
-        mean = report["mean"][m]
-        print(f"| {m} | {report['auc'][m]:.3f} | {mean['members']:.4f} | {mean['non_members']:.4f} |")
-    print(f"written: {out}", file=sys.stderr)
-    return 0
-
-
-def _contamination_prompts(args: argparse.Namespace, cfg: RunConfig) -> tuple[list[str], list[str]]:
-    """(members, non-members): from the JSONL files where given, else from the config (see the help)."""
-    n = args.prompts
-    if n < 1:
-        raise ValueError("--prompts must be at least 1")
-    if args.members and args.non_members:
-        return _read_prompts(Path(args.members))[:n], _read_prompts(Path(args.non_members))[:n]
-    from rlvr.data.sampler import UniformSampler
-    from rlvr.train.data import load_examples
-
-    train, held = load_examples(cfg)
-    # the training loop draws prompts with this sampler and seed, so these are the first it trains on
-    drawn = UniformSampler(len(train), cfg.seed).next_batch(min(n, len(train)))
-    members = _read_prompts(Path(args.members))[:n] if args.members else [train[i].prompt for i in drawn]
-    non_members = _read_prompts(Path(args.non_members))[:n] if args.non_members else [ex.prompt for ex in held[:n]]
-    return members, non_members
-
-
-def _read_prompts(path: Path) -> list[str]:
-    """The "prompt" field of each non-blank line of a JSONL file."""
-    prompts = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}, line {number}: not JSON ({err.msg})") from err
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise ValueError(f'{path}, line {number}: expected an object with a string "prompt" field')
-        prompts.append(row["prompt"])
-    return prompts
-
-
 def _sandbox(args: argparse.Namespace) -> int:
-    from rlvr.sandbox import Limits, Sandbox, SandboxError, SandboxUnavailable
+    from rlvr.sandbox import Limits, Sandbox, SandboxError  # not on --help's path
 
     code = Path(args.file).read_text()
     stdin = Path(args.stdin).read_text() if args.stdin else ""
@@ -564,7 +343,7 @@ def _sandbox(args: argparse.Namespace) -> int:
 
 
 def _tasks(args: argparse.Namespace) -> int:
-    from rlvr.data import list_tasks
+    from rlvr.data import list_tasks  # torch and reasoning-gym
 
     print("\n".join(list_tasks()))
     return 0
@@ -572,7 +351,7 @@ def _tasks(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
     if args.all:
-        from rlvr.config.knobs import describe_all
+        from rlvr.config.knobs import describe_all  # not on `rlvr config`'s path (its registries import torch)
 
         print(describe_all(args.for_command))
         return 0

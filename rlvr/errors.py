@@ -1,4 +1,5 @@
-"""Errors that say whose fault a failure is."""
+"""Errors that say whose fault a failure is (a leaf: any layer raises them, and `rlvr`'s main reports
+them without importing the part that raised)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,11 @@ class WeightSyncError(RuntimeError):
     parameters received none, or the probe after the update (rlvr.rollout.probe) found the engine
     computing other log-probabilities than the learner. The run stops rather than sample from a
     policy it is no longer training."""
+
+
+class MissingExtra(ImportError):
+    """An optional package the config asks for is not installed; the message names the extra."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """No isolation could be set up; the message says how to fix it."""

@@ -57,7 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Literal, overload
 
-from rlvr.errors import InfrastructureError
+from rlvr.errors import InfrastructureError, SandboxUnavailable
 
 Isolation = Literal["auto", "bwrap", "none"]
 LimitKind = Literal["cpu", "memory", "file_size", "output"]
@@ -70,10 +70,6 @@ _STARTED_PRINTF = r"\036rlvr-sandbox-started\n"  # the same, as printf writes it
 ATTEMPTS = 3
 """Tries of one run before an infrastructure failure becomes a SandboxError."""
 _BACKOFF_S = 0.2
-
-
-class SandboxUnavailable(RuntimeError):
-    """No isolation could be set up; the message says how to fix it."""
 
 
 class SandboxError(InfrastructureError):

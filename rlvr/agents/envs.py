@@ -18,7 +18,7 @@ from rlvr.agents.env import Env, StepResult, no_verdict
 from rlvr.agents.tools import PythonInterpreter, Tool, call, parse_tool_calls
 from rlvr.data import Example
 from rlvr.rewards import RewardFn, extract_answer
-from rlvr.rewards.combine import score_group
+from rlvr.rewards.combine import load_callable, score_group
 from rlvr.agents.search import SearchQA
 
 TOOL_INSTRUCTION = ("You can run Python: write a ```python code block and you will see what it prints. "
@@ -141,7 +141,5 @@ def env_factory(name: str) -> Callable[..., Any]:
     if name in ENVS:
         return ENVS[name]
     if ":" in name or "." in name:
-        from rlvr.rewards.combine import load_callable
-
         return load_callable(name)
     raise ValueError(f"unknown env {name!r}; choose from {', '.join(ENVS)} or give package.module:factory")

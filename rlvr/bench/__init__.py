@@ -34,6 +34,8 @@ from rlvr.types import Completion, Group, Sample
 from rlvr.data import reasoning_gym_examples, render_prompt
 from rlvr.models import load_model, load_tokenizer
 from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.rollout.forms import ROWS
+from rlvr.rollout.plans import bf16_packing_unavailable, product_plans
 from rlvr.rollout.weights import LAZY_AFTER, weights_unavailable
 from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path
 from rlvr.rollout.build import make_engine
@@ -110,9 +112,6 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
         rows.append(row)
     result = {"part": "generate", "model": model_spec, "dtype": str(model.dtype), "new_tokens": new_tokens, "rows": rows}
     if model.device.type == "cpu":  # the forms the static decoder ran (the probe's choice, cached: not re-run)
-        from rlvr.rollout.forms import ROWS
-        from rlvr.rollout.plans import bf16_packing_unavailable, product_plans
-
         plans = product_plans(model)
         products = {"rows": "/".join(map(str, ROWS)), "layers": "/".join(plans.layers), "head": "/".join(plans.head)}
         if model.dtype == torch.bfloat16 and (why := bf16_packing_unavailable()):
@@ -258,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _part_grpo(**kwargs: Any) -> dict[str, Any]:
-    from rlvr.bench.grpo import part_grpo
+    from rlvr.bench.grpo import part_grpo  # cycle: grpo imports this package (and TRL, the bench extra)
 
     return part_grpo(**kwargs)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from rlvr import __version__
 from rlvr.config import ROOTS, RunConfig
 from rlvr.config.sections import ConfigError, RewardConfig
 
@@ -172,8 +173,6 @@ def to_toml(cfg: RunConfig, notes: tuple[str, ...] = ()) -> str:
     (the rest left out, so it reads as what makes this run), under a header naming the rlvr version
     whose defaults fill in the rest, and `notes` (comment lines: what the run composed, once it is
     set up). Loading it gives back an equal config (with that version)."""
-    from rlvr import __version__
-
     header = (f"# rlvr {__version__}, `rlvr {cfg.command}`: the keys this run sets; every other key has its "
               f"default in this version (`rlvr config {cfg.command}`)\n") + "".join(f"# {note}\n" for note in notes)
     given = _merged(cfg.model_dump(mode="json", exclude_unset=True),

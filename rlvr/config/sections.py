@@ -1,4 +1,8 @@
-"""The config's sections: one pydantic model per [table] (rlvr.config assembles them into roots)."""
+"""The config's sections: one pydantic model per [table] (rlvr.config assembles them into roots).
+
+The validators import the registries they check against (rlvr.algos, whose functions are torch's)
+when they run: rlvr.config imports no torch at its top, so `rlvr --help` and `rlvr config` start
+without it (the imports marked "torch" below)."""
 
 from __future__ import annotations
 
@@ -148,8 +152,8 @@ class ShapingSpec(_Section):
 
     @model_validator(mode="after")
     def _known(self) -> ShapingSpec:
-        from rlvr.algos import SHAPING
-        from rlvr.algos.registry import check_keywords
+        from rlvr.algos import SHAPING  # torch
+        from rlvr.algos.registry import check_keywords  # torch
 
         _check_registered("shaping", self.fn, SHAPING)
         check_keywords(f"algo.shaping {self.fn!r}", SHAPING[self.fn], self.kwargs)
@@ -222,7 +226,7 @@ class AlgoConfig(_Section):
     @field_validator("advantage", "loss", "offpolicy")
     @classmethod
     def _registered(cls, value: str, info: ValidationInfo) -> str:
-        from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES, PER_TOKEN  # registries of named functions
+        from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES, PER_TOKEN  # registries of named functions: torch
 
         registries: dict[str, dict[str, Any]] = {"advantage": {**ESTIMATORS, **PER_TOKEN}, "loss": LOSSES,
                                                  "offpolicy": CORRECTIONS}
@@ -231,9 +235,9 @@ class AlgoConfig(_Section):
 
     @model_validator(mode="after")
     def _known_kwargs(self) -> AlgoConfig:
-        from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES, PER_TOKEN
-        from rlvr.algos.registry import check_keywords
-        from rlvr.algos.kl import AdaptiveKL
+        from rlvr.algos import CORRECTIONS, ESTIMATORS, LOSSES, PER_TOKEN, advantages, losses, offpolicy  # torch
+        from rlvr.algos.kl import AdaptiveKL  # torch
+        from rlvr.algos.registry import check_keywords  # torch
 
         what = f"algo.advantage_kwargs for {self.advantage!r}"
         if self.advantage in PER_TOKEN:
@@ -256,8 +260,6 @@ class AlgoConfig(_Section):
             raise ValueError("algo.divergence_kwargs are the knobs of DPH-RL's divergence: set algo.divergence")
         if self.divergence != "none":
             self.divergence_options()
-        from rlvr.algos import advantages, losses, offpolicy
-
         row_wise = [f"{kind} = {name!r}" for kind, name, names in [("algo.loss", self.loss, losses.ROW_ADVANTAGE),
                     ("algo.offpolicy", self.offpolicy, offpolicy.ROW_ADVANTAGE)] if name in names]
         per_token = (f"advantage = {self.advantage!r}" if self.advantage in PER_TOKEN
@@ -272,7 +274,7 @@ class AlgoConfig(_Section):
 
     def entropy_options(self) -> Any:
         """The entropy bonus and token selection, from algo.entropy."""
-        from rlvr.algos.entropy_control import EntropyOptions
+        from rlvr.algos.entropy_control import EntropyOptions  # torch
 
         return options("algo.entropy", EntropyOptions, self.entropy)
 
@@ -341,7 +343,7 @@ class SandboxConfig(_Section):
 
     def sandbox_limits(self) -> Any:
         """`limits` as rlvr.sandbox.Limits."""
-        from rlvr.sandbox import Limits
+        from rlvr.sandbox import Limits  # not on rlvr --help's path (subprocess, threads)
 
         return options("sandbox.limits", Limits, self.limits)
 
@@ -442,7 +444,7 @@ class LogConfig(_Section):
 
     @model_validator(mode="after")
     def _known(self) -> LogConfig:
-        from rlvr.log.tracking import check_sink_kwargs
+        from rlvr.log.tracking import check_sink_kwargs  # torch (it checks with rlvr.algos.registry)
 
         check_sink_kwargs(self.sinks, self.sink_kwargs)
         return self

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rlvr.data.chat import encode_text
+from rlvr.data.chat import encode_text, read_rows
 from rlvr.data.tasks import Example
 
 WORD = re.compile(r"\S+")
@@ -28,8 +28,6 @@ def read_documents(path: str | Path, column: str = "text") -> list[str]:
     if not p.is_file():
         raise FileNotFoundError(f"text corpus not found: {p}")
     if p.suffix == ".jsonl":
-        from rlvr.data.chat import read_rows
-
         docs = []
         for number, row in read_rows(p):
             if not isinstance(row.get(column), str):

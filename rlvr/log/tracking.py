@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from rlvr.algos.registry import check_keywords
+from rlvr.errors import MissingExtra
 
 SINKS = ("tensorboard", "wandb", "mlflow")
 # sink → (module that must import, the extra that installs it)
@@ -32,10 +33,6 @@ _REQUIRES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "
 STATE_FILE = "trackers.json"
 INIT_TIMEOUT_S = 30
 """The longest W&B may take to start a run before the start fails (its own default is 90 s)."""
-
-
-class MissingExtra(ImportError):
-    """An optional package the config asks for is not installed; the message names the extra."""
 
 
 def import_extra(module: str, message: str) -> Any:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from rlvr.models import load_tokenizer, resolve_model_path
+from rlvr.rewards.combine import load_callable
 
 
 class PRM(Protocol):
@@ -225,7 +226,5 @@ def load_prm(spec: str, separator: str = "\n", dtype: torch.dtype = torch.float3
     if spec in PRMS:
         return FunctionPRM(PRMS[spec], spec)
     if ":" in spec and not spec.startswith(("/", ".")) and "/" not in spec.split(":", 1)[0]:
-        from rlvr.rewards.combine import load_callable
-
         return FunctionPRM(load_callable(spec), spec)
     return ClassifierPRM.load(spec, separator, dtype, torch.device(device))

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from rlvr.errors import WeightSyncError
+from rlvr.errors import MissingExtra, WeightSyncError
 from rlvr.rollout.engine import check_prompts, draw_seeds
 from rlvr.types import Completion, FinishReason, PromptMedia, SamplingParams
 
@@ -61,8 +61,6 @@ fraction of the whole machine's memory (0.92 of it is refused on a 24 GiB machin
 
 def import_vllm() -> Any:
     """The vllm module, or an error that says how to install it (and what breaks its import)."""
-    from rlvr.log.tracking import MissingExtra
-
     try:
         import vllm
     except ImportError as e:

@@ -17,18 +17,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlvr.rollout.numerics import current
+from rlvr.models import load_tokenizer, resolve_device, resolve_dtype
+from rlvr.rollout.numerics import Numerics, current, follow
 from rlvr.scaleout.cluster import placement, require_ray
 from rlvr.train.methods.base import Extras, RankInfo, example_fields
-from rlvr.train.update import UpdateResult, UpdateSettings
+from rlvr.train.parts import learner_rank
+from rlvr.train.update import UpdateResult, UpdateSettings, update_policy
 from rlvr.train.updater import Updater
 from rlvr.types import Group
 
 
 def backend(cfg: Any) -> str:
     """torch.distributed's backend for the learners: NCCL when they train on GPUs, gloo on CPUs."""
-    from rlvr.models import resolve_device
-
     return "nccl" if resolve_device(cfg.train.device).type == "cuda" else "gloo"
 
 
@@ -55,9 +55,6 @@ class RankActor:
     the driver's critic, run an update on the groups it is sent, and leave."""
 
     def __init__(self, cfg: Any, threads: int, numerics: dict[str, Any]) -> None:
-        from rlvr.models import resolve_device
-        from rlvr.rollout.numerics import Numerics, follow
-
         torch.set_num_threads(threads)
         # rank 0's measured choices ("auto"'s dtype, attention's limits): the same numbers, so the
         # same gradient, on any thread count (the warnings would say only that the threads differ)
@@ -73,8 +70,6 @@ class RankActor:
 
     def _rank_info(self) -> Any:
         """What this rank's parts are built from (rlvr.train.parts.learner_rank)."""
-        from rlvr.models import load_tokenizer
-
         tr = self.cfg.train
         return RankInfo(tr.steps * tr.epochs * tr.mini_batches, load_tokenizer(self.cfg.model),
                         example_fields(self.fields))
@@ -92,8 +87,6 @@ class RankActor:
                 pad_token_id: int, fields: dict[Any, dict[str, Any]]) -> tuple[UpdateResult, torch.Generator]:
         """The update, with the driver's random state and this update's example fields; returns
         its result and the random stream after it."""
-        from rlvr.train.update import update_policy
-
         self.fields.clear()
         self.fields.update(fields)
         generator = torch.Generator()
@@ -114,9 +107,6 @@ class LearnerWorker(RankActor):
     (rlvr.train.parts.learner_rank), with whatever the config's methods need on every rank."""
 
     def __init__(self, cfg: Any, threads: int, numerics: dict[str, Any]) -> None:
-        from rlvr.models import resolve_dtype
-        from rlvr.train.parts import learner_rank
-
         super().__init__(cfg, threads, numerics)
         self.learner, self.extras = learner_rank(cfg, self._rank_info(), self.device,
                                                  resolve_dtype(cfg.train.precision, self.device))

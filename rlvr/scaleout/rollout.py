@@ -22,8 +22,24 @@ from typing import Any, cast
 
 import torch
 
+from rlvr.data.images import image_token_ids
+from rlvr.lora import merged_state_dict
+from rlvr.models import (
+    eos_token_ids,
+    is_vision_language,
+    load_model,
+    load_processor,
+    load_tokenizer,
+    load_vlm_model,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
+)
 from rlvr.scaleout.cluster import placement, require_ray
+from rlvr.rollout.build import make_engine
 from rlvr.rollout.engine import EmbeddedEngine, check_prompts, draw_seeds
+from rlvr.rollout.numerics import Numerics, current, follow
+from rlvr.rollout.weights import decode_weights
 from rlvr.types import Completion, PromptMedia, SamplingParams
 
 log = logging.getLogger("rlvr.scaleout")
@@ -36,20 +52,6 @@ class RolloutWorker:
                  max_batch_size: int, decoder: str, eos_token_ids: list[int], threads: int,
                  partial: bool = False, backend: str = "embedded", vllm_kwargs: dict[str, Any] | None = None,
                  device: str = "cpu", numerics: dict[str, Any] | None = None) -> None:
-        from rlvr.data.images import image_token_ids
-        from rlvr.models import (
-            is_vision_language,
-            load_model,
-            load_processor,
-            load_tokenizer,
-            load_vlm_model,
-            resolve_device,
-            resolve_dtype,
-        )
-        from rlvr.rollout.build import make_engine
-        from rlvr.rollout.numerics import Numerics, follow
-        from rlvr.rollout.weights import decode_weights
-
         torch.set_num_threads(threads)
         # the driver's measured choices ("auto"'s dtype, the decoder's plans, attention's limits):
         # its numbers, on any thread count (the warnings would say only that the threads differ)
@@ -111,10 +113,6 @@ class RayEngine:
 
     def __init__(self, cfg: Any, policy: Any, tokenizer: Any, *, workers: int, timeout_s: float,
                  generator: torch.Generator, version: int = 0) -> None:
-        from rlvr.rollout.numerics import current
-        from rlvr.lora import merged_state_dict
-        from rlvr.models import eos_token_ids, resolve_device, resolve_dtype, resolve_model_path
-
         self.ray = require_ray()
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids(policy, tokenizer)

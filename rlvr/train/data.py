@@ -16,12 +16,16 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.agents.envs import env_factory
+from rlvr.agents.openai_agent import ENV_DATASETS, EPISODE_BUILDERS
 from rlvr.agents.runner import ChatDelta, Limits, Summarize, episode_groups
+from rlvr.agents.search import facts_examples
 from rlvr.algos.registry import check_keywords, keyword_options
 from rlvr.config import RunConfig
 from rlvr.options import rlp_options
 from rlvr.data import Example, jsonl_examples, reasoning_gym_examples, render_example, render_prompt
+from rlvr.data.curricula import SamplerContext, build_sampler
 from rlvr.data.images import load_image, prompt_media, render_with_images, template_ids
+from rlvr.data.pretraining import prompt_ids, text_examples
 from rlvr.data.sampler import Sampler, UniformSampler
 from rlvr.data.tasks import (
     CODE_INSTRUCTION,
@@ -30,7 +34,10 @@ from rlvr.data.tasks import (
     parquet_examples,
     reasoning_gym_mixture,
 )
+from rlvr.data.visual import visual_examples
 from rlvr.rewards import RewardFn
+from rlvr.rewards.builtin import REWARDS
+from rlvr.rewards.styles import PROMPT_MESSAGES
 from rlvr.rollout.engine import Engine
 from rlvr.types import Group, PromptMedia, SamplingParams
 
@@ -93,8 +100,6 @@ def load_task(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: list[
         evals, eval_media = render_with_processor(processor, held, cfg.task.system_prompt)
         return TaskData(examples, train, held, evals, rewards, params, media=train_media, eval_media=eval_media)
     if cfg.task.source == "text":
-        from rlvr.data.pretraining import prompt_ids
-
         think_open = rlp_options(cfg.rewards).think_open
 
         def encode(exs: list[Example]) -> list[list[int]]:
@@ -113,8 +118,6 @@ def check_answers(examples: Sequence[Example], rewards: Sequence[RewardFn]) -> N
     with a null or blank answer is an error here, naming it, where it would score every sample 0
     as an error. (A HumanEval row's gold is its tests, and a user's reward reads what it likes.)"""
     import inspect
-
-    from rlvr.rewards.builtin import REWARDS
 
     for reward in rewards:
         if reward.fn not in REWARDS.values():
@@ -194,8 +197,6 @@ def with_variants(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, task: Task
         return task
     if task.media is not None:
         raise ValueError("sampler.templates re-renders prompts as text, which would drop their images")
-    from rlvr.rewards.styles import PROMPT_MESSAGES
-
     chats = [ex.id for ex in task.examples if len(ex.fields.get(PROMPT_MESSAGES) or ()) > 1]
     if chats:
         raise ValueError(f"sampler.templates re-renders a prompt from its last user message, which would drop the "
@@ -258,24 +259,16 @@ def _task_pool(cfg: RunConfig) -> list[Example]:
     elif t.source == "humaneval":
         pool = humaneval_examples(instruction=instruction)
     elif t.source == "visual":  # synthetic images drawn in-process (rlvr.data.visual)
-        from rlvr.data.visual import visual_examples
-
         pool = visual_examples(t.name, size=t.size + t.eval_size, seed=cfg.seed, params=dict(t.params),
                                instruction=instruction)
     elif t.source == "facts":  # questions about an invented world (the search environment's corpus)
-        from rlvr.agents.search import facts_examples
-
         pool = facts_examples(size=t.size + t.eval_size, seed=cfg.seed, **t.params)
     elif t.source == "env":  # the environment brings its own prompts (e.g. a verifiers environment's dataset)
-        from rlvr.agents.openai_agent import ENV_DATASETS
-
         if cfg.env.name not in ENV_DATASETS:
             raise ValueError(f"task.source = \"env\" takes the environment's own prompts; env.name = {cfg.env.name!r} "
                              f"has none (environments with a dataset: {', '.join(ENV_DATASETS)})")
         pool = ENV_DATASETS[cfg.env.name](dict(cfg.env.kwargs))
     elif t.source == "text":  # RL on pre-training data: cuts through documents (no instruction)
-        from rlvr.data.pretraining import text_examples
-
         assert t.path is not None
         check_keywords('task.params for source "text"', text_examples, t.params)
         pool = text_examples(t.path, size=t.size + t.eval_size, seed=cfg.seed, **t.params)
@@ -295,8 +288,6 @@ def prompt_key(ex: Example) -> tuple[str, tuple[str, ...]]:
     chat messages (one question under two system turns is two prompts), and the images' content
     (a digest of each image's pixels or bytes) where it has any: one question asked of two
     images is two prompts."""
-    from rlvr.rewards.styles import PROMPT_MESSAGES
-
     images = ex.fields.get("images") or ()
     messages = ex.fields.get(PROMPT_MESSAGES)
     text = ex.prompt if messages is None else json.dumps(messages, sort_keys=True)
@@ -325,8 +316,6 @@ def make_episodes(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: l
         return None
     if cfg.sampler.templates:
         raise ValueError("sampler.templates and env.name do not combine: an environment writes its own prompt")
-    from rlvr.agents.openai_agent import EPISODE_BUILDERS
-
     if e.name in EPISODE_BUILDERS:  # the agent runs its own episodes (e.g. through rlvr's OpenAI server)
         return EPISODE_BUILDERS[e.name](e, tokenizer, rewards, params, system_prompt=cfg.task.system_prompt)
     factory = env_factory(e.name)
@@ -351,8 +340,6 @@ def make_sampler(cfg: RunConfig, examples: list[Example]) -> Sampler:
     sc = cfg.sampler
     if sc.name == "uniform" and not sc.kwargs:
         return UniformSampler(len(examples), cfg.seed)
-    from rlvr.data.curricula import SamplerContext, build_sampler
-
     difficulty = None
     if sc.difficulty_field is not None:
         missing = [ex.id for ex in examples if not isinstance(ex.fields.get(sc.difficulty_field), int | float)]

@@ -38,9 +38,11 @@ from rlvr.algos.supervised import dpo_loss, sft_token_loss
 from rlvr.config import DPOConfig, DPORunConfig, RunConfig, SFTRunConfig, load_config
 from rlvr.data.chat import (PreferencePair, Tokenized, messages_of, pack, preference_pair, read_rows, tokenize_chat,
                              truncate, with_system)
+from rlvr.data.tasks import demonstration_text
 from rlvr.log.sinks import ConsoleProgress, JsonlSink, read_jsonl
 from rlvr.models import load_model, load_tokenizer, resolve_device, resolve_dtype
 from rlvr.train import checkpoint as ckpt
+from rlvr.train.data import load_examples
 from rlvr.train.logprobs import packed_batch, packed_logprobs, token_budget_batches
 from rlvr.train.run import collect
 from rlvr.train.evaluate import evaluate_held_out
@@ -129,9 +131,6 @@ def _conversations(cfg: SFTRunConfig) -> Iterator[tuple[str, list[dict[str, str]
     if not s.task_examples:
         raise ValueError("rlvr sft needs data: set sft.data to a JSONL file of conversations, or sft.task_examples "
                          "to answer the task's own training prompts")
-    from rlvr.data.tasks import demonstration_text
-    from rlvr.train.data import load_examples
-
     examples = load_examples(cfg)[0][: s.task_examples]
     for ex in examples:
         if ex.answer is None:

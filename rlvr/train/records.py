@@ -7,6 +7,8 @@ import io
 from pathlib import Path
 from typing import Any
 
+from rlvr import report
+from rlvr.eval.metrics import paired_difference
 from rlvr.log import ConsoleProgress
 from rlvr.log.sinks import read_jsonl
 from rlvr.types import Group, PromptMedia
@@ -73,10 +75,8 @@ def sample_rows(step: int, groups: list[Group], thumbnails: Thumbnails | None = 
 
 def write_report(run_dir: Path, progress: ConsoleProgress) -> None:
     """report.html and curves.png; a failure is reported, never fatal (the run's files are complete)."""
-    from rlvr.report import write_report
-
     try:
-        paths = write_report(run_dir)
+        paths = report.write_report(run_dir)
     except Exception as e:  # noqa: BLE001 - the run itself succeeded
         progress.print(f"could not write the report ({type(e).__name__}: {e}); try `rlvr report {run_dir}`")
         return
@@ -111,8 +111,6 @@ def held_out_gain(summary: dict[str, Any]) -> dict[str, float | None] | None:
     interval over the prompts judged both times), from the greedy outcomes the evaluations kept
     (`held_out_before`, `held_out_after`, by example id); None without both, without a prompt
     judged both times, or where accuracy says nothing (`accuracy_is_silent`)."""
-    from rlvr.eval.metrics import paired_difference
-
     before, after = summary.get("held_out_before"), summary.get("held_out_after")
     if not isinstance(before, dict) or not isinstance(after, dict) or accuracy_is_silent(summary):
         return None

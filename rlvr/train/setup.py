@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rlvr import sandbox
+from rlvr import __version__, sandbox
+from rlvr.agents.openai_agent import SERVED_IN_PROCESS
 from rlvr.attention import widen_attention
 from rlvr.config import RunConfig, load_config, to_toml, written_version
 from rlvr.data.images import image_token_ids
@@ -101,8 +102,6 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     """Load the model, tokenizer, task and rewards; build the engine, the learner and the methods
     the config asks for (which may screen the initial policy first: DPH-RL's rehearsal set, with
     a progress bar unless quiet). `model_spec` is the checkpoint a resumed run starts from."""
-    from rlvr.agents.openai_agent import SERVED_IN_PROCESS
-
     # ~1.4x faster learner steps on CPU; one arena where a server thread samples beside the learner (rlvr.runtime)
     keep_freed_memory(one_arena=cfg.env.name in SERVED_IN_PROCESS)
     torch.manual_seed(cfg.seed)
@@ -307,8 +306,6 @@ def _loadable_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
 def _warn_version(path: Path) -> None:
     """Say so when a run resumes under another rlvr version: its config.toml holds only the keys it
     set, and the defaults of the others may have changed."""
-    from rlvr import __version__
-
     written = written_version(path.read_text())
     if written is not None and written != __version__:
         print(f"warning: {path} was written by rlvr {written}, this is {__version__}: keys the run did not set "

@@ -23,6 +23,7 @@ from rlvr.algos.process import ProcessOptions, process_advantages, split_steps, 
 from rlvr.rewards.process import PRM, load_prm
 from rlvr.train.advantages import outcome_advantages
 from rlvr.algos import PER_TOKEN
+from rlvr.algos.registry import options as checked  # as checked: `options` here is a ProcessOptions
 from rlvr.options import GaeOptions
 from rlvr.train.methods.ppo import CriticCredit, new_critic
 from rlvr.train.methods.base import Extras, Method, Plan, RankInfo, SetupInfo
@@ -161,8 +162,6 @@ def process_credit(cfg: RunConfig, policy: Any, tokenizer: Any, optimizer_steps:
     prm = load_prm(options.prm, options.separator, weight.dtype, weight.device)
     if options.credit in ("group", "min"):
         return ProcessCredit(prm, options, tokenizer, fields_of)
-    from rlvr.algos.registry import options as checked
-
     gae = checked("algo.advantage_kwargs.gae", GaeOptions, options.gae)
     return StepRewardCritic(new_critic(cfg, policy, optimizer_steps, gae), StepScorer(prm, options, tokenizer, fields_of))
 
