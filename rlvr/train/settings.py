@@ -124,6 +124,7 @@ def outcome_settings(s: UpdateSettings, estimator: str) -> UpdateSettings:
 def settings_from_config(cfg: RunConfig, rewards: list[RewardFn]) -> UpdateSettings:
     """The update settings a run's config gives."""
     a, s, tr = cfg.algo, cfg.sampling, cfg.train
+    entropy = a.entropy_options()
     if a.loss in ACTS_OFF_POLICY and tr.epochs * tr.mini_batches == 1:
         logging.getLogger("rlvr.train").warning(
             "algo.loss = %r with one optimizer step per batch (train.epochs = train.mini_batches = 1): %s, so on "
@@ -140,8 +141,7 @@ def settings_from_config(cfg: RunConfig, rewards: list[RewardFn]) -> UpdateSetti
             name=a.loss, kwargs=dict(a.loss_kwargs), offpolicy=a.offpolicy, offpolicy_kwargs=dict(a.offpolicy_kwargs),
             aggregation=a.aggregation or LOSS_AGGREGATION.get(a.loss, "token-mean"),
             max_tokens=cfg.env.max_total_tokens if cfg.env.name else s.max_new_tokens,
-            mask_truncated=a.mask_truncated, entropy_coef=a.entropy_options().coef,
-            entropy_top=a.entropy_options().top),
+            mask_truncated=a.mask_truncated, entropy_coef=entropy.coef, entropy_top=entropy.top),
         kl=KLSettings(coef=a.kl_coef, estimator=a.kl_estimator, placement=a.kl_placement),
         passes=Passes(micro_batch_size=tr.micro_batch_size, micro_batch_tokens=tr.micro_batch_tokens,
                       temperature=s.temperature, logprob_chunk=tr.logprob_chunk),

@@ -154,7 +154,7 @@ def update_policy(
         batch.ref = None  # scored for a KL in the reward: not a loss term
     batch.loss_state = {} if loss_state is None else loss_state
 
-    sums, grad_norms = _optimise(learner, credit, batch, trained, dropped, s, pad_token_id, generator, terms)
+    sums, grad_norms = _optimise(learner, credit, batch, trained, dropped, s, generator, terms)
     metrics |= _summary(sums, grad_norms, kl_in_loss, [*terms, *([credit] if credit else [])])
     metrics["advantage_abs_mean"] = statistics.fmean(float(a.abs().mean()) if len(a) else 0.0
                                                      for a in batch.advantages) if samples else 0.0
@@ -205,10 +205,12 @@ def _old_logprobs(model: PreTrainedModel, groups: list[Group], batch: _Batch, ow
 
 def _optimise(
     learner: Learner, credit: Credit | None, batch: _Batch, trained: set[int], dropped: set[int],
-    s: UpdateSettings, pad_token_id: int, generator: torch.Generator | None, terms: Sequence[LossTerm],
+    s: UpdateSettings, generator: torch.Generator | None, terms: Sequence[LossTerm],
 ) -> tuple[dict[str, float], list[float]]:
     """epochs × mini-batches of optimizer steps; returns the summed metrics and the grad norms."""
-    samples, device = batch.samples, next(learner.model.parameters()).device
+    samples, pad_token_id = batch.samples, batch.pad_token_id
+    loss = LOSSES[s.loss.name]
+    stateful = loss if isinstance(loss, StatefulLoss) else None  # e.g. R²VPO's dual ascent on λ, after each step
     sums: dict[str, float] = defaultdict(float)
     grad_norms = []
     learner.model.train()
@@ -238,15 +240,14 @@ def _optimise(
             idle_passes(learner.model, len(micros), pad_token_id)  # sharded learners: as many passes on every rank
             if world()[0] == 0:
                 for term in terms:
-                    term.add(learner, s, pad_token_id, device, step_sums)
+                    term.add(learner, s, pad_token_id, batch.device, step_sums)
             step_sums = defaultdict(float, all_reduce_sums(dict(step_sums)))
             grad_norms.append(learner.step())
             if credit is not None:
                 credit.step()
-            loss = LOSSES[s.loss.name]
-            if isinstance(loss, StatefulLoss) and step_sums.get("_tokens"):  # e.g. R²VPO's dual ascent on λ
+            if stateful is not None and step_sums.get("_tokens"):
                 means = {k: v / step_sums["_tokens"] for k, v in step_sums.items() if not k.startswith("_")}
-                loss.after_step(batch.loss_state, means, **s.loss.kwargs)
+                stateful.after_step(batch.loss_state, means, **s.loss.kwargs)
             for key, value in step_sums.items():
                 sums[key] = max(sums.get(key, float("-inf")), value) if key.startswith("_max/") else sums[key] + value
     return sums, grad_norms
@@ -390,7 +391,7 @@ def _loss_inputs(learner: Learner, b: _Batch, old: Sequence[torch.Tensor | None]
     demos_B = torch.tensor([x.off_policy for x in rows], device=where_BT.device)
     if demos_B.any():
         sampler_BT = torch.where(demos_B[:, None], old_BT, sampler_BT)
-    fields = b.fields
+    fields = b.fields  # correctness, group accuracy, demonstrations: from the groups, per sample
     return LossInputs(
         logprobs_BT, old_BT, token_rows(b.advantages, micro, where_BT), batch["loss_mask"], sampler=sampler_BT,
         ref=None if b.ref is None else token_rows(b.ref, micro, where_BT), entropy=entropy_BT,
