@@ -28,6 +28,7 @@ from rlvr.agents.runner import episode_metrics
 from rlvr.config import RunConfig
 from rlvr.log import ConsoleProgress, JsonlSink, tracking
 from rlvr.log.sinks import read_jsonl
+from rlvr.runtime import HeapWatch
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import Collected
 from rlvr.train.evaluate import evaluate, evaluate_held_out
@@ -163,8 +164,10 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
             # wall clock of the run's invocations so far (a resumed run goes on from its last row)
             carried = next((r["elapsed_seconds"] for r in reversed(earlier) if "elapsed_seconds" in r), 0.0)
             last = cfg.train.steps
+            heap = HeapWatch()
             for step in range(start + 1, cfg.train.steps + 1):
                 metrics, groups = train_step(run, step, progress)
+                metrics |= heap.after_step()
                 spent += metrics["step_seconds"]
                 if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                     progress.status("evaluating")
