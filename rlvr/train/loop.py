@@ -34,7 +34,7 @@ from rlvr.train.collect import Collected
 from rlvr.train.evaluate import evaluate, evaluate_held_out
 from rlvr.train.methods.registry import composed
 from rlvr.train.methods.base import Plan
-from rlvr.train.records import Thumbnails, sample_rows, summarise, summary_line, with_held_out_gain, write_report
+from rlvr.train.records import SignalWatch, Thumbnails, sample_rows, summarise, summary_line, with_held_out_gain, write_report
 from rlvr.train.rollouts import group_metrics
 from rlvr.train.run import Run, collect
 from rlvr.train.setup import RunDirError, open_run, save, setup
@@ -164,7 +164,7 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
             # wall clock of the run's invocations so far (a resumed run goes on from its last row)
             carried = next((r["elapsed_seconds"] for r in reversed(earlier) if "elapsed_seconds" in r), 0.0)
             last = cfg.train.steps
-            heap = HeapWatch()
+            heap, signal = HeapWatch(), SignalWatch()
             for step in range(start + 1, cfg.train.steps + 1):
                 metrics, groups = train_step(run, step, progress)
                 metrics |= heap.after_step()
@@ -181,6 +181,9 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
                     for row in sample_rows(step, groups, thumbnails):
                         samples_sink.write(row)
                 progress.step(step, metrics)
+                if note := signal.observe(metrics):  # said once per cause, and kept in summary.json
+                    progress.print(note)
+                    summary.setdefault("notes", []).append({"step": step, "note": note})
                 stop_if_requested(run, step, stop, progress)
                 if budget is not None and spent >= budget and step < cfg.train.steps:
                     last = step

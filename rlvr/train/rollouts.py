@@ -141,6 +141,11 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
     if kept:
         metrics["accuracy"] = statistics.fmean(is_correct(s, primary) for s in kept)
     metrics["no_verdict_fraction"] = 1 - len(kept) / len(samples)
+    # why groups carry no signal: none of their judged samples right (too hard), or all (too easy)
+    verdicts = [v for v in ([is_correct(s, primary) for s in judged(list(g.samples), primary)] for g in groups) if v]
+    if verdicts:
+        metrics["unsolved_fraction"] = statistics.fmean(not any(v) for v in verdicts)
+        metrics["solved_fraction"] = statistics.fmean(all(v) for v in verdicts)
     for name in names:
         if "/" in name:  # "<name>/error", "<name>/excluded": an absent key counts as 0
             metrics[f"rewards/{name}"] = statistics.fmean(s.reward_parts.get(name, 0.0) for s in samples)
