@@ -128,14 +128,15 @@ class HeapWatch:
             return out
         if self.steps == self.settle:
             self.baseline = now
-        elif self.baseline is not None and now - self.baseline > max(self.grow_bytes, self.grow_fraction * self.baseline):
+        elif self.baseline is not None and now - self.baseline > max(self.grow_bytes,
+                                                                     self.grow_fraction * self.baseline):
             if self.trim():
                 after = self.resident() or now
                 self.trims += 1
                 if self.trims == 1:
-                    log.info("the heap grew from %.1f to %.1f GB (fragmentation, with malloc's trimming off for speed): "
-                             "gave %.1f GB back, as it will whenever it grows this far again", self.baseline / 1e9,
-                             now / 1e9, (now - after) / 1e9)
+                    log.info("the heap grew from %.1f to %.1f GB (fragmentation, with malloc's trimming off for "
+                             "speed): gave %.1f GB back, as it will whenever it grows this far again",
+                             self.baseline / 1e9, now / 1e9, (now - after) / 1e9)
                 self.baseline = max(self.baseline, after)
                 out = {"memory_gb": after / 1e9, "memory_released_gb": (now - after) / 1e9}
         return out

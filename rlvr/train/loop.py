@@ -34,7 +34,8 @@ from rlvr.train.collect import Collected
 from rlvr.train.evaluate import evaluate, evaluate_held_out
 from rlvr.train.methods.registry import composed
 from rlvr.train.methods.base import Plan
-from rlvr.train.records import SignalWatch, Thumbnails, sample_rows, summarise, summary_line, with_held_out_gain, write_report
+from rlvr.train.records import (SignalWatch, Thumbnails, sample_rows, summarise, summary_line, with_held_out_gain,
+                                write_report)
 from rlvr.train.rollouts import group_metrics
 from rlvr.train.run import Run, collect
 from rlvr.train.setup import RunDirError, open_run, save, setup
