@@ -37,10 +37,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -48,6 +50,16 @@ _M_ARENA_MAX = -8
 _applied = False
 _one_arena = False
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _libc() -> Any:
+    """The C library, looked up once (`find_library` runs ldconfig); None where it is not found."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
 
 
 def keep_freed_memory(one_arena: bool = False) -> bool:
@@ -61,12 +73,8 @@ def keep_freed_memory(one_arena: bool = False) -> bool:
     one_arena = one_arena or setting == "one_arena"
     if _applied and (_one_arena or not one_arena):
         return True
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt)
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:  # no C library found, or not glibc (e.g. musl has no mallopt)
         return False
     if not _applied:
         _applied = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
@@ -90,11 +98,8 @@ def resident_bytes() -> int | None:
 
 
 def _malloc_trim() -> bool:
-    name = ctypes.util.find_library("c")
-    try:
-        return bool(ctypes.CDLL(name).malloc_trim(0)) if name else False
-    except (OSError, AttributeError):
-        return False
+    trim = getattr(_libc(), "malloc_trim", None)  # glibc's; None elsewhere
+    return bool(trim(0)) if trim is not None else False
 
 
 class HeapWatch:

@@ -3,6 +3,7 @@ arena only where a serving thread samples beside the learner)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,7 +15,7 @@ MMAP_MAX, TRIM, ARENA_MAX = runtime._M_MMAP_MAX, runtime._M_TRIM_THRESHOLD, runt
 
 
 @pytest.fixture
-def mallopt(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+def mallopt(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
     """Record mallopt's calls instead of making them, from a fresh (untuned) state."""
     calls: list[tuple[int, int]] = []
 
@@ -29,7 +30,9 @@ def mallopt(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     monkeypatch.setattr(runtime.ctypes.util, "find_library", lambda name: "libc.so.6")
     monkeypatch.setattr(runtime.ctypes, "CDLL", lambda name: FakeLibc())
     monkeypatch.delenv("RLVR_MALLOC_TUNING", raising=False)
-    return calls
+    runtime._libc.cache_clear()  # the looked-up library is cached: look up the fake one
+    yield calls
+    runtime._libc.cache_clear()  # and not keep it for later tests
 
 
 @pytest.mark.dtype_independent

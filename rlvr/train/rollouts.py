@@ -137,15 +137,16 @@ def group_metrics(groups: list[Group], primary: str) -> dict[str, float]:
     rewards = [s.reward for s in samples if scored(s)]  # a missing verdict's 0 is no reward earned
     if rewards:
         metrics |= {"reward": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards)}
-    kept = judged(samples, primary)  # `judged_accuracy`, with the share left out beside it
+    # each group's verdicts on the samples the correctness reward judged (`judged_accuracy`)
+    verdicts = [[is_correct(s, primary) for s in judged(g.samples, primary)] for g in groups]
+    kept = [v for group in verdicts for v in group]
     if kept:
-        metrics["accuracy"] = statistics.fmean(is_correct(s, primary) for s in kept)
+        metrics["accuracy"] = statistics.fmean(kept)
     metrics["no_verdict_fraction"] = 1 - len(kept) / len(samples)
     # why groups carry no signal: none of their judged samples right (too hard), or all (too easy)
-    verdicts = [v for v in ([is_correct(s, primary) for s in judged(list(g.samples), primary)] for g in groups) if v]
-    if verdicts:
-        metrics["unsolved_fraction"] = statistics.fmean(not any(v) for v in verdicts)
-        metrics["solved_fraction"] = statistics.fmean(all(v) for v in verdicts)
+    if judged_groups := [v for v in verdicts if v]:
+        metrics["unsolved_fraction"] = statistics.fmean(not any(v) for v in judged_groups)
+        metrics["solved_fraction"] = statistics.fmean(all(v) for v in judged_groups)
     for name in names:
         if "/" in name:  # "<name>/error", "<name>/excluded": an absent key counts as 0
             metrics[f"rewards/{name}"] = statistics.fmean(s.reward_parts.get(name, 0.0) for s in samples)
