@@ -2,14 +2,15 @@
 # Issue 53's comparison on the hard task (chain_sum, 3 terms of 1-2 digits): one run of LABEL at
 # SEED for MINUTES of step time (train.max_minutes, default 30), then `rlvr eval` of the bundled
 # model and the run, side by side on the same 64 held-out target prompts: greedy accuracy with its
-# paired 95% interval (OUT/RUN.eval.json), and, with PASSK=1, pass@1/4/8 at temperature 1 (RUN.passk.json). Runs print nothing until they
-# end; their logs are OUT/LABEL-seedSEED.log. Usage:
-#   bash bench/hard_recipe.sh OUT LABEL SEED [overrides...]
-# e.g. bash bench/hard_recipe.sh /tmp/h53 mix 0 --config configs/hard_sum.toml
-# A first --config replaces configs/demo.toml (the training config; the evaluation always uses the
-# demo's instruction and reward on the target task). Runs may share the machine, one thread each
-# (OMP_NUM_THREADS=1 is set here); start them together so that each meets the same load.
-# Tabulate with python bench/hard_table.py OUT --target.
+# paired 95% interval (OUT/RUN.eval.json and .md), and, with PASSK=1, pass@1/4/8 at temperature 1
+# (OUT/RUN.passk.json). Runs print nothing until they end; their logs are OUT/RUN.log, RUN being
+# LABEL-seedSEED. Usage:
+#   bash bench/hard_recipe.sh OUT LABEL SEED [--config CONFIG] [overrides...]
+# e.g. bash bench/hard_recipe.sh /tmp/h53 relift 0 'expert.mode="relift"' 'expert.template="{expression} = {answer}"'
+# --config (first, if given) replaces configs/demo.toml as the training config, which then sets its
+# own task; the evaluation always uses the demo's instruction and reward on the target task. Runs
+# may share the machine, one thread each (OMP_NUM_THREADS=1 unless set); start them together so
+# that each meets the same load. The LOG's tables (session 27) were read from the .md files.
 set -euo pipefail
 out=$1; label=$2; seed=$3; shift 3
 config=configs/demo.toml

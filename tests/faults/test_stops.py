@@ -13,6 +13,7 @@ import pytest
 
 import rlvr.rollout.static_decode as static_decode
 import rlvr.train.update as update
+from bench.kill_resume import TIMING
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.train.loop import train
@@ -70,8 +71,7 @@ def test_the_engine_running_out_of_memory_stops_with_what_to_lower_and_how_to_re
     assert main(["train", "--resume", str(run)]) == 0
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "straight"), "checkpoint_every=1", "task.eval_size=0"]),
           quiet=True)
-    timing = ("_seconds", "per_second", "memory_gb", "memory_released_gb")
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith(timing)} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith(TIMING)} for r in rows]  # noqa: E731
     assert strip(read_metrics(run)) == strip(read_metrics(tmp_path / "straight"))
 
 
