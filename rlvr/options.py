@@ -130,11 +130,38 @@ class ReliftOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WarmStartOptions:
+    """The warm start's knobs (expert.kwargs with mode = "warm_start")."""
+
+    when: Literal["unsolved", "start"] = "unsolved"
+    """"unsolved": once, when over the last `window` steps at least `threshold` of the groups had no
+    sample right (the task is too hard for the policy as it is); "start": after the first step."""
+    threshold: float = 0.75
+    """The share of unsolved groups, over the window's steps, that starts it."""
+    window: int = 5
+    """Steps whose groups are counted."""
+    examples: int = 1000
+    """Demonstrations trained on: the first N training prompts' (all of them, if fewer)."""
+    epochs: int = 3
+    """Passes over them."""
+    batch: int = 4
+    """Demonstrations per SFT step."""
+
+    def __post_init__(self) -> None:
+        within("threshold", self.threshold, 0, 1)
+        within("window", self.window, 1)
+        within("examples", self.examples, 1)
+        within("epochs", self.epochs, 1)
+        within("batch", self.batch, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
 class NoOptions:
     """A mode without knobs of its own (expert mode luffy, sampler.rollouts plain)."""
 
 
-EXPERT_OPTIONS: dict[str, type] = {"chord": ChordOptions, "luffy": NoOptions, "relift": ReliftOptions}
+EXPERT_OPTIONS: dict[str, type] = {"chord": ChordOptions, "luffy": NoOptions, "relift": ReliftOptions,
+                                   "warm_start": WarmStartOptions}
 """Each expert mode's options, filled from expert.kwargs."""
 
 

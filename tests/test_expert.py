@@ -108,6 +108,38 @@ def test_relift_fine_tunes_on_the_prompts_rl_fails(tiny_dir: Path, tmp_path: Pat
     assert resumed[-1]["loss"] == pytest.approx(rows[-1]["loss"], rel=1e-5)
 
 
+def never_right(prompt: str, completion: str, **_: object) -> float:
+    return 0.0
+
+
+def test_warm_start_fine_tunes_once_when_the_groups_are_unsolved(tiny_dir: Path, tmp_path: Path) -> None:
+    # every group unsolved: the window of 2 steps fills at step 2, whose update is followed by 3 epochs
+    # of one SFT step each on the same 4 demonstrations
+    extra = ['expert.mode="warm_start"', *EXPERT, "expert.kwargs.window=2", "expert.kwargs.examples=4",
+             "expert.kwargs.epochs=3", "expert.kwargs.batch=4", "train.steps=3",
+             'rewards=[{fn = "tests.test_expert:never_right", name = "chars"}]']
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "ws"), *extra, "keep_checkpoints=5"]), quiet=True)
+    rows = read_metrics(tmp_path / "ws")
+    assert (tmp_path / "ws" / "checkpoints" / "step_000002").is_dir()  # kept at once, with checkpoint_every = 0
+    assert rows[0]["expert/warm_start_unsolved"] == 1.0 and "expert/warm_start_steps" not in rows[0]
+    assert rows[1]["expert/warm_start_steps"] == 3
+    assert rows[1]["expert/warm_start_nll_last"] < rows[1]["expert/warm_start_nll_first"]  # the same 4, likelier
+    assert not any(k.startswith("expert/warm_start") for k in rows[2])  # once
+    # done is saved with the run: resumed after step 2, step 3 does not fine-tune again, and matches
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "ws-a"), *extra, "train.steps=2",
+                             "keep_checkpoints=5"]), quiet=True)
+    train(resume=tmp_path / "ws-a", overrides=("train.steps=3",), quiet=True)
+    resumed = read_metrics(tmp_path / "ws-a")
+    assert not any(k.startswith("expert/warm_start") for k in resumed[2])
+    assert resumed[-1]["loss"] == pytest.approx(rows[-1]["loss"], rel=1e-5)
+    # "start": after the first step, whatever the groups showed (here distinct_chars, which is often right)
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "ws-start"), 'expert.mode="warm_start"', *EXPERT,
+                             'expert.kwargs.when="start"', "expert.kwargs.examples=6", "expert.kwargs.epochs=2"]),
+          quiet=True)
+    rows = read_metrics(tmp_path / "ws-start")
+    assert rows[0]["expert/warm_start_steps"] == 2 * 2 and "expert/warm_start_steps" not in rows[1]  # ⌈6/4⌉ a pass
+
+
 def test_the_expert_modes_knobs_are_checked_against_their_options() -> None:
     from rlvr.config import ConfigError, load_config
 
@@ -119,6 +151,8 @@ def test_the_expert_modes_knobs_are_checked_against_their_options() -> None:
         load_config(None, ['expert.mode="chord"', "expert.kwargs.mu_peak=1.5"])
     with pytest.raises(ConfigError, match="unknown keyword 'mu_peak'.*it takes batch, max_accuracy"):
         load_config(None, ['expert.mode="relift"', "expert.kwargs.mu_peak=0.3"])  # another mode's knob
+    with pytest.raises(ConfigError, match="when: Input should be 'unsolved' or 'start'"):
+        load_config(None, ['expert.mode="warm_start"', 'expert.kwargs.when="later"'])
     with pytest.raises(ConfigError, match="set one"):
         load_config(None, ["expert.kwargs.batch=2"])
     with pytest.raises(ConfigError, match="'expert.relift_batch' is now expert.kwargs.batch"):

@@ -41,6 +41,15 @@ def test_the_note_comes_once_per_cause_after_a_full_window_above_the_threshold()
     assert notes[0] is None and notes[1] is not None and "too easy" in notes[1] and notes[2:] == [None] * 3
 
 
+def test_the_hard_note_names_the_demonstrations_and_knows_when_a_run_already_uses_them() -> None:
+    plain, relift = SignalWatch(window=1), SignalWatch(window=1, expert_mode="relift")
+    note = plain.observe(_row(1.0, 1.0, 0.0))
+    assert note is not None and "sft.task_examples" in note and 'expert.mode = "warm_start"' in note
+    note = relift.observe(_row(1.0, 1.0, 0.0))
+    assert note is not None and 'learns from demonstrations (expert.mode = "relift")' in note
+    assert "or expert.mode" not in note  # it does not suggest another mode to a run that has one
+
+
 def test_no_note_below_the_threshold() -> None:
     watch = SignalWatch(window=2, threshold=0.75)
     assert [watch.observe(_row(0.7, 0.7, 0.0)) for _ in range(10)] == [None] * 10

@@ -165,7 +165,7 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
             # wall clock of the run's invocations so far (a resumed run goes on from its last row)
             carried = next((r["elapsed_seconds"] for r in reversed(earlier) if "elapsed_seconds" in r), 0.0)
             last = cfg.train.steps
-            heap, signal = HeapWatch(), SignalWatch()
+            heap, signal = HeapWatch(), SignalWatch(expert_mode=cfg.expert.mode)
             for step in range(start + 1, cfg.train.steps + 1):
                 metrics, groups = train_step(run, step, progress)
                 metrics |= heap.after_step()
@@ -191,7 +191,8 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
                     summary["stopped_by_budget"] = {"step": step, "minutes": spent / 60}
                     progress.print(f"train.max_minutes = {cfg.train.max_minutes} reached after step {step}")
                     break
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.train.steps:
+                due = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
+                if (due or any(m.save_after(step) for m in run.methods.values())) and step < cfg.train.steps:
                     progress.status("checkpointing")
                     save(run, step)
             save(run, last)

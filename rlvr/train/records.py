@@ -177,9 +177,10 @@ class SignalWatch:
     (``solved_fraction``: too easy), and where to read what helps. On the bundled model and
     3-term chain_sum, 76-88% of groups were unsolved and GRPO learned nothing (docs/LOG.md)."""
 
-    def __init__(self, window: int = 10, threshold: float = 0.75) -> None:
+    def __init__(self, window: int = 10, threshold: float = 0.75, expert_mode: str | None = None) -> None:
         self.rows: deque[tuple[float, float, float]] = deque(maxlen=window)
         self.threshold = threshold
+        self.expert_mode = expert_mode  # the run's expert.mode: it already learns from demonstrations
         self.said: set[str] = set()
 
     def observe(self, metrics: dict[str, Any]) -> str | None:
@@ -198,10 +199,16 @@ class SignalWatch:
         self.said.add(cause)
         steps = len(self.rows)
         if cause == "hard":
-            return (f"no signal: over the last {steps} steps {flat:.0%} of the groups had all rewards equal, "
+            said = (f"no signal: over the last {steps} steps {flat:.0%} of the groups had all rewards equal, "
                     f"{unsolved:.0%} with no sample right. The task is too hard for the model as it is, and "
-                    "group-relative methods learn nothing from such groups; docs/sampling.md (\"When nothing "
-                    "learns\") says what helped on such a task.")
+                    "group-relative methods learn nothing from such groups. ")
+            if self.expert_mode:
+                return said + (f"This run learns from demonstrations (expert.mode = \"{self.expert_mode}\"); "
+                               "docs/sampling.md (\"When nothing learns\") compares the ways to use them.")
+            return said + ("What gave a model the missing skill on such a task was its reference answers: an SFT "
+                           "warm start on them (`rlvr sft` with sft.task_examples, then train from that run; "
+                           "configs/hard_sum_sft.toml), or expert.mode = \"warm_start\" in one run; docs/sampling.md "
+                           "(\"When nothing learns\") has the measurements.")
         return (f"no signal: over the last {steps} steps {flat:.0%} of the groups had all rewards equal, "
                 f"{solved:.0%} with every sample right. The task is too easy for the model now; harder prompts "
                 "(`rlvr filter`, a curriculum: docs/sampling.md) give more to learn from.")

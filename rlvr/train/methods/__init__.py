@@ -12,6 +12,7 @@ through these seams, and only these (each optional; `Method` does nothing by def
     after_update(run, plan, metrics, step)     after the update, before the weights reach the
                                                engine; returns metrics of its own
     metrics(run)                               metrics every step logs
+    save_after(step) -> bool                   a checkpoint after this step (long work just done)
     state_dict() / load_state_dict(state)      what a checkpoint keeps, under `state_key`
     task(task)                                 once at setup: the training data it leaves to RL
 

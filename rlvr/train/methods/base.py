@@ -90,6 +90,11 @@ class Method:
     def metrics(self, run: Run) -> dict[str, float]:
         return {}
 
+    def save_after(self, step: int) -> bool:
+        """Whether the run keeps a checkpoint after this step, whatever checkpoint_every says (a
+        method that did long work in it, which a crash would otherwise lose)."""
+        return False
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

@@ -35,6 +35,7 @@ METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
     "intrinsic": intrinsic.build,    # rewards from the policy's own distributions (self-certainty, ...)
     "rlp": rlp.build,                # RLP: the information gain of a thought over an EMA baseline
     "relift": expert.build_relift,   # ReLIFT: SFT steps on the prompts RL keeps failing
+    "warm_start": expert.build_warm_start,  # SFT epochs on the demonstrations once RL finds no signal
 }
 """Every method, by name; the order is the order their hooks run in."""
 
@@ -93,7 +94,7 @@ def build_methods(run: Run, info: SetupInfo) -> dict[str, Method]:
     return {name: method for name, method in built.items() if method is not None}
 
 
-SEAMS = ("task", "rescore", "prepare", "after_update", "metrics")
+SEAMS = ("task", "rescore", "prepare", "after_update", "metrics", "save_after")
 """Method's hooks, in the order a run meets them."""
 
 
