@@ -218,9 +218,10 @@ class WarmStart(Method):
     def after_update(self, run: Run, plan: Plan, metrics: dict[str, float], step: int) -> dict[str, float]:
         if self.done_at is not None:
             return {}
-        o, primary = self.options, run.task.rewards[0].name
-        accuracies = [judged_accuracy([x for x in g.samples if not x.off_policy], primary) for g in plan.own]
-        judged = [a for a in accuracies if a is not None]  # a group without a verdict shows nothing
+        o = self.options
+        # the policy's own groups carry their judged accuracy from collection (`with_accuracy`);
+        # a group without a verdict shows nothing
+        judged = [g.accuracy for g in plan.own if g.accuracy is not None]
         if judged:
             self.unsolved.append(statistics.fmean(a == 0 for a in judged))
         if o.when == "unsolved":
