@@ -91,6 +91,33 @@ def _add_serve(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     v.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="request body size at most (413 above)")
 
 
+def _add_tinker(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr tinker`."""
+    t = sub.add_parser("tinker", help="the Tinker training API (the `tinker` client, tinker-cookbook) on rlvr",
+                       description="Serves the Tinker API (/api/v1/...) that the unmodified `tinker` client and "
+                       "tinker-cookbook talk to through their base URL: LoRA or full training clients, forward/"
+                       "backward with Tinker's losses, Adam steps, sampling, checkpoints. Binds the loopback address "
+                       "unless --host says otherwise. docs/interop.md (\"Tinker\") has the details.")
+    t.add_argument("--model", action="append", default=None,
+                   help="a base model to serve (repeatable; default: builtin:smollm2-135m-instruct). Clients name it "
+                        "by its folder, which `rlvr tinker` prints")
+    t.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    t.add_argument("--port", type=int, default=8000)
+    t.add_argument("--api-key", default=os.environ.get("RLVR_TINKER_API_KEY"),
+                   help="require this key (it must start with tml-; default: $RLVR_TINKER_API_KEY, else none)")
+    t.add_argument("--root", default="tinker-checkpoints", help="where checkpoints are kept (default: ./tinker-checkpoints)")
+    t.add_argument("--dtype", default="auto", choices=["auto", "bf16", "bfloat16", "fp32", "float32"],
+                   help="the weights' dtype (auto: bf16 where this device runs it fast, else fp32)")
+    t.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    t.add_argument("--seed", type=int, default=0, help="the engine's random stream (requests without a seed)")
+    t.add_argument("--max-batch-size", type=int, default=64, help="sequences the engine samples at once")
+    t.add_argument("--max-tokens", type=int, default=1024, help="max_tokens of a sample request that sets none")
+    t.add_argument("--snapshots", type=int, default=4,
+                   help="unnamed sampler snapshots (save_weights_and_get_sampling_client) kept in memory")
+    t.add_argument("--session-timeout", type=float, default=600.0,
+                   help="seconds without a heartbeat before a client's session ends and its models are dropped")
+
+
 def _add_bench(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """`rlvr bench`."""
     b = sub.add_parser("bench", help="speed side by side: engine vs HF generate, learner vs matmul, GRPO step vs TRL")
@@ -214,7 +241,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvr", description="RL post-training of language models.",
                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_sample, _add_serve, _add_bench, _add_eval, _add_contamination, _add_filter, _add_report,
+    for add in (_add_train, _add_sample, _add_serve, _add_tinker, _add_bench, _add_eval, _add_contamination, _add_filter, _add_report,
                 _add_sandbox):
         add(sub)
     sub.add_parser("tasks", help="list the reasoning-gym tasks")
@@ -237,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # malloc reuses freed memory instead of page-faulting it back in; see rlvr.runtime
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
-    if args.command in ("train", "sft", "dpo", "sample", "serve", "eval", "contamination", "filter"):
+    if args.command in ("train", "sft", "dpo", "sample", "serve", "tinker", "eval", "contamination", "filter"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars would bury rlvr's own progress
@@ -286,6 +313,13 @@ def _sample(args: argparse.Namespace) -> int:
     from rlvr.commands import sample  # torch
 
     return sample.run(args)
+
+
+def _tinker(args: argparse.Namespace) -> int:
+    from rlvr.commands import tinker  # torch
+
+    args.model = args.model or ["builtin:smollm2-135m-instruct"]
+    return tinker.run(args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -359,7 +393,7 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"train": _train, "sft": _train, "dpo": _train, "sample": _sample, "serve": _serve, "bench": _bench, "eval": _eval, "contamination": _contamination,
+_COMMANDS = {"train": _train, "sft": _train, "dpo": _train, "sample": _sample, "serve": _serve, "tinker": _tinker, "bench": _bench, "eval": _eval, "contamination": _contamination,
              "report": _report, "filter": _filter, "sandbox": _sandbox, "tasks": _tasks, "config": _config}
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ def ppo_clip_loss(
     dual_clip: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate, per token, as a loss to minimise (default range [0.8, 1.28]).
+    ``clip_low = 1`` and ``clip_high = inf`` clip nothing: plain importance-weighted REINFORCE,
+    loss = -ratio * A (Tinker's ``importance_sampling``).
 
     ratio = exp(logprobs - old_logprobs)
     loss  = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
@@ -57,8 +59,8 @@ def ppo_clip_loss(
         loss_BT: [B, T], not aggregated (see ``aggregate_loss``); metrics.
     """
     logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
-    if not 0.0 <= clip_low < 1.0:
-        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+    if not 0.0 <= clip_low <= 1.0:  # 1: no lower bound (a ratio is > 0)
+        raise ValueError(f"clip_low must be in [0, 1], got {clip_low}")
     if clip_high < 0.0:
         raise ValueError(f"clip_high must be >= 0, got {clip_high}")
     if dual_clip is not None and dual_clip <= 1.0:
@@ -195,6 +197,27 @@ def gspo_loss(
         metrics = {"clip_fraction": (clipped & has_tokens_B).sum() / rows,
                    "ratio_mean": torch.where(has_tokens_B, ratio_B, 0.0).sum() / rows}
     return loss_BT, metrics
+
+
+def dro_loss(x: LossInputs, *, beta: float = 0.05) -> tuple[Tensor, dict[str, Tensor]]:
+    """DRO: policy gradient with a quadratic penalty on the log-ratio to the sampler.
+
+    loss = -(A · log π_θ - β/2 · (log π_θ - log π_old)²)
+
+    Richemond et al., "Offline Regularised Reinforcement Learning for Large Language Models
+    Alignment", arXiv:2405.19107; the form used off-policy by Kimi k1.5 (Kimi Team, "Kimi k1.5:
+    Scaling Reinforcement Learning with LLMs", arXiv:2501.12599, eq. 3), and Tinker's ``dro``. The
+    penalty's gradient pulls the policy back towards the sampler, ``β (log π_θ - log π_old)``, so
+    the data may be off-policy or offline. β = 0.05 is Tinker's documented example, not a value
+    from the papers. The advantages are the caller's (Kimi's: reward minus the group mean).
+
+    Metrics: ``ratio_mean``.
+    """
+    if beta < 0:
+        raise ValueError(f"dro: beta must be >= 0, got {beta}")
+    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(x.logprobs, x.old, x.advantages, x.mask)
+    loss_BT = -(advantages_BT * logprobs_BT - 0.5 * beta * log_ratio_BT ** 2)
+    return torch.where(mask_BT, loss_BT, 0.0), {"ratio_mean": masked_mean(torch.exp(log_ratio_BT.detach()), mask_BT)}
 
 
 def topr_loss(
@@ -528,6 +551,7 @@ LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "pg": pg_loss,
     "cispo": cispo_loss,
     "gspo": gspo_loss,
+    "dro": dro_loss,
     "topr": topr_loss,
     "opmd": opmd_loss,
     "bapo": bapo_loss,

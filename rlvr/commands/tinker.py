@@ -1,0 +1,35 @@
+"""`rlvr tinker`: the Tinker training API on rlvr, in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rlvr.log.tracking import import_extra
+
+
+def run(args: argparse.Namespace) -> int:
+    for module in ("fastapi", "uvicorn", "tinker"):
+        import_extra(module, f"rlvr tinker needs {module}: pip install 'rlvr[tinker]'")
+    from rlvr.serve.server import is_loopback
+    from rlvr.tinker.server import serve_forever
+    from rlvr.tinker.service import TinkerService
+
+    api_key = args.api_key or None
+    if api_key is not None and not api_key.startswith("tml-"):
+        raise SystemExit("--api-key must start with 'tml-': the tinker client refuses any other key")
+    if not is_loopback(args.host) and api_key is None:
+        print(f"warning: serving on {args.host} without an API key: anyone who can reach it can train and sample "
+              "(pass --api-key tml-... or set RLVR_TINKER_API_KEY)", file=sys.stderr)
+    service = TinkerService(args.model, Path(args.root), dtype=args.dtype, device=args.device, seed=args.seed,
+                            max_batch_size=args.max_batch_size, session_timeout=args.session_timeout,
+                            snapshots=args.snapshots, max_new_tokens=args.max_tokens)
+    url = f"http://{args.host}:{args.port}"
+    names = "\n".join(f"  {b.name}" + (f"   (also: {', '.join(a for a in b.aliases if a != b.name)})"
+                                       if len(b.aliases) > 1 else "") for b in service.bases.values())
+    print(f"rlvr tinker at {url}  (checkpoints in {Path(args.root).resolve()})\nbase models:\n{names}\n"
+          f"clients: TINKER_BASE_URL={url} TINKER_API_KEY={api_key or 'tml-local'} "
+          "(any key starting tml- when the service has none)", file=sys.stderr, flush=True)
+    serve_forever(service, host=args.host, port=args.port, api_key=api_key)
+    return 0
