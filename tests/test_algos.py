@@ -275,7 +275,7 @@ def test_ppo_masked_positions_do_not_change_result_even_if_nan() -> None:
     ("kwargs", "name"),
     [
         ({"clip_low": -0.1}, "clip_low"),
-        ({"clip_low": 1.0}, "clip_low"),
+        ({"clip_low": 1.1}, "clip_low"),
         ({"clip_high": -0.1}, "clip_high"),
         ({"dual_clip": 1.0}, "dual_clip"),
         ({"dual_clip": 0.5}, "dual_clip"),

@@ -199,27 +199,6 @@ def gspo_loss(
     return loss_BT, metrics
 
 
-def dro_loss(x: LossInputs, *, beta: float = 0.05) -> tuple[Tensor, dict[str, Tensor]]:
-    """DRO: policy gradient with a quadratic penalty on the log-ratio to the sampler.
-
-    loss = -(A · log π_θ - β/2 · (log π_θ - log π_old)²)
-
-    Richemond et al., "Offline Regularised Reinforcement Learning for Large Language Models
-    Alignment", arXiv:2405.19107; the form used off-policy by Kimi k1.5 (Kimi Team, "Kimi k1.5:
-    Scaling Reinforcement Learning with LLMs", arXiv:2501.12599, eq. 3), and Tinker's ``dro``. The
-    penalty's gradient pulls the policy back towards the sampler, ``β (log π_θ - log π_old)``, so
-    the data may be off-policy or offline. β = 0.05 is Tinker's documented example, not a value
-    from the papers. The advantages are the caller's (Kimi's: reward minus the group mean).
-
-    Metrics: ``ratio_mean``.
-    """
-    if beta < 0:
-        raise ValueError(f"dro: beta must be >= 0, got {beta}")
-    mask_BT, logprobs_BT, advantages_BT, log_ratio_BT = masked_inputs(x.logprobs, x.old, x.advantages, x.mask)
-    loss_BT = -(advantages_BT * logprobs_BT - 0.5 * beta * log_ratio_BT ** 2)
-    return torch.where(mask_BT, loss_BT, 0.0), {"ratio_mean": masked_mean(torch.exp(log_ratio_BT.detach()), mask_BT)}
-
-
 def topr_loss(
     x: LossInputs,
     *,
@@ -263,6 +242,8 @@ def opmd_loss(
     "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm", arXiv:2509.24203): at π_θ =
     π_old it adds nothing, and it pulls tokens that moved back toward the sampling policy.
     Pair it with ``dr_grpo`` (the paper's baseline is the mean reward, without std division).
+    It is also DRO's objective (Richemond et al., "Offline Regularised Reinforcement Learning for
+    Large Language Models Alignment", arXiv:2405.19107), Tinker's ``dro`` with β = τ.
     Metric ``opmd_penalty``: mean of (log π_θ - log π_old)² / 2.
     """
     logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT = x.logprobs, x.old, x.advantages, x.mask
@@ -551,7 +532,6 @@ LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "pg": pg_loss,
     "cispo": cispo_loss,
     "gspo": gspo_loss,
-    "dro": dro_loss,
     "topr": topr_loss,
     "opmd": opmd_loss,
     "bapo": bapo_loss,

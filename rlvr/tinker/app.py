@@ -135,8 +135,9 @@ def create_app(service: TinkerService, api_key: str | None = None) -> FastAPI:
             raise _Refused(400, f"optimizer {req.optimizer_config.type!r} is not available: rlvr tinker trains with Adam")
         lora = None if req.lora_config is None else req.lora_config.model_dump()
         service.base(req.base_model)  # an unknown model is refused now, not in the future
-        return future(lambda: {"model_id": service.create_model(req.session_id, req.base_model, lora,
-                                                                req.user_metadata).model_id, "type": "create_model"})
+        model_id = f"{req.session_id}:train:{req.model_seq_id}"  # the id the client derives too
+        return future(lambda: {"model_id": service.create_model(req.session_id, req.base_model, lora, req.user_metadata,
+                                                                model_id).model_id, "type": "create_model"})
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request) -> dict[str, Any]:
@@ -195,10 +196,10 @@ def create_app(service: TinkerService, api_key: str | None = None) -> FastAPI:
         def run() -> dict[str, Any]:
             model_id = req.model_id
             if model_id is None:  # create-via-load: a new training model shaped like the checkpoint
-                if req.session_id is None:
+                if req.session_id is None or req.model_seq_id is None:
                     raise UserError("load_weights needs model_id, or session_id and model_seq_id")
                 model_id = service.create_model(req.session_id, req.base_model or meta["base_model"], meta["lora"],
-                                                req.user_metadata).model_id
+                                                req.user_metadata, f"{req.session_id}:train:{req.model_seq_id}").model_id
             service.load_state(model_id, req.path, req.optimizer)
             return {"path": req.path, "model_id": model_id, "type": "load_weights"}
 
@@ -267,8 +268,8 @@ def create_app(service: TinkerService, api_key: str | None = None) -> FastAPI:
             out = []
             for job, (sequences, prompt_lp) in zip(jobs, results):
                 last_n = job.payload["last_n"]
-                if prompt_lp is not None and last_n is not None:
-                    prompt_lp = [None] * (len(prompt_lp) - last_n) + prompt_lp[len(prompt_lp) - last_n:]
+                if prompt_lp is not None and last_n is not None:  # only the last n scored
+                    prompt_lp = [None if i < len(prompt_lp) - last_n else v for i, v in enumerate(prompt_lp)]
                 out.append(sample_response(sequences, prompt_lp))
             return out
 

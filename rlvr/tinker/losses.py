@@ -12,7 +12,8 @@ importance_sampling       `ppo_clip_loss` with nothing clipped (clip_low 1, clip
 ppo                       `ppo_clip_loss`; Tinker's thresholds are absolute ratio bounds (default 0.8,
                           1.2), rlvr's are distances from 1.
 cispo                     `cispo_loss` (default bounds 0, 4): -Σ sg(clip(r)) · lp · A
-dro                       `dro_loss` (beta: loss_fn_config, default 0.05, Tinker's documented example)
+dro                       `opmd_loss` with τ = beta: -Σ (A · lp - β/2 · (lp - logprobs)²); beta from
+                          loss_fn_config, default 0.05 (Tinker's documented example)
 gspo                      GSPO-token (Zheng et al., arXiv:2507.18071, section 4.3): `ppo_clip_loss` on
                           each token's ratio sg(s) · p/sg(p), s the geometric mean ratio over the
                           tokens ``sequence_ratio_mask`` marks; bounds 0.8, 1.2 (rlvr's choice: Tinker
@@ -35,7 +36,7 @@ import torch
 
 from rlvr.algos.aggregation import aggregate_loss
 from rlvr.algos.inputs import LossInputs
-from rlvr.algos.losses import cispo_loss, dro_loss, pg_loss, ppo_clip_loss
+from rlvr.algos.losses import cispo_loss, opmd_loss, pg_loss, ppo_clip_loss
 from rlvr.tinker.wire import Datum
 
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -175,7 +176,7 @@ def tinker_loss(loss_fn: str, logprobs: list[torch.Tensor], data: list[Datum], c
             elif loss_fn == "cispo":
                 loss_BT, metrics = cispo_loss(x, min_weight=low, max_weight=high)  # type: ignore[arg-type]
             else:
-                loss_BT, metrics = dro_loss(x, beta=knobs["beta"])
+                loss_BT, metrics = opmd_loss(x, tau=knobs["beta"])  # DRO's objective, β = τ
         except ValueError as e:
             raise LossError(f"loss_fn_config for {loss_fn!r}: {e} (Tinker's thresholds are ratio bounds: "
                             "clip_low_threshold <= 1 <= clip_high_threshold)") from None

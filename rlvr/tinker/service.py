@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from rlvr.tinker.losses import LossError
 from rlvr.tinker.wire import Datum, Invalid, Sequence
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class Session:
 
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
 def _checked_name(name: str) -> str:
@@ -126,7 +128,8 @@ def _checked_name(name: str) -> str:
 class TinkerService:
     """The service's state and its worker thread (see the module docstring)."""
 
-    def __init__(self, models: list[str], root: Path, *, dtype: str = "auto", device: str = "cpu", seed: int = 0,
+    def __init__(self, models: list[str], root: Path, *, dtype: str | torch.dtype = "auto", device: str = "cpu",
+                 seed: int = 0,
                  max_batch_size: int = 64, session_timeout: float = 600.0, snapshots: int = 4,
                  max_new_tokens: int = 1024) -> None:
         from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_device, \
@@ -135,7 +138,8 @@ class TinkerService:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        # a torch dtype passes through: float64, for tests that compare with an exact reference
+        self.dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, self.device)
         self.seed = seed
         self.max_batch_size = max_batch_size
         self.session_timeout = session_timeout
@@ -202,7 +206,7 @@ class TinkerService:
                             "tinker://<model_id>/sampler_weights/<name>)")
         model_id, kind, name = m.groups()
         _checked_name(name)
-        if not _NAME.match(model_id):
+        if not _MODEL_ID.match(model_id):
             raise UserError(f"{tinker_path!r}: bad model id")
         return model_id, kind, self.root / model_id / kind / name
 
@@ -295,7 +299,7 @@ class TinkerService:
             waiters = self._waiters.pop(request_id, [])
             self.completed += 1
         for loop, future in waiters:
-            loop.call_soon_threadsafe(lambda f=future: f.done() or f.set_result(None))
+            loop.call_soon_threadsafe(_wake_up, future)
 
     def _work(self) -> None:
         while True:
@@ -315,7 +319,7 @@ class TinkerService:
             try:
                 if len(batch) > 1 or job.run_batch is not None:
                     assert job.run_batch is not None
-                    outcomes = [_outcome_of(lambda v=v: v) for v in job.run_batch(batch)]
+                    outcomes = [Outcome(body=body) for body in job.run_batch(batch)]
                 else:
                     outcomes = [_outcome_of(job.run)]
             except Exception as e:  # noqa: BLE001 - the whole batch failed: each of its futures says so
@@ -358,7 +362,9 @@ class TinkerService:
                 p.requires_grad_(True)
         model.eval()  # no dropout: a forward is a function of the weights
         learner = Learner(model, lr=1e-4, betas=(0.9, 0.95), grad_clip=0.0)
-        model_id = model_id or f"model-{uuid.uuid4().hex[:12]}"
+        model_id = model_id or f"{session_id}:train:{uuid.uuid4().hex[:8]}"
+        if model_id in self.trainers:
+            raise UserError(f"training model {model_id} exists already (model_seq_id reused in this session)")
         trainer = Trainer(model_id, session_id, base, lora, model, learner, metadata=dict(metadata or {}))
         with self._lock:
             self.trainers[model_id] = trainer
@@ -376,7 +382,7 @@ class TinkerService:
                          forward_only: bool) -> tuple[list[dict[str, Any]], dict[str, float]]:
         """Each datum's outputs (its target tokens' ``logprobs``, ...) and the metrics; unless
         ``forward_only``, the loss's gradient is added to the model's (until `optim_step`)."""
-        from rlvr.tinker.losses import check_inputs, tinker_loss
+        from rlvr.tinker.losses import check_inputs, tinker_loss  # noqa: PLC0415 - torch-heavy, at first use
 
         t = self.trainer(model_id)
         if not data:
@@ -685,7 +691,7 @@ def datum_logprobs(model: Any, data: list[Datum]) -> list[torch.Tensor]:
         rows.append(hidden_BTH[i, : len(d.tokens)].repeat_interleave(k, dim=0))
         targets.append(torch.as_tensor(t.reshape(-1), dtype=torch.long))
     logprobs_N, _ = _head_logprobs(lm, torch.cat(rows), torch.cat(targets).to(device), 1.0, 256)
-    return list(torch.split(logprobs_N.float(), [len(t) for t in targets]))
+    return list(torch.split(logprobs_N, [len(t) for t in targets]))  # fp32 at least (fp64 for a fp64 model)
 
 
 @torch.no_grad()
@@ -698,6 +704,11 @@ def prompt_logprobs(model: Any, prompt: list[int]) -> list[float | None]:
     return [None, *scored.tolist()]
 
 
+def _wake_up(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _outcome_of(run: Callable[[], Any]) -> Outcome:
     try:
         body = run()
@@ -707,7 +718,7 @@ def _outcome_of(run: Callable[[], Any]) -> Outcome:
 
 
 def _failure(e: BaseException) -> Outcome:
-    if isinstance(e, (UserError, Invalid)):
+    if isinstance(e, (UserError, Invalid, LossError)):
         return Outcome(error=str(e), category="user")
     log.error("a request failed: %s", "".join(traceback.format_exception(type(e), e, e.__traceback__)))
     return Outcome(error=f"the service failed: {type(e).__name__}: {e}", category="server")

@@ -51,7 +51,7 @@ class ForwardBackward:
 
 
 def _dtype(pb: Any, code: int, where: str) -> np.dtype:
-    known = {pb.DTYPE_FLOAT32: np.dtype("<f4"), pb.DTYPE_INT64: np.dtype("<i8"), pb.DTYPE_INT32: np.dtype("<i4")}
+    known: dict[int, np.dtype] = {pb.DTYPE_FLOAT32: np.dtype("<f4"), pb.DTYPE_INT64: np.dtype("<i8"), pb.DTYPE_INT32: np.dtype("<i4")}
     if code not in known:
         raise Invalid(f"{where}: tensor dtype {code} is not one of float32, int64, int32")
     return known[code]
