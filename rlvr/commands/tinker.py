@@ -14,7 +14,7 @@ def run(args: argparse.Namespace) -> int:
         import_extra(module, f"rlvr tinker needs {module}: pip install 'rlvr[tinker]'")
     from rlvr.serve.server import is_loopback
     from rlvr.tinker.server import serve_forever
-    from rlvr.tinker.service import TinkerService
+    from rlvr.tinker.service import TinkerService, write_hub_aliases
 
     api_key = args.api_key or None
     if api_key is not None and not api_key.startswith("tml-"):
@@ -28,8 +28,12 @@ def run(args: argparse.Namespace) -> int:
     url = f"http://{args.host}:{args.port}"
     names = "\n".join(f"  {b.name}" + (f"   (also: {', '.join(a for a in b.aliases if a != b.name)})"
                                        if len(b.aliases) > 1 else "") for b in service.bases.values())
+    hf_home = Path(args.root).resolve() / "hf-home"
+    aliases = write_hub_aliases(list(service.bases.values()), hf_home)
+    hub = (f" HF_HOME={hf_home} HF_HUB_OFFLINE=1   (so that {', '.join(aliases)} finds its tokenizer offline)"
+           if aliases else "")
     print(f"rlvr tinker at {url}  (checkpoints in {Path(args.root).resolve()})\nbase models:\n{names}\n"
-          f"clients: TINKER_BASE_URL={url} TINKER_API_KEY={api_key or 'tml-local'} "
-          "(any key starting tml- when the service has none)", file=sys.stderr, flush=True)
+          f"clients: TINKER_BASE_URL={url} TINKER_API_KEY={api_key or 'tml-local'}{hub}\n"
+          "(any key starting tml- works when the service has none)", file=sys.stderr, flush=True)
     serve_forever(service, host=args.host, port=args.port, api_key=api_key)
     return 0

@@ -147,12 +147,14 @@ class TinkerService:
         self.bases: dict[str, Base] = {}
         self._engines: dict[str, tuple[Any, dict[str, torch.Tensor]]] = {}
         self._loaded: dict[str, str] = {}  # base name -> the weights its engine holds now
-        for spec in models:
-            path = str(Path(resolve_model_path(spec)).resolve()) if not spec.startswith(("http:", "https:")) else spec
+        for given in models:
+            alias, _, spec = given.rpartition("=") if "=" in given else ("", "", given)
+            path = str(Path(resolve_model_path(spec)).resolve())
             tokenizer = load_tokenizer(path)
             model = load_model(path, dtype=self.dtype, device=self.device)
-            base = Base(name=path, aliases=tuple(dict.fromkeys((spec, path))), tokenizer=tokenizer,
-                        eos_token_ids=eos_token_ids(model, tokenizer), context_length=context_length(model))
+            base = Base(name=path, aliases=tuple(a for a in dict.fromkeys((alias, spec, path)) if a),
+                        tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
+                        context_length=context_length(model))
             self.bases[path] = base
             self._engines[path] = (self._engine(model, tokenizer, base.eos_token_ids),
                                    {k: v.detach().clone() for k, v in model.state_dict().items()})
@@ -365,18 +367,22 @@ class TinkerService:
         model_id = model_id or f"{session_id}:train:{uuid.uuid4().hex[:8]}"
         if model_id in self.trainers:
             raise UserError(f"training model {model_id} exists already (model_seq_id reused in this session)")
-        trainer = Trainer(model_id, session_id, base, lora, model, learner, metadata=dict(metadata or {}))
+        trainer = Trainer(model_id, session_id, base, lora, model, learner,
+                          metadata={**(metadata or {}), "rlvr_base_model": base_name})
         with self._lock:
             self.trainers[model_id] = trainer
             session.models.append(model_id)
         return trainer
 
     def info(self, model_id: str) -> dict[str, Any]:
+        """The model's name as its client gave it (what the client's sampling clients then name it),
+        and its tokenizer as the local folder (the client's get_tokenizer loads that offline)."""
         t = self.trainer(model_id)
+        name = t.metadata.get("rlvr_base_model", t.base.name)
         return {"type": "get_info", "model_id": model_id,
-                "model_data": {"arch": type(t.model).__name__, "model_name": t.base.name, "tokenizer_id": t.base.name},
+                "model_data": {"arch": type(t.model).__name__, "model_name": name, "tokenizer_id": t.base.name},
                 "is_lora": t.lora is not None, "lora_rank": None if t.lora is None else int(t.lora["rank"]),
-                "model_name": t.base.name}
+                "model_name": name}
 
     def forward_backward(self, model_id: str, data: list[Datum], loss_fn: str, config: dict[str, float | str],
                          forward_only: bool) -> tuple[list[dict[str, Any]], dict[str, float]]:
@@ -620,6 +626,34 @@ class TinkerService:
             prompt_lp = prompt_logprobs(engine.model, r["prompt"]) if r.get("prompt_logprobs") else None
             out.append((sequences, prompt_lp))
         return out
+
+
+def write_hub_aliases(bases: list[Base], hf_home: Path) -> list[str]:
+    """For each alias shaped like a hub id (``org/name``), a Hugging Face hub cache entry under
+    ``hf_home`` whose files are the served model's (symlinks, weights left out): with
+    ``HF_HOME=hf_home HF_HUB_OFFLINE=1``, ``AutoTokenizer.from_pretrained(alias)`` (the cookbook's
+    and the client's tokenizer lookups) loads the served model's tokenizer without a network. A
+    separate folder, so the user's own hub cache never holds a stand-in. Returns the aliases."""
+    written = []
+    for base in bases:
+        folder = Path(base.name)
+        for alias in base.aliases:
+            if alias.count("/") != 1 or alias.startswith((".", "/", "~")) or Path(alias).exists():
+                continue
+            repo = hf_home / "hub" / ("models--" + alias.replace("/", "--"))
+            revision = "0" * 39 + "1"
+            snapshot = repo / "snapshots" / revision
+            snapshot.mkdir(parents=True, exist_ok=True)
+            (repo / "refs").mkdir(exist_ok=True)
+            (repo / "refs" / "main").write_text(revision)
+            for f in folder.iterdir():
+                if f.is_file() and f.suffix != ".safetensors" and f.name != "meta.json":
+                    link = snapshot / f.name
+                    if link.is_symlink() or link.exists():
+                        link.unlink()
+                    link.symlink_to(f)
+            written.append(alias)
+    return written
 
 
 def _kind(lora: dict[str, Any] | None) -> str:

@@ -121,9 +121,8 @@ def parse_forward_backward(body: bytes, content_encoding: str | None = None) -> 
                 raise Invalid(f"data[{i}].model_input[{j}] is a {kind or 'empty'} chunk: rlvr tinker takes token "
                               "chunks only (images and audio are not supported)")
             tokens += _buffer(chunk.encoded_text.tokens, np.dtype("<i4"), f"data[{i}].model_input[{j}]").tolist()
-        if d.model_input_spans or d.loss_fn_input_spans:
-            raise Invalid(f"data[{i}] names sampled sequences (provenance spans, for stable_reinforce): rlvr tinker "
-                          "does not record them")
+        # provenance spans (which sampled sequence each token came from) serve stable_reinforce only,
+        # which is refused; every other loss reads the tensors alone, so the spans are not read
         inputs = {name: tensor(pb, t, f"data[{i}].loss_fn_inputs[{name!r}]") for name, t in d.loss_fn_inputs.items()}
         data.append(Datum(tokens, inputs))
     return ForwardBackward(msg.model_id, int(msg.seq_id), msg.loss_fn, config, bool(msg.forward_only), data)
