@@ -24,6 +24,7 @@ EXAMPLES = """examples:
   rlvr dpo --config configs/demo.toml dpo.data=pairs.jsonl dpo.beta=0.1
   rlvr sample --model runs/demo/checkpoints/step_000030 "What is 3 + 4?"
   rlvr serve --model runs/demo --port 8000    # OpenAI-compatible, at http://127.0.0.1:8000/v1
+  rlvr tinker --port 8000                     # the Tinker training API (tinker client, tinker-cookbook)
   rlvr tasks
   rlvr config            # every config key with its default and meaning
   rlvr sandbox run solution.py --stdin input.txt --timeout 5

@@ -442,3 +442,31 @@ def test_a_killed_client_leaves_the_service_healthy_and_its_session_ends(server:
         assert tc.model_id in service.trainers
     finally:
         service.session_timeout = saved
+
+
+def test_forward_backward_custom_gradient_is_the_custom_loss_gradient(server64: Any) -> None:
+    """The client runs the custom loss on the forward's log-probs and sends back its gradient as
+    cross_entropy weights: the service's gradient must be the custom loss's, exactly (float64)."""
+    client = tinker.ServiceClient(base_url=server64.base_url, api_key="tml-test")
+    tc = client.create_lora_training_client(base_model=_base_name(server64), rank=2, seed=5).result()
+    ids = tc.get_tokenizer().encode("A custom loss runs in the client.")
+    datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                        loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})
+
+    def squared(data: list[Any], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        loss = sum((lp ** 2).sum() for lp in logprobs)
+        return loss, {"squared": float(loss)}
+
+    result = tc.forward_backward_custom([datum], squared).result()
+    trainer = server64.service.trainers[tc.model_id]
+    got = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.model.zero_grad(set_to_none=True)
+    lp = _hf_logprobs(trainer.model, ids[:-1], ids[1:])
+    ref_loss = (lp ** 2).sum()
+    ref_loss.backward()
+    assert result.metrics["loss:sum"] == pytest.approx(float(ref_loss.detach()), rel=1e-6)
+    for name, g in got.items():
+        ref = dict(trainer.model.named_parameters())[name].grad
+        # the log-probs and the loss's gradient cross the wire as float32: 6e-8 relative each
+        assert float((g - ref).norm()) <= 1e-6 * float(ref.norm()) + 1e-15, name
+    trainer.model.zero_grad(set_to_none=True)

@@ -59,6 +59,30 @@ def serve_forever(served: Served, *, host: str = "127.0.0.1", port: int = 8000, 
     uvicorn.run(app, host=host, port=port, log_level="info")  # the app bounds requests in flight (429), not uvicorn
 
 
+class ThreadedApp:
+    """An ASGI app served by uvicorn in a daemon thread, on a free port of ``host``; `close` stops it."""
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", timeout: float = 30.0, name: str = "rlvr-serve") -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, 0))
+        self.port = int(self._socket.getsockname()[1])
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, name=name,
+                                        daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server ({name}) did not start on port {self.port}")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self._socket.close()
+
+
 class BackgroundServer:
     """The server in a daemon thread on a free port of the loopback address: for a trainer that
     hands its URL to agents, and for tests. Use as a context manager, or call `close`."""
@@ -66,26 +90,12 @@ class BackgroundServer:
     def __init__(self, served: Served, *, limits: Limits = Limits(), api_key: str | None = None,
                  recorder: Recorder | None = None, host: str = "127.0.0.1", timeout: float = 30.0) -> None:
         self.app = create_app(served, limits=limits, api_key=api_key, recorder=recorder)
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, 0))
-        self.port = int(self._socket.getsockname()[1])
+        self._threaded = ThreadedApp(self.app, host=host, timeout=timeout)
+        self.port = self._threaded.port
         self.base_url = f"http://{host}:{self.port}/v1"
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
-                                        name="rlvr-serve", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the rlvr server did not start on port {self.port}")
-            time.sleep(0.01)
 
     def close(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=30)
-        self._socket.close()
+        self._threaded.close()
 
     def __enter__(self) -> BackgroundServer:
         return self

@@ -37,8 +37,15 @@ from typing import Any
 
 import torch
 
-from rlvr.tinker.losses import LossError
+from rlvr.lora import apply_lora, causal_lm, is_lora, merged_state_dict, save_merged
+from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype, \
+    resolve_model_path
+from rlvr.rollout.build import make_engine
+from rlvr.tinker.losses import LossError, check_inputs, tinker_loss
 from rlvr.tinker.wire import Datum, Invalid, Sequence
+from rlvr.train.learner import Learner
+from rlvr.train.logprobs import _head_logprobs
+from rlvr.types import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +139,6 @@ class TinkerService:
                  seed: int = 0,
                  max_batch_size: int = 64, session_timeout: float = 600.0, snapshots: int = 4,
                  max_new_tokens: int = 1024) -> None:
-        from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_device, \
-            resolve_dtype, resolve_model_path
-
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.device = resolve_device(device)
@@ -159,7 +163,6 @@ class TinkerService:
             self._engines[path] = (self._engine(model, tokenizer, base.eos_token_ids),
                                    {k: v.detach().clone() for k, v in model.state_dict().items()})
             self._loaded[path] = "base"
-        self._load_model = load_model
         self.sessions: dict[str, Session] = {}
         self.trainers: dict[str, Trainer] = {}
         self.samplers: dict[str, Sampler] = {}
@@ -180,8 +183,6 @@ class TinkerService:
     # --- names ---------------------------------------------------------------------------
 
     def _engine(self, model: Any, tokenizer: Any, eos: list[int]) -> Any:
-        from rlvr.rollout.build import make_engine
-
         return make_engine("embedded", tokenizer, eos_token_ids=eos, dtype=self.dtype, model=model, seed=self.seed,
                            max_batch_size=self.max_batch_size)
 
@@ -341,12 +342,9 @@ class TinkerService:
                      metadata: dict[str, Any] | None = None, model_id: str | None = None) -> Trainer:
         """A training model on ``base_name``: LoRA adapters as ``lora`` says (rank, seed,
         train_mlp, train_attn, train_unembed), or full fine-tuning when ``lora`` is None."""
-        from rlvr.lora import apply_lora
-        from rlvr.train.learner import Learner
-
         session = self._session(session_id)
         base = self.base(base_name)
-        model = self._load_model(base.name, dtype=self.dtype, device=self.device)
+        model = load_model(base.name, dtype=self.dtype, device=self.device)
         if lora is not None:
             rank = int(lora.get("rank", 0))
             if rank < 1:
@@ -388,8 +386,6 @@ class TinkerService:
                          forward_only: bool) -> tuple[list[dict[str, Any]], dict[str, float]]:
         """Each datum's outputs (its target tokens' ``logprobs``, ...) and the metrics; unless
         ``forward_only``, the loss's gradient is added to the model's (until `optim_step`)."""
-        from rlvr.tinker.losses import check_inputs, tinker_loss  # noqa: PLC0415 - torch-heavy, at first use
-
         t = self.trainer(model_id)
         if not data:
             raise UserError("forward_backward: data is empty")
@@ -423,8 +419,6 @@ class TinkerService:
     def save_state(self, model_id: str, name: str, metadata: dict[str, str] | None = None) -> str:
         """``tinker://<model_id>/weights/<name>``: the trainable weights (the adapter, or the whole
         model), the optimizer's state, and what `load_state` needs to rebuild the model."""
-        from rlvr.lora import is_lora
-
         t = self.trainer(model_id)
         folder = self.root / model_id / "weights" / _checked_name(name)
         tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:6]}")
@@ -457,8 +451,6 @@ class TinkerService:
         the checkpoint must be of the same kind (LoRA of the same rank and targets, or full)."""
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
-
-        from rlvr.lora import is_lora
 
         t = self.trainer(model_id)
         _, kind, folder = self._path(tinker_path)
@@ -493,8 +485,6 @@ class TinkerService:
     def save_for_sampler(self, model_id: str, name: str | None) -> str:
         """A named checkpoint for sampling (a plain model folder; returns its tinker path), or with
         no name an in-memory snapshot (returns a sampling session's id)."""
-        from rlvr.lora import merged_state_dict, save_merged
-
         t = self.trainer(model_id)
         if name is None:
             snapshot = {k: v.detach().clone() for k, v in merged_state_dict(t.model).items()}
@@ -593,8 +583,6 @@ class TinkerService:
         """Sample every request (prompt tokens, num_samples, sampling params, prompt_logprobs) on
         one sampling session in one engine call: each request's sequences, and its prompt's
         log-probs where asked."""
-        from rlvr.types import SamplingParams
-
         sampler = self.sampler(sampler_id)
         engine = self._engine_for(sampler)
         first = requests[0]
@@ -661,8 +649,6 @@ def _kind(lora: dict[str, Any] | None) -> str:
 
 
 def _vocab_size(model: Any) -> int:
-    from rlvr.lora import causal_lm
-
     return int(causal_lm(model).get_output_embeddings().weight.shape[0])
 
 
@@ -706,9 +692,6 @@ def datum_logprobs(model: Any, data: list[Datum]) -> list[torch.Tensor]:
     """log p(target_tokens[i] | tokens[:i+1]) for every position of every datum, flattened (K per
     position where the targets are [N, K]), with gradient when grad is enabled: the learner's LM
     head in chunks (rlvr.train.logprobs) on the trunk's hidden states."""
-    from rlvr.lora import causal_lm
-    from rlvr.train.logprobs import _head_logprobs
-
     lm = causal_lm(model)
     device = next(model.parameters()).device
     lengths = [len(d.tokens) for d in data]
