@@ -115,7 +115,9 @@ def _add_tinker(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
     t.add_argument("--seed", type=int, default=0, help="the engine's random stream (requests without a seed)")
     t.add_argument("--max-batch-size", type=int, default=64, help="sequences the engine samples at once")
     t.add_argument("--max-tokens", type=int, default=1024, help="max_tokens of a sample request that sets none")
-    t.add_argument("--snapshots", type=int, default=4,
+    t.add_argument("--micro-batch-tokens", type=int, default=1024,
+                   help="padded tokens per forward/backward pass (a request is split; its gradient is unchanged)")
+    t.add_argument("--snapshots", type=int, default=2,
                    help="unnamed sampler snapshots (save_weights_and_get_sampling_client) kept in memory")
     t.add_argument("--session-timeout", type=float, default=600.0,
                    help="seconds without a heartbeat before a client's session ends and its models are dropped")

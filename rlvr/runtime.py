@@ -97,7 +97,9 @@ def resident_bytes() -> int | None:
         return None
 
 
-def _malloc_trim() -> bool:
+def give_back_freed_memory() -> bool:
+    """Return the free pages of the heap to the system (glibc's malloc_trim(0)); False where there is
+    none to give, or no glibc."""
     trim = getattr(_libc(), "malloc_trim", None)  # glibc's; None elsewhere
     return bool(trim(0)) if trim is not None else False
 
@@ -112,7 +114,7 @@ class HeapWatch:
     `keep_freed_memory` turned trimming off, or where glibc or /proc is missing."""
 
     def __init__(self, settle: int = 3, grow_bytes: int = 1 << 30, grow_fraction: float = 0.5,
-                 trim: Callable[[], bool] = _malloc_trim, resident: Callable[[], int | None] = resident_bytes,
+                 trim: Callable[[], bool] = give_back_freed_memory, resident: Callable[[], int | None] = resident_bytes,
                  active: bool | None = None) -> None:
         self.settle, self.grow_bytes, self.grow_fraction = settle, grow_bytes, grow_fraction
         self.trim, self.resident = trim, resident

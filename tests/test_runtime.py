@@ -129,4 +129,4 @@ def test_the_heap_watch_only_reports_where_malloc_tuning_is_off_or_proc_is_missi
 def test_the_heap_watch_reads_this_process_and_trims_for_real() -> None:
     size = runtime.resident_bytes()
     assert size is not None and 10**7 < size < 10**12  # a Python process with torch's tests loaded
-    assert isinstance(runtime._malloc_trim(), bool)  # glibc's malloc_trim ran (False: nothing to give)
+    assert isinstance(runtime.give_back_freed_memory(), bool)  # glibc's malloc_trim ran (False: nothing to give)

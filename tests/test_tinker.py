@@ -470,3 +470,35 @@ def test_forward_backward_custom_gradient_is_the_custom_loss_gradient(server64: 
         # the log-probs and the loss's gradient cross the wire as float32: 6e-8 relative each
         assert float((g - ref).norm()) <= 1e-6 * float(ref.norm()) + 1e-15, name
     trainer.model.zero_grad(set_to_none=True)
+
+
+def test_micro_batches_leave_the_gradient_and_metrics_unchanged(server64: Any) -> None:
+    """A request split into micro-batches (bounded memory) adds up to the same sum: float64, so
+    only the summation order differs."""
+    client = tinker.ServiceClient(base_url=server64.base_url, api_key="tml-test")
+    tc = client.create_lora_training_client(base_model=_base_name(server64), rank=2, seed=9).result()
+    rng = np.random.default_rng(1)
+    data = []
+    for n in (9, 14, 6):
+        ids = rng.integers(5, 500, size=n + 1).tolist()
+        data.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                                loss_fn_inputs={"target_tokens": ids[1:], "logprobs": rng.normal(size=n) - 3.0,
+                                                "advantages": rng.normal(size=n)}))
+    service, trainer = server64.service, server64.service.trainers[tc.model_id]
+    runs = []
+    saved = service.micro_batch_tokens
+    try:
+        for budget in (10_000, 12):  # one pass; one datum per pass
+            service.micro_batch_tokens = budget
+            result = tc.forward_backward(data, "ppo").result()
+            runs.append((result, {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}))
+            trainer.model.zero_grad(set_to_none=True)
+    finally:
+        service.micro_batch_tokens = saved
+    (one, g1), (split, g2) = runs
+    assert split.metrics["loss:sum"] == pytest.approx(one.metrics["loss:sum"], rel=1e-6)
+    assert split.metrics["clip_fraction:mean"] == pytest.approx(one.metrics["clip_fraction:mean"], abs=1e-7)
+    for a, b in zip(one.loss_fn_outputs, split.loss_fn_outputs):
+        np.testing.assert_allclose(a["logprobs"].to_numpy(), b["logprobs"].to_numpy(), rtol=1e-6)
+    for name in g1:
+        assert float((g1[name] - g2[name]).norm()) <= 1e-10 * float(g1[name].norm()) + 1e-15, name

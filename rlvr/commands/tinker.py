@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
               "(pass --api-key tml-... or set RLVR_TINKER_API_KEY)", file=sys.stderr)
     service = TinkerService(args.model, Path(args.root), dtype=args.dtype, device=args.device, seed=args.seed,
                             max_batch_size=args.max_batch_size, session_timeout=args.session_timeout,
-                            snapshots=args.snapshots, max_new_tokens=args.max_tokens)
+                            snapshots=args.snapshots, max_new_tokens=args.max_tokens,
+                            micro_batch_tokens=args.micro_batch_tokens)
     url = f"http://{args.host}:{args.port}"
     names = "\n".join(f"  {b.name}" + (f"   (also: {', '.join(a for a in b.aliases if a != b.name)})"
                                        if len(b.aliases) > 1 else "") for b in service.bases.values())

@@ -123,7 +123,11 @@ def create_app(service: TinkerService, api_key: str | None = None) -> FastAPI:
         return {"type": "session_heartbeat"}
 
     @app.post("/api/v1/sessions/{session_id}/finish")
-    async def finish(session_id: str) -> dict[str, Any]:
+    async def finish(session_id: str, request: Request) -> dict[str, Any]:
+        body = await _json(request)
+        reason = body.get("reason", {}).get("type", "finished") if isinstance(body, dict) else "finished"
+        # after the session's queued work: a client that closes right after its last call keeps it
+        service.submit(lambda: service.end_session(session_id, f"its client closed it: {reason}"))
         return {}
 
     # --- training ----------------------------------------------------------------------

@@ -22,6 +22,7 @@ checkpoints and futures of the Tinker API, on rlvr's own parts.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import re
@@ -41,10 +42,11 @@ from rlvr.lora import apply_lora, causal_lm, is_lora, merged_state_dict, save_me
 from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype, \
     resolve_model_path
 from rlvr.rollout.build import make_engine
+from rlvr.runtime import HeapWatch, give_back_freed_memory
 from rlvr.tinker.losses import LossError, check_inputs, tinker_loss
 from rlvr.tinker.wire import Datum, Invalid, Sequence
 from rlvr.train.learner import Learner
-from rlvr.train.logprobs import _head_logprobs
+from rlvr.train.logprobs import _head_logprobs, token_budget_batches
 from rlvr.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -137,8 +139,8 @@ class TinkerService:
 
     def __init__(self, models: list[str], root: Path, *, dtype: str | torch.dtype = "auto", device: str = "cpu",
                  seed: int = 0,
-                 max_batch_size: int = 64, session_timeout: float = 600.0, snapshots: int = 4,
-                 max_new_tokens: int = 1024) -> None:
+                 max_batch_size: int = 64, session_timeout: float = 600.0, snapshots: int = 2,
+                 max_new_tokens: int = 1024, micro_batch_tokens: int = 1024) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.device = resolve_device(device)
@@ -148,6 +150,8 @@ class TinkerService:
         self.max_batch_size = max_batch_size
         self.session_timeout = session_timeout
         self.max_new_tokens = max_new_tokens
+        self.micro_batch_tokens = micro_batch_tokens
+        self._heap = HeapWatch()
         self.bases: dict[str, Base] = {}
         self._engines: dict[str, tuple[Any, dict[str, torch.Tensor]]] = {}
         self._loaded: dict[str, str] = {}  # base name -> the weights its engine holds now
@@ -234,17 +238,28 @@ class TinkerService:
         client): their training models and samplers are dropped, their checkpoints kept."""
         now = time.monotonic()
         with self._lock:
-            gone = [s for s in self.sessions.values() if now - s.last_seen > self.session_timeout]
-            for s in gone:
-                del self.sessions[s.session_id]
-                for model_id in s.models:
-                    self.trainers.pop(model_id, None)
-                for sampler_id in s.samplers:
-                    self.samplers.pop(sampler_id, None)
-        for s in gone:
-            log.warning("session %s sent no heartbeat for %.0f s: ended (%d training models, %d samplers dropped)",
-                        s.session_id, self.session_timeout, len(s.models), len(s.samplers))
-        return [s.session_id for s in gone]
+            gone = [s.session_id for s in self.sessions.values() if now - s.last_seen > self.session_timeout]
+        for session_id in gone:
+            self.end_session(session_id, f"sent no heartbeat for {self.session_timeout:.0f} s")
+        return gone
+
+    def end_session(self, session_id: str, why: str) -> bool:
+        """Drop the session's training models and samplers (the memory they hold), keeping its
+        checkpoints; False if there is no such session."""
+        with self._lock:
+            session = self.sessions.pop(session_id, None)
+            if session is None:
+                return False
+            for model_id in session.models:
+                self.trainers.pop(model_id, None)
+            for sampler_id in session.samplers:
+                if self.samplers.pop(sampler_id, None) is not None:
+                    self._snapshots.pop(sampler_id, None)
+        gc.collect()
+        give_back_freed_memory()  # a whole model's memory freed: give it back (rlvr.runtime keeps freed memory otherwise)
+        log.info("session %s ended (%s): %d training models and %d samplers dropped", session_id, why,
+                 len(session.models), len(session.samplers))
+        return True
 
     def _session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
@@ -385,17 +400,36 @@ class TinkerService:
     def forward_backward(self, model_id: str, data: list[Datum], loss_fn: str, config: dict[str, float | str],
                          forward_only: bool) -> tuple[list[dict[str, Any]], dict[str, float]]:
         """Each datum's outputs (its target tokens' ``logprobs``, ...) and the metrics; unless
-        ``forward_only``, the loss's gradient is added to the model's (until `optim_step`)."""
+        ``forward_only``, the loss's gradient is added to the model's (until `optim_step`).
+
+        Micro-batched (``micro_batch_tokens`` padded tokens each, rlvr's learner's default):
+        Tinker's losses are sums over datums, so the micro-batches' gradients add up to the
+        request's exactly, while the activations held for a backward stay bounded (64 datums of
+        70 tokens in one pass held 7 GB on the bundled model)."""
         t = self.trainer(model_id)
         if not data:
             raise UserError("forward_backward: data is empty")
         check_inputs(loss_fn, data, t.base.tokenizer, _vocab_size(t.model), t.base.context_length)
-        with torch.set_grad_enabled(not forward_only):
-            logprobs = datum_logprobs(t.model, data)
-            loss, metrics, outputs = tinker_loss(loss_fn, logprobs, data, config)
-            if not forward_only:
-                loss.backward()
-        return outputs, metrics
+        outputs: list[dict[str, Any]] = []
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        for micro in token_budget_batches([len(d.tokens) for d in data], self.micro_batch_tokens):
+            part = [data[i] for i in micro]
+            with torch.set_grad_enabled(not forward_only):
+                loss, metrics, outs = tinker_loss(loss_fn, datum_logprobs(t.model, part), part, config)
+                if not forward_only:
+                    loss.backward()
+            outputs += outs
+            tokens = float(sum(len(d.tokens) for d in part))
+            for k, v in metrics.items():  # sums add, maxima take the max, means weigh by tokens
+                if k.endswith(":sum"):
+                    sums[k] = sums.get(k, 0.0) + v
+                elif k.endswith(":max"):
+                    sums[k] = max(sums.get(k, v), v)
+                else:
+                    sums[k] = sums.get(k, 0.0) + v * tokens
+                    weights[k] = weights.get(k, 0.0) + tokens
+        return outputs, {k: v / weights[k] if k in weights else v for k, v in sums.items()}
 
     def optim_step(self, model_id: str, adam: dict[str, Any]) -> dict[str, float]:
         t = self.trainer(model_id)
@@ -412,6 +446,7 @@ class TinkerService:
         learner.grad_clip = float(adam.get("grad_clip_norm", 0.0))
         norm = learner.step()
         t.steps += 1
+        self._heap.after_step()  # fragmentation from many shapes: trimmed when the heap grows past its baseline
         return {"grad_norm:mean": norm, "learning_rate:mean": lr}
 
     # --- checkpoints --------------------------------------------------------------------
