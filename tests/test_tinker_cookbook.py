@@ -18,6 +18,8 @@ pytest.importorskip("tinker")
 pytest.importorskip("tinker_cookbook")
 pytest.importorskip("chz")
 
+pytestmark = pytest.mark.dtype_independent  # every service here pins its dtype
+
 ALIAS = "Qwen/Qwen3-4B-Instruct-2507"
 """A name the cookbook's model table knows (it picks the qwen3_instruct renderer, whose chat format
 is SmolLM2's own ChatML); the service serves the bundled model under it."""

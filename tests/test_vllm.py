@@ -297,3 +297,48 @@ def test_a_vision_language_model_trains_on_vllm(idefics3_dir: Path, tmp_path: Pa
     after = load_file(tmp_path / "vlm" / "checkpoints" / "step_000002" / "model.safetensors")
     moved = {k.split(".")[1] for k in before if not torch.equal(before[k], after[k])}
     assert {"vision_model", "connector", "text_model"} <= moved, moved
+
+
+def test_rlvr_tinker_samples_on_vllm_and_follows_the_training(tmp_path: Path) -> None:
+    """`rlvr tinker --engine vllm`: the real tinker client trains a LoRA model on rlvr's learner and
+    samples it from vLLM, which each sampling session's weights are sent to; vLLM's prompt
+    log-probs agree with the learner's forward to fp32 rounding, and the base model's session
+    switches vLLM back to the base weights."""
+    from tests.conftest import need_vllm
+
+    need_vllm()
+    tinker = pytest.importorskip("tinker")
+    from tinker import types
+
+    from rlvr.rollout.probe import tolerance
+    from rlvr.tinker.server import BackgroundTinker
+
+    with BackgroundTinker(["builtin:smollm2-135m-instruct"], tmp_path, dtype="float32", engine="vllm",
+                          vllm_kwargs={"enforce_eager": True, "max_model_len": 512,
+                                       "kv_cache_memory_bytes": 2**28}) as srv:
+        client = tinker.ServiceClient(base_url=srv.base_url, api_key="tml-test")
+        name = next(iter(srv.service.bases))
+        tc = client.create_lora_training_client(base_model=name, rank=8, seed=0).result()
+        tok = tc.get_tokenizer()
+        prompt, answer = tok.encode("The secret word is"), tok.encode(" zebra.")
+        ids = prompt + answer
+        datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                            loss_fn_inputs={"target_tokens": ids[1:],
+                                            "weights": [0.0] * (len(prompt) - 1) + [1.0] * len(answer)})
+        for _ in range(6):
+            tc.forward_backward([datum], "cross_entropy")
+            tc.optim_step(types.AdamParams(learning_rate=5e-3))
+        sampler = tc.save_weights_and_get_sampling_client()
+        out = sampler.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=2,
+                             sampling_params=types.SamplingParams(max_tokens=4, temperature=0.0)).result()
+        assert all(tok.decode(s.tokens).startswith(" zebra") for s in out.sequences)
+        full = prompt + list(out.sequences[0].tokens)
+        tuned = sampler.compute_logprobs(types.ModelInput.from_ints(full)).result()
+        fwd = tc.forward([types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                                      loss_fn_inputs={"target_tokens": full[1:]})], "cross_entropy").result()
+        learner = fwd.loss_fn_outputs[0]["logprobs"].to_numpy()
+        gap = sum(abs(a - b) for a, b in zip(tuned[1:], learner)) / len(learner)
+        assert gap <= tolerance(torch.float32), gap
+        base = client.create_sampling_client(base_model=name)
+        before = base.compute_logprobs(types.ModelInput.from_ints(full)).result()
+        assert sum(abs(a - b) for a, b in zip(before[1:], tuned[1:])) / len(learner) > 0.1  # vLLM went back

