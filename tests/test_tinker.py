@@ -504,3 +504,25 @@ def test_micro_batches_leave_the_gradient_and_metrics_unchanged(server64: Any) -
         np.testing.assert_allclose(a["logprobs"].to_numpy(), b["logprobs"].to_numpy(), rtol=1e-6)
     for name in g1:
         assert float((g1[name] - g2[name]).norm()) <= 1e-10 * float(g1[name].norm()) + 1e-15, name
+
+
+def test_full_fine_tuning_trains_saves_and_loads(server: Any) -> None:
+    """A create_model without lora_config (the raw API; the client always sends one) trains every
+    weight, and its checkpoint holds the whole model."""
+    service = server.service
+    session = service.create_session()
+    trainer = service.create_model(session, _base_name(server), None)
+    assert all(p.requires_grad for p in trainer.model.parameters())
+    ids = list(range(200, 230))
+    datum = Datum(ids[:-1], {"target_tokens": np.array(ids[1:]), "weights": np.ones(len(ids) - 1, dtype=np.float32)})
+    first = service.forward_backward(trainer.model_id, [datum], "cross_entropy", {}, False)[1]["loss:sum"]
+    service.optim_step(trainer.model_id, {"learning_rate": 1e-4})
+    path = service.save_state(trainer.model_id, "full")
+    assert (service._path(path)[2] / "model" / "config.json").is_file()
+    second = service.forward_backward(trainer.model_id, [datum], "cross_entropy", {}, True)[1]["loss:sum"]
+    assert second < first
+    other = service.create_model(session, _base_name(server), None)
+    service.load_state(other.model_id, path, optimizer=True)
+    again = service.forward_backward(other.model_id, [datum], "cross_entropy", {}, True)[1]["loss:sum"]
+    assert again == pytest.approx(second, rel=1e-6)
+    assert service.end_session(session, "test") and trainer.model_id not in service.trainers

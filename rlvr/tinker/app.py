@@ -290,8 +290,8 @@ def create_app(service: TinkerService, api_key: str | None = None) -> FastAPI:
         try:
             outcome = await service.wait(req.request_id, POLL_SECONDS)
         except KeyError:
-            raise _Refused(404, f"no request {req.request_id!r} (never submitted, or its result was fetched long ago)") \
-                from None
+            raise _Refused(404, f"no request {req.request_id!r}: never submitted here, its result was fetched long ago, "
+                                "or the service restarted since (its sessions and models are gone)") from None
         if outcome is None:
             return {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
         if outcome.error is not None:
