@@ -23,7 +23,7 @@ from rlvr.tinker.service import Job, TinkerService, UserError
 from rlvr.tinker.wire import Invalid, forward_backward_output, parse_forward_backward, sample_response
 
 PROTO = "application/x-protobuf"
-POLL_SECONDS = 20.0
+POLL_SECONDS = 35.0
 """How long `retrieve_future` holds a request for a result before saying try_again (the client
 waits 45 s for an answer)."""
 
