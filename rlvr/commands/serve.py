@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from rlvr.log.tracking import import_extra
 from rlvr.serve.protocol import Limits
@@ -22,14 +23,20 @@ def run(args: argparse.Namespace) -> int:
     if not is_loopback(args.host) and not args.api_key:
         print(f"warning: serving on {args.host} without an API key: anyone who can reach it can use the model "
               "(pass --api-key or set RLVR_API_KEY)", file=sys.stderr)
-    try:
-        vllm_kwargs = json.loads(args.vllm_kwargs)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--vllm-kwargs is not JSON: {e}") from None
-    if not isinstance(vllm_kwargs, dict):
-        raise SystemExit("--vllm-kwargs must be a JSON object, e.g. '{\"enforce_eager\": true}'")
+    vllm_kwargs = vllm_options(args.vllm_kwargs)
     served = load_served(args.model, name=args.name, dtype=args.dtype, device=args.device, seed=args.seed,
                          max_batch_size=args.max_batch_size, backend=args.engine, vllm_kwargs=vllm_kwargs)
     print(f"serving {served.name!r} at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     serve_forever(served, host=args.host, port=args.port, limits=limits, api_key=args.api_key)
     return 0
+
+
+def vllm_options(text: str) -> dict[str, Any]:
+    """--vllm-kwargs: a JSON object, or the command stops saying what is wrong with it."""
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--vllm-kwargs is not JSON: {e}") from None
+    if not isinstance(options, dict):
+        raise SystemExit("--vllm-kwargs must be a JSON object, e.g. '{\"enforce_eager\": true}'")
+    return options

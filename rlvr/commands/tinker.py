@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from rlvr.log.tracking import import_extra
 def run(args: argparse.Namespace) -> int:
     for module in ("fastapi", "uvicorn", "tinker"):
         import_extra(module, f"rlvr tinker needs {module}: pip install 'rlvr[tinker]'")
+    from rlvr.commands.serve import vllm_options
     from rlvr.serve.server import is_loopback
     from rlvr.tinker.server import serve_forever
     from rlvr.tinker.service import TinkerService, write_hub_aliases
@@ -23,12 +23,7 @@ def run(args: argparse.Namespace) -> int:
     if not is_loopback(args.host) and api_key is None:
         print(f"warning: serving on {args.host} without an API key: anyone who can reach it can train and sample "
               "(pass --api-key tml-... or set RLVR_TINKER_API_KEY)", file=sys.stderr)
-    try:
-        vllm_kwargs = json.loads(args.vllm_kwargs)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--vllm-kwargs is not JSON: {e}") from None
-    if not isinstance(vllm_kwargs, dict):
-        raise SystemExit("--vllm-kwargs must be a JSON object, e.g. '{\"enforce_eager\": true}'")
+    vllm_kwargs = vllm_options(args.vllm_kwargs)
     service = TinkerService(args.model, Path(args.root), dtype=args.dtype, device=args.device, seed=args.seed,
                             max_batch_size=args.max_batch_size, session_timeout=args.session_timeout,
                             snapshots=args.snapshots, max_new_tokens=args.max_tokens,
