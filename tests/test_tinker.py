@@ -526,3 +526,43 @@ def test_full_fine_tuning_trains_saves_and_loads(server: Any) -> None:
     again = service.forward_backward(other.model_id, [datum], "cross_entropy", {}, True)[1]["loss:sum"]
     assert again == pytest.approx(second, rel=1e-6)
     assert service.end_session(session, "test") and trainer.model_id not in service.trainers
+
+
+def test_sampling_runs_in_ray_rollout_workers_and_follows_the_training(tmp_path: Path) -> None:
+    """`rlvr tinker --ray-workers 1`: the service's sampling runs in rlvr's Ray rollout worker
+    actors (rlvr.scaleout), which each session's weights are broadcast to; the client changes
+    nothing. Their samples' log-probs equal the learner's forward to fp32 rounding."""
+    pytest.importorskip("ray")
+    from rlvr.rollout.probe import tolerance
+    from rlvr.tinker.server import BackgroundTinker
+
+    with BackgroundTinker([BUILTIN], tmp_path, dtype="float32", ray_workers=1,
+                          ray_overrides=["dist.ray.timeout_s=120"]) as srv:
+        client = tinker.ServiceClient(base_url=srv.base_url, api_key="tml-test")
+        name = _base_name(srv)
+        tc = client.create_lora_training_client(base_model=name, rank=8, seed=0).result()
+        tok = tc.get_tokenizer()
+        prompt, answer = tok.encode("The secret word is"), tok.encode(" zebra.")
+        ids = prompt + answer
+        datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                            loss_fn_inputs={"target_tokens": ids[1:],
+                                            "weights": [0.0] * (len(prompt) - 1) + [1.0] * len(answer)})
+        for _ in range(6):
+            tc.forward_backward([datum], "cross_entropy")
+            tc.optim_step(types.AdamParams(learning_rate=5e-3))
+        sampler = tc.save_weights_and_get_sampling_client()
+        out = sampler.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=2,
+                             sampling_params=types.SamplingParams(max_tokens=4, temperature=0.0)).result()
+        assert all(tok.decode(s.tokens).startswith(" zebra") for s in out.sequences)
+        full = prompt + list(out.sequences[0].tokens)
+        fwd = tc.forward([types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                                      loss_fn_inputs={"target_tokens": full[1:]})], "cross_entropy").result()
+        learner = fwd.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1:]
+        gap = float(np.mean(np.abs(np.asarray(out.sequences[0].logprobs) - learner)))
+        assert gap <= tolerance(torch.float32), gap  # sampled in the actor, scored here
+        lps = sampler.compute_logprobs(types.ModelInput.from_ints(full)).result()
+        np.testing.assert_allclose(lps[len(prompt):], learner, atol=1e-4)
+        base = client.create_sampling_client(base_model=name)
+        again = base.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=1,
+                            sampling_params=types.SamplingParams(max_tokens=4, temperature=0.0)).result()
+        assert not tok.decode(again.sequences[0].tokens).startswith(" zebra")  # the workers went back to base

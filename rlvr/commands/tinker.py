@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     service = TinkerService(args.model, Path(args.root), dtype=args.dtype, device=args.device, seed=args.seed,
                             max_batch_size=args.max_batch_size, session_timeout=args.session_timeout,
                             snapshots=args.snapshots, max_new_tokens=args.max_tokens,
-                            micro_batch_tokens=args.micro_batch_tokens, engine=args.engine, vllm_kwargs=vllm_kwargs)
+                            micro_batch_tokens=args.micro_batch_tokens, engine=args.engine, vllm_kwargs=vllm_kwargs,
+                            ray_workers=args.ray_workers, ray_overrides=args.ray)
     url = f"http://{args.host}:{args.port}"
     names = "\n".join(f"  {b.name}" + (f"   (also: {', '.join(a for a in b.aliases if a != b.name)})"
                                        if len(b.aliases) > 1 else "") for b in service.bases.values())

