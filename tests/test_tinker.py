@@ -506,6 +506,26 @@ def test_micro_batches_leave_the_gradient_and_metrics_unchanged(server64: Any) -
         assert float((g1[name] - g2[name]).norm()) <= 1e-10 * float(g1[name].norm()) + 1e-15, name
 
 
+def teach_zebra(client: Any, name: str) -> tuple[Any, Any, list[int], Any, Any]:
+    """A LoRA model on ``name`` taught, in 6 steps, that the secret word is zebra; (its training
+    client, tokenizer, the prompt, a sampler of it, two greedy samples), checked to say so."""
+    tc = client.create_lora_training_client(base_model=name, rank=8, seed=0).result()
+    tok = tc.get_tokenizer()
+    prompt, answer = tok.encode("The secret word is"), tok.encode(" zebra.")
+    ids = prompt + answer
+    datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                        loss_fn_inputs={"target_tokens": ids[1:],
+                                        "weights": [0.0] * (len(prompt) - 1) + [1.0] * len(answer)})
+    for _ in range(6):
+        tc.forward_backward([datum], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=5e-3))
+    sampler = tc.save_weights_and_get_sampling_client()
+    out = sampler.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=2,
+                         sampling_params=types.SamplingParams(max_tokens=4, temperature=0.0)).result()
+    assert all(tok.decode(s.tokens).startswith(" zebra") for s in out.sequences)
+    return tc, tok, prompt, sampler, out
+
+
 def test_full_fine_tuning_trains_saves_and_loads(server: Any) -> None:
     """A create_model without lora_config (the raw API; the client always sends one) trains every
     weight, and its checkpoint holds the whole model."""
@@ -540,20 +560,7 @@ def test_sampling_runs_in_ray_rollout_workers_and_follows_the_training(tmp_path:
                           ray_overrides=["dist.ray.timeout_s=120"]) as srv:
         client = tinker.ServiceClient(base_url=srv.base_url, api_key="tml-test")
         name = _base_name(srv)
-        tc = client.create_lora_training_client(base_model=name, rank=8, seed=0).result()
-        tok = tc.get_tokenizer()
-        prompt, answer = tok.encode("The secret word is"), tok.encode(" zebra.")
-        ids = prompt + answer
-        datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                            loss_fn_inputs={"target_tokens": ids[1:],
-                                            "weights": [0.0] * (len(prompt) - 1) + [1.0] * len(answer)})
-        for _ in range(6):
-            tc.forward_backward([datum], "cross_entropy")
-            tc.optim_step(types.AdamParams(learning_rate=5e-3))
-        sampler = tc.save_weights_and_get_sampling_client()
-        out = sampler.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=2,
-                             sampling_params=types.SamplingParams(max_tokens=4, temperature=0.0)).result()
-        assert all(tok.decode(s.tokens).startswith(" zebra") for s in out.sequences)
+        tc, tok, prompt, sampler, out = teach_zebra(client, name)
         full = prompt + list(out.sequences[0].tokens)
         fwd = tc.forward([types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
                                       loss_fn_inputs={"target_tokens": full[1:]})], "cross_entropy").result()

@@ -312,26 +312,14 @@ def test_rlvr_tinker_samples_on_vllm_and_follows_the_training(tmp_path: Path) ->
 
     from rlvr.rollout.probe import tolerance
     from rlvr.tinker.server import BackgroundTinker
+    from tests.test_tinker import teach_zebra
 
     with BackgroundTinker(["builtin:smollm2-135m-instruct"], tmp_path, dtype="float32", engine="vllm",
                           vllm_kwargs={"enforce_eager": True, "max_model_len": 512,
                                        "kv_cache_memory_bytes": 2**28}) as srv:
         client = tinker.ServiceClient(base_url=srv.base_url, api_key="tml-test")
         name = next(iter(srv.service.bases))
-        tc = client.create_lora_training_client(base_model=name, rank=8, seed=0).result()
-        tok = tc.get_tokenizer()
-        prompt, answer = tok.encode("The secret word is"), tok.encode(" zebra.")
-        ids = prompt + answer
-        datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                            loss_fn_inputs={"target_tokens": ids[1:],
-                                            "weights": [0.0] * (len(prompt) - 1) + [1.0] * len(answer)})
-        for _ in range(6):
-            tc.forward_backward([datum], "cross_entropy")
-            tc.optim_step(types.AdamParams(learning_rate=5e-3))
-        sampler = tc.save_weights_and_get_sampling_client()
-        out = sampler.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=2,
-                             sampling_params=types.SamplingParams(max_tokens=4, temperature=0.0)).result()
-        assert all(tok.decode(s.tokens).startswith(" zebra") for s in out.sequences)
+        tc, tok, prompt, sampler, out = teach_zebra(client, name)
         full = prompt + list(out.sequences[0].tokens)
         tuned = sampler.compute_logprobs(types.ModelInput.from_ints(full)).result()
         fwd = tc.forward([types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
