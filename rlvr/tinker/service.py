@@ -168,7 +168,7 @@ class TinkerService:
         self.bases: dict[str, Base] = {}
         self._scorers: dict[str, Any] = {}  # base name -> a model here that scores prompts, where the engine has none
         self._scoring: dict[str, str] = {}  # base name -> the weights its scorer holds
-        self._engines: dict[str, tuple[Any, dict[str, torch.Tensor]]] = {}
+        self._engines: dict[str, tuple[Any, dict[str, torch.Tensor]]] = {}  # base name -> (engine, unused)
         self._loaded: dict[str, str] = {}  # base name -> the weights its engine holds now
         for given in models:
             alias, _, spec = given.rpartition("=") if "=" in given else ("", "", given)
@@ -179,7 +179,6 @@ class TinkerService:
                         tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
                         context_length=context_length(model))
             self.bases[path] = base
-            weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
             if ray_workers:  # the engine in actors; the model here scores prompts (prompt log-probs)
                 sampler = _ray_engine(path, model, tokenizer, engine, self.dtype, seed, ray_workers, vllm_kwargs,
                                       ray_overrides or [])
@@ -191,7 +190,7 @@ class TinkerService:
             else:
                 sampler = make_engine(engine, tokenizer, eos_token_ids=base.eos_token_ids, dtype=self.dtype,
                                       model=model, seed=seed, max_batch_size=max_batch_size)
-            self._engines[path] = (sampler, weights)
+            self._engines[path] = (sampler, {})
             self._loaded[path] = "base"
         self.sessions: dict[str, Session] = {}
         self.trainers: dict[str, Trainer] = {}
@@ -601,8 +600,13 @@ class TinkerService:
         return sampler
 
     def _weights(self, sampler: Sampler) -> dict[str, torch.Tensor]:
-        if sampler.weights == "base":
-            return self._engines[sampler.base.name][1]
+        if sampler.weights == "base":  # read again from its folder when wanted: no second copy held
+            key = f"base:{sampler.base.name}"
+            if key not in self._disk_weights:
+                self._disk_weights[key] = self._read_weights(Path(sampler.base.name))
+                while len(self._disk_weights) > 2:
+                    self._disk_weights.popitem(last=False)
+            return self._disk_weights[key]
         if sampler.weights.startswith("snapshot:"):
             snapshot = self._snapshots.get(sampler.weights.removeprefix("snapshot:"))
             if snapshot is None:
@@ -612,16 +616,26 @@ class TinkerService:
             return snapshot
         cached = self._disk_weights.get(sampler.weights)
         if cached is None:
-            from safetensors.torch import load_file
-
-            _, _, folder = self._path(sampler.weights)
-            cached = {}
-            for f in sorted(folder.glob("*.safetensors")):
-                cached.update(load_file(str(f), device=str(self.device)))
+            cached = self._read_weights(self._path(sampler.weights)[2])
             self._disk_weights[sampler.weights] = cached
             while len(self._disk_weights) > 2:
                 self._disk_weights.popitem(last=False)
         return cached
+
+    def _read_weights(self, folder: Path) -> dict[str, torch.Tensor]:
+        """A model folder's weights in the service's dtype, a tied LM head under its own name too
+        (a folder saves it once, as the embedding; an engine loading by name wants both)."""
+        from safetensors.torch import load_file
+
+        weights: dict[str, torch.Tensor] = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            weights.update({k: v.to(self.dtype) for k, v in load_file(str(f), device=str(self.device)).items()})
+        config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+        if config.get("tie_word_embeddings") and "lm_head.weight" not in weights:
+            embedding = next((v for k, v in weights.items() if k.endswith("embed_tokens.weight")), None)
+            if embedding is not None:
+                weights["lm_head.weight"] = embedding
+        return weights
 
     def _engine_for(self, sampler: Sampler) -> Any:
         engine, _ = self._engines[sampler.base.name]
