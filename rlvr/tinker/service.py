@@ -168,7 +168,7 @@ class TinkerService:
         self.bases: dict[str, Base] = {}
         self._scorers: dict[str, Any] = {}  # base name -> a model here that scores prompts, where the engine has none
         self._scoring: dict[str, str] = {}  # base name -> the weights its scorer holds
-        self._engines: dict[str, tuple[Any, dict[str, torch.Tensor]]] = {}  # base name -> (engine, unused)
+        self._engines: dict[str, Any] = {}  # base name -> its engine
         self._loaded: dict[str, str] = {}  # base name -> the weights its engine holds now
         for given in models:
             alias, _, spec = given.rpartition("=") if "=" in given else ("", "", given)
@@ -190,7 +190,7 @@ class TinkerService:
             else:
                 sampler = make_engine(engine, tokenizer, eos_token_ids=base.eos_token_ids, dtype=self.dtype,
                                       model=model, seed=seed, max_batch_size=max_batch_size)
-            self._engines[path] = (sampler, {})
+            self._engines[path] = sampler
             self._loaded[path] = "base"
         self.sessions: dict[str, Session] = {}
         self.trainers: dict[str, Trainer] = {}
@@ -371,7 +371,7 @@ class TinkerService:
             self._stopped = True
             self._wake.notify_all()
         self._worker.join(timeout=10)
-        for engine, _ in self._engines.values():
+        for engine in self._engines.values():
             engine.close()
 
     # --- training models ----------------------------------------------------------------
@@ -601,12 +601,7 @@ class TinkerService:
 
     def _weights(self, sampler: Sampler) -> dict[str, torch.Tensor]:
         if sampler.weights == "base":  # read again from its folder when wanted: no second copy held
-            key = f"base:{sampler.base.name}"
-            if key not in self._disk_weights:
-                self._disk_weights[key] = self._read_weights(Path(sampler.base.name))
-                while len(self._disk_weights) > 2:
-                    self._disk_weights.popitem(last=False)
-            return self._disk_weights[key]
+            return self._cached_weights(f"base:{sampler.base.name}", Path(sampler.base.name))
         if sampler.weights.startswith("snapshot:"):
             snapshot = self._snapshots.get(sampler.weights.removeprefix("snapshot:"))
             if snapshot is None:
@@ -614,13 +609,15 @@ class TinkerService:
                                 f"{self._snapshot_limit} newest unnamed snapshots (rlvr tinker --snapshots); save named "
                                 "weights (save_weights_for_sampler) to sample them later")
             return snapshot
-        cached = self._disk_weights.get(sampler.weights)
-        if cached is None:
-            cached = self._read_weights(self._path(sampler.weights)[2])
-            self._disk_weights[sampler.weights] = cached
+        return self._cached_weights(sampler.weights, self._path(sampler.weights)[2])
+
+    def _cached_weights(self, key: str, folder: Path) -> dict[str, torch.Tensor]:
+        """A folder's weights (`_read_weights`), the two most recently used kept in memory."""
+        if key not in self._disk_weights:
+            self._disk_weights[key] = self._read_weights(folder)
             while len(self._disk_weights) > 2:
                 self._disk_weights.popitem(last=False)
-        return cached
+        return self._disk_weights[key]
 
     def _read_weights(self, folder: Path) -> dict[str, torch.Tensor]:
         """A model folder's weights in the service's dtype, a tied LM head under its own name too
@@ -638,7 +635,7 @@ class TinkerService:
         return weights
 
     def _engine_for(self, sampler: Sampler) -> Any:
-        engine, _ = self._engines[sampler.base.name]
+        engine = self._engines[sampler.base.name]
         if self._loaded[sampler.base.name] != sampler.weights:
             weights = self._weights(sampler)
             model = getattr(engine, "model", None)
