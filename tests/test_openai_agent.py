@@ -15,6 +15,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from rlvr.agents.contract import AgentSignatureError, EpisodeContext, as_agent
 from rlvr.agents.openai_agent import AgentError, AgentLimits, agent_episode_groups
 from rlvr.data import Example
 from rlvr.rollout.engine import EmbeddedEngine
@@ -74,7 +75,7 @@ def extra(obj: Any, name: str) -> Any:
 
 def run(fn: Any, tok: Any = None, n: int = 2, limits: AgentLimits = AgentLimits(), **kw: Any) -> list[Any]:
     tok = tok or ascii_tokenizer()
-    return agent_episode_groups(engine_for(tok), tok, fn, examples(), [0, 1], n, [],
+    return agent_episode_groups(engine_for(tok), tok, as_agent(fn, "test", {}), examples(), [0, 1], n, [],
                                 SamplingParams(temperature=1.0, max_new_tokens=8, n=n), limits, **kw)
 
 
@@ -124,7 +125,7 @@ def test_an_agent_that_rewrites_its_history_gives_two_segments_scored_by_the_rew
     SEEN.clear()
     tok = ascii_tokenizer()
     rewards = build_rewards([{"fn": "tests.test_train:distinct_chars"}])
-    groups = agent_episode_groups(engine_for(tok), tok, edits_its_history, examples(), [0], 1, rewards,
+    groups = agent_episode_groups(engine_for(tok), tok, as_agent(edits_its_history, "test", {}), examples(), [0], 1, rewards,
                                   SamplingParams(temperature=1.0, max_new_tokens=8), AgentLimits())
     sample = groups[0].samples[0]
     first, second = SEEN[0]
@@ -242,15 +243,19 @@ def test_training_runs_an_agent_end_to_end(tmp_path: Path) -> None:
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the policy moved
 
 
-def test_bad_agent_config_is_refused(tiny_dir: Path, tmp_path: Path) -> None:
+def test_bad_agent_config_is_refused_before_the_model_loads(tmp_path: Path) -> None:
     from rlvr.config import load_config
     from rlvr.train.loop import train
     from tests.test_train import overrides
 
-    for kwargs, message in (("{}", "needs env.kwargs.entry"), ('{entry = "tests.test_openai_agent:nope"}', "nope"),
-                            ('{entry = "tests.test_openai_agent:agent_for_training", retries = 3}', "unknown retries")):
-        with pytest.raises((ValueError, AttributeError), match=message):
-            train(load_config(None, [*overrides(tiny_dir, tmp_path, "bad"), 'env.name="openai_agent"',
+    here = "tests.test_openai_agent"
+    for kwargs, message in (("{}", "needs env.kwargs.entry"), (f'{{entry = "{here}:nope"}}', "could not be loaded.*nope"),
+                            (f'{{entry = "{here}:agent_for_training", retries = 3}}', "unknown retries"),
+                            (f'{{entry = "{here}:agent_for_training", args = {{k = 1}}}}', "takes no keyword k"),
+                            (f'{{entry = "{here}:SEEN"}}', "(?s)is a list, not a function.*def run_episode")):
+        # a model path that does not exist: the agent's error comes first
+        with pytest.raises((ValueError, AgentSignatureError), match=message):
+            train(load_config(None, [*overrides(tmp_path / "no-model", tmp_path, "bad"), 'env.name="openai_agent"',
                                      f"env.kwargs={kwargs}"]), quiet=True)
 
 
@@ -265,7 +270,7 @@ def test_an_openai_agents_sdk_agent_runs_unchanged() -> None:
     model = make_tiny_model()
     model.config.max_position_embeddings = 4096  # the SDK's tool schemas are ~800 byte tokens
     engine = EmbeddedEngine(model, tok, eos_token_ids=[tok.eos_token_id], seed=0)
-    groups = agent_episode_groups(engine, tok, run_episode, examples(), [0, 1], 2, [],
+    groups = agent_episode_groups(engine, tok, as_agent(run_episode, "test", {}), examples(), [0, 1], 2, [],
                                   SamplingParams(temperature=1.0, max_new_tokens=8, n=2), AgentLimits(max_context=4096))
     for g in groups:
         assert g.metadata["endings"] == ["done", "done"]
@@ -306,3 +311,152 @@ def test_a_turn_on_the_weights_the_previous_turn_swapped_to_is_no_new_swap() -> 
     newer = Completion((4,), (-0.4,), "stop", "d", policy_version=5)
     assert joined_versions([(0, first), (2, same)]) == {"policy_version": 3, "swapped_at": (1,)}
     assert joined_versions([(0, first), (2, same), (3, newer)]) == {"policy_version": 3, "swapped_at": (1, 3)}
+
+
+def context(**kw: Any) -> EpisodeContext:
+    return EpisodeContext(**{"client": "C", "model": "M", "row": {"prompt": "R"}, "base_url": "U", "api_key": "K",
+                             "episode_id": "E", **kw})
+
+
+class RunObject:
+    def run(self, client: Any, row: dict[str, Any]) -> Any:
+        return ("run", client, row["prompt"])
+
+
+class CallObject:
+    async def __call__(self, client: Any, model: str, row: dict[str, Any]) -> Any:
+        return ("call", client, model)
+
+
+def test_the_agent_signatures_people_write_get_their_context() -> None:
+    """The issue's `run_episode(client, model, row, **kw)` and the other common forms, matched by
+    name or by position; each bound call returns what it was given."""
+    async def three(client: Any, model: str, row: dict[str, Any], **kw: Any) -> Any:
+        return client, model, row["prompt"], sorted(kw)
+
+    def renamed(c: Any, r: dict[str, Any]) -> Any:
+        return c, r["prompt"]
+
+    def renamed3(c: Any, m: str, r: dict[str, Any]) -> Any:
+        return c, m, r["prompt"]
+
+    def by_name(row: dict[str, Any], client: Any, *, base_url: str, model: str = "gpt-4o", level: int = 0) -> Any:
+        return row["prompt"], client, base_url, model, level
+
+    def url_only(row: dict[str, Any], base_url: str, api_key: str) -> Any:  # makes its own client
+        return row["prompt"], base_url, api_key
+
+    cases = [(three, {}, ("C", "M", "R", ["api_key", "base_url", "episode_id"]), True),
+             (three, {"level": 2}, ("C", "M", "R", ["api_key", "base_url", "episode_id", "level"]), True),
+             (renamed, {}, ("C", "R"), False), (renamed3, {}, ("C", "M", "R"), False),
+             (by_name, {"level": 3}, ("R", "C", "U", "M", 3), False), (url_only, {}, ("R", "U", "K"), False),
+             (RunObject(), {}, ("run", "C", "R"), False), (RunObject, {}, ("run", "C", "R"), False),
+             (CallObject(), {}, ("call", "C", "M"), True)]
+    for fn, args, expected, asynchronous in cases:
+        agent = as_agent(fn, "test", args)
+        assert agent.asynchronous is asynchronous, fn
+        out = agent.call(context())
+        assert (asyncio.run(out) if asynchronous else out) == expected, fn
+
+
+def test_an_agent_rlvr_cannot_call_is_refused_with_the_forms() -> None:
+    def one(x: Any) -> None: ...
+    def four(a: Any, b: Any, c: Any, d: Any) -> None: ...
+    def keyword(client: Any, row: Any, *, judge: Any) -> None: ...
+    def no_row(client: Any, model: str) -> None: ...
+
+    class NeedsArgs:
+        def __init__(self, path: str) -> None: ...
+        def run(self, client: Any, row: Any) -> None: ...
+
+    for fn, args, message in ((one, {}, "cannot tell which"), (four, {}, "cannot tell which"),
+                              (keyword, {}, "no value for its keyword judge"), (no_row, {}, "needs the row"),
+                              (one, {"x": 1}, "needs the row"), (NeedsArgs, {}, "made with no arguments"),
+                              (42, {}, "int, not a function")):
+        with pytest.raises(AgentSignatureError, match=message) as raised:
+            as_agent(fn, "test", args)
+        assert "def run_episode(client, model, row)" in str(raised.value)
+    with pytest.raises(AgentSignatureError, match="takes no keyword level"):
+        as_agent(RunObject(), "test", {"level": 1})
+
+
+async def issue_agent(client: openai.AsyncOpenAI, model: str, row: dict[str, Any], **kw: Any) -> float:
+    """The issue's agent, verbatim in shape: the model name and keyword context."""
+    SEEN.append((model, sorted(kw)))
+    reply = await client.chat.completions.create(model=model, messages=[{"role": "user", "content": row["prompt"]}])
+    return float(bool(reply.choices[0].message.content))
+
+
+def test_the_issues_agent_signature_trains_its_episodes() -> None:
+    SEEN.clear()
+    groups = run(issue_agent)
+    assert all(g.metadata["endings"] == ["done", "done"] for g in groups)
+    assert SEEN[0] == ("policy", ["api_key", "base_url", "episode_id"])
+    assert all(s.completion.token_ids for g in groups for s in g.samples)
+
+
+def test_an_agents_sdk_agent_object_runs_unchanged() -> None:
+    """A module-level Agents SDK `Agent` (its own model a hosted name): the SDK's Runner runs it
+    with the episode's client in its place."""
+    pytest.importorskip("agents")
+    from examples.agents_sdk_calculator import INSTRUCTIONS, calculator
+    from tests.tiny import make_tiny_tokenizer
+
+    assert calculator.model == "gpt-4.1-mini"  # what the user wrote, left alone
+    tok = make_tiny_tokenizer()
+    model = make_tiny_model()
+    model.config.max_position_embeddings = 4096  # the SDK's tool schemas are ~800 byte tokens
+    engine = EmbeddedEngine(model, tok, eos_token_ids=[tok.eos_token_id], seed=0)
+    agent = as_agent(calculator, "test", {}, max_turns=3)
+    groups = agent_episode_groups(engine, tok, agent, examples(), [0, 1], 2, [],
+                                  SamplingParams(temperature=1.0, max_new_tokens=8, n=2), AgentLimits(max_context=4096))
+    for g in groups:
+        assert set(g.metadata["endings"]) <= {"done", "max_turns"}
+        for sample in g.samples:
+            prompt = tok.decode(sample.prompt_ids)
+            assert INSTRUCTIONS in prompt and '"name": "python"' in prompt and g.prompt in prompt
+
+
+def langgraph_agent() -> Any:
+    """A LangGraph graph as people write one: nodes calling langchain's ChatOpenAI, which they
+    build from the config's `configurable` values (the episode's URL, key and model name)."""
+    from langchain_core.runnables import RunnableConfig
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    async def think(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
+        c = config["configurable"]
+        llm = ChatOpenAI(model=c["model"], base_url=c["base_url"], api_key=c["api_key"], max_retries=0)
+        return {"messages": [await llm.ainvoke(state["messages"])]}
+
+    def again(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": "Check it and answer again."}]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("think", think)
+    graph.add_node("again", again)
+    graph.add_node("rethink", think)
+    graph.add_edge(START, "think")
+    graph.add_edge("think", "again")
+    graph.add_edge("again", "rethink")
+    graph.add_edge("rethink", END)
+    return graph.compile()
+
+
+def test_a_langgraph_graph_runs_unchanged() -> None:
+    pytest.importorskip("langgraph")
+    pytest.importorskip("langchain_openai")
+    tok = ascii_tokenizer()
+    graph = langgraph_agent()
+    groups = agent_episode_groups(engine_for(tok), tok, as_agent(graph, "test", {}), examples(), [0, 1], 2, [],
+                                  SamplingParams(temperature=1.0, max_new_tokens=8, n=2), AgentLimits())
+    extended = 0
+    for g in groups:
+        assert g.metadata["endings"] == ["done", "done"]
+        for sample in g.samples:
+            assert g.prompt in tok.decode(sample.prompt_ids)
+            if "a new segment" not in sample.completion.text:  # the second call extended the first
+                extended += 1
+                assert "Check it and answer again." in sample.completion.text
+                assert 0 in sample.completion.loss_mask and 1 in sample.completion.loss_mask
+    assert extended >= 2  # a new segment only where a reply held a special token the text drops

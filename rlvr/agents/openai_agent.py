@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import logging
 import math
 import secrets
@@ -51,6 +50,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.agents.contract import Agent, EpisodeContext, agent_from_entry, awaited
 from rlvr.agents.env import no_verdict
 from rlvr.agents.runner import FAILED, Ending, Episode, as_groups
 from rlvr.errors import InfrastructureError
@@ -60,7 +60,6 @@ from rlvr.types import Completion, SamplingParams, joined_versions
 from rlvr.serve.protocol import Limits
 from rlvr.models import context_length
 from rlvr.data.tasks import render_example
-from rlvr.rewards.combine import load_callable
 from rlvr.rewards.combine import score_group
 
 _logger = logging.getLogger(__name__)
@@ -199,35 +198,34 @@ def trajectory(tokenizer: Any, calls: Sequence[Call]) -> tuple[list[tuple[tuple[
 SEGMENT_BREAK = "\n[… a new segment: the next call did not extend this one …]\n"
 
 
-def load_agent(entry: str) -> Callable[..., Any]:
-    fn = load_callable(entry)
-    if not callable(fn):
-        raise ValueError(f"env.kwargs.entry = {entry!r} is not a function")
-    return fn
-
-
 def row_of(example: Any) -> dict[str, Any]:
     """What the agent function gets: the example's fields, its prompt, answer and id."""
     return {**example.fields, "prompt": example.prompt, "answer": example.answer, "id": example.id}
 
 
-async def _run_one(fn: Callable[..., Any], base_url: str, key: str, row: dict[str, Any], timeout: float) -> Any:
+async def _run_one(agent: Agent, base_url: str, key: str, row: dict[str, Any], timeout: float, tag: str) -> Any:
     import openai
 
-    if inspect.iscoroutinefunction(fn):
+    if agent.asynchronous:
         client: Any = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout)
         try:
-            return await asyncio.wait_for(fn(client, dict(row)), timeout)
+            context = EpisodeContext(client, POLICY, dict(row), base_url, key, tag)
+            return await asyncio.wait_for(awaited(agent.call(context)), timeout)
         finally:
             await client.close()
     client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout)
     try:  # a plain function runs in a thread; a timeout abandons it there (its calls fail once the step ends)
-        return await asyncio.wait_for(asyncio.to_thread(fn, client, dict(row)), timeout)
+        context = EpisodeContext(client, POLICY, dict(row), base_url, key, tag)
+        return await asyncio.wait_for(awaited(await asyncio.to_thread(agent.call, context)), timeout)
     finally:
         client.close()
 
 
-def agent_episode_groups(engine: Engine, tokenizer: Any, fn: Callable[..., Any], examples: Sequence[Any],
+POLICY = "policy"
+"""The model name an agent is given (any name is served: the policy is the only model)."""
+
+
+def agent_episode_groups(engine: Engine, tokenizer: Any, agent: Agent, examples: Sequence[Any],
                          indices: list[int], n: int, rewards: list[Any], params: SamplingParams,
                          limits: AgentLimits, *, system_prompt: str | None = None,
                          mask: Collection[str] = ()) -> list[Any]:
@@ -238,14 +236,14 @@ def agent_episode_groups(engine: Engine, tokenizer: Any, fn: Callable[..., Any],
     jobs = [(i, f"{k}-{secrets.token_hex(4)}") for k, i in enumerate(j for j in indices for _ in range(n))]
     recorder = EpisodeRecorder(params, limits, [tag for _, tag in jobs])
     model = getattr(engine, "model", None)  # None where the engine holds it elsewhere (Ray workers, vLLM)
-    served = Served("policy", tokenizer, engine, model, context_length=context_length(model, default=1 << 20))
+    served = Served(POLICY, tokenizer, engine, model, context_length=context_length(model, default=1 << 20))
     key = secrets.token_urlsafe(16)
     # the recorder clips each call to the episode's limits (an agent's own max_tokens is not refused)
     server_limits = Limits(max_tokens=served.context_length, max_concurrent=len(jobs) + 8)
 
     async def everything(root: str) -> list[Any]:
-        return list(await asyncio.gather(*(_run_one(fn, f"{root}/e/{tag}/v1", key, row_of(examples[i]), limits.timeout)
-                                           for i, tag in jobs), return_exceptions=True))
+        return list(await asyncio.gather(*(_run_one(agent, f"{root}/e/{tag}/v1", key, row_of(examples[i]),
+                                                    limits.timeout, tag) for i, tag in jobs), return_exceptions=True))
 
     with BackgroundServer(served, limits=server_limits, api_key=key, recorder=recorder) as server:
         outcomes = asyncio.run(everything(server.base_url.removesuffix("/v1")))
@@ -313,29 +311,39 @@ def _episode(tokenizer: Any, example: Any, ep: _Episode, outcome: Any, rewards: 
 def agent_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: SamplingParams, *,
                    system_prompt: str | None = None) -> Callable[..., list[Any]]:
     """The episode builder for `env.name = "openai_agent"` (rlvr.train.data.Episodes), from the
-    env config: kwargs `entry` (required) and `timeout` (seconds, default 300)."""
+    env config: kwargs `entry` (required), `args` and `timeout` (seconds, default 300)."""
+    agent, timeout = agent_of(env)
+    return episodes_of(agent, env, timeout, tokenizer, rewards, params, system_prompt=system_prompt)
+
+
+def agent_of(env: Any) -> tuple[Agent, Any]:
+    """The agent env.kwargs names, its signature checked (rlvr.agents.contract), and the timeout:
+    cheap, so that `rlvr train` checks it before the model loads (`check_env`)."""
     kwargs = dict(env.kwargs)
-    entry, timeout = kwargs.pop("entry", None), kwargs.pop("timeout", 300.0)
+    entry, timeout, args = kwargs.pop("entry", None), kwargs.pop("timeout", 300.0), kwargs.pop("args", {})
     if kwargs:
-        raise ValueError(f"env.kwargs for openai_agent: unknown {', '.join(sorted(kwargs))} (it takes entry, timeout)")
+        raise ValueError(f"env.kwargs for openai_agent: unknown {', '.join(sorted(kwargs))} "
+                         "(it takes entry, args, timeout)")
     if not isinstance(entry, str):
         raise ValueError('env.name = "openai_agent" needs env.kwargs.entry = "package.module:function", the '
-                         "agent's episode function")
-    return episodes_of(load_agent(entry), env, timeout, tokenizer, rewards, params, system_prompt=system_prompt)
+                         "agent's episode function (or object)")
+    if not isinstance(args, dict):
+        raise ValueError(f"env.kwargs.args must be a table of keyword arguments for the agent, got {args!r}")
+    return agent_from_entry(entry, args, max_turns=env.max_turns), timeout
 
 
-def episodes_of(fn: Callable[..., Any], env: Any, timeout: Any, tokenizer: Any, rewards: list[Any],
+def episodes_of(agent: Agent, env: Any, timeout: Any, tokenizer: Any, rewards: list[Any],
                 params: SamplingParams, *, system_prompt: str | None = None) -> Callable[..., list[Any]]:
-    """The episode builder (rlvr.train.data.Episodes) running `fn` as the agent, under the env
-    config's limits (max_turns, max_total_tokens, max_context, mask) and `timeout`."""
+    """The episode builder (rlvr.train.data.Episodes) running `agent`, under the env config's
+    limits (max_turns, max_total_tokens, max_context, mask) and `timeout`."""
     if not isinstance(timeout, int | float) or timeout <= 0:
         raise ValueError(f"env.kwargs.timeout must be a positive number of seconds, got {timeout!r}")
     limits = AgentLimits(env.max_turns, env.max_total_tokens, env.max_context, float(timeout))
 
     def episodes(engine: Engine, examples: list[Any], indices: list[int], n: int, *,
                  sampling: SamplingParams | None = None) -> list[Any]:
-        return agent_episode_groups(engine, tokenizer, fn, examples, indices, n, rewards, sampling or params, limits,
-                                    system_prompt=system_prompt, mask=tuple(env.mask))
+        return agent_episode_groups(engine, tokenizer, agent, examples, indices, n, rewards, sampling or params,
+                                    limits, system_prompt=system_prompt, mask=tuple(env.mask))
 
     return episodes
 
@@ -360,6 +368,9 @@ SERVED_IN_PROCESS = frozenset({"openai_agent", "verifiers"})
 """Environments whose episodes run through rlvr's OpenAI-compatible server on a thread of the
 training process: its engine samples beside the learner (rlvr.runtime keeps malloc to one arena
 for them)."""
+
+ENV_CHECKS: dict[str, Callable[[Any], object]] = {"openai_agent": agent_of}
+"""Checks of an environment's config cheap enough to run before the model loads."""
 
 ENV_DATASETS: dict[str, Callable[[dict[str, Any]], list[Any]]] = {"verifiers": _verifiers_dataset}
 """Environments that bring their own prompts (task.source = "env"), from env.kwargs."""

@@ -24,6 +24,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from rlvr.agents.contract import as_agent
 from rlvr.agents.openai_agent import episodes_of
 from rlvr.data.tasks import Example
 from rlvr.rewards.styles import PROMPT_MESSAGES
@@ -113,4 +114,5 @@ def verifiers_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: Sam
     timeout = rest.pop("timeout", 300.0)
     if rest:
         raise ValueError(f"env.kwargs for verifiers: unknown {', '.join(sorted(rest))} (it takes load, args, timeout)")
-    return episodes_of(run_episode, env, timeout, tokenizer, rewards, params, system_prompt=system_prompt)
+    return episodes_of(as_agent(run_episode, load, {}), env, timeout, tokenizer, rewards, params,
+                       system_prompt=system_prompt)

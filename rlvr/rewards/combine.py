@@ -115,20 +115,26 @@ def load_callable(spec: str) -> Callable[..., Any]:
             f"unknown reward {spec!r}.{hint} Built-in rewards: {', '.join([*REWARDS, *INTRINSIC])}; "
             "a user reward is a dotted path such as 'mypkg.rewards:score'"
         )
+    obj = load_object(spec, "reward")
+    if not callable(obj):
+        raise ValueError(f"reward {spec!r}: {_split_path(spec)[1]!r} is a {type(obj).__name__}, not callable")
+    return obj
+
+
+def load_object(spec: str, what: str) -> Any:
+    """The object a dotted path such as 'mypkg.module:name' names; errors say it was the `what`."""
     module_name, attr_path = _split_path(spec)
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"reward {spec!r}: cannot import module {module_name!r}: {exc}") from exc
+        raise ValueError(f"{what} {spec!r}: cannot import module {module_name!r}: {exc}") from exc
     for attr in attr_path.split("."):
         if not hasattr(obj, attr):
             public = [n for n in dir(obj) if not n.startswith("_")]
             nearest = difflib.get_close_matches(attr, public, n=1)
             hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
-            raise ValueError(f"reward {spec!r}: {obj.__name__!r} has no attribute {attr!r}{hint}")
+            raise ValueError(f"{what} {spec!r}: {obj.__name__!r} has no attribute {attr!r}{hint}")
         obj = getattr(obj, attr)
-    if not callable(obj):
-        raise ValueError(f"reward {spec!r}: {attr_path!r} is a {type(obj).__name__}, not callable")
     return obj
 
 

@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr import __version__, sandbox
-from rlvr.agents.openai_agent import SERVED_IN_PROCESS
+from rlvr.agents.openai_agent import ENV_CHECKS, SERVED_IN_PROCESS
 from rlvr.attention import widen_attention
 from rlvr.config import RunConfig, load_config, to_toml, written_version
 from rlvr.data.images import image_token_ids
@@ -104,6 +104,8 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     a progress bar unless quiet). `model_spec` is the checkpoint a resumed run starts from."""
     # ~1.4x faster learner steps on CPU; one arena where a server thread samples beside the learner (rlvr.runtime)
     keep_freed_memory(one_arena=cfg.env.name in SERVED_IN_PROCESS)
+    if cfg.env.name in ENV_CHECKS:  # an agent that cannot be called fails now, not after the model loads
+        ENV_CHECKS[cfg.env.name](cfg.env)
     torch.manual_seed(cfg.seed)
     sandbox.configure(cfg.sandbox.isolation, cfg.sandbox.sandbox_limits(), cfg.sandbox.parallelism)  # for code rewards
     spec = model_spec or cfg.model
