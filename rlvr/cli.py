@@ -17,34 +17,36 @@ from rlvr.errors import EngineOutOfMemory, MissingExtra, SandboxUnavailable
 from rlvr.serve.protocol import Limits as ServeLimits
 
 EXAMPLES = """examples:
-  rlvr train --config configs/demo.toml
-  rlvr train --config configs/demo.toml train.steps=5 algo.loss_kwargs.clip_high=0.28 name=quick
+  rlvr train --config demo
+  rlvr train --config demo train.steps=5 algo.loss_kwargs.clip_high=0.28 name=quick
   rlvr train --resume runs/demo
-  rlvr sft --config configs/sft.toml sft.task_examples=0 sft.data=data/chats.jsonl name=my-sft
-  rlvr dpo --config configs/demo.toml dpo.data=pairs.jsonl dpo.beta=0.1
+  rlvr sft --config sft sft.task_examples=0 sft.data=data/chats.jsonl name=my-sft
+  rlvr dpo --config demo dpo.data=pairs.jsonl dpo.beta=0.1
   rlvr sample --model runs/demo/checkpoints/step_000030 "What is 3 + 4?"
   rlvr serve --model runs/demo --port 8000    # OpenAI-compatible, at http://127.0.0.1:8000/v1
   rlvr tinker --port 8000                     # the Tinker training API (tinker client, tinker-cookbook)
   rlvr tasks
   rlvr config            # every config key with its default and meaning
+  rlvr config --examples # the packaged example configs, for --config NAME
   rlvr sandbox run solution.py --stdin input.txt --timeout 5
-  rlvr eval --config configs/demo.toml --model builtin:smollm2-135m-instruct --model runs/demo --k 1,4 --n 8
-  rlvr contamination --config configs/demo.toml --model runs/demo --prompts 32
+  rlvr eval --config demo --model builtin:smollm2-135m-instruct --model runs/demo --k 1,4 --n 8
+  rlvr contamination --config demo --model runs/demo --prompts 32
   rlvr report runs/demo   # runs/demo/report.html and curves.png
-  rlvr filter --config configs/demo.toml --n 8 --out data/informative.jsonl
+  rlvr filter --config demo --n 8 --out data/informative.jsonl
 """
 
 
 def _add_train(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """`rlvr train`, `rlvr sft`, `rlvr dpo`: a config and its overrides."""
     t = sub.add_parser("train", help="train a policy (GRPO by default)")
-    t.add_argument("--config", help="TOML config file")
+    t.add_argument("--config", help="TOML config file, or a packaged example's name (demo, sft, math_jsonl, ...: "
+                                    "rlvr/configs)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. algo.loss_kwargs.clip_high=0.28")
     for name, text in (("sft", "supervised fine-tuning on chat data (sft.data), loss on assistant tokens"),
                        ("dpo", "DPO/IPO on preference pairs (dpo.data), or online on the policy's samples")):
         o = sub.add_parser(name, help=text)
-        o.add_argument("--config", help="TOML config file")
+        o.add_argument("--config", help="TOML config file, or a packaged example's name (rlvr/configs)")
         o.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
         o.add_argument("overrides", nargs="*", metavar="key=value", help=f"dotted overrides, e.g. {name}.data=x.jsonl")
 
@@ -262,6 +264,7 @@ def _parser() -> argparse.ArgumentParser:
     cf = sub.add_parser("config", help="list every config key of a command (train, sft, dpo) with its default and meaning")
     cf.add_argument("for_command", nargs="?", default="train", choices=["train", "sft", "dpo"],
                     help="the command whose config to list (default: train)")
+    cf.add_argument("--examples", action="store_true", help="list the packaged example configs (--config NAME)")
     cf.add_argument("--all", action="store_true",
                     help="also every key of the open tables (algo.loss_kwargs, sampler.rollouts_kwargs, dist.ray, ...) "
                          "for each choice they follow, with its default, and the count (slower: loads the registries)")
@@ -398,6 +401,11 @@ def _tasks(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
+    if args.examples:
+        from rlvr.config.files import describe_examples
+
+        print(describe_examples())
+        return 0
     if args.all:
         from rlvr.config.knobs import describe_all  # not on `rlvr config`'s path (its registries import torch)
 

@@ -260,10 +260,10 @@ def test_bad_agent_config_is_refused_before_the_model_loads(tmp_path: Path) -> N
 
 
 def test_an_openai_agents_sdk_agent_runs_unchanged() -> None:
-    """examples/agents_sdk_calculator.py: the OpenAI Agents SDK's own loop, tools and requests,
+    """rlvr/configs/agents_sdk_calculator.py: the OpenAI Agents SDK's own loop, tools and requests,
     against rlvr's server on the tiny model."""
     pytest.importorskip("agents")
-    from examples.agents_sdk_calculator import INSTRUCTIONS, run_episode
+    from rlvr.configs.agents_sdk_calculator import INSTRUCTIONS, run_episode
     from tests.tiny import make_tiny_tokenizer
 
     tok = make_tiny_tokenizer()
@@ -399,7 +399,7 @@ def test_an_agents_sdk_agent_object_runs_unchanged() -> None:
     """A module-level Agents SDK `Agent` (its own model a hosted name): the SDK's Runner runs it
     with the episode's client in its place."""
     pytest.importorskip("agents")
-    from examples.agents_sdk_calculator import INSTRUCTIONS, calculator
+    from rlvr.configs.agents_sdk_calculator import INSTRUCTIONS, calculator
     from tests.tiny import make_tiny_tokenizer
 
     assert calculator.model == "gpt-4.1-mini"  # what the user wrote, left alone

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -155,17 +155,50 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     data: dict[str, Any] = {}
     where = "command line"
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
+        p = config_file(path)
         try:
             data = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{p}: invalid TOML: {err}") from None
         where = str(p)
+        _beside(data, p.parent)
     for override in overrides:
         apply_override(data, override)
     return from_dict(data, where if not overrides else f"{where} + overrides", command)
+
+
+PACKAGED = Path(__file__).resolve().parent.parent / "configs"
+"""The example configs shipped in the package (rlvr/configs), named by `--config demo`."""
+
+
+def packaged_configs() -> list[str]:
+    return sorted(p.stem for p in PACKAGED.glob("*.toml"))
+
+
+def config_file(path: str | Path) -> Path:
+    """The config file `path` names: a file, or the name of a packaged example (`demo`,
+    `demo.toml`), so that `--config demo` works wherever rlvr is installed."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if len(p.parts) == 1 and (PACKAGED / p.with_suffix(".toml").name).is_file():
+        return PACKAGED / p.with_suffix(".toml").name
+    hint = (f"; the packaged examples are {', '.join(packaged_configs())} (e.g. --config demo)"
+            if len(p.parts) == 1 else "")
+    raise ConfigError(f"config file not found: {p}{hint}")
+
+
+PATH_KEYS = (("task", "path"), ("sft", "data"), ("dpo", "data"))
+"""Keys naming files: a relative one is read from the working directory, or else (where it is
+there and not here) from the config file's folder: a packaged example's data lies beside it."""
+
+
+def _beside(data: dict[str, Any], folder: Path) -> None:
+    for section, key in PATH_KEYS:
+        value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
+        if isinstance(value, str) and not Path(value).is_absolute() and not Path(value).exists() \
+                and (folder / value).exists():
+            data[section][key] = str((folder / value).resolve())
 
 
 def to_toml(cfg: RunConfig, notes: tuple[str, ...] = ()) -> str:
@@ -260,13 +293,34 @@ def describe(command: str = "train") -> str:
             default = field.get_default(call_default_factory=True)
             if isinstance(default, list) and default and isinstance(default[0], BaseModel):
                 default = [d.model_dump(exclude_none=True) for d in default]
-            lines.append(f"{prefix}{name} = {default!r}\n    {field.description or ''}")
+            shown = "(required)" if field.is_required() else repr(default)
+            lines.append(f"{prefix}{name} = {shown}\n    {field.description or ''}")
+            if tables is not None:
+                item = next((a for a in get_args(sub) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+                if item is not None:  # [[rewards]]: each entry's keys, after the sections
+                    tables.append((prefix + name, item))
 
+    tables: list[tuple[str, type[BaseModel]]] | None = []
     walk(root, "")
+    entries, tables = tables, None
+    for name, item in entries:
+        lines.append(f"\n[[{name}]]  # each entry of the list {name}")
+        walk(item, "")
+    return "\n".join(lines)
+
+
+def describe_examples() -> str:
+    """The packaged example configs (`--config NAME`), each with its first comment line."""
+    lines = ["# the example configs shipped with rlvr (rlvr/configs): rlvr train --config NAME"]
+    for name in packaged_configs():
+        text = (PACKAGED / f"{name}.toml").read_text().splitlines()
+        first = next((line.lstrip("# ").strip() for line in text if line.startswith("#")), "")
+        lines.append(f"{name:<16} {first}")
     return "\n".join(lines)
 
 
 def declared_keys(command: str = "train") -> list[str]:
     """The keys `rlvr config <command>` lists (sections' keys, dotted)."""
-    return [line.split(" = ", 1)[0] for line in describe(command).splitlines()
+    text = describe(command).split("\n[[", 1)[0]  # not the keys of a list's entries ([[rewards]])
+    return [line.split(" = ", 1)[0] for line in text.splitlines()
             if " = " in line and not line.startswith((" ", "#", "["))]

@@ -4,7 +4,7 @@ rlvr as it is, in either of two forms (docs/interop.md):
 - `run_episode`, a function: `env.name = "openai_agent"` calls it once per episode with a client
   pointed at rlvr's server (`rlvr train --config configs/openai_agent.toml`);
 - `calculator`, the SDK's `Agent` object as a user defines it for a hosted model: with
-  `env.kwargs.entry = "examples.agents_sdk_calculator:calculator"`, rlvr runs it with the SDK's
+  `env.kwargs.entry = "rlvr.configs.agents_sdk_calculator:calculator"`, rlvr runs it with the SDK's
   Runner, the episode's client standing in for the model it names.
 
 The agent has one tool, a sandboxed Python interpreter (rlvr.agents.tools.PythonInterpreter),
