@@ -170,6 +170,11 @@ def test_tasks_and_config_listings(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config"]) == 0
     out = capsys.readouterr().out
     assert "algo.group_size = 8" in out and "algo.advantage_kwargs = {}" in out and "sft." not in out
+    rewards = out.split("[[rewards]]", 1)[1]  # each reward entry's own keys, style among them
+    assert "fn = (required)" in rewards and "style = 'auto'" in rewards and "sources = []" in rewards
+    assert main(["config", "--examples"]) == 0
+    out = capsys.readouterr().out
+    assert "demo " in out and "math_jsonl " in out and "one-digit sums" in out
     assert main(["config", "sft"]) == 0
     out = capsys.readouterr().out
     assert "sft.epochs = 1" in out and "[algo]" not in out and "train.lr" in out

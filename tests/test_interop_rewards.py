@@ -39,7 +39,8 @@ def gsm8k_style_score(data_source: str, solution_str: str, ground_truth: str, ex
     the number after '####', as GSM8K's answers write it; a dict with "score" and an extra value."""
     CALLS.append({"data_source": data_source, "ground_truth": ground_truth, "extra_info": extra_info})
     answer = solution_str.split("####")[-1].strip() if "####" in solution_str else None
-    return {"score": 1.0 if answer == ground_truth else 0.0, "format_ok": answer is not None}
+    return {"score": 1.0 if answer == ground_truth else 0.0, "format_ok": answer is not None, "pred": answer,
+            "excluded": 2.5}  # a name rlvr's flags use: renamed
 
 
 def verl_without_extra_info(data_source: str, solution_str: str, ground_truth: str) -> float:
@@ -93,6 +94,7 @@ def test_a_trl_reward_gets_lists_columns_ids_and_its_none_gives_no_value() -> No
     # TRL's None: this function does not apply to this sample; the sample stays in the update
     (total, parts), = score_group(rewards, "Q?", ["abc"], {"solution": "?"}, completion_ids=[(1, 2, 3)])
     assert total == 0.5 and "trl_length_reward" not in parts and not any(k.endswith("/excluded") for k in parts)
+    assert parts["trl_length_reward/no_value"] == 1.0  # flagged: no verdict from it (test below)
 
 
 def test_an_async_trl_reward_and_one_of_the_wrong_length() -> None:
@@ -139,6 +141,10 @@ def test_a_verl_compute_score_gets_its_arguments_from_verls_layout(tmp_path: Pat
                              {"fn": "tests.test_interop_rewards:verl_without_extra_info"}])
     out = score_group(rewards, ex.prompt, ["3 + 4 = 7\n#### 7", "#### 8"], ex.fields)
     assert [p["gsm8k_style_score"] for _, p in out] == [1.0, 0.0]  # a dict's "score"
+    # its other numbers logged beside it, as verl logs them (the text "pred" is not a number)
+    assert [p["gsm8k_style_score/format_ok"] for _, p in out] == [1.0, 1.0]
+    assert out[0][1]["gsm8k_style_score/excluded_"] == 2.5 and "gsm8k_style_score/excluded" not in out[0][1]
+    assert not any(k.endswith("pred") for _, p in out for k in p) and [t for t, _ in out] == [2.0, 0.0]
     assert [p["verl_without_extra_info"] for _, p in out] == [1.0, 0.0]
     assert CALLS[0] == {"data_source": "openai/gsm8k", "ground_truth": "7", "extra_info": {"split": "train", "index": 0}}
 
@@ -260,3 +266,29 @@ def test_trl_rewards_named_by_ids_or_prompts_and_arrays_or_tensors_returned() ->
     verl = build_rewards([{"fn": "tests.test_interop_rewards:verl_tensor"}])
     out = score_group(verl, "Q", ["7", "8"], {"data_source": "x", "reward_model": {"ground_truth": "7"}})
     assert [p["verl_tensor"] for _, p in out] == [1.0, 0.0] and not any("error" in k for _, p in out for k in p)
+
+
+def trl_correct_or_none(completions: list[str], answer: list[str], **_: Any) -> list[float | None]:
+    """TRL's accuracy_reward's shape: 1 or 0, None where the gold cannot be read ("?")."""
+    return [None if a == "?" else float(c.strip() == a) for c, a in zip(completions, answer)]
+
+
+def test_a_trl_none_from_the_correctness_reward_is_no_verdict_in_accuracy() -> None:
+    """The README's accuracy is over the samples the first reward judged: of 8 samples, one the
+    TRL reward left without a value (None) and one right, accuracy is 1/7, not 1/8; the sample
+    stays in the update (TRL's None is no contribution, not an exclusion)."""
+    from rlvr.train.rollouts import group_metrics
+    from rlvr.types import Completion, Group, Sample
+
+    rewards = build_rewards([{"fn": "tests.test_interop_rewards:trl_correct_or_none"},
+                             {"fn": "tests.test_interop_rewards:rlvr_reward", "weight": 0.0}])
+    samples = []
+    for k in range(8):
+        answer = "?" if k == 0 else "4"
+        (total, parts), = score_group(rewards, "2+2?", ["4" if k == 1 else "5"], {"answer": answer})
+        samples.append(Sample((1,), Completion((2,), (0.0,), "stop", "x"), total, parts, 0))
+    m = group_metrics([Group("2+2?", tuple(samples), {})], rewards[0].name)
+    assert m["accuracy"] == pytest.approx(1 / 7)
+    assert m["no_verdict_fraction"] == pytest.approx(1 / 8)
+    assert m["rewards/trl_correct_or_none/no_value"] == pytest.approx(1 / 8)
+    assert m["excluded_fraction"] == 0.0  # still trained on

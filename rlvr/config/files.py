@@ -279,7 +279,9 @@ def describe(command: str = "train") -> str:
     root = ROOTS[command]
     lines = [f"# `rlvr {command}`'s config keys"]
 
-    def walk(model: type[BaseModel], prefix: str, only: tuple[str, ...] | None = None) -> None:
+    tables: list[tuple[str, type[BaseModel]]] = []  # lists of sections ([[rewards]]): their keys come last
+
+    def walk(model: type[BaseModel], prefix: str, only: tuple[str, ...] | None = None, top: bool = True) -> None:
         for name, field in model.model_fields.items():
             if only is not None and name not in only:
                 continue
@@ -288,24 +290,21 @@ def describe(command: str = "train") -> str:
                 read = root.partial.get(name) if not prefix else None
                 if read != ():
                     lines.append(f"\n[{prefix}{name}]")
-                    walk(sub, prefix + name + ".", read)
+                    walk(sub, prefix + name + ".", read, top)
                 continue
             default = field.get_default(call_default_factory=True)
             if isinstance(default, list) and default and isinstance(default[0], BaseModel):
                 default = [d.model_dump(exclude_none=True) for d in default]
             shown = "(required)" if field.is_required() else repr(default)
             lines.append(f"{prefix}{name} = {shown}\n    {field.description or ''}")
-            if tables is not None:
-                item = next((a for a in get_args(sub) if isinstance(a, type) and issubclass(a, BaseModel)), None)
-                if item is not None:  # [[rewards]]: each entry's keys, after the sections
-                    tables.append((prefix + name, item))
+            item = next((a for a in get_args(sub) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+            if item is not None and top:
+                tables.append((prefix + name, item))
 
-    tables: list[tuple[str, type[BaseModel]]] | None = []
     walk(root, "")
-    entries, tables = tables, None
-    for name, item in entries:
+    for name, item in tables:
         lines.append(f"\n[[{name}]]  # each entry of the list {name}")
-        walk(item, "")
+        walk(item, "", top=False)
     return "\n".join(lines)
 
 

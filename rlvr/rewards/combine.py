@@ -48,7 +48,8 @@ from rlvr.rewards.builtin import GROUP_REWARDS, REWARDS
 from rlvr.rewards.extract import EXTRACTORS
 from rlvr.rewards.intrinsic import INTRINSIC, information_gain
 from rlvr.options import RLPOptions, options
-from rlvr.rewards.styles import NO_VALUE, STYLES, detect_style, trl_style, verl_style
+from rlvr.rewards.styles import NO_VALUE, STYLES, WithInfo, detect_style, trl_style, verl_style
+from rlvr.rewards.styles import scalar as _scalar
 from rlvr.sandbox import SandboxUnavailable
 
 logger = logging.getLogger("rlvr.rewards")
@@ -347,16 +348,16 @@ def _listed(values: Any) -> Any:
     return values
 
 
-def _scalar(value: Any) -> Any:
-    """A 0-d numpy or torch number as a Python float (verl's `compute_score` may return
-    ``torch.tensor(1.)``); anything else as it is."""
-    if type(value).__module__ in ("numpy", "torch") and getattr(value, "ndim", None) == 0 \
-            and "complex" not in str(getattr(value, "dtype", "complex")):
-        return float(value)
-    return value
-
-
 def _checked_value(reward: RewardFn, value: Any, completion: str, on_error: str) -> float | str | None:
+    checked = _checked_number(reward, value, completion, on_error)
+    info = getattr(value, "info", None)
+    if info and isinstance(checked, float):  # a verl dict's other keys, for the metrics
+        checked = WithInfo(checked)
+        checked.info = info
+    return checked
+
+
+def _checked_number(reward: RewardFn, value: Any, completion: str, on_error: str) -> float | str | None:
     value = _scalar(value)
     if value is NO_VALUE:
         return _NO_VALUE
@@ -407,8 +408,10 @@ def score_group(
 
     A reward that fails contributes 0.0, and the dict gains ``f"{name}/error": 1.0``; one that
     returns None contributes 0.0 and the dict gains ``f"{name}/excluded": 1.0`` (each key is
-    absent otherwise); an InfrastructureError gains both. A reward routed to other sources, or a
-    TRL-style reward that returned None for a completion (rlvr.rewards.styles), has no key at all.
+    absent otherwise); an InfrastructureError gains both. A reward routed to other sources has no
+    key at all; a TRL-style reward that returned None for a completion (rlvr.rewards.styles) has
+    only ``f"{name}/no_value": 1.0``: no contribution, and no verdict (if it is the correctness
+    reward, the sample counts in no accuracy).
     ``completion_ids`` (each completion's token ids) reach the rewards that ask for them (TRL's).
     ``on_error = "stop"`` raises RewardError on a failure instead; unset, each reward's own
     (`RewardFn.on_error`, the run's on_reward_error).
@@ -425,7 +428,8 @@ def score_group(
         values: dict[str, float] = {}
         for reward, results in zip(rewards, per_reward):
             value = results[k]
-            if value == _NO_VALUE:  # as a reward routed elsewhere: no key, no contribution
+            if value == _NO_VALUE:  # no contribution, as a reward routed elsewhere; and no verdict
+                values[f"{reward.name}/no_value"] = 1.0
                 continue
             if value == _UNAVAILABLE:
                 values.update({reward.name: 0.0, f"{reward.name}/error": 1.0, f"{reward.name}/excluded": 1.0})
@@ -435,7 +439,8 @@ def score_group(
                 values[f"{reward.name}/{'error' if value is None else 'excluded'}"] = 1.0
                 continue
             assert isinstance(value, float)
-            values[reward.name] = value
+            values[reward.name] = float(value)
+            values.update({f"{reward.name}/{k}": v for k, v in getattr(value, "info", {}).items()})
             total += reward.weight * value
         out.append((total, values))
     return out

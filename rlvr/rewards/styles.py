@@ -16,7 +16,9 @@ list of a prompt's completions). Functions written for other trainers keep their
 - **verl** (``compute_score``): ``f(data_source, solution_str, ground_truth, extra_info=None)
   -> float | dict``, one completion at a time. ``ground_truth`` is the row's
   ``reward_model.ground_truth`` (verl's parquet layout), else its ``ground_truth``, else its
-  answer. A dict gives its ``"score"``.
+  answer. A dict gives its ``"score"``; its other keys with a number (or a bool) are logged, as
+  verl logs them: each key ``k`` as the part ``<name>/k`` (metric ``rewards/<name>/k``; a key that
+  is one of rlvr's flags, error, excluded, masked or no_value, as ``k_``).
 
 Keyword arguments a function does not accept are left out (unless it takes ``**kwargs``), so
 `def f(completions, solution, **kwargs)` and `def f(completions, **kwargs)` both work.
@@ -30,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -132,8 +136,43 @@ def verl_style(fn: Callable[..., Any], reward_kwargs: dict[str, Any] | None = No
         if isinstance(value, dict):
             if "score" not in value:
                 raise TypeError(f"a verl reward's dict needs a 'score' (got keys {sorted(value)})")
-            return value["score"]
+            return with_info(value["score"], {k: v for k, v in value.items() if k != "score"})
         return value
 
     call.__name__ = getattr(fn, "__name__", "compute_score")
     return call
+
+
+FLAGS = ("error", "excluded", "masked", "no_value")
+"""The suffixes of rlvr's own reward-part flags (rlvr.rewards.combine): an info key named so is renamed."""
+
+
+class WithInfo(float):
+    """A reward's value with named numbers beside it (a verl dict's other keys), for the metrics."""
+
+    info: dict[str, float]
+
+
+def with_info(score: Any, info: dict[str, Any]) -> Any:
+    """`score` carrying `info`'s finite numbers (bools as 0/1; other values dropped), where it is a
+    number; anything else as it is (None excludes; a non-number fails when it is checked)."""
+    score = scalar(score)
+    if not isinstance(score, numbers.Real):
+        return score
+    kept = {}
+    for key, v in info.items():
+        v = scalar(v)
+        if isinstance(v, numbers.Real) and math.isfinite(float(v)):
+            kept[f"{key}_" if str(key) in FLAGS else str(key)] = float(v)
+    out = WithInfo(score)
+    out.info = kept
+    return out
+
+
+def scalar(value: Any) -> Any:
+    """A 0-d numpy or torch number as a Python float (verl's `compute_score` may return
+    ``torch.tensor(1.)``); anything else as it is."""
+    if type(value).__module__ in ("numpy", "torch") and getattr(value, "ndim", None) == 0 \
+            and "complex" not in str(getattr(value, "dtype", "complex")):
+        return float(value)
+    return value

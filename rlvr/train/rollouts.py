@@ -58,7 +58,9 @@ def _primary_key(sample: Sample, primary: str) -> str:
     """The correctness reward's name in a sample's parts: ``primary``, or where rewards are routed
     per source and ``primary`` does not score this sample, the first one that does."""
     parts = sample.reward_parts
-    return primary if primary in parts else next(iter(parts), primary)
+    if primary in parts or f"{primary}/no_value" in parts:
+        return primary
+    return next((k.removesuffix("/no_value") for k in parts if "/" not in k or k.endswith("/no_value")), primary)
 
 
 def is_correct(sample: Sample, primary: str) -> bool:
@@ -70,7 +72,9 @@ def judged_by(parts: Mapping[str, float], name: str) -> bool:
     """Whether reward `name` gave a verdict, among a sample's reward parts: it did not flag it
     ``<name>/excluded`` (it returned None, or its sandbox or service failed), or the flag only
     keeps the sample out of the loss (``<name>/masked``: `env.mask` on an unfinished episode,
-    which the policy failed)."""
+    which the policy failed), and gave a value (not ``<name>/no_value``: a TRL-style None)."""
+    if f"{name}/no_value" in parts:
+        return False
     return f"{name}/excluded" not in parts or f"{name}/masked" in parts
 
 

@@ -27,7 +27,7 @@ class AdvantageSettings:
     reward_components: tuple[str, ...] = ()
     """The reward parts that make up the reward (reward functions of non-zero weight; "env", an
     environment's return), for BNPO's decomposition; () = every part that is not a flag
-    ("<name>/error", "<name>/excluded")."""
+    ("<name>/error", "<name>/excluded", "<name>/no_value")."""
 
     @property
     def turn_credit(self) -> bool:
