@@ -88,6 +88,9 @@ def _add_serve(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     v.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     v.add_argument("--seed", type=int, default=0, help="the engine's random stream (requests without a seed)")
     v.add_argument("--max-batch-size", type=int, default=64, help="sequences the engine samples at once")
+    v.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="sample a few tokens before serving, so the first request does not wait for the engine's "
+                        "one-time set-up (default: on)")
     v.add_argument("--max-n", type=int, default=d.max_n, help="completions per request at most")
     v.add_argument("--max-tokens", type=int, default=d.max_tokens, help="max_tokens at most (and the default)")
     v.add_argument("--max-concurrent", type=int, default=d.max_concurrent, help="requests in flight at most (429 above)")

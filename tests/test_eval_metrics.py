@@ -206,7 +206,13 @@ def test_rlvr_eval_compares_models_on_the_same_prompts(tiny_dir: Path, tmp_path:
     assert table.startswith("| model | pass@1 | pass@2 | pass@4 | maj@1 |")
     assert f"{r['pass@1']:.3f} ±{1.959964 * r['pass@1_se']:.3f}" in table
     assert "minus" in table and "+0.000 [+0.000, +0.000]" in table
-    assert capsys.readouterr().out == table
+    said = capsys.readouterr()
+    assert said.out == table
+    # stderr is not a terminal here, as in a log file: each stage is a line, and the counts
+    lines = [line.split("] ", 1)[1] for line in said.err.splitlines() if line.startswith("[")]
+    assert lines[:3] == [f"rlvr eval: loading {tiny_dir}", f"rlvr eval: sampling 5 prompts × 4 from {tiny_dir}",
+                         f"rlvr eval: sampling 5 prompts × 4 from {tiny_dir}: 5/5"]
+    assert lines[3] == f"rlvr eval: scoring {tiny_dir}'s samples" and len(lines) == 8
     assert main(["eval", "--model", str(tiny_dir), "--k", "8", "--n", "4", *overrides]) == 2  # k > n: a clear error
     # the config's engine.dtype = "float16" samples on float16 weight copies, and the results say so
     assert main(["eval", "--model", str(tiny_dir), "--k", "1", "--n", "2", "--prompts", "2", "--max-new-tokens", "4",

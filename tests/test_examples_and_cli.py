@@ -382,3 +382,18 @@ def test_the_package_and_the_readme_name_no_path_outside_the_repository() -> Non
                for n, line in enumerate(path.read_text().splitlines(), 1)
                if "../shared" in line or (path.name == "README.md" and "](../" in line)]
     assert leaving == []
+
+
+def test_rlvr_train_says_what_it_does_when_its_output_is_a_file(tiny_dir: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Where stderr is a log file, setup and the first evaluation each get a line with the seconds
+    elapsed (a user saw nothing for ~100 s), and a step's own statuses are not repeated after it."""
+    from tests.test_train import overrides
+
+    assert main(["train", *overrides(tiny_dir, tmp_path, "logged", train__steps=2)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    said = [line.split("] ", 1)[1] for line in err if line.startswith("[")]
+    assert said[:2] == ["train: setting up (the model, the task, the engine)", "train: evaluating (before)"]
+    assert said[2:] == ["train: generating", "train: training", "train: evaluating (after)"]
+    steps = [i for i, line in enumerate(err) if line.startswith("step ")]
+    assert len(steps) == 2 and err.index(next(x for x in err if "evaluating (before)" in x)) < steps[0]

@@ -352,6 +352,9 @@ def test_rlvr_serve_command(tiny_dir: Any) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    said = proc.stderr.read() if proc.stderr else ""
+    # warmed up before it serves, so the first request does not wait for the engine's set-up
+    assert said.index("warming up the engine") < said.index("warm in") < said.index("serving 't' at")
 
 
 def test_a_call_that_cannot_be_read_keeps_every_call_in_the_text() -> None:

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from rlvr.commands.progress import Stages
 from rlvr.config import load_config
 from rlvr.eval.run import compared, evaluate_model, markdown_table, write_results
 
@@ -18,8 +19,10 @@ def run(args: argparse.Namespace) -> int:
     max_new = args.max_new_tokens or cfg.sampling.max_new_tokens
     temperature = cfg.sampling.temperature if args.temperature is None else args.temperature
     judge = {"fn": args.cot_judge, "kwargs": json.loads(args.cot_judge_kwargs)} if args.cot_judge else None
-    results = compared([evaluate_model(m, cfg, n=args.n, ks=ks, prompts=args.prompts, temperature=temperature,
-                                       max_new_tokens=max_new, seed=args.seed, cot_judge=judge) for m in args.model])
+    with Stages("rlvr eval") as stages:  # where stderr is a file: a line per stage, and counts
+        results = compared([evaluate_model(m, cfg, n=args.n, ks=ks, prompts=args.prompts, temperature=temperature,
+                                           max_new_tokens=max_new, seed=args.seed, cot_judge=judge,
+                                           stage=stages.stage, progress=stages.advance) for m in args.model])
     json_path, md_path = write_results(results, ks, Path(args.out))
     print(markdown_table(results, ks), end="")
     print(f"written: {json_path}, {md_path}", file=sys.stderr)

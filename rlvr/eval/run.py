@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rlvr.config import RunConfig
@@ -31,18 +32,22 @@ if TYPE_CHECKING:
 
 def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], prompts: int,
                    temperature: float, max_new_tokens: int, seed: int = 0,
-                   cot_judge: dict[str, Any] | None = None) -> dict[str, Any]:
+                   cot_judge: dict[str, Any] | None = None, stage: Callable[..., None] | None = None,
+                   progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Metrics of one model on the config's held-out prompts (the first `prompts` of them).
 
     ``cot_judge`` (a reward spec, e.g. {"fn": "llm_judge", "kwargs": {...}} or {"fn":
     "mypkg:judge"}) adds CoT-pass@k: pass@k where a sample counts only if its answer is correct
     and the judge also scores its reasoning >= 0.5 (Wen et al., "Reinforcement Learning with
     Verifiable Rewards Implicitly Incentivizes Correct Reasoning in Base LLMs", arXiv:2506.14245).
-    Only samples with a correct answer are sent to the judge."""
+    Only samples with a correct answer are sent to the judge. ``stage(text, total=None)`` is
+    told what it does, and ``progress(k)`` as k more prompts are sampled (rlvr.commands.progress)."""
 
     bad = [k for k in ks if not 1 <= k <= n]
     if bad:
         raise ValueError(f"k = {bad[0]} needs n >= k samples per prompt (n = {n})")
+    say = stage or (lambda text, total=None: None)
+    say(f"loading {model_spec}")
     path = resolve_model(model_spec)
     model, tokenizer, processor = load_policy(path, resolve_dtype("auto"))
     model.eval()
@@ -65,9 +70,11 @@ def evaluate_model(model_spec: str, cfg: RunConfig, *, n: int, ks: list[int], pr
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=n, top_p=cfg.sampling.top_p,
                             top_k=cfg.sampling.top_k, stop=tuple(cfg.sampling.stop))
     try:
-        groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params, media=media)
+        say(f"sampling {len(held)} prompts × {n} from {model_spec}", len(held))
+        groups = generate_groups(engine, held, ids, list(range(len(held))), rewards, params, progress, media=media)
     finally:
         engine.close()  # vLLM's processes
+    say(f"scoring {model_spec}'s samples")
     judge = build_rewards([cot_judge])[0] if cot_judge else None
     per_prompt = _per_prompt(groups, held, rewards, judge, n, ks)
     samples = [x for g in groups for x in g.samples]

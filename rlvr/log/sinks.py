@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +58,22 @@ LIVE = {"reward": ("reward", "{:.3f}"), "accuracy": ("acc", "{:.2f}"), "response
         "zero_std_fraction": ("0-std", "{:.2f}"), "step_seconds": ("s/step", "{:.1f}")}
 
 
+ROUTINE = frozenset({"generating", "training"})
+"""A step's own statuses: where the output is a file, the step's line says they happened."""
+
+
 class ConsoleProgress:
     """A progress bar over training steps with live key metrics; plain lines when not a terminal."""
 
     def __init__(self, total: int, start: int = 0, console: Console | None = None, *,
-                 live: dict[str, tuple[str, str]] | None = None, label: str = "train") -> None:
+                 live: dict[str, tuple[str, str]] | None = None, label: str = "train",
+                 began: float | None = None) -> None:
         self.console = console or Console(stderr=True)
         self.live = self.console.is_terminal
+        self.began = time.perf_counter() if began is None else began
+        self.label, self.said, self.stepped = label, ("", 0.0), False
+        """Where the output is not a terminal: the last status line and when it was written, and
+        whether a step line has been (`status`)."""
         self.shown = LIVE if live is None else live
         self.done, self.doing = start, ""
         """The last step finished, and what the run does now (the last status shown): what an
@@ -84,11 +94,22 @@ class ConsoleProgress:
         self.progress.__exit__(*exc)
 
     def status(self, text: str) -> None:
+        """What the run does now: beside the bar on a terminal. Where the output is a file, a line
+        with the seconds since the command began: every status until the first step's line, after
+        it only those that are not a step's own (generating, training), and a repeated kind of
+        status (a count: "reference log-probs 3/10 pairs") at most every 10 s."""
         self.doing = text
         self.progress.update(self.task, status=text)
+        if self.live or not text or (self.stepped and text in ROUTINE):
+            return
+        last, when = self.said
+        now = time.perf_counter()
+        if text != last and (text.split()[0] != last.split(" ", 1)[0] or now - when >= 10.0):
+            self.said = (text, now)
+            self.console.print(f"[{now - self.began:6.1f}s] {self.label}: {text}", highlight=False, markup=False)
 
     def step(self, step: int, metrics: dict[str, Any]) -> None:
-        self.done, self.doing = step, ""
+        self.done, self.doing, self.stepped = step, "", True
         shown = "  ".join(label + " " + fmt.format(metrics[k]) for k, (label, fmt) in self.shown.items() if k in metrics)
         self.progress.update(self.task, completed=step, metrics=shown, status="")
         if not self.live:
@@ -96,6 +117,15 @@ class ConsoleProgress:
 
     def print(self, text: str) -> None:
         self.console.print(text, highlight=False, soft_wrap=True)
+
+
+def setting_up(began: float, label: str = "train") -> None:
+    """Where stderr is not a terminal, say that the command is setting up (loading the model, the
+    task and the engine can take a minute, and a log file would otherwise show nothing)."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console.print(f"[{time.perf_counter() - began:6.1f}s] {label}: setting up (the model, the task, the engine)",
+                      highlight=False, markup=False)
 
 
 class ScreeningProgress:

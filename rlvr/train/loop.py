@@ -27,7 +27,7 @@ from rlvr import scaleout
 from rlvr.agents.runner import episode_metrics
 from rlvr.config import RunConfig
 from rlvr.log import ConsoleProgress, JsonlSink, tracking
-from rlvr.log.sinks import read_jsonl
+from rlvr.log.sinks import read_jsonl, setting_up
 from rlvr.runtime import HeapWatch
 from rlvr.train import checkpoint as ckpt
 from rlvr.train.collect import Collected
@@ -123,6 +123,8 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
           quiet: bool = False) -> dict[str, Any]:
     """Run (or resume) a training job; returns the summary also written to summary.json."""
     began = time.perf_counter()  # elapsed_seconds counts model loading and setup too: the user waits for them
+    if not quiet:
+        setting_up(began)
     run, start = open_run(cfg, resume=resume, overrides=overrides, quiet=quiet)
     try:
         try:
@@ -131,7 +133,7 @@ def train(cfg: RunConfig | None = None, *, resume: str | Path | None = None, ove
             if resume is None:  # a new run that never started: its name stays free for the corrected command
                 shutil.rmtree(run.dir, ignore_errors=True)
             raise
-        progress = ConsoleProgress(run.cfg.train.steps, start)
+        progress = ConsoleProgress(run.cfg.train.steps, start, began=began)
         if quiet:
             progress.console.quiet = True
         with resumable(run, progress):  # any error that stops it says where it resumes from
