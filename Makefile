@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	# the tinker cookbook, run against `rlvr tinker` in the tests: without its tml-renderers
 	# requirement, which PyPI lacks at that version and which it imports only for TML's own models
 	$(BIN)/pip install --quiet --no-deps tinker-cookbook==0.6.1
+	# OpenEnv's server package, which the tests serve their environments with: without its gradio
+	# requirement (a web UI the tests do not start), whose pillow pin would downgrade the venv's
+	$(BIN)/pip install --quiet --no-deps openenv==0.10.0
 	touch $(STAMP)
 
 setup: $(STAMP) system-packages

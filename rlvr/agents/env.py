@@ -1,7 +1,8 @@
 """The environment protocol: an episode starts from an observation (the prompt) and advances one
 action (the policy's text for a turn) at a time.
 
-An environment is single-use: one instance per episode. A group of G episodes of one prompt
+An environment is single-use: one instance per episode. One that holds something (a session on a
+server) may have ``close()``, called once its episode has ended, however it ended. A group of G episodes of one prompt
 takes G instances from the same factory, so each starts fresh (a stateful interpreter, a
 puzzle's position) and none can leak into another. ``step`` may be ``async def``: the runner
 then awaits the turn's steps of all episodes together, so slow tools overlap.

@@ -5,6 +5,7 @@ registered in ENVS (``env.name`` in the config; a dotted path names your own).
     guess_number  find a hidden number from "higher"/"lower" feedback (multi-step, with feedback)
     search        questions about an invented world, answered by searching its documents with BM25
                   (rlvr.agents.search; task.source = "facts")
+    openenv       an environment on an OpenEnv server, over its WebSocket (rlvr.agents.openenv_env)
 """
 
 from __future__ import annotations
@@ -133,7 +134,14 @@ def _search(example: Example, rewards: list[RewardFn], **kwargs: Any) -> Env:
     return SearchQA(example, rewards, **kwargs)
 
 
-ENVS: dict[str, Callable[..., Env]] = {"tool_math": ToolMath, "guess_number": GuessNumber, "search": _search}
+def _openenv(example: Example, rewards: list[RewardFn], **kwargs: Any) -> Env:
+    from rlvr.agents.openenv_env import OpenEnvEpisode
+
+    return OpenEnvEpisode(example, rewards, **kwargs)
+
+
+ENVS: dict[str, Callable[..., Env]] = {"tool_math": ToolMath, "guess_number": GuessNumber, "search": _search,
+                                       "openenv": _openenv}
 
 
 def env_factory(name: str) -> Callable[..., Any]:

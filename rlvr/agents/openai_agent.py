@@ -354,10 +354,22 @@ def _verifiers(*args: Any, **kwargs: Any) -> Callable[..., list[Any]]:
     return verifiers_episodes(*args, **kwargs)
 
 
-def _verifiers_dataset(env_kwargs: dict[str, Any]) -> list[Any]:
+def _verifiers_dataset(env_kwargs: dict[str, Any], size: int) -> list[Any]:
     from rlvr.agents.verifiers_env import environment_examples
 
-    return environment_examples(env_kwargs)
+    return environment_examples(env_kwargs)  # its own dataset, whatever its size
+
+
+def _openenv_dataset(env_kwargs: dict[str, Any], size: int) -> list[Any]:
+    from rlvr.agents.openenv_env import examples
+
+    return examples(env_kwargs, size)
+
+
+def _openenv_check(env: Any) -> None:
+    from rlvr.agents.openenv_env import check
+
+    check(env)
 
 
 EPISODE_BUILDERS: dict[str, Callable[..., Callable[..., list[Any]]]] = {"openai_agent": agent_episodes,
@@ -369,8 +381,10 @@ SERVED_IN_PROCESS = frozenset({"openai_agent", "verifiers"})
 training process: its engine samples beside the learner (rlvr.runtime keeps malloc to one arena
 for them)."""
 
-ENV_CHECKS: dict[str, Callable[[Any], object]] = {"openai_agent": agent_of}
+ENV_CHECKS: dict[str, Callable[[Any], object]] = {"openai_agent": agent_of, "openenv": _openenv_check}
 """Checks of an environment's config cheap enough to run before the model loads."""
 
-ENV_DATASETS: dict[str, Callable[[dict[str, Any]], list[Any]]] = {"verifiers": _verifiers_dataset}
-"""Environments that bring their own prompts (task.source = "env"), from env.kwargs."""
+ENV_DATASETS: dict[str, Callable[[dict[str, Any], int], list[Any]]] = {"verifiers": _verifiers_dataset,
+                                                                        "openenv": _openenv_dataset}
+"""Environments that bring their own prompts (task.source = "env"), from env.kwargs and the number
+wanted (task.size + task.eval_size; an environment with a dataset of its own gives that)."""

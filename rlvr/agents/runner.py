@@ -391,16 +391,27 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
     metadata keeps each episode's metrics, ending, turn rewards, text (all segments) and injected
     spans. ``mask`` names the episodes kept out of the loss (rlvr.agents.runner.masked_episode)."""
 
-    envs = [factory(examples[i], rewards, **(kwargs or {})) for i in indices for _ in range(n)]
-    tasks = [env.initial_observation() for env in envs]
-    prompts = [render_prompt(tokenizer, task, system_prompt) for task in tasks]
+    envs: list[Env] = []
+    try:
+        for i in indices:
+            envs += [factory(examples[i], rewards, **(kwargs or {})) for _ in range(n)]
+        tasks = [env.initial_observation() for env in envs]
+        prompts = [render_prompt(tokenizer, task, system_prompt) for task in tasks]
 
-    def restart(k: int, summary: str) -> list[int]:
-        assert summarize is not None
-        return render_prompt(tokenizer, f"{tasks[k]}\n\n{summarize.header}\n{summary.strip()}", system_prompt)
+        def restart(k: int, summary: str) -> list[int]:
+            assert summarize is not None
+            return render_prompt(tokenizer, f"{tasks[k]}\n\n{summarize.header}\n{summary.strip()}", system_prompt)
 
-    episodes = run_episodes(engine, tokenizer, envs, prompts, params, limits, delta, eos_token_ids,
-                            summarize=summarize, restart=restart)
+        episodes = run_episodes(engine, tokenizer, envs, prompts, params, limits, delta, eos_token_ids,
+                                summarize=summarize, restart=restart)
+    finally:  # an environment holding something (a server session) lets it go, however the episodes ended
+        for env in envs:
+            close = getattr(env, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as err:  # noqa: BLE001 - one that cannot close does not stop the others
+                    _warn_once(type(err).__name__ + "/close", f"an environment's close raised {err!r}")
     return as_groups(examples, indices, n, episodes, mask=mask)
 
 

@@ -383,7 +383,7 @@ class SamplerConfig(_Section):
 
 class EnvConfig(_Section):
     name: str | None = None
-    """Multi-turn episodes instead of single completions (rlvr.agents): "tool_math" (run Python, then answer), "guess_number", "openai_agent" (your own agent code through rlvr's OpenAI-compatible server; env.kwargs.entry names it, docs/interop.md), "verifiers" (an environment from the verifiers package, env.kwargs = {load = "pkg.module:load_environment", args = {...}}), or "package.module:factory"; unset = single-turn tasks."""
+    """Multi-turn episodes instead of single completions (rlvr.agents): "tool_math" (run Python, then answer), "guess_number", "openai_agent" (your own agent code through rlvr's OpenAI-compatible server; env.kwargs.entry names it, docs/interop.md), "verifiers" (an environment from the verifiers package, env.kwargs = {load = "pkg.module:load_environment", args = {...}}), "openenv" (an environment on an OpenEnv server, env.kwargs = {url = "http://host:port"}, docs/interop.md), or "package.module:factory"; unset = single-turn tasks."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """The environment factory's keyword arguments."""
     max_turns: int = Field(4, ge=1)

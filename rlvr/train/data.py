@@ -267,7 +267,7 @@ def _task_pool(cfg: RunConfig) -> list[Example]:
         if cfg.env.name not in ENV_DATASETS:
             raise ValueError(f"task.source = \"env\" takes the environment's own prompts; env.name = {cfg.env.name!r} "
                              f"has none (environments with a dataset: {', '.join(ENV_DATASETS)})")
-        pool = ENV_DATASETS[cfg.env.name](dict(cfg.env.kwargs))
+        pool = ENV_DATASETS[cfg.env.name](dict(cfg.env.kwargs), t.size + t.eval_size)
     elif t.source == "text":  # RL on pre-training data: cuts through documents (no instruction)
         assert t.path is not None
         check_keywords('task.params for source "text"', text_examples, t.params)
