@@ -100,7 +100,8 @@ class SumEnvironment(Environment[SumAction, SumObservation, State]):
 
     def __init__(self, shaped: bool = False) -> None:
         super().__init__()
-        self.shaped, self.seed = shaped, None
+        self.shaped = shaped
+        self.seed: int | None = None
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> SumObservation:
         self.seed = seed
