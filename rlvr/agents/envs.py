@@ -1,7 +1,8 @@
 """Example environments, each built per episode by a factory ``(example, rewards, **kwargs) -> Env``
 registered in ENVS (``env.name`` in the config; a dotted path names your own).
 
-    tool_math     a task with a checkable answer; the model may run Python before answering
+    tool_math     a task with a checkable answer; the model may run Python (and an MCP server's tools)
+                  before answering
     guess_number  find a hidden number from "higher"/"lower" feedback (multi-step, with feedback)
     search        questions about an invented world, answered by searching its documents with BM25
                   (rlvr.agents.search; task.source = "facts")
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlvr.agents.env import Env, StepResult, no_verdict
+from rlvr.agents.mcp_tools import describe, mcp_tools
 from rlvr.agents.tools import PythonInterpreter, Tool, call, parse_tool_calls
 from rlvr.data import Example
 from rlvr.rewards import RewardFn, extract_answer
@@ -26,6 +28,8 @@ TOOL_INSTRUCTION = ("You can run Python: write a ```python code block and you wi
                     "When you know the answer, give it inside <answer></answer> tags.")
 PLAIN_INSTRUCTION = ("You can run Python: write a ```python code block and you will see what it prints. "
                      "When you know the answer, reply with just the number.")
+ANSWER = {"tag": "When you know the answer, give it inside <answer></answer> tags.",
+          "plain": "When you know the answer, reply with just the number."}
 
 
 class ToolMath:
@@ -46,7 +50,12 @@ class ToolMath:
     "plain"``: any turn without a tool call is the final answer, scored by the task's rewards as
     they are configured (e.g. ``extract = "tag_or_last_number"``); the usual protocol of tool-use
     chat models, and the one a small model finds (no void turns). The instruction follows the
-    choice unless one is given."""
+    choice unless one is given.
+
+    ``mcp`` adds the tools an MCP server lists (rlvr.agents.mcp_tools: {command, args} of a stdio
+    server or {url} of a streamable-HTTP one), called with JSON ``<tool_call>`` tags; the
+    instruction then lists them. ``python = False`` leaves the Python tool out (an episode with the
+    server's tools only)."""
 
     runs_code = True
     """It runs the policy's code in rlvr's sandbox: `rlvr train` checks the sandbox before training."""
@@ -54,15 +63,27 @@ class ToolMath:
     def __init__(self, example: Example, rewards: list[RewardFn], *, instruction: str | None = None,
                  extra_tools: dict[str, Tool] | None = None, tool_bonus: float = 0.0,
                  answer_bonus: float = 0.0, answer_hint: bool = False, answer: str = "tag",
-                 tool_bonus_at_answer: bool = False) -> None:
+                 tool_bonus_at_answer: bool = False, mcp: dict[str, Any] | None = None, python: bool = True) -> None:
         if answer not in ("tag", "plain"):
             raise ValueError(f"tool_math answer must be \"tag\" or \"plain\", got {answer!r}")
         self.answer = answer
-        if instruction is None:
-            instruction = TOOL_INSTRUCTION if answer == "tag" else PLAIN_INSTRUCTION
-        self.example, self.rewards, self.instruction = example, rewards, instruction
+        self.example, self.rewards = example, rewards
         self.python = PythonInterpreter()
-        self.tools = {"python": self.python.as_tool(), **(extra_tools or {})}
+        self.tools = {"python": self.python.as_tool()} if python else {}
+        self.tools |= extra_tools or {}
+        served = mcp_tools(mcp) if mcp is not None else {}
+        clash = sorted(set(served) & set(self.tools))
+        if clash:
+            raise ValueError(f"env.kwargs.mcp: the server's tool {clash[0]!r} has the name of one of rlvr's tools")
+        self.tools |= served
+        if not self.tools:
+            raise ValueError("tool_math has no tools: python = false needs env.kwargs.mcp (a server's tools)")
+        if instruction is None:
+            instruction = (TOOL_INSTRUCTION if answer == "tag" else PLAIN_INSTRUCTION) if python else ANSWER[answer]
+            if served:
+                instruction = f"{describe(served)}\n{instruction}"
+        self.instruction = instruction
+        self.code_tool = "python" if python else None
         self.tool_bonus, self.answer_bonus, self.bonus_paid = tool_bonus, answer_bonus, False
         self.tool_bonus_at_answer, self.tool_ran = tool_bonus_at_answer, False
         self.answer_hint = answer_hint
@@ -71,15 +92,15 @@ class ToolMath:
         return f"{self.example.prompt}\n\n{self.instruction}" if self.instruction else self.example.prompt
 
     def step(self, action: str) -> StepResult:
-        calls = parse_tool_calls(action, code_tool="python")
+        calls = parse_tool_calls(action, code_tool=self.code_tool)
         if not calls and (self.answer == "plain" or extract_answer(action, "tag") is not None):
             total, parts = score_group(self.rewards, self.example.prompt, [action], self.example.fields)[0]
             bonus = self.tool_bonus if self.tool_bonus_at_answer and self.tool_ran else 0.0
             return StepResult(reward=total + self.answer_bonus + bonus, done=True,
                               metrics={"answered": 1.0, **no_verdict(parts)})
         if not calls:
-            return StepResult("Write a ```python block to compute, or give the final answer in <answer></answer> "
-                              "tags.", metrics={"void": 1.0})
+            how = "Write a ```python block to compute" if self.code_tool else "Call a tool in <tool_call> tags"
+            return StepResult(f"{how}, or give the final answer in <answer></answer> tags.", metrics={"void": 1.0})
         outputs, errors = [], 0
         for c in calls:
             text, ok = call(self.tools, c)

@@ -1,0 +1,50 @@
+"""An MCP server for the tests, written with the `mcp` package's FastMCP as its docs show:
+
+    python tests/mcp_server.py                 # over stdio
+    python tests/mcp_server.py http PORT       # over streamable HTTP, at /mcp
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+try:
+    from mcp.server.fastmcp import FastMCP
+except ImportError:  # mcp 2.x renamed it
+    from mcp.server import MCPServer as FastMCP  # type: ignore[no-redef]
+
+server = FastMCP("calc")
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+def divide(a: float, b: float) -> float:
+    """Divide a by b."""
+    return a / b
+
+
+@server.tool()
+def nap(seconds: float) -> str:
+    """Sleep, then say so."""
+    time.sleep(seconds)
+    return "awake"
+
+
+@server.tool()
+def die() -> str:
+    """End the server's process."""
+    sys.exit(3)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "http":
+        server.settings.port = int(sys.argv[2])
+        server.run(transport="streamable-http")
+    else:
+        server.run()
