@@ -4,6 +4,7 @@
     [env]
     name = "tool_math"
     kwargs = {mcp = {command = "python", args = ["-m", "mypkg.tools"]}}   # a server over stdio
+                                                                          # ("python": the one running rlvr)
     kwargs = {mcp = {url = "http://127.0.0.1:8000/mcp"}}                 # or over streamable HTTP
 
 One session per process and server, opened the first time its tools are wanted and kept on a
@@ -28,6 +29,7 @@ import atexit
 import contextlib
 import json
 import os
+import sys
 import threading
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -93,7 +95,8 @@ class McpSession:
                     from mcp import StdioServerParameters
                     from mcp.client.stdio import stdio_client
 
-                    params = StdioServerParameters(command=self.command, args=self.args, cwd=self.cwd,
+                    command = sys.executable if self.command == "python" else self.command  # rlvr's own Python
+                    params = StdioServerParameters(command=command, args=self.args, cwd=self.cwd,
                                                    env={**os.environ, **self.env} if self.env else None)
                     errlog = stack.enter_context(open(os.devnull, "w"))
                     streams = await stack.enter_async_context(stdio_client(params, errlog=errlog))
