@@ -19,7 +19,8 @@ that fails (the server died, no answer within ``timeout`` seconds) raises Infras
 episode ends without a verdict (rlvr.agents.runner). A server that cannot be started or reached
 when the first episode needs it stops the run with what failed.
 
-Written for the `mcp` package 1.x and 2.x alike: results are read as their wire JSON.
+Tested with the `mcp` package 1.30; written for 2.x too (results are read as their wire JSON, which
+2.x did not change; its renamed HTTP transport is imported by either name), not run on 2.x.
 """
 
 from __future__ import annotations
