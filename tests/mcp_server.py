@@ -12,7 +12,7 @@ import time
 try:
     from mcp.server.fastmcp import FastMCP
 except ImportError:  # mcp 2.x renamed it
-    from mcp.server import MCPServer as FastMCP  # type: ignore[no-redef]
+    from mcp.server import MCPServer as FastMCP  # type: ignore[no-redef,attr-defined]
 
 server = FastMCP("calc")
 

@@ -1,7 +1,7 @@
 """One conformance suite for every way an episode reaches rlvr: rlvr's own environments, OpenEnv
-servers, MCP tool servers, your agent over the OpenAI API, and verifiers environments. Each is
-played by a scripted policy (an engine whose every action is a function of what it was shown),
-and each must keep the same promises:
+servers, MCP tool servers, your agent over the OpenAI API, verifiers environments and Harbor
+tasks. Each is played by a scripted policy (an engine whose every action is a function of what it
+was shown), and each must keep the same promises:
 
 - token faithfulness: every run of trained tokens (loss mask 1) is exactly what the engine
   sampled, ids and log-probs, so 0 tokens are re-tokenised; every other token is masked, with
@@ -235,7 +235,36 @@ def talk_until_done(max_turns: int = MAX_TURNS) -> Any:
     return Talk(dataset=questions(2), max_turns=max_turns, rubric=vf.Rubric(funcs=[said_done]))
 
 
-PROTOCOLS = ["native", "openenv", "mcp", "openai_agent", "verifiers"]
+def _harbor(folder: Path) -> Protocol:
+    from rlvr import sandbox
+    from rlvr.agents.envs import env_factory
+    from rlvr.configs.harbor_sums import write_task
+
+    if sandbox.bwrap_path() is None:
+        pytest.skip("bubblewrap is not installed")
+    for k in range(2):  # "What is 1 + 1?" and another
+        write_task(folder, k)
+    (folder / "sum-0001" / "instruction.md").write_text("What is 1 + 1? Write the answer to the file /app/answer.txt.")
+
+    def run(engine: PolicyEngine, max_turns: int, failing: bool) -> list[Any]:
+        if failing:  # the second task's verifier leaves no reward: no verdict
+            (folder / "sum-0001" / "tests" / "test.sh").write_text("#!/bin/bash\necho forgot\n")
+        exs = [ex for ex in _examples_of(folder)]
+        return episode_groups(engine, engine.tok, env_factory("harbor"), exs, [0, 1], 2, [],
+                              SamplingParams(max_new_tokens=96), Limits(max_turns=max_turns, max_turn_tokens=96),
+                              ChatDelta(engine.tok), [EOS_ID], kwargs={"tasks": str(folder)})
+
+    return Protocol(run, lambda c: "Done." if "(no output)" in c else "```bash\necho 2 > answer.txt\n```",
+                    lambda c: "```bash\necho thinking\n```")
+
+
+def _examples_of(folder: Path) -> list[Example]:
+    from rlvr.agents.harbor import examples
+
+    return examples({"tasks": str(folder)}, 0)
+
+
+PROTOCOLS = ["native", "openenv", "mcp", "openai_agent", "verifiers", "harbor"]
 
 
 @pytest.fixture
@@ -243,6 +272,8 @@ def protocol(request: pytest.FixtureRequest) -> Protocol:
     name = request.param
     if name == "openenv":
         return _openenv(request.getfixturevalue("guess_server"))
+    if name == "harbor":
+        return _harbor(request.getfixturevalue("tmp_path"))
     return {"native": _native, "mcp": _mcp, "openai_agent": _openai_agent, "verifiers": _verifiers}[name]()
 
 

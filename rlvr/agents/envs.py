@@ -7,6 +7,7 @@ registered in ENVS (``env.name`` in the config; a dotted path names your own).
     search        questions about an invented world, answered by searching its documents with BM25
                   (rlvr.agents.search; task.source = "facts")
     openenv       an environment on an OpenEnv server, over its WebSocket (rlvr.agents.openenv_env)
+    harbor        a Harbor task directory, run in rlvr's sandbox, its verifier the reward (rlvr.agents.harbor)
 """
 
 from __future__ import annotations
@@ -161,8 +162,17 @@ def _openenv(example: Example, rewards: list[RewardFn], **kwargs: Any) -> Env:
     return OpenEnvEpisode(example, rewards, **kwargs)
 
 
+def _harbor(example: Example, rewards: list[RewardFn], **kwargs: Any) -> Env:
+    from rlvr.agents.harbor import HarborEpisode
+
+    return HarborEpisode(example, rewards, **kwargs)
+
+
+_harbor.runs_code = True  # type: ignore[attr-defined]  # the policy's commands, in rlvr's sandbox
+
+
 ENVS: dict[str, Callable[..., Env]] = {"tool_math": ToolMath, "guess_number": GuessNumber, "search": _search,
-                                       "openenv": _openenv}
+                                       "openenv": _openenv, "harbor": _harbor}
 
 
 def env_factory(name: str) -> Callable[..., Any]:

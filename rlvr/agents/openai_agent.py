@@ -372,6 +372,18 @@ def _openenv_check(env: Any) -> None:
     check(env)
 
 
+def _harbor_dataset(env_kwargs: dict[str, Any], size: int) -> list[Any]:
+    from rlvr.agents.harbor import examples
+
+    return examples(env_kwargs, size)  # its tasks, whatever their number
+
+
+def _harbor_check(env: Any) -> None:
+    from rlvr.agents.harbor import check
+
+    check(env)
+
+
 EPISODE_BUILDERS: dict[str, Callable[..., Callable[..., list[Any]]]] = {"openai_agent": agent_episodes,
                                                                         "verifiers": _verifiers}
 """Environments whose episodes are run by something other than rlvr's turn-by-turn runner."""
@@ -381,10 +393,12 @@ SERVED_IN_PROCESS = frozenset({"openai_agent", "verifiers"})
 training process: its engine samples beside the learner (rlvr.runtime keeps malloc to one arena
 for them)."""
 
-ENV_CHECKS: dict[str, Callable[[Any], object]] = {"openai_agent": agent_of, "openenv": _openenv_check}
+ENV_CHECKS: dict[str, Callable[[Any], object]] = {"openai_agent": agent_of, "openenv": _openenv_check,
+                                                  "harbor": _harbor_check}
 """Checks of an environment's config cheap enough to run before the model loads."""
 
 ENV_DATASETS: dict[str, Callable[[dict[str, Any], int], list[Any]]] = {"verifiers": _verifiers_dataset,
-                                                                        "openenv": _openenv_dataset}
+                                                                        "openenv": _openenv_dataset,
+                                                                        "harbor": _harbor_dataset}
 """Environments that bring their own prompts (task.source = "env"), from env.kwargs and the number
 wanted (task.size + task.eval_size; an environment with a dataset of its own gives that)."""

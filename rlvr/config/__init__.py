@@ -76,7 +76,7 @@ class RunConfig(_Section):
     @classmethod
     def _default_rewards(cls, data: Any) -> Any:
         env = data.get("env") if isinstance(data, dict) else None
-        if isinstance(env, dict) and env.get("name") in ("verifiers", "openenv"):  # the environment brings its prompts
+        if isinstance(env, dict) and env.get("name") in ("verifiers", "openenv", "harbor"):  # the environment brings its prompts
             task = data.get("task") if isinstance(data.get("task"), dict) else {}
             if "source" not in task:
                 data = {**data, "task": {**task, "source": "env"}}
