@@ -261,3 +261,38 @@ def test_cli_says_when_the_sandbox_could_not_run_the_program(tmp_path: Path, mon
     assert main(["sandbox", "run", str(prog)]) == 2  # no JSON result: nothing is known about the program
     out = capsys.readouterr()
     assert out.out == "" and "could not run the program in 3 attempts" in out.err
+
+
+def test_a_mounted_folder_persists_between_runs_and_nothing_else_is_writable() -> None:
+    """rlvr.agents.harbor's workdir: a host folder bound at a path of its own, writable or not."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp())  # under /tmp: pytest's own folders are closed to the sandbox's user
+    try:
+        _mounted(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _mounted(root: Path) -> None:
+    work, tests = root / "work", root / "tests"
+    work.mkdir()
+    tests.mkdir()
+    os.chmod(root, 0o755)
+    os.chmod(work, 0o777)  # the sandbox's own user (uid 60000 + slot under root) writes it
+    (tests / "t.sh").write_text("echo from-tests\n")
+    box = Sandbox()
+    mounts = (sb.Mount(str(work), "/app", writable=True), sb.Mount(str(tests), "/tests"))
+    r = box.run_shell("echo hi > note.txt; pwd; echo $GREETING; bash /tests/t.sh; echo x > /tests/y || echo tests-ro; "
+                      "mkdir /logs 2>/dev/null || echo root-ro", mounts=mounts, cwd="/app", env={"GREETING": "hello"},
+                      shell="/bin/bash")
+    assert r.ok and r.stdout.split() == ["/app", "hello", "from-tests", "tests-ro", "root-ro"], r
+    assert (work / "note.txt").read_text() == "hi\n" and not (tests / "y").exists()
+    again = box.run_shell("cat /app/note.txt", mounts=mounts[:1])
+    assert again.stdout == "hi\n"
+    for bad in ("/", "/usr", "relative"):
+        with pytest.raises(ValueError, match="absolute path of its own"):
+            sb.Mount(str(work), bad)
+    with pytest.raises(SandboxUnavailable, match="mounted folders need"):
+        Sandbox(isolation="none").run_shell("true", mounts=mounts)
