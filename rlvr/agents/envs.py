@@ -18,6 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rlvr.agents.env import Env, StepResult, no_verdict
+from rlvr.agents.harbor import HarborEpisode
+from rlvr.agents.openenv_env import OpenEnvEpisode
 from rlvr.agents.mcp_tools import describe, mcp_tools
 from rlvr.agents.tools import PythonInterpreter, Tool, call, parse_tool_calls
 from rlvr.data import Example
@@ -156,23 +158,8 @@ def _search(example: Example, rewards: list[RewardFn], **kwargs: Any) -> Env:
     return SearchQA(example, rewards, **kwargs)
 
 
-def _openenv(example: Example, rewards: list[RewardFn], **kwargs: Any) -> Env:
-    from rlvr.agents.openenv_env import OpenEnvEpisode
-
-    return OpenEnvEpisode(example, rewards, **kwargs)
-
-
-def _harbor(example: Example, rewards: list[RewardFn], **kwargs: Any) -> Env:
-    from rlvr.agents.harbor import HarborEpisode
-
-    return HarborEpisode(example, rewards, **kwargs)
-
-
-_harbor.runs_code = True  # type: ignore[attr-defined]  # the policy's commands, in rlvr's sandbox
-
-
 ENVS: dict[str, Callable[..., Env]] = {"tool_math": ToolMath, "guess_number": GuessNumber, "search": _search,
-                                       "openenv": _openenv, "harbor": _harbor}
+                                       "openenv": OpenEnvEpisode, "harbor": HarborEpisode}
 
 
 def env_factory(name: str) -> Callable[..., Any]:

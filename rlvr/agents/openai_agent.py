@@ -50,6 +50,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.agents import harbor, openenv_env
 from rlvr.agents.contract import Agent, EpisodeContext, agent_from_entry, awaited
 from rlvr.agents.env import no_verdict
 from rlvr.agents.runner import FAILED, Ending, Episode, as_groups
@@ -360,30 +361,6 @@ def _verifiers_dataset(env_kwargs: dict[str, Any], size: int) -> list[Any]:
     return environment_examples(env_kwargs)  # its own dataset, whatever its size
 
 
-def _openenv_dataset(env_kwargs: dict[str, Any], size: int) -> list[Any]:
-    from rlvr.agents.openenv_env import examples
-
-    return examples(env_kwargs, size)
-
-
-def _openenv_check(env: Any) -> None:
-    from rlvr.agents.openenv_env import check
-
-    check(env)
-
-
-def _harbor_dataset(env_kwargs: dict[str, Any], size: int) -> list[Any]:
-    from rlvr.agents.harbor import examples
-
-    return examples(env_kwargs, size)  # its tasks, whatever their number
-
-
-def _harbor_check(env: Any) -> None:
-    from rlvr.agents.harbor import check
-
-    check(env)
-
-
 EPISODE_BUILDERS: dict[str, Callable[..., Callable[..., list[Any]]]] = {"openai_agent": agent_episodes,
                                                                         "verifiers": _verifiers}
 """Environments whose episodes are run by something other than rlvr's turn-by-turn runner."""
@@ -393,12 +370,12 @@ SERVED_IN_PROCESS = frozenset({"openai_agent", "verifiers"})
 training process: its engine samples beside the learner (rlvr.runtime keeps malloc to one arena
 for them)."""
 
-ENV_CHECKS: dict[str, Callable[[Any], object]] = {"openai_agent": agent_of, "openenv": _openenv_check,
-                                                  "harbor": _harbor_check}
+ENV_CHECKS: dict[str, Callable[[Any], object]] = {"openai_agent": agent_of, "openenv": openenv_env.check,
+                                                  "harbor": harbor.check}
 """Checks of an environment's config cheap enough to run before the model loads."""
 
 ENV_DATASETS: dict[str, Callable[[dict[str, Any], int], list[Any]]] = {"verifiers": _verifiers_dataset,
-                                                                        "openenv": _openenv_dataset,
-                                                                        "harbor": _harbor_dataset}
+                                                                        "openenv": openenv_env.examples,
+                                                                        "harbor": harbor.examples}
 """Environments that bring their own prompts (task.source = "env"), from env.kwargs and the number
 wanted (task.size + task.eval_size; an environment with a dataset of its own gives that)."""
