@@ -46,14 +46,11 @@ class PolicyEngine:
         self.eos_token_ids, self.pad_token_id, self.version = [EOS_ID], 0, None
         self.generator = torch.Generator().manual_seed(0)
         self.sampled: dict[tuple[int, ...], tuple[float, ...]] = {}
-        self.fails: Callable[[str], bool] = lambda context: False
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, progress: Any = None, *,
                  seeds: Any = None) -> list[list[Completion]]:
         out = []
         for p in prompts:
-            if self.fails(self.tok.decode(p)):
-                raise RuntimeError("the engine broke")
             text = self.policy(self.tok.decode(p))
             ids = tuple((self.tok.encode(text, add_special_tokens=False) + [EOS_ID])[: params.max_new_tokens])
             logprobs = tuple(-0.01 * (k + 1) for k in range(len(ids)))
@@ -166,11 +163,14 @@ def _mcp() -> Protocol:
     return protocol
 
 
-def _agent(client: Any, row: dict[str, Any]) -> None:
+def _agent(client: Any, row: dict[str, Any], fail: bool = False) -> None:
     """An agent over the OpenAI API: talks until the model says done (a call past env.max_turns
-    gets a 400, and the agent gives up by raising, as agents do)."""
+    gets a 400, and the agent gives up by raising, as agents do). With `fail`, its own code breaks
+    on the second prompt after one call."""
     messages = [{"role": "user", "content": row["prompt"]}]
     while True:
+        if fail and "1 + 1" in row["prompt"] and len(messages) > 1:
+            raise KeyError("a bug in the agent")
         reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message.content or ""
         if "done" in reply:
             return None
@@ -183,9 +183,10 @@ def _openai_agent() -> Protocol:
     from rlvr.agents.openai_agent import AgentLimits, agent_episode_groups
 
     def run(engine: PolicyEngine, max_turns: int, failing: bool) -> list[Any]:
-        if failing:  # the engine behind the server fails the second prompt's calls: they are not served
-            engine.fails = lambda context: "1 + 1" in context
-        return agent_episode_groups(engine, engine.tok, as_agent(_agent, "test", {}), _examples(), [0, 1], 2, [],
+        # failing: the agent's own code breaks on the second prompt (an engine failing a call would
+        # fail whichever episodes the server batched with it)
+        return agent_episode_groups(engine, engine.tok, as_agent(_agent, "test", {"fail": failing}), _examples(),
+                                    [0, 1], 2, [],
                                     SamplingParams(max_new_tokens=96),
                                     AgentLimits(max_turns=max_turns, max_context=4096))
 
@@ -200,11 +201,11 @@ def _verifiers() -> Protocol:
     from tests.test_verifiers_env import Env
 
     def run(engine: PolicyEngine, max_turns: int, failing: bool) -> list[Any]:
-        if failing:
-            engine.fails = lambda context: "1 + 1" in context
         env = Env("multi", max_turns=max_turns)
-        # the environment's own limit above rlvr's: env.max_turns is the one that ends the episode
-        env.kwargs = {"load": "tests.test_env_conformance:talk_until_done", "args": {"max_turns": max_turns + 5}}
+        # the environment's own limit above rlvr's: env.max_turns is the one that ends the episode;
+        # failing: its env_response raises on the second prompt
+        env.kwargs = {"load": "tests.test_env_conformance:talk_until_done",
+                      "args": {"max_turns": max_turns + 5, "fail": failing}}
         episodes = verifiers_episodes(env, engine.tok, [], SamplingParams(max_new_tokens=96))
         from rlvr.agents.verifiers_env import environment_examples
 
@@ -214,8 +215,9 @@ def _verifiers() -> Protocol:
     return Protocol(run, lambda c: "done" if "Go on." in c else "thinking", lambda c: "thinking")
 
 
-def talk_until_done(max_turns: int = MAX_TURNS) -> Any:
-    """A verifiers MultiTurnEnv that answers "Go on." until the model says done."""
+def talk_until_done(max_turns: int = MAX_TURNS, fail: bool = False) -> Any:
+    """A verifiers MultiTurnEnv that answers "Go on." until the model says done (with `fail`, its
+    env_response raises on the second prompt)."""
     import verifiers as vf
 
     from tests.test_verifiers_env import questions
@@ -227,6 +229,8 @@ def talk_until_done(max_turns: int = MAX_TURNS) -> Any:
             return bool(trajectory) and "done" in (trajectory[-1]["completion"][-1].get("content") or "")
 
         async def env_response(self, messages: Any, state: Any, **kwargs: Any) -> Any:
+            if fail and "1 + 1" in str(messages[0]):
+                raise RuntimeError("the environment broke")
             return [{"role": "user", "content": "Go on."}]
 
     def said_done(completion: Any, **kwargs: Any) -> float:
