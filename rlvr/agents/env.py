@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass
@@ -32,6 +32,13 @@ class StepResult:
     reward had no verdict (a reward that returned None or failed through no fault of the
     completion, rlvr.rewards.combine): its return is not a score, and the episode is excluded
     from the update (`no_verdict`)."""
+
+
+def timeout_seconds(value: Any) -> float:
+    """`env.kwargs.timeout`, checked: a positive number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"env.kwargs.timeout must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def no_verdict(parts: dict[str, float]) -> dict[str, float]:

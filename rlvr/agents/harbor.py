@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr import sandbox
-from rlvr.agents.env import StepResult
+from rlvr.agents.env import StepResult, timeout_seconds
 from rlvr.agents.tools import parse_tool_calls
 from rlvr.data import Example
 from rlvr.errors import InfrastructureError
@@ -188,7 +188,7 @@ def _options(kwargs: dict[str, Any]) -> tuple[str, float, int]:
     if not isinstance(tasks, str):
         raise ValueError('env.name = "harbor" needs env.kwargs.tasks = "path": a Harbor task directory or a '
                          "directory of them")
-    return tasks, float(timeout), int(output)
+    return tasks, timeout_seconds(timeout), int(output)
 
 
 def check(env: Any) -> None:

@@ -52,7 +52,7 @@ from typing import Any
 
 from rlvr.agents import harbor, openenv_env
 from rlvr.agents.contract import Agent, EpisodeContext, agent_from_entry, awaited
-from rlvr.agents.env import no_verdict
+from rlvr.agents.env import no_verdict, timeout_seconds
 from rlvr.agents.runner import FAILED, Ending, Episode, as_groups
 from rlvr.errors import InfrastructureError
 from rlvr.rollout.engine import Engine
@@ -337,9 +337,7 @@ def episodes_of(agent: Agent, env: Any, timeout: Any, tokenizer: Any, rewards: l
                 params: SamplingParams, *, system_prompt: str | None = None) -> Callable[..., list[Any]]:
     """The episode builder (rlvr.train.data.Episodes) running `agent`, under the env config's
     limits (max_turns, max_total_tokens, max_context, mask) and `timeout`."""
-    if not isinstance(timeout, int | float) or timeout <= 0:
-        raise ValueError(f"env.kwargs.timeout must be a positive number of seconds, got {timeout!r}")
-    limits = AgentLimits(env.max_turns, env.max_total_tokens, env.max_context, float(timeout))
+    limits = AgentLimits(env.max_turns, env.max_total_tokens, env.max_context, timeout_seconds(timeout))
 
     def episodes(engine: Engine, examples: list[Any], indices: list[int], n: int, *,
                  sampling: SamplingParams | None = None) -> list[Any]:

@@ -51,7 +51,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.agents.env import StepResult
+from rlvr.agents.env import StepResult, timeout_seconds
 from rlvr.data import Example
 from rlvr.errors import InfrastructureError
 
@@ -92,8 +92,7 @@ class Options:
             raise ValueError(f'env.kwargs.transport must be "ws" or "http", not {options.transport!r}')
         if options.reward not in ("sum", "last"):
             raise ValueError(f'env.kwargs.reward must be "sum" or "last", not {options.reward!r}')
-        if not isinstance(options.timeout, int | float) or options.timeout <= 0:
-            raise ValueError(f"env.kwargs.timeout must be a positive number of seconds, got {options.timeout!r}")
+        timeout_seconds(options.timeout)
         return options
 
     @property
