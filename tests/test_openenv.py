@@ -140,6 +140,23 @@ def test_each_way_the_server_fails_ends_the_episode_infra_and_the_others_go_on(g
     assert sorted(full[0].metadata["endings"]) == ["done", "infra"]
 
 
+def test_each_episode_gives_its_session_back(guess_url: str) -> None:
+    """A server of one session serves episode after episode: each one's session ends with it."""
+    from openenv.core.env_server.http_server import create_fastapi_app
+
+    from rlvr.configs.openenv_server import GuessEnvironment, GuessObservation, TextAction
+
+    one = ThreadedApp(create_fastapi_app(GuessEnvironment, TextAction, GuessObservation, max_concurrent_envs=1))
+    try:
+        for k in range(3):
+            if k:
+                time.sleep(0.5)  # the close is sent in the background
+            played, _ = run(f"http://127.0.0.1:{one.port}", bisect, indices=(k,), n=1)
+            assert played[0].metadata["endings"] == ["done"], k
+    finally:
+        one.close()
+
+
 def test_a_server_that_cannot_be_reached_is_refused_before_the_run_and_infra_during_it() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -44,6 +44,7 @@ the model loads (`check`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import urllib.error
 import urllib.request
@@ -139,9 +140,16 @@ class OpenEnvEpisode:
         return StepResult(None if done else self._text(result["observation"]), reward=reward, done=done)
 
     def close(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            _POOL.submit(_close, session)
+        """End the session: after its reset has finished (an episode closed early, when another's
+        factory failed, may still be connecting), without waiting for the server's goodbye."""
+        def finish() -> None:
+            with contextlib.suppress(Exception):
+                self._reset.result(timeout=self.options.timeout)
+            session, self._session = self._session, None
+            if session is not None:
+                _close(session)
+
+        _POOL.submit(finish)
 
     # the transports: each raises InfrastructureError, saying what failed
 
