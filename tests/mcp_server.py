@@ -1,4 +1,5 @@
-"""An MCP server for the tests, written with the `mcp` package's FastMCP as its docs show:
+"""An MCP server for the tests: rlvr's example calculator (rlvr/configs/mcp_calculator.py, written
+with the `mcp` package's FastMCP) with tools that fail in each way a server can:
 
     python tests/mcp_server.py                 # over stdio
     python tests/mcp_server.py http PORT       # over streamable HTTP, at /mcp
@@ -9,18 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
-try:
-    from mcp.server.fastmcp import FastMCP
-except ImportError:  # mcp 2.x renamed it
-    from mcp.server import MCPServer as FastMCP  # type: ignore[no-redef,attr-defined]
-
-server = FastMCP("calc")
-
-
-@server.tool()
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
+from rlvr.configs.mcp_calculator import server
 
 
 @server.tool()

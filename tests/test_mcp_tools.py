@@ -36,7 +36,7 @@ STDIO = {"command": sys.executable, "args": [SERVER], "timeout": 20}
 
 def test_a_stdio_servers_tools_with_their_schemas_results_and_errors() -> None:
     tools = mcp_tools(STDIO)
-    assert list(tools) == ["add", "divide", "nap", "die"]
+    assert list(tools) == ["add", "subtract", "divide", "nap", "die"]
     add = tools["add"]
     assert add.description == "Add two integers." and add.parameters["required"] == ["a", "b"]
     assert add.parameters["properties"]["a"]["type"] == "integer"

@@ -250,7 +250,7 @@ def test_bad_agent_config_is_refused_before_the_model_loads(tmp_path: Path) -> N
 
     here = "tests.test_openai_agent"
     for kwargs, message in (("{}", "needs env.kwargs.entry"), (f'{{entry = "{here}:nope"}}', "could not be loaded.*nope"),
-                            (f'{{entry = "{here}:agent_for_training", retries = 3}}', "unknown retries"),
+                            (f'{{entry = "{here}:agent_for_training", retries = 3}}', "unknown keyword 'retries'"),
                             (f'{{entry = "{here}:agent_for_training", args = {{k = 1}}}}', "takes no keyword k"),
                             (f'{{entry = "{here}:SEEN"}}', "(?s)is a list, not a function.*def run_episode")):
         # a model path that does not exist: the agent's error comes first

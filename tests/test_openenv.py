@@ -216,7 +216,7 @@ def test_http_transport_for_a_one_step_environment(sums_url: str) -> None:
 def test_options_are_checked() -> None:
     for kwargs, message in (({}, "needs env.kwargs.url"), ({"url": "http://x", "transport": "grpc"}, "transport"),
                             ({"url": "http://x", "reward": "max"}, "reward must be"),
-                            ({"url": "http://x", "retries": 2}, "unknown retries")):
+                            ({"url": "http://x", "retries": 2}, "unknown keyword 'retries'")):
         with pytest.raises(ValueError, match=message):
             examples(kwargs, 2)
 

@@ -56,6 +56,7 @@ from rlvr.agents.env import StepResult, timeout_seconds
 from rlvr.agents.tools import parse_tool_calls
 from rlvr.data import Example
 from rlvr.errors import InfrastructureError
+from rlvr.options import check_names
 
 INSTRUCTION = ("Work in the shell: write commands in a ```bash block and you will see their output. When the task "
                "is done, reply without a command.")
@@ -179,12 +180,8 @@ def runnable(where: str) -> list[HarborTask]:
 
 
 def _options(kwargs: dict[str, Any]) -> tuple[str, float, int]:
-    rest = dict(kwargs)
-    tasks, timeout, output = rest.pop("tasks", None), rest.pop("timeout", 30.0), rest.pop("max_output", 2000)
-    rest.pop("instruction", None)
-    if rest:
-        raise ValueError(f"env.kwargs for harbor: unknown {', '.join(sorted(rest))} (it takes tasks, timeout, "
-                         "max_output, instruction)")
+    check_names("env.kwargs for harbor", kwargs, ["tasks", "timeout", "max_output", "instruction"])
+    tasks, timeout, output = kwargs.get("tasks"), kwargs.get("timeout", 30.0), kwargs.get("max_output", 2000)
     if not isinstance(tasks, str):
         raise ValueError('env.name = "harbor" needs env.kwargs.tasks = "path": a Harbor task directory or a '
                          "directory of them")

@@ -37,6 +37,7 @@ from typing import Any
 
 from rlvr.agents.tools import Tool
 from rlvr.errors import InfrastructureError
+from rlvr.options import check_names
 
 _SESSIONS: dict[str, McpSession] = {}
 _LOCK = threading.Lock()
@@ -54,14 +55,12 @@ def mcp_tools(spec: dict[str, Any]) -> dict[str, Tool]:
 
 class McpSession:
     def __init__(self, spec: dict[str, Any]) -> None:
+        check_names("env.kwargs.mcp", spec, ["command", "args", "env", "cwd", "url", "headers", "timeout"])
         spec = dict(spec)
         self.timeout = float(spec.pop("timeout", 30.0))
         self.command, self.url = spec.pop("command", None), spec.pop("url", None)
         self.args, self.env, self.cwd = list(spec.pop("args", [])), spec.pop("env", None), spec.pop("cwd", None)
         self.headers = spec.pop("headers", None)
-        if spec:
-            raise ValueError(f"env.kwargs.mcp: unknown {', '.join(sorted(spec))} (it takes command, args, env, cwd; "
-                             "or url, headers; and timeout)")
         if (self.command is None) == (self.url is None):
             raise ValueError('env.kwargs.mcp needs a server: {command = "python", args = ["server.py"]} (stdio) or '
                              '{url = "http://host:port/mcp"} (streamable HTTP)')

@@ -60,6 +60,7 @@ from rlvr.serve.protocol import Invalid
 from rlvr.types import Completion, SamplingParams, joined_versions
 from rlvr.serve.protocol import Limits
 from rlvr.models import context_length
+from rlvr.options import check_names
 from rlvr.data.tasks import render_example
 from rlvr.rewards.combine import score_group
 
@@ -321,10 +322,8 @@ def agent_of(env: Any) -> tuple[Agent, Any]:
     """The agent env.kwargs names, its signature checked (rlvr.agents.contract), and the timeout:
     cheap, so that `rlvr train` checks it before the model loads (`check_env`)."""
     kwargs = dict(env.kwargs)
-    entry, timeout, args = kwargs.pop("entry", None), kwargs.pop("timeout", 300.0), kwargs.pop("args", {})
-    if kwargs:
-        raise ValueError(f"env.kwargs for openai_agent: unknown {', '.join(sorted(kwargs))} "
-                         "(it takes entry, args, timeout)")
+    check_names("env.kwargs for openai_agent", kwargs, ["entry", "args", "timeout"])
+    entry, timeout, args = kwargs.get("entry"), kwargs.get("timeout", 300.0), kwargs.get("args", {})
     if not isinstance(entry, str):
         raise ValueError('env.name = "openai_agent" needs env.kwargs.entry = "package.module:function", the '
                          "agent's episode function (or object)")

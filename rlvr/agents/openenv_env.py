@@ -55,6 +55,7 @@ from typing import Any
 from rlvr.agents.env import StepResult, timeout_seconds
 from rlvr.data import Example
 from rlvr.errors import InfrastructureError
+from rlvr.options import check_names
 
 OBSERVATION_FIELDS = ("prompt", "text", "message", "feedback", "content", "observation")
 """Where an observation's text is looked for, in order, when no template is given."""
@@ -79,10 +80,7 @@ class Options:
 
     @classmethod
     def of(cls, kwargs: dict[str, Any]) -> Options:
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"env.kwargs for openenv: unknown {', '.join(unknown)} (it takes {', '.join(sorted(known))})")
+        check_names("env.kwargs for openenv", kwargs, sorted(cls.__dataclass_fields__))
         if not isinstance(kwargs.get("url"), str) or not kwargs["url"].startswith(("http://", "https://", "ws://",
                                                                                    "wss://")):
             raise ValueError('env.name = "openenv" needs env.kwargs.url = "http://host:port", the OpenEnv server '

@@ -28,6 +28,7 @@ from rlvr.agents.contract import as_agent
 from rlvr.agents.openai_agent import episodes_of
 from rlvr.data.tasks import Example
 from rlvr.rewards.styles import PROMPT_MESSAGES
+from rlvr.options import check_names
 from rlvr.types import SamplingParams
 from rlvr.rewards.combine import load_callable
 
@@ -43,6 +44,7 @@ SUPPORTED = "0.3.1"
 
 def _options(kwargs: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(load, args, the rest) of env.kwargs."""
+    check_names("env.kwargs for verifiers", kwargs, ["load", "args", "timeout"])
     rest = dict(kwargs)
     load, args = rest.pop("load", None), rest.pop("args", {})
     if not isinstance(load, str):
@@ -112,7 +114,5 @@ def verifiers_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: Sam
         return float(out["reward"])
 
     timeout = rest.pop("timeout", 300.0)
-    if rest:
-        raise ValueError(f"env.kwargs for verifiers: unknown {', '.join(sorted(rest))} (it takes load, args, timeout)")
     return episodes_of(as_agent(run_episode, load, {}), env, timeout, tokenizer, rewards, params,
                        system_prompt=system_prompt)
