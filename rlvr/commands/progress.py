@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlvr.log.sinks import elapsed_line
+
 
 @contextlib.contextmanager
 def counting(totals: dict[str, int]) -> Iterator[Callable[[str, int], None]]:
@@ -65,4 +67,4 @@ class Stages:
     def _line(self, text: str) -> None:
         self.said = time.perf_counter()
         if not self.console.is_terminal:
-            print(f"[{self.said - self.began:6.1f}s] {self.label}: {text}", file=sys.stderr, flush=True)
+            elapsed_line(self.console, self.began, self.label, text)

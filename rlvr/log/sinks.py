@@ -106,7 +106,7 @@ class ConsoleProgress:
         now = time.perf_counter()
         if text != last and (text.split()[0] != last.split(" ", 1)[0] or now - when >= 10.0):
             self.said = (text, now)
-            self.console.print(f"[{now - self.began:6.1f}s] {self.label}: {text}", highlight=False, markup=False)
+            elapsed_line(self.console, self.began, self.label, text)
 
     def step(self, step: int, metrics: dict[str, Any]) -> None:
         self.done, self.doing, self.stepped = step, "", True
@@ -119,13 +119,19 @@ class ConsoleProgress:
         self.console.print(text, highlight=False, soft_wrap=True)
 
 
+def elapsed_line(console: Console, began: float, label: str, text: str) -> None:
+    """What a command does, as one line of a log (where the output is not a terminal): the
+    seconds since it began, its name and `text`, unwrapped."""
+    console.print(f"[{time.perf_counter() - began:6.1f}s] {label}: {text}", highlight=False, markup=False,
+                  soft_wrap=True)
+
+
 def setting_up(began: float, label: str = "train") -> None:
     """Where stderr is not a terminal, say that the command is setting up (loading the model, the
     task and the engine can take a minute, and a log file would otherwise show nothing)."""
     console = Console(stderr=True)
     if not console.is_terminal:
-        console.print(f"[{time.perf_counter() - began:6.1f}s] {label}: setting up (the model, the task, the engine)",
-                      highlight=False, markup=False)
+        elapsed_line(console, began, label, "setting up (the model, the task, the engine)")
 
 
 class ScreeningProgress:
