@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,15 @@ def test_failing_agents_are_counted_excluded_and_the_run_goes_on(caplog: Any) ->
 
     groups = run(hangs, limits=AgentLimits(timeout=3.0))
     assert groups[1].metadata["endings"] == ["timeout", "timeout"] and all(s.excluded for s in groups[1].samples)
+
+    def hangs_in_a_thread(client: openai.OpenAI, row: dict[str, Any]) -> float:  # the timeout holds it too
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+        if row["id"] == "ex1":
+            time.sleep(6)
+        return 1.0
+
+    groups = run(hangs_in_a_thread, limits=AgentLimits(timeout=3.0))
+    assert groups[1].metadata["endings"] == ["timeout", "timeout"]
 
     def sync_agent(client: openai.OpenAI, row: dict[str, Any]) -> Any:  # a plain function works too
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])

@@ -208,19 +208,21 @@ def row_of(example: Any) -> dict[str, Any]:
 async def _run_one(agent: Agent, base_url: str, key: str, row: dict[str, Any], timeout: float, tag: str) -> Any:
     import openai
 
-    if agent.asynchronous:
-        client: Any = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout)
-        try:
-            context = EpisodeContext(client, POLICY, dict(row), base_url, key, tag)
-            return await asyncio.wait_for(awaited(agent.call(context)), timeout)
-        finally:
-            await client.close()
-    client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout)
-    try:  # a plain function runs in a thread; a timeout abandons it there (its calls fail once the step ends)
-        context = EpisodeContext(client, POLICY, dict(row), base_url, key, tag)
-        return await asyncio.wait_for(awaited(await asyncio.to_thread(agent.call, context)), timeout)
+    make = openai.AsyncOpenAI if agent.asynchronous else openai.OpenAI
+    client: Any = make(base_url=base_url, api_key=key, max_retries=0, timeout=timeout)
+    context = EpisodeContext(client, POLICY, dict(row), base_url, key, tag)
+
+    async def episode() -> Any:
+        # a plain function runs in a thread; a timeout abandons it there (its calls fail once the step ends)
+        value = agent.call(context) if agent.asynchronous else await asyncio.to_thread(agent.call, context)
+        return await awaited(value)
+
+    try:
+        return await asyncio.wait_for(episode(), timeout)  # the whole episode, a plain function's too
     finally:
-        client.close()
+        closing = client.close()
+        if agent.asynchronous:
+            await closing
 
 
 POLICY = "policy"
