@@ -67,8 +67,6 @@ class Agent:
     call: Callable[[EpisodeContext], Any]
     asynchronous: bool
     """Run on the event loop with an async client (else in a thread, with a sync client)."""
-    what: str
-    """How rlvr reads the entry, for the log."""
 
 
 def agent_from_entry(entry: str, args: Mapping[str, Any] | None = None, *, max_turns: int = 10) -> Agent:
@@ -103,8 +101,7 @@ def as_agent(obj: Any, where: str, args: Mapping[str, Any], *, max_turns: int = 
                                   f"__call__ method\n{FORMS}")
     bound = bind(fn, where, args)
     asynchronous = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
-    return Agent(bound, asynchronous, f"{getattr(fn, '__qualname__', type(obj).__name__)}, "
-                                      f"{'async' if asynchronous else 'sync (run in a thread)'}")
+    return Agent(bound, asynchronous)
 
 
 def bind(fn: Callable[..., Any], where: str, args: Mapping[str, Any]) -> Callable[[EpisodeContext], Any]:
@@ -186,7 +183,7 @@ def _sdk_agent(agent: Any, where: str, args: Mapping[str, Any], max_turns: int) 
             return ""
         return str(result.final_output)
 
-    return Agent(call, True, f"the Agents SDK agent {getattr(agent, 'name', '?')!r}, run by agents.Runner")
+    return Agent(call, True)
 
 
 def _is_langgraph_graph(obj: Any) -> bool:
@@ -204,7 +201,7 @@ def _graph_agent(graph: Any, args: Mapping[str, Any]) -> Agent:
                                     config={"configurable": configurable})
         return graph_outcome(state)
 
-    return Agent(call, True, f"the LangGraph graph {getattr(graph, 'name', '?')!r}, run by ainvoke")
+    return Agent(call, True)
 
 
 def graph_outcome(state: Any) -> Any:
