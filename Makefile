@@ -7,7 +7,7 @@ VLLM_TESTS := tests/test_engine_contract.py tests/test_vllm.py
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-packages demo test test-bf16 test-fp32 test-vllm vllm-env typecheck clean
+.PHONY: setup system-packages demo test test-bf16 test-fp32 test-vllm test-verifiers04 vllm-env typecheck clean
 
 # torch goes in first, pinned, so that no other package pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -45,6 +45,20 @@ $(VLLM_STAMP): pyproject.toml
 
 vllm-env: $(VLLM_STAMP)
 
+# verifiers 0.4 (its v1 stack alone) pins openai<3 and mcp 2.0, which the project's venv cannot
+# hold beside the OpenAI Agents SDK (openai 3): a small venv of its own, over the project's venv
+# (a .pth file naming its packages), holds verifiers 0.4 and the versions it pins, for the v1
+# tests; the project's venv runs them on verifiers 0.3.1.
+VF04_VENV  := .venv-verifiers04
+VF04_STAMP := $(VF04_VENV)/.installed
+
+$(VF04_STAMP): $(STAMP)
+	test -x $(VF04_VENV)/bin/python || $(PYTHON) -m venv $(VF04_VENV)
+	$(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	  > "$$($(VF04_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/rlvr-venv.pth"
+	$(VF04_VENV)/bin/pip install --quiet verifiers==0.4.0
+	touch $(VF04_STAMP)
+
 # From the distribution: bubblewrap for the sandbox that runs model-written code (rlvr.sandbox);
 # chromium and its driver for the test that opens `rlvr report`'s page in a real browser.
 SYSTEM_PACKAGES := bwrap:bubblewrap chromium:chromium chromedriver:chromium-driver
@@ -67,10 +81,15 @@ test: setup
 	$(BIN)/python -m pytest -q -m "not vllm"
 	$(BIN)/python -m mypy
 	$(MAKE) test-vllm
+	$(MAKE) test-verifiers04
 
 # vLLM's tests (marked vllm), in .venv-vllm; there a vLLM that does not import fails them, not skips
 test-vllm: $(VLLM_STAMP)
 	RLVR_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -m vllm -p no:cacheprovider $(VLLM_TESTS)
+
+# the verifiers v1 tests on verifiers 0.4 (see VF04_VENV)
+test-verifiers04: $(VF04_STAMP)
+	$(VF04_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_verifiers_v1.py
 
 # The suite again with "auto" precision forced to bf16 (or fp32), so that path runs even on a CPU
 # where rlvr would pick the other; tests whose result cannot depend on it (no model, or a pinned
@@ -82,4 +101,4 @@ typecheck: setup
 	$(BIN)/python -m mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VF04_VENV) .pytest_cache .mypy_cache

@@ -215,6 +215,20 @@ def _verifiers() -> Protocol:
     return Protocol(run, lambda c: "done" if "Go on." in c else "thinking", lambda c: "thinking")
 
 
+def _verifiers_v1(monkeypatch: pytest.MonkeyPatch) -> Protocol:
+    pytest.importorskip("verifiers.v1")
+    from tests.test_verifiers_v1 import TASKSETS, Env, _run
+
+    monkeypatch.syspath_prepend(TASKSETS)  # its taskset package, as if installed
+
+    def run(engine: PolicyEngine, max_turns: int, failing: bool) -> list[Any]:
+        # its own limit above rlvr's; failing: its run() raises on the second prompt
+        return _run(Env({"id": "vf-talk", "size": 2}, max_turns=max_turns, turns=max_turns + 5,
+                        fail_on="1 + 1" if failing else ""), engine, [0, 1])
+
+    return Protocol(run, lambda c: "done" if "Go on." in c else "thinking", lambda c: "thinking")
+
+
 def talk_until_done(max_turns: int = MAX_TURNS, fail: bool = False) -> Any:
     """A verifiers MultiTurnEnv that answers "Go on." until the model says done (with `fail`, its
     env_response raises on the second prompt)."""
@@ -268,7 +282,7 @@ def _examples_of(folder: Path) -> list[Example]:
     return examples({"tasks": str(folder)}, 0)
 
 
-PROTOCOLS = ["native", "openenv", "mcp", "openai_agent", "verifiers", "harbor"]
+PROTOCOLS = ["native", "openenv", "mcp", "openai_agent", "verifiers", "verifiers_v1", "harbor"]
 
 
 @pytest.fixture
@@ -278,6 +292,8 @@ def protocol(request: pytest.FixtureRequest) -> Protocol:
         return _openenv(request.getfixturevalue("guess_server"))
     if name == "harbor":
         return _harbor(request.getfixturevalue("tmp_path"))
+    if name == "verifiers_v1":
+        return _verifiers_v1(request.getfixturevalue("monkeypatch"))
     return {"native": _native, "mcp": _mcp, "openai_agent": _openai_agent, "verifiers": _verifiers}[name]()
 
 

@@ -43,8 +43,11 @@ SUPPORTED = "0.3.1"
 
 
 def _options(kwargs: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(load, args, the rest) of env.kwargs."""
-    check_names("env.kwargs for verifiers", kwargs, ["load", "args", "timeout"])
+    """(load, args, the rest) of env.kwargs for a classic environment."""
+    check_names("env.kwargs for verifiers", kwargs, ["load", "args", "timeout", "v1"])
+    if "v1" in kwargs:
+        raise ValueError("env.kwargs for verifiers takes either load (a classic environment) or v1 (a v1 [env] "
+                         "block), not both")
     rest = dict(kwargs)
     load, args = rest.pop("load", None), rest.pop("args", {})
     if not isinstance(load, str):
@@ -52,6 +55,13 @@ def _options(kwargs: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any
     if not isinstance(args, dict):
         raise ValueError(f"env.kwargs.args must be a table of load_environment's arguments, got {args!r}")
     return load, args, rest
+
+
+def _v1(kwargs: dict[str, Any]) -> Any:
+    from rlvr.agents import verifiers_v1
+
+    check_names("env.kwargs for verifiers v1", dict(kwargs), ["v1", "timeout"])
+    return verifiers_v1.of(kwargs["v1"])
 
 
 def load_environment(load: str, args: dict[str, Any]) -> Any:
@@ -76,6 +86,8 @@ def _load(load: str, args_json: str) -> Any:
 def environment_examples(env_kwargs: dict[str, Any]) -> list[Example]:
     """The environment's dataset as examples: its prompt messages (rendered whole, as the
     environment formats them), its answer, and every other column for the rollout."""
+    if "v1" in env_kwargs:
+        return _v1(env_kwargs).examples()
     load, args, _ = _options(env_kwargs)
     dataset = load_environment(load, args).get_dataset()
     examples = []
@@ -97,6 +109,14 @@ def environment_examples(env_kwargs: dict[str, Any]) -> list[Example]:
 def verifiers_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: SamplingParams, *,
                        system_prompt: str | None = None) -> Callable[..., list[Any]]:
     """The episode builder for `env.name = "verifiers"` (rlvr.train.data.Episodes)."""
+    if "v1" in env.kwargs:
+        v1 = _v1(env.kwargs)
+
+        async def run_v1_episode(client: Any, row: dict[str, Any]) -> float:
+            return await v1.episode(client, row)
+
+        return episodes_of(as_agent(run_v1_episode, "verifiers v1", {}), env, dict(env.kwargs).get("timeout", 300.0),
+                           tokenizer, rewards, params, system_prompt=system_prompt)
     load, args, rest = _options(dict(env.kwargs))
     environment = load_environment(load, args)
 
