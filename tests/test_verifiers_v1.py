@@ -148,6 +148,26 @@ def test_training_on_a_v1_taskset(tmp_path: Path) -> None:
     assert rows[-1]["env/turns"] == 2.0  # the env's two turns, each sampled by the policy
 
 
+def test_the_packaged_example_and_its_taskset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rlvr/configs/verifiers_sums.toml on examples/verifiers_sums (as after `pip install -e`)."""
+    from rlvr.config import load_config
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "examples" / "verifiers_sums"))
+    cfg = load_config("verifiers_sums", [])
+    examples = environment_examples(cfg.env.kwargs)
+    assert len({e.prompt for e in examples}) == 100  # every pair of digits, once
+    assert all(int(e.answer) == sum(map(int, e.prompt[8:].split("?")[0].split(" + "))) for e in examples)
+    env = Env("verifiers-sums")
+    env.kwargs = dict(cfg.env.kwargs)
+    def even(text: str) -> bool:
+        return text.rsplit("What is ", 1)[1][0] in "02468"
+
+    engine = PolicyEngine(lambda c: _sum(c) if even(c) else "no idea")  # right where the first digit is even
+    groups = _run(env, engine, list(range(12)), n=1)
+    rewards = [g.samples[0].reward for g in groups]
+    assert rewards == [float(even(g.prompt)) for g in groups] and 0 < sum(rewards) < len(rewards)
+
+
 def test_a_bad_v1_block_is_refused() -> None:
     with pytest.raises(ValueError, match="needs taskset"):
         environment_examples({"v1": {"agent": {}}})
