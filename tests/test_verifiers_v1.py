@@ -126,6 +126,14 @@ def test_a_tool_server_that_dies_fails_the_episode_not_the_model() -> None:
     assert answered.samples[0].reward == 1.0
 
 
+def test_a_seat_that_is_not_the_policy_may_not_call_the_policy() -> None:
+    from rlvr.agents.openai_agent import AgentError
+
+    engine = PolicyEngine(lambda c: "done")
+    with pytest.raises(AgentError, match="'critic' is not trainable but called the policy's server"):
+        _run(Env("vf-duo"), engine, [0], n=1)
+
+
 def test_training_on_a_v1_taskset(tmp_path: Path) -> None:
     from rlvr.config import load_config
     from rlvr.train.loop import train

@@ -267,7 +267,7 @@ class V1Environment:
         ctx = ModelContext(model="policy", client=EvalClientConfig(base_url=base_url, api_key_var=KEY_VARIABLE))
         root = base_url.split("/e/", 1)[0]
         episode = await self._run(self._episode(self.tasks[int(row[TASK_INDEX])], ctx, root))
-        return reward_of(episode)
+        return reward_of(episode, base_url)
 
     def close(self) -> None:
         """Stop serving (tool servers, the interception) and the loop; idempotent."""
@@ -284,13 +284,19 @@ class EpisodeFailed(RuntimeError):
     """verifiers did not finish the episode (its errors say why)."""
 
 
-def reward_of(episode: Any) -> float:
-    """The reward of a finished episode: its one trainable trace's (verifiers' weighted sum)."""
+def reward_of(episode: Any, policy_url: str) -> float:
+    """The reward of a finished episode: its one trainable trace's (verifiers' weighted sum).
+    `policy_url` is the episode's endpoint on rlvr's server."""
     errors = [*episode.errors, *(e for t in episode.traces for e in t.errors)]
     if not episode.ok or errors:
         first = errors[0] if errors else None
         why = f"{first.type}: {first.message}" if first is not None else "it did not finish"
         raise EpisodeFailed(f"the verifiers episode failed ({why})")
+    for t in episode.traces:  # a seat that is not the policy, calling rlvr's server, would be trained as the policy
+        client = getattr(t.agent.config, "client", None)
+        if not t.agent.trainable and t.calls and str(getattr(client, "base_url", "")).rstrip("/") == policy_url:
+            raise EpisodeFailed(f"the verifiers seat {t.agent.name!r} is not trainable but called the policy's "
+                                "server, whose calls all train the policy: give it its own model and client")
     trained = [t for t in episode.traces if t.agent.trainable]
     if len(trained) != 1:
         raise EpisodeFailed(f"the verifiers episode has {len(trained)} trainable traces; rlvr trains episodes with "
