@@ -69,6 +69,12 @@ def test_each_tasks_reference_solution_scores_1_and_doing_nothing_0(tmp_path: Pa
     assert all(m["verifier/answer_file"] == 0.0 for g in idle for m in g.metadata["env_metrics"])
     wrong = play(folder, lambda c: "Done." if "(no output)" in c else "```bash\necho 99 > /app/answer.txt\n```")
     assert [s.reward for g in wrong for s in g.samples] == [0.1] * 3  # the example tasks' format credit
+    # the examples' `solution` field, as a warm start's template renders it, is a demonstration that solves
+    solutions = {ex.prompt: ex.fields["solution"] for ex in examples({"tasks": str(folder)}, 0)}
+    assert all(not text.startswith("#!") and "/app/answer.txt" in text for text in solutions.values())
+    demo = play(folder, lambda c: "Done." if "(no output)" in c else
+                "```bash\n" + next(v for k, v in solutions.items() if k in c) + "\n```")
+    assert [s.reward for g in demo for s in g.samples] == [1.0] * 3
 
 
 def test_the_files_persist_between_commands_and_the_policy_sees_their_output(tmp_path: Path) -> None:
@@ -150,3 +156,49 @@ def test_training_on_harbor_tasks(tiny_dir: Path, tmp_path: Path) -> None:
     rows = read_metrics(tmp_path / "harbor")
     assert len(rows) == 2 and rows[-1]["env/ending/done"] > 0  # the verifier ran and gave its verdict
     assert "env/verifier/answer_file" in rows[-1]
+
+
+def test_a_warm_start_on_the_tasks_reference_solutions(tiny_dir: Path, tmp_path: Path) -> None:
+    """expert.mode = "warm_start" with the tasks' solve.sh as demonstrations of the first turn:
+    fine-tuned on them, rendered after the environment's first observation, then RL goes on."""
+    import rlvr.train.methods.expert as expert
+    from rlvr.config import load_config
+    from rlvr.train.loop import train
+    from tests.test_train import overrides, read_metrics
+
+    folder = tasks(tmp_path, 6)
+    seen: list[tuple[Any, ...]] = []
+    first_turns = expert.first_turns
+
+    def spy(run: Any, indices: list[int]) -> Any:
+        out = first_turns(run, indices)
+        seen.extend(out.values())
+        return out
+
+    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "warm", train__steps=2), 'env.name="harbor"',
+                             f'env.kwargs={{tasks = "{folder}"}}', "env.max_turns=1", "task.eval_size=2",
+                             "train.prompts_per_step=2", 'expert.mode="warm_start"',
+                             'expert.template="```bash\\n{solution}\\n```"',
+                             'expert.kwargs={when = "start", epochs = 2, batch = 2}'])
+    expert.first_turns = spy
+    try:
+        train(cfg, quiet=True)
+    finally:
+        expert.first_turns = first_turns
+    rows = read_metrics(tmp_path / "warm")
+    (warm,) = [r for r in rows if "expert/warm_start_steps" in r]
+    assert warm["expert/warm_start_steps"] == 4  # 4 training tasks, batches of 2, 2 epochs
+    assert warm["expert/warm_start_nll_last"] < warm["expert/warm_start_nll_first"]
+    # each demonstration followed what the episode shows first: the instruction and how to act
+    assert len(seen) == 4 and all(shown is not None and "```bash" in shown for shown, _ in seen)
+
+
+def test_a_warm_start_is_refused_where_an_agent_writes_the_prompts() -> None:
+    from rlvr.config import load_config
+    from rlvr.train.methods.expert import check
+
+    cfg = load_config(None, ['env.name="openai_agent"', 'env.kwargs={entry = "x:y"}', 'expert.mode="warm_start"'])
+    with pytest.raises(ValueError, match="runs an agent that writes its own prompts"):
+        check(cfg)
+    with pytest.raises(ValueError, match="does not combine with multi-turn episodes"):
+        check(load_config(None, ['env.name="harbor"', 'env.kwargs={tasks = "t"}', 'expert.mode="relift"']))

@@ -36,7 +36,7 @@ STDIO = {"command": sys.executable, "args": [SERVER], "timeout": 20}
 
 def test_a_stdio_servers_tools_with_their_schemas_results_and_errors() -> None:
     tools = mcp_tools(STDIO)
-    assert list(tools) == ["add", "subtract", "divide", "nap", "die"]
+    assert list(tools) == ["add", "subtract", "evaluate", "divide", "nap", "die"]
     add = tools["add"]
     assert add.description == "Add two integers." and add.parameters["required"] == ["a", "b"]
     assert add.parameters["properties"]["a"]["type"] == "integer"
@@ -45,6 +45,9 @@ def test_a_stdio_servers_tools_with_their_schemas_results_and_errors() -> None:
     # the server's own failures are output the model reads, beginning "error:"
     assert tools["divide"](a=1, b=0).startswith("error:") and "division by zero" in tools["divide"](a=1, b=0)
     assert tools["add"](a="x", b=1).startswith("error:")
+    # the example's evaluate: sums and differences only, anything else refused
+    assert tools["evaluate"](expression="15 - 43") == "-28" and tools["evaluate"](expression="12+30-7") == "35"
+    assert all(tools["evaluate"](expression=e).startswith("error:") for e in ["1 * 2", "3 4", "1 +", "__import__('os')"])
     assert mcp_tools(dict(STDIO)) is not tools and mcp_tools(dict(STDIO))["add"](a=1, b=2) == "3"  # one session
 
 

@@ -162,9 +162,21 @@ def load_tasks(where: str | Path) -> list[HarborTask]:
 
 
 def examples(env_kwargs: dict[str, Any], size: int) -> list[Example]:
-    """The tasks as examples (task.source = "env"): the instruction is the prompt."""
+    """The tasks as examples (task.source = "env"): the instruction is the prompt. A task with a
+    reference solution carries its commands as the field `solution` (solution/solve.sh less its
+    `#!` line; never shown to the policy), for a warm start on them:
+    expert.mode = "warm_start", expert.template = "```bash\n{solution}\n```"."""
     tasks = runnable(_options(env_kwargs)[0])
-    return [Example(t.instruction, None, {"task_dir": str(t.path)}, f"harbor/{t.name}") for t in tasks]
+    return [Example(t.instruction, None, {"task_dir": str(t.path), **_solution(t.path)}, f"harbor/{t.name}")
+            for t in tasks]
+
+
+def _solution(path: Path) -> dict[str, str]:
+    solve = path / "solution" / "solve.sh"
+    if not solve.is_file():
+        return {}
+    lines = solve.read_text().splitlines()
+    return {"solution": "\n".join(lines[1:] if lines and lines[0].startswith("#!") else lines).strip()}
 
 
 def runnable(where: str) -> list[HarborTask]:

@@ -6,6 +6,8 @@ package's FastMCP (`pip install mcp`):
 
 from __future__ import annotations
 
+import re
+
 try:
     from mcp.server.fastmcp import FastMCP
 except ImportError:  # mcp 2.x renamed it
@@ -24,6 +26,16 @@ def add(a: int, b: int) -> int:
 def subtract(a: int, b: int) -> int:
     """Subtract b from a."""
     return a - b
+
+
+@server.tool()
+def evaluate(expression: str) -> int:
+    """Evaluate a sum or difference of integers, such as "12 + 30 - 7"."""
+    terms = re.findall(r"\s*([+-]?)\s*(\d+)\s*", expression)
+    written = "".join(f"{sign}{digits}" for sign, digits in terms)
+    if not terms or not all(sign for sign, _ in terms[1:]) or written != re.sub(r"\s+", "", expression):
+        raise ValueError(f"not a sum or difference of integers: {expression!r}")
+    return sum(-int(digits) if sign == "-" else int(digits) for sign, digits in terms)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import random
 import statistics
+import string
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
@@ -43,7 +44,7 @@ from rlvr.algos import aggregate_loss
 from rlvr.options import EXPERT_OPTIONS as OPTIONS, ChordOptions, ReliftOptions, WarmStartOptions
 from rlvr.algos.supervised import chord_mu, sft_token_loss
 from rlvr.data.chat import tokenize_chat, with_system
-from rlvr.data.tasks import Example, demonstration_text
+from rlvr.data.tasks import Example, demonstration_text, render_prompt
 from rlvr.rewards.combine import score_group
 from rlvr.train.batches import scored_batches
 from rlvr.train.learner import Learner
@@ -59,16 +60,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def demonstration(run: Run, index: int, prompt_ids: tuple[int, ...]) -> Sample:
-    """The expert sample for training prompt `index` (see module docstring)."""
+def demonstration(run: Run, index: int, prompt_ids: tuple[int, ...], shown: str | None = None) -> Sample:
+    """The expert sample for training prompt `index` (see module docstring); `shown` is what the
+    policy is shown first where that is not the example's prompt (an environment's first
+    observation), and `prompt_ids` its rendering."""
     cfg = run.cfg
     if run.task.media is not None:
         raise ValueError("expert demonstrations (expert.mode) on prompts with images are not supported yet: "
                          "a demonstration is rendered as text (docs/vlm.md)")
     example: Example = run.task.examples[index]
     text = demonstration_text(example, cfg.expert.template)
-    messages = with_system([{"role": "user", "content": example.prompt}, {"role": "assistant", "content": text}],
-                           cfg.task.system_prompt)
+    messages = with_system([{"role": "user", "content": example.prompt if shown is None else shown},
+                            {"role": "assistant", "content": text}], cfg.task.system_prompt)
     t = tokenize_chat(run.tokenizer, messages, eos_token_ids=set(run.engine.eos_token_ids), train_turns="last")
     start = t.mask.index(1)
     if tuple(t.ids[:start]) != tuple(prompt_ids):
@@ -239,7 +242,7 @@ class WarmStart(Method):
         steps = o.epochs * -(-len(indices) // o.batch)
         log.warning("expert warm start at step %d: %s; fine-tuning on %d demonstrations (expert.template), "
                     "%d epochs, %d SFT steps, then RL goes on", step, cause, len(indices), o.epochs, steps)
-        demos = {i: demonstration(run, i, tuple(run.task.prompt_ids[i])) for i in indices}
+        demos = {i: demonstration(run, i, prompt_ids, shown) for i, (shown, prompt_ids) in first_turns(run, indices).items()}
         rng, t0, nll = random.Random(self.seed), time.perf_counter(), []
         for epoch in range(o.epochs):
             order = rng.sample(indices, len(indices))  # a fresh order each epoch, the same on a rerun
@@ -267,6 +270,21 @@ class WarmStart(Method):
         self.unsolved.extend(float(u) for u in state["unsolved"])
 
 
+def first_turns(run: Run, indices: list[int]) -> dict[int, tuple[str | None, tuple[int, ...]]]:
+    """(what the policy is shown first, its prompt ids) for each training prompt: the example's
+    own prompt, or with env.name its environment's first observation, rendered as the runner
+    renders it (a demonstration of an episode's first turn)."""
+    if run.cfg.env.name is None:
+        return {i: (None, tuple(run.task.prompt_ids[i])) for i in indices}
+    from rlvr.agents.envs import env_factory
+    from rlvr.agents.runner import first_observations
+
+    shown = first_observations(env_factory(run.cfg.env.name), [run.task.examples[i] for i in indices],
+                               run.task.rewards, dict(run.cfg.env.kwargs))
+    return {i: (text, tuple(render_prompt(run.tokenizer, text, run.cfg.task.system_prompt)))
+            for i, text in zip(indices, shown)}
+
+
 def check(cfg: RunConfig) -> None:
     """The expert hybrids (LUFFY, CHORD, ReLIFT) and what their demonstrations need (run when a
     run opens, before the model loads)."""
@@ -279,9 +297,15 @@ def check(cfg: RunConfig) -> None:
     if mode != "none" and cfg.sampler.templates:
         raise ValueError("expert demonstrations follow the task's own prompt; they do not combine with "
                          "sampler.templates")
-    if mode != "none" and cfg.env.name is not None:
+    if mode not in ("none", "warm_start") and cfg.env.name is not None:
         raise ValueError(f"expert.mode = {mode!r} trains single-turn demonstrations; it does not "
-                         "combine with multi-turn episodes (env.name)")
+                         "combine with multi-turn episodes (env.name); \"warm_start\" does (its demonstrations "
+                         "are of an episode's first turn)")
+    from rlvr.agents.openai_agent import SERVED_IN_PROCESS
+
+    if mode == "warm_start" and cfg.env.name in SERVED_IN_PROCESS:
+        raise ValueError(f"expert.mode = \"warm_start\" demonstrates an episode's first turn, which rlvr renders "
+                         f"itself; env.name = {cfg.env.name!r} runs an agent that writes its own prompts")
 
 
 def build_luffy(run: Run, info: SetupInfo) -> Method | None:
@@ -303,8 +327,12 @@ def build_warm_start(run: Run, info: SetupInfo) -> Method | None:
     if e.mode != "warm_start":
         return None
     options: WarmStartOptions = e.options()
-    missing = [ex.id for ex in run.task.examples[: options.examples] if ex.answer is None]
+    examples = run.task.examples[: options.examples]
+    uses_answer = any(name == "answer" for _, name, _, _ in string.Formatter().parse(e.template))
+    missing = [ex.id for ex in examples if uses_answer and ex.answer is None]
     if missing:
         raise ValueError(f"expert.mode = \"warm_start\" trains on the training prompts' reference answers, and "
                          f"{len(missing)} of the first {options.examples} have none (e.g. {missing[0]})")
+    for ex in examples:  # every demonstration can be written (the error names what a field lacks)
+        demonstration_text(ex, e.template)
     return WarmStart(options, run.cfg.seed)
