@@ -159,38 +159,38 @@ def test_training_on_harbor_tasks(tiny_dir: Path, tmp_path: Path) -> None:
 
 
 def test_a_warm_start_on_the_tasks_reference_solutions(tiny_dir: Path, tmp_path: Path) -> None:
-    """expert.mode = "warm_start" with the tasks' solve.sh as demonstrations of the first turn:
-    fine-tuned on them, rendered after the environment's first observation, then RL goes on."""
-    import rlvr.train.methods.expert as expert
+    """expert.mode = "warm_start" with the tasks' solve.sh as demonstrations of whole episodes (the
+    command, then "Done."): played through the environment, verified, fine-tuned on, then RL."""
     from rlvr.config import load_config
     from rlvr.train.loop import train
     from tests.test_train import overrides, read_metrics
 
     folder = tasks(tmp_path, 6)
-    seen: list[tuple[Any, ...]] = []
-    first_turns = expert.first_turns
-
-    def spy(run: Any, indices: list[int]) -> Any:
-        out = first_turns(run, indices)
-        seen.extend(out.values())
-        return out
-
     cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "warm", train__steps=2), 'env.name="harbor"',
-                             f'env.kwargs={{tasks = "{folder}"}}', "env.max_turns=1", "task.eval_size=2",
+                             f'env.kwargs={{tasks = "{folder}"}}', "env.max_turns=3", "task.eval_size=2",
                              "train.prompts_per_step=2", 'expert.mode="warm_start"',
-                             'expert.template="```bash\\n{solution}\\n```"',
+                             'expert.template="```bash\\n{solution}\\n```{next_turn}Done."',
                              'expert.kwargs={when = "start", epochs = 2, batch = 2}'])
-    expert.first_turns = spy
-    try:
-        train(cfg, quiet=True)
-    finally:
-        expert.first_turns = first_turns
+    train(cfg, quiet=True)
     rows = read_metrics(tmp_path / "warm")
     (warm,) = [r for r in rows if "expert/warm_start_steps" in r]
     assert warm["expert/warm_start_steps"] == 4  # 4 training tasks, batches of 2, 2 epochs
+    assert warm["expert/warm_start_demo_reward"] == 1.0  # every demonstration, played, passed its verifier
     assert warm["expert/warm_start_nll_last"] < warm["expert/warm_start_nll_first"]
-    # each demonstration followed what the episode shows first: the instruction and how to act
-    assert len(seen) == 4 and all(shown is not None and "```bash" in shown for shown, _ in seen)
+
+
+def test_a_demonstration_that_does_not_end_its_episode_is_refused(tiny_dir: Path, tmp_path: Path) -> None:
+    from rlvr.config import load_config
+    from rlvr.train.loop import train
+    from tests.test_train import overrides
+
+    folder = tasks(tmp_path, 6)
+    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "short", train__steps=2), 'env.name="harbor"',
+                             f'env.kwargs={{tasks = "{folder}"}}', "env.max_turns=3", "task.eval_size=2",
+                             "train.prompts_per_step=2", 'expert.mode="warm_start"',
+                             'expert.template="```bash\\n{solution}\\n```"', 'expert.kwargs={when = "start"}'])
+    with pytest.raises(ValueError, match="ran out of turns before its episode ended"):
+        train(cfg, quiet=True)
 
 
 def test_a_warm_start_is_refused_where_an_agent_writes_the_prompts() -> None:

@@ -134,7 +134,12 @@ def test_a_seat_that_is_not_the_policy_may_not_call_the_policy() -> None:
         _run(Env("vf-duo"), engine, [0], n=1)
 
 
-def test_training_on_a_v1_taskset(tmp_path: Path) -> None:
+@pytest.mark.parametrize("block", [
+    '{taskset = {id = "vf-sums"}, agent = {harness = {id = "null"}}}',  # a Taskset with verifiers' null harness
+    '{taskset = {id = "vf-calc", size = 6}, agent = {harness = {id = "null"}}}',  # with an MCP Toolset
+    '{taskset = {id = "vf-talk", size = 6}, agent = {harness = {id = "null"}}, turns = 2}',  # a multi-turn Env
+], ids=["taskset", "mcp-toolset", "multi-turn-env"])
+def test_training_on_a_v1_environment(tmp_path: Path, block: str) -> None:
     from rlvr.config import load_config
     from rlvr.train.loop import train
     from tests.test_openai_agent import ascii_tokenizer
@@ -146,14 +151,13 @@ def test_training_on_a_v1_taskset(tmp_path: Path) -> None:
     make_tiny_model(vocab_size=len(tok)).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     args = [x for x in overrides(model_dir, tmp_path, "vf1", train__steps=2) if not x.startswith(("task.", "rewards"))]
-    block = '{taskset = {id = "vf-talk", size = 6}, agent = {harness = {id = "null"}}, turns = 2}'
     cfg = load_config(None, [*args, 'env.name="verifiers"', "task.eval_size=2", "env.max_total_tokens=16",
                              f"env.kwargs={{v1 = {block}}}"])
     assert cfg.task.source == "env"
     train(cfg, quiet=True)
     rows = read_metrics(tmp_path / "vf1")
-    assert len(rows) == 2 and rows[-1]["env/ending/done"] == 1.0
-    assert rows[-1]["env/turns"] == 2.0  # the env's two turns, each sampled by the policy
+    assert len(rows) == 2 and rows[-1]["env/ending/done"] == 1.0  # every episode finished and was scored
+    assert rows[-1]["env/turns"] == (2.0 if "vf-talk" in block else 1.0)  # the Env's turns, each the policy's
 
 
 def test_the_packaged_example_and_its_taskset(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -415,22 +415,6 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
     return as_groups(examples, indices, n, episodes, mask=mask)
 
 
-def first_observations(factory: Any, examples: Sequence[Any], rewards: list[Any],
-                       kwargs: dict[str, Any] | None = None) -> list[str]:
-    """What each example's environment shows the policy before its first turn (an environment
-    made for each, asked, and closed): the prompt a demonstration of that turn follows."""
-    out = []
-    for example in examples:
-        env = factory(example, rewards, **(kwargs or {}))
-        try:
-            out.append(env.initial_observation())
-        finally:
-            close = getattr(env, "close", None)
-            if close is not None:
-                close()
-    return out
-
-
 FAILED: tuple[str, ...] = ("infra", "error", "timeout")
 """Endings that give no verdict on the policy (the environment or the agent's own code failed):
 counted in env/error and excluded from the update."""

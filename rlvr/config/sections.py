@@ -454,7 +454,7 @@ class ExpertConfig(_Section):
     mode: Literal["none", "chord", "luffy", "relift", "warm_start"] = "none"
     """Expert demonstrations during RL: "chord" adds μ·SFT on the step's demonstrations to (1 − μ)·RL; "luffy" mixes each prompt's demonstration into its group as an off-policy sample (needs algo.loss = "luffy"); "relift" collects the prompts RL fails on and interleaves SFT steps on their demonstrations; "warm_start" fine-tunes on the training prompts' demonstrations, once, when most groups have no sample right, then RL goes on (docs/pipelines.md, docs/sampling.md)."""
     template: str = "{answer}"
-    """A prompt's demonstration: formatted with the example's reference answer and fields (reasoning-gym metadata, a JSONL row's columns), e.g. "{expression} = {answer}" or "{solution}"."""
+    """A prompt's demonstration: formatted with the example's reference answer and fields (reasoning-gym metadata, a JSONL row's columns), e.g. "{expression} = {answer}" or "{solution}". With env.name (warm_start), a whole episode: {next_turn} separates its turns, played through the environment."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """The mode's own knobs (rlvr.options.EXPERT_OPTIONS). chord: mu_peak (0.5) and mu_valley (0.05), the SFT weight μ after warm-up and after the cosine decay; mu_warmup_steps (0); mu_decay_steps (0 = train.steps); weighting ("chord_phi" = p(1 − p), "sft_is" = p, "none"). relift: batch (8), demonstrations per interleaved SFT step; max_accuracy (0.0), the group accuracy at or below which a prompt is hard. warm_start: when ("unsolved": once threshold (0.75) of the groups over the last window (5) steps had no sample right; "start": after the first step), examples (1000), epochs (3), batch (4)."""
 

@@ -36,13 +36,20 @@ class Example:
     """Stable identifier, e.g. ``chain_sum/1/0`` or ``data.jsonl:3``."""
 
 
+NEXT_TURN = "\x1e<next turn>\x1e"
+"""What `{next_turn}` in an expert template becomes: the break between a multi-turn demonstration's
+turns (rlvr.train.methods.expert plays them through the episode's environment)."""
+
+
 def demonstration_text(example: Example, template: str) -> str:
     """An expert answer for `example`: `template` formatted with its reference answer, its fields
     (a JSONL row's columns) and, for reasoning-gym, its entry's metadata (chain_sum's
-    ``{expression}``). E.g. "<answer>{answer}</answer>", "{expression} = {answer}", "{solution}"."""
+    ``{expression}``). E.g. "<answer>{answer}</answer>", "{expression} = {answer}", "{solution}".
+    ``{next_turn}`` separates the turns of an episode's demonstration (NEXT_TURN)."""
     fields = example.fields
     known = {**{k: v for k, v in fields.items() if isinstance(v, str | int | float)},
-             **((fields.get("entry") or {}).get("metadata") or {}), "answer": example.answer}
+             **((fields.get("entry") or {}).get("metadata") or {}), "answer": example.answer,
+             "next_turn": NEXT_TURN}
     try:
         return template.format(**known)
     except (KeyError, IndexError) as err:

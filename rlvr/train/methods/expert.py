@@ -44,7 +44,7 @@ from rlvr.algos import aggregate_loss
 from rlvr.options import EXPERT_OPTIONS as OPTIONS, ChordOptions, ReliftOptions, WarmStartOptions
 from rlvr.algos.supervised import chord_mu, sft_token_loss
 from rlvr.data.chat import tokenize_chat, with_system
-from rlvr.data.tasks import Example, demonstration_text, render_prompt
+from rlvr.data.tasks import NEXT_TURN, Example, demonstration_text
 from rlvr.rewards.combine import score_group
 from rlvr.train.batches import scored_batches
 from rlvr.train.learner import Learner
@@ -60,18 +60,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def demonstration(run: Run, index: int, prompt_ids: tuple[int, ...], shown: str | None = None) -> Sample:
-    """The expert sample for training prompt `index` (see module docstring); `shown` is what the
-    policy is shown first where that is not the example's prompt (an environment's first
-    observation), and `prompt_ids` its rendering."""
+def demonstration(run: Run, index: int, prompt_ids: tuple[int, ...]) -> Sample:
+    """The expert sample for training prompt `index` (see module docstring)."""
     cfg = run.cfg
     if run.task.media is not None:
         raise ValueError("expert demonstrations (expert.mode) on prompts with images are not supported yet: "
                          "a demonstration is rendered as text (docs/vlm.md)")
     example: Example = run.task.examples[index]
     text = demonstration_text(example, cfg.expert.template)
-    messages = with_system([{"role": "user", "content": example.prompt if shown is None else shown},
-                            {"role": "assistant", "content": text}], cfg.task.system_prompt)
+    if NEXT_TURN in text:
+        raise ValueError(f"{{next_turn}} in expert.template separates the turns of an episode (env.name); the "
+                         f"demonstration of {example.id} is one reply")
+    messages = with_system([{"role": "user", "content": example.prompt}, {"role": "assistant", "content": text}],
+                           cfg.task.system_prompt)
     t = tokenize_chat(run.tokenizer, messages, eos_token_ids=set(run.engine.eos_token_ids), train_turns="last")
     start = t.mask.index(1)
     if tuple(t.ids[:start]) != tuple(prompt_ids):
@@ -242,7 +243,9 @@ class WarmStart(Method):
         steps = o.epochs * -(-len(indices) // o.batch)
         log.warning("expert warm start at step %d: %s; fine-tuning on %d demonstrations (expert.template), "
                     "%d epochs, %d SFT steps, then RL goes on", step, cause, len(indices), o.epochs, steps)
-        demos = {i: demonstration(run, i, prompt_ids, shown) for i, (shown, prompt_ids) in first_turns(run, indices).items()}
+        demos = warm_start_demonstrations(run, indices)
+        solved = statistics.fmean(d.reward for d in demos.values())
+        log.warning("expert warm start: the demonstrations' mean reward is %.3f", solved)
         rng, t0, nll = random.Random(self.seed), time.perf_counter(), []
         for epoch in range(o.epochs):
             order = rng.sample(indices, len(indices))  # a fresh order each epoch, the same on a rerun
@@ -255,6 +258,7 @@ class WarmStart(Method):
         self.done_at = step
         quarter = max(1, len(nll) // 4)
         return {"expert/warm_start_steps": float(len(nll)), "expert/warm_start_seconds": time.perf_counter() - t0,
+                "expert/warm_start_demo_reward": solved,
                 "expert/warm_start_nll_first": statistics.fmean(nll[:quarter]),
                 "expert/warm_start_nll_last": statistics.fmean(nll[-quarter:])}
 
@@ -270,19 +274,56 @@ class WarmStart(Method):
         self.unsolved.extend(float(u) for u in state["unsolved"])
 
 
-def first_turns(run: Run, indices: list[int]) -> dict[int, tuple[str | None, tuple[int, ...]]]:
-    """(what the policy is shown first, its prompt ids) for each training prompt: the example's
-    own prompt, or with env.name its environment's first observation, rendered as the runner
-    renders it (a demonstration of an episode's first turn)."""
+def warm_start_demonstrations(run: Run, indices: list[int]) -> dict[int, Sample]:
+    """Each training prompt's demonstration: after its prompt, or with env.name played through its
+    environment (`played_demonstration`)."""
     if run.cfg.env.name is None:
-        return {i: (None, tuple(run.task.prompt_ids[i])) for i in indices}
-    from rlvr.agents.envs import env_factory
-    from rlvr.agents.runner import first_observations
+        return {i: demonstration(run, i, tuple(run.task.prompt_ids[i])) for i in indices}
+    return {i: played_demonstration(run, i) for i in indices}
 
-    shown = first_observations(env_factory(run.cfg.env.name), [run.task.examples[i] for i in indices],
-                               run.task.rewards, dict(run.cfg.env.kwargs))
-    return {i: (text, tuple(render_prompt(run.tokenizer, text, run.cfg.task.system_prompt)))
-            for i, text in zip(indices, shown)}
+
+class _Script:
+    """An engine that answers each turn with the next of a demonstration's turns (one episode)."""
+
+    def __init__(self, turns: list[str], tokenizer: Any, eos_token_ids: list[int], pad_token_id: int) -> None:
+        self.turns, self.tokenizer = list(turns), tokenizer
+        self.eos_token_ids, self.pad_token_id, self.version = list(eos_token_ids), pad_token_id, None
+        self.ran_out = False
+
+    def generate(self, prompts: list[list[int]], params: Any, progress: Any = None, *,
+                 seeds: Any = None) -> list[list[Completion]]:
+        out = []
+        for _ in prompts:
+            self.ran_out |= not self.turns
+            text = self.turns.pop(0) if self.turns else ""
+            ids = tuple(self.tokenizer.encode(text, add_special_tokens=False) + self.eos_token_ids[:1])
+            out.append([Completion(ids, (0.0,) * len(ids), "stop", text) for _ in range(params.n)])
+        return out
+
+
+def played_demonstration(run: Run, index: int) -> Sample:
+    """A demonstration of a whole episode: the template's turns (split at `{next_turn}`) played as
+    the policy's actions through the example's environment, by the run's own episode runner, so
+    the environment's observations come between them, masked, exactly as the policy will see
+    them (an MCP call, its result, the answer; a command, its output, "done")."""
+    from rlvr.agents.runner import FAILED
+
+    example: Example = run.task.examples[index]
+    turns = demonstration_text(example, run.cfg.expert.template).split(NEXT_TURN)
+    script = _Script(turns, run.tokenizer, list(run.engine.eos_token_ids), run.engine.pad_token_id)
+    assert run.task.episodes is not None
+    (group,) = run.task.episodes(script, run.task.examples, [index], 1)  # type: ignore[arg-type]
+    (sample,) = group.samples
+    ending = group.metadata["endings"][0]
+    where = f"the demonstration of {example.id} (expert.template, turns split at {{next_turn}})"
+    if script.ran_out:
+        raise ValueError(f"{where} ran out of turns before its episode ended ({len(turns)} turns written); write "
+                         "the rest, separated by {next_turn}")
+    if script.turns:
+        raise ValueError(f"{where} has {len(script.turns)} turns left after its episode ended ({ending})")
+    if ending in FAILED:
+        raise ValueError(f"{where} failed in its environment ({ending}): {group.metadata.get('texts', [''])[0]!r:.300}")
+    return replace(sample, off_policy=True)
 
 
 def check(cfg: RunConfig) -> None:
@@ -300,12 +341,12 @@ def check(cfg: RunConfig) -> None:
     if mode not in ("none", "warm_start") and cfg.env.name is not None:
         raise ValueError(f"expert.mode = {mode!r} trains single-turn demonstrations; it does not "
                          "combine with multi-turn episodes (env.name); \"warm_start\" does (its demonstrations "
-                         "are of an episode's first turn)")
+                         "are whole episodes, played through the environment)")
     from rlvr.agents.openai_agent import SERVED_IN_PROCESS
 
     if mode == "warm_start" and cfg.env.name in SERVED_IN_PROCESS:
-        raise ValueError(f"expert.mode = \"warm_start\" demonstrates an episode's first turn, which rlvr renders "
-                         f"itself; env.name = {cfg.env.name!r} runs an agent that writes its own prompts")
+        raise ValueError(f"expert.mode = \"warm_start\" plays its demonstrations through rlvr's episode runner; "
+                         f"env.name = {cfg.env.name!r} runs an agent that writes its own prompts")
 
 
 def build_luffy(run: Run, info: SetupInfo) -> Method | None:
