@@ -24,6 +24,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from rlvr.agents import verifiers_v1
 from rlvr.agents.contract import as_agent
 from rlvr.agents.openai_agent import episodes_of
 from rlvr.data.tasks import Example
@@ -58,8 +59,6 @@ def _options(kwargs: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any
 
 
 def _v1(kwargs: dict[str, Any]) -> Any:
-    from rlvr.agents import verifiers_v1
-
     check_names("env.kwargs for verifiers v1", dict(kwargs), ["v1", "timeout"])
     return verifiers_v1.of(kwargs["v1"])
 

@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlvr.agents.openai_agent import SERVED_IN_PROCESS
+from rlvr.agents.runner import FAILED
 from rlvr.algos import aggregate_loss
 from rlvr.options import EXPERT_OPTIONS as OPTIONS, ChordOptions, ReliftOptions, WarmStartOptions
 from rlvr.algos.supervised import chord_mu, sft_token_loss
@@ -306,8 +308,6 @@ def played_demonstration(run: Run, index: int) -> Sample:
     the policy's actions through the example's environment, by the run's own episode runner, so
     the environment's observations come between them, masked, exactly as the policy will see
     them (an MCP call, its result, the answer; a command, its output, "done")."""
-    from rlvr.agents.runner import FAILED
-
     example: Example = run.task.examples[index]
     turns = demonstration_text(example, run.cfg.expert.template).split(NEXT_TURN)
     script = _Script(turns, run.tokenizer, list(run.engine.eos_token_ids), run.engine.pad_token_id)
@@ -342,8 +342,6 @@ def check(cfg: RunConfig) -> None:
         raise ValueError(f"expert.mode = {mode!r} trains single-turn demonstrations; it does not "
                          "combine with multi-turn episodes (env.name); \"warm_start\" does (its demonstrations "
                          "are whole episodes, played through the environment)")
-    from rlvr.agents.openai_agent import SERVED_IN_PROCESS
-
     if mode == "warm_start" and cfg.env.name in SERVED_IN_PROCESS:
         raise ValueError(f"expert.mode = \"warm_start\" plays its demonstrations through rlvr's episode runner; "
                          f"env.name = {cfg.env.name!r} runs an agent that writes its own prompts")
