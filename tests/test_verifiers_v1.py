@@ -180,6 +180,15 @@ def test_the_packaged_example_and_its_taskset(monkeypatch: pytest.MonkeyPatch) -
     assert rewards == [float(even(g.prompt)) for g in groups] and 0 < sum(rewards) < len(rewards)
 
 
+def test_a_classic_config_on_verifiers_0_4_says_what_to_do() -> None:
+    import verifiers
+
+    if hasattr(verifiers, "Environment"):
+        pytest.skip(f"verifiers {verifiers.__version__} has the classic API (make test-verifiers04 runs this)")
+    with pytest.raises(ImportError, match="no longer has: pin verifiers==0.3.1, or train a v1 Taskset"):
+        environment_examples({"load": "my_env:load_environment"})
+
+
 def test_a_bad_v1_block_is_refused() -> None:
     with pytest.raises(ValueError, match="needs taskset"):
         environment_examples({"v1": {"agent": {}}})

@@ -76,6 +76,10 @@ def _load(load: str, args_json: str) -> Any:
         raise ImportError(f"env.name = \"verifiers\" needs the verifiers package: pip install 'rlvr[verifiers]' "
                           f"(verifiers=={SUPPORTED})") from None
 
+    if not hasattr(verifiers, "Environment"):  # 0.4 keeps only its v1 stack
+        raise ImportError(f"env.kwargs.load names a classic verifiers environment, which verifiers "
+                          f"{getattr(verifiers, '__version__', '?')} no longer has: pin verifiers=={SUPPORTED}, or train "
+                          "a v1 Taskset with env.kwargs.v1 (docs/interop.md)")
     env = load_callable(load)(**json.loads(args_json))
     if not isinstance(env, verifiers.Environment):
         raise ValueError(f"env.kwargs.load = {load!r} returned {type(env).__name__}, not a verifiers Environment")
