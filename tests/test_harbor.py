@@ -191,6 +191,19 @@ def test_a_demonstration_that_does_not_end_its_episode_is_refused(tiny_dir: Path
                              'expert.template="```bash\\n{solution}\\n```"', 'expert.kwargs={when = "start"}'])
     with pytest.raises(ValueError, match="ran out of turns before its episode ended"):
         train(cfg, quiet=True)
+    cut = load_config(None, [*overrides(tiny_dir, tmp_path, "cut", train__steps=2), 'env.name="harbor"',
+                             f'env.kwargs={{tasks = "{folder}"}}', "env.max_turns=1", "task.eval_size=2",
+                             "train.prompts_per_step=2", 'expert.mode="warm_start"',
+                             'expert.template="```bash\\n{solution}\\n```{next_turn}Done."',
+                             'expert.kwargs={when = "start"}'])
+    with pytest.raises(ValueError, match="turns left after its episode ended .max_turns."):
+        train(cut, quiet=True)  # env.max_turns = 1 cuts the two-turn demonstration
+    one = load_config(None, [*overrides(tiny_dir, tmp_path, "one", train__steps=2), 'env.name="harbor"',
+                             f'env.kwargs={{tasks = "{folder}"}}', "env.max_turns=1", "task.eval_size=2",
+                             "train.prompts_per_step=2", 'expert.mode="warm_start"',
+                             'expert.template="```bash\\n{solution}\\n```"', 'expert.kwargs={when = "start"}'])
+    with pytest.raises(ValueError, match="did not finish its episode: it ended 'max_turns'"):
+        train(one, quiet=True)  # its one turn used, but the limit, not the policy, ended the episode
 
 
 def test_a_warm_start_is_refused_where_an_agent_writes_the_prompts() -> None:

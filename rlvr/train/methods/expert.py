@@ -323,6 +323,9 @@ def played_demonstration(run: Run, index: int) -> Sample:
         raise ValueError(f"{where} has {len(script.turns)} turns left after its episode ended ({ending})")
     if ending in FAILED:
         raise ValueError(f"{where} failed in its environment ({ending}): {group.metadata.get('texts', [''])[0]!r:.300}")
+    if ending != "done":  # cut off by a limit: not a demonstration of finishing
+        raise ValueError(f"{where} did not finish its episode: it ended {ending!r} (env.max_turns and the token limits "
+                         "hold for demonstrations too)")
     return replace(sample, off_policy=True)
 
 
