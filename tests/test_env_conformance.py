@@ -217,9 +217,9 @@ def _verifiers() -> Protocol:
 
 def _verifiers_v1(monkeypatch: pytest.MonkeyPatch) -> Protocol:
     pytest.importorskip("verifiers.v1")
-    from tests.test_verifiers_v1 import TASKSETS, Env, _run
+    from tests.test_verifiers_v1 import Env, _run, install_tasksets
 
-    monkeypatch.syspath_prepend(TASKSETS)  # its taskset package, as if installed
+    install_tasksets(monkeypatch)  # its taskset package, as if installed
 
     def run(engine: PolicyEngine, max_turns: int, failing: bool) -> list[Any]:
         # its own limit above rlvr's; failing: its run() raises on the second prompt

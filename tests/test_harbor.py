@@ -158,20 +158,32 @@ def test_training_on_harbor_tasks(tiny_dir: Path, tmp_path: Path) -> None:
     assert "env/verifier/answer_file" in rows[-1]
 
 
+TWO_TURNS = "```bash\\n{solution}\\n```{next_turn}Done."
+"""The tasks' solve.sh, then the turn that ends the episode (an expert.template, TOML-escaped)."""
+ONE_TURN = "```bash\\n{solution}\\n```"
+
+
+def warm_start_config(tiny_dir: Path, tmp_path: Path, name: str, template: str, max_turns: int,
+                      when: str = 'when = "start"') -> Any:
+    """2 steps on 6 tasks with a warm start on their solutions after the first."""
+    from rlvr.config import load_config
+    from tests.test_train import overrides
+
+    folder = tasks(tmp_path / f"{name}-tasks", 6)
+    return load_config(None, [*overrides(tiny_dir, tmp_path, name, train__steps=2), 'env.name="harbor"',
+                              f'env.kwargs={{tasks = "{folder}"}}', f"env.max_turns={max_turns}", "task.eval_size=2",
+                              "train.prompts_per_step=2", 'expert.mode="warm_start"',
+                              f'expert.template="{template}"', f"expert.kwargs={{{when}}}"])
+
+
 def test_a_warm_start_on_the_tasks_reference_solutions(tiny_dir: Path, tmp_path: Path) -> None:
     """expert.mode = "warm_start" with the tasks' solve.sh as demonstrations of whole episodes (the
     command, then "Done."): played through the environment, verified, fine-tuned on, then RL."""
-    from rlvr.config import load_config
     from rlvr.train.loop import train
-    from tests.test_train import overrides, read_metrics
+    from tests.test_train import read_metrics
 
-    folder = tasks(tmp_path, 6)
-    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "warm", train__steps=2), 'env.name="harbor"',
-                             f'env.kwargs={{tasks = "{folder}"}}', "env.max_turns=3", "task.eval_size=2",
-                             "train.prompts_per_step=2", 'expert.mode="warm_start"',
-                             'expert.template="```bash\\n{solution}\\n```{next_turn}Done."',
-                             'expert.kwargs={when = "start", epochs = 2, batch = 2}'])
-    train(cfg, quiet=True)
+    train(warm_start_config(tiny_dir, tmp_path, "warm", TWO_TURNS, 3, 'when = "start", epochs = 2, batch = 2'),
+          quiet=True)
     rows = read_metrics(tmp_path / "warm")
     (warm,) = [r for r in rows if "expert/warm_start_steps" in r]
     assert warm["expert/warm_start_steps"] == 4  # 4 training tasks, batches of 2, 2 epochs
@@ -180,30 +192,15 @@ def test_a_warm_start_on_the_tasks_reference_solutions(tiny_dir: Path, tmp_path:
 
 
 def test_a_demonstration_that_does_not_end_its_episode_is_refused(tiny_dir: Path, tmp_path: Path) -> None:
-    from rlvr.config import load_config
     from rlvr.train.loop import train
-    from tests.test_train import overrides
 
-    folder = tasks(tmp_path, 6)
-    cfg = load_config(None, [*overrides(tiny_dir, tmp_path, "short", train__steps=2), 'env.name="harbor"',
-                             f'env.kwargs={{tasks = "{folder}"}}', "env.max_turns=3", "task.eval_size=2",
-                             "train.prompts_per_step=2", 'expert.mode="warm_start"',
-                             'expert.template="```bash\\n{solution}\\n```"', 'expert.kwargs={when = "start"}'])
     with pytest.raises(ValueError, match="ran out of turns before its episode ended"):
-        train(cfg, quiet=True)
-    cut = load_config(None, [*overrides(tiny_dir, tmp_path, "cut", train__steps=2), 'env.name="harbor"',
-                             f'env.kwargs={{tasks = "{folder}"}}', "env.max_turns=1", "task.eval_size=2",
-                             "train.prompts_per_step=2", 'expert.mode="warm_start"',
-                             'expert.template="```bash\\n{solution}\\n```{next_turn}Done."',
-                             'expert.kwargs={when = "start"}'])
+        train(warm_start_config(tiny_dir, tmp_path, "short", ONE_TURN, 3), quiet=True)
     with pytest.raises(ValueError, match="turns left after its episode ended .max_turns."):
-        train(cut, quiet=True)  # env.max_turns = 1 cuts the two-turn demonstration
-    one = load_config(None, [*overrides(tiny_dir, tmp_path, "one", train__steps=2), 'env.name="harbor"',
-                             f'env.kwargs={{tasks = "{folder}"}}', "env.max_turns=1", "task.eval_size=2",
-                             "train.prompts_per_step=2", 'expert.mode="warm_start"',
-                             'expert.template="```bash\\n{solution}\\n```"', 'expert.kwargs={when = "start"}'])
+        train(warm_start_config(tiny_dir, tmp_path, "cut", TWO_TURNS, 1), quiet=True)  # max_turns 1 cuts it
     with pytest.raises(ValueError, match="did not finish its episode: it ended 'max_turns'"):
-        train(one, quiet=True)  # its one turn used, but the limit, not the policy, ended the episode
+        # its one turn used, but the limit, not the policy, ended the episode
+        train(warm_start_config(tiny_dir, tmp_path, "one", ONE_TURN, 1), quiet=True)
 
 
 def test_a_warm_start_is_refused_where_an_agent_writes_the_prompts() -> None:

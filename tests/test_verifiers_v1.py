@@ -20,14 +20,22 @@ from tests.test_env_conformance import PolicyEngine, check_faithful  # noqa: E40
 pytestmark = pytest.mark.dtype_independent  # scripted policies: no model
 
 TASKSETS = str(Path(__file__).with_name("vf_v1"))
+EXAMPLE = str(Path(__file__).parents[1] / "examples" / "verifiers_sums")
+"""The packaged example's taskset, whose Task (the sum and its reward) tests/vf_v1 build on."""
+
+
+def install_tasksets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/vf_v1 and the example on the path, as if their tasksets were installed (tool servers
+    are processes: the variable too)."""
+    for folder in (EXAMPLE, TASKSETS):
+        monkeypatch.syspath_prepend(folder)
+    inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TASKSETS, EXAMPLE, *inherited]))
 
 
 @pytest.fixture(autouse=True)
 def tasksets_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """tests/vf_v1 on the path, as if its tasksets were installed (tool servers are processes: the
-    variable too)."""
-    monkeypatch.syspath_prepend(TASKSETS)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TASKSETS, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    install_tasksets(monkeypatch)
 
 
 class Env:
@@ -88,7 +96,8 @@ def test_an_mcp_toolset_serves_the_episode_its_tools() -> None:
     (s,) = group.samples
     assert group.metadata["endings"] == ["done"] and s.reward == 1.0  # "30", which only the tool computed
     assert s.reward_parts["turns"] == 2.0 and not s.segments  # one trajectory: the tool's turn masked in it
-    assert '"calc_toolset_add"' in shown[0] and "Add two integers." in shown[0]  # the toolset's schema reached the model
+    # the toolset's schema reached the model
+    assert '"calc_toolset_add"' in shown[0] and "Add two integers." in shown[0]
     check_faithful(s, engine)
 
 
@@ -160,11 +169,10 @@ def test_training_on_a_v1_environment(tmp_path: Path, block: str) -> None:
     assert rows[-1]["env/turns"] == (2.0 if "vf-talk" in block else 1.0)  # the Env's turns, each the policy's
 
 
-def test_the_packaged_example_and_its_taskset(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_packaged_example_and_its_taskset() -> None:
     """rlvr/configs/verifiers_sums.toml on examples/verifiers_sums (as after `pip install -e`)."""
     from rlvr.config import load_config
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "examples" / "verifiers_sums"))
     cfg = load_config("verifiers_sums", [])
     examples = environment_examples(cfg.env.kwargs)
     assert len({e.prompt for e in examples}) == 100  # every pair of digits, once

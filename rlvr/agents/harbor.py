@@ -165,7 +165,7 @@ def examples(env_kwargs: dict[str, Any], size: int) -> list[Example]:
     """The tasks as examples (task.source = "env"): the instruction is the prompt. A task with a
     reference solution carries its commands as the field `solution` (solution/solve.sh less its
     `#!` line; never shown to the policy), for a warm start on them:
-    expert.mode = "warm_start", expert.template = "```bash\n{solution}\n```"."""
+    expert.mode = "warm_start", expert.template = "```bash\n{solution}\n```{next_turn}Done."."""
     tasks = runnable(_options(env_kwargs)[0])
     return [Example(t.instruction, None, {"task_dir": str(t.path), **_solution(t.path)}, f"harbor/{t.name}")
             for t in tasks]

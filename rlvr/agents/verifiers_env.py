@@ -78,8 +78,8 @@ def _load(load: str, args_json: str) -> Any:
 
     if not hasattr(verifiers, "Environment"):  # 0.4 keeps only its v1 stack
         raise ImportError(f"env.kwargs.load names a classic verifiers environment, which verifiers "
-                          f"{getattr(verifiers, '__version__', '?')} no longer has: pin verifiers=={SUPPORTED}, or train "
-                          "a v1 Taskset with env.kwargs.v1 (docs/interop.md)")
+                          f"{getattr(verifiers, '__version__', '?')} no longer has: pin verifiers=={SUPPORTED}, "
+                          "or train a v1 Taskset with env.kwargs.v1 (docs/interop.md)")
     env = load_callable(load)(**json.loads(args_json))
     if not isinstance(env, verifiers.Environment):
         raise ValueError(f"env.kwargs.load = {load!r} returned {type(env).__name__}, not a verifiers Environment")
@@ -113,13 +113,9 @@ def verifiers_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: Sam
                        system_prompt: str | None = None) -> Callable[..., list[Any]]:
     """The episode builder for `env.name = "verifiers"` (rlvr.train.data.Episodes)."""
     if "v1" in env.kwargs:
-        v1 = _v1(env.kwargs)
-
-        async def run_v1_episode(client: Any, row: dict[str, Any]) -> float:
-            return await v1.episode(client, row)
-
-        return episodes_of(as_agent(run_v1_episode, "verifiers v1", {}), env, dict(env.kwargs).get("timeout", 300.0),
-                           tokenizer, rewards, params, system_prompt=system_prompt)
+        return episodes_of(as_agent(_v1(env.kwargs).episode, "verifiers v1", {}), env,
+                           dict(env.kwargs).get("timeout", 300.0), tokenizer, rewards, params,
+                           system_prompt=system_prompt)
     load, args, rest = _options(dict(env.kwargs))
     environment = load_environment(load, args)
 

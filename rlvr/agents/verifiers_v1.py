@@ -45,7 +45,6 @@ import sys
 import threading
 import types
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any
 
 from rlvr.data.tasks import Example
@@ -195,7 +194,6 @@ class V1Environment:
     def __init__(self, block: dict[str, Any]) -> None:
         from verifiers.v1.utils.loaders import load_environment
 
-        _in_process_null()
         self.config = env_config(block)
         self.env = load_environment(self.config)
         taskset = self.env.taskset

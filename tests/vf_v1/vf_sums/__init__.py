@@ -1,20 +1,8 @@
-"""A verifiers v1 taskset: one-digit sums, rewarded for the right last number."""
-
-import re
+"""A verifiers v1 taskset: one-digit sums in a fixed order the tests know, each the packaged
+example's Task (examples/verifiers_sums: rewarded for the right last number)."""
 
 import verifiers.v1 as vf
-
-
-class SumData(vf.TaskData):
-    answer: str
-
-
-class SumTask(vf.Task[SumData, vf.State, vf.TaskConfig]):
-    @vf.reward
-    async def correct(self, task: SumData, trace: vf.Trace) -> float:
-        replies = trace.assistant_messages
-        numbers = re.findall(r"-?\d+", str(replies[-1].content or "")) if replies else []
-        return float(bool(numbers) and numbers[-1] == task.answer)
+from verifiers_sums import SumData, SumTask
 
 
 class SumsConfig(vf.TasksetConfig):
