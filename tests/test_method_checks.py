@@ -29,6 +29,8 @@ REFUSED = {
     "rlp": (['rewards=[{fn = "information_gain"}]'], "pairs task.source"),
     "turn_credit": (['env.name="guess_number"', 'algo.credit="turn"', 'algo.advantage="rloo"'],
                     "computes its own group-relative advantages"),
+    "schedules": (['env.name="guess_number"', "sampling.length_schedule=[[1, 8], [2, 16]]",
+                   "sampling.max_new_tokens=16"], "single completion's budget"),
 }
 
 

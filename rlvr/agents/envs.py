@@ -8,6 +8,7 @@ registered in ENVS (``env.name`` in the config; a dotted path names your own).
                   (rlvr.agents.search; task.source = "facts")
     openenv       an environment on an OpenEnv server, over its WebSocket (rlvr.agents.openenv_env)
     harbor        a Harbor task directory, run in rlvr's sandbox, its verifier the reward (rlvr.agents.harbor)
+    self_correct  answer, be asked to look again, answer again: SCoRe's self-correction (rlvr.agents.self_correct)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from rlvr.data import Example
 from rlvr.rewards import RewardFn, extract_answer
 from rlvr.rewards.combine import load_callable, score_group
 from rlvr.agents.search import SearchQA
+from rlvr.agents.self_correct import self_correct
 
 TOOL_INSTRUCTION = ("You can run Python: write a ```python code block and you will see what it prints. "
                     "When you know the answer, give it inside <answer></answer> tags.")
@@ -159,7 +161,8 @@ def _search(example: Example, rewards: list[RewardFn], **kwargs: Any) -> Env:
 
 
 ENVS: dict[str, Callable[..., Env]] = {"tool_math": ToolMath, "guess_number": GuessNumber, "search": _search,
-                                       "openenv": OpenEnvEpisode, "harbor": HarborEpisode}
+                                       "openenv": OpenEnvEpisode, "harbor": HarborEpisode,
+                                       "self_correct": self_correct}
 
 
 def env_factory(name: str) -> Callable[..., Any]:

@@ -50,7 +50,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.agents import harbor, openenv_env
+from rlvr.agents import harbor, openenv_env, self_correct
 from rlvr.agents.contract import Agent, EpisodeContext, agent_from_entry, awaited
 from rlvr.agents.env import no_verdict, timeout_seconds
 from rlvr.agents.runner import FAILED, Ending, Episode, as_groups
@@ -370,7 +370,7 @@ training process: its engine samples beside the learner (rlvr.runtime keeps mall
 for them)."""
 
 ENV_CHECKS: dict[str, Callable[[Any], object]] = {"openai_agent": agent_of, "openenv": openenv_env.check,
-                                                  "harbor": harbor.check}
+                                                  "harbor": harbor.check, "self_correct": self_correct.check}
 """Checks of an environment's config cheap enough to run before the model loads."""
 
 ENV_DATASETS: dict[str, Callable[[dict[str, Any], int], list[Any]]] = {"verifiers": _verifiers_dataset,

@@ -450,6 +450,17 @@ def _flags(episode: Episode, mask: Collection[str]) -> dict[str, float]:
     return {}
 
 
+def _verdict(episode: Episode, mask: Collection[str]) -> dict[str, float]:
+    """An environment's own verdict on the episode, where it reports one (its summed ``correct``
+    metric: e.g. self-correction's last attempt, whose return also holds shaping): the part
+    ``correct``, which accuracy then counts instead of the return (rlvr.train.rollouts), flagged
+    as the return is."""
+    if "correct" not in episode.metrics:
+        return {}
+    return {"correct": episode.metrics["correct"], **{f"correct/{k.split('/')[1]}": v
+                                                      for k, v in _flags(episode, mask).items()}}
+
+
 def as_groups(examples: Sequence[Any], indices: list[int], n: int, episodes: Sequence[Episode], *,
               mask: Collection[str] = ()) -> list[Any]:
     """Episodes (n per example index, in order) as Groups (see episode_groups)."""
@@ -460,7 +471,7 @@ def as_groups(examples: Sequence[Any], indices: list[int], n: int, episodes: Seq
         # "turns" and "tool_calls" ride along as weight-0 parts: advantage_kwargs.stratum can stratify by them (SAN)
         samples = tuple(Sample(ep.prompt_ids, ep.completion, ep.reward, {
             "env": ep.reward, "turns": float(ep.turns), "tool_calls": ep.metrics.get("tool_calls", 0.0),
-            **_flags(ep, mask)}, i, segments=tuple(ep.segments)) for ep in mine)
+            **_verdict(ep, mask), **_flags(ep, mask)}, i, segments=tuple(ep.segments)) for ep in mine)
         groups.append(Group(examples[i].prompt, samples, {
             "id": examples[i].id, "answer": examples[i].answer, "env_metrics": [ep.metrics for ep in mine],
             "endings": [ep.ending for ep in mine], "injected_spans": [ep.injected_spans for ep in mine],

@@ -54,6 +54,12 @@ class TaskConfig(_Section):
     """Held-out prompts scored greedily before and after training (0 = skip)."""
     system_prompt: str | None = None
     """System message placed before each prompt (None = the chat template's default)."""
+    critique: dict[str, Any] | None = None
+    """Turn the task into critique tasks (rlvr.data.critique; docs/interaction.md): each prompt becomes "Problem: … Proposed answer: …", judged "correct" or "incorrect" (reward fn = "verdict"). Keys: wrong_fraction (0.5), the share of candidates made wrong; candidate_column and label_column, where the rows bring graded candidates; instruction. task.instruction is then the problem's own (default none). {} = the defaults."""
+    budget: dict[str, Any] | None = None
+    """Budget-conditioned prompts (rlvr.data.control; docs/interaction.md): {budgets = [16, 64]} appends "Answer in about N tokens." with N drawn per example (template = "...{budget}..." to word it otherwise); the reward fn = "budget" scores the length against it."""
+    think_mode: dict[str, Any] | None = None
+    """Think / no-think prompts (rlvr.data.control): {no_think_fraction = 0.5} appends "/think" or "/no_think" (think, no_think: other switches); the reward fn = "think_mode" checks the completion follows it."""
     instruction: str | None = None
     """Text appended to every prompt; unset: "Put the final answer inside <answer></answer> tags." (the default rewards read the tags), or for humaneval "Write the complete Python function in a ```python code block."."""
 
@@ -75,7 +81,7 @@ class TaskConfig(_Section):
 
 class RewardConfig(_Section):
     fn: str
-    """A built-in reward ("reasoning_gym", "math_verify", "format", "unit_tests", "majority_vote", "reward_model", "llm_judge", "local_judge", "iou", "multiple_choice", "exact_answer", "self_certainty", "negative_entropy") or a dotted path "pkg.module:function"."""
+    """A built-in reward ("reasoning_gym", "math_verify", "format", "unit_tests", "majority_vote", "reward_model", "llm_judge", "local_judge", "iou", "multiple_choice", "exact_answer", "verdict", "budget", "think_mode", "self_certainty", "negative_entropy") or a dotted path "pkg.module:function"."""
     weight: float = 1.0
     """Weight of this reward in the total."""
     name: str | None = None
@@ -103,6 +109,25 @@ class SamplingConfig(_Section):
     """Longest completion; longer ones end with finish reason "length"."""
     stop: list[str] = Field(default_factory=list)
     """Extra stop strings (EOS always stops). The stop string stays in the completion."""
+    length_schedule: list[list[int]] = Field(default_factory=list)
+    """Staged lengths within a run (AceReason-Nemotron, arXiv:2505.16400): [[step, max_new_tokens], ...], each from its step on, e.g. [[1, 64], [20, 128]]; the first at step 1, steps increasing, none above max_new_tokens (the held-out evaluation's budget). Single-turn tasks (an episode's budget is env's). Empty = max_new_tokens throughout."""
+
+    @model_validator(mode="after")
+    def _stages(self) -> SamplingConfig:
+        stages = self.length_schedule
+        if not stages:
+            return self
+        if any(len(x) != 2 for x in stages):
+            raise ValueError(f"sampling.length_schedule {stages}: each stage is [step, max_new_tokens]")
+        steps = [step for step, _ in stages]
+        if steps[0] != 1 or any(b <= a for a, b in zip(steps, steps[1:])):
+            raise ValueError(f"sampling.length_schedule {stages}: the first stage starts at step 1 "
+                             "and each later one at a higher step, e.g. [[1, 64], [20, 128]]")
+        bad = [n for _, n in stages if not 1 <= n <= self.max_new_tokens]
+        if bad:
+            raise ValueError(f"sampling.length_schedule: {bad[0]} tokens is outside 1..sampling.max_new_tokens = "
+                             f"{self.max_new_tokens} (the longest budget, which evaluation uses)")
+        return self
 
 
 class LoraConfig(_Section):
@@ -149,6 +174,8 @@ class ShapingSpec(_Section):
     """Shaping function by name (rlvr.algos.SHAPING)."""
     kwargs: dict[str, Any] = {}
     """Its keyword arguments."""
+    from_step: int = Field(1, ge=1)
+    """The first step it shapes; before it, the rewards are left as they are (Kimi k1.5 warms its length penalty up so: plain RL first)."""
 
     @model_validator(mode="after")
     def _known(self) -> ShapingSpec:
@@ -191,6 +218,8 @@ class AlgoConfig(_Section):
     """Per-token KL estimator; "k3_ratio" (in the loss only) weights k3 by π_θ/π_old, so its gradient is the reverse KL's (DeepSeek-V3.2, arXiv:2512.02556, Eq. 7; TRL 1.16's default)."""
     kl_placement: Literal["loss", "reward"] = "loss"
     """Where the KL goes: "loss" adds kl_coef·KL per token to the loss (GRPO); "reward" subtracts kl_coef·(summed KL) from each completion's reward before the advantages (PPO-RLHF; per token with gae)."""
+    kl_turn_scale: list[float] = []
+    """Multi-turn episodes: kl_coef times scale[t] on turn t's tokens (the last entry for later turns), e.g. [10.0, 1.0] holds the first attempt of a self-correction episode close to the reference (SCoRe's stage-I constraint; docs/interaction.md). Empty = kl_coef on every turn. In the loss only."""
     kl_adaptive: dict[str, Any] = {}
     """With kl_placement = "reward": adapt kl_coef toward a per-sample KL, e.g. {target = 0.01, horizon = 10000} (Ziegler et al.'s controller, rlvr.algos.kl.KLController; horizon in samples). Empty = fixed."""
     divergence: Literal["none", "forward_kl", "js"] = "none"
@@ -251,6 +280,10 @@ class AlgoConfig(_Section):
         if self.kl_estimator == "k3_ratio" and self.kl_placement != "loss":
             raise ValueError("algo.kl_estimator = \"k3_ratio\" weights the KL term in the loss by π_θ/π_old: use it "
                              "with algo.kl_placement = \"loss\" (in the reward the KL is taken at the old policy)")
+        if self.kl_turn_scale and (self.kl_placement != "loss" or self.kl_coef == 0
+                                   or any(not v >= 0 for v in self.kl_turn_scale)):
+            raise ValueError("algo.kl_turn_scale scales the KL term in the loss per turn: set algo.kl_placement = "
+                             "\"loss\", an algo.kl_coef > 0 and scales >= 0, e.g. kl_turn_scale = [10.0, 1.0]")
         if self.kl_adaptive:
             if self.kl_placement != "reward" or self.kl_coef == 0:
                 raise ValueError("algo.kl_adaptive adapts a KL penalty in the reward: set algo.kl_placement = "

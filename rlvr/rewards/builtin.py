@@ -19,6 +19,7 @@ from math_verify import parse, verify
 from rlvr.rewards import gym_scoring
 from rlvr.rewards.code import unit_tests_group_reward
 from rlvr.rewards.extract import extract_answer
+from rlvr.rewards.length import budget_reward, think_mode_reward
 from rlvr.rewards.judges import llm_judge_reward, local_judge_reward, reward_model_reward
 from rlvr.rewards.visual import exact_answer_reward, iou_reward, multiple_choice_reward
 
@@ -152,10 +153,33 @@ def _vote_key(answer: str) -> str:
     return str(int(value)) if value == int(value) and abs(value) < 2**53 else repr(value)
 
 
+_VERDICT_WORDS = re.compile(r"\b(not\s+|isn't\s+|is\s+not\s+)?(correct|incorrect)\b")
+
+
+def read_verdict(completion: str) -> str | None:
+    """A critique's verdict, "correct" or "incorrect": the last <answer> tag's content when the
+    completion has one, else the whole text; None when it gives none, or both (an answer that
+    hedges has no verdict). "not correct" reads as "incorrect"."""
+    tagged = extract_answer(completion, "tag")
+    found = {("incorrect" if (negated and word == "correct") or word == "incorrect" else "correct")
+             for negated, word in _VERDICT_WORDS.findall((tagged if tagged is not None else completion).lower())}
+    return found.pop() if len(found) == 1 else None
+
+
+def verdict_reward(prompt: str, completion: str, *, answer: str, **_: Any) -> float:
+    """1 when the critique's verdict (`read_verdict`) is the example's ``answer`` ("correct" or
+    "incorrect": rlvr.data.critique), else 0."""
+    gold = str(answer).strip().lower()
+    if gold not in ("correct", "incorrect"):
+        raise ValueError(f"verdict_reward: the answer must be \"correct\" or \"incorrect\", got {answer!r}")
+    return float(read_verdict(completion) == gold)
+
+
 GROUP_REWARDS: dict[str, Callable[..., list[Any]]] = {"majority_vote": majority_vote_reward,
                                                         "reward_model": reward_model_reward,
                                                         "unit_tests": unit_tests_group_reward,
-                                                        "local_judge": local_judge_reward}
+                                                        "local_judge": local_judge_reward,
+                                                        "budget": budget_reward}
 """Rewards called once per group with all its completions."""
 
 
@@ -171,4 +195,7 @@ REWARDS: dict[str, Callable[..., Any]] = {
     "iou": iou_reward,
     "multiple_choice": multiple_choice_reward,
     "exact_answer": exact_answer_reward,
+    "verdict": verdict_reward,
+    "budget": budget_reward,
+    "think_mode": think_mode_reward,
 }

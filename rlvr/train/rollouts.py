@@ -55,11 +55,14 @@ def generate_groups(
 
 
 def _primary_key(sample: Sample, primary: str) -> str:
-    """The correctness reward's name in a sample's parts: ``primary``, or where rewards are routed
-    per source and ``primary`` does not score this sample, the first one that does."""
+    """The correctness reward's name in a sample's parts: ``primary``; an episode's own verdict
+    (``correct``) where its environment reports one; or where rewards are routed per source and
+    ``primary`` does not score this sample, the first one that does."""
     parts = sample.reward_parts
     if primary in parts or f"{primary}/no_value" in parts:
         return primary
+    if "correct" in parts and "env" in parts:  # an environment's own verdict (rlvr.agents.runner._verdict)
+        return "correct"
     return next((k.removesuffix("/no_value") for k in parts if "/" not in k or k.endswith("/no_value")), primary)
 
 

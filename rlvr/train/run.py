@@ -79,8 +79,11 @@ def collect(run: Run, step: int) -> Collected:
             groups = method.rescore(run, groups, task.examples, held_out=False)
         return groups
 
+    params = task.params
+    for method in run.methods.values():  # e.g. a staged length
+        params = method.sampling(params, step)
     episodes = task.episodes
-    source = Source(run.engine, task.examples, task.prompt_ids, task.rewards, task.params, run.rollouts.sampler, rng,
+    source = Source(run.engine, task.examples, task.prompt_ids, task.rewards, params, run.rollouts.sampler, rng,
                     on_error=cfg.on_reward_error, variants=task.variants,
                     episodes=None if episodes is None else lambda ix, k: episodes(run.engine, task.examples, ix, k),
                     rescore=rescore if rescores_in_training(run) else None, media=task.media)

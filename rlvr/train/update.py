@@ -29,7 +29,7 @@ from rlvr.train.logprobs import packs_completions
 from rlvr.train.parallel import all_reduce_sums, idle_passes, share, world
 from rlvr.train.settings import (AdvantageSettings, KLSettings, LossSettings, Passes, UpdateSettings,
                                  settings_from_config)
-from rlvr.types import Group, Sample
+from rlvr.types import Completion, Group, Sample
 
 __all__ = ["AdvantageSettings", "Credit", "KLSettings", "LossSettings", "LossTerm", "Passes", "UpdateResult",
            "UpdateSettings", "collate", "compute_advantages", "score_certainty", "score_logprobs", "settings_from_config",
@@ -395,9 +395,18 @@ def _loss_inputs(learner: Learner, b: _Batch, old: Sequence[torch.Tensor | None]
     return LossInputs(
         logprobs_BT, old_BT, token_rows(b.advantages, micro, where_BT), batch["loss_mask"], sampler=sampler_BT,
         ref=None if b.ref is None else token_rows(b.ref, micro, where_BT), entropy=entropy_BT,
+        kl_scale=None if b.ref is None or not s.kl.turn_scale else token_rows(
+            [turn_scale(x.completion, s.kl.turn_scale) for x in rows], list(range(len(micro))), where_BT),
         correct=token_rows(fields.correct, micro, where_BT),
         group_accuracy=token_rows(fields.group_accuracy, micro, where_BT),
         offpolicy=token_rows(fields.offpolicy, micro, where_BT), state=b.loss_state)
+
+
+def turn_scale(completion: Completion, scale: Sequence[float]) -> torch.Tensor:
+    """algo.kl_turn_scale on each of a completion's tokens: ``scale[t]`` for a token of turn t
+    (``Completion.turn_index``; a single-turn completion is turn 0), the last entry past its end."""
+    turns = completion.turn_index or (0,) * len(completion.token_ids)
+    return torch.tensor([scale[min(t, len(scale) - 1)] for t in turns], dtype=torch.float32)
 
 
 def _penalised(loss_BT: torch.Tensor, x: LossInputs, s: UpdateSettings, sums: dict[str, float]) -> torch.Tensor:
@@ -406,7 +415,7 @@ def _penalised(loss_BT: torch.Tensor, x: LossInputs, s: UpdateSettings, sums: di
     of 1 there (the ratio-weighted k3), never an overflow that 0 · inf would turn into NaN."""
     if x.ref is not None:
         kl_BT = KL_ESTIMATORS[s.kl.estimator](x.logprobs, x.ref, torch.where(x.mask, x.old, x.logprobs.detach()))
-        loss_BT = loss_BT + s.kl.coef * kl_BT
+        loss_BT = loss_BT + s.kl.coef * (kl_BT if x.kl_scale is None else x.kl_scale * kl_BT)
         sums["kl"] += float(kl_BT.detach()[x.mask].sum())
     if s.loss.entropy_coef:
         loss_BT = loss_BT - s.loss.entropy_coef * x.need("entropy")

@@ -4,6 +4,7 @@ The core step names no method: it collects groups, updates the policy, hands the
 the engine, lets the sampler observe, and logs. A method whose data flow differs plugs in
 through these seams, and only these (each optional; `Method` does nothing by default):
 
+    sampling(params, step) -> params           how the step's rollouts are sampled (a staged length)
     rescore(run, groups, examples, held_out)   rewards that need the policy itself, filled in
                                                after sampling (training, and held-out evaluation)
     prepare(run, plan, step) -> plan           before the update: the groups it trains on, its

@@ -16,7 +16,7 @@ from rlvr.data import Example
 from rlvr.data.images import image_token_ids
 from rlvr.train.data import TaskData
 from rlvr.train.update import Extras, UpdateSettings
-from rlvr.types import Group
+from rlvr.types import Group, SamplingParams
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run
@@ -77,6 +77,9 @@ class Method:
 
     def task(self, task: TaskData) -> TaskData:
         return task
+
+    def sampling(self, params: SamplingParams, step: int) -> SamplingParams:
+        return params
 
     def rescore(self, run: Run, groups: list[Group], examples: list[Example], held_out: bool) -> list[Group]:
         return groups

@@ -13,7 +13,7 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from rlvr.train.methods import (distill, expert, intrinsic, kl, loss_state, ppo, process, rehearsal, remax,
-                                rlp)
+                                rlp, schedules)
 from rlvr.config import RunConfig
 from rlvr.train.methods.base import Extras, Method, RankInfo, SetupInfo
 from rlvr.train.advantages import check_turn_credit
@@ -23,6 +23,7 @@ __all__ = ["CHECKS", "METHODS", "ON_RANKS", "SEAMS", "active", "build_methods", 
            "rank_extras"]
 
 METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
+    "schedules": schedules.build,    # staged generation lengths; shaping from a step on
     "remax": remax.build,            # ReMax: a greedy completion per prompt as the baseline
     "kl": kl.build,                  # a reference model for the KL term; its coefficient, fixed or adaptive
     "loss_state": loss_state.build,  # what a stateful loss keeps across steps (R²VPO's λ)
@@ -57,6 +58,7 @@ CHECKS: dict[str, Callable[[RunConfig], None]] = {
     "intrinsic": intrinsic.check,  # rewards from the policy itself: not with asynchronous rollouts
     "rlp": rlp.check,              # the text source and the information_gain reward together
     "turn_credit": check_turn_credit,  # turn credit replaces the estimator, shaping and a KL in the reward
+    "schedules": schedules.check,  # staged lengths: single-turn budgets
 }
 """Each method's own check of a config, by name: what it cannot run beside. The config itself
 compares no method's name (rlvr.config checks its sections alone)."""
@@ -94,7 +96,7 @@ def build_methods(run: Run, info: SetupInfo) -> dict[str, Method]:
     return {name: method for name, method in built.items() if method is not None}
 
 
-SEAMS = ("task", "rescore", "prepare", "after_update", "metrics", "save_after")
+SEAMS = ("task", "sampling", "rescore", "prepare", "after_update", "metrics", "save_after")
 """Method's hooks, in the order a run meets them."""
 
 
