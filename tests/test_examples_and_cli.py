@@ -198,7 +198,7 @@ def test_config_all_lists_every_open_tables_keys_for_each_choice(capsys: pytest.
     assert "dist.ray: address = None" in out
     assert not re.search(r"\]: (.*, )?x = ", out)  # a loss's or a correction's record is not a knob
     last = out.strip().splitlines()[-1]
-    assert last.startswith("# 102 declared keys; 19 open tables reach ")
+    assert last.startswith("# 104 declared keys; 19 open tables reach ")
     assert main(["config", "sft", "--all"]) == 0
     out = capsys.readouterr().out
     assert "algo.loss_kwargs" not in out and "rewards.kwargs" in out  # only the tables sft reads
@@ -240,11 +240,15 @@ def test_the_config_stays_small() -> None:
     key over it since issue 20: train.optimizer, a run-level choice as algo.loss is (AdamW's own
     knobs, train.betas and train.weight_decay, predate the budget and would be its kwargs). A
     second since issue 51: dist.sharding, how the learners hold the policy, which decides the
-    checkpoints' format and where they resume (verl's actor strategy is a top-level choice too)."""
+    checkpoints' format and where they resume (verl's actor strategy is a top-level choice too).
+    Two since issue 56: task.transforms, the prompt builders (critique, budget, think mode, and a
+    user's own; one key for all, their options its kwargs), and sampling.length_schedule, the
+    sampling budget step by step (staged lengths), beside max_new_tokens as train.schedule is
+    beside lr. SCoRe's per-turn KL is the environment's (env.kwargs), not a key."""
     from rlvr.config import declared_keys
 
     keys = declared_keys("train")
-    assert len(keys) <= 102, len(keys)
+    assert len(keys) <= 104, len(keys)
     assert "algo.loss_kwargs" in keys and "algo.clip_high" not in keys and "dist.ray" in keys
     assert len(declared_keys("sft")) < len(keys) and len(declared_keys("dpo")) < len(keys)
 

@@ -122,13 +122,20 @@ def test_a_budget_task_trains_on_the_tiny_model(tiny_dir: Path, tmp_path: Path) 
     from tests.test_train import overrides, read_metrics
 
     rewards = 'rewards=[{fn = "tests.test_train:distinct_chars", name = "chars"}, {fn = "budget", weight = 0.5}]'
-    train(load_config(None, [*overrides(tiny_dir, tmp_path, "budget"), "task.budget={budgets = [2, 6]}",
-                             "task.think_mode={}", rewards]), quiet=True)
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "budget"), 'task.transforms=[{fn = "budget", kwargs = {budgets = [2, 6]}}, {fn = "think_mode"}]', rewards]), quiet=True)
     rows = read_metrics(tmp_path / "budget")
     assert all(-1.0 <= r["rewards/budget"] <= 0.0 for r in rows)
     samples = [json.loads(line) for line in (tmp_path / "budget" / "samples.jsonl").read_text().splitlines()]
     assert all(" Answer in about " in s["prompt"] and s["prompt"].endswith(("/think", "/no_think")) for s in samples)
-    with pytest.raises(ValueError, match="unknown option 'budget'"):
-        from rlvr.train.data import load_examples
+    from rlvr.train.data import load_examples
 
-        load_examples(load_config(None, ["task.budget={budget = 3}"]))
+    with pytest.raises(ValueError, match="'budget'"):
+        load_examples(load_config(None, ['task.transforms=[{fn = "budget", kwargs = {budget = 3}}]']))
+    # a user's own builder, by dotted path, after a built-in one
+    own = load_examples(load_config(None, ['task.transforms=[{fn = "budget", kwargs = {budgets = [4]}}, '
+                                           '{fn = "tests.test_length_control:shouted"}]', "task.eval_size=2"]))[0]
+    assert all(ex.prompt.endswith("ABOUT 4 TOKENS.") for ex in own)
+
+
+def shouted(examples: list[Example], *, seed: int) -> list[Example]:
+    return [Example(ex.prompt.upper(), ex.answer, ex.fields, ex.id) for ex in examples]

@@ -76,7 +76,7 @@ def test_an_attempt_without_a_verdict_ends_the_episode_excluded() -> None:
 
 def test_bad_options_are_refused_before_the_model_loads() -> None:
     for kwargs, match in [({"attempts": 1}, "attempts"), ({"attempts": True}, "attempts"), ({"bonus": -1}, "bonus"),
-                          ({"bonus": "big"}, "bonus"), ({"revise": " "}, "revise"), ({"alpha": 1}, "unknown")]:
+                          ({"bonus": "big"}, "bonus"), ({"first_kl": -1}, "first_kl"), ({"revise": " "}, "revise"), ({"alpha": 1}, "unknown")]:
         with pytest.raises((ValueError, TypeError), match=match):
             check(SimpleNamespace(kwargs=kwargs))
     check(SimpleNamespace(kwargs={"attempts": 3, "bonus": 10, "first_reward": 0}, max_turns=3))
@@ -105,7 +105,8 @@ def test_the_episodes_own_verdict_is_its_accuracy_and_fails_with_it() -> None:
 def test_kl_turn_scale_weights_each_turns_kl_by_hand() -> None:
     """β·scale[t]·KL on turn t's tokens; k3 by hand: exp(ref − lp) − (ref − lp) − 1."""
     from rlvr.algos.inputs import LossInputs
-    from rlvr.train.update import _penalised, turn_scale
+    from rlvr.train.inputs import turn_scale
+    from rlvr.train.update import _penalised
     from rlvr.types import Completion
 
     c = Completion((5, 6, 7, 8), (0.0,) * 4, "stop", "", loss_mask=(1, 0, 1, 1), turn_index=(0, 0, 1, 2))
@@ -123,20 +124,27 @@ def test_kl_turn_scale_weights_each_turns_kl_by_hand() -> None:
     assert plain[0].tolist() == pytest.approx([0.1 * k for k in k3], rel=1e-6)
 
 
-def test_kl_turn_scale_is_refused_where_it_would_do_nothing(tiny_dir: Path, tmp_path: Path) -> None:
-    from rlvr.config import load_config
-    from tests.test_train import overrides
+def test_the_environments_kl_scale_reaches_each_token_of_its_turn() -> None:
+    """self_correct's first_kl becomes the groups' kl_turn_scale, and the update's per-token factor
+    follows each token's turn; a group without it gets 1."""
+    from rlvr.agents.runner import Episode, as_groups
+    from rlvr.train.inputs import sample_fields
+    from rlvr.types import Completion
 
-    for extra in (["algo.kl_turn_scale=[10.0, 1.0]"],
-                  ["algo.kl_turn_scale=[10.0, 1.0]", "algo.kl_coef=0.1", 'algo.kl_placement="reward"'],
-                  ["algo.kl_turn_scale=[-1.0]", "algo.kl_coef=0.1"]):
-        with pytest.raises(ValueError, match="kl_turn_scale"):
-            load_config(None, [*overrides(tiny_dir, tmp_path, "x"), *extra])
+    assert SelfCorrect(SEVEN, [], first_kl=10.0).kl_turn_scale == (10.0, 1.0)
+    assert SelfCorrect(SEVEN, []).kl_turn_scale is None
+    c = Completion((5, 6, 7), (0.0,) * 3, "stop", "", loss_mask=(1, 0, 1), turn_index=(0, 0, 1))
+    scaled, plain = (as_groups([SEVEN], [0], 1, [Episode((1,), c, 1.0, 2, "done", {}, [0.0, 1.0], [])])[0]
+                     for _ in range(2))
+    scaled.metadata["kl_turn_scale"] = [(10.0, 1.0)]
+    fields = sample_fields([scaled, plain], [*scaled.samples, *plain.samples], [0, 1])
+    assert fields.kl_scale is not None
+    assert [t.tolist() for t in fields.kl_scale] == [[10.0, 10.0, 1.0], [1.0, 1.0, 1.0]]
+    assert sample_fields([plain], list(plain.samples), [0]).kl_scale is None
 
 
-SELF_CORRECT = ['env.name="self_correct"', "env.kwargs={attempts = 2, bonus = 1.0}", "env.max_turns=2",
-                'rewards=[{fn = "reasoning_gym", kwargs = {extract = "tag_or_last_number"}}]',
-                "algo.kl_coef=0.05", "algo.kl_turn_scale=[10.0, 1.0]", 'algo.credit="turn"']
+SELF_CORRECT = ['env.name="self_correct"', "env.kwargs={attempts = 2, bonus = 1.0, first_kl = 10.0}", "env.max_turns=2",
+                'rewards=[{fn = "reasoning_gym", kwargs = {extract = "tag_or_last_number"}}]', 'algo.credit="turn"']
 
 
 def test_self_correction_trains_on_the_tiny_model(tiny_dir: Path, tmp_path: Path) -> None:
@@ -149,7 +157,10 @@ def test_self_correction_trains_on_the_tiny_model(tiny_dir: Path, tmp_path: Path
     from rlvr.train.loop import train
     from tests.test_train import overrides, read_metrics
 
-    train(load_config(None, [*overrides(tiny_dir, tmp_path, "sc", train__steps=2), *SELF_CORRECT]), quiet=True)
+    with pytest.raises(ValueError, match="no KL term in the loss"):  # first_kl would weigh nothing
+        train(load_config(None, [*overrides(tiny_dir, tmp_path, "nokl", train__steps=1), *SELF_CORRECT]), quiet=True)
+    train(load_config(None, [*overrides(tiny_dir, tmp_path, "sc", train__steps=2), *SELF_CORRECT, "algo.kl_coef=0.05"]),
+          quiet=True)
     run = tmp_path / "sc"
     rows = read_metrics(run)
     for key in ("env/first_correct", "env/correct", "env/fixed", "env/broken", "env/changed", "kl"):
@@ -220,7 +231,7 @@ def test_graded_rows_bring_their_own_candidates_through_the_config(tmp_path: Pat
     path = tmp_path / "graded.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = load_config(None, ['task.source="jsonl"', f'task.path="{path}"', "task.eval_size=4",
-                             'task.critique={candidate_column = "candidate", label_column = "graded"}',
+                             'task.transforms=[{fn = "critique", kwargs = {candidate_column = "candidate", label_column = "graded"}}]',
                              'rewards=[{fn = "verdict"}]'])
     train, held = load_examples(cfg)
     made = [*train, *held]
@@ -228,8 +239,10 @@ def test_graded_rows_bring_their_own_candidates_through_the_config(tmp_path: Pat
     for ex in made:  # each row's own candidate and grade, the row's columns kept beside them
         assert ex.answer == ex.fields["graded"] and f"Proposed answer: {ex.fields['candidate']}\n" in ex.prompt
         assert "Put the final answer" not in ex.prompt  # the problem is shown without the instruction to solve it
-    with pytest.raises(ValueError, match="unknown option 'wrong'"):
-        load_examples(load_config(None, ['task.critique={wrong = 0.2}']))
+    with pytest.raises(ValueError, match="'wrong'"):
+        load_examples(load_config(None, ['task.transforms=[{fn = "critique", kwargs = {wrong = 0.2}}]']))
+    with pytest.raises(ValueError, match="unknown fn 'critic'"):
+        load_examples(load_config(None, ['task.transforms=[{fn = "critic"}]']))
 
 
 @pytest.mark.parametrize("text, verdict", [
@@ -260,7 +273,7 @@ def test_critique_trains_with_rl_and_with_sft_on_the_tiny_model(tiny_dir: Path, 
     from rlvr.train.offline import sft
     from tests.test_train import overrides, read_metrics
 
-    critique = ["task.critique={}", 'rewards=[{fn = "verdict"}]']
+    critique = ['task.transforms=[{fn = "critique"}]', 'rewards=[{fn = "verdict"}]']
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "crl"), *critique]), quiet=True)
     rows = read_metrics(tmp_path / "crl")
     assert len(rows) == 2 and "rewards/verdict" in rows[-1]
@@ -278,5 +291,5 @@ def test_the_packaged_configs_load_for_their_commands() -> None:
 
     sc = load_config("self_correct")
     assert sc.env.name == "self_correct" and sc.env.max_turns >= sc.env.kwargs["attempts"]
-    assert load_config("critique").task.critique == {"wrong_fraction": 0.5}
+    assert load_config("critique").task.transforms[0].kwargs == {"wrong_fraction": 0.5}
     assert "{answer}" in (load_config("critique_sft", command="sft").sft.answer_template or "")

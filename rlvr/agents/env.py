@@ -8,6 +8,10 @@ puzzle's position) and none can leak into another. ``step`` may be ``async def``
 then awaits the turn's steps of all episodes together, so slow tools overlap.
 
 A single-turn task is the trivial environment: one step, done, rewarded by the task's verifier.
+
+An environment may weight the KL term of the loss by turn: an attribute ``kl_turn_scale``, a
+tuple of factors on ``algo.kl_coef`` for turn 0, 1, ... (the last for later turns), e.g.
+self-correction's strong KL on the first attempt (rlvr.agents.self_correct).
 """
 
 from __future__ import annotations

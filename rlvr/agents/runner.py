@@ -412,7 +412,12 @@ def episode_groups(engine: Engine, tokenizer: Any, factory: Any, examples: Seque
                     close()
                 except Exception as err:  # noqa: BLE001 - one that cannot close does not stop the others
                     _warn_once(type(err).__name__ + "/close", f"an environment's close raised {err!r}")
-    return as_groups(examples, indices, n, episodes, mask=mask)
+    groups = as_groups(examples, indices, n, episodes, mask=mask)
+    scales = [getattr(env, "kl_turn_scale", None) for env in envs]
+    if any(scale is not None for scale in scales):  # the environment weights the KL term by turn
+        for k, g in enumerate(groups):
+            g.metadata["kl_turn_scale"] = scales[k * n : (k + 1) * n]
+    return groups
 
 
 FAILED: tuple[str, ...] = ("infra", "error", "timeout")

@@ -10,8 +10,9 @@ Language Models to Self-Correct via Reinforcement Learning", arXiv:2409.12917):
 ``bonus`` is SCoRe's α, the stage-II shaping that pays for improving on the attempt before and
 charges for making it worse, so that a policy cannot score by answering twice the same way.
 SCoRe's stage I trains the second attempt alone (``first_reward = 0``) while a strong KL keeps
-the first attempt near the base model: ``algo.kl_turn_scale = [β₂/β₁, 1]`` with
-``algo.kl_coef = β₁``. With ``algo.credit = "turn"`` each attempt's tokens get the
+the first attempt near the base model: ``first_kl = β₂/β₁`` weights the KL term on the first
+attempt's tokens by that factor (``kl_turn_scale``, which the update reads), with
+``algo.kl_coef = β₁`` on the revisions. With ``algo.credit = "turn"`` each attempt's tokens get the
 group-relative advantage of the return from that attempt on; with the default, every token
 gets the episode's. docs/interaction.md has both stages as a recipe.
 
@@ -45,19 +46,24 @@ class SelfCorrect:
     the module docstring for the turn rewards and metrics."""
 
     def __init__(self, example: Example, rewards: list[RewardFn], *, attempts: int = 2, revise: str = REVISE,
-                 bonus: float = 0.0, first_reward: float = 1.0, correct_at: float = 1.0) -> None:
+                 bonus: float = 0.0, first_reward: float = 1.0, correct_at: float = 1.0,
+                 first_kl: float = 1.0) -> None:
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 2:
             raise ValueError(f"self_correct: env.kwargs.attempts must be a whole number >= 2, got {attempts!r}")
-        for name, value in (("bonus", bonus), ("first_reward", first_reward), ("correct_at", correct_at)):
+        for name, value in (("bonus", bonus), ("first_reward", first_reward), ("correct_at", correct_at),
+                            ("first_kl", first_kl)):
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"self_correct: env.kwargs.{name} must be a number, got {value!r}")
-        if bonus < 0:
-            raise ValueError(f"self_correct: env.kwargs.bonus (SCoRe's alpha) must be >= 0, got {bonus}")
+        if bonus < 0 or first_kl < 0:
+            raise ValueError(f"self_correct: env.kwargs.bonus (SCoRe's alpha) and first_kl must be >= 0, got {bonus} "
+                             f"and {first_kl}")
         if not isinstance(revise, str) or not revise.strip():
             raise ValueError("self_correct: env.kwargs.revise must be the (non-empty) request to revise")
         self.example, self.rewards = example, rewards
         self.attempts, self.revise = attempts, revise
         self.bonus, self.first_reward, self.correct_at = float(bonus), float(first_reward), float(correct_at)
+        self.kl_turn_scale = None if first_kl == 1 else (float(first_kl), 1.0)
+        """The KL term's factor on each turn's tokens (the first attempt's, then the revisions'), or None."""
         self.scores: list[float] = []
         self.answers: list[str] = []
 

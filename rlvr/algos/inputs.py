@@ -33,7 +33,7 @@ class LossInputs:
     ref: Tensor | None = None
     """The reference policy's log-probs, when a KL to it is in the loss."""
     kl_scale: Tensor | None = None
-    """A factor on the KL term per token (algo.kl_turn_scale: by the token's turn); None: 1."""
+    """A factor on the KL term per token (an environment's `kl_turn_scale`, by the token's turn); None: 1."""
     entropy: Tensor | None = None
     """The policy's entropy at each token, with gradient."""
     correct: Tensor | None = None

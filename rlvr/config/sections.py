@@ -36,6 +36,13 @@ class MixtureEntry(_Section):
     """Keyword arguments of this task."""
 
 
+class TransformSpec(_Section):
+    fn: str
+    """A prompt builder by name (rlvr.data.transforms: critique, budget, think_mode) or "pkg.module:function"."""
+    kwargs: dict[str, Any] = {}
+    """Its keyword arguments."""
+
+
 class TaskConfig(_Section):
     source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval", "facts", "text", "env", "visual"] = \
         "reasoning_gym"
@@ -54,12 +61,8 @@ class TaskConfig(_Section):
     """Held-out prompts scored greedily before and after training (0 = skip)."""
     system_prompt: str | None = None
     """System message placed before each prompt (None = the chat template's default)."""
-    critique: dict[str, Any] | None = None
-    """Turn the task into critique tasks (rlvr.data.critique; docs/interaction.md): each prompt becomes "Problem: … Proposed answer: …", judged "correct" or "incorrect" (reward fn = "verdict"). Keys: wrong_fraction (0.5), the share of candidates made wrong; candidate_column and label_column, where the rows bring graded candidates; instruction. task.instruction is then the problem's own (default none). {} = the defaults."""
-    budget: dict[str, Any] | None = None
-    """Budget-conditioned prompts (rlvr.data.control; docs/interaction.md): {budgets = [16, 64]} appends "Answer in about N tokens." with N drawn per example (template = "...{budget}..." to word it otherwise); the reward fn = "budget" scores the length against it."""
-    think_mode: dict[str, Any] | None = None
-    """Think / no-think prompts (rlvr.data.control): {no_think_fraction = 0.5} appends "/think" or "/no_think" (think, no_think: other switches); the reward fn = "think_mode" checks the completion follows it."""
+    transforms: list[TransformSpec] = Field(default_factory=list)
+    """Prompt builders applied in order to every example (docs/interaction.md; rlvr.data.transforms): {fn = "critique"} turns each into "Problem / Proposed answer", judged "correct" or "incorrect" (reward fn = "verdict"; kwargs wrong_fraction, or graded rows' candidate_column and label_column; task.instruction is then the problem's own); {fn = "budget", kwargs = {budgets = [16, 64]}} asks for a length (fn = "budget" scores it); {fn = "think_mode", kwargs = {no_think_fraction = 0.5}} appends /think or /no_think (fn = "think_mode"); or "pkg.module:function" (examples, *, seed, **kwargs) -> examples."""
     instruction: str | None = None
     """Text appended to every prompt; unset: "Put the final answer inside <answer></answer> tags." (the default rewards read the tags), or for humaneval "Write the complete Python function in a ```python code block."."""
 
@@ -218,8 +221,6 @@ class AlgoConfig(_Section):
     """Per-token KL estimator; "k3_ratio" (in the loss only) weights k3 by π_θ/π_old, so its gradient is the reverse KL's (DeepSeek-V3.2, arXiv:2512.02556, Eq. 7; TRL 1.16's default)."""
     kl_placement: Literal["loss", "reward"] = "loss"
     """Where the KL goes: "loss" adds kl_coef·KL per token to the loss (GRPO); "reward" subtracts kl_coef·(summed KL) from each completion's reward before the advantages (PPO-RLHF; per token with gae)."""
-    kl_turn_scale: list[float] = []
-    """Multi-turn episodes: kl_coef times scale[t] on turn t's tokens (the last entry for later turns), e.g. [10.0, 1.0] holds the first attempt of a self-correction episode close to the reference (SCoRe's stage-I constraint; docs/interaction.md). Empty = kl_coef on every turn. In the loss only."""
     kl_adaptive: dict[str, Any] = {}
     """With kl_placement = "reward": adapt kl_coef toward a per-sample KL, e.g. {target = 0.01, horizon = 10000} (Ziegler et al.'s controller, rlvr.algos.kl.KLController; horizon in samples). Empty = fixed."""
     divergence: Literal["none", "forward_kl", "js"] = "none"
@@ -280,10 +281,6 @@ class AlgoConfig(_Section):
         if self.kl_estimator == "k3_ratio" and self.kl_placement != "loss":
             raise ValueError("algo.kl_estimator = \"k3_ratio\" weights the KL term in the loss by π_θ/π_old: use it "
                              "with algo.kl_placement = \"loss\" (in the reward the KL is taken at the old policy)")
-        if self.kl_turn_scale and (self.kl_placement != "loss" or self.kl_coef == 0
-                                   or any(not v >= 0 for v in self.kl_turn_scale)):
-            raise ValueError("algo.kl_turn_scale scales the KL term in the loss per turn: set algo.kl_placement = "
-                             "\"loss\", an algo.kl_coef > 0 and scales >= 0, e.g. kl_turn_scale = [10.0, 1.0]")
         if self.kl_adaptive:
             if self.kl_placement != "reward" or self.kl_coef == 0:
                 raise ValueError("algo.kl_adaptive adapts a KL penalty in the reward: set algo.kl_placement = "

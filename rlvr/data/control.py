@@ -65,11 +65,3 @@ def _appended(ex: Example, text: str, fields: dict[str, Any]) -> Example:
         own[PROMPT_MESSAGES] = [*messages[:last], {**messages[last], "content": f"{messages[last]['content']} {text}"},
                                 *messages[last + 1:]]
     return Example(f"{ex.prompt} {text}" if ex.prompt else text, ex.answer, {**own, **fields}, ex.id)
-
-
-def options(what: str, given: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
-    """A task transform's options, checked against the names it takes."""
-    unknown = sorted(set(given) - set(known))
-    if unknown:
-        raise ValueError(f"{what}: unknown option {unknown[0]!r} (it takes {', '.join(known)})")
-    return given

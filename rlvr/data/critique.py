@@ -65,6 +65,9 @@ def critique_examples(pool: list[Example], *, seed: int, wrong_fraction: float =
     return out
 
 
+critique_examples.shows_problem_only = True  # type: ignore[attr-defined]
+
+
 def _given(ex: Example, candidate_column: str, label_column: str) -> tuple[str, bool]:
     """A row's own candidate and its label (true/false, 1/0, or "correct"/"incorrect")."""
     missing = [c for c in (candidate_column, label_column) if c not in ex.fields]
@@ -92,12 +95,3 @@ def _wrong(answer: str, rng: random.Random, answers: list[str], where: str) -> s
         raise ValueError(f"task.critique: no wrong answer to propose for {where}: its answer {answer!r} is not an "
                          "integer and no other example has a different one")
     return rng.choice(others)
-
-
-def critique_options(options: dict[str, Any]) -> dict[str, Any]:
-    """task.critique checked: its keys are critique_examples' options."""
-    known = ("wrong_fraction", "candidate_column", "label_column", "instruction")
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ValueError(f"task.critique: unknown option {unknown[0]!r} (it takes {', '.join(known)})")
-    return options

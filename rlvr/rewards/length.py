@@ -29,7 +29,7 @@ def budget_reward(prompt: str, completions: list[str], *, budget: int, completio
         raise ValueError(f"budget reward: mode must be \"exact\" or \"max\", got {mode!r}")
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget reward: the example's budget must be a positive token count, got {budget!r} "
-                         "(task.budget sets it)")
+                         "(task.transforms' fn = \"budget\" sets it)")
     if completion_ids is None or len(completion_ids) != len(completions):
         raise ValueError("budget reward: needs each completion's token ids (single-turn tasks; an episode's length "
                          "is not one completion's)")
@@ -50,7 +50,7 @@ def think_mode_reward(prompt: str, completion: str, *, mode: str, open: str = "<
     """1 when the completion thinks exactly when asked to (see the module docstring), else 0."""
     if mode not in ("think", "no_think"):
         raise ValueError(f"think_mode reward: the example's mode must be \"think\" or \"no_think\", got {mode!r} "
-                         "(task.think_mode sets it)")
+                         "(task.transforms' fn = \"think_mode\" sets it)")
     blocks = re.findall(re.escape(open) + r"(.*?)" + re.escape(close), completion, flags=re.S)
     unclosed = completion.count(open) > len(blocks)
     thought = any(b.strip() for b in blocks) or unclosed

@@ -19,9 +19,7 @@ from rlvr.agents.envs import env_factory
 from rlvr.agents.openai_agent import ENV_DATASETS, EPISODE_BUILDERS
 from rlvr.agents.runner import ChatDelta, Limits, Summarize, episode_groups
 from rlvr.agents.search import facts_examples
-from rlvr.data.control import budget_examples, think_mode_examples
-from rlvr.data.control import options as control_options
-from rlvr.data.critique import critique_examples, critique_options
+from rlvr.data.transforms import shows_problem_only, transform
 from rlvr.algos.registry import check_keywords, keyword_options
 from rlvr.config import RunConfig
 from rlvr.options import rlp_options
@@ -250,18 +248,15 @@ def _task_pool(cfg: RunConfig) -> list[Example]:
     the task asks for (or the source's default)."""
     t = cfg.task
     default = CODE_INSTRUCTION if t.source == "humaneval" else "Put the final answer inside <answer></answer> tags."
-    if t.params.get("format", "rlvr") != "rlvr" or t.critique is not None:  # another trainer's data: its prompts
-        default = ""  # are used as they are; a critique's problem is shown without the instruction to answer it
+    if t.params.get("format", "rlvr") != "rlvr" or shows_problem_only(t.transforms):  # another trainer's data:
+        default = ""  # its prompts are used as they are; a critique shows the problem without the request to solve it
     instruction = default if t.instruction is None else t.instruction
     pool = _source_pool(cfg, instruction)
-    if t.critique is not None:
-        pool = critique_examples(pool, seed=cfg.seed, **critique_options(dict(t.critique)))
-    if t.budget is not None:
-        pool = budget_examples(pool, seed=cfg.seed, **control_options("task.budget", dict(t.budget),
-                                                                      ("budgets", "template")))
-    if t.think_mode is not None:
-        pool = think_mode_examples(pool, seed=cfg.seed, **control_options(
-            "task.think_mode", dict(t.think_mode), ("no_think_fraction", "think", "no_think")))
+    for spec in t.transforms:  # prompt builders (rlvr.data.transforms), in order
+        build = transform(spec.fn)
+        check_keywords(f"task.transforms {spec.fn!r}", build, spec.kwargs,
+                       [k for k in keyword_options(build, required=True) if k != "seed"])
+        pool = build(pool, seed=cfg.seed, **spec.kwargs)
     return pool
 
 

@@ -70,8 +70,6 @@ class KLSettings:
     estimator: str = "k3"
     placement: str = "loss"
     """"loss": β·KL per token in the loss (GRPO); "reward": -β·KL subtracted from the reward (PPO-RLHF)."""
-    turn_scale: tuple[float, ...] = ()
-    """In the loss: β·scale[t] on turn t's tokens (the last entry for later turns); empty: β everywhere."""
 
     @property
     def in_loss(self) -> bool:
@@ -144,8 +142,7 @@ def settings_from_config(cfg: RunConfig, rewards: list[RewardFn]) -> UpdateSetti
             aggregation=a.aggregation or LOSS_AGGREGATION.get(a.loss, "token-mean"),
             max_tokens=cfg.env.max_total_tokens if cfg.env.name else s.max_new_tokens,
             mask_truncated=a.mask_truncated, entropy_coef=entropy.coef, entropy_top=entropy.top),
-        kl=KLSettings(coef=a.kl_coef, estimator=a.kl_estimator, placement=a.kl_placement,
-                       turn_scale=tuple(a.kl_turn_scale)),
+        kl=KLSettings(coef=a.kl_coef, estimator=a.kl_estimator, placement=a.kl_placement),
         passes=Passes(micro_batch_size=tr.micro_batch_size, micro_batch_tokens=tr.micro_batch_tokens,
                       temperature=s.temperature, logprob_chunk=tr.logprob_chunk),
         epochs=tr.epochs, mini_batches=tr.mini_batches,

@@ -29,7 +29,7 @@ from rlvr.train.logprobs import packs_completions
 from rlvr.train.parallel import all_reduce_sums, idle_passes, share, world
 from rlvr.train.settings import (AdvantageSettings, KLSettings, LossSettings, Passes, UpdateSettings,
                                  settings_from_config)
-from rlvr.types import Completion, Group, Sample
+from rlvr.types import Group, Sample
 
 __all__ = ["AdvantageSettings", "Credit", "KLSettings", "LossSettings", "LossTerm", "Passes", "UpdateResult",
            "UpdateSettings", "collate", "compute_advantages", "score_certainty", "score_logprobs", "settings_from_config",
@@ -292,7 +292,11 @@ def _advantages(
         advantages = [torch.full((len(x.completion.token_ids),), float(advantages_B[owner[u]]))
                       for u, x in enumerate(samples)]
     device = next(learner.model.parameters()).device
-    return _Batch(samples, advantages, old, ref, sample_fields(groups, samples, owner), pad_token_id, device), metrics
+    fields = sample_fields(groups, samples, owner)
+    if fields.kl_scale is not None and not (s.kl.in_loss and ref_model is not None):
+        raise ValueError("the episodes' environment weights the KL term by turn (e.g. self_correct's first_kl), but "
+                         "the update has no KL term in the loss: set algo.kl_coef > 0 (kl_placement = \"loss\")")
+    return _Batch(samples, advantages, old, ref, fields, pad_token_id, device), metrics
 
 
 def _summary(sums: dict[str, float], grad_norms: list[float], kl_in_loss: bool,
@@ -395,18 +399,10 @@ def _loss_inputs(learner: Learner, b: _Batch, old: Sequence[torch.Tensor | None]
     return LossInputs(
         logprobs_BT, old_BT, token_rows(b.advantages, micro, where_BT), batch["loss_mask"], sampler=sampler_BT,
         ref=None if b.ref is None else token_rows(b.ref, micro, where_BT), entropy=entropy_BT,
-        kl_scale=None if b.ref is None or not s.kl.turn_scale else token_rows(
-            [turn_scale(x.completion, s.kl.turn_scale) for x in rows], list(range(len(micro))), where_BT),
+        kl_scale=None if fields.kl_scale is None else token_rows(fields.kl_scale, micro, where_BT),
         correct=token_rows(fields.correct, micro, where_BT),
         group_accuracy=token_rows(fields.group_accuracy, micro, where_BT),
         offpolicy=token_rows(fields.offpolicy, micro, where_BT), state=b.loss_state)
-
-
-def turn_scale(completion: Completion, scale: Sequence[float]) -> torch.Tensor:
-    """algo.kl_turn_scale on each of a completion's tokens: ``scale[t]`` for a token of turn t
-    (``Completion.turn_index``; a single-turn completion is turn 0), the last entry past its end."""
-    turns = completion.turn_index or (0,) * len(completion.token_ids)
-    return torch.tensor([scale[min(t, len(scale) - 1)] for t in turns], dtype=torch.float32)
 
 
 def _penalised(loss_BT: torch.Tensor, x: LossInputs, s: UpdateSettings, sums: dict[str, float]) -> torch.Tensor:
