@@ -1,15 +1,16 @@
 """Prompts that ask for a length or a mode: budget-conditioned tasks and think / no-think tasks.
 
-``task.budget = {budgets = [16, 64]}`` appends a token budget to each prompt ("Answer in about 64
-tokens.") drawn for the example from ``budgets``, and keeps it as the field ``budget``, which the
-``budget`` reward scores the completion's length against (L1's length-controlled policy
-optimisation: Aggarwal and Welleck, "L1: Controlling How Long A Reasoning Model Thinks With
-Reinforcement Learning", arXiv:2503.04697).
+The builder ``budget`` (``task.transforms = [{fn = "budget", kwargs = {budgets = [16, 64]}}]``)
+appends a token budget to each prompt ("Answer in about 64 tokens.") drawn for the example from
+``budgets``, and keeps it as the field ``budget``, which the ``budget`` reward scores the
+completion's length against (L1's length-controlled policy optimisation: Aggarwal and Welleck,
+"L1: Controlling How Long A Reasoning Model Thinks With Reinforcement Learning",
+arXiv:2503.04697).
 
-``task.think_mode = {no_think_fraction = 0.5}`` appends a mode switch to each prompt (Qwen3's soft
-switches, "/think" and "/no_think", by default) and keeps it as the field ``mode``, which the
-``think_mode`` reward checks the completion follows: a reasoning block when asked to think, none
-(or an empty one) when not.
+The builder ``think_mode`` (``kwargs = {no_think_fraction = 0.5}``) appends a mode switch to each
+prompt (Qwen3's soft switches, "/think" and "/no_think", by default) and keeps it as the field
+``mode``, which the ``think_mode`` reward checks the completion follows: a reasoning block when
+asked to think, none (or an empty one) when not.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ def budget_examples(pool: list[Example], *, seed: int, budgets: list[int],
     """Each example with a budget from ``budgets`` (drawn per example, seeded) in its prompt and
     its field ``budget``."""
     if not budgets or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in budgets):
-        raise ValueError(f"task.budget.budgets must be a non-empty list of positive token counts, got {budgets!r}")
+        raise ValueError(f"task.transforms budget: budgets must be a non-empty list of positive token counts, got {budgets!r}")
     if "{budget}" not in template:
-        raise ValueError(f"task.budget.template {template!r} has no {{budget}}")
+        raise ValueError(f"task.transforms budget: template {template!r} has no {{budget}}")
     rng = random.Random(seed)
     out = []
     for ex in pool:
@@ -44,7 +45,7 @@ def think_mode_examples(pool: list[Example], *, seed: int, no_think_fraction: fl
     """Each example with a mode switch appended (``no_think`` with probability
     ``no_think_fraction``, else ``think``) and its field ``mode`` ("think" or "no_think")."""
     if not 0.0 <= no_think_fraction <= 1.0:
-        raise ValueError(f"task.think_mode.no_think_fraction must be between 0 and 1, got {no_think_fraction}")
+        raise ValueError(f"task.transforms think_mode: no_think_fraction must be between 0 and 1, got {no_think_fraction}")
     rng = random.Random(seed + 1)
     out = []
     for ex in pool:

@@ -1,7 +1,8 @@
 """Critique tasks: the policy judges a proposed answer to a problem, and is rewarded for a correct
 verdict ("correct" or "incorrect", scored by the ``verdict`` reward).
 
-``task.critique`` turns any task's examples into critique examples. Either the rows bring their
+The builder ``critique`` (``task.transforms = [{fn = "critique"}]``) turns any task's examples
+into critique examples. Either the rows bring their
 own candidates (``candidate_column`` and ``label_column``: e.g. a model's answers, graded), or
 the builder makes them from each example's reference answer: the reference itself, or (with
 probability ``wrong_fraction``) a wrong answer near it: a number moved by a small amount, or
@@ -38,10 +39,10 @@ def critique_examples(pool: list[Example], *, seed: int, wrong_fraction: float =
     ``problem``, ``candidate``, ``reference`` (the task's answer, when known) and ``critique_of``
     (the example's id), plus the example's own fields."""
     if (candidate_column is None) != (label_column is None):
-        raise ValueError("task.critique: give candidate_column and label_column together (a row's candidate answer "
+        raise ValueError("task.transforms critique: give candidate_column and label_column together (a row's candidate answer "
                          "and whether it is correct), or neither (candidates made from the reference answers)")
     if not 0.0 <= wrong_fraction <= 1.0:
-        raise ValueError(f"task.critique.wrong_fraction must be between 0 and 1, got {wrong_fraction}")
+        raise ValueError(f"task.transforms critique: wrong_fraction must be between 0 and 1, got {wrong_fraction}")
     rng = random.Random(seed)
     answers = sorted({ex.answer for ex in pool if ex.answer is not None})
     out = []
@@ -50,12 +51,12 @@ def critique_examples(pool: list[Example], *, seed: int, wrong_fraction: float =
             candidate, right = _given(ex, candidate_column, label_column)
         else:
             if ex.answer is None:
-                raise ValueError(f"task.critique: example {ex.id} has no reference answer to make candidates from; "
+                raise ValueError(f"task.transforms critique: example {ex.id} has no reference answer to make candidates from; "
                                  "give candidate_column and label_column instead")
             right = rng.random() >= wrong_fraction
             candidate = ex.answer if right else _wrong(ex.answer, rng, answers, ex.id)
         if ex.fields.get("images"):
-            raise ValueError(f"task.critique: example {ex.id} has images; critique tasks are text only")
+            raise ValueError(f"task.transforms critique: example {ex.id} has images; critique tasks are text only")
         verdict = VERDICTS[0] if right else VERDICTS[1]
         prompt = f"Problem: {ex.prompt.strip()}\n\nProposed answer: {candidate}\n\n{instruction}".strip()
         own = {k: v for k, v in ex.fields.items() if k != PROMPT_MESSAGES}  # the critique's prompt is its text
@@ -72,14 +73,14 @@ def _given(ex: Example, candidate_column: str, label_column: str) -> tuple[str, 
     """A row's own candidate and its label (true/false, 1/0, or "correct"/"incorrect")."""
     missing = [c for c in (candidate_column, label_column) if c not in ex.fields]
     if missing:
-        raise ValueError(f"task.critique: example {ex.id} has no column {missing[0]!r}")
+        raise ValueError(f"task.transforms critique: example {ex.id} has no column {missing[0]!r}")
     label = ex.fields[label_column]
     if isinstance(label, str) and label.strip().lower() in VERDICTS:
         right = label.strip().lower() == "correct"
     elif isinstance(label, bool) or label in (0, 1):
         right = bool(label)
     else:
-        raise ValueError(f"task.critique: example {ex.id}'s {label_column!r} is {label!r}; a label is true/false, "
+        raise ValueError(f"task.transforms critique: example {ex.id}'s {label_column!r} is {label!r}; a label is true/false, "
                          "1/0, or \"correct\"/\"incorrect\"")
     return str(ex.fields[candidate_column]), right
 
@@ -92,6 +93,6 @@ def _wrong(answer: str, rng: random.Random, answers: list[str], where: str) -> s
         return str(int(text) + rng.choice((-10, -2, -1, 1, 2, 10)))
     others = [a for a in answers if a.strip().lower() != text.lower()]
     if not others:
-        raise ValueError(f"task.critique: no wrong answer to propose for {where}: its answer {answer!r} is not an "
+        raise ValueError(f"task.transforms critique: no wrong answer to propose for {where}: its answer {answer!r} is not an "
                          "integer and no other example has a different one")
     return rng.choice(others)

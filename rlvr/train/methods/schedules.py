@@ -37,8 +37,8 @@ def stage_budget(stages: list[tuple[int, int]], step: int, default: int) -> int:
 
 
 class Schedules(Method):
-    def __init__(self, stages: list[tuple[int, int]], default: int, starts: list[int]) -> None:
-        self.stages, self.default, self.starts = stages, default, starts
+    def __init__(self, stages: list[tuple[int, int]], starts: list[int]) -> None:
+        self.stages, self.starts = stages, starts
 
     def sampling(self, params: SamplingParams, step: int) -> SamplingParams:
         return dataclasses.replace(params, max_new_tokens=stage_budget(self.stages, step, params.max_new_tokens))
@@ -56,8 +56,7 @@ def build(run: Run, info: SetupInfo) -> Schedules | None:
     starts = [spec.from_step for spec in cfg.algo.shaping]
     if not cfg.sampling.length_schedule and all(start == 1 for start in starts):
         return None
-    return Schedules([(start, tokens) for start, tokens in cfg.sampling.length_schedule], cfg.sampling.max_new_tokens,
-                     starts)
+    return Schedules([(start, tokens) for start, tokens in cfg.sampling.length_schedule], starts)
 
 
 def check(cfg: RunConfig) -> None:
