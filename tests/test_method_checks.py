@@ -31,6 +31,8 @@ REFUSED = {
                     "computes its own group-relative advantages"),
     "schedules": (['env.name="guess_number"', "sampling.length_schedule=[[1, 8], [2, 16]]",
                    "sampling.max_new_tokens=16"], "single completion's budget"),
+    "opponents": (['env.name="game"', 'task.source="env"', 'env.kwargs={game = "nim", opponent = "self"}',
+                   'sampler.rollouts="dynamic"'], "trains every role"),
 }
 
 

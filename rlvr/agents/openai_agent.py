@@ -50,7 +50,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.agents import harbor, openenv_env, self_correct
+from rlvr.agents import games, harbor, openenv_env, self_correct
 from rlvr.agents.contract import Agent, EpisodeContext, agent_from_entry, awaited
 from rlvr.agents.env import no_verdict, timeout_seconds
 from rlvr.agents.runner import FAILED, Ending, Episode, as_groups
@@ -341,7 +341,7 @@ def episodes_of(agent: Agent, env: Any, timeout: Any, tokenizer: Any, rewards: l
     limits = AgentLimits(env.max_turns, env.max_total_tokens, env.max_context, timeout_seconds(timeout))
 
     def episodes(engine: Engine, examples: list[Any], indices: list[int], n: int, *,
-                 sampling: SamplingParams | None = None) -> list[Any]:
+                 sampling: SamplingParams | None = None, held_out: bool = False) -> list[Any]:
         return agent_episode_groups(engine, tokenizer, agent, examples, indices, n, rewards, sampling or params,
                                     limits, system_prompt=system_prompt, mask=tuple(env.mask))
 
@@ -361,7 +361,8 @@ def _verifiers_dataset(env_kwargs: dict[str, Any], size: int) -> list[Any]:
 
 
 EPISODE_BUILDERS: dict[str, Callable[..., Callable[..., list[Any]]]] = {"openai_agent": agent_episodes,
-                                                                        "verifiers": _verifiers}
+                                                                        "verifiers": _verifiers,
+                                                                        "game": games.game_episodes}
 """Environments whose episodes are run by something other than rlvr's turn-by-turn runner."""
 
 SERVED_IN_PROCESS = frozenset({"openai_agent", "verifiers"})
@@ -370,11 +371,13 @@ training process: its engine samples beside the learner (rlvr.runtime keeps mall
 for them)."""
 
 ENV_CHECKS: dict[str, Callable[[Any], object]] = {"openai_agent": agent_of, "openenv": openenv_env.check,
-                                                  "harbor": harbor.check, "self_correct": self_correct.check}
+                                                  "harbor": harbor.check, "self_correct": self_correct.check,
+                                                  "game": games.check}
 """Checks of an environment's config cheap enough to run before the model loads."""
 
 ENV_DATASETS: dict[str, Callable[[dict[str, Any], int], list[Any]]] = {"verifiers": _verifiers_dataset,
                                                                         "openenv": openenv_env.examples,
-                                                                        "harbor": harbor.examples}
+                                                                        "harbor": harbor.examples,
+                                                                        "game": games.examples}
 """Environments that bring their own prompts (task.source = "env"), from env.kwargs and the number
 wanted (task.size + task.eval_size; an environment with a dataset of its own gives that)."""

@@ -44,10 +44,12 @@ from rlvr.types import Group, PromptMedia, SamplingParams
 
 
 class Episodes(Protocol):
-    """Multi-turn environments (env.name): n episodes of each prompt index, as groups."""
+    """Multi-turn environments (env.name): n episodes of each prompt index, as groups (a game: one
+    group per prompt and trained role, rlvr.agents.games). ``held_out``: for held-out evaluation
+    (a game then plays its fixed evaluation opponent)."""
 
     def __call__(self, engine: Engine, examples: list[Example], indices: list[int], n: int, *,
-                 sampling: SamplingParams | None = None) -> list[Group]: ...
+                 sampling: SamplingParams | None = None, held_out: bool = False) -> list[Group]: ...
 
 
 Variants = Callable[[int, int, np.random.Generator], list[list[int]]]
@@ -340,7 +342,7 @@ def make_episodes(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rewards: l
         summarize = Summarize(**e.summarize)
 
     def episodes(engine: Engine, examples: list[Example], indices: list[int], n: int, *,
-                 sampling: SamplingParams | None = None) -> list[Group]:
+                 sampling: SamplingParams | None = None, held_out: bool = False) -> list[Group]:
         return episode_groups(engine, tokenizer, factory, examples, indices, n, rewards, sampling or params, limits,
                               delta, engine.eos_token_ids, system_prompt=cfg.task.system_prompt,
                               kwargs=dict(e.kwargs), summarize=summarize, mask=tuple(e.mask))

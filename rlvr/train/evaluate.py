@@ -69,7 +69,7 @@ def _held_out(run: Run, params: SamplingParams, rescore: bool = True) -> list[Gr
     task = run.task
     everything = list(range(len(task.eval_examples)))
     if task.episodes is not None:
-        return task.episodes(run.engine, task.eval_examples, everything, params.n, sampling=params)
+        return task.episodes(run.engine, task.eval_examples, everything, params.n, sampling=params, held_out=True)
     groups = generate_groups(run.engine, task.eval_examples, task.eval_ids, everything, task.rewards, params,
                              on_error=run.cfg.on_reward_error, media=task.eval_media)
     if rescore:  # rewards from the policy itself (RLP's information gain of the greedy thoughts)

@@ -12,8 +12,8 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
-from rlvr.train.methods import (distill, expert, intrinsic, kl, loss_state, ppo, process, rehearsal, remax,
-                                rlp, schedules)
+from rlvr.train.methods import (distill, expert, intrinsic, kl, loss_state, opponents, ppo, process, rehearsal,
+                                remax, rlp, schedules)
 from rlvr.config import RunConfig
 from rlvr.train.methods.base import Extras, Method, RankInfo, SetupInfo
 from rlvr.train.advantages import check_turn_credit
@@ -37,6 +37,7 @@ METHODS: dict[str, Callable[[Run, SetupInfo], Method | None]] = {
     "rlp": rlp.build,                # RLP: the information gain of a thought over an EMA baseline
     "relift": expert.build_relift,   # ReLIFT: SFT steps on the prompts RL keeps failing
     "warm_start": expert.build_warm_start,  # SFT epochs on the demonstrations once RL finds no signal
+    "opponents": opponents.build,    # a game's opponent pool: the initial policy, then a snapshot every few steps
 }
 """Every method, by name; the order is the order their hooks run in."""
 
@@ -59,6 +60,7 @@ CHECKS: dict[str, Callable[[RunConfig], None]] = {
     "rlp": rlp.check,              # the text source and the information_gain reward together
     "turn_credit": check_turn_credit,  # turn credit replaces the estimator, shaping and a KL in the reward
     "schedules": schedules.check,  # staged lengths: single-turn budgets
+    "opponents": opponents.check,  # self-play's groups per role; earlier policies need the embedded engine
 }
 """Each method's own check of a config, by name: what it cannot run beside. The config itself
 compares no method's name (rlvr.config checks its sections alone)."""
