@@ -21,6 +21,7 @@ from rlvr.agents.nim import Nim, taken
 from rlvr.agents.runner import ChatDelta, Limits
 from rlvr.data import render_prompt
 from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.train.rollouts import has_verdict, is_correct
 from rlvr.types import Completion, SamplingParams
 from tests.tiny import EOS_ID
 
@@ -67,7 +68,7 @@ def test_nim_rules_returns_messages_and_forfeits_by_hand() -> None:
         end = g.step(reply)
         assert end.done and end.winner == "second" and end.rewards == {"first": -1.0, "second": 1.0}
         assert end.metrics["invalid"] == 1.0
-    assert [taken(t) for t in ("7 then 2", "Someone", "TWO", "-1")] == [2, None, 2, -1]
+    assert [taken(t) for t in ("7 then 2", "Someone", "TWO", "-1", "1" * 5000)] == [2, None, 2, -1, None]
     with pytest.raises(ValueError, match="must be above take"):
         Nim({"stones": 6}, low=3, take=3)
 
@@ -161,13 +162,32 @@ def test_groups_are_per_prompt_and_trained_role(tiny_tokenizer: PreTrainedTokeni
         for s in g.samples:
             if g.metadata["role"] == "first":
                 assert s.reward == -1.0 and s.reward_parts["correct"] == 0.0 and "env/excluded" not in s.reward_parts
-            else:
+            else:  # unplayed: no tokens, out of the loss, but the win stands (the opponent forfeited)
                 assert s.reward_parts["env/excluded"] == 1.0 and not s.completion.token_ids
+                assert s.reward_parts["correct"] == 1.0 and s.reward_parts["correct/masked"] == 1.0
+                assert has_verdict(s, "correct") and is_correct(s, "correct")
+        assert g.prompt == f"nim game {g.metadata['id'].split('/')[1]} (stones = " \
+            f"{exs[int(g.metadata['id'].split('/')[1])].fields['start']['stones']}), the policy as {g.metadata['role']}"
     scripted = GameEpisodes(game_env(game="nim", opponent="random"), tiny_tokenizer, params)
     groups = scripted(Scripted(tiny_tokenizer, ["x"] * 4), exs, [0, 1], 2)  # type: ignore[arg-type]
     assert [(g.metadata["role"], len(g.samples)) for g in groups] == [("first", 2), ("second", 2)]
     # the policy as second moved after the random opponent's move, and forfeited
     assert all(s.reward == -1.0 and s.completion.token_ids for s in groups[1].samples)
+
+
+def test_a_seat_that_runs_out_the_clock_loses(tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    """From 7, the first seat pads its move ("aaaaaaaa 1": 11 tokens with EOS) past its budget of 10
+    sampled tokens; the second takes 2. At its next move the first cannot act: the game's
+    forfeit makes it the loser, not a draw, and the −1 lands on its last move."""
+    engine = Scripted(tiny_tokenizer, ["aaaaaaaa 1", "2"])
+    (result,) = play(engine, tiny_tokenizer, [Nim({"stones": 7})], [{"first": "policy", "second": "policy"}],  # type: ignore[arg-type]
+                     SamplingParams(max_new_tokens=16), Limits(max_turn_tokens=16, max_total_tokens=10),
+                     ChatDelta(tiny_tokenizer))
+    first, second = result["first"], result["second"]
+    assert first is not None and second is not None
+    assert (first.ending, first.reward, first.turn_rewards, first.metrics["stalled"], first.metrics["lost"]) == (
+        "budget", -1.0, [-1.0], 1.0, 1.0)
+    assert (second.reward, second.turn_rewards, second.metrics["correct"]) == (1.0, [1.0], 1.0)
 
 
 class Exploding(Nim):
@@ -253,8 +273,9 @@ def test_self_play_and_pool_training_on_the_tiny_model(tiny_dir: Path, tmp_path:
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "pool", train__steps=3), *GAME, *pool,
                              "checkpoint_every=1"]), quiet=True)
     run = tmp_path / "pool"
+    # the pool holds 0, 2, 3; step 1's file stays, for a checkpoint from before that lists it
     files = sorted(p.name for p in (run / "opponents").iterdir())
-    assert files == ["step-0.safetensors", "step-2.safetensors", "step-3.safetensors"]
+    assert files == ["step-0.safetensors", "step-1.safetensors", "step-2.safetensors", "step-3.safetensors"]
     rows = read_metrics(run)
     assert [r["opponents/pool"] for r in rows] == [2.0, 3.0, 3.0]
     from safetensors.torch import load_file
@@ -262,9 +283,7 @@ def test_self_play_and_pool_training_on_the_tiny_model(tiny_dir: Path, tmp_path:
     first, last = load_file(run / "opponents" / "step-0.safetensors"), load_file(run / "opponents" / "step-3.safetensors")
     assert any(not torch.equal(first[k], last[k]) for k in first)
     train(resume=run, overrides=("train.steps=4",), quiet=True)
-    assert read_metrics(run)[-1]["opponents/newest"] == 4.0
-    assert sorted(p.name for p in (run / "opponents").iterdir()) == [
-        "step-0.safetensors", "step-3.safetensors", "step-4.safetensors"]
+    assert read_metrics(run)[-1]["opponents/newest"] == 4.0 and (run / "opponents" / "step-4.safetensors").exists()
     # resumed, the pool and the games' streams come back: the same steps as a run straight through
     train(load_config(None, [*overrides(tiny_dir, tmp_path, "straight", train__steps=4), *GAME, *pool]), quiet=True)
     for a, b in zip(read_metrics(tmp_path / "straight"), read_metrics(run), strict=True):

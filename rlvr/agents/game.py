@@ -8,7 +8,11 @@ whether the game is over.
 
 A game class also offers ``start(k, **game_kwargs)``, the fields of start position k (what
 task.source = "env" makes the examples of), and ``scripted``, its scripted players by name: each
-``(game, rng) -> action text``, a fixed opponent to train or measure against.
+``(game, rng) -> action text``, a fixed opponent to train or measure against. It may offer
+``forfeit(role)``, its verdict (a `GameStep`) on a role that the episode's limits stopped before
+its move (its turns, sampled tokens or context): without it, such a game ends with no winner and
+each role keeps what it was paid so far, which lets a role in a lost position escape its loss
+by running out the clock.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ The opponent (`env.kwargs.opponent`):
                 are the group-relative form of its role-conditioned advantage estimation)
     "frozen"    the policy as the run began: the policy plays the example's role against it
     "pool"      an earlier policy drawn per game from a pool: the start, then a snapshot every
-                `pool_every` steps, the last `pool_size` kept (the initial policy always stays);
+                `pool_every` steps; the pool holds `pool_size`: the initial policy (always) and
+                the latest `pool_size − 1`;
                 fictitious-self-play-style training against a population of past selves
     a name      one of the game's scripted players (Nim: "random", "optimal")
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +55,7 @@ from rlvr.agents.runner import ChatDelta, Ending, Episode, Limits, _Trajectory, 
 from rlvr.data import Example, render_prompt
 from rlvr.rewards.combine import load_callable
 from rlvr.rollout.engine import EmbeddedEngine, Engine
-from rlvr.types import Completion, Group, SamplingParams
+from rlvr.types import Completion, Group, Sample, SamplingParams
 
 GAMES: dict[str, type] = {"nim": Nim}
 """Games by name (`env.kwargs.game`); a dotted path ``package.module:Class`` names your own."""
@@ -121,7 +123,7 @@ class Options:
 class Pool:
     """Earlier policies, by the step after which each was taken (0: the policy the run began with),
     on the CPU; `engine` samples with one of them. The initial policy always stays; beyond it the
-    last ``size − 1`` are kept."""
+    last ``size − 1`` are kept. ``every``: the steps between snapshots (0: the initial one alone)."""
 
     def __init__(self, size: int, every: int) -> None:
         self.size, self.every = size, every
@@ -216,8 +218,9 @@ def play(policy: Engine, tokenizer: Any, games: Sequence[Game], players: Sequenc
             for k, t in enumerate(active):
                 seat = t.seats[t.game.to_move()]
                 why = _ready(seat, t.game, tokenizer, limits, delta, system_prompt)
-                if why is not None:
+                if why is not None:  # a limit stops the seat: the game's verdict on it, where the game has one
                     t.ending = why
+                    _stalled(t, seat)
                 else:
                     movers[k] = seat
             actions = _actions(policy, pool, active, movers, params, limits, eos, rng)
@@ -309,21 +312,48 @@ def _move(t: _Table, seat: _Seat, action: str) -> None:
         return
     for name, value in result.metrics.items():
         seat.metrics[name] = seat.metrics.get(name, 0.0) + float(value)
-    for role, reward in rewards.items():  # turn rewards (algo.credit = "turn"): each on the role's last move
-        other = t.seats[role]
-        other.reward += reward
-        if other.traj is None or not other.traj.turns:
-            other.carry += reward
-        elif other is seat:
-            other.traj.turn_rewards.append(reward + other.carry)
-            other.carry = 0.0
-        else:
-            other.traj.turn_rewards[-1] += reward
+    _pay(t, rewards, seat)
     for role, message in result.messages.items():
         if message:
             t.seats[role].pending.append(message)
     if result.done:
         t.ending, t.winner = "done", result.winner
+
+
+def _pay(t: _Table, rewards: dict[str, float], mover: _Seat | None) -> None:
+    """Each role's reward, credited for turn credit (algo.credit = "turn") on its last move: the
+    mover's on the move it just made, the others' on their last one (a loss dealt by the
+    opponent's move is charged to the move that allowed it), before a role's first move on that."""
+    for role, reward in rewards.items():
+        seat = t.seats[role]
+        seat.reward += reward
+        if seat.traj is None or not seat.traj.turns:
+            seat.carry += reward
+        elif seat is mover:
+            seat.traj.turn_rewards.append(reward + seat.carry)
+            seat.carry = 0.0
+        else:
+            seat.traj.turn_rewards[-1] += reward
+
+
+def _stalled(t: _Table, seat: _Seat) -> None:
+    """A seat a limit stopped before its move (its turns, sampled tokens or context): the game's
+    ``forfeit(role)`` verdict where it has one (else no winner, and what was paid so far), so that
+    a seat cannot escape a lost position by running out the clock."""
+    seat.metrics["stalled"] = 1.0
+    forfeit = getattr(t.game, "forfeit", None)
+    if forfeit is None:
+        return
+    try:
+        result = forfeit(seat.role)
+        rewards = {role: float(result.rewards.get(role, 0.0)) for role in t.seats}
+    except Exception as err:  # noqa: BLE001 - as a step that raises (`_move`)
+        _warn_once(type(err).__name__ + "/game", f"a game's forfeit raised {type(err).__name__}: {err}; the game "
+                   "ends, counted in env/error and excluded from the update")
+        t.ending = "error"
+        return
+    _pay(t, rewards, None)
+    t.winner = result.winner if result.winner in t.seats else None
 
 
 def _episodes(t: _Table, tokenizer: Any, system_prompt: str | None) -> dict[str, Episode | None]:
@@ -333,8 +363,8 @@ def _episodes(t: _Table, tokenizer: Any, system_prompt: str | None) -> dict[str,
         if not seat.model:
             out[role] = None
             continue
-        won = t.ending == "done" and t.winner == role
-        lost = t.ending == "done" and t.winner is not None and t.winner != role
+        won = t.ending != "error" and t.winner == role
+        lost = t.ending != "error" and t.winner is not None and t.winner != role
         metrics = {**seat.metrics, **returns, "correct": float(won), "lost": float(lost), "moves": float(seat.moves)}
         if seat.traj is None or not seat.traj.turns:  # its game ended before it moved: nothing of its to train on
             opening = t.game.opening(role)
@@ -363,7 +393,9 @@ class GameEpisodes:
                              max_void_turns=env.max_void_turns)
         self.delta = ChatDelta(tokenizer, env.observation_role, system_prompt)
         self.mask = tuple(env.mask)
-        self.pool = Pool(self.options.pool_size, self.options.pool_every) if self.options.needs_pool() else None
+        # periodic snapshots for a pool; the initial policy alone for a frozen opponent
+        every = self.options.pool_every if self.options.opponent == "pool" else 0
+        self.pool = Pool(self.options.pool_size, every) if self.options.needs_pool() else None
 
     def __call__(self, engine: Engine, examples: list[Example], indices: list[int], n: int, *,
                  sampling: SamplingParams | None = None, held_out: bool = False) -> list[Group]:
@@ -402,14 +434,23 @@ class GameEpisodes:
                     assert episode is not None
                     episodes.append(episode)
         groups = as_groups(examples, [i for i, _ in order], n, episodes, mask=self.mask)
-        return [Group(g.prompt, g.samples, {**g.metadata, "role": role, "opponent": opponent})
-                for g, (_, role) in zip(groups, order)]
+        return [Group(f"{g.prompt}, the policy as {role}", tuple(_unplayed(s) for s in g.samples),
+                      {**g.metadata, "role": role, "opponent": opponent}) for g, (_, role) in zip(groups, order)]
 
     def _pool(self) -> Pool:
         assert self.pool is not None
         if not self.pool.weights:
             raise RuntimeError("the opponent pool is empty: the `opponents` method fills it when the run opens")
         return self.pool
+
+
+def _unplayed(sample: Sample) -> Sample:
+    """A seat whose game ended before it moved has no tokens to train on, but its result stands
+    (the opponent forfeited): out of the loss, in the win rate (rlvr.train.rollouts.judged_by)."""
+    parts = sample.reward_parts
+    if "env/error" in parts or not parts.get("env/excluded") or sample.completion.token_ids:
+        return sample
+    return dataclasses.replace(sample, reward_parts={**parts, "env/masked": 1.0, "correct/masked": 1.0})
 
 
 def game_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: SamplingParams, *,
@@ -430,8 +471,7 @@ def examples(env_kwargs: dict[str, Any], size: int) -> list[Example]:
         roles = kind(start, **o.game_kwargs).roles
         role = roles[k % len(roles)]
         shown = ", ".join(f"{key} = {value}" for key, value in start.items())
-        out.append(Example(f"{o.game} game {k} ({shown}), the policy as {role}", None, {"start": start, "role": role},
-                           f"{o.game}/{k}"))
+        out.append(Example(f"{o.game} game {k} ({shown})", None, {"start": start, "role": role}, f"{o.game}/{k}"))
     return out
 
 

@@ -33,7 +33,9 @@ def taken(action: str) -> int | None:
     if not found:
         return None
     last = found[-1].lower()
-    return WORDS[last] if last in WORDS else int(last)
+    if last in WORDS:
+        return WORDS[last]
+    return int(last) if len(last) <= 9 else None  # a number that long takes nothing legal (and int() may refuse it)
 
 
 def _random(game: Nim, rng: random.Random) -> str:
@@ -97,6 +99,11 @@ class Nim:
         stones = "stone is" if self.left == 1 else "stones are"
         return GameStep(messages={other: f"Your opponent took {number}. {self.left} {stones} left. How many stones "
                                          f"do you take ({self._options()})?"}, metrics={"moves": 1.0})
+
+    def forfeit(self, role: str) -> GameStep:
+        """A role the episode's limits stopped before its move loses, as for an illegal move."""
+        other = self.roles[1 - self.roles.index(role)]
+        return GameStep(rewards={role: -1.0, other: 1.0}, done=True, winner=other)
 
 
 def _check(low: Any, high: Any, take: Any) -> None:
