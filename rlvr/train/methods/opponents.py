@@ -14,13 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from safetensors.torch import load_file, save_file
+
+from rlvr.agents.games import Options, Pool
 from rlvr.algos import ESTIMATORS
 from rlvr.algos.advantages import wants_greedy
 from rlvr.lora import merged_state_dict
 from rlvr.train.methods.base import Method, SetupInfo
 
 if TYPE_CHECKING:
-    from rlvr.agents.games import Pool
     from rlvr.config import RunConfig
     from rlvr.train.run import Run
 
@@ -37,8 +39,6 @@ class Opponents(Method):
         """The learner's policy now, as the pool's snapshot after ``step``."""
         weights = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in
                    merged_state_dict(run.learner.model).items()}
-        from safetensors.torch import save_file
-
         self.directory.mkdir(parents=True, exist_ok=True)
         save_file(weights, str(self._file(step)))
         # a snapshot dropped from the pool keeps its file: an earlier checkpoint may still list it
@@ -56,8 +56,6 @@ class Opponents(Method):
         return {"steps": self.pool.steps()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from safetensors.torch import load_file
-
         self.pool.weights.clear()
         for step in state["steps"]:
             path = self._file(int(step))
@@ -83,8 +81,6 @@ def check(cfg: RunConfig) -> None:
     copy of the policy in this process."""
     if cfg.env.name != "game":
         return
-    from rlvr.agents.games import Options
-
     options = Options.of(dict(cfg.env.kwargs))
     if options.trains_every_role and cfg.sampler.rollouts != "plain":
         raise ValueError(f"env.kwargs.opponent = \"self\" trains every role, one group per prompt and role; "
