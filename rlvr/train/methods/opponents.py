@@ -5,8 +5,8 @@ Each snapshot is kept on the CPU for the games and written to the run directory
 (``opponents/step-<k>.safetensors``) as it is taken; the checkpoint records which steps the pool
 holds, and a resumed run reads them back, so it plays the same opponents. A snapshot dropped
 from the pool (beyond `pool_size`) keeps its file, since a checkpoint kept from before may list
-it: the directory grows by one copy of the weights per snapshot (the bundled model: 270 MB in
-bf16, 540 MB in fp32).
+it: the directory grows by one copy of the weights per snapshot (the bundled model: 326 MB in
+bf16).
 """
 
 from __future__ import annotations
