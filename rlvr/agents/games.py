@@ -28,7 +28,8 @@ whoever was played.
 Each policy seat is a sample whose reward is its role's return. Its reward parts say "correct" =
 1 for a win (the verdict accuracy counts). Every sample's metrics carry both roles' returns in its
 game (env/return/<role>), its own moves and its own forfeits; a seat that never moved (its game
-ended first) is kept out of the update.
+ended first) is kept out of the update, its result still counted in the win rate. A seat that a
+limit stops before its move (turns, tokens, context) is judged by the game's ``forfeit(role)``.
 
 Pool and frozen opponents need the policy's weights in this process (the embedded engine): the
 opponent engine is a copy of the policy's model, loaded with a snapshot before its seats' turns.
@@ -42,7 +43,7 @@ import contextlib
 import copy
 import dataclasses
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from inspect import signature
 from typing import Any
