@@ -35,7 +35,8 @@ class StepResult:
     tool_errors). "void" = 1 marks a turn without a valid action; "excluded" = 1 an episode whose
     reward had no verdict (a reward that returned None or failed through no fault of the
     completion, rlvr.rewards.combine): its return is not a score, and the episode is excluded
-    from the update (`no_verdict`)."""
+    from the update (`no_verdict`); "masked" = 1 an episode kept out of the update whose verdict
+    stands (rlvr.agents.runner._flags)."""
 
 
 def timeout_seconds(value: Any) -> float:

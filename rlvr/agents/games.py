@@ -41,9 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from inspect import signature
 from typing import Any
@@ -56,7 +55,7 @@ from rlvr.agents.runner import ChatDelta, Ending, Episode, Limits, _Trajectory, 
 from rlvr.data import Example, render_prompt
 from rlvr.rewards.combine import load_callable
 from rlvr.rollout.engine import EmbeddedEngine, Engine
-from rlvr.types import Completion, Group, Sample, SamplingParams
+from rlvr.types import Completion, Group, SamplingParams
 
 GAMES: dict[str, type] = {"nim": Nim}
 """Games by name (`env.kwargs.game`); a dotted path ``package.module:Class`` names your own."""
@@ -147,12 +146,20 @@ class Pool:
             self._loaded = None
         return dropped
 
-    def engine(self, policy: Engine, step: int) -> Engine:
-        """An engine sampling with the policy after ``step``: one copy of the policy's model, its
-        weights swapped in when another snapshot plays."""
+    def draw(self, rng: random.Random) -> int:
+        """A snapshot's step, uniformly."""
+        return rng.choice(self._filled().steps())
+
+    def _filled(self) -> Pool:
         if not self.weights:
             raise RuntimeError("the opponent pool is empty: the `opponents` method fills it when the run opens "
                                "(resuming a run without its opponents state starts without one)")
+        return self
+
+    def engine(self, policy: Engine, step: int) -> Engine:
+        """An engine sampling with the policy after ``step``: one copy of the policy's model, its
+        weights swapped in when another snapshot plays."""
+        self._filled()
         if self._engine is None:
             model = getattr(policy, "model", None)
             if model is None or not isinstance(policy, EmbeddedEngine):
@@ -198,7 +205,6 @@ class _Table:
     seats: dict[str, _Seat]
     ending: Ending | None = None
     winner: str | None = None
-    returns: dict[str, float] = field(default_factory=dict)
 
 
 def play(policy: Engine, tokenizer: Any, games: Sequence[Game], players: Sequence[dict[str, str]],
@@ -294,23 +300,10 @@ def _move(t: _Table, seat: _Seat, action: str) -> None:
     """Apply one move to its game: the rewards to every role (a role not moving is paid on its
     last move), what each role is told, and the end."""
     seat.moves += 1
-    try:
-        result = t.game.step(action)
-        if not isinstance(result, GameStep):
-            raise TypeError(f"a game's step returned {type(result).__name__}, not GameStep")
-        unknown = sorted((set(result.rewards) | set(result.messages)) - set(t.seats))
-        if unknown:
-            raise ValueError(f"a game's step named the role {unknown[0]!r}, which it does not have")
-        if result.winner is not None and result.winner not in t.seats:
-            raise ValueError(f"a game's step named the winner {result.winner!r}, which is not one of its roles")
-        rewards = {role: float(result.rewards.get(role, 0.0)) for role in t.seats}
-        if not all(r == r and abs(r) != float("inf") for r in rewards.values()):
-            raise ValueError(f"a game's step paid a reward that is not finite: {rewards}")
-    except Exception as err:  # noqa: BLE001 - the game's fault: this game ends without a verdict, not the batch
-        _warn_once(type(err).__name__ + "/game", f"a game's step raised {type(err).__name__}: {err}; the game ends, "
-                   "counted in env/error and excluded from the update")
-        t.ending = "error"
+    answer = _answer(t, "step", lambda: t.game.step(action))
+    if answer is None:
         return
+    result, rewards = answer
     for name, value in result.metrics.items():
         seat.metrics[name] = seat.metrics.get(name, 0.0) + float(value)
     _pay(t, rewards, seat)
@@ -345,16 +338,34 @@ def _stalled(t: _Table, seat: _Seat) -> None:
     forfeit = getattr(t.game, "forfeit", None)
     if forfeit is None:
         return
+    answer = _answer(t, "forfeit", lambda: forfeit(seat.role))
+    if answer is not None:
+        _pay(t, answer[1], None)
+        t.winner = answer[0].winner
+
+
+def _answer(t: _Table, what: str, call: Callable[[], Any]) -> tuple[GameStep, dict[str, float]] | None:
+    """The game's answer (its ``step`` or ``forfeit``), checked, with every role's reward; None when
+    it raised or answered something a game may not (the game's fault: it ends without a verdict,
+    counted in env/error, not the batch)."""
     try:
-        result = forfeit(seat.role)
+        result = call()
+        if not isinstance(result, GameStep):
+            raise TypeError(f"returned {type(result).__name__}, not GameStep")
+        unknown = sorted((set(result.rewards) | set(result.messages)) - set(t.seats))
+        if unknown:
+            raise ValueError(f"named the role {unknown[0]!r}, which it does not have")
+        if result.winner is not None and result.winner not in t.seats:
+            raise ValueError(f"named the winner {result.winner!r}, which is not one of its roles")
         rewards = {role: float(result.rewards.get(role, 0.0)) for role in t.seats}
-    except Exception as err:  # noqa: BLE001 - as a step that raises (`_move`)
-        _warn_once(type(err).__name__ + "/game", f"a game's forfeit raised {type(err).__name__}: {err}; the game "
+        if not all(r == r and abs(r) != float("inf") for r in rewards.values()):
+            raise ValueError(f"paid a reward that is not finite: {rewards}")
+    except Exception as err:  # noqa: BLE001 - the game's fault: this game ends, not the batch
+        _warn_once(type(err).__name__ + "/game", f"a game's {what} failed ({type(err).__name__}: {err}); the game "
                    "ends, counted in env/error and excluded from the update")
         t.ending = "error"
-        return
-    _pay(t, rewards, None)
-    t.winner = result.winner if result.winner in t.seats else None
+        return None
+    return result, rewards
 
 
 def _episodes(t: _Table, tokenizer: Any, system_prompt: str | None) -> dict[str, Episode | None]:
@@ -370,8 +381,9 @@ def _episodes(t: _Table, tokenizer: Any, system_prompt: str | None) -> dict[str,
         if seat.traj is None or not seat.traj.turns:  # its game ended before it moved: nothing of its to train on
             opening = t.game.opening(role)
             ids = tuple(render_prompt(tokenizer, opening, system_prompt))
+            # out of the loss, its result in the win rate (the opponent forfeited): "masked"
             out[role] = Episode(ids, Completion((), (), "stop", ""), seat.reward, 0, t.ending or "done",
-                                {**metrics, "excluded": 1.0, "unplayed": 1.0}, [], [], [], "")
+                                {**metrics, "masked": 1.0, "unplayed": 1.0}, [], [], [], "")
             continue
         seat.traj.ending = t.ending or "done"
         seat.traj.reward = seat.reward
@@ -421,7 +433,7 @@ class GameEpisodes:
                     players.append({r: "policy" for r in game.roles})
                 else:
                     other = ("pool:0" if opponent == "frozen" else
-                             f"pool:{rng.choice(self._pool().steps())}" if opponent == "pool" else f"scripted:{opponent}")
+                             f"pool:{self.pool.draw(rng)}" if self.pool and opponent == "pool" else f"scripted:{opponent}")
                     players.append({r: "policy" if r == role else other for r in game.roles})
             trained.append(list(games[-1].roles) if opponent == "self" else [role])
         results = play(engine, self.tokenizer, games, players, sampling or self.params, self.limits, self.delta,
@@ -435,23 +447,8 @@ class GameEpisodes:
                     assert episode is not None
                     episodes.append(episode)
         groups = as_groups(examples, [i for i, _ in order], n, episodes, mask=self.mask)
-        return [Group(f"{g.prompt}, the policy as {role}", tuple(_unplayed(s) for s in g.samples),
+        return [Group(f"{g.prompt}, the policy as {role}", g.samples,
                       {**g.metadata, "role": role, "opponent": opponent}) for g, (_, role) in zip(groups, order)]
-
-    def _pool(self) -> Pool:
-        assert self.pool is not None
-        if not self.pool.weights:
-            raise RuntimeError("the opponent pool is empty: the `opponents` method fills it when the run opens")
-        return self.pool
-
-
-def _unplayed(sample: Sample) -> Sample:
-    """A seat whose game ended before it moved has no tokens to train on, but its result stands
-    (the opponent forfeited): out of the loss, in the win rate (rlvr.train.rollouts.judged_by)."""
-    parts = sample.reward_parts
-    if "env/error" in parts or not parts.get("env/excluded") or sample.completion.token_ids:
-        return sample
-    return dataclasses.replace(sample, reward_parts={**parts, "env/masked": 1.0, "correct/masked": 1.0})
 
 
 def game_episodes(env: Any, tokenizer: Any, rewards: list[Any], params: SamplingParams, *,

@@ -445,12 +445,14 @@ def _flags(episode: Episode, mask: Collection[str]) -> dict[str, float]:
     (the environment's "excluded" metric, rlvr.agents.env.no_verdict) or the episode failed
     ("env/error"); out of the loss, and out of every accuracy. Masked ("env/excluded" with
     "env/masked"): `env.mask` keeps an unfinished or void episode out of the loss, but the
-    policy did fail it, so it counts as a wrong answer (rlvr.train.rollouts.has_verdict)."""
+    policy did fail it, so it counts as a wrong answer (rlvr.train.rollouts.has_verdict); or the
+    episode says so itself (its "masked" metric: a game's seat that never moved, whose result
+    stands though it has no tokens to train on)."""
     if episode.ending in FAILED:
         return {"env/error": 1.0, "env/excluded": 1.0}
     if episode.metrics.get("excluded", 0) > 0:
         return {"env/excluded": 1.0}
-    if masked_episode(episode, mask):
+    if masked_episode(episode, mask) or episode.metrics.get("masked", 0) > 0:
         return {"env/excluded": 1.0, "env/masked": 1.0}
     return {}
 
