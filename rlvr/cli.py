@@ -1,5 +1,5 @@
-"""The `rlvr` command: train, sft, dpo, sample, serve, eval, contamination, report, filter, bench, sandbox, tasks,
-config. Each subcommand is a thin call into the library; those that import torch run from a module of their
+"""The `rlvr` command: train, sft, dpo, sample, serve, eval, contamination, report, filter, bench, sandbox,
+retrieve, tasks, config. Each subcommand is a thin call into the library; those that import torch run from a module of their
 own in rlvr.commands, imported when the command runs, so `rlvr --help` and `rlvr config` start without it."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ EXAMPLES = """examples:
   rlvr config            # every config key with its default and meaning
   rlvr config --examples # the packaged example configs, for --config NAME
   rlvr sandbox run solution.py --stdin input.txt --timeout 5
+  rlvr retrieve --corpus wordnet --index bm25 --port 8000   # Search-R1's /retrieve, for env.kwargs.retriever
   rlvr eval --config demo --model builtin:smollm2-135m-instruct --model runs/demo --k 1,4 --n 8
   rlvr contamination --config demo --model runs/demo --prompts 32
   rlvr report runs/demo   # runs/demo/report.html and curves.png
@@ -256,12 +257,31 @@ def _add_sandbox(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
                    help='"none" runs it unisolated (not recommended)')
 
 
+def _add_retrieve(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr retrieve`: a Search-R1 retriever service, or the WordNet corpus and questions as files."""
+    r = sub.add_parser("retrieve", help="a retriever service speaking Search-R1's /retrieve (BM25 or dense) over a corpus",
+                       description="Serve POST /retrieve ({queries, topk, return_scores}) over a corpus until "
+                                   "interrupted; or, with --export, write WordNet's corpus and questions in "
+                                   "Search-R1's layout (docs/search.md).")
+    r.add_argument("--corpus", default="wordnet",
+                   help='"wordnet" (WordNet 3.0\'s nouns) or a JSONL file of {id, contents} rows (default wordnet)')
+    r.add_argument("--index", choices=["bm25", "dense"], default="bm25", help="BM25 or dense (default bm25)")
+    r.add_argument("--encoder", default=None,
+                   help="the dense index's encoder: a Hugging Face folder (default: the built-in all-MiniLM-L6-v2)")
+    r.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
+    r.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 takes a free one)")
+    r.add_argument("--topk", type=int, default=3, help="documents per query when a request gives no topk (default 3)")
+    r.add_argument("--export", metavar="DIR",
+                   help="write DIR/corpus.jsonl and DIR/questions.jsonl (WordNet, Search-R1's layout) and exit")
+    r.add_argument("--questions", type=int, default=1000, help="with --export: how many questions (default 1000)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvr", description="RL post-training of language models.",
                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_train, _add_sample, _add_serve, _add_tinker, _add_bench, _add_eval, _add_contamination, _add_filter, _add_report,
-                _add_sandbox):
+                _add_sandbox, _add_retrieve):
         add(sub)
     sub.add_parser("tasks", help="list the reasoning-gym tasks")
     cf = sub.add_parser("config", help="list every config key of a command (train, sft, dpo) with its default and meaning")
@@ -396,6 +416,31 @@ def _sandbox(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _retrieve(args: argparse.Namespace) -> int:
+    import threading
+
+    from rlvr.agents.retriever import MINILM, Retriever, load_corpus, make_index, serve, write_corpus
+
+    if args.export:
+        from rlvr.agents.wordnet import wordnet_corpus, write_questions
+
+        out = Path(args.export)
+        out.mkdir(parents=True, exist_ok=True)
+        write_corpus(wordnet_corpus(), out / "corpus.jsonl")
+        write_questions(args.questions, out / "questions.jsonl")
+        print(f"{out / 'corpus.jsonl'}\n{out / 'questions.jsonl'}")
+        return 0
+    docs = load_corpus(args.corpus)
+    retriever = Retriever(docs, make_index(docs, args.index, model=args.encoder or MINILM), topk=args.topk)
+    server, url = serve(retriever, host=args.host, port=args.port)
+    print(f"retriever: {args.index} over {args.corpus} ({len(docs)} documents) at {url} (Ctrl-C stops it)", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
 def _tasks(args: argparse.Namespace) -> int:
     from rlvr.data import list_tasks  # torch and reasoning-gym
 
@@ -419,7 +464,7 @@ def _config(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"train": _train, "sft": _train, "dpo": _train, "sample": _sample, "serve": _serve, "tinker": _tinker, "bench": _bench, "eval": _eval, "contamination": _contamination,
-             "report": _report, "filter": _filter, "sandbox": _sandbox, "tasks": _tasks, "config": _config}
+             "report": _report, "filter": _filter, "sandbox": _sandbox, "retrieve": _retrieve, "tasks": _tasks, "config": _config}
 
 if __name__ == "__main__":
     sys.exit(main())

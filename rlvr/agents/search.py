@@ -15,14 +15,15 @@ from __future__ import annotations
 import functools
 import random
 import re
-import string
 from dataclasses import dataclass
 from typing import Any
 
 from rlvr.agents.env import StepResult
+from rlvr.agents.retriever import MINILM, loopback, retrieve
 from rlvr.agents.tools import call, parse_tool_calls, tool
 from rlvr.data import Example
 from rlvr.rewards import extract_answer
+from rlvr.rewards.qa import exact_match, golden, normalise_answer, token_f1
 
 _SYLLABLES = ["ka", "lo", "mi", "ra", "ten", "vu", "zor", "qua", "bel", "dri", "sha", "no", "pel", "tor", "gin",
               "xa", "fen", "dul", "ri", "mo", "sal", "ve", "kor", "thi"]
@@ -108,10 +109,7 @@ def _index(seed: int, countries: int) -> _Index:
     return _Index(world(seed, countries)[1])
 
 
-def normalise(text: str) -> str:
-    text = text.lower().strip()
-    text = "".join(ch for ch in text if ch not in string.punctuation)
-    return " ".join(w for w in text.split() if w not in ("the", "a", "an"))
+normalise = normalise_answer
 
 
 _SEARCH = re.compile(r"<search>(.*?)(?:</search>|$)", re.S)
@@ -122,14 +120,35 @@ SEARCH_INSTRUCTION = ("Answer using the search engine: write <search>your query<
 
 
 class SearchQA:
-    """Answer a question about the invented world with a BM25 search tool (top ``k`` documents per
-    query). Return: 1 for an exact match (normalised: case, punctuation and articles ignored), else
-    0; an episode that never answers gets 0. Metrics: tool_calls (searches), answered, void."""
+    """Answer a question with a search tool (the top ``k`` documents per query).
+
+    Where the documents come from:
+    - by default, BM25 over the invented world of the example's ``world_seed`` (in this process);
+    - ``corpus``: ``"wordnet"`` or a JSONL corpus in Search-R1's layout, served on loopback by a
+      retriever rlvr starts once per process (``index``: ``"bm25"`` or ``"dense"``; ``encoder``: the
+      dense index's model, rlvr.agents.retriever);
+    - ``retriever``: the ``/retrieve`` URL of a running Search-R1 retriever (``rlvr retrieve``, or
+      Search-R1's own server over Wikipedia).
+
+    Return: exact match of the ``<answer>`` with any of the example's ``golden_answers`` (else its
+    ``answer``), after SQuAD's normalisation (case, punctuation and articles ignored), or its token
+    F1 with ``score = "f1"``; an episode that never answers gets 0. Metrics: tool_calls (searches),
+    answered, em, f1, void. A retriever that fails ends the episode without a verdict (env/error)."""
 
     def __init__(self, example: Example, rewards: Any = None, *, k: int = 3,
-                 instruction: str = SEARCH_INSTRUCTION) -> None:
-        self.example, self.k, self.instruction = example, k, instruction
-        self.index = _index(int(example.fields.get("world_seed", 0)), int(example.fields.get("countries", 60)))
+                 instruction: str = SEARCH_INSTRUCTION, corpus: str | None = None, index: str = "bm25",
+                 encoder: str = MINILM, retriever: str | None = None, score: str = "em",
+                 timeout: float = 30.0) -> None:
+        if score not in ("em", "f1"):
+            raise ValueError(f"search: score must be 'em' or 'f1', not {score!r}")
+        if corpus is not None and retriever is not None:
+            raise ValueError("search: give corpus (a retriever rlvr starts) or retriever (a URL), not both")
+        self.example, self.k, self.instruction, self.score, self.timeout = example, k, instruction, score, timeout
+        self.gold = golden({**example.fields, "answer": example.answer})
+        self.url = retriever if retriever is not None else (
+            loopback(corpus, index, encoder, k) if corpus is not None else None)
+        self.index = None if self.url else _index(int(example.fields.get("world_seed", 0)),
+                                                  int(example.fields.get("countries", 60)))
         self.tools = {"search": tool(self.search)}
 
     def search(self, query: str) -> str:
@@ -138,8 +157,16 @@ class SearchQA:
         Args:
             query: words to look for
         """
-        hits = self.index.search(query, self.k)
-        return "\n".join(f"({i + 1}) {doc}" for i, doc in enumerate(hits)) or "(no results)"
+        return self._found([query])[0]
+
+    def _found(self, queries: list[str]) -> list[str]:
+        if self.index is not None:
+            hits = [self.index.search(q, self.k) for q in queries]
+        else:
+            assert self.url is not None
+            hits = [[f"{d.title}: {d.text}" if d.title else d.text for d in row]
+                    for row in retrieve(self.url, queries, self.k, timeout=self.timeout)]
+        return ["\n".join(f"({i + 1}) {doc}" for i, doc in enumerate(row)) or "(no results)" for row in hits]
 
     def initial_observation(self) -> str:
         return f"{self.example.prompt}\n\n{self.instruction}"
@@ -149,13 +176,14 @@ class SearchQA:
         calls = parse_tool_calls(action)
         answer = extract_answer(action, "tag")
         if answer is not None and not queries and not calls:
-            if not self.example.answer:  # nothing to match: no verdict (an empty answer matched "")
+            if not self.gold or not any(g.strip() for g in self.gold):  # nothing to match: no verdict
                 return StepResult(done=True, metrics={"answered": 1.0, "excluded": 1.0})
-            right = normalise(answer) == normalise(self.example.answer)
-            return StepResult(reward=float(right), done=True, metrics={"answered": 1.0})
+            em, f1 = exact_match(answer, self.gold), token_f1(answer, self.gold)
+            return StepResult(reward=em if self.score == "em" else f1, done=True,
+                              metrics={"answered": 1.0, "em": em, "f1": f1})
         if not queries and not calls:
             return StepResult("Search with <search>query</search>, or answer inside <answer></answer> tags.",
                               metrics={"void": 1.0})
-        results = [self.search(q) for q in queries] + [call(self.tools, c)[0] for c in calls]
+        results = (self._found(queries) if queries else []) + [call(self.tools, c)[0] for c in calls]
         return StepResult("<information>\n" + "\n\n".join(results) + "\n</information>",
                           metrics={"tool_calls": float(len(results))})

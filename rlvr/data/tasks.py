@@ -270,7 +270,7 @@ def hf_examples(
                      prompt_column, answer_column, instruction, format, image_column)
 
 
-LAYOUTS = ("rlvr", "trl", "verl")
+LAYOUTS = ("rlvr", "trl", "verl", "search_r1")
 
 
 def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column: str, answer_column: str | None,
@@ -283,7 +283,11 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
     - "trl": TRL's prompt-only layout: ``prompt`` holds a string or a list of chat messages; the
       answer column is optional (TRL rewards read whichever columns they like).
     - "verl": verl's parquet layout: ``prompt`` holds chat messages, ``reward_model.ground_truth``
-      the answer, beside ``data_source`` and ``extra_info``.
+      the answer, beside ``data_source`` and ``extra_info``. Search-R1's processed parquet is this
+      layout with ``ground_truth = {"target": [answers]}``: the answer is the first target.
+    - "search_r1": Search-R1's (FlashRAG's) question rows: ``question`` holds the prompt text,
+      ``golden_answers`` the list of accepted answers (the answer is the first; rewards and the
+      search environment get the list).
 
     A prompt given as messages is rendered as that conversation (its system turn included); its
     last user message is the example's prompt text (logs, rlvr-style rewards), and the messages
@@ -304,6 +308,11 @@ def _examples(rows: list[tuple[str, dict[str, Any]]], source: str, prompt_column
             raise ValueError("task.params.format = \"verl\" reads verl's own columns (prompt, "
                              "reward_model.ground_truth): leave prompt_column and answer_column unset")
         answer_column = None  # the gold is reward_model.ground_truth (`_verl_answer`)
+    if layout == "search_r1":
+        if (prompt_column, answer_column) not in (("prompt", "answer"), ("question", "golden_answers")):
+            raise ValueError("task.params.format = \"search_r1\" reads Search-R1's own columns (question, "
+                             "golden_answers): leave prompt_column and answer_column unset")
+        prompt_column, answer_column = "question", "golden_answers"
     examples = []
     ids: dict[str, str] = {}
     for where, row in rows:
@@ -322,7 +331,7 @@ def _row_example(where: str, row: dict[str, Any], prompt_column: str, answer_col
                  layout: str, image_column: str | None, folder: Path | None) -> Example:
     """One row as an Example (`_examples`), its columns checked."""
 
-    required = [prompt_column] + ([answer_column] if layout == "rlvr" and answer_column else [])
+    required = [prompt_column] + ([answer_column] if layout in ("rlvr", "search_r1") and answer_column else [])
     for column in required:
         if column not in row:
             raise ValueError(f"{where}: no {column!r} column; the row has {sorted(row)}")
@@ -330,8 +339,14 @@ def _row_example(where: str, row: dict[str, Any], prompt_column: str, answer_col
     images = image_column or ("images" if layout != "rlvr" and "images" in row else None)
     _check_reserved(row, where, images)
     text, messages = _row_prompt(row[prompt_column], where, prompt_column, layout, instruction)
-    answer = _verl_answer(row, where) if layout == "verl" else _answer_text(row.get(answer_column or "answer"))
-    if answer_column not in (None, "answer") and "answer" in row and row["answer"] != answer:
+    answer: str | None
+    if layout == "verl":
+        answer = _verl_answer(row, where)
+    elif layout == "search_r1":
+        answer = _golden_answer(row, where)
+    else:
+        answer = _answer_text(row.get(answer_column or "answer"))
+    if answer_column not in (None, "answer", "golden_answers") and "answer" in row and row["answer"] != answer:
         raise ValueError(f"{where}: the row has an 'answer' column beside answer_column {answer_column!r}; rewards "
                          "get the gold answer as 'answer', which would hide the row's own: rename one of them")
     # TRL's rewards get the dataset's columns as they are, "answer" included (a list or a number
@@ -375,11 +390,25 @@ def _answer_text(value: Any) -> str | None:
     return str(value)
 
 
+def _golden_answer(row: dict[str, Any], where: str) -> str:
+    """The first of a Search-R1 row's ``golden_answers`` (a list of texts, or one text)."""
+    value: Any = row.get("golden_answers")
+    if hasattr(value, "tolist"):  # a numpy array, as a Parquet list column reads back
+        value = value.tolist()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ValueError(f"{where}: golden_answers must be a non-empty list of answers, got {value!r}")
+    return value[0]
+
+
 def _verl_answer(row: dict[str, Any], where: str) -> str:
     """verl's gold answer, ``reward_model.ground_truth`` (or a top-level ``ground_truth``), as text;
     a row without one is refused, where a verl `compute_score` would get None and score 0."""
 
     value = ground_truth(row)
+    if isinstance(value, dict) and "target" in value:  # Search-R1's parquet: {"target": [answers]}
+        value = _golden_answer({"golden_answers": value["target"]}, where)
     if value is None:
         model = row.get("reward_model")
         have = sorted(model) if isinstance(model, dict) else sorted(row)
@@ -392,7 +421,7 @@ def _row_prompt(prompt: Any, where: str, column: str, layout: str, instruction: 
                 ) -> tuple[str, list[dict[str, Any]] | None]:
     """A row's prompt text with the instruction, and its chat messages when it was given as a
     conversation (the instruction then goes on its last user message)."""
-    if layout == "rlvr" or isinstance(prompt, str) and layout == "trl":
+    if layout in ("rlvr", "search_r1") or isinstance(prompt, str) and layout == "trl":
         if not isinstance(prompt, str):
             raise ValueError(f"{where}: {column!r} must be a string" +
                              (" (a list of chat messages needs task.params.format = \"trl\" or \"verl\")"

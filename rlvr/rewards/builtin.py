@@ -20,6 +20,7 @@ from rlvr.rewards import gym_scoring
 from rlvr.rewards.code import unit_tests_group_reward
 from rlvr.rewards.extract import extract_answer
 from rlvr.rewards.length import budget_reward, think_mode_reward
+from rlvr.rewards.qa import exact_match_reward, f1_reward, ndcg_reward
 from rlvr.rewards.judges import llm_judge_reward, local_judge_reward, reward_model_reward
 from rlvr.rewards.visual import exact_answer_reward, iou_reward, multiple_choice_reward
 
@@ -198,4 +199,7 @@ REWARDS: dict[str, Callable[..., Any]] = {
     "verdict": verdict_reward,
     "budget": budget_reward,
     "think_mode": think_mode_reward,
+    "exact_match": exact_match_reward,
+    "f1": f1_reward,
+    "ndcg": ndcg_reward,
 }

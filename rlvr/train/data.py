@@ -19,6 +19,7 @@ from rlvr.agents.envs import env_factory
 from rlvr.agents.openai_agent import ENV_DATASETS, EPISODE_BUILDERS
 from rlvr.agents.runner import ChatDelta, Limits, Summarize, episode_groups
 from rlvr.agents.search import facts_examples
+from rlvr.agents.wordnet import wordnet_examples
 from rlvr.data.transforms import shows_problem_only, transform
 from rlvr.algos.registry import check_keywords, keyword_options
 from rlvr.config import RunConfig
@@ -278,6 +279,10 @@ def _source_pool(cfg: RunConfig, instruction: str) -> list[Example]:
                                instruction=instruction)
     elif t.source == "facts":  # questions about an invented world (the search environment's corpus)
         pool = facts_examples(size=t.size + t.eval_size, seed=cfg.seed, **t.params)
+    elif t.source == "wordnet":  # reverse-dictionary questions over WordNet's nouns (a real search corpus)
+        check_keywords('task.params for source "wordnet"', wordnet_examples, t.params,
+                       [k for k in keyword_options(wordnet_examples) if k not in ("size", "seed", "instruction")])
+        pool = wordnet_examples(size=t.size + t.eval_size, seed=cfg.seed, instruction=instruction, **t.params)
     elif t.source == "env":  # the environment brings its own prompts (e.g. a verifiers environment's dataset)
         if cfg.env.name not in ENV_DATASETS:
             raise ValueError(f"task.source = \"env\" takes the environment's own prompts; env.name = {cfg.env.name!r} "

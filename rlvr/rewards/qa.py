@@ -1,0 +1,137 @@
+"""Open-domain QA and ranking rewards: exact match and token F1 against a list of gold answers (as in
+SQuAD, Rajpurkar et al., arXiv:1606.05250, and Search-R1, arXiv:2503.09516, whose rows carry
+``golden_answers``), and NDCG of a ranking (Järvelin and Kekäläinen, "Cumulated gain-based
+evaluation of IR techniques", TOIS 2002).
+
+The answer is the last ``<answer>`` tag's content. Answers are compared after SQuAD's
+normalisation: lower case, punctuation removed, the articles a/an/the removed, white space
+collapsed. An example's gold is its ``golden_answers`` list when it has one, else its ``answer``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlvr.rewards.extract import extract_answer
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def normalise_answer(text: str) -> str:
+    """SQuAD's answer normalisation (see the module docstring)."""
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION)).split())
+
+
+def golden(fields: Mapping[str, Any]) -> list[str]:
+    """An example's gold answers: its ``golden_answers`` (Search-R1's rows), else the ``target`` list
+    of verl's ``reward_model.ground_truth`` (Search-R1's parquet), else its ``answer``."""
+    gold = fields.get("golden_answers")
+    model = fields.get("reward_model")
+    if gold is None and isinstance(model, Mapping) and isinstance(model.get("ground_truth"), Mapping):
+        gold = model["ground_truth"].get("target")
+    if gold is None:
+        gold = fields.get("answer")
+    if gold is None:
+        return []
+    if isinstance(gold, str):
+        return [gold]
+    if hasattr(gold, "tolist"):  # a numpy array, as a Parquet list column reads back
+        gold = gold.tolist()
+    return [str(g) for g in gold]
+
+
+def exact_match(prediction: str, gold: Sequence[str]) -> float:
+    """1 if the normalised prediction equals any normalised gold answer, else 0."""
+    p = normalise_answer(prediction)
+    return float(any(p == normalise_answer(g) for g in gold))
+
+
+def token_f1(prediction: str, gold: Sequence[str]) -> float:
+    """The best token-level F1 over the gold answers: with c the number of tokens the normalised
+    prediction and gold share (as multisets), precision c/|p|, recall c/|g|, F1 their harmonic mean;
+    0 when either is empty (and 1 when both are)."""
+    p = normalise_answer(prediction).split()
+    best = 0.0
+    for g in gold:
+        g_tokens = normalise_answer(g).split()
+        if not p or not g_tokens:
+            best = max(best, float(p == g_tokens))
+            continue
+        common = sum((Counter(p) & Counter(g_tokens)).values())
+        if common:
+            precision, recall = common / len(p), common / len(g_tokens)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+def _gold_or_raise(name: str, fields: Mapping[str, Any]) -> list[str]:
+    gold = golden(fields)
+    if not gold:
+        raise ValueError(f"{name}: the example has no golden_answers or answer to compare with")
+    return gold
+
+
+def exact_match_reward(prompt: str, completion: str, **example: Any) -> float:
+    """Exact match of the completion's <answer> with any gold answer (`golden`); 0 without an <answer> tag."""
+    gold = _gold_or_raise("exact_match", example)
+    got = extract_answer(completion, "tag")
+    return 0.0 if got is None else exact_match(got, gold)
+
+
+def f1_reward(prompt: str, completion: str, **example: Any) -> float:
+    """Token F1 of the completion's <answer> with its best gold answer (`golden`); 0 without an <answer> tag."""
+    gold = _gold_or_raise("f1", example)
+    got = extract_answer(completion, "tag")
+    return 0.0 if got is None else token_f1(got, gold)
+
+
+def ndcg(ranking: Sequence[Any], relevance: Mapping[Any, float], k: int | None = None) -> float:
+    """NDCG@k of ``ranking`` (items, best first): DCG = Σᵢ rel(itemᵢ) / log₂(i + 1) over positions i =
+    1..k (linear gain, as trec_eval and scikit-learn), divided by the DCG of the items sorted by
+    relevance, cut at k too. ``k = None``: no cut. An item ranked twice counts at its first place
+    only; unknown items have relevance 0. 0 when nothing is relevant."""
+    k = max(len(relevance), len(ranking)) if k is None else k
+    seen: set[Any] = set()
+    dcg = 0.0
+    position = 0
+    for item in ranking:
+        if item in seen:
+            continue
+        seen.add(item)
+        position += 1
+        if position > k:
+            break
+        dcg += float(relevance.get(item, 0.0)) / math.log2(position + 1)
+    ideal = sorted((float(r) for r in relevance.values()), reverse=True)[:k]
+    idcg = sum(r / math.log2(i + 2) for i, r in enumerate(ideal))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def read_ranking(completion: str) -> list[str]:
+    """The ranking a completion gives: the numbers in its last <answer> tag, in order ("3 > 1 > 2",
+    "[3, 1, 2]"); empty without a tag."""
+    got = extract_answer(completion, "tag")
+    return [] if got is None else _NUMBER.findall(got)
+
+
+def ndcg_reward(prompt: str, completion: str, *, relevance: Mapping[Any, float] | Sequence[float],
+                k: int | None = None, **_: Any) -> float:
+    """NDCG@k of the ranking in the completion's <answer> tag (passage numbers, best first) against
+    ``relevance``: a mapping from passage number to graded relevance, or a list whose i-th entry is
+    passage i + 1's. A completion without a ranking scores 0."""
+    if isinstance(relevance, Mapping):
+        rel = {str(key): float(v) for key, v in relevance.items()}
+    elif isinstance(relevance, Sequence) and not isinstance(relevance, str):
+        rel = {str(i + 1): float(v) for i, v in enumerate(relevance)}
+    else:
+        raise ValueError(f"ndcg: relevance must be a mapping or a list, not {type(relevance).__name__}")
+    return ndcg([str(int(n)) for n in read_ranking(completion)], rel, k)
