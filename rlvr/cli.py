@@ -304,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # malloc reuses freed memory instead of page-faulting it back in; see rlvr.runtime
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
-    if args.command in ("train", "sft", "dpo", "sample", "serve", "tinker", "eval", "contamination", "filter"):
+    if args.command in ("train", "sft", "dpo", "sample", "serve", "tinker", "eval", "contamination", "filter",
+                        "retrieve"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars would bury rlvr's own progress
@@ -417,28 +418,9 @@ def _sandbox(args: argparse.Namespace) -> int:
 
 
 def _retrieve(args: argparse.Namespace) -> int:
-    import threading
+    from rlvr.commands import retrieve  # torch (the dense encoder), the corpus
 
-    from rlvr.agents.retriever import MINILM, Retriever, load_corpus, make_index, serve, write_corpus
-
-    if args.export:
-        from rlvr.agents.wordnet import wordnet_corpus, write_questions
-
-        out = Path(args.export)
-        out.mkdir(parents=True, exist_ok=True)
-        write_corpus(wordnet_corpus(), out / "corpus.jsonl")
-        write_questions(args.questions, out / "questions.jsonl")
-        print(f"{out / 'corpus.jsonl'}\n{out / 'questions.jsonl'}")
-        return 0
-    docs = load_corpus(args.corpus)
-    retriever = Retriever(docs, make_index(docs, args.index, model=args.encoder or MINILM), topk=args.topk)
-    server, url = serve(retriever, host=args.host, port=args.port)
-    print(f"retriever: {args.index} over {args.corpus} ({len(docs)} documents) at {url} (Ctrl-C stops it)", flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        server.shutdown()
-    return 0
+    return retrieve.run(args)
 
 
 def _tasks(args: argparse.Namespace) -> int:

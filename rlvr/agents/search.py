@@ -13,13 +13,16 @@ gives the questions (``task.source = "facts"``); ``SearchQA`` is the environment
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from rlvr.agents.env import StepResult
-from rlvr.agents.retriever import MINILM, loopback, retrieve
+from rlvr.agents.retriever import MINILM, Doc, Retriever, make_index, read_corpus, retrieve, serve
+from rlvr.agents.wordnet import wordnet_corpus
 from rlvr.agents.tools import call, parse_tool_calls, tool
 from rlvr.data import Example
 from rlvr.rewards import extract_answer
@@ -119,6 +122,32 @@ SEARCH_INSTRUCTION = ("Answer using the search engine: write <search>your query<
                       "<answer></answer> tags.")
 
 
+log = logging.getLogger(__name__)
+
+
+def load_corpus(corpus: str) -> tuple[Doc, ...]:
+    """``"wordnet"`` (WordNet 3.0's noun synsets, rlvr.agents.wordnet) or a JSONL corpus's path."""
+    return wordnet_corpus() if corpus == "wordnet" else read_corpus(corpus)
+
+
+_SERVICES: dict[tuple[str, str, str], str] = {}
+_SERVICES_LOCK = threading.Lock()
+
+
+def loopback(corpus: str, index: str = "bm25", encoder: str = MINILM) -> str:
+    """The ``/retrieve`` URL of a service over ``corpus`` in this process, started on 127.0.0.1 at
+    the first call for these arguments and kept for the process's life (every request names its
+    own ``topk``)."""
+    key = (corpus, index, encoder)
+    with _SERVICES_LOCK:  # environments built on several threads start one service, not several
+        if key not in _SERVICES:
+            docs = load_corpus(corpus)
+            _, url = serve(Retriever(docs, make_index(docs, index, model=encoder)))
+            log.info("retriever: %s over %s (%d documents) at %s", index, corpus, len(docs), url)
+            _SERVICES[key] = url
+        return _SERVICES[key]
+
+
 class SearchQA:
     """Answer a question with a search tool (the top ``k`` documents per query).
 
@@ -146,7 +175,7 @@ class SearchQA:
         self.example, self.k, self.instruction, self.score, self.timeout = example, k, instruction, score, timeout
         self.gold = golden({**example.fields, "answer": example.answer})
         self.url = retriever if retriever is not None else (
-            loopback(corpus, index, encoder, k) if corpus is not None else None)
+            loopback(corpus, index, encoder) if corpus is not None else None)
         self.index = None if self.url else _index(int(example.fields.get("world_seed", 0)),
                                                   int(example.fields.get("countries", 60)))
         self.tools = {"search": tool(self.search)}
@@ -157,6 +186,8 @@ class SearchQA:
         Args:
             query: words to look for
         """
+        if not isinstance(query, str):  # the model's own tool call: a bad argument, told to it
+            raise TypeError(f"query must be text, not {type(query).__name__}")
         return self._found([query])[0]
 
     def _found(self, queries: list[str]) -> list[str]:

