@@ -325,3 +325,28 @@ def test_the_dense_index_pools_without_padding_and_ranks_by_meaning() -> None:
     ranked = index.search(["A man is eating food.", "Someone in a gorilla costume is playing a set of drums."], 3)
     assert ranked[0][0][0] == 0 and ranked[1][0][0] == 2
     assert ranked[0][0][1] > ranked[0][1][1] > -1  # cosine, best first
+
+
+@pytest.mark.parametrize("config", ["search_wordnet", "search_wordnet_nosearch"])
+def test_the_wordnet_configs_train_on_the_tiny_model(tiny_dir: Any, tmp_path: Path, config: str) -> None:
+    """Both configs run end to end: the warm start's demonstrations are played through the retriever
+    (a search, then the answer) and scored, then a GRPO step; the search run reports its searches."""
+    from rlvr.config import load_config
+    from rlvr.train.loop import train
+    from tests.test_train import read_metrics
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / f"configs/{config}.toml", [
+        f'model="{tiny_dir}"', f'output_dir="{tmp_path}"', "train.steps=2", "train.prompts_per_step=2",
+        "algo.group_size=2", "sampling.max_new_tokens=8", "task.eval_size=2", "train.eval_every=0",
+        'expert.kwargs={when = "start", examples = 4, epochs = 1}'])
+    assert train(cfg, quiet=True)["steps"] == 2
+    rows = read_metrics(tmp_path / cfg.name)
+    assert [r["step"] for r in rows] == [1, 2] and rows[0]["expert/warm_start_steps"] >= 1
+    # the demonstrations are right by construction: the search (then the word) scores 1 through the env
+    assert rows[0]["expert/warm_start_demo_reward"] == 1.0
+    if config == "search_wordnet":
+        assert "env/tool_calls" in rows[0] or "env/void" in rows[0]
+        assert "rewards/env" in rows[0]
+    else:
+        assert "rewards/exact_match" in rows[0]
