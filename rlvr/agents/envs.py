@@ -4,8 +4,9 @@ registered in ENVS (``env.name`` in the config; a dotted path names your own).
     tool_math     a task with a checkable answer; the model may run Python (and an MCP server's tools)
                   before answering
     guess_number  find a hidden number from "higher"/"lower" feedback (multi-step, with feedback)
-    search        questions about an invented world, answered by searching its documents with BM25
-                  (rlvr.agents.search; task.source = "facts")
+    search        questions answered by searching: a real corpus through a Search-R1 retriever (WordNet,
+                  a JSONL corpus or a URL; docs/search.md) or an invented world's documents with BM25
+                  (rlvr.agents.search; task.source = "wordnet" or "facts")
     openenv       an environment on an OpenEnv server, over its WebSocket (rlvr.agents.openenv_env)
     harbor        a Harbor task directory, run in rlvr's sandbox, its verifier the reward (rlvr.agents.harbor)
     self_correct  answer, be asked to look again, answer again: SCoRe's self-correction (rlvr.agents.self_correct)

@@ -1,13 +1,19 @@
-"""A search agent over a local corpus: questions about an invented world whose facts exist only in
-its documents, so the model has to search to answer. Retrieval is BM25 (the rank-bm25 library,
-``pip install 'rlvr[agents]'``) over the corpus, built once per world.
+"""Search agents: the ``search`` environment (``SearchQA``), over a real corpus or an invented world.
 
-The world is generated from a seed: countries with a capital, a currency, a founding year and a
-river, one document per country, plus distractor documents about the cities. ``facts_examples``
-gives the questions (``task.source = "facts"``); ``SearchQA`` is the environment (``env.name =
-"search"``). Calls follow Search-R1's tags, ``<search>query</search>``, answered with
+Over a real corpus (docs/search.md): WordNet's nouns (``corpus = "wordnet"``, questions from
+``task.source = "wordnet"``) or a JSONL corpus in Search-R1's layout, served by a retriever that
+this module starts on loopback once per process (``loopback``), or any running Search-R1
+retriever named by its URL (``retriever``).
+
+Over an invented world, whose facts exist only in its documents, so the model has to search to
+answer: retrieval is BM25 (the rank-bm25 library, ``pip install 'rlvr[agents]'``) over the
+corpus, built once per world. The world is generated from a seed: countries with a capital, a
+currency, a founding year and a river, one document per country, plus distractor documents about
+the cities. ``facts_examples`` gives the questions (``task.source = "facts"``).
+
+Either way, calls follow Search-R1's tags, ``<search>query</search>``, answered with
 ``<information>…</information>``, or a JSON ``<tool_call>`` to ``search``. The answer goes in
-``<answer></answer>`` and is scored by normalised exact match.
+``<answer></answer>`` and is scored by exact match after SQuAD's normalisation (or token F1).
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ from typing import Any
 
 from rlvr.agents.env import StepResult
 from rlvr.agents.retriever import MINILM, Doc, Retriever, make_index, read_corpus, retrieve, serve
-from rlvr.agents.wordnet import wordnet_corpus
 from rlvr.agents.tools import call, parse_tool_calls, tool
+from rlvr.agents.wordnet import wordnet_corpus
 from rlvr.data import Example
 from rlvr.rewards import extract_answer
 from rlvr.rewards.qa import exact_match, golden, normalise_answer, token_f1
