@@ -403,11 +403,20 @@ def _convert_gguf(gguf_dir: Path, filename: str, target: Path) -> None:
     model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    write_folder(target, fill)
+
+
+def write_folder(target: Path, fill: Callable[[Path], None]) -> None:
+    """Make the folder ``target`` by ``fill``-ing a fresh one beside it and renaming it into place,
+    so that a crash leaves no half-written folder (a cache that looks complete)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        fill(tmp)
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)

