@@ -65,8 +65,9 @@ $(VF04_STAMP): $(STAMP)
 	touch $(VF04_STAMP)
 
 # From the distribution: bubblewrap for the sandbox that runs model-written code (rlvr.sandbox);
-# chromium and its driver for the test that opens `rlvr report`'s page in a real browser.
-SYSTEM_PACKAGES := bwrap:bubblewrap chromium:chromium chromedriver:chromium-driver
+# chromium and its driver for the test that opens `rlvr report`'s page in a real browser; Icarus
+# Verilog for the verilog reward (rlvr.rewards.verilog).
+SYSTEM_PACKAGES := bwrap:bubblewrap chromium:chromium chromedriver:chromium-driver iverilog:iverilog
 system-packages:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
@@ -76,7 +77,7 @@ system-packages:
 	  elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1; then \
 	    sudo apt-get install -y -qq $$missing; \
 	  else \
-	    echo "note: install$$missing (bubblewrap: the code sandbox; chromium: the report's browser test)"; \
+	    echo "note: install$$missing (bubblewrap: the code sandbox; chromium: the report's browser test; iverilog: the verilog reward)"; \
 	  fi; fi
 
 demo: setup

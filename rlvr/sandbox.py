@@ -263,10 +263,12 @@ class Sandbox:
         self.limits = limits or Limits()
 
     def run_python(self, code: str, stdin: str | bytes = "", *, files: dict[str, str] | None = None,
-                   limits: Limits | None = None, slot: int = 0) -> Result:
-        """Run `code` as /sandbox/main.py (`files` are put beside it, read-only)."""
+                   limits: Limits | None = None, slot: int = 0, inherit: tuple[int, ...] = ()) -> Result:
+        """Run `code` as /sandbox/main.py (`files` are put beside it, read-only). `inherit`: open
+        file descriptors the program gets, by the same numbers (a file the run's own user could
+        not open by its path, opened by rlvr; it reads it through the descriptor)."""
         return self._run([_RUNTIME_PYTHON, "-E", "-s", "-B", "/sandbox/main.py"], {"main.py": code, **(files or {})},
-                         stdin, limits or self.limits, slot)
+                         stdin, limits or self.limits, slot, inherit=inherit)
 
     def run_shell(self, command: str, stdin: str | bytes = "", *, files: dict[str, str] | None = None,
                   limits: Limits | None = None, slot: int = 0, mounts: tuple[Mount, ...] = (),
@@ -281,7 +283,8 @@ class Sandbox:
         return self._run([shell, "-c", command], files or {}, stdin, limits or self.limits, slot, mounts, cwd, env)
 
     def _run(self, argv: list[str], files: dict[str, str], stdin: str | bytes, limits: Limits, slot: int,
-             mounts: tuple[Mount, ...] = (), cwd: str | None = None, env: dict[str, str] | None = None) -> Result:
+             mounts: tuple[Mount, ...] = (), cwd: str | None = None, env: dict[str, str] | None = None,
+             inherit: tuple[int, ...] = ()) -> Result:
         mode = check_isolation(self.isolation)
         isolated = mode == "bwrap"
         for name in files:
@@ -315,7 +318,7 @@ class Sandbox:
                     time.sleep(_BACKOFF_S * 2 ** (attempt - 1))
                 for fd in fds.values():
                     os.lseek(fd, 0, os.SEEK_SET)  # bubblewrap reads each file from the shared offset
-                result = _execute(cmd, stdin, limits, slot, fds, env, cwd, mode)
+                result = _execute(cmd, stdin, limits, slot, fds, env, cwd, mode, inherit)
                 if result.infra_error is None:
                     return result
             raise SandboxError(f"the sandbox could not run the program in {ATTEMPTS} attempts: {result.infra_error}")
@@ -327,13 +330,13 @@ class Sandbox:
 
 
 def _execute(cmd: list[str], stdin: str | bytes, limits: Limits, slot: int, fds: dict[str, int],
-             env: dict[str, str] | None, cwd: str | None, mode: str) -> Result:
+             env: dict[str, str] | None, cwd: str | None, mode: str, inherit: tuple[int, ...] = ()) -> Result:
     """One attempt. ``infra_error`` is set when the launcher never wrote its start marker (the
     program never ran) or bubblewrap itself was killed by a signal rlvr did not send."""
     start = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=tuple(fds.values()), env=env if env is not None else {}, cwd=cwd,
+                                pass_fds=(*fds.values(), *inherit), env=env if env is not None else {}, cwd=cwd,
                                 preexec_fn=_preexec(limits, slot))
     except OSError as exc:
         return Result(None, "", "", False, None, time.monotonic() - start, mode, f"could not start: {exc}")
@@ -486,14 +489,24 @@ class SandboxPool:
         """Results of (code, stdin) pairs, in order. A run the sandbox could not carry out raises
         its SandboxError, or with ``errors="return"`` stands in the list in its result's place
         (so one such run does not cost the verdicts of the others)."""
+        def program(i: int) -> Callable[[Sandbox, int], Result]:
+            code, stdin = programs[i]
+            return lambda sandbox, slot: sandbox.run_python(code, stdin, files=files[i] if files else None, slot=slot)
+
+        return self.map([program(i) for i in range(len(programs))], errors)
+
+    def map(self, runs: list[Callable[[Sandbox, int], Result]],
+            errors: Literal["raise", "return"] = "raise") -> list[Result | SandboxError]:
+        """Each run called with the pool's sandbox and a free slot (``lambda sandbox, slot:
+        sandbox.run_shell(..., slot=slot)``), `parallelism` at a time; the results in order, a
+        SandboxError raised or, with ``errors="return"``, in its run's place."""
         check_isolation(self.sandbox.isolation)  # fail once, clearly, before starting anything
 
-        def one(i: int) -> Result | SandboxError:
+        def one(run: Callable[[Sandbox, int], Result]) -> Result | SandboxError:
             with self._lock:
                 slot = self._free.pop()
             try:
-                code, stdin = programs[i]
-                return self.sandbox.run_python(code, stdin, files=files[i] if files else None, slot=slot)
+                return run(self.sandbox, slot)
             except SandboxError as err:
                 if errors == "raise":
                     raise
@@ -503,7 +516,7 @@ class SandboxPool:
                     self._free.append(slot)
 
         with ThreadPoolExecutor(self.parallelism) as pool:
-            return list(pool.map(one, range(len(programs))))  # type: ignore[return-value]
+            return list(pool.map(one, runs))
 
 
 _default: dict[str, SandboxPool] = {}

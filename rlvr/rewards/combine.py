@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.algos.registry import check_keywords
-from rlvr.errors import InfrastructureError
+from rlvr.errors import InfrastructureError, MissingExtra
 from rlvr.rewards.builtin import GROUP_REWARDS, REWARDS
 from rlvr.rewards.extract import EXTRACTORS
 from rlvr.rewards.intrinsic import INTRINSIC, information_gain
@@ -305,7 +305,7 @@ def _call(reward: RewardFn, prompt: str, completions: list[str], example: dict[s
         return [_one(reward, prompt, c, fields, on_error) for c in completions]
     try:
         values = _invoke(reward, prompt, completions, fields)
-    except (SandboxUnavailable, RewardError):
+    except (SandboxUnavailable, RewardError, MissingExtra):
         raise
     except InfrastructureError as exc:
         return [_unavailable(reward, exc, completions[0], on_error)] * len(completions)
@@ -326,7 +326,7 @@ def _call(reward: RewardFn, prompt: str, completions: list[str], example: dict[s
 def _one(reward: RewardFn, prompt: str, completion: str, fields: dict[str, Any], on_error: str) -> float | str | None:
     try:
         value = _invoke(reward, prompt, completion, fields)
-    except (SandboxUnavailable, RewardError):
+    except (SandboxUnavailable, RewardError, MissingExtra):
         raise  # not this completion's fault: no code reward can work (or this one hangs), so stop and say so
     except InfrastructureError as exc:
         return _unavailable(reward, exc, completion, on_error)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlvr.rewards.extract import extract_answer
+from rlvr.rewards.styles import with_info
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -140,3 +141,44 @@ def ndcg_reward(prompt: str, completion: str, *, relevance: Mapping[Any, float] 
     else:
         raise ValueError(f"ndcg: relevance must be a mapping or a list, not {type(relevance).__name__}")
     return ndcg(read_ranking(completion), rel, k)
+
+
+ABSTAIN = ("i dont know",)
+"""What an abstention says, after `normalise_answer` ("I don't know." → "i dont know")."""
+
+
+def abstention_reward(prompt: str, completion: str, *, correct: float = 1.0, abstain: float = 0.0,
+                      wrong: float = -1.0, check: str = "exact_match", threshold: float = 1.0,
+                      phrases: Sequence[str] = ABSTAIN, **example: Any) -> Any:
+    """TruthRL's ternary reward (Wei et al., "TruthRL: Incentivizing Truthful LLMs via Reinforcement
+    Learning", arXiv:2509.25760): ``correct`` (+1) for a right answer, ``abstain`` (0) for "I don't
+    know", ``wrong`` (−1) for anything else, so that abstaining beats guessing where the model
+    would be wrong and loses to answering where it would be right.
+
+    The answer is the completion's last <answer> tag. It abstains when its normalised text
+    (`normalise_answer`) contains one of ``phrases`` (TruthRL matches "i dont know" so). It is
+    right when ``check`` ("exact_match", or "f1" at or above ``threshold``) finds it equal to a
+    gold answer (`golden`). A completion without an <answer> tag is wrong, never an abstention
+    nor "no verdict": a policy must not escape the −1 by not answering. A row whose gold is
+    itself an abstention (TruthRL's relabelled out-of-knowledge questions) pays ``correct`` for
+    abstaining and ``wrong`` for any answer. Reports ``abstention/abstained`` and
+    ``abstention/answered_right``, from which accuracy, abstention and hallucination rates follow
+    (TruthRL's truthfulness is accuracy − hallucination)."""
+    if check not in ("exact_match", "f1"):
+        raise ValueError(f"abstention reward: check must be 'exact_match' or 'f1', got {check!r}")
+    marks = [normalise_answer(p) for p in phrases]
+    if not all(marks):
+        raise ValueError(f"abstention reward: a phrase normalises to nothing: {list(phrases)}")
+    gold = _gold_or_raise("abstention", example)
+    got = extract_answer(completion, "tag")
+    abstained = got is not None and any(m in normalise_answer(got) for m in marks)
+    unknowable = any(m in normalise_answer(g) for g in gold for m in marks)
+    if got is None:
+        right = False
+    elif unknowable:
+        right = abstained
+    elif abstained:
+        return with_info(abstain, {"abstained": 1.0, "answered_right": 0.0})
+    else:
+        right = (exact_match(got, gold) if check == "exact_match" else token_f1(got, gold)) >= threshold
+    return with_info(correct if right else wrong, {"abstained": float(abstained), "answered_right": float(right and not abstained)})

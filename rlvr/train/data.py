@@ -20,6 +20,7 @@ from rlvr.agents.openai_agent import ENV_DATASETS, EPISODE_BUILDERS
 from rlvr.agents.runner import ChatDelta, Limits, Summarize, episode_groups
 from rlvr.agents.search import facts_examples
 from rlvr.agents.wordnet import wordnet_examples
+from rlvr.data.domains import DOMAINS, domain_examples
 from rlvr.data.transforms import shows_problem_only, transform
 from rlvr.algos.registry import check_keywords, keyword_options
 from rlvr.config import RunConfig
@@ -251,6 +252,8 @@ def _task_pool(cfg: RunConfig) -> list[Example]:
     the task asks for (or the source's default)."""
     t = cfg.task
     default = CODE_INSTRUCTION if t.source == "humaneval" else "Put the final answer inside <answer></answer> tags."
+    if t.source == "domain" and t.name in DOMAINS:
+        default = DOMAINS[t.name][1]
     if t.params.get("format", "rlvr") != "rlvr" or shows_problem_only(t.transforms):  # another trainer's data:
         default = ""  # its prompts are used as they are; a critique shows the problem without the request to solve it
     instruction = default if t.instruction is None else t.instruction
@@ -283,6 +286,8 @@ def _source_pool(cfg: RunConfig, instruction: str) -> list[Example]:
         check_keywords('task.params for source "wordnet"', wordnet_examples, t.params,
                        [k for k in keyword_options(wordnet_examples) if k not in ("size", "seed", "instruction")])
         pool = wordnet_examples(size=t.size + t.eval_size, seed=cfg.seed, instruction=instruction, **t.params)
+    elif t.source == "domain":  # small generated tasks for the domain rewards (rlvr.data.domains)
+        pool = domain_examples(t.name, size=t.size + t.eval_size, seed=cfg.seed, instruction=instruction)
     elif t.source == "env":  # the environment brings its own prompts (e.g. a verifiers environment's dataset)
         if cfg.env.name not in ENV_DATASETS:
             raise ValueError(f"task.source = \"env\" takes the environment's own prompts; env.name = {cfg.env.name!r} "
