@@ -1,5 +1,5 @@
 """The `rlvr` command: train, sft, dpo, sample, serve, eval, contamination, report, filter, bench, sandbox,
-retrieve, tasks, config. Each subcommand is a thin call into the library; those that import torch run from a module of their
+retrieve, rm, tasks, config. Each subcommand is a thin call into the library; those that import torch run from a module of their
 own in rlvr.commands, imported when the command runs, so `rlvr --help` and `rlvr config` start without it."""
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ EXAMPLES = """examples:
   rlvr config --examples # the packaged example configs, for --config NAME
   rlvr sandbox run solution.py --stdin input.txt --timeout 5
   rlvr retrieve --corpus wordnet --index bm25 --port 8000   # Search-R1's /retrieve, for env.kwargs.retriever
+  rlvr rm pairs --config demo --prompts 256 --out pairs.jsonl   # preference pairs from the model's own samples
+  rlvr rm train --data pairs.jsonl --output runs/rm-demo        # a Bradley-Terry reward model (or a PRM)
   rlvr eval --config demo --model builtin:smollm2-135m-instruct --model runs/demo --k 1,4 --n 8
   rlvr contamination --config demo --model runs/demo --prompts 32
   rlvr report runs/demo   # runs/demo/report.html and curves.png
@@ -276,12 +278,50 @@ def _add_retrieve(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     r.add_argument("--questions", type=int, default=1000, help="with --export: how many questions (default 1000)")
 
 
+def _add_rm(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """`rlvr rm train` and `rlvr rm pairs`."""
+    rm = sub.add_parser("rm", help="train a reward model (Bradley-Terry, or a process reward model), or make "
+                                   "preference pairs from a model's samples")
+    rm_sub = rm.add_subparsers(dest="rm_command", required=True)
+    t = rm_sub.add_parser("train", help="train an outcome RM on preference pairs or a PRM on step labels",
+                          description="Trains a reward model on --data and saves it, with report.json (held-out "
+                          "pairwise accuracy and calibration), to --output; the folder plugs into the reward_model "
+                          "reward (an outcome RM) or algo.kwargs.prm (a PRM). docs/rewards.md.")
+    t.add_argument("--data", required=True, help="JSONL or Parquet: preference rows {prompt or messages, chosen, "
+                                                 "rejected[, margin]} (rlvr's, TRL's) or step rows {prompt, "
+                                                 "completions, labels} (TRL's PRM layout)")
+    t.add_argument("--model", default="builtin:smollm2-135m-instruct", help="the base model (gets a new head)")
+    t.add_argument("--output", required=True, help="the folder to write")
+    t.add_argument("--kind", choices=["auto", "outcome", "process"], default="auto",
+                   help="what to train (default: what the rows are)")
+    t.add_argument("--eval-data", help="held-out rows (default: --eval-fraction of the prompts)")
+    t.add_argument("--eval-fraction", type=float, default=0.1, help="share of prompts held out (default 0.1)")
+    t.add_argument("--epochs", type=int, default=1, help="passes over the data (default 1)")
+    t.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate (default 2e-5)")
+    t.add_argument("--batch-size", type=int, default=8, help="pairs or solutions per step (default 8)")
+    t.add_argument("--max-length", type=int, default=512, help="tokens per text, cut from the left (default 512)")
+    t.add_argument("--center", type=float, default=0.01, help="weight of (r+ + r-)^2, keeping rewards near 0")
+    t.add_argument("--separator", default="\n", help="a PRM's step separator (default a newline)")
+    t.add_argument("--seed", type=int, default=0)
+    p = rm_sub.add_parser("pairs", help="preference pairs from a model's samples, judged by a config's rewards",
+                          description="Samples -n completions of each of the config's first --prompts training "
+                          "prompts with --model and writes pairs whose total rewards differ (the higher chosen) "
+                          "as JSONL for `rlvr rm train`. The config's held-out prompts are never used.")
+    p.add_argument("--config", required=True, help="TOML config (its task, rewards and sampling)")
+    p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="the model that samples")
+    p.add_argument("--prompts", type=int, default=256, help="training prompts to sample (default 256)")
+    p.add_argument("-n", "--n", type=int, default=8, help="samples per prompt (default 8)")
+    p.add_argument("--per-prompt", type=int, default=4, help="pairs kept per prompt at most (default 4)")
+    p.add_argument("--out", default="pairs.jsonl", help="output JSONL (default pairs.jsonl)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvr", description="RL post-training of language models.",
                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_train, _add_sample, _add_serve, _add_tinker, _add_bench, _add_eval, _add_contamination, _add_filter, _add_report,
-                _add_sandbox, _add_retrieve):
+                _add_sandbox, _add_retrieve, _add_rm):
         add(sub)
     sub.add_parser("tasks", help="list the reasoning-gym tasks")
     cf = sub.add_parser("config", help="list every config key of a command (train, sft, dpo) with its default and meaning")
@@ -305,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
     if args.command in ("train", "sft", "dpo", "sample", "serve", "tinker", "eval", "contamination", "filter",
-                        "retrieve"):
+                        "retrieve", "rm"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars would bury rlvr's own progress
@@ -417,6 +457,12 @@ def _sandbox(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _rm(args: argparse.Namespace) -> int:
+    from rlvr.commands import rm  # torch, transformers
+
+    return rm.run(args)
+
+
 def _retrieve(args: argparse.Namespace) -> int:
     from rlvr.commands import retrieve  # torch (the dense encoder), the corpus
 
@@ -446,7 +492,8 @@ def _config(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"train": _train, "sft": _train, "dpo": _train, "sample": _sample, "serve": _serve, "tinker": _tinker, "bench": _bench, "eval": _eval, "contamination": _contamination,
-             "report": _report, "filter": _filter, "sandbox": _sandbox, "retrieve": _retrieve, "tasks": _tasks, "config": _config}
+             "report": _report, "filter": _filter, "sandbox": _sandbox, "retrieve": _retrieve, "rm": _rm, "tasks": _tasks,
+             "config": _config}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -45,11 +46,11 @@ class Rated(NamedTuple):
     max_new_tokens), in the order sampled."""
 
 
-def pass_rates(model_spec: str, cfg: RunConfig, examples: list[Example], *, n: int, batch: int = 32,
-               progress: Callable[[int], None] | None = None) -> list[Rated]:
-    """Each of ``examples`` (`rlvr filter`: the config's training prompts, the first ``--limit``)
-    rated by n samples under the config's sampling and rewards, generated ``batch`` prompts at a time."""
-
+def sampled_groups(model_spec: str, cfg: RunConfig, examples: list[Example], *, n: int, batch: int = 32,
+                   progress: Callable[[int], None] | None = None) -> Iterator[tuple[Example, Any, str]]:
+    """(example, its group of n scored samples, the first reward's name) for each of
+    ``examples``, sampled by ``model_spec`` under the config's sampling and rewards, ``batch``
+    prompts at a time."""
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
     path = resolve_model(model_spec)
@@ -62,19 +63,50 @@ def pass_rates(model_spec: str, cfg: RunConfig, examples: list[Example], *, n: i
     rewards = build_rewards(cfg.reward_specs(), on_error=cfg.on_reward_error)
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
                             stop=tuple(s.stop), n=n)
-    out = []
     for start in range(0, len(examples), batch):
         chunk = list(range(start, min(start + batch, len(examples))))
         for i, group in zip(chunk, generate_groups(engine, examples, ids, chunk, rewards, params,
                                                    on_error=cfg.on_reward_error)):
-            kept = judged(group.samples, rewards[0].name)  # a failed sandbox is not a wrong answer
-            correct = [x for x in kept if is_correct(x, rewards[0].name)]
-            # a cut-off completion is no demonstration: SFT would teach ending it there
-            finished = [x.completion.text for x in correct if x.completion.finish_reason == "stop"]
-            out.append(Rated(examples[i], len(correct) / len(kept) if kept else None, tuple(dict.fromkeys(finished))))
+            yield examples[i], group, rewards[0].name
         if progress:
             progress(len(chunk))
+
+
+def pass_rates(model_spec: str, cfg: RunConfig, examples: list[Example], *, n: int, batch: int = 32,
+               progress: Callable[[int], None] | None = None) -> list[Rated]:
+    """Each of ``examples`` (`rlvr filter`: the config's training prompts, the first ``--limit``)
+    rated by n samples under the config's sampling and rewards, generated ``batch`` prompts at a time."""
+    out = []
+    for example, group, primary in sampled_groups(model_spec, cfg, examples, n=n, batch=batch, progress=progress):
+        kept = judged(group.samples, primary)  # a failed sandbox is not a wrong answer
+        correct = [x for x in kept if is_correct(x, primary)]
+        # a cut-off completion is no demonstration: SFT would teach ending it there
+        finished = [x.completion.text for x in correct if x.completion.finish_reason == "stop"]
+        out.append(Rated(example, len(correct) / len(kept) if kept else None, tuple(dict.fromkeys(finished))))
     return out
+
+
+def preference_pairs(model_spec: str, cfg: RunConfig, examples: list[Example], *, n: int, per_prompt: int,
+                     seed: int = 0, batch: int = 32, progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Preference rows made from a model's own samples, judged by the config's rewards (`rlvr rm
+    pairs`): for each prompt, up to ``per_prompt`` pairs of distinct completions whose total
+    rewards differ, the higher one chosen, drawn at random (by ``seed``) from all such pairs.
+    A sample some reward could not judge (its sandbox or service failed) is left out. Each row:
+    "prompt" (the user message), "chosen", "rejected", "score_chosen", "score_rejected", "id"."""
+    rng = random.Random(seed)
+    rows = []
+    for example, group, _ in sampled_groups(model_spec, cfg, examples, n=n, batch=batch, progress=progress):
+        scored: dict[str, float] = {}
+        for x in group.samples:
+            if not any(key.endswith(("/excluded", "/error")) for key in x.reward_parts):
+                scored.setdefault(x.completion.text, x.reward)
+        texts = list(scored)
+        candidates = [(a, b) for i, a in enumerate(texts) for b in texts[i + 1 :] if scored[a] != scored[b]]
+        for a, b in rng.sample(candidates, min(per_prompt, len(candidates))):
+            chosen, rejected = (a, b) if scored[a] > scored[b] else (b, a)
+            rows.append({"prompt": example.prompt, "chosen": chosen, "rejected": rejected,
+                         "score_chosen": scored[chosen], "score_rejected": scored[rejected], "id": example.id})
+    return rows
 
 
 def write_filtered(rated: list[Rated], out: str | Path, *, low: float, high: float,

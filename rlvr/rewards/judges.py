@@ -39,6 +39,24 @@ def _load_reward_model(path: str) -> tuple[Any, Any]:
     return _MODELS[path]
 
 
+def rm_text(tokenizer: Any, context: list[dict[str, str]], completion: str) -> str:
+    """What a reward model reads: the conversation ``context`` and the assistant's ``completion``,
+    rendered with the tokenizer's chat template when it has one, else the turns' texts joined by
+    blank lines. `rlvr rm` trains on exactly this, and the ``reward_model`` reward scores it."""
+    turns = [*context, {"role": "assistant", "content": completion}]
+    if getattr(tokenizer, "chat_template", None):
+        return str(tokenizer.apply_chat_template(turns, tokenize=False))
+    return "\n\n".join(t["content"] for t in turns)
+
+
+def rm_batch(tokenizer: Any, texts: list[str], max_length: int) -> Any:
+    """``texts`` as one padded batch, each cut to its last ``max_length`` tokens: a sequence
+    classifier reads its score at the last token, so a long text loses its beginning, never the
+    end of the answer."""
+    tokenizer.truncation_side = "left"  # the same for every caller: no other setting is ever wanted here
+    return tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length)
+
+
 def reward_model_reward(
     prompt: str, completions: list[str], *, model: str | None = None, max_length: int = 2048, batch_size: int = 8,
     label: int | None = None, **_: Any,
@@ -55,17 +73,11 @@ def reward_model_reward(
     if not model:
         raise ValueError('reward_model needs kwargs = {model = "<path or hub id of a sequence-classification model>"}')
     rm, tokenizer = _load_reward_model(model)
-    if getattr(tokenizer, "chat_template", None):
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": prompt},
-                                                {"role": "assistant", "content": c}], tokenize=False)
-                 for c in completions]
-    else:
-        texts = [f"{prompt}\n\n{c}" for c in completions]
+    texts = [rm_text(tokenizer, [{"role": "user", "content": prompt}], c) for c in completions]
     scores: list[float] = []
     with torch.no_grad():
         for i in range(0, len(texts), batch_size):
-            batch = tokenizer(texts[i : i + batch_size], return_tensors="pt", padding=True, truncation=True,
-                              max_length=max_length)
+            batch = rm_batch(tokenizer, texts[i : i + batch_size], max_length)
             logits = rm(**batch).logits.float()
             if logits.shape[-1] == 1:
                 scores += logits[:, 0].tolist()
