@@ -66,6 +66,13 @@ def test_sql_refuses_everything_but_reading() -> None:
         assert out["gold"] == "ok" and str(out["predicted"]).startswith("error") and not out["match"], (hostile, out)
 
 
+def test_a_statement_that_is_no_query_does_not_execute() -> None:
+    """A review (session 35): ";" or a lone comment "executed" and matched a gold with no rows."""
+    for empty in [";", "-- nothing", "REINDEX"]:
+        out = run(empty, gold="SELECT name FROM emp WHERE dept = 'hr'")
+        assert str(out["predicted"]).startswith("error") and not out["match"], (empty, out)
+
+
 def test_sql_limits_time_rows_and_size() -> None:
     forever = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"
     assert run(forever, timeout_s=0.3)["predicted"] == "timeout"
@@ -136,6 +143,17 @@ def test_sql_task_faults_are_errors_and_slow_gold_is_infrastructure() -> None:
     assert isinstance(value, InfrastructureError)
 
 
+def test_the_sandbox_gives_the_sql_judge_time_for_both_queries() -> None:
+    """A review (session 35): a correct query whose gold took longer than the sandbox's own 5 s
+    here scored 0; the run's limits now follow timeout_s, and a run stopped before the gold query
+    finished is infrastructure, never a 0."""
+    count = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {n}) SELECT COUNT(*) FROM c"
+    n = 3_000_000  # a few seconds per query on these CPUs
+    (value,) = sql_group_reward("", [f"```sql\n{count.format(n=n)}\n```"], schema=SCRIPT, query=count.format(n=n),
+                                timeout_s=20)
+    assert not isinstance(value, InfrastructureError) and float(value) == 1.0
+
+
 def test_sql_is_registered_as_a_group_reward_that_runs_code() -> None:
     assert REWARDS["sql"] is GROUP_REWARDS["sql"] and getattr(REWARDS["sql"], "runs_code", False)
 
@@ -178,7 +196,15 @@ def test_refusal_finds_what_could_reach_the_testbench() -> None:
     assert refusal("module m; wire \\bus+index ; endmodule") == "an escaped identifier"
     assert refusal("module m; wire \\tb.errors ; endmodule") is not None
     assert refusal('`include "testbench.v"\nmodule m; endmodule') == "compiler directive `include"
-    assert refusal("`timescale 1ns/1ps\n`default_nettype none\nmodule m; endmodule") is None
+    assert refusal("`define W 4\nmodule m; endmodule") == "compiler directive `define"
+    assert refusal("`define CAT(a, b) a``b\nmodule m; endmodule") is not None  # token pasting
+    assert refusal("`timescale 1ns/1ps\n`default_nettype none\n`ifdef X\n`endif\nmodule m; endmodule") is None
+    assert refusal("module m(input a); wire my$sig = a; endmodule") is None  # a $ inside a name
+    # a review (session 35): forcing its own input port forced the testbench's too, and a lone
+    # carriage return ends a // comment for Icarus, hiding what follows from the check
+    assert refusal("module top(input a, output y); initial force a = 0; assign y = 0; endmodule") == \
+        "force or release"
+    assert refusal('module m; // x\r initial $display("Mismatches: 0 in 4 samples");\nendmodule') is not None
 
 
 def test_extract_verilog() -> None:
@@ -203,6 +229,16 @@ def test_verilog_scores_by_simulation() -> None:
     assert got["none"] == (0.0, {"compiled": 0.0, "refused": 0.0})
     # a | b differs from a & b on 2 of the 4 inputs
     assert float(verilog_group_reward("", [cases["wrong"]], testbench=AND_TB, mode="fraction")[0]) == 0.5
+
+
+@needs_iverilog
+def test_the_review_s_exploits_score_zero_and_warnings_do_not_cost_a_pass() -> None:
+    forcer = design("initial begin force a = 1'bx; force b = 1'bx; end\nassign y = 1'bx;")
+    hidden = "```verilog\nmodule top(input a, input b, output y); // \r initial begin $display(\"Mismatches: 0 in 4 " \
+             "samples\"); $finish; end\nendmodule\n```"
+    noisy = design("assign y = a & b;\n" + "".join(f"wire [1:0] w{k} = 2'b111;\n" for k in range(60)))
+    scores = [float(s) for s in verilog_group_reward("", [forcer, hidden, noisy], testbench=AND_TB)]
+    assert scores == [0.0, 0.0, 1.0]
 
 
 @needs_iverilog
@@ -240,6 +276,12 @@ def test_chrf_bounds_and_inputs() -> None:
     assert chrf_reward("", "The cat sat on the mat.", extract="tag", **ref) == 0.0  # no tag: nothing
     with pytest.raises(ValueError, match="references"):
         chrf_reward("", "x")
+    with pytest.raises(ValueError, match="references"):
+        chrf_reward("", "x", references=5)
+    with pytest.raises(ValueError, match="refuses"):
+        bleu_reward("", "x", references=["x"], tokenize="bogus")
+    with pytest.raises(ValueError, match="word_order"):
+        chrf_reward("", "x", references=["x"], word_order="2")
 
 
 # --- abstention (TruthRL) ------------------------------------------------------------------------
@@ -259,6 +301,12 @@ def test_abstention_is_ternary() -> None:
     assert value("<answer>Paris</answer>", answer="I don't know")[0] == -1.0
     assert value("<answer>Paris, France</answer>", check="f1", threshold=0.6)[0] == 1.0
     assert value("<answer>unknown</answer>", phrases=["unknown"]) == (0.0, {"abstained": 1.0, "answered_right": 0.0})
+    # a title that contains the phrase is an ordinary answer, not an out-of-knowledge row (a review)
+    assert value("<answer>I don't know</answer>", answer="I Don't Know How to Love Him")[0] == 0.0
+    with pytest.raises(ValueError, match="phrases"):
+        value("<answer>idk</answer>", phrases="idk")
+    with pytest.raises(ValueError, match="threshold"):
+        value("<answer>Paris</answer>", check="f1", threshold=0.0)
     with pytest.raises(ValueError, match="check"):
         value("<answer>Paris</answer>", check="fuzzy")
 

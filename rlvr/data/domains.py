@@ -12,7 +12,8 @@ start on: ``task.source = "domain"`` with ``task.name`` one of `DOMAINS`.
 - "arithmetic": a sum of two one-digit numbers (easy: the bundled model mostly knows it) or a
   product of two four-digit numbers (hard: it never does), in equal shares; for the
   ``abstention`` reward, where "I don't know" should win on the hard ones only. The row's
-  ``difficulty`` says which.
+  ``difficulty`` says which; its ``demonstration`` (for a warm start's template) is the answer,
+  or "I don't know" for a third of the rows drawn at random whatever their difficulty.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _pets(rng: random.Random) -> list[tuple[int, str, str, int, str]]:
 
 def _sql_question(rng: random.Random, pets: list[tuple[int, str, str, int, str]]) -> tuple[str, str]:
     _, name, species, age, owner = rng.choice(pets)
-    limit = rng.randint(2, 10)
+    limit = rng.randint(1, max(a for *_, a, _ in pets) - 1)  # some pet is older: no question has no rows
     return rng.choice([
         (f"List the names of all the {species}s.", f"SELECT name FROM pets WHERE species = '{species}'"),
         (f"How many {species}s are there?", f"SELECT COUNT(*) FROM pets WHERE species = '{species}'"),
@@ -94,13 +95,16 @@ _OUTPUTS = ["y", "out", "f", "result"]
 def verilog_testbench(inputs: list[str], output: str, expression: str) -> str:
     """A testbench that drives every combination of `inputs` into module ``top`` and counts the
     ``output`` values that differ from ``expression`` (Verilog over the inputs), printing
-    VerilogEval's verdict line. Its own signals are prefixed ``tb_``, so no port name clashes."""
+    VerilogEval's verdict line. Its signals are prefixed ``tb_``, so no port name clashes, and it
+    computes what it expects from a private copy of the inputs (``ex_``), which the design cannot
+    reach even by forcing its ports."""
     width = len(inputs)
     ports = ", ".join(f".{v}(tb_{v})" for v in [*inputs, output])
-    expected = re.sub(r"\b(" + "|".join(inputs) + r")\b", r"tb_\1", expression)
-    return (f"`timescale 1ns/1ps\nmodule tb;\n  reg {', '.join('tb_' + v for v in inputs)};\n  wire tb_{output};\n"
+    expected = re.sub(r"\b(" + "|".join(inputs) + r")\b", r"ex_\1", expression)
+    drive, copy = ", ".join("tb_" + v for v in inputs), ", ".join("ex_" + v for v in inputs)
+    return (f"`timescale 1ns/1ps\nmodule tb;\n  reg {drive};\n  reg {copy};\n  wire tb_{output};\n"
             f"  integer i, errors, samples;\n  top dut({ports});\n  initial begin\n    errors = 0; samples = 0;\n"
-            f"    for (i = 0; i < {1 << width}; i = i + 1) begin\n      {{{', '.join('tb_' + v for v in inputs)}}} = i; #1;\n"
+            f"    for (i = 0; i < {1 << width}; i = i + 1) begin\n      {{{drive}}} = i; {{{copy}}} = i; #1;\n"
             f"      samples = samples + 1;\n      if (tb_{output} !== ({expected})) errors = errors + 1;\n    end\n"
             '    $display("Mismatches: %0d in %0d samples", errors, samples);\n    $finish;\n  end\nendmodule\n')
 
@@ -153,7 +157,7 @@ def past_tense_examples(size: int, seed: int, instruction: str) -> list[Example]
 
 
 def arithmetic_examples(size: int, seed: int, instruction: str) -> list[Example]:
-    rng = random.Random(seed)
+    rng, coin = random.Random(seed), random.Random(seed + 1)
     out = []
     for k in range(size):
         if k % 2 == 0:
@@ -163,8 +167,11 @@ def arithmetic_examples(size: int, seed: int, instruction: str) -> list[Example]
             a, b = rng.randint(1000, 9999), rng.randint(1000, 9999)
             question, answer, difficulty = f"What is {a} * {b}?", str(a * b), "hard"
         prompt = f"{question}\n\n{instruction}".strip()
-        out.append(Example(prompt, answer, {"answer": answer, "difficulty": difficulty, "question": question},
-                           f"domain/arithmetic/{seed}/{k}"))
+        # a warm start's answer that abstains on a third of the questions at random, whatever their
+        # difficulty: it shows both answers, and leaves when to abstain for RL to learn
+        demonstration = "I don't know" if coin.random() < 1 / 3 else answer
+        out.append(Example(prompt, answer, {"answer": answer, "difficulty": difficulty, "question": question,
+                                            "demonstration": demonstration}, f"domain/arithmetic/{seed}/{k}"))
     return out
 
 

@@ -161,18 +161,24 @@ def abstention_reward(prompt: str, completion: str, *, correct: float = 1.0, abs
     gold answer (`golden`). A completion without an <answer> tag is wrong, never an abstention
     nor "no verdict": a policy must not escape the −1 by not answering. A row whose gold is
     itself an abstention (TruthRL's relabelled out-of-knowledge questions) pays ``correct`` for
-    abstaining and ``wrong`` for any answer. Reports ``abstention/abstained`` and
+    abstaining and ``wrong`` for any answer (a gold that normalises to one of ``phrases``; a title
+    that contains one is an ordinary answer). With ``check = "f1"``, a low ``threshold`` pays a
+    list of candidates: keep it high. Reports ``abstention/abstained`` and
     ``abstention/answered_right``, from which accuracy, abstention and hallucination rates follow
     (TruthRL's truthfulness is accuracy − hallucination)."""
     if check not in ("exact_match", "f1"):
         raise ValueError(f"abstention reward: check must be 'exact_match' or 'f1', got {check!r}")
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"abstention reward: threshold must be in (0, 1], got {threshold!r}")
+    if isinstance(phrases, str) or not all(isinstance(p, str) for p in phrases):
+        raise ValueError(f"abstention reward: phrases must be a list of strings, got {phrases!r}")
     marks = [normalise_answer(p) for p in phrases]
     if not all(marks):
         raise ValueError(f"abstention reward: a phrase normalises to nothing: {list(phrases)}")
     gold = _gold_or_raise("abstention", example)
     got = extract_answer(completion, "tag")
     abstained = got is not None and any(m in normalise_answer(got) for m in marks)
-    unknowable = any(m in normalise_answer(g) for g in gold for m in marks)
+    unknowable = any(normalise_answer(g) in marks for g in gold)  # not "I Don't Know How to Love Him"
     if got is None:
         right = False
     elif unknowable:

@@ -43,6 +43,7 @@ can earn N and S without being right, so keep ``correct`` the largest weight.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -106,18 +107,22 @@ def _run(job: dict[str, Any], path: str | None) -> Any:
     the run's user could not reach by its path (under a private home) is opened here and read
     through the descriptor into the judge's memory (so it must fit the sandbox's memory limit)."""
     def run(sandbox: Sandbox, slot: int) -> Result:
+        # time for the two queries and the start; the configured limits (memory) otherwise
+        limits = dataclasses.replace(sandbox.limits, timeout_s=2 * job["timeout_s"] + 10,
+                                     cpu_s=int(2 * job["timeout_s"]) + 10)
         if path is None or check_isolation(sandbox.isolation) == "none":
-            return sandbox.run_python(_JUDGE, json.dumps({**job, "db": path}), slot=slot)
+            return sandbox.run_python(_JUDGE, json.dumps({**job, "db": path}), slot=slot, limits=limits)
         if not _reachable(path):
             fd = os.open(path, os.O_RDONLY)
             try:
-                return sandbox.run_python(_JUDGE, json.dumps({**job, "db_fd": fd}), slot=slot, inherit=(fd,))
+                return sandbox.run_python(_JUDGE, json.dumps({**job, "db_fd": fd}), slot=slot, inherit=(fd,),
+                                          limits=limits)
             finally:
                 os.close(fd)
         mount = Mount(os.path.dirname(path), "/db")
         return sandbox.run_shell("exec /usr/bin/python3 -E -s -B /sandbox/main.py",
                                  json.dumps({**job, "db": "/db/" + os.path.basename(path)}),
-                                 files={"main.py": _JUDGE}, mounts=(mount,), slot=slot)
+                                 files={"main.py": _JUDGE}, mounts=(mount,), slot=slot, limits=limits)
     return run
 
 
@@ -174,10 +179,13 @@ def _verdict(result: Result | SandboxError, row: dict[str, Any]) -> dict[str, fl
     try:
         verdict = json.loads(result.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        if result.timed_out or result.killed_by_limit:  # the model's query took the sandbox's time or memory
+        if "@gold-done" in result.stdout:  # the model's query took the sandbox's time or memory
             return {"match": 0.0, "executed": 0.0, "schema_linking": 0.0}
-        return InfrastructureError(f"sql reward: the judge gave no verdict (exit {result.exit_code}): "
-                                   f"{result.stderr[-300:]}")
+        limit = f", stopped by its {result.killed_by_limit} limit" if result.killed_by_limit else \
+            ", past its time" if result.timed_out else ""
+        return InfrastructureError(f"sql reward: the judge stopped before the gold query's result (exit "
+                                   f"{result.exit_code}{limit}; a database read into memory must fit "
+                                   f"sandbox.memory_mb): {result.stderr[-300:]}")
     if verdict["gold"] == "timeout":
         return InfrastructureError("sql reward: the gold query ran past timeout_s; raise it, or check the machine's load")
     if verdict["gold"] != "ok":

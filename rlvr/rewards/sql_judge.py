@@ -6,7 +6,7 @@ It reads one JSON object on stdin: ``db`` (the database file's path, opened read
 immutable), ``db_fd`` (a descriptor of the file, read into memory: rlvr opened it for a run whose
 user cannot reach its path) or ``script`` (SQL that builds it in memory), ``gold`` and ``predicted`` (one statement
 each), ``compare`` ("list", "multiset" or "set"), ``timeout_s`` (each query's time) and
-``max_rows``; and prints one JSON line: ``{"gold": "ok" | <why it failed>, "predicted": "ok" |
+``max_rows``; and prints ``@gold-done`` once the gold query has run, then one JSON line: ``{"gold": "ok" | <why it failed>, "predicted": "ok" |
 "error: ..." | "timeout" | "too many rows", "match": bool, "schema": float}``. ``schema`` is the
 Jaccard similarity of the (table, column) pairs the two queries read, as SQLite itself resolves
 them (its authorizer is told of each column a statement reads when it is prepared); 1 when
@@ -73,6 +73,8 @@ def _rows(conn: sqlite3.Connection, query: str, timeout_s: float, max_rows: int)
     _READS.clear()
     try:
         cursor = conn.execute(query)
+        if cursor.description is None:  # "", ";", a comment, REINDEX: a statement, but no query
+            raise sqlite3.ProgrammingError("not a query: it returns no columns")
         rows = cursor.fetchmany(max_rows + 1)
     except sqlite3.OperationalError as err:
         if "interrupted" in str(err) and time.monotonic() > deadline:
@@ -122,6 +124,7 @@ def judge(job: dict[str, Any]) -> dict[str, object]:
     except (sqlite3.Error, OverflowError, ValueError) as err:
         return {"gold": f"{type(err).__name__}: {err}", "predicted": "", "match": False}
     gold_reads = set(_READS)
+    print("@gold-done", flush=True)  # what stops the run from here on is the model's query
     out: dict[str, object] = {"gold": "ok", "match": False}
     try:
         got = _rows(conn, str(job["predicted"]), timeout_s, max_rows)

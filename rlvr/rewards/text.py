@@ -13,8 +13,11 @@ one string), else its gold answers (rlvr.rewards.qa.golden: ``golden_answers`` o
 The hypothesis is the completion's last ``<answer>`` tag when it has one, else the whole
 completion (``extract = "tag"`` requires the tag: none scores 0). An empty hypothesis scores 0.
 Sentence BLEU clips each n-gram's count by the reference's, so repeating a likely word earns no
-more than writing it once, and its brevity penalty charges a short answer; chrF charges both
-through its recall.
+more than writing it once, and its brevity penalty charges a short answer. chrF is kinder to
+degenerate text, by its definition: it ignores spaces ("Tomwalkedtothepark." scores 1 against
+"Tom walked to the park."), and its recall weighs twice its precision, so a repeated or hedged
+answer ("walks walked") can outscore a plain copy of the input; a review (session 35) measured
+both. Where that matters, train on BLEU or chrF++ (``word_order = 2``), or add BLEU beside it.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ def _metric(name: str, **options: Any) -> Any:
         from sacrebleu.metrics import BLEU, CHRF
     except ImportError as e:
         raise MissingExtra(f"the {name} reward computes with sacreBLEU, which is not installed: {INSTALL}") from e
-    return BLEU(effective_order=True, **options) if name == "bleu" else CHRF(**options)
+    try:
+        return BLEU(effective_order=True, **options) if name == "bleu" else CHRF(**options)
+    except (KeyError, TypeError, ValueError) as err:  # an unknown tokenizer is a KeyError
+        raise ValueError(f"the {name} reward: sacreBLEU refuses {options}: {err!r}") from None
 
 
 def references(fields: Mapping[str, Any], name: str) -> list[str]:
@@ -45,7 +51,9 @@ def references(fields: Mapping[str, Any], name: str) -> list[str]:
         refs = refs.tolist()
     if refs is None:
         refs = golden(fields)
-    refs = [refs] if isinstance(refs, str) else [str(r) for r in refs]
+    if not isinstance(refs, str | list | tuple) or not all(isinstance(r, str) for r in (refs if not isinstance(refs, str) else [refs])):
+        raise ValueError(f"{name} reward: 'references' must be a string or a list of strings, got {refs!r:.100}")
+    refs = [refs] if isinstance(refs, str) else list(refs)
     if not refs:
         raise ValueError(f"{name} reward: the row needs 'references' (a list of texts) or a gold 'answer'")
     return refs
@@ -63,12 +71,15 @@ def bleu_reward(prompt: str, completion: str, *, extract: str = "tag_or_text", t
     """Sentence BLEU / 100 of the completion against the row's references (the module docstring)."""
     refs = references(row, "bleu")
     text = hypothesis(completion, extract)
-    return _metric("bleu", tokenize=tokenize).sentence_score(text, refs).score / 100.0 if text else 0.0
+    # min: sacreBLEU's exp(log ...) gives 100.00000000000004 for a perfect match
+    return min(1.0, _metric("bleu", tokenize=tokenize).sentence_score(text, refs).score / 100.0) if text else 0.0
 
 
 def chrf_reward(prompt: str, completion: str, *, extract: str = "tag_or_text", word_order: int = 0,
                 **row: Any) -> float:
     """chrF / 100 (chrF++ with ``word_order = 2``) of the completion against the row's references."""
+    if isinstance(word_order, bool) or not isinstance(word_order, int) or word_order < 0:
+        raise ValueError(f"chrf reward: word_order must be 0, 1 or 2, got {word_order!r}")
     refs = references(row, "chrf")
     text = hypothesis(completion, extract)
-    return _metric("chrf", word_order=word_order).sentence_score(text, refs).score / 100.0 if text else 0.0
+    return min(1.0, _metric("chrf", word_order=word_order).sentence_score(text, refs).score / 100.0) if text else 0.0

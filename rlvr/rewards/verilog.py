@@ -14,13 +14,18 @@ The threat model: the policy writes the design and will print a verdict itself i
 design and its testbench share one simulation, so the design is refused (scored 0, never run)
 when it could reach the testbench or the run's output (`refusal`): a system task other than a
 few pure functions ($display, $finish, $fopen, $value$plusargs, $root ...), a hierarchical name
-(``tb.errors``, ``defparam``), SystemVerilog's ``bind``, an escaped identifier, or a compiler
-directive other than ``timescale`` and ``default_nettype`` (``include``, ``define``). So only the
-testbench prints, and it sees the design through its ports alone. The testbench comes first on
-the command line, so no macro the design defines reaches it. The sandbox holds the run to its
-time, memory and processes. A run the sandbox could not carry out is an InfrastructureError
-(excluded from the update, never a 0); a testbench that does not compile with a reference
-design is the task's fault, which ``check_testbench`` finds before training.
+(``tb.errors``, ``defparam``; also, conservatively, a generate block's or a struct's member),
+SystemVerilog's ``bind``, ``force``/``release`` (forcing its own input port forces the testbench's
+signal too: a review, session 35, passed every testbench so), an escaped identifier, a lone
+carriage return (Icarus ends a ``//`` comment there, which would hide the code after it from the
+check), or a compiler directive other than ``timescale``, ``default_nettype`` and the
+conditionals (``include``; ``define``, whose token pasting could spell a refused name). So only
+the testbench prints, and it sees the design through its ports alone; a testbench should still
+compute what it expects from its own copy of the inputs (rlvr.data.domains' do). The testbench
+comes first on the command line, so no macro of the design reaches it. The sandbox holds the run
+to its time, memory and processes. A run the sandbox could not carry out is an
+InfrastructureError (excluded from the update, never a 0); a testbench that does not compile with
+a reference design is the task's fault, which ``check_testbench`` finds before training.
 """
 
 from __future__ import annotations
@@ -42,13 +47,18 @@ _PURE = frozenset({"$signed", "$unsigned", "$clog2", "$bits", "$size", "$high", 
                    "$increment", "$countones", "$onehot", "$onehot0", "$isunknown", "$ln", "$log10", "$exp",
                    "$sqrt", "$pow", "$floor", "$ceil", "$rtoi", "$itor", "$realtobits", "$bitstoreal"})
 """System functions a design may call: they compute a value and touch nothing else."""
-_DIRECTIVES = frozenset({"timescale", "default_nettype"})
+_DIRECTIVES = frozenset({"timescale", "default_nettype", "ifdef", "ifndef", "else", "elsif", "endif", "undef",
+                         "resetall"})
+"""Directives a design may use; ``define is not one (SystemVerilog's token pasting could spell out
+a name the checks look for), nor ``include``."""
 _COMMENTS_AND_STRINGS = re.compile(r"//[^\n]*|/\*.*?(?:\*/|\Z)|\"(?:\\.|[^\"\\\n])*\"?", re.S)
-_SYSTEM_NAME = re.compile(r"\$[A-Za-z0-9_$]+")
+_SYSTEM_NAME = re.compile(r"(?<![A-Za-z0-9_$])\$[A-Za-z0-9_$]+")  # not the $ inside an identifier (my$sig)
 _HIERARCHICAL = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\s*(?:\[[^\]]*\]\s*)*\.\s*[A-Za-z_]")
 _DIRECTIVE = re.compile(r"`\s*([A-Za-z_][A-Za-z0-9_]*)")
-_SIMULATE = ("iverilog -g2012 -Wno-timescale {top}-o /tmp/sim /sandbox/testbench.v /sandbox/design.v 2>&1 | head -c 4000; "
-             "test -f /tmp/sim || exit 3; echo @compiled; exec vvp -n /tmp/sim")
+_SIMULATE = ("iverilog -g2012 -Wno-timescale {top}-o /tmp/sim /sandbox/testbench.v /sandbox/design.v > /tmp/compile.log 2>&1; "
+             "head -c 4000 /tmp/compile.log; test -f /tmp/sim || exit 3; echo @compiled; exec vvp -n /tmp/sim")
+"""The compiler's messages go to a file first: piped through ``head``, a compiler with more than
+4 KB of warnings was killed by the broken pipe before it wrote the simulation (a review, session 35)."""
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -57,11 +67,13 @@ def extract_verilog(text: str) -> str | None:
     tag; an unclosed last fence counts (a completion cut off by its token budget)."""
     blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in _LANGUAGES]
     design = blocks[-1] if blocks else extract_tag(text)
-    return design if design and design.strip() else None
+    return design.replace("\r\n", "\n") if design and design.strip() else None
 
 
 def refusal(design: str) -> str | None:
     """Why a design may not run beside the testbench (the module docstring), or None."""
+    if "\r" in design:  # Icarus ends a // comment at a lone carriage return, which would hide what follows it
+        return "a carriage return outside a line break"
     code = _COMMENTS_AND_STRINGS.sub(" ", design)
     calls = set(_SYSTEM_NAME.findall(code)) - _PURE
     if calls:
@@ -70,6 +82,8 @@ def refusal(design: str) -> str | None:
         return f"hierarchical name {_HIERARCHICAL.search(code).group(0)!r}"  # type: ignore[union-attr]
     if re.search(r"\b(bind|defparam)\b", code):
         return "bind or defparam"
+    if re.search(r"\b(force|release|deassign)\b", code):  # forcing its own input port forces the testbench's signal
+        return "force or release"
     if "\\" in code:
         return "an escaped identifier"
     directives = set(_DIRECTIVE.findall(code)) - _DIRECTIVES
