@@ -1,7 +1,7 @@
 """How the bundled model does on each domain task before training (rlvr.data.domains): the mean
 reward of 16 prompts × 4 samples at temperature 1, and one sample to read.
 
-    OMP_NUM_THREADS=1 python bench/probe_domains.py [sql verilog past_tense arithmetic]
+    OMP_NUM_THREADS=1 python bench/probe_domains.py [sql verilog past_tense abstain]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rlvr.rewards.builtin import REWARDS
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.types import SamplingParams
 
-REWARD = {"sql": ["sql"], "verilog": ["verilog"], "past_tense": ["chrf", "bleu"], "arithmetic": ["abstention"]}
+REWARD = {"sql": ["sql"], "verilog": ["verilog"], "past_tense": ["chrf", "bleu"], "abstain": ["abstention"]}
 
 
 def main(names: list[str]) -> None:

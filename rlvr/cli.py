@@ -302,6 +302,8 @@ def _add_rm(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     t.add_argument("--max-length", type=int, default=512, help="tokens per text, cut from the left (default 512)")
     t.add_argument("--center", type=float, default=0.01, help="weight of (r+ + r-)^2, keeping rewards near 0")
     t.add_argument("--separator", default="\n", help="a PRM's step separator (default a newline)")
+    t.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="bf16: fp32 weights, bfloat16 products (default auto: bf16 where rlvr's auto picks it)")
     t.add_argument("--seed", type=int, default=0)
     p = rm_sub.add_parser("pairs", help="preference pairs from a model's samples, judged by a config's rewards",
                           description="Samples -n completions of each of the config's first --prompts training "

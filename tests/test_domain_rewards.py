@@ -318,9 +318,9 @@ def test_domain_tasks_have_gold_that_scores_full() -> None:
         assert [float(v) for v in sql_group_reward(e.prompt, [f"```sql\n{e.answer}\n```"], **e.fields)] == [1.0]
     for e in domain_examples("past_tense", size=4, seed=3):
         assert chrf_reward(e.prompt, f"<answer>{e.answer}</answer>", **e.fields) == pytest.approx(1.0)
-    arithmetic = domain_examples("arithmetic", size=4, seed=3)
-    assert [e.fields["difficulty"] for e in arithmetic] == ["easy", "hard", "easy", "hard"]
-    assert all(float(abstention_reward(e.prompt, f"<answer>{e.answer}</answer>", **e.fields)) == 1.0 for e in arithmetic)
+    abstain = domain_examples("abstain", size=4, seed=3)
+    assert [e.fields["difficulty"] for e in abstain] == ["easy", "hard", "easy", "hard"]
+    assert all(float(abstention_reward(e.prompt, f"<answer>{e.answer}</answer>", **e.fields)) == 1.0 for e in abstain)
     with pytest.raises(ValueError, match="one of"):
         domain_examples("chess", size=1)
 

@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {len(rows)} preference pairs from {len(examples)} prompts to {out}", file=sys.stderr)
         return 0
     opts = Options(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
-                   eval_fraction=args.eval_fraction, seed=args.seed, center=args.center, separator=args.separator)
+                   eval_fraction=args.eval_fraction, seed=args.seed, center=args.center, separator=args.separator,
+                   precision=args.precision)
     report = train_reward_model(args.data, args.model, args.output, opts, eval_data=args.eval_data, kind=args.kind,
                                 say=lambda line: print(line, file=sys.stderr, flush=True))
     for name in ("held_out_before", "held_out"):

@@ -9,9 +9,12 @@ start on: ``task.source = "domain"`` with ``task.name`` one of `DOMAINS`.
   verdict line) and ``reference``, for the ``verilog`` reward.
 - "past_tense": a sentence to rewrite in the past tense; the row carries ``references``, for the
   ``bleu`` and ``chrf`` rewards.
-- "arithmetic": a sum of two one-digit numbers (easy: the bundled model mostly knows it) or a
-  product of two four-digit numbers (hard: it never does), in equal shares; for the
-  ``abstention`` reward, where "I don't know" should win on the hard ones only. The row's
+- "abstain": a number to repeat (easy: the bundled model can, once it knows the answer format)
+  or a product of two four-digit numbers (hard: it never knows it), in equal shares; for the
+  ``abstention`` reward, where "I don't know" should win on the hard ones only. (One-digit sums
+  would be the natural easy half, but the bundled model gets them right in well under half its
+  tries, where abstaining is the better bet: TruthRL's reward then teaches it to abstain on
+  everything, as docs/LOG.md records.) The row's
   ``difficulty`` says which; its ``demonstration`` (for a warm start's template) is the answer,
   or "I don't know" for a third of the rows drawn at random whatever their difficulty.
 """
@@ -156,13 +159,13 @@ def past_tense_examples(size: int, seed: int, instruction: str) -> list[Example]
     return out
 
 
-def arithmetic_examples(size: int, seed: int, instruction: str) -> list[Example]:
+def abstain_examples(size: int, seed: int, instruction: str) -> list[Example]:
     rng, coin = random.Random(seed), random.Random(seed + 1)
     out = []
     for k in range(size):
         if k % 2 == 0:
-            a, b = rng.randint(1, 9), rng.randint(1, 9)
-            question, answer, difficulty = f"What is {a} + {b}?", str(a + b), "easy"
+            n = rng.randint(100, 999)
+            question, answer, difficulty = f"Repeat this number: {n}", str(n), "easy"
         else:
             a, b = rng.randint(1000, 9999), rng.randint(1000, 9999)
             question, answer, difficulty = f"What is {a} * {b}?", str(a * b), "hard"
@@ -171,7 +174,7 @@ def arithmetic_examples(size: int, seed: int, instruction: str) -> list[Example]
         # difficulty: it shows both answers, and leaves when to abstain for RL to learn
         demonstration = "I don't know" if coin.random() < 1 / 3 else answer
         out.append(Example(prompt, answer, {"answer": answer, "difficulty": difficulty, "question": question,
-                                            "demonstration": demonstration}, f"domain/arithmetic/{seed}/{k}"))
+                                            "demonstration": demonstration}, f"domain/abstain/{seed}/{k}"))
     return out
 
 
@@ -179,7 +182,7 @@ DOMAINS: dict[str, tuple[Callable[[int, int, str], list[Example]], str]] = {
     "sql": (sql_examples, "Write one SQLite query that answers it, inside ```sql``` fences."),
     "verilog": (verilog_examples, "Write the module inside ```verilog``` fences."),
     "past_tense": (past_tense_examples, "Give only the rewritten sentence inside <answer></answer> tags."),
-    "arithmetic": (arithmetic_examples, "Give the answer inside <answer></answer> tags. If you are not sure you can "
+    "abstain": (abstain_examples, "Give the answer inside <answer></answer> tags. If you are not sure you can "
                                         "answer correctly, answer <answer>I don't know</answer>."),
 }
 """name → (the generator, its default instruction)."""

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.data.chat import ChatDataError, read_rows
-from rlvr.models import load_tokenizer, resolve_model_path, write_folder
+from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path, write_folder
 from rlvr.rewards.judges import rm_batch, rm_text
 from rlvr.rewards.process import ClassifierPRM
 
@@ -91,6 +91,9 @@ class Options:
     separator: str = "\n"
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    precision: str = "auto"
+    """"fp32", or "bf16": fp32 weights and AdamW, the products in bfloat16 (torch.autocast);
+    "auto" is bf16 where rlvr's "auto" picks it (a CPU with fast bf16, a GPU), else fp32."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -98,6 +101,13 @@ class Options:
             raise ValueError(f"rm: need epochs ≥ 1, batch_size ≥ 1, max_length ≥ 8 and lr > 0, got {self}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"rm: eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"rm: precision must be auto, bf16 or fp32, got {self.precision!r}")
+
+    def autocast(self) -> Any:
+        """The context the forward passes run in (see ``precision``)."""
+        bf16 = self.precision == "bf16" or (self.precision == "auto" and resolve_dtype("auto") == torch.bfloat16)
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
 
 
 def read_table(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
@@ -263,9 +273,10 @@ class _Progress:
                      f"about {rate * (self.total - self.done) / 60:.1f} min left")
 
 
-def _score_texts(model: Any, tokenizer: Any, texts: list[str], max_length: int) -> torch.Tensor:
-    batch = rm_batch(tokenizer, texts, max_length)
-    return model(**batch).logits[:, 0].float()
+def _score_texts(model: Any, tokenizer: Any, texts: list[str], opts: Options) -> torch.Tensor:
+    batch = rm_batch(tokenizer, texts, opts.max_length)
+    with opts.autocast():
+        return model(**batch).logits[:, 0].float()
 
 
 def outcome_deltas(model: Any, tokenizer: Any, pairs: Sequence[Pair], opts: Options) -> list[float]:
@@ -275,7 +286,7 @@ def outcome_deltas(model: Any, tokenizer: Any, pairs: Sequence[Pair], opts: Opti
         for i in range(0, len(pairs), opts.batch_size):
             chunk = pairs[i : i + opts.batch_size]
             r = _score_texts(model, tokenizer, [rm_text(tokenizer, p.messages, a) for p in chunk
-                                                for a in (p.chosen, p.rejected)], opts.max_length)
+                                                for a in (p.chosen, p.rejected)], opts)
             out += (r[0::2] - r[1::2]).tolist()
     return out
 
@@ -300,7 +311,7 @@ def train_outcome(model_spec: str, train: list[Pair], held: list[Pair], opts: Op
     for batches in epochs:
         for chunk in batches:
             texts = [rm_text(tokenizer, p.messages, a) for p in chunk for a in (p.chosen, p.rejected)]
-            r = _score_texts(model, tokenizer, texts, opts.max_length)
+            r = _score_texts(model, tokenizer, texts, opts)
             chosen, rejected = r[0::2], r[1::2]
             margin = torch.tensor([p.margin for p in chunk])
             loss = -F.logsigmoid(chosen - rejected - margin).mean() + opts.center * ((chosen + rejected) ** 2).mean()
@@ -350,7 +361,8 @@ def train_process(model_spec: str, train: list[Labelled], held: list[Labelled], 
     def evaluate() -> dict[str, float]:
         if not held:
             return {}
-        probs = prm.score([x.prompt for x in held], [list(x.steps) for x in held], [{}] * len(held))
+        with opts.autocast():
+            probs = prm.score([x.prompt for x in held], [list(x.steps) for x in held], [{}] * len(held))
         return step_report(probs, [list(x.labels) for x in held])
 
     before = evaluate()
@@ -362,7 +374,8 @@ def train_process(model_spec: str, train: list[Labelled], held: list[Labelled], 
     for batches in epochs:
         for chunk in batches:
             ids_BT, mask_BT, positions = _prm_rows(prm, chunk, opts.max_length)
-            logits_BTC = model(input_ids=ids_BT, attention_mask=mask_BT).logits.float()
+            with opts.autocast():
+                logits_BTC = model(input_ids=ids_BT, attention_mask=mask_BT).logits.float()
             picked = torch.cat([logits_BTC[row, pos] for row, pos in enumerate(positions)])
             target = torch.tensor([int(y) for x in chunk for y in x.labels])
             loss = F.cross_entropy(picked, target)
