@@ -51,9 +51,9 @@ from typing import Any
 
 from rlvr.errors import InfrastructureError
 from rlvr.rewards import plain
+from rlvr.rewards.extract import fenced_blocks
 from rlvr.sandbox import SandboxError, default_pool
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON = {"", "python", "py", "python3"}
 
 
@@ -64,7 +64,7 @@ def extract_code(text: str, names: Collection[str] = ()) -> str | None:
     block of its output, or by a block of example calls, is the solution). An unclosed last
     fence counts (a completion cut off by the token budget). None when the text has no fenced
     block."""
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text) if lang.lower() in _PYTHON]
+    blocks = [(lang, body) for lang, body in fenced_blocks(text) if lang in _PYTHON]
     tagged = [body for lang, body in blocks if lang]
     for candidates in (tagged, [body for _, body in blocks]):  # python-tagged first, then any
         defining = [body for body in candidates if _defines(body, names)]

@@ -86,6 +86,23 @@ def extract_boxed_or_last_number(text: str) -> str | None:
     return boxed if boxed is not None else extract_last_number(text)
 
 
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """Every fenced code block as (its language tag, lower-cased, "" when untagged; its body), in
+    order; an unclosed last fence counts (a completion cut off by its token budget)."""
+    return [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
+
+
+def extract_fenced(text: str, languages: tuple[str, ...]) -> str | None:
+    """The last fenced block tagged with one of ``languages`` ("" for untagged), else the last
+    <answer> tag's content; None when neither holds anything but space."""
+    blocks = [body for lang, body in fenced_blocks(text) if lang in languages]
+    found = blocks[-1] if blocks else extract_tag(text)
+    return found if found and found.strip() else None
+
+
 EXTRACTORS: dict[str, Callable[[str], str | None]] = {
     "tag": extract_tag,
     "boxed": extract_boxed,

@@ -83,6 +83,17 @@ class ClassifierPRM:
             positions.append(len(ids) - 1)
         return ids, positions
 
+    def padded(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input ids, attention mask) of `rows`, right-padded: a causal model's positions stay put,
+        so each label's position in `layout` holds in the batch."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids_BT = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)
+        mask_BT = torch.zeros_like(ids_BT)
+        for row, ids in enumerate(rows):
+            ids_BT[row, : len(ids)] = torch.tensor(ids)
+            mask_BT[row, : len(ids)] = 1
+        return ids_BT, mask_BT
+
     @torch.no_grad()
     def score(self, prompts: Sequence[str], steps: Sequence[Sequence[str]],
               examples: Sequence[dict[str, Any]]) -> list[list[float]]:
@@ -91,13 +102,7 @@ class ClassifierPRM:
         items = [self.layout(p, s) for p, s in zip(prompts, steps)]
         for start in range(0, len(items), self.batch_size):
             chunk = items[start : start + self.batch_size]
-            width = max(len(ids) for ids, _ in chunk)
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            attention = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, (ids, _) in enumerate(chunk):  # right padding: a causal model's positions stay put
-                input_ids[row, : len(ids)] = torch.tensor(ids)
-                attention[row, : len(ids)] = 1
+            input_ids, attention = self.padded([ids for ids, _ in chunk])
             logits_BTC = self.model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float()
             for row, (_, positions) in enumerate(chunk):
                 at_CS = logits_BTC[row, positions]

@@ -40,7 +40,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,6 @@ class Options:
     precision: str = "auto"
     """"fp32", or "bf16": fp32 weights and AdamW, the products in bfloat16 (torch.autocast);
     "auto" is bf16 where rlvr's "auto" picks it (a CPU with fast bf16, a GPU), else fp32."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.max_length < 8 or not self.lr > 0:
@@ -254,9 +253,25 @@ def _batches(items: list[Any], size: int, rng: random.Random) -> list[list[Any]]
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-def _optimizer(model: torch.nn.Module, opts: Options) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=opts.lr,
-                             weight_decay=opts.weight_decay)
+def _fit(model: torch.nn.Module, items: list[Any], opts: Options, loss_of: Callable[[list[Any]], torch.Tensor],
+         say: Callable[[str], None]) -> None:
+    """``opts.epochs`` shuffled passes over ``items`` in batches, each an AdamW step on
+    ``loss_of(batch)`` with the gradient's norm clipped, reporting progress."""
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=opts.lr,
+                                  weight_decay=opts.weight_decay)
+    rng = random.Random(opts.seed)
+    epochs = [_batches(items, opts.batch_size, rng) for _ in range(opts.epochs)]
+    progress = _Progress(sum(len(e) for e in epochs), say)
+    for batches in epochs:
+        for chunk in batches:
+            loss = loss_of(chunk)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), opts.max_grad_norm)
+            optimizer.step()
+            progress.step(float(loss.detach()))
+    model.eval()
 
 
 class _Progress:
@@ -303,24 +318,15 @@ def train_outcome(model_spec: str, train: list[Pair], held: list[Pair], opts: Op
                                                                dtype=torch.float32)
     model.config.pad_token_id = tokenizer.pad_token_id
     before = pairwise_report(outcome_deltas(model.eval(), tokenizer, held, opts)) if held else {}
-    model.train()
-    optimizer = _optimizer(model, opts)
-    rng = random.Random(opts.seed)
-    epochs = [_batches(train, opts.batch_size, rng) for _ in range(opts.epochs)]
-    progress = _Progress(sum(len(e) for e in epochs), say)
-    for batches in epochs:
-        for chunk in batches:
-            texts = [rm_text(tokenizer, p.messages, a) for p in chunk for a in (p.chosen, p.rejected)]
-            r = _score_texts(model, tokenizer, texts, opts)
-            chosen, rejected = r[0::2], r[1::2]
-            margin = torch.tensor([p.margin for p in chunk])
-            loss = -F.logsigmoid(chosen - rejected - margin).mean() + opts.center * ((chosen + rejected) ** 2).mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), opts.max_grad_norm)
-            optimizer.step()
-            progress.step(float(loss.detach()))
-    model.eval()
+
+    def loss_of(chunk: list[Pair]) -> torch.Tensor:
+        texts = [rm_text(tokenizer, p.messages, a) for p in chunk for a in (p.chosen, p.rejected)]
+        r = _score_texts(model, tokenizer, texts, opts)
+        chosen, rejected = r[0::2], r[1::2]
+        margin = torch.tensor([p.margin for p in chunk])
+        return -F.logsigmoid(chosen - rejected - margin).mean() + opts.center * ((chosen + rejected) ** 2).mean()
+
+    _fit(model, train, opts, loss_of, say)
     report = {"kind": "outcome", "model": model_spec, "train_pairs": len(train), "options": asdict(opts),
               "held_out_before": before,
               "held_out": pairwise_report(outcome_deltas(model, tokenizer, held, opts)) if held else {}}
@@ -336,13 +342,7 @@ def _prm_rows(prm: ClassifierPRM, chunk: Sequence[Labelled], max_length: int) ->
     too_long = [len(ids) for ids, _ in items if len(ids) > max_length]
     if too_long:
         raise ValueError(f"rm: a step-labelled row has {too_long[0]} tokens, over max_length {max_length}")
-    width = max(len(ids) for ids, _ in items)
-    pad = prm.tokenizer.pad_token_id if prm.tokenizer.pad_token_id is not None else 0
-    ids_BT = torch.full((len(items), width), pad, dtype=torch.long)
-    mask_BT = torch.zeros((len(items), width), dtype=torch.long)
-    for row, (ids, _) in enumerate(items):
-        ids_BT[row, : len(ids)] = torch.tensor(ids)
-        mask_BT[row, : len(ids)] = 1
+    ids_BT, mask_BT = prm.padded([ids for ids, _ in items])
     return ids_BT, mask_BT, [positions for _, positions in items]
 
 
@@ -366,25 +366,15 @@ def train_process(model_spec: str, train: list[Labelled], held: list[Labelled], 
         return step_report(probs, [list(x.labels) for x in held])
 
     before = evaluate()
-    model.train()
-    optimizer = _optimizer(model, opts)
-    rng = random.Random(opts.seed)
-    epochs = [_batches(train, opts.batch_size, rng) for _ in range(opts.epochs)]
-    progress = _Progress(sum(len(e) for e in epochs), say)
-    for batches in epochs:
-        for chunk in batches:
-            ids_BT, mask_BT, positions = _prm_rows(prm, chunk, opts.max_length)
-            with opts.autocast():
-                logits_BTC = model(input_ids=ids_BT, attention_mask=mask_BT).logits.float()
-            picked = torch.cat([logits_BTC[row, pos] for row, pos in enumerate(positions)])
-            target = torch.tensor([int(y) for x in chunk for y in x.labels])
-            loss = F.cross_entropy(picked, target)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), opts.max_grad_norm)
-            optimizer.step()
-            progress.step(float(loss.detach()))
-    model.eval()
+
+    def loss_of(chunk: list[Labelled]) -> torch.Tensor:
+        ids_BT, mask_BT, positions = _prm_rows(prm, chunk, opts.max_length)
+        with opts.autocast():
+            logits_BTC = model(input_ids=ids_BT, attention_mask=mask_BT).logits.float()
+        picked = torch.cat([logits_BTC[row, pos] for row, pos in enumerate(positions)])
+        return F.cross_entropy(picked, torch.tensor([int(y) for x in chunk for y in x.labels]))
+
+    _fit(model, train, opts, loss_of, say)
     report = {"kind": "process", "model": model_spec, "train_solutions": len(train), "options": asdict(opts),
               "held_out_before": before, "held_out": evaluate()}
     _save(model, tokenizer, report, output)

@@ -52,12 +52,11 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import InfrastructureError
-from rlvr.rewards.extract import extract_tag
+from rlvr.rewards.extract import extract_fenced
 from rlvr.rewards.styles import with_info
 from rlvr.sandbox import Mount, Result, Sandbox, SandboxError, check_isolation, default_pool
 
 _JUDGE = (Path(__file__).parent / "sql_judge.py").read_text()
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _ORDER_BY = re.compile(r"\border\s+by\b", re.I)
 _COMPARES = ("auto", "list", "multiset", "set")
 
@@ -65,9 +64,8 @@ _COMPARES = ("auto", "list", "multiset", "set")
 def extract_sql(text: str) -> str | None:
     """The last ```sql (or untagged) fenced block's content, else the last <answer> tag's; an
     unclosed last fence counts (a completion cut off by its token budget). None without one."""
-    blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in ("sql", "sqlite", "")]
-    query = blocks[-1] if blocks else extract_tag(text)
-    return query.strip() if query and query.strip() else None
+    query = extract_fenced(text, ("sql", "sqlite", ""))
+    return query.strip() if query else None
 
 
 def gold_query(fields: dict[str, Any]) -> str:

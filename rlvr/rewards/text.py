@@ -51,9 +51,11 @@ def references(fields: Mapping[str, Any], name: str) -> list[str]:
         refs = refs.tolist()
     if refs is None:
         refs = golden(fields)
-    if not isinstance(refs, str | list | tuple) or not all(isinstance(r, str) for r in (refs if not isinstance(refs, str) else [refs])):
+    if isinstance(refs, str):
+        refs = [refs]
+    if not isinstance(refs, list | tuple) or not all(isinstance(r, str) for r in refs):
         raise ValueError(f"{name} reward: 'references' must be a string or a list of strings, got {refs!r:.100}")
-    refs = [refs] if isinstance(refs, str) else list(refs)
+    refs = list(refs)
     if not refs:
         raise ValueError(f"{name} reward: the row needs 'references' (a list of texts) or a gold 'answer'")
     return refs

@@ -36,11 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rlvr.errors import InfrastructureError, SandboxUnavailable
-from rlvr.rewards.extract import extract_tag
+from rlvr.rewards.extract import extract_fenced
 from rlvr.rewards.styles import with_info
 from rlvr.sandbox import Limits, Result, Sandbox, SandboxError, default_pool
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _LANGUAGES = ("verilog", "systemverilog", "v", "sv", "")
 _VERDICT = re.compile(r"Mismatches:\s*(\d+)\s+in\s+(\d+)\s+samples")
 _PURE = frozenset({"$signed", "$unsigned", "$clog2", "$bits", "$size", "$high", "$low", "$left", "$right",
@@ -65,9 +64,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def extract_verilog(text: str) -> str | None:
     """The last ```verilog (systemverilog, v, sv or untagged) fenced block, else the last <answer>
     tag; an unclosed last fence counts (a completion cut off by its token budget)."""
-    blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in _LANGUAGES]
-    design = blocks[-1] if blocks else extract_tag(text)
-    return design.replace("\r\n", "\n") if design and design.strip() else None
+    design = extract_fenced(text, _LANGUAGES)
+    return design.replace("\r\n", "\n") if design else None
 
 
 def refusal(design: str) -> str | None:
