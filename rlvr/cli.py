@@ -143,7 +143,7 @@ def _add_tinker(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
 def _add_bench(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """`rlvr bench`."""
     b = sub.add_parser("bench", help="speed side by side: engine vs HF generate, learner vs matmul, GRPO step vs TRL")
-    b.add_argument("--parts", default="generate,learner,grpo", help="comma-separated: generate, learner, grpo")
+    b.add_argument("--parts", default="generate,learner,grpo", help="comma-separated: generate, learner, grpo, rm (the reward_model reward)")
     b.add_argument("--batch-sizes", default="1,8,32,64", help="generate: batch sizes")
     b.add_argument("--new-tokens", type=int, default=64,
                    help="generate: tokens per row (at batch 1, fewer than 16 leave a bf16 CPU's float16 "

@@ -144,3 +144,17 @@ def vllm_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     yield engines
     for engine in everything:
         engine.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> str:
+    """A one-layer sequence classifier with one output (a Bradley-Terry reward model), untrained."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=0)
+    out = tmp_path_factory.mktemp("rm")
+    LlamaForSequenceClassification(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(out)
+    return str(out)

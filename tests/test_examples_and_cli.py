@@ -330,6 +330,17 @@ def test_bench_times_a_model_the_user_names(tiny_dir: Path, capsys: pytest.Captu
     assert row["rlvr_static_tok_s"] > 0 and "bundled" in row["llama_cpp_tok_s"]
 
 
+def test_bench_times_the_reward_model_by_the_step_and_by_the_prompt(tiny_dir: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlvr bench --parts rm`: a model given a new one-output head scores a step's completions,
+    in fp32 and in the dtype "auto" picks, all in one call and one prompt at a time."""
+    assert main(["bench", "--model", str(tiny_dir), "--parts", "rm"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["part"] == "rm" and result["rows"][0]["where"] == "cpu float32", result
+    for row in result["rows"]:
+        assert row["pairs"] == 64 and row["tokens"] > 64 * 20 and row["step_pairs_s"] > 0 and row["per_prompt_pairs_s"] > 0
+
+
 def test_bench_times_vllm_beside_the_engine_in_the_same_invocation(monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """`rlvr bench --parts generate`: vLLM's part runs in the interpreter that has vLLM, on the same

@@ -12,21 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from rlvr.rewards.combine import build_rewards, score, score_group
-from rlvr.rewards.judges import llm_judge_reward, reward_model_reward
-
-
-@pytest.fixture(scope="module")
-def tiny_reward_model(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> str:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=0)
-    out = tmp_path_factory.mktemp("rm")
-    LlamaForSequenceClassification(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(out)
-    return str(out)
+from rlvr.errors import InfrastructureError
+from rlvr.rewards import reward_model as rm_module
+from rlvr.rewards.combine import ToScore, build_rewards, score, score_group, score_groups
+from rlvr.rewards.judges import llm_judge_reward
+from rlvr.rewards.reward_model import reward_model_reward
 
 
 def test_reward_model_scores_each_completion_the_same_alone_or_in_a_batch(tiny_reward_model: str) -> None:
@@ -40,6 +30,60 @@ def test_reward_model_scores_each_completion_the_same_alone_or_in_a_batch(tiny_r
         pytest.approx(batched, abs=1e-4)
     with pytest.raises(ValueError, match="needs kwargs"):
         reward_model_reward("p", ["c"])
+
+
+def test_a_step_is_scored_in_one_call_with_the_values_of_one_call_per_group(
+        tiny_reward_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """score_groups (what training calls) gives the reward model every completion of the step at
+    once, and each its score_group value; a reward without `many` is still called per group."""
+    calls: list[int] = []
+    real = rm_module.RewardModelScorer.score
+
+    def counted(self: rm_module.RewardModelScorer, pairs: list[tuple[str, str]]) -> list[float]:
+        calls.append(len(pairs))
+        return real(self, pairs)
+
+    monkeypatch.setattr(rm_module.RewardModelScorer, "score", counted)
+    rewards = build_rewards([{"fn": "reward_model", "kwargs": {"model": tiny_reward_model, "batch_size": 4}},
+                             {"fn": "format", "weight": 0.0}])
+    groups = [ToScore("What is 3 + 4?", ["7", "<answer>7</answer>", "it is 7"], {}),
+              ToScore("Name a colour.", ["red", "a long answer about blue and green"], {})]
+    step = score_groups(rewards, groups)
+    assert calls == [5]  # one call for both prompts' five completions
+    one_by_one = [score_group(rewards, g.prompt, g.completions, g.example) for g in groups]
+    assert calls == [5, 3, 2]
+    for mine, theirs in zip(step, one_by_one):
+        assert [t for t, _ in mine] == pytest.approx([t for t, _ in theirs], abs=1e-5)  # fp32, another padding
+        assert [sorted(p) for _, p in mine] == [sorted(p) for _, p in theirs]
+
+
+def test_a_batched_call_that_fails_fails_every_completion_it_held(monkeypatch: pytest.MonkeyPatch,
+                                                                   tiny_reward_model: str) -> None:
+    def down(self: object, pairs: list[tuple[str, str]]) -> list[float]:
+        raise InfrastructureError("the scorer is gone")
+
+    monkeypatch.setattr(rm_module.RewardModelScorer, "score", down)
+    rewards = build_rewards([{"fn": "reward_model", "kwargs": {"model": tiny_reward_model}}])
+    step = score_groups(rewards, [ToScore("p", ["a", "b"], {}), ToScore("q", ["c"], {})])
+    assert [parts for group in step for _, parts in group] == \
+        [{"reward_model": 0.0, "reward_model/error": 1.0, "reward_model/excluded": 1.0}] * 3
+
+
+def test_the_reward_model_runs_in_the_dtype_asked_and_bf16_stays_near_fp32(tiny_reward_model: str) -> None:
+    """bf16 keeps 8 significant bits: each of the layer's few rounded products and sums moves a
+    hidden value by up to ~2^-8 of its size, and the score sums 32 hidden values weighted by
+    the head, so it moves by a few hundredths of the sum of their sizes (~1 here), not by its
+    sign or by tenths."""
+    completions = ["short", "a somewhat longer answer", "7", "another one"]
+    fp32 = reward_model_reward("What is 3 + 4?", completions, model=tiny_reward_model, dtype="fp32")
+    bf16 = reward_model_reward("What is 3 + 4?", completions, model=tiny_reward_model, dtype="bf16")
+    kept = {str(s.model.dtype) for s in rm_module._SCORERS.values() if isinstance(s, rm_module.RewardModelScorer)}
+    assert {"torch.float32", "torch.bfloat16"} <= kept
+    assert bf16 == pytest.approx(fp32, abs=0.05)
+    assert bf16 != fp32  # it did run in bf16
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch sees no CUDA GPU"):
+            reward_model_reward("p", ["c"], model=tiny_reward_model, device="cuda")
 
 
 class _Judge(BaseHTTPRequestHandler):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.data.chat import ChatDataError
-from rlvr.rewards.judges import reward_model_reward
+from rlvr.rewards.reward_model import reward_model_reward
 from rlvr.rewards.process import load_prm
 from rlvr.rewards.rm_train import (Options, Pair, calibration, labelled_of, pair_of, pairwise_report, split,
                                    step_report, train_reward_model)

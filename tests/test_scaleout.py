@@ -318,3 +318,24 @@ def test_an_address_for_a_ray_already_running_here_is_said_to_be_unused(caplog: 
     with caplog.at_level("WARNING", logger="rlvr.scaleout"):
         assert start_ray("ray://elsewhere:10001") is ray
     assert "dist.ray.address = 'ray://elsewhere:10001' is not used" in caplog.text
+
+
+def test_a_reward_model_on_a_ray_actor_scores_as_in_process_and_a_dead_one_is_infrastructure(
+        tiny_reward_model: str) -> None:
+    """``ray = true`` moves the reward model into an actor of its own: the same fp32 weights and
+    batches give the same scores there; an actor that died is the infrastructure's failure (the
+    samples left out, never scored 0), and the next call starts another."""
+    from rlvr.errors import InfrastructureError
+    from rlvr.rewards import reward_model as rm
+
+    completions = ["7", "seven", "a longer answer that says 7"]
+    settings = {"model": tiny_reward_model, "dtype": "fp32"}
+    here = rm.reward_model_reward("What is 3 + 4?", completions, **settings)
+    there = rm.reward_model_reward("What is 3 + 4?", completions, ray=True, **settings)
+    assert there == pytest.approx(here, abs=1e-6)  # fp32 in another process: the same products
+    remote = next(s for s in rm._SCORERS.values() if isinstance(s, rm.RayScorer))
+    assert remote.where() == "cpu float32"
+    ray.kill(remote.actor)
+    with pytest.raises(InfrastructureError, match="Ray actor gave no scores"):
+        rm.reward_model_reward("What is 3 + 4?", completions, ray=True, **settings)
+    assert rm.reward_model_reward("What is 3 + 4?", completions, ray=True, **settings) == pytest.approx(here, abs=1e-6)

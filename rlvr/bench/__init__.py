@@ -11,6 +11,9 @@ Parts:
   learner   one GRPO update: tokens/s, achieved GFLOP/s (6 × parameters per token) against a
             matrix product of the model's shapes measured in the same process, and peak RSS
   grpo      one GRPO step end to end, rlvr vs TRL's GRPOTrainer at identical settings (needs `trl`)
+  rm        the ``reward_model`` reward's throughput: the bundled model as a reward model (a new
+            one-output head) scoring a step's completions in one call, in fp32 and in the dtype
+            "auto" picks, against one call per prompt as before the step was batched
 """
 
 from __future__ import annotations
@@ -243,6 +246,38 @@ def fake_groups(batch: int, group: int, prompt: int, completion: int, vocab: int
     return groups
 
 
+def part_rm(prompts: int = 8, group: int = 8, batch_size: int = 32, model_spec: str = MODEL) -> dict[str, Any]:
+    """The reward model's pairs/s and tokens/s on ``prompts`` x ``group`` completions of 20 to 240
+    words: the whole step in one call (`score_groups`) and one call per prompt, each dtype."""
+    from rlvr.rewards.reward_model import RewardModelScorer, rm_text
+
+    examples = reasoning_gym_examples("chain_sum", size=prompts, seed=0, params=TASK, instruction=INSTRUCTION)
+    words = "so the sum of the two numbers is found by adding them one digit at a time".split()
+    gen = torch.Generator().manual_seed(0)
+    pairs = [(ex.prompt, " ".join(words[k % len(words)] for k in range(int(torch.randint(20, 240, (1,), generator=gen)))))
+             for ex in examples for _ in range(group)]
+    rows: list[dict[str, Any]] = []
+    for dtype in dict.fromkeys(["fp32", str(resolve_dtype("auto")).removeprefix("torch.")]):
+        scorer = RewardModelScorer(model_spec, dtype=dtype, batch_size=batch_size)
+        tokens = sum(len(scorer.tokenizer(rm_text(scorer.tokenizer, [{"role": "user", "content": p}], c))["input_ids"])
+                     for p, c in pairs)
+        scorer.score(pairs[:batch_size])  # warm
+        start = time.perf_counter()
+        scorer.score(pairs)
+        step = time.perf_counter() - start
+        start = time.perf_counter()
+        for k in range(0, len(pairs), group):
+            scorer.score(pairs[k : k + group])
+        per_prompt = time.perf_counter() - start
+        rows.append({"where": scorer.where(), "pairs": len(pairs), "tokens": tokens,
+                     "step_pairs_s": round(len(pairs) / step, 1), "step_tokens_s": round(tokens / step),
+                     "per_prompt_pairs_s": round(len(pairs) / per_prompt, 1),
+                     "step_vs_per_prompt": round(per_prompt / step, 2)})
+    if len(rows) == 2:
+        rows[1]["vs_fp32"] = round(rows[1]["step_pairs_s"] / rows[0]["step_pairs_s"], 2)
+    return {"part": "rm", "model": model_spec, "batch_size": batch_size, "rows": rows, "peak_rss_gb": round(peak_rss_gb(), 2)}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the subprocess that runs one part: `python -m rlvr.bench PART JSON_ARGS`."""
     argv = sys.argv[1:] if argv is None else argv
@@ -251,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
 
     hf_logging.disable_progress_bar()
     parts: dict[str, Callable[..., dict[str, Any]]] = {"generate": part_generate, "learner": part_learner,
-                                                       "grpo": _part_grpo, "generate_vllm": part_generate_vllm}
+                                                       "grpo": _part_grpo, "generate_vllm": part_generate_vllm, "rm": part_rm}
     result = parts[part](**kwargs)
     print("RESULT " + json.dumps(result), flush=True)
 

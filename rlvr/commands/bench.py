@@ -21,9 +21,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"# rlvr bench, {time.strftime('%Y-%m-%d %H:%M')}, {cpu}", flush=True)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     model = {"model_spec": args.model} if args.model else {}
-    unknown = [p for p in parts if p not in ("generate", "learner", "grpo")]
+    unknown = [p for p in parts if p not in ("generate", "learner", "grpo", "rm")]
     if unknown:
-        raise ValueError(f"unknown bench part {unknown[0]!r}; use generate, learner, grpo")
+        raise ValueError(f"unknown bench part {unknown[0]!r}; use generate, learner, grpo, rm")
     for part in parts:
         if part == "generate":
             sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
                     (64, 192, 4, None, True, True), (448, 64, 8, None, False, True), (448, 64, 8, None, False, False)):
                 emit(bench.run_part("learner", batch=16, prompt=prompt, completion=completion, micro_batch=micro,
                                     micro_batch_tokens=tokens, checkpointing=checkpointing, share_prompts=share, **model))
+        elif part == "rm":
+            emit(bench.run_part("rm", **model))
         else:
             for p, g in [tuple(int(x) for x in s.split("x")) for s in args.grpo_shapes.split(",")]:
                 emit(bench.compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps,

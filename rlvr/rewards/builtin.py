@@ -24,7 +24,8 @@ from rlvr.rewards.qa import abstention_reward, exact_match_reward, f1_reward, nd
 from rlvr.rewards.text import bleu_reward, chrf_reward
 from rlvr.rewards.verilog import verilog_group_reward
 from rlvr.rewards.sql import sql_group_reward
-from rlvr.rewards.judges import llm_judge_reward, local_judge_reward, reward_model_reward
+from rlvr.rewards.judges import llm_judge_reward, local_judge_reward
+from rlvr.rewards.reward_model import reward_model_many, reward_model_reward
 from rlvr.rewards.visual import exact_answer_reward, iou_reward, multiple_choice_reward
 
 def reasoning_gym_reward(
@@ -187,6 +188,9 @@ GROUP_REWARDS: dict[str, Callable[..., list[Any]]] = {"majority_vote": majority_
                                                         "sql": sql_group_reward,
                                                         "verilog": verilog_group_reward}
 """Rewards called once per group with all its completions."""
+
+MANY: dict[Callable[..., Any], Callable[..., list[Any]]] = {reward_model_reward: reward_model_many}
+"""Group rewards that also score many groups in one call (`RewardFn.many`, `score_groups`)."""
 
 
 REWARDS: dict[str, Callable[..., Any]] = {

@@ -36,7 +36,7 @@ import numbers
 import threading
 import traceback
 import urllib.error
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
@@ -44,7 +44,7 @@ from typing import Any
 
 from rlvr.algos.registry import check_keywords
 from rlvr.errors import InfrastructureError, MissingExtra
-from rlvr.rewards.builtin import GROUP_REWARDS, REWARDS
+from rlvr.rewards.builtin import GROUP_REWARDS, MANY, REWARDS
 from rlvr.rewards.extract import EXTRACTORS
 from rlvr.rewards.intrinsic import INTRINSIC, information_gain
 from rlvr.options import RLPOptions, options
@@ -81,6 +81,11 @@ class RewardFn:
     source_field: str = "task"
     wants_completion_ids: bool = False
     """Called with ``completion_ids=`` (the sampled token ids), as TRL's reward functions are."""
+    many: Callable[..., Any] | None = None
+    """A group reward's way to score many groups in one call (`score_groups`): ``many(prompts,
+    completions, **kwargs)``, with each prompt's list of completions, returns every completion's
+    value, flat, in order (`reward_model`'s fills its batches with a whole step). It reads the
+    reward's kwargs, not the rows' fields."""
     on_error: str = "zero"
     """What a failure does where the caller of score_group does not say: "zero" scores it 0.0
     and counts it, "stop" raises RewardError (the run's on_reward_error, which so reaches every
@@ -201,7 +206,8 @@ def build_rewards(specs: list[dict[str, Any]], on_error: str = "zero") -> list[R
             raise ValueError(f"reward {name!r}: timeout_s must be > 0, got {timeout}")
         group = bool(spec.get("group", False)) or fn in GROUP_REWARDS.values()
         rewards.append(RewardFn(name, fn, weight, kwargs, None if timeout is None else float(timeout), group,
-                                wants_completion_ids=getattr(fn, "wants_completion_ids", False), **routing))
+                                wants_completion_ids=getattr(fn, "wants_completion_ids", False), many=MANY.get(fn),
+                                **routing))
     return [dataclasses.replace(r, on_error=on_error) for r in rewards]
 
 
@@ -246,14 +252,15 @@ def _run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return list(value) if inspect.isgenerator(value) else value
 
 
-def _invoke(reward: RewardFn, prompt: str, completion: str | list[str], fields: dict[str, Any]) -> Any:
-    """The reward's value; with a timeout_s, called on a thread of its own (a daemon: one that
+def _invoke(reward: RewardFn, prompt: Any, completion: Any, fields: dict[str, Any],
+            fn: Callable[..., Any] | None = None) -> Any:
+    """The reward's value (its function's, or ``fn``'s: `RewardFn.many`); with a timeout_s, called on a thread of its own (a daemon: one that
     never returns neither keeps the process alive at exit nor holds up any other call, as a shared
     pool's full queue did), TooSlow past it. A reward with `MAX_STUCK` calls still running past
     their limit stops the run (RewardError)."""
-    args = {**fields, **reward.kwargs}
+    args, fn = {**fields, **reward.kwargs}, fn or reward.fn
     if reward.timeout_s is None:
-        return _run(reward.fn, prompt, completion, **args)
+        return _run(fn, prompt, completion, **args)
     stuck = _STUCK.setdefault(reward.name, [])
     stuck[:] = [t for t in stuck if t.is_alive()]
     if len(stuck) >= MAX_STUCK:
@@ -264,7 +271,7 @@ def _invoke(reward: RewardFn, prompt: str, completion: str | list[str], fields: 
 
     def call() -> None:
         try:
-            result.set_result(_run(reward.fn, prompt, completion, **args))
+            result.set_result(_run(fn, prompt, completion, **args))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             result.set_exception(exc)
 
@@ -303,8 +310,15 @@ def _call(reward: RewardFn, prompt: str, completions: list[str], example: dict[s
         fields["completion_ids"] = completion_ids
     if not reward.group:
         return [_one(reward, prompt, c, fields, on_error) for c in completions]
+    return _group_values(reward, completions, on_error, lambda: _invoke(reward, prompt, completions, fields))
+
+
+def _group_values(reward: RewardFn, completions: list[str], on_error: str,
+                  call: Callable[[], Any]) -> list[float | str | None]:
+    """What ``call`` (one call of a group reward for all of ``completions``) gave each, checked as
+    `_call` says; a failure of the call is every completion's."""
     try:
-        values = _invoke(reward, prompt, completions, fields)
+        values = call()
     except (SandboxUnavailable, RewardError, MissingExtra):
         raise
     except InfrastructureError as exc:
@@ -402,7 +416,7 @@ def score(
 
 def score_group(
     rewards: list[RewardFn], prompt: str, completions: list[str], example: dict[str, Any], on_error: str | None = None,
-    completion_ids: list[Any] | None = None,
+    completion_ids: list[Any] | None = None, scored: Mapping[str, list[float | str | None]] | None = None,
 ) -> list[tuple[float, dict[str, float]]]:
     """For each completion of one prompt: the weighted total reward and each reward's raw value.
 
@@ -414,13 +428,16 @@ def score_group(
     reward, the sample counts in no accuracy).
     ``completion_ids`` (each completion's token ids) reach the rewards that ask for them (TRL's).
     ``on_error = "stop"`` raises RewardError on a failure instead; unset, each reward's own
-    (`RewardFn.on_error`, the run's on_reward_error).
+    (`RewardFn.on_error`, the run's on_reward_error). ``scored``: the checked values of rewards
+    already called (`score_groups`), by name.
     """
     if on_error is not None:
         _check_on_error(on_error)
+    scored = scored or {}
     # intrinsic rewards are filled in later, from the policy; routed ones only score their sources
     rewards = [r for r in rewards if not r.intrinsic and r.applies(example)]
-    per_reward = [_call(reward, prompt, completions, example, on_error or reward.on_error, completion_ids)
+    per_reward = [scored[reward.name] if reward.name in scored else
+                  _call(reward, prompt, completions, example, on_error or reward.on_error, completion_ids)
                   for reward in rewards]
     out = []
     for k in range(len(completions)):
@@ -444,3 +461,37 @@ def score_group(
             total += reward.weight * value
         out.append((total, values))
     return out
+
+
+@dataclass(frozen=True)
+class ToScore:
+    """One prompt's completions, for `score_groups`: as `score_group`'s arguments."""
+
+    prompt: str
+    completions: list[str]
+    example: dict[str, Any]
+    completion_ids: list[Any] | None = None
+
+
+def score_groups(rewards: list[RewardFn], groups: Sequence[ToScore],
+                 on_error: str | None = None) -> list[list[tuple[float, dict[str, float]]]]:
+    """`score_group` of each group, with every reward that can score many groups in one call
+    (`RewardFn.many`) called once for all the groups it applies to: a reward model's batches then
+    hold a whole step, not one prompt's completions. What such a call returns is checked, and a
+    failure counted, as a group reward's (a failed call is every one of its completions')."""
+    if on_error is not None:
+        _check_on_error(on_error)
+    scored: list[dict[str, list[float | str | None]]] = [{} for _ in groups]
+    for reward in rewards:
+        rows = [i for i, g in enumerate(groups) if reward.applies(g.example)]
+        if reward.many is None or reward.intrinsic or not rows:
+            continue
+        many = reward.many
+        prompts, lists = [groups[i].prompt for i in rows], [groups[i].completions for i in rows]
+        flat = [c for group in lists for c in group]
+        values = _group_values(reward, flat, on_error or reward.on_error,
+                               lambda: _invoke(reward, prompts, lists, {}, fn=many))
+        for i, group in zip(rows, lists):
+            scored[i][reward.name], values = values[:len(group)], values[len(group):]
+    return [score_group(rewards, g.prompt, g.completions, g.example, on_error, g.completion_ids, scored=done)
+            for g, done in zip(groups, scored)]

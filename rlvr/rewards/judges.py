@@ -1,4 +1,5 @@
-"""Learned rewards: a Hugging Face reward model, and an LLM judge behind an OpenAI-compatible API."""
+"""Judges: an LLM behind an OpenAI-compatible API, or a local causal LM, grading a completion
+(a sequence-classification reward model is rlvr.rewards.reward_model)."""
 
 from __future__ import annotations
 
@@ -21,69 +22,7 @@ DEFAULT_RUBRIC = (
     "from 0 (worthless) to 10 (perfect)."
 )
 
-_MODELS: dict[str, tuple[Any, Any]] = {}
 _LOCK = threading.Lock()
-
-
-def _load_reward_model(path: str) -> tuple[Any, Any]:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    with _LOCK:
-        if path not in _MODELS:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForSequenceClassification.from_pretrained(path).eval()
-            if tokenizer.pad_token is None:
-                tokenizer.pad_token = tokenizer.eos_token
-            model.config.pad_token_id = tokenizer.pad_token_id
-            _MODELS[path] = (model, tokenizer)
-    return _MODELS[path]
-
-
-def rm_text(tokenizer: Any, context: list[dict[str, str]], completion: str) -> str:
-    """What a reward model reads: the conversation ``context`` and the assistant's ``completion``,
-    rendered with the tokenizer's chat template when it has one, else the turns' texts joined by
-    blank lines. `rlvr rm` trains on exactly this, and the ``reward_model`` reward scores it."""
-    turns = [*context, {"role": "assistant", "content": completion}]
-    if getattr(tokenizer, "chat_template", None):
-        return str(tokenizer.apply_chat_template(turns, tokenize=False))
-    return "\n\n".join(t["content"] for t in turns)
-
-
-def rm_batch(tokenizer: Any, texts: list[str], max_length: int) -> Any:
-    """``texts`` as one padded batch, each cut to its last ``max_length`` tokens: a sequence
-    classifier reads its score at the last token, so a long text loses its beginning, never the
-    end of the answer."""
-    tokenizer.truncation_side = "left"  # the same for every caller: no other setting is ever wanted here
-    return tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length)
-
-
-def reward_model_reward(
-    prompt: str, completions: list[str], *, model: str | None = None, max_length: int = 2048, batch_size: int = 8,
-    label: int | None = None, **_: Any,
-) -> list[float]:
-    """Scores of a sequence-classification reward model for each (prompt, completion), in batches.
-
-    The pair is rendered with the reward model's chat template (user: prompt, assistant:
-    completion) when it has one, else as "prompt\\n\\ncompletion". A model with one output
-    (the usual Bradley-Terry reward model) gives its logit; with several, the probability of
-    class ``label`` (default: the last). A group reward: called once per prompt with all of its
-    completions, so they are scored together. ``model`` is a local path or a hub id; it is
-    loaded once per process and kept.
-    """
-    if not model:
-        raise ValueError('reward_model needs kwargs = {model = "<path or hub id of a sequence-classification model>"}')
-    rm, tokenizer = _load_reward_model(model)
-    texts = [rm_text(tokenizer, [{"role": "user", "content": prompt}], c) for c in completions]
-    scores: list[float] = []
-    with torch.no_grad():
-        for i in range(0, len(texts), batch_size):
-            batch = rm_batch(tokenizer, texts[i : i + batch_size], max_length)
-            logits = rm(**batch).logits.float()
-            if logits.shape[-1] == 1:
-                scores += logits[:, 0].tolist()
-            else:
-                scores += logits.softmax(-1)[:, -1 if label is None else label].tolist()
-    return scores
 
 
 def _post_json(url: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float) -> dict[str, Any]:

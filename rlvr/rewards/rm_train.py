@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from rlvr.data.chat import ChatDataError, read_rows
 from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path, write_folder
-from rlvr.rewards.judges import rm_batch, rm_text
+from rlvr.rewards.reward_model import rm_batch, rm_text
 from rlvr.rewards.process import ClassifierPRM
 
 Messages = list[dict[str, str]]

@@ -9,7 +9,7 @@ from typing import Any
 
 from rlvr.data import Example
 from rlvr.rewards import RewardFn, extract_answer
-from rlvr.rewards.combine import score_group
+from rlvr.rewards.combine import ToScore, score_groups
 from rlvr.rollout.engine import Engine
 from rlvr.types import Group, PromptMedia, Sample, SamplingParams
 
@@ -43,11 +43,12 @@ def generate_groups(
                                progress)
         completions = [[flat[k * params.n + j][0] for j in range(params.n)] for k in range(len(indices))]
         sample_prompts = per_sample_prompts
+    every = score_groups(rewards, [ToScore(examples[i].prompt, [c.text for c in group], examples[i].fields,
+                                           [c.token_ids for c in group]) for i, group in zip(indices, completions)],
+                         on_error)
     groups = []
-    for i, group, prompts, images in zip(indices, completions, sample_prompts, chosen):
+    for i, group, prompts, images, scored in zip(indices, completions, sample_prompts, chosen, every):
         ex = examples[i]
-        scored = score_group(rewards, ex.prompt, [c.text for c in group], ex.fields, on_error,
-                             completion_ids=[c.token_ids for c in group])
         samples = [Sample(tuple(p), c, total, parts, i, media=images)
                    for p, c, (total, parts) in zip(prompts, group, scored)]
         groups.append(Group(ex.prompt, tuple(samples), {"id": ex.id, "answer": ex.answer}))
