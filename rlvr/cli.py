@@ -279,7 +279,7 @@ def _add_retrieve(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
 
 
 def _add_rm(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    """`rlvr rm train` and `rlvr rm pairs`."""
+    """`rlvr rm train`, `rlvr rm pairs` and `rlvr rm verdicts`."""
     rm = sub.add_parser("rm", help="train a reward model (Bradley-Terry, or a process reward model), or make "
                                    "preference pairs from a model's samples")
     rm_sub = rm.add_subparsers(dest="rm_command", required=True)
@@ -316,6 +316,22 @@ def _add_rm(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p.add_argument("--per-prompt", type=int, default=4, help="pairs kept per prompt at most (default 4)")
     p.add_argument("--out", default="pairs.jsonl", help="output JSONL (default pairs.jsonl)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    v = rm_sub.add_parser("verdicts", help="labelled critique rows from a model's samples, to train a generative verifier",
+                          description="Samples -n completions of each of the config's first --prompts training "
+                          "prompts with --model and writes each distinct (prompt, candidate) with its label (the "
+                          "config's first reward gave full marks) as JSONL, which task.transforms critique "
+                          "(candidate_column = \"candidate\", label_column = \"label\") trains a judge on. "
+                          "The config's held-out prompts are never used. docs/rewards.md.")
+    v.add_argument("--config", required=True, help="TOML config (its task, rewards and sampling)")
+    v.add_argument("--model", default="builtin:smollm2-135m-instruct", help="the model that samples")
+    v.add_argument("--prompts", type=int, default=256, help="training prompts to sample (default 256)")
+    v.add_argument("-n", "--n", type=int, default=8, help="samples per prompt (default 8)")
+    v.add_argument("--extract", default=None, help="the candidate is the answer this extractor reads (e.g. "
+                   "tag_or_last_number), as the generative_verifier reward's extract; default the whole completion")
+    v.add_argument("--balance", action=argparse.BooleanOptionalAction, default=True,
+                   help="as many wrong rows as right ones (default; --no-balance keeps every row)")
+    v.add_argument("--out", default="verdicts.jsonl", help="output JSONL (default verdicts.jsonl)")
+    v.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -412,3 +412,17 @@ def test_rlvr_train_says_what_it_does_when_its_output_is_a_file(tiny_dir: Path, 
     assert said[2:] == ["train: generating", "train: training", "train: evaluating (after)"]
     steps = [i for i, line in enumerate(err) if line.startswith("step ")]
     assert len(steps) == 2 and err.index(next(x for x in err if "evaluating (before)" in x)) < steps[0]
+
+
+def test_every_packaged_config_loads_for_the_command_it_is_for() -> None:
+    """A config shipped with a typo in a key or a value fails here, not in a user's first run: each
+    loads and validates for its command (rlvr sft where it has an [sft] table, else rlvr train)."""
+    import tomllib
+
+    from rlvr.config import load_config
+
+    configs = sorted((ROOT / "rlvr" / "configs").glob("*.toml"))
+    assert len(configs) > 20
+    for path in configs:
+        load_config(path.stem, command="sft" if "sft" in tomllib.loads(path.read_text()) else "train")
+

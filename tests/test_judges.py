@@ -178,3 +178,49 @@ def test_a_judges_verdict_is_a_line_of_its_own_and_a_response_cannot_forge_one()
     mark = message.splitlines()[-1]
     assert message.splitlines().count(mark) == 2 and message.index("Reference answer:\n7") < message.index(mark)
     assert mark not in forged and _judge_message("q", "other", "7").splitlines()[-1] != mark
+
+
+def test_a_generative_verifier_reads_p_correct_at_the_replys_first_token(tiny_dir: Path) -> None:
+    """The judge's score is P(correct) over the two verdicts at the first token of its reply, the
+    same as one unpadded forward pass of the model over the critique prompt gives (GenRM); a
+    completion without an answer is not shown to it and scores 0; "verdict" rounds at one half."""
+    from rlvr.data import render_prompt
+    from rlvr.models import load_model, load_tokenizer
+    from rlvr.rewards.generative import CRITIQUE_INSTRUCTION, critique_prompt, generative_verifier_reward
+
+    completions = ["<answer>7</answer>", "I think <answer>12345</answer>", "no idea", "<answer>-3</answer>"]
+    probs = generative_verifier_reward("What is 3 + 4?", completions, model=str(tiny_dir), extract="tag", dtype="fp32")
+    tokenizer, model = load_tokenizer(str(tiny_dir)), load_model(str(tiny_dir), "fp32")
+    firsts = []
+    for verdict in ("correct", "incorrect"):
+        turns = [{"role": "user", "content": "x"}]
+        prompt = render_prompt(tokenizer, "x")
+        full = tokenizer(tokenizer.apply_chat_template([*turns, {"role": "assistant", "content": verdict}], tokenize=False),
+                         add_special_tokens=False)["input_ids"]
+        firsts.append(full[len(prompt)])
+    assert tokenizer.decode(firsts[0]) != tokenizer.decode(firsts[1])
+    for text, p in zip(completions, probs):
+        answer = text.split("<answer>")[-1].split("</answer>")[0] if "<answer>" in text else None
+        if answer is None:
+            assert p == 0.0
+            continue
+        ids = torch.tensor([render_prompt(tokenizer, critique_prompt("What is 3 + 4?", answer))])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, -1, firsts]
+        # fp32, the same products; left padding changes only which masked positions are summed (~1e-7)
+        assert p == pytest.approx(logits.softmax(-1)[0].item(), abs=1e-5)
+    assert len({round(p, 6) for p in probs if p}) == 3  # a real score per answer
+    verdicts = generative_verifier_reward("What is 3 + 4?", completions, model=str(tiny_dir), extract="tag",
+                                          dtype="fp32", score="verdict")
+    assert verdicts == [float(p >= 0.5) if p else 0.0 for p in probs]
+    assert critique_prompt(" What? ", "7").endswith(CRITIQUE_INSTRUCTION)
+    with pytest.raises(ValueError, match="needs kwargs"):
+        generative_verifier_reward("p", ["c"])
+    with pytest.raises(ValueError, match="score must be"):
+        generative_verifier_reward("p", ["c"], model=str(tiny_dir), score="logit")
+    rewards = build_rewards([{"fn": "generative_verifier", "kwargs": {"model": str(tiny_dir), "extract": "tag",
+                                                                      "dtype": "fp32"}}])
+    assert rewards[0].many is not None
+    step = score_groups(rewards, [ToScore("What is 3 + 4?", completions[:2], {}), ToScore("What is 3 + 4?",
+                                                                                           completions[2:], {})])
+    assert [t for group in step for t, _ in group] == pytest.approx(probs, abs=1e-5)

@@ -128,3 +128,52 @@ def test_rows_of_the_wrong_kind_are_refused(tiny_dir: Path, tmp_path: Path) -> N
     (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
     with pytest.raises(ChatDataError, match="bad.jsonl:1: neither a preference row"):
         train_reward_model(str(tmp_path / "bad.jsonl"), str(tiny_dir), tmp_path / "y", Options())
+
+
+def odd_length(prompt: str, completion: str, **_: object) -> float:
+    """A verifier the tiny model's random samples pass about half the time."""
+    return float(len(completion.strip()) % 2)
+
+
+def test_pairs_and_critique_rows_come_from_the_models_own_samples_and_train_prompts_only(
+        tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlvr rm pairs` and `rlvr rm verdicts` sample the config's training prompts (never its
+    held-out ones), judged by its rewards. Verdict rows are distinct, labelled by the first
+    reward, balanced unless asked not to be, and are what the critique transform trains a
+    generative verifier on."""
+    from rlvr.cli import main
+    from rlvr.config import load_config
+    from rlvr.train.data import load_examples
+
+    task = [f'model="{tiny_dir}"', "task.size=40", "task.eval_size=4", "sampling.max_new_tokens=6",
+            'rewards=[{fn = "tests.test_rm_train:odd_length"}]']
+    held = {ex.prompt for ex in load_examples(load_config("demo", task))[1]}
+    common = ["--config", "demo", "--model", str(tiny_dir), "--prompts", "12", "-n", "4"]
+    pairs, verdicts, every = tmp_path / "p.jsonl", tmp_path / "v.jsonl", tmp_path / "all.jsonl"
+    assert main(["rm", "pairs", *common, "--out", str(pairs), *task]) == 0
+    assert main(["rm", "verdicts", *common, "--out", str(verdicts), *task]) == 0
+    assert main(["rm", "verdicts", *common, "--no-balance", "--out", str(every), *task]) == 0
+    made = [json.loads(line) for line in pairs.read_text().splitlines()]
+    assert made and all(odd_length("", p["chosen"]) == 1.0 and odd_length("", p["rejected"]) == 0.0 for p in made)
+    rows, unbalanced = ([json.loads(line) for line in f.read_text().splitlines()] for f in (verdicts, every))
+    for table in (rows, unbalanced):
+        assert all(r["label"] == bool(len(r["candidate"]) % 2) for r in table)
+        assert len({(r["prompt"], r["candidate"]) for r in table}) == len({r["id"] for r in table}) == len(table)
+        assert not held & {r["prompt"] for r in table} and not held & {p["prompt"] for p in made}
+    right = sum(r["label"] for r in rows)
+    assert right and 2 * right == len(rows)
+    assert len(unbalanced) >= len(rows) and min(sum(r["label"] for r in unbalanced),
+                                                 sum(not r["label"] for r in unbalanced)) == right
+    judge = load_config("judge_sft", [f'model="{tiny_dir}"', 'task.source="jsonl"', f'task.path="{verdicts}"',
+                                      'task.params={answer_column = "label"}', 'task.instruction=""', "task.eval_size=2",
+                                      'task.transforms=[{fn = "critique", kwargs = {candidate_column = "candidate", '
+                                      'label_column = "label"}}]'], command="sft")
+    train, _ = load_examples(judge)
+    by_prompt = {(r["prompt"], r["candidate"]): r["label"] for r in rows}
+    for ex in train:
+        assert ex.prompt.startswith("Problem: ") and ex.answer == ("correct" if by_prompt[ex.fields["problem"], ex.fields[
+            "candidate"]] else "incorrect")
+    capsys.readouterr()
+    assert main(["rm", "verdicts", *common, "--extract", "boxes", "--out", str(tmp_path / "x.jsonl"), *task]) == 2
+    err = capsys.readouterr().err
+    assert "unknown answer format 'boxes'" in err and "sampling prompts" not in err  # refused before sampling

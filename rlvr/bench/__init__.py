@@ -36,6 +36,7 @@ from rlvr.runtime import keep_freed_memory
 from rlvr.types import Completion, Group, Sample
 from rlvr.data import reasoning_gym_examples, render_prompt
 from rlvr.models import load_model, load_tokenizer
+from rlvr.rewards.reward_model import RewardModelScorer, rm_text
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.rollout.forms import ROWS
 from rlvr.rollout.plans import bf16_packing_unavailable, product_plans
@@ -249,8 +250,6 @@ def fake_groups(batch: int, group: int, prompt: int, completion: int, vocab: int
 def part_rm(prompts: int = 8, group: int = 8, batch_size: int = 32, model_spec: str = MODEL) -> dict[str, Any]:
     """The reward model's pairs/s and tokens/s on ``prompts`` x ``group`` completions of 20 to 240
     words: the whole step in one call (`score_groups`) and one call per prompt, each dtype."""
-    from rlvr.rewards.reward_model import RewardModelScorer, rm_text
-
     examples = reasoning_gym_examples("chain_sum", size=prompts, seed=0, params=TASK, instruction=INSTRUCTION)
     words = "so the sum of the two numbers is found by adding them one digit at a time".split()
     gen = torch.Generator().manual_seed(0)

@@ -84,7 +84,7 @@ class TaskConfig(_Section):
 
 class RewardConfig(_Section):
     fn: str
-    """A built-in reward ("reasoning_gym", "math_verify", "format", "unit_tests", "majority_vote", "reward_model", "llm_judge", "local_judge", "iou", "multiple_choice", "exact_answer", "verdict", "budget", "think_mode", "self_certainty", "negative_entropy") or a dotted path "pkg.module:function"."""
+    """A built-in reward ("reasoning_gym", "math_verify", "format", "unit_tests", "majority_vote", "reward_model", "generative_verifier", "llm_judge", "local_judge", "iou", "multiple_choice", "exact_answer", "verdict", "budget", "think_mode", "self_certainty", "negative_entropy") or a dotted path "pkg.module:function"."""
     weight: float = 1.0
     """Weight of this reward in the total."""
     name: str | None = None

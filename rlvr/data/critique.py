@@ -24,10 +24,10 @@ import re
 from typing import Any
 
 from rlvr.data.tasks import Example
+from rlvr.rewards.generative import CRITIQUE_INSTRUCTION, VERDICTS, critique_prompt
 from rlvr.rewards.styles import PROMPT_MESSAGES
 
-INSTRUCTION = "Is the proposed answer correct? Reply with one word: correct or incorrect."
-VERDICTS = ("correct", "incorrect")
+INSTRUCTION = CRITIQUE_INSTRUCTION
 _INT = re.compile(r"[-+]?\d+")
 
 
@@ -58,7 +58,7 @@ def critique_examples(pool: list[Example], *, seed: int, wrong_fraction: float =
         if ex.fields.get("images"):
             raise ValueError(f"task.transforms critique: example {ex.id} has images; critique tasks are text only")
         verdict = VERDICTS[0] if right else VERDICTS[1]
-        prompt = f"Problem: {ex.prompt.strip()}\n\nProposed answer: {candidate}\n\n{instruction}".strip()
+        prompt = critique_prompt(ex.prompt, candidate, instruction)
         own = {k: v for k, v in ex.fields.items() if k != PROMPT_MESSAGES}  # the critique's prompt is its text
         fields = {**own, "problem": ex.prompt, "candidate": candidate, "reference": ex.answer,
                   "critique_of": ex.id, "answer": verdict}

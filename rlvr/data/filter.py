@@ -30,6 +30,7 @@ from rlvr.types import SamplingParams
 from rlvr.models import resolve_model
 from rlvr.models import context_length, eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from rlvr.rewards import build_rewards
+from rlvr.rewards.extract import extract_answer
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.train.data import prompts_fit
 from rlvr.train.rollouts import generate_groups, is_correct, judged
@@ -107,6 +108,35 @@ def preference_pairs(model_spec: str, cfg: RunConfig, examples: list[Example], *
             rows.append({"prompt": example.prompt, "chosen": chosen, "rejected": rejected,
                          "score_chosen": scored[chosen], "score_rejected": scored[rejected], "id": example.id})
     return rows
+
+
+def verdict_rows(model_spec: str, cfg: RunConfig, examples: list[Example], *, n: int, extract: str | None = None,
+                 balance: bool = True, seed: int = 0, batch: int = 32,
+                 progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Critique rows made from a model's own samples, labelled by the config's first reward (full
+    marks: "correct"), for training a generative verifier (`rlvr rm verdicts`; docs/rewards.md).
+    Each distinct (prompt, candidate) once; the candidate is the completion, or its answer as
+    ``extract`` reads it (a sample with none is left out, as one the first reward gave no verdict).
+    ``balance``: as many wrong rows as right ones, drawn at random by ``seed`` (a judge trained on
+    mostly wrong answers learns to say "incorrect", and ranks them no better: docs/LOG.md,
+    session 36). Each row: "prompt", "candidate", "label" (true: correct), "id" (unique)."""
+    if extract is not None:
+        extract_answer("", extract)  # an unknown extractor fails now, not after the sampling
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for example, group, primary in sampled_groups(model_spec, cfg, examples, n=n, batch=batch, progress=progress):
+        for x in judged(group.samples, primary):
+            candidate = x.completion.text.strip() if extract is None else extract_answer(x.completion.text, extract)
+            if candidate:
+                rows.setdefault((example.prompt, candidate), {"prompt": example.prompt, "candidate": candidate,
+                                                              "label": is_correct(x, primary), "id": example.id})
+    out = list(rows.values())
+    rng = random.Random(seed)
+    if balance:
+        right, wrong = [r for r in out if r["label"]], [r for r in out if not r["label"]]
+        fewer = min(len(right), len(wrong))
+        out = rng.sample(right, fewer) + rng.sample(wrong, fewer)
+    rng.shuffle(out)
+    return [{**row, "id": f"{row['id']}/{k}"} for k, row in enumerate(out)]
 
 
 def write_filtered(rated: list[Rated], out: str | Path, *, low: float, high: float,

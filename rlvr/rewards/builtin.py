@@ -25,6 +25,7 @@ from rlvr.rewards.text import bleu_reward, chrf_reward
 from rlvr.rewards.verilog import verilog_group_reward
 from rlvr.rewards.sql import sql_group_reward
 from rlvr.rewards.judges import llm_judge_reward, local_judge_reward
+from rlvr.rewards.generative import generative_verifier_many, generative_verifier_reward
 from rlvr.rewards.reward_model import reward_model_many, reward_model_reward
 from rlvr.rewards.visual import exact_answer_reward, iou_reward, multiple_choice_reward
 
@@ -182,6 +183,7 @@ def verdict_reward(prompt: str, completion: str, *, answer: str, **_: Any) -> fl
 
 GROUP_REWARDS: dict[str, Callable[..., list[Any]]] = {"majority_vote": majority_vote_reward,
                                                         "reward_model": reward_model_reward,
+                                                        "generative_verifier": generative_verifier_reward,
                                                         "unit_tests": unit_tests_group_reward,
                                                         "local_judge": local_judge_reward,
                                                         "budget": budget_reward,
@@ -189,7 +191,8 @@ GROUP_REWARDS: dict[str, Callable[..., list[Any]]] = {"majority_vote": majority_
                                                         "verilog": verilog_group_reward}
 """Rewards called once per group with all its completions."""
 
-MANY: dict[Callable[..., Any], Callable[..., list[Any]]] = {reward_model_reward: reward_model_many}
+MANY: dict[Callable[..., Any], Callable[..., list[Any]]] = {reward_model_reward: reward_model_many,
+                                                            generative_verifier_reward: generative_verifier_many}
 """Group rewards that also score many groups in one call (`RewardFn.many`, `score_groups`)."""
 
 
@@ -200,6 +203,7 @@ REWARDS: dict[str, Callable[..., Any]] = {
     "unit_tests": unit_tests_group_reward,
     "majority_vote": majority_vote_reward,
     "reward_model": reward_model_reward,
+    "generative_verifier": generative_verifier_reward,
     "llm_judge": llm_judge_reward,
     "local_judge": local_judge_reward,
     "iou": iou_reward,
