@@ -10,7 +10,9 @@
 #   4. issue 51: sharded learners (FSDP2) over NCCL on the GPU, without Ray (bench/fsdp_check.py:
 #      the gathered weights after 3 updates against the unsharded learner's, and both times), on
 #      a random-weight SmolLM2 shape and on Qwen2-0.5B's (bench/gpu.py make-model);
-#   5. issue 51: if the machine has vLLM (it cannot be carried: its wheel is far over the 64 MiB
+#   5. issue 57: `rlvr bench --parts rm`: the reward_model reward's throughput on the GPU, fp32
+#      and bf16, a whole step in one call against one call a prompt (unmeasured on a GPU so far);
+#   6. issue 51: if the machine has vLLM (it cannot be carried: its wheel is far over the 64 MiB
 #      carry, and the machine has no network), the engine contract tests and the vLLM tests on
 #      CUDA vLLM; else a line saying so. Likewise Ray, which sharded learners in `rlvr train` need.
 # The machine has torch and transformers but not rlvr's other dependencies, nor the bundled model:
@@ -41,6 +43,8 @@ for shape in smollm2-135m qwen2-0.5b; do
   timeout "${FSDP_S:-120}" python3 bench/fsdp_check.py --device cuda --world 1 --model /tmp/fsdp_$shape 2>&1 \
     | grep -v -i warn | tee "$OUT/fsdp_$shape.json"
 done
+timeout "${RM_S:-120}" python3 -m rlvr.cli bench --parts rm --model /tmp/student 2>&1 | grep -v -i warn \
+  | tee "$OUT/rm_bench.json"
 if python3 -c "import vllm" 2>/dev/null; then
   RLVR_REQUIRE_VLLM=1 timeout "${VLLM_S:-240}" python3 -m pytest -x -q -m vllm tests/test_engine_contract.py tests/test_vllm.py \
     2>&1 | tail -15 | tee "$OUT/vllm_tests.log"

@@ -126,8 +126,11 @@ def test_a_tool_server_that_dies_fails_the_episode_not_the_model() -> None:
     engine = PolicyEngine(lambda c: '<tool_call>\n{"name": "calc_toolset_crash", "arguments": {}}\n</tool_call>'
                           if "10 + 20" in c else "33")
     env = Env({"id": "vf-calc", "size": 2})  # a taskset of its own: its tool server dies here
+    # a step that starts the tool server (which outlives it): a fresh venv's first start compiles
+    # its imports, which took more than 8 s on one CI run (session 36), so it has longer
+    env.kwargs["timeout"] = 60
+    _run(env, engine, [1], n=1)
     env.kwargs["timeout"] = 8  # verifiers' program retries a lost tool call for a while; rlvr's limit ends it
-    _run(env, engine, [1], n=1)  # a step that starts the tool server (which outlives it)
     crashed, answered = _run(env, engine, [0, 1], n=1)
     assert crashed.metadata["endings"][0] in FAILED and answered.metadata["endings"] == ["done"]
     (s,) = crashed.samples

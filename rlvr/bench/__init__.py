@@ -256,8 +256,10 @@ def part_rm(prompts: int = 8, group: int = 8, batch_size: int = 32, model_spec: 
     pairs = [(ex.prompt, " ".join(words[k % len(words)] for k in range(int(torch.randint(20, 240, (1,), generator=gen)))))
              for ex in examples for _ in range(group)]
     rows: list[dict[str, Any]] = []
-    for dtype in dict.fromkeys(["fp32", str(resolve_dtype("auto")).removeprefix("torch.")]):
+    for dtype in ("fp32", "auto"):  # "auto" on the device the scorer picks (a GPU where there is one)
         scorer = RewardModelScorer(model_spec, dtype=dtype, batch_size=batch_size)
+        if rows and scorer.where() == rows[0]["where"]:
+            break  # "auto" is fp32 here
         tokens = sum(len(scorer.tokenizer(rm_text(scorer.tokenizer, [{"role": "user", "content": p}], c))["input_ids"])
                      for p, c in pairs)
         scorer.score(pairs[:batch_size])  # warm
