@@ -278,6 +278,14 @@ def _add_retrieve(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     r.add_argument("--questions", type=int, default=1000, help="with --export: how many questions (default 1000)")
 
 
+def _add_sampled_from(p: argparse.ArgumentParser) -> None:
+    """The arguments `rlvr rm pairs` and `rlvr rm verdicts` share: whose samples of which prompts."""
+    p.add_argument("--config", required=True, help="TOML config (its task, rewards and sampling)")
+    p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="the model that samples")
+    p.add_argument("--prompts", type=int, default=256, help="training prompts to sample (default 256)")
+    p.add_argument("-n", "--n", type=int, default=8, help="samples per prompt (default 8)")
+
+
 def _add_rm(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """`rlvr rm train`, `rlvr rm pairs` and `rlvr rm verdicts`."""
     rm = sub.add_parser("rm", help="train a reward model (Bradley-Terry, or a process reward model), or make "
@@ -309,10 +317,7 @@ def _add_rm(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
                           description="Samples -n completions of each of the config's first --prompts training "
                           "prompts with --model and writes pairs whose total rewards differ (the higher chosen) "
                           "as JSONL for `rlvr rm train`. The config's held-out prompts are never used.")
-    p.add_argument("--config", required=True, help="TOML config (its task, rewards and sampling)")
-    p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="the model that samples")
-    p.add_argument("--prompts", type=int, default=256, help="training prompts to sample (default 256)")
-    p.add_argument("-n", "--n", type=int, default=8, help="samples per prompt (default 8)")
+    _add_sampled_from(p)
     p.add_argument("--per-prompt", type=int, default=4, help="pairs kept per prompt at most (default 4)")
     p.add_argument("--out", default="pairs.jsonl", help="output JSONL (default pairs.jsonl)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
@@ -322,10 +327,7 @@ def _add_rm(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
                           "config's first reward gave full marks) as JSONL, which task.transforms critique "
                           "(candidate_column = \"candidate\", label_column = \"label\") trains a judge on. "
                           "The config's held-out prompts are never used. docs/rewards.md.")
-    v.add_argument("--config", required=True, help="TOML config (its task, rewards and sampling)")
-    v.add_argument("--model", default="builtin:smollm2-135m-instruct", help="the model that samples")
-    v.add_argument("--prompts", type=int, default=256, help="training prompts to sample (default 256)")
-    v.add_argument("-n", "--n", type=int, default=8, help="samples per prompt (default 8)")
+    _add_sampled_from(v)
     v.add_argument("--extract", default=None, help="the candidate is the answer this extractor reads (e.g. "
                    "tag_or_last_number), as the generative_verifier reward's extract; default the whole completion")
     v.add_argument("--balance", action=argparse.BooleanOptionalAction, default=True,
