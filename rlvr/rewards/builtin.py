@@ -25,8 +25,8 @@ from rlvr.rewards.text import bleu_reward, chrf_reward
 from rlvr.rewards.verilog import verilog_group_reward
 from rlvr.rewards.sql import sql_group_reward
 from rlvr.rewards.judges import llm_judge_reward, local_judge_reward
-from rlvr.rewards.generative import generative_verifier_many, generative_verifier_reward
-from rlvr.rewards.reward_model import reward_model_many, reward_model_reward
+from rlvr.rewards.generative import generative_verifier_reward
+from rlvr.rewards.reward_model import reward_model_reward
 from rlvr.rewards.visual import exact_answer_reward, iou_reward, multiple_choice_reward
 
 def reasoning_gym_reward(
@@ -191,8 +191,17 @@ GROUP_REWARDS: dict[str, Callable[..., list[Any]]] = {"majority_vote": majority_
                                                         "verilog": verilog_group_reward}
 """Rewards called once per group with all its completions."""
 
-MANY: dict[Callable[..., Any], Callable[..., list[Any]]] = {reward_model_reward: reward_model_many,
-                                                            generative_verifier_reward: generative_verifier_many}
+def one_call_for_many(reward: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    """`RewardFn.many` of a group reward that also takes one prompt per completion: the groups'
+    completions flattened, each with its prompt, in one call."""
+    def many(prompts: list[str], completions: list[list[str]], **kwargs: Any) -> list[Any]:
+        return reward([p for p, group in zip(prompts, completions) for _ in group],
+                      [c for group in completions for c in group], **kwargs)
+    return many
+
+
+MANY: dict[Callable[..., Any], Callable[..., list[Any]]] = {
+    fn: one_call_for_many(fn) for fn in (reward_model_reward, generative_verifier_reward)}
 """Group rewards that also score many groups in one call (`RewardFn.many`, `score_groups`)."""
 
 

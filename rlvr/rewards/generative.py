@@ -113,9 +113,3 @@ def generative_verifier_reward(
     for i, p in zip(judged, probabilities):
         scores[i] = p if score == "probability" else float(p >= 0.5)
     return scores
-
-
-def generative_verifier_many(prompts: list[str], completions: list[list[str]], **kwargs: Any) -> list[float]:
-    """`generative_verifier_reward` for many prompts at once (`RewardFn.many`): flat, in order."""
-    return generative_verifier_reward([p for p, group in zip(prompts, completions) for _ in group],
-                                      [c for group in completions for c in group], **kwargs)

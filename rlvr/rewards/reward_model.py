@@ -1,6 +1,6 @@
 """A sequence-classification reward model as a reward: loaded once per process on the device and in
 the dtype the policy's "auto" picks, fed length-sorted batches of every completion of a step at
-once (`reward_model_many`, the seam `score_groups` calls), optionally on a Ray actor of its own
+once (`RewardFn.many`, the seam `score_groups` calls), optionally on a Ray actor of its own
 (``ray = true``: a GPU, or CPU cores, that the learner does not share).
 
 What the model reads is `rm_text`, exactly what `rlvr rm train` trained it on."""
@@ -146,17 +146,11 @@ def reward_model_reward(
     several outputs gives; default the last); ``ray`` (score on a Ray actor of its own that
     reserves ``ray_gpus`` and ``ray_cpus``, each call answered within ``ray_timeout_s``).
 
-    A group reward: called once per prompt; in training `score_groups` calls `reward_model_many`
-    instead, once a step with every completion, so that batches are full."""
+    A group reward: called once per prompt; in training `score_groups` calls it once a step with
+    every completion, each with its prompt (`RewardFn.many`), so that batches are full."""
     if not model:
         raise ValueError('reward_model needs kwargs = {model = "<path or hub id of a sequence-classification model>"}')
     prompts = [prompt] * len(completions) if isinstance(prompt, str) else prompt
     settings = {"model": model, "device": device, "dtype": dtype, "max_length": max_length, "batch_size": batch_size,
                 "label": label}
     return scorer(settings, ray, ray_gpus, ray_cpus, ray_timeout_s).score(list(zip(prompts, completions, strict=True)))
-
-
-def reward_model_many(prompts: list[str], completions: list[list[str]], **kwargs: Any) -> list[float]:
-    """`reward_model_reward` for many prompts at once: every completion's score, flat, in order."""
-    return reward_model_reward([p for p, group in zip(prompts, completions) for _ in group],
-                               [c for group in completions for c in group], **kwargs)
