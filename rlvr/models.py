@@ -18,7 +18,7 @@ import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -316,6 +316,20 @@ def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {name!r}; use one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[name]
+
+
+def padded_rows(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids, attention mask) of ``rows``, padded with ``pad_id`` to the longest: on the left
+    where the next token is read at the last column (sampling, a judge's verdict), on the right
+    where each token's position must stay put (a PRM's step labels)."""
+    width = max(len(r) for r in rows)
+    ids_BT = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask_BT = torch.zeros_like(ids_BT)
+    for i, row in enumerate(rows):
+        cols = slice(width - len(row), width) if left else slice(0, len(row))
+        ids_BT[i, cols] = torch.tensor(row, dtype=torch.long)
+        mask_BT[i, cols] = 1
+    return ids_BT, mask_BT
 
 
 def resolve_device(name: str) -> torch.device:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlvr.models import load_model, load_tokenizer, resolve_device, resolve_dtype
+from rlvr.models import load_model, load_tokenizer, padded_rows, resolve_device, resolve_dtype
 from rlvr.rewards.extract import extract_answer
 
 CRITIQUE_INSTRUCTION = "Is the proposed answer correct? Reply with one word: correct or incorrect."
@@ -62,15 +62,12 @@ class VerdictJudge:
         """For each critique prompt, P("correct") / (P("correct") + P("incorrect")) at the reply's
         first token."""
         rows = [self._ids(p) for p in prompts]
-        pad = self.tokenizer.pad_token_id
         out: list[float] = []
         with torch.inference_mode():
             for start in range(0, len(rows), batch_size):
-                chunk = rows[start : start + batch_size]
-                width = max(map(len, chunk))
-                ids = torch.tensor([[pad] * (width - len(r)) + r for r in chunk], device=self.device)  # left padding
-                mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in chunk], device=self.device)
-                logits = self.model(input_ids=ids, attention_mask=mask).logits[:, -1, self.verdict_ids].float()
+                ids, mask = padded_rows(rows[start : start + batch_size], self.tokenizer.pad_token_id, left=True)
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)
+                                    ).logits[:, -1, self.verdict_ids].float()
                 out += logits.softmax(-1)[:, 0].tolist()
         return out
 

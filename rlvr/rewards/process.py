@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rlvr.models import load_tokenizer, resolve_model_path
+from rlvr.models import load_tokenizer, padded_rows, resolve_model_path
 from rlvr.rewards.combine import load_callable
 
 
@@ -87,12 +87,7 @@ class ClassifierPRM:
         """(input ids, attention mask) of `rows`, right-padded: a causal model's positions stay put,
         so each label's position in `layout` holds in the batch."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids_BT = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)
-        mask_BT = torch.zeros_like(ids_BT)
-        for row, ids in enumerate(rows):
-            ids_BT[row, : len(ids)] = torch.tensor(ids)
-            mask_BT[row, : len(ids)] = 1
-        return ids_BT, mask_BT
+        return padded_rows(rows, pad, left=False)
 
     @torch.no_grad()
     def score(self, prompts: Sequence[str], steps: Sequence[Sequence[str]],

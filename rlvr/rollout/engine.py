@@ -40,7 +40,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.errors import EngineOutOfMemory
-from rlvr.models import windowed_attention, with_cache
+from rlvr.models import padded_rows, windowed_attention, with_cache
 from rlvr.rollout.prefixes import PrefixPlan, PrefixStore, Stored, plan_prefixes
 from rlvr.rollout.sampling import sample_tokens
 from rlvr.rollout.static_decode import StaticDecoder, StepGraphs, cache_tensors, unsupported_reason
@@ -471,12 +471,7 @@ class EmbeddedEngine:
 
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and attention mask, left-padded to the longest prompt, on the device."""
-        width = max(len(p) for p in prompts)
-        ids_PT = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        mask_PT = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids_PT[i, width - len(p) :] = torch.tensor(p)
-            mask_PT[i, width - len(p) :] = 1
+        ids_PT, mask_PT = padded_rows(prompts, self.pad_token_id, left=True)
         return ids_PT.to(self.device), mask_PT.to(self.device)
 
     def _prefill_whole(self, prompts: list[list[int]], media: Sequence[PromptMedia | None] | None = None,
