@@ -182,7 +182,8 @@ def pool(n: int = 40) -> list[Example]:
 
 
 def test_critique_examples_pair_each_problem_with_a_labelled_candidate() -> None:
-    from rlvr.data.critique import INSTRUCTION, critique_examples
+    from rlvr.data.critique import critique_examples
+    from rlvr.rewards.generative import CRITIQUE_INSTRUCTION as INSTRUCTION
 
     made = critique_examples(pool(), seed=1, wrong_fraction=0.5)
     again = critique_examples(pool(), seed=1, wrong_fraction=0.5)

@@ -27,13 +27,12 @@ from rlvr.data.tasks import Example
 from rlvr.rewards.generative import CRITIQUE_INSTRUCTION, VERDICTS, critique_prompt
 from rlvr.rewards.styles import PROMPT_MESSAGES
 
-INSTRUCTION = CRITIQUE_INSTRUCTION
 _INT = re.compile(r"[-+]?\d+")
 
 
 def critique_examples(pool: list[Example], *, seed: int, wrong_fraction: float = 0.5,
                       candidate_column: str | None = None, label_column: str | None = None,
-                      instruction: str = INSTRUCTION) -> list[Example]:
+                      instruction: str = CRITIQUE_INSTRUCTION) -> list[Example]:
     """``pool``'s examples (their prompts without an answer instruction) as critique examples:
     prompt "Problem: … Proposed answer: … {instruction}", answer "correct" or "incorrect", fields
     ``problem``, ``candidate``, ``reference`` (the task's answer, when known) and ``critique_of``
