@@ -143,13 +143,14 @@ def _add_tinker(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
 def _add_bench(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """`rlvr bench`."""
     b = sub.add_parser("bench", help="speed side by side: engine vs HF generate, learner vs matmul, GRPO step vs TRL")
-    b.add_argument("--parts", default="generate,learner,grpo", help="comma-separated: generate, learner, grpo, rm (the reward_model reward)")
+    b.add_argument("--parts", default="generate,learner,grpo", help="comma-separated: generate, learner, grpo, rm (the reward_model reward), busy "
+                        "(a GRPO step quiet and beside a program keeping one core busy)")
     b.add_argument("--batch-sizes", default="1,8,32,64", help="generate: batch sizes")
     b.add_argument("--new-tokens", type=int, default=64,
                    help="generate: tokens per row (at batch 1, fewer than 16 leave a bf16 CPU's float16 "
                         "one-row products off: rlvr.rollout.weights.LAZY_AFTER)")
     b.add_argument("--grpo-shapes", default="1x8,8x8", help="grpo: prompts x group per step")
-    b.add_argument("--grpo-steps", type=int, default=3, help="grpo: steps per side (the first is warm-up)")
+    b.add_argument("--grpo-steps", type=int, default=3, help="grpo, busy: steps per side (the first is warm-up)")
     b.add_argument("--engine-dtype", default="auto", choices=get_args(EngineConfig.model_fields["dtype"].annotation),
                    help="grpo: rlvr's engine.dtype (TRL's side is unchanged)")
     b.add_argument("--model", default=None,
@@ -354,6 +355,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_LOADS_MODELS = ("train", "sft", "dpo", "sample", "serve", "tinker", "eval", "contamination", "filter", "retrieve", "rm")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # Like `python -m`: modules in the current directory can be named by dotted paths (rewards).
@@ -362,14 +366,19 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr.runtime import keep_freed_memory  # not for --help, which exits in parse_args
 
     keep_freed_memory()  # malloc reuses freed memory instead of page-faulting it back in; see rlvr.runtime
+    if args.command in _LOADS_MODELS:
+        from rlvr import cores
+
+        cores.begin()  # torch's threads are fitted to the free cores (rlvr.cores): `train` as its run sets up
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
-    if args.command in ("train", "sft", "dpo", "sample", "serve", "tinker", "eval", "contamination", "filter",
-                        "retrieve", "rm"):
+    if args.command in _LOADS_MODELS:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars would bury rlvr's own progress
     try:
+        if args.command in _LOADS_MODELS and args.command != "train" and (chose := cores.fit()):
+            logging.getLogger("rlvr").info(chose)
         return _COMMANDS[args.command](args)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         _say(err)

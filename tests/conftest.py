@@ -17,6 +17,10 @@ from tests.tiny import make_tiny_model, make_tiny_tokenizer
 # actors on the two-node cluster of tests/test_ray_nodes.py, which runs without (a node given an
 # explicit address does not take the token)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Runs in the tests keep torch's thread count, as a user's RLVR_THREADS would: rlvr fits it to the
+# cores other programs leave free (rlvr.cores), and a count that changed with the machine's load
+# would sum some products in another order from one test run to the next
+os.environ.setdefault("RLVR_THREADS", str(torch.get_num_threads()))
 
 
 @pytest.fixture

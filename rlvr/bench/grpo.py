@@ -17,6 +17,8 @@ import tempfile
 import time
 from typing import Any
 
+import torch
+
 from rlvr.bench import INSTRUCTION, MODEL, TASK
 from rlvr.rewards import reasoning_gym_reward
 from rlvr.config import load_config
@@ -46,6 +48,7 @@ def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int, engine
             f'engine.dtype="{engine_dtype}"',
         ])
         run = setup(cfg, Path(out))
+        threads = torch.get_num_threads()  # as setup fitted them (rlvr.cores)
         times, tokens, generate, learn, flat = [], [], [], [], []
         for step in range(1, steps + 1):
             metrics, _ = train_step(run, step)
@@ -58,7 +61,7 @@ def rlvr_steps(prompts: int, group: int, max_new_tokens: int, steps: int, engine
     # them all: the fraction of such groups tells how much of a step's training was skipped
     return {"s_per_step": statistics.fmean(times[1:]), "completion_tokens_per_step": statistics.fmean(tokens[1:]),
             "generate_s_per_step": statistics.fmean(generate[1:]), "train_s_per_step": statistics.fmean(learn[1:]),
-            "zero_std_fraction": statistics.fmean(flat[1:]), "steps": times}
+            "zero_std_fraction": statistics.fmean(flat[1:]), "steps": times, "threads": threads}
 
 
 def trl_steps(prompts: int, group: int, max_new_tokens: int, steps: int, model_spec: str = MODEL) -> dict[str, Any]:

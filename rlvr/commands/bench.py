@@ -20,10 +20,10 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"# rlvr bench, {time.strftime('%Y-%m-%d %H:%M')}, {cpu}", flush=True)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    model = {"model_spec": args.model} if args.model else {}
-    unknown = [p for p in parts if p not in ("generate", "learner", "grpo", "rm")]
+    model: dict[str, Any] = {"model_spec": args.model} if args.model else {}
+    unknown = [p for p in parts if p not in ("generate", "learner", "grpo", "rm", "busy")]
     if unknown:
-        raise ValueError(f"unknown bench part {unknown[0]!r}; use generate, learner, grpo, rm")
+        raise ValueError(f"unknown bench part {unknown[0]!r}; use generate, learner, grpo, rm, busy")
     for part in parts:
         if part == "generate":
             sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
                                     micro_batch_tokens=tokens, checkpointing=checkpointing, share_prompts=share, **model))
         elif part == "rm":
             emit(bench.run_part("rm", **model))
+        elif part == "busy":
+            emit(bench.compare_busy(steps=args.grpo_steps, **model))
         else:
             for p, g in [tuple(int(x) for x in s.split("x")) for s in args.grpo_shapes.split(",")]:
                 emit(bench.compare_grpo(prompts=p, group=g, max_new_tokens=128, steps=args.grpo_steps,
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_vllm(args: argparse.Namespace, sizes: list[int], ours: dict[str, Any], model: dict[str, str]) -> dict[str, Any]:
+def _bench_vllm(args: argparse.Namespace, sizes: list[int], ours: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
     """vLLM on the same prompts and batches as rlvr's engine (`ours`), with the ratio per batch."""
     python = None if args.vllm_python == "none" else args.vllm_python or bench.vllm_python()
     if python is None:

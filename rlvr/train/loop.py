@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr import scaleout
+from rlvr.cores import ThreadWatch
 from rlvr.agents.runner import episode_metrics
 from rlvr.config import RunConfig
 from rlvr.log import ConsoleProgress, JsonlSink, tracking
@@ -167,10 +168,15 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
             # wall clock of the run's invocations so far (a resumed run goes on from its last row)
             carried = next((r["elapsed_seconds"] for r in reversed(earlier) if "elapsed_seconds" in r), 0.0)
             last = cfg.train.steps
-            heap, signal = HeapWatch(), SignalWatch(expert_mode=cfg.expert.mode)
+            heap, signal, threads = HeapWatch(), SignalWatch(expert_mode=cfg.expert.mode), ThreadWatch()
             for step in range(start + 1, cfg.train.steps + 1):
                 metrics, groups = train_step(run, step, progress)
                 metrics |= heap.after_step()
+                fitted, refit = threads.after_step()  # other programs took or left cores: threads re-fitted
+                metrics |= fitted
+                if refit:
+                    progress.print(refit)
+                    summary.setdefault("notes", []).append({"step": step, "note": refit})
                 spent += metrics["step_seconds"]
                 if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                     progress.status("evaluating")

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import shutil
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rlvr import __version__, sandbox
+from rlvr import __version__, cores, sandbox
 from rlvr.agents.openai_agent import ENV_CHECKS, SERVED_IN_PROCESS
 from rlvr.attention import widen_attention
 from rlvr.config import RunConfig, load_config, to_toml, written_version
@@ -55,6 +56,8 @@ from rlvr.train.parts import load_base, trainable
 from rlvr.train.update import settings_from_config
 from rlvr.train.updater import Updater
 from rlvr.train.run import Run
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Run", "RunDirError", "create_run_dir", "open_run", "save", "setup"]
 
@@ -104,6 +107,8 @@ def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: b
     a progress bar unless quiet). `model_spec` is the checkpoint a resumed run starts from."""
     # ~1.4x faster learner steps on CPU; one arena where a server thread samples beside the learner (rlvr.runtime)
     keep_freed_memory(one_arena=cfg.env.name in SERVED_IN_PROCESS)
+    if chose := cores.fit():  # one torch thread per core other programs leave free, before a model loads (rlvr.cores)
+        log.info(chose)
     if cfg.env.name in ENV_CHECKS:  # an agent that cannot be called fails now, not after the model loads
         ENV_CHECKS[cfg.env.name](cfg.env)
     torch.manual_seed(cfg.seed)

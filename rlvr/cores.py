@@ -1,0 +1,255 @@
+"""Torch's thread count fitted to the cores other programs leave free, and kept fitted as they come and go.
+
+Torch starts one thread per core, and its parallel regions wait for their slowest thread. When
+another program keeps one of the cores busy, that thread shares its core, and every small product
+waits for the scheduler to give it a turn: on 2 cores with one busy, a decode step's 1×576 by
+576×576 product took 447-564 µs on torch's two threads against 16 µs on one, and a step of the demo
+took 74 s instead of 4-6 s (issue 58; docs/performance.md). Every laptop runs other programs.
+
+So rlvr counts the cores it may use (its CPU affinity, capped by a cgroup CPU quota) and the cores
+other programs keep busy, and runs one torch thread per free core:
+
+- **busy** is measured, not guessed from the load average (a one-minute mean that counts this
+  process too): the CPU time the usable cores spent working over a window (/proc/stat; under a
+  quota, the cgroup's own usage) less this process's own and its descendants' (an engine in a
+  spawned process, Ray's local workers, sandboxed programs), over the window's wall time. A core counts as taken once other programs
+  used half of it; it counts as free again when they use under 0.3 of it (so that a program near
+  the line does not switch the count every step).
+- **when**: first over the time from the command's start to its model loading (`begin`, then
+  `fit`), so the choice costs no waiting; then over every training step (`ThreadWatch`), whose
+  readings are free, so a run that slows because a program started is re-fitted at the next step
+  boundary, and one whose cores came free gets its threads back. Each change is said in the run's
+  log and every step's row has `cpu_threads` and `cpu_busy_elsewhere` (cores).
+- **a user's setting wins**: `RLVR_THREADS=N`, or `OMP_NUM_THREADS` (torch's own), fixes the count
+  and nothing is measured; `RLVR_THREADS=auto` fits it even where OMP_NUM_THREADS is set. A fixed count is also what bit-for-bit reproducible runs want: a
+  reduction split over another number of threads sums in another order.
+
+OpenMP's waiting policy is left at its default (threads spin briefly before sleeping): with one
+thread per free core no thread waits on a core it shares, and making idle threads sleep at once
+(OMP_WAIT_POLICY=passive) cost the quiet decode step its wake-ups (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+TAKEN = 0.5
+"""A core counts as taken once other programs use this much of it..."""
+FREED = 0.3
+"""...and as free again only when they use less than this."""
+FIRST_WINDOW_S = 0.2
+"""The shortest window the first fit measures over (it waits out the rest)."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One look at the clocks: wall time, CPU seconds the usable cores worked (None: unreadable)
+    and this process's own CPU seconds."""
+
+    wall: float
+    busy: float | None
+    own: float
+
+
+def explicit_threads() -> int | None:
+    """The count the user fixed: `RLVR_THREADS`, else `OMP_NUM_THREADS`; None: rlvr fits it
+    (`RLVR_THREADS=auto` asks for that even where OMP_NUM_THREADS is set). A value that is not a
+    positive whole number is an error that names the variable."""
+    for name in ("RLVR_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").strip()
+        if name == "RLVR_THREADS" and value == "auto":
+            return None
+        if value:
+            try:
+                count = int(value.split(",")[0])  # OMP_NUM_THREADS may list one count per nesting level
+            except ValueError:
+                count = 0
+            if count < 1:
+                raise ValueError(f"{name}={value!r}: give a positive number of threads"
+                                 + (" or 'auto'" if name == "RLVR_THREADS" else ""))
+            return count
+    return None
+
+
+def _cgroup_dir() -> Path | None:
+    """This process's cgroup (v2) folder, where /sys/fs/cgroup has one."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    path = next((line[3:] for line in lines if line.startswith("0::")), None)
+    folder = Path("/sys/fs/cgroup") / (path or "/").lstrip("/")
+    return folder if (folder / "cpu.max").exists() else None
+
+
+def _quota(cgroup: Path | None) -> float | None:
+    """The cgroup's CPU quota in cores (cpu.max: "200000 100000" is 2), None without one."""
+    if cgroup is None:
+        return None
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity, capped by a cgroup CPU quota (rounded up)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = _quota(_cgroup_dir())
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+def _own_seconds() -> float:
+    """CPU seconds of this process and all its live descendants, with the children each has reaped
+    (/proc): an engine in a spawned process (vLLM), Ray's local workers and sandboxed programs are
+    this run's own work, not another program's."""
+    try:
+        names = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+    parent, spent = {}, {}
+    for name in names:
+        try:
+            text = Path("/proc", name, "stat").read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        rest = text[text.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+        parent[int(name)], spent[int(name)] = int(rest[1]), sum(int(v) for v in rest[11:15])  # utime .. cstime
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    total, stack = 0, [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        total += spent.get(pid, 0)
+        stack += children.get(pid, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def read_clocks() -> Reading:
+    """The clocks now: under a CPU quota the cgroup's usage (cpu.stat), else the usable cores'
+    non-idle time in /proc/stat (user, nice, system, irq, softirq and steal: a hypervisor's steal
+    is a core this process did not get)."""
+    wall, own = time.monotonic(), _own_seconds()
+    cgroup = _cgroup_dir()
+    try:
+        if _quota(cgroup) is not None:
+            assert cgroup is not None  # a quota was read from it
+            usage = next(line.split()[1] for line in (cgroup / "cpu.stat").read_text().splitlines()
+                         if line.startswith("usage_usec "))
+            return Reading(wall, int(usage) / 1e6, own)
+        cpus = {f"cpu{i}" for i in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ())}
+        busy = 0
+        for line in Path("/proc/stat").read_text().splitlines():
+            fields = line.split()
+            if fields and fields[0] in cpus:
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+                busy += user + nice + system + irq + softirq + steal
+        return Reading(wall, busy / os.sysconf("SC_CLK_TCK") if cpus else None, own)
+    except (OSError, ValueError, StopIteration, IndexError):
+        return Reading(wall, None, own)
+
+
+def busy_elsewhere(before: Reading, after: Reading) -> float | None:
+    """Cores other programs kept busy between two readings (None where the clocks were unreadable
+    or no time passed)."""
+    wall = after.wall - before.wall
+    if before.busy is None or after.busy is None or wall <= 0:
+        return None
+    return max(0.0, (after.busy - before.busy) - (after.own - before.own)) / wall
+
+
+def fitted(busy: float, usable: int, now: int | None = None) -> int:
+    """Threads for `usable` cores of which other programs keep `busy` cores busy: one per free core,
+    at least one. From `now` threads, a core is given up once others take `TAKEN` of it and taken
+    back only when they use less than `FREED` of it."""
+    down = max(1, usable - math.floor(busy + 1 - TAKEN))
+    up = max(1, usable - math.floor(busy + 1 - FREED))
+    if now is None:
+        return down
+    return down if down < now else up if up > now else now
+
+
+_started: Reading | None = None
+
+
+def begin() -> None:
+    """Start the first window (the command's start; `fit` ends it)."""
+    global _started
+    _started = read_clocks()
+
+
+def fit(set_threads: Callable[[int], None] | None = None, read: Callable[[], Reading] = read_clocks) -> str | None:
+    """Set torch's threads to the free cores, measured since `begin` (or over `FIRST_WINDOW_S` from
+    now), unless the user fixed the count; returns what it chose and why (None: nothing to say,
+    every usable core is used). Call before a model loads: rlvr measures some choices per thread
+    count (rlvr.attention)."""
+    global _started
+    fixed = explicit_threads()
+    if set_threads is None:
+        import torch  # the CLI calls this only on commands that load a model
+
+        set_threads = torch.set_num_threads
+    if fixed is not None:
+        if os.environ.get("RLVR_THREADS", "").strip():
+            set_threads(fixed)  # OMP_NUM_THREADS is read by torch itself
+        return None
+    start = _started or read()
+    _started = None
+    wait = FIRST_WINDOW_S - (time.monotonic() - start.wall)
+    if wait > 0:
+        time.sleep(wait)
+    usable, busy = usable_cores(), busy_elsewhere(start, read())
+    threads = usable if busy is None else fitted(busy, usable)
+    set_threads(threads)
+    if threads == usable:
+        return None
+    return (f"torch runs {threads} thread{'s' * (threads > 1)} on {usable} cores: other programs kept {busy:.1f} "
+            f"of them busy, and a thread that shares its core with another program slows every product "
+            f"(OMP_NUM_THREADS or RLVR_THREADS fixes the count)")
+
+
+class ThreadWatch:
+    """Re-fits the threads after every training step from what other programs used during it (see the
+    module docstring). ``after_step`` returns the step's metrics and a note when the count changed."""
+
+    def __init__(self, set_threads: Callable[[int], None] | None = None, get_threads: Callable[[], int] | None = None,
+                 read: Callable[[], Reading] = read_clocks, usable: int | None = None) -> None:
+        if set_threads is None or get_threads is None:
+            import torch
+
+            set_threads, get_threads = set_threads or torch.set_num_threads, get_threads or torch.get_num_threads
+        self.set_threads, self.get_threads, self.read = set_threads, get_threads, read
+        self.active = explicit_threads() is None
+        self.usable = usable or usable_cores()
+        self.last = read()
+
+    def after_step(self) -> tuple[dict[str, float], str | None]:
+        now, reading = self.get_threads(), self.read()
+        busy, self.last = busy_elsewhere(self.last, reading), reading
+        metrics = {"cpu_threads": float(now)}
+        if busy is None:
+            return metrics, None
+        metrics["cpu_busy_elsewhere"] = round(busy, 2)
+        if not self.active:
+            return metrics, None
+        threads = fitted(busy, self.usable, now)
+        if threads == now:
+            return metrics, None
+        self.set_threads(threads)
+        self.last = self.read()  # the next window starts after the change
+        metrics["cpu_threads"] = float(threads)
+        note = (f"other programs used {busy:.1f} of {self.usable} cores during the step: torch now runs "
+                f"{threads} thread{'s' * (threads > 1)} (was {now}; OMP_NUM_THREADS or RLVR_THREADS fixes the count)")
+        log.info(note)
+        return metrics, note
