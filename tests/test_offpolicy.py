@@ -48,6 +48,8 @@ def test_none_and_mismatch_metrics() -> None:
     expected = (math.log(3.0) + 0 + math.log(4.0) + 0.1 + 0.1) / 5
     torch.testing.assert_close(mm["mismatch_logratio_abs"], torch.tensor(expected))
     torch.testing.assert_close(mm["mismatch_ratio_max"], torch.tensor(3.0))  # the masked e^7 is ignored
+    # ratios 3, 1, 1/4, e^±0.1 (1.105, 0.905): outside [0.9, 1.1] are 3, 1/4 and e^0.1
+    torch.testing.assert_close(mm["mismatch_outside_band"], torch.tensor(3 / 5))
 
 
 def test_correction_is_chosen_and_checked_in_the_config() -> None:
@@ -66,6 +68,7 @@ def test_runs_log_the_engine_learner_mismatch(correction: str, tiny_dir: Path, t
     for r in rows:
         # the same fp32 weights (FP32) sampled and scored: the two agree to float rounding
         assert 0 <= r["mismatch_logratio_abs"] < 1e-4 and r["mismatch_ratio_max"] == pytest.approx(1.0, abs=1e-3)
+        assert r["mismatch_outside_band"] == 0.0
         if correction != "none":
             assert r["is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
 

@@ -124,12 +124,20 @@ def offpolicy_sequence_mask(x: LossInputs, *, delta: float) -> tuple[Tensor, dic
     return weights_BT, {"opsm_masked_fraction": (dropped_B & (lengths_B > 0)).sum() / rows}
 
 
+MISMATCH_BAND = (0.9, 1.1)
+"""`mismatch_outside_band` counts the trained tokens whose learner/engine probability ratio lies
+outside this band (the measure TRL's issue #6789 reported bf16 sampling by: 7.5% of tokens)."""
+
+
 def mismatch_metrics(old_logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, mask_BT: Tensor) -> dict[str, Tensor]:
     """How far the learner's log-probs are from the engine's: logged every step, corrected or not."""
     mask_BT = mask_BT.bool()
     log_ratio_BT = log_ratio(old_logprobs_BT, sampler_logprobs_BT, mask_BT)
+    low, high = MISMATCH_BAND
+    outside_BT = (log_ratio_BT < math.log(low)) | (log_ratio_BT > math.log(high))
     return {"mismatch_logratio_abs": masked_mean(log_ratio_BT.abs(), mask_BT),
-            "mismatch_ratio_max": torch.where(mask_BT, log_ratio_BT.exp(), 0.0).max()}
+            "mismatch_ratio_max": torch.where(mask_BT, log_ratio_BT.exp(), 0.0).max(),
+            "mismatch_outside_band": masked_mean(outside_BT.to(log_ratio_BT.dtype), mask_BT)}
 
 
 CORRECTIONS: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
