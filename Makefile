@@ -99,9 +99,10 @@ test-verifiers04: $(VF04_STAMP)
 
 # The suite again with "auto" precision forced to bf16 (or fp32), so that path runs even on a CPU
 # where rlvr would pick the other; tests whose result cannot depend on it (no model, or a pinned
-# dtype) skip. CI runs the one this CPU's "auto" does not pick.
+# dtype: dtype_independent; a failure's handling, a protocol, a command's wiring: one_precision)
+# skip. CI runs the one this CPU's "auto" does not pick.
 test-bf16 test-fp32: setup
-	RLVR_AUTO_DTYPE=$(@:test-%=%) $(BIN)/python -m pytest -q -m "not dtype_independent and not vllm"
+	RLVR_AUTO_DTYPE=$(@:test-%=%) $(BIN)/python -m pytest -q -m "not dtype_independent and not one_precision and not vllm"
 
 typecheck: setup
 	$(BIN)/python -m mypy

@@ -80,6 +80,7 @@ def test_the_first_step_is_adamw_exactly() -> None:
     assert not torch.equal(results[1], w0)
 
 
+@pytest.mark.dtype_independent  # no model: the optimizer's own storage
 def test_the_moments_track_a_constant_gradient_over_the_second_moments_memory() -> None:
     """3,000 steps of one gradient (values inside both grids). Each step's rounding error is
     carried on scaled by beta, so the stored moment's error has sd <= 2^-(b+1) / sqrt(1 - beta^2)

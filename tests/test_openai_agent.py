@@ -170,6 +170,7 @@ def test_limits_clip_and_refuse_calls_and_override_the_agents_sampling() -> None
         run(asks_for_two)
 
 
+@pytest.mark.one_precision
 def test_failing_agents_are_counted_excluded_and_the_run_goes_on(caplog: Any) -> None:
     async def flaky(client: openai.AsyncOpenAI, row: dict[str, Any]) -> Any:
         r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])

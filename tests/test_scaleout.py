@@ -76,6 +76,7 @@ def test_a_killed_rollout_worker_is_restarted_and_the_samples_do_not_change(tiny
     assert killed["loss"] == pytest.approx(local["loss"], rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.one_precision
 def test_a_weight_broadcast_that_cannot_complete_fails_within_the_timeout(tiny_dir: Path, tmp_path: Path) -> None:
     import time
 
@@ -101,6 +102,7 @@ def test_a_weight_broadcast_that_cannot_complete_fails_within_the_timeout(tiny_d
         engine.close()
 
 
+@pytest.mark.one_precision
 def test_asynchronous_rollouts_respect_the_staleness_bound(tiny_dir: Path, tmp_path: Path) -> None:
     import json
 
@@ -123,6 +125,7 @@ def test_asynchronous_rollouts_respect_the_staleness_bound(tiny_dir: Path, tmp_p
     assert all(r.get("dist/staleness_max", 0) == 0 or r.get("skipped_update") for r in rows)
 
 
+@pytest.mark.one_precision
 def test_partial_rollouts_respect_the_staleness_bound_from_the_first_token(tiny_dir: Path, tmp_path: Path) -> None:
     """dist.async_rollouts.partial_rollouts: a broadcast reaches the sampling under way (the switch itself is
     tested token by token in tests/test_engine.py). Whether a given sample crosses an update
@@ -185,6 +188,7 @@ def test_a_function_prm_sees_its_example_on_every_learner(tiny_dir: Path, tmp_pa
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.one_precision
 def test_a_learner_actor_that_fails_gives_its_own_error(tiny_dir: Path, tmp_path: Path) -> None:
     """Rank 0 waits in a collective for a rank that failed; when the wait ends, the error is the
     rank's own, not the process group's timeout."""
@@ -195,6 +199,7 @@ def test_a_learner_actor_that_fails_gives_its_own_error(tiny_dir: Path, tmp_path
                                  "dist.ray.timeout_s=15"]), quiet=True)
 
 
+@pytest.mark.one_precision
 def test_asynchronous_episodes_carry_the_version_of_their_weights(tiny_dir: Path, tmp_path: Path) -> None:
     """Multi-turn episodes (env.name) were put together without their turns' weight versions,
     read as version 0: with on_stale = "drop" every group was dropped from step 3 on."""
@@ -211,6 +216,7 @@ def test_asynchronous_episodes_carry_the_version_of_their_weights(tiny_dir: Path
     assert samples and all(s["step"] - 1 - s["policy_version"] in (0, 1) for s in samples)
 
 
+@pytest.mark.one_precision
 def test_an_asynchronous_run_resumes_on_the_prompts_it_had_not_trained(tiny_dir: Path, tmp_path: Path) -> None:
     """A checkpoint waited for the collections made ahead, so it held the sampler after them: a
     resumed run skipped their prompts, and its policy versions started again from 0."""
@@ -265,6 +271,7 @@ def test_settings_that_cannot_work_are_refused(tiny_dir: Path, tmp_path: Path, e
         load_config(None, [*overrides(tiny_dir, tmp_path, "x"), *extra])
 
 
+@pytest.mark.one_precision
 def test_agent_episodes_sample_on_ray_rollout_workers(tmp_path: Path) -> None:
     """Black-box agent episodes (rlvr.agents.openai_agent): the server's engine calls go to a Ray
     rollout worker (RayEngine takes per-sample seeds)."""
@@ -320,6 +327,7 @@ def test_an_address_for_a_ray_already_running_here_is_said_to_be_unused(caplog: 
     assert "dist.ray.address = 'ray://elsewhere:10001' is not used" in caplog.text
 
 
+@pytest.mark.one_precision
 def test_a_reward_model_on_a_ray_actor_scores_as_in_process_and_a_dead_one_is_infrastructure(
         tiny_reward_model: str) -> None:
     """``ray = true`` moves the reward model into an actor of its own: the same fp32 weights and

@@ -242,6 +242,7 @@ def test_search_env_over_a_jsonl_corpus_served_on_loopback(tmp_path: Path) -> No
 
 # WordNet 3.0 has 82,115 noun synsets (Princeton's own count, wnstats(7WN)); dog's synset and its
 # gloss are as the database prints them.
+@pytest.mark.one_precision
 def test_wordnet_is_the_real_database(tmp_path: Path) -> None:
     from rlvr.agents.wordnet import nouns, parse_data_line, wordnet_corpus, wordnet_examples
 
@@ -283,6 +284,7 @@ def test_bm25_over_wordnet_finds_the_defined_word() -> None:
     assert first >= 40 and top3 >= 45, (first, top3)
 
 
+@pytest.mark.one_precision
 def test_rlvr_retrieve_serves_a_corpus_and_exports_wordnet(tmp_path: Path) -> None:
     corpus = tmp_path / "c.jsonl"
     write_corpus(DOCS, corpus)
@@ -327,6 +329,7 @@ def test_the_dense_index_pools_without_padding_and_ranks_by_meaning() -> None:
     assert ranked[0][0][1] > ranked[0][1][1] > -1  # cosine, best first
 
 
+@pytest.mark.one_precision
 @pytest.mark.parametrize("config", ["search_wordnet", "search_wordnet_nosearch"])
 def test_the_wordnet_configs_train_on_the_tiny_model(tiny_dir: Any, tmp_path: Path, config: str) -> None:
     """Both configs run end to end: the warm start's demonstrations are played through the retriever

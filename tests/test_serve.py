@@ -329,6 +329,7 @@ def test_an_engine_failure_is_a_500_that_says_so() -> None:
         assert client.chat.completions.create(model="tiny", messages=MESSAGES).choices[0].message.content == "ok"  # type: ignore[arg-type]
 
 
+@pytest.mark.one_precision
 def test_rlvr_serve_command(tiny_dir: Any) -> None:
     import socket
 

@@ -80,6 +80,7 @@ def test_a_sharded_checkpoint_resumes_on_another_number_of_ranks(tiny_dir: Path,
     same_losses(whole, resumed)
 
 
+@pytest.mark.one_precision
 def test_each_rank_holds_its_share(tiny_dir: Path, tmp_path: Path) -> None:
     """fp32 AdamW: 12 bytes a weight whole (the weight and two moments); each of two ranks holds
     half, and a little more where a tensor's rows do not split evenly (FSDP2 pads the last share)."""
@@ -91,6 +92,7 @@ def test_each_rank_holds_its_share(tiny_dir: Path, tmp_path: Path) -> None:
     assert whole / 2 <= held <= 0.55 * whole
 
 
+@pytest.mark.one_precision
 def test_in_bf16_the_shares_are_fp32_masters(tiny_dir: Path, tmp_path: Path) -> None:
     """bf16: each rank keeps fp32 shares and computes with them gathered as bf16 (the values the
     local learner's bf16 weights hold: its fp32 masters rounded), and reduces gradients in fp32
