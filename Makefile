@@ -83,15 +83,35 @@ system-packages:
 demo: setup
 	$(BIN)/rlvr train --config configs/demo.toml name=demo-$$(date +%Y%m%d-%H%M%S)
 
+# The type check runs beside the main suite (one core's work for a minute; its report follows the
+# suite's). `make test OTHER_PRECISION=fp32` (or bf16), as CI runs it, adds the suite's second
+# precision pass (test-fp32 / test-bf16 below), side by side with vLLM's suite, each pinned to half
+# of the cores: alone, vLLM's suite keeps about 1.1 of 2 cores busy (docs/LOG.md, session 37).
+# Without taskset, or with one core, they run one after the other.
+HALVES := $(shell $(PYTHON) -c 'import os; c = sorted(os.sched_getaffinity(0)); h = max(1, len(c) // 2); print(",".join(map(str, c[:h])), ",".join(map(str, c[h:] or c)))' 2>/dev/null)
+PIN    := $(if $(shell command -v taskset),$(if $(word 2,$(HALVES)),yes))
+
 test: setup
-	$(BIN)/python -m pytest -q -m "not vllm"
-	$(BIN)/python -m mypy
+	@echo "pytest -q -m 'not vllm', and mypy beside it"; \
+	$(BIN)/python -m mypy > $(VENV)/mypy-report 2>&1 & typecheck=$$!; \
+	$(BIN)/python -m pytest -q -m "not vllm"; suite=$$?; \
+	wait $$typecheck; typed=$$?; echo "mypy:"; cat $(VENV)/mypy-report; \
+	test $$suite = 0 && test $$typed = 0
+ifeq ($(OTHER_PRECISION),)
 	$(MAKE) test-vllm
+else ifeq ($(PIN),yes)
+	$(MAKE) vllm-env
+	$(MAKE) -j2 --output-sync=target test-vllm test-$(OTHER_PRECISION) \
+	  PIN_VLLM="taskset -c $(word 1,$(HALVES))" PIN_OTHER="taskset -c $(word 2,$(HALVES))"
+else
+	$(MAKE) test-vllm
+	$(MAKE) test-$(OTHER_PRECISION)
+endif
 	$(MAKE) test-verifiers04
 
 # vLLM's tests (marked vllm), in .venv-vllm; there a vLLM that does not import fails them, not skips
 test-vllm: $(VLLM_STAMP)
-	RLVR_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -m vllm -p no:cacheprovider $(VLLM_TESTS)
+	RLVR_REQUIRE_VLLM=1 $(PIN_VLLM) $(VLLM_BIN)/python -m pytest -q -m vllm -p no:cacheprovider $(VLLM_TESTS)
 
 # the verifiers v1 tests on verifiers 0.4 (see VF04_VENV)
 test-verifiers04: $(VF04_STAMP)
@@ -102,7 +122,7 @@ test-verifiers04: $(VF04_STAMP)
 # dtype: dtype_independent; a failure's handling, a protocol, a command's wiring: one_precision)
 # skip. CI runs the one this CPU's "auto" does not pick.
 test-bf16 test-fp32: setup
-	RLVR_AUTO_DTYPE=$(@:test-%=%) $(BIN)/python -m pytest -q -m "not dtype_independent and not one_precision and not vllm"
+	RLVR_AUTO_DTYPE=$(@:test-%=%) $(PIN_OTHER) $(BIN)/python -m pytest -q -m "not dtype_independent and not one_precision and not vllm"
 
 typecheck: setup
 	$(BIN)/python -m mypy

@@ -48,9 +48,9 @@ DEMO_SHORT = ["train.steps=4", "checkpoint_every=1", "keep_checkpoints=2", "task
 """The demo config, short: 4 steps, a checkpoint after each, an epoch boundary inside step 3 (24
 prompts, 8 a step), an evaluation at step 2 and 4, and a sandboxed reward beside the task's."""
 
-TIMING = ("_seconds", "per_second", "memory_gb", "memory_released_gb")
-"""Metric names ending so are measurements of the machine (wall clock, resident memory), which no
-two runs share."""
+TIMING = ("_seconds", "per_second", "memory_gb", "memory_released_gb", "cpu_threads", "cpu_busy_elsewhere")
+"""Metric names ending so are measurements of the machine (wall clock, resident memory, the cores
+other programs used and the threads fitted to them: rlvr.cores), which no two runs share."""
 
 
 def sandboxed_check(prompt: str, completions: list[str], **_: Any) -> list[float]:

@@ -1,32 +1,37 @@
 """Torch's thread count fitted to the cores other programs leave free, and kept fitted as they come and go.
 
 Torch starts one thread per core, and its parallel regions wait for their slowest thread. When
-another program keeps one of the cores busy, that thread shares its core, and every small product
-waits for the scheduler to give it a turn: on 2 cores with one busy, a decode step's 1×576 by
-576×576 product took 447-564 µs on torch's two threads against 16 µs on one, and a step of the demo
-took 74 s instead of 4-6 s (issue 58; docs/performance.md). Every laptop runs other programs.
+another program keeps one of the cores busy, one of torch's threads shares that core, and the
+regions wait for the scheduler to give it a turn. A demo-sized GRPO step beside a program spinning
+on one of two cores took 3.45x the quiet step on torch's two threads, and 1.44x on one (a Xeon
+with AMX, `rlvr bench --parts busy`; issue 58 saw 74 s against 4-6 s on another machine;
+docs/performance.md). Every laptop runs other programs.
 
 So rlvr counts the cores it may use (its CPU affinity, capped by a cgroup CPU quota) and the cores
 other programs keep busy, and runs one torch thread per free core:
 
 - **busy** is measured, not guessed from the load average (a one-minute mean that counts this
   process too): the CPU time the usable cores spent working over a window (/proc/stat; under a
-  quota, the cgroup's own usage) less this process's own and its descendants' (an engine in a
-  spawned process, Ray's local workers, sandboxed programs), over the window's wall time. A core counts as taken once other programs
-  used half of it; it counts as free again when they use under 0.3 of it (so that a program near
-  the line does not switch the count every step).
+  quota, the cgroup's own usage), less this process's own and its descendants' (an engine in a
+  spawned process, Ray's local workers, sandboxed programs), over the window's wall time. Not
+  from timing products either: alone in a loop, a decode step's products ran no slower beside
+  the busy core; only a whole step shows the loss. A core counts as taken once other programs
+  used half of it, and as free again when they use under 0.3 of it (so that a program near the
+  line does not switch the count every step).
 - **when**: first over the time from the command's start to its model loading (`begin`, then
   `fit`), so the choice costs no waiting; then over every training step (`ThreadWatch`), whose
-  readings are free, so a run that slows because a program started is re-fitted at the next step
-  boundary, and one whose cores came free gets its threads back. Each change is said in the run's
-  log and every step's row has `cpu_threads` and `cpu_busy_elsewhere` (cores).
-- **a user's setting wins**: `RLVR_THREADS=N`, or `OMP_NUM_THREADS` (torch's own), fixes the count
-  and nothing is measured; `RLVR_THREADS=auto` fits it even where OMP_NUM_THREADS is set. A fixed count is also what bit-for-bit reproducible runs want: a
-  reduction split over another number of threads sums in another order.
+  readings are free. A run that slows because a program started is re-fitted at the next step
+  boundary, and one whose cores came free gets its threads back. Each change is said in the
+  run's log, and every step's row has `cpu_threads` and `cpu_busy_elsewhere` (cores).
+- **a user's setting wins**: `RLVR_THREADS=N`, or `OMP_NUM_THREADS` (torch's own), fixes the
+  count and nothing is measured; `RLVR_THREADS=auto` fits it even where OMP_NUM_THREADS is set.
+  A fixed count is also what bit-for-bit reproducible runs want: a reduction split over another
+  number of threads sums in another order.
 
-OpenMP's waiting policy is left at its default (threads spin briefly before sleeping): with one
-thread per free core no thread waits on a core it shares, and making idle threads sleep at once
-(OMP_WAIT_POLICY=passive) cost the quiet decode step its wake-ups (docs/performance.md).
+OpenMP's waiting policy is left at libgomp's default (threads spin briefly before sleeping): with
+one thread per free core no thread waits on a core it shares, and making idle threads sleep at
+once (OMP_WAIT_POLICY=passive) made every small product about twice as slow, quiet or busy
+(docs/performance.md, session 37).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -196,10 +203,7 @@ def fit(set_threads: Callable[[int], None] | None = None, read: Callable[[], Rea
     count (rlvr.attention)."""
     global _started
     fixed = explicit_threads()
-    if set_threads is None:
-        import torch  # the CLI calls this only on commands that load a model
-
-        set_threads = torch.set_num_threads
+    set_threads = set_threads or torch.set_num_threads
     if fixed is not None:
         if os.environ.get("RLVR_THREADS", "").strip():
             set_threads(fixed)  # OMP_NUM_THREADS is read by torch itself
@@ -225,11 +229,8 @@ class ThreadWatch:
 
     def __init__(self, set_threads: Callable[[int], None] | None = None, get_threads: Callable[[], int] | None = None,
                  read: Callable[[], Reading] = read_clocks, usable: int | None = None) -> None:
-        if set_threads is None or get_threads is None:
-            import torch
-
-            set_threads, get_threads = set_threads or torch.set_num_threads, get_threads or torch.get_num_threads
-        self.set_threads, self.get_threads, self.read = set_threads, get_threads, read
+        self.set_threads, self.get_threads = set_threads or torch.set_num_threads, get_threads or torch.get_num_threads
+        self.read = read
         self.active = explicit_threads() is None
         self.usable = usable or usable_cores()
         self.last = read()

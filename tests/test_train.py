@@ -18,8 +18,9 @@ from rlvr.train.loop import Interrupted, RunDirError, train
 from tests.tiny import make_tiny_model
 
 TIMING = {"generate_seconds", "train_seconds", "step_seconds", "tokens_per_second", "elapsed_seconds", "memory_gb",
-          "memory_released_gb"}
-"""What the machine measures rather than the run computes: left out where two runs must agree."""
+          "memory_released_gb", "cpu_threads", "cpu_busy_elsewhere"}
+"""What the machine measures rather than the run computes (wall clock, memory, what other programs
+used of the cores and the threads fitted to it): left out where two runs must agree."""
 
 
 def distinct_chars(prompt: str, completion: str, **_: object) -> float:

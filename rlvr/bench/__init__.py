@@ -36,6 +36,7 @@ import torch
 from rlvr.types import SamplingParams
 from rlvr.bench.llama_cpp import llama_cpp_tok_s
 from rlvr.train.learner import Learner
+from rlvr.cores import usable_cores
 from rlvr.runtime import keep_freed_memory
 from rlvr.types import Completion, Group, Sample
 from rlvr.data import reasoning_gym_examples, render_prompt
@@ -323,8 +324,6 @@ def compare_busy(prompts: int = 8, group: int = 8, max_new_tokens: int = 64, ste
                  model_spec: str = MODEL) -> dict[str, Any]:
     """A GRPO step quiet, then beside a program that keeps one core busy, on every core's thread
     (torch's default) and on the threads rlvr fits (rlvr.cores); each in a fresh process."""
-    from rlvr.cores import usable_cores
-
     cores = usable_cores()
     shape: dict[str, Any] = {"prompts": prompts, "group": group, "max_new_tokens": max_new_tokens, "steps": steps,
                              "model_spec": model_spec}
