@@ -7,7 +7,7 @@ VLLM_TESTS := tests/test_engine_contract.py tests/test_vllm.py
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-packages demo test test-bf16 test-fp32 test-vllm test-verifiers04 vllm-env typecheck clean
+.PHONY: setup system-packages demo test test-bf16 test-fp32 test-vllm test-verifiers04 vllm-env verifiers04-env typecheck clean
 
 # torch goes in first, pinned, so that no other package pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -49,6 +49,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
+verifiers04-env: $(VF04_STAMP)
 
 # verifiers 0.4 (its v1 stack alone) pins openai<3 and mcp 2.0, which the project's venv cannot
 # hold beside the OpenAI Agents SDK (openai 3): a small venv of its own, over the project's venv
