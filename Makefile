@@ -49,7 +49,6 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
-verifiers04-env: $(VF04_STAMP)
 
 # verifiers 0.4 (its v1 stack alone) pins openai<3 and mcp 2.0, which the project's venv cannot
 # hold beside the OpenAI Agents SDK (openai 3): a small venv of its own, over the project's venv
@@ -64,6 +63,8 @@ $(VF04_STAMP): $(STAMP)
 	  > "$$($(VF04_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/rlvr-venv.pth"
 	$(VF04_VENV)/bin/pip install --quiet verifiers==0.4.0
 	touch $(VF04_STAMP)
+
+verifiers04-env: $(VF04_STAMP)
 
 # From the distribution: bubblewrap for the sandbox that runs model-written code (rlvr.sandbox);
 # chromium and its driver for the test that opens `rlvr report`'s page in a real browser; Icarus
