@@ -248,7 +248,6 @@ class ThreadWatch:
         if threads == now:
             return metrics, None
         self.set_threads(threads)
-        self.last = self.read()  # the next window starts after the change
         metrics["cpu_threads"] = float(threads)
         note = (f"other programs used {busy:.1f} of {self.usable} cores during the step: torch now runs "
                 f"{threads} thread{'s' * (threads > 1)} (was {now}; OMP_NUM_THREADS or RLVR_THREADS fixes the count)")

@@ -118,10 +118,8 @@ def test_the_watch_gives_up_a_core_while_a_program_uses_it_and_takes_it_back_aft
         (0.0, 0.0, 0.0),        # the watch starts
         (10.0, 19.0, 18.5),     # step 1: quiet (others 0.05 of a core)
         (20.0, 39.0, 31.5),     # step 2: a program started (others 0.7 of a core: taken)
-        (20.1, 39.2, 31.6),     #   the new window starts after the change
         (30.1, 59.2, 45.6),     # step 3: still there (others 0.6)
         (40.1, 71.2, 55.6),     # step 4: it used 0.2: the core is taken back
-        (40.2, 71.4, 55.8),
         (50.2, 91.4, 75.8),     # step 5: quiet again
     )
     watch = ThreadWatch(threads.append, lambda: threads[-1], clocks, usable=2)
