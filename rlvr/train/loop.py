@@ -174,9 +174,6 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
                 metrics |= heap.after_step()
                 fitted, refit = threads.after_step()  # other programs took or left cores: threads re-fitted
                 metrics |= fitted
-                if refit:
-                    progress.print(refit)
-                    summary.setdefault("notes", []).append({"step": step, "note": refit})
                 spent += metrics["step_seconds"]
                 if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                     progress.status("evaluating")
@@ -190,9 +187,10 @@ def _train_loop(run: Run, start: int, began: float, progress: ConsoleProgress) -
                     for row in sample_rows(step, groups, thumbnails):
                         samples_sink.write(row)
                 progress.step(step, metrics)
-                if note := signal.observe(metrics):  # said once per cause, and kept in summary.json
-                    progress.print(note)
-                    summary.setdefault("notes", []).append({"step": step, "note": note})
+                for note in (refit, signal.observe(metrics)):  # said (the signal's once per cause), kept in summary.json
+                    if note:
+                        progress.print(note)
+                        summary.setdefault("notes", []).append({"step": step, "note": note})
                 stop_if_requested(run, step, stop, progress)
                 if budget is not None and spent >= budget and step < cfg.train.steps:
                     last = step
