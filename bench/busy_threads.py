@@ -8,10 +8,13 @@ of 200. "busy": another process spins on one of the cores meanwhile. Prints micr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+
+from rlvr.bench import busy_core
 
 CHILD = r"""
 import json, statistics, time, torch
@@ -44,19 +47,11 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))
     configs = [(1, None), (len(cores), None), (len(cores), "passive")]
     for busy in (False, True):
-        load = None
-        if busy:
-            load = subprocess.Popen([sys.executable, "-c",
-                                     f"import os\nos.sched_setaffinity(0, {{{cores[-1]}}})\nwhile True: pass"])
-        try:
+        with busy_core(cores[-1]) if busy else contextlib.nullcontext():
             for threads, policy in configs:
                 result = run(threads, policy)
                 label = f"{'busy ' if busy else 'quiet'} {threads} thread{'s' if threads > 1 else ''} {policy or 'default'}"
                 print(f"{label:<28}" + "  ".join(f"{k}: {v[0]}/{v[1]} µs" for k, v in result.items()), flush=True)
-        finally:
-            if load is not None:
-                load.kill()
-                load.wait()
 
 
 if __name__ == "__main__":

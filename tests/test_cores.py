@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlvr import cores
+from rlvr.bench import busy_core
 from rlvr.cores import Reading, ThreadWatch, busy_elsewhere, explicit_threads, fitted
 
 pytestmark = pytest.mark.dtype_independent
@@ -180,8 +181,7 @@ def test_the_clocks_count_this_process_and_its_children_as_its_own() -> None:
 def test_rlvr_train_beside_a_busy_core_runs_one_thread_and_says_why(tiny_dir: Path, tmp_path: Path) -> None:
     two = sorted(os.sched_getaffinity(0))[:2]
     # another program (not a child of the run) that keeps one of the run's two cores busy
-    load = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{two[0]}}})\nwhile True: pass"])
-    try:
+    with busy_core(two[0]):
         env = {k: v for k, v in os.environ.items() if k not in ("RLVR_THREADS", "OMP_NUM_THREADS")}
         out = subprocess.run(
             [sys.executable, "-c", f"import os, sys\nos.sched_setaffinity(0, {set(two)})\n"
@@ -190,9 +190,6 @@ def test_rlvr_train_beside_a_busy_core_runs_one_thread_and_says_why(tiny_dir: Pa
              "train.prompts_per_step=2", "algo.group_size=2", "task.size=8", "task.eval_size=0",
              "sampling.max_new_tokens=8", "train.eval_every=0", "log.report=false"],
             env=env, capture_output=True, text=True, timeout=600)
-    finally:
-        load.kill()
-        load.wait()
     assert out.returncode == 0, out.stderr[-3000:]
     assert "torch runs 1 thread on 2 cores" in out.stderr, out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "busy" / "metrics.jsonl").read_text().splitlines()]

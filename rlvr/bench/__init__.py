@@ -21,6 +21,7 @@ Parts:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -28,7 +29,7 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -320,6 +321,17 @@ def compare_grpo(prompts: int, group: int, max_new_tokens: int, steps: int, engi
     return result
 
 
+@contextlib.contextmanager
+def busy_core(core: int) -> Iterator[None]:
+    """Another program (a Python process, not a thread of this one) spinning on `core` meanwhile."""
+    load = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
+    try:
+        yield
+    finally:
+        load.kill()
+        load.wait()
+
+
 def compare_busy(prompts: int = 8, group: int = 8, max_new_tokens: int = 64, steps: int = 3,
                  model_spec: str = MODEL) -> dict[str, Any]:
     """A GRPO step quiet, then beside a program that keeps one core busy, on every core's thread
@@ -332,14 +344,9 @@ def compare_busy(prompts: int = 8, group: int = 8, max_new_tokens: int = 64, ste
         return result | {"skipped": "one usable core: nothing to keep busy beside the run"}
     auto = {"RLVR_THREADS": "auto"}
     result["quiet"] = run_part("grpo", env=auto, side="rlvr", **shape)
-    busy_core = sorted(os.sched_getaffinity(0))[-1]
-    load = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{busy_core}}})\nwhile True: pass"])
-    try:
+    with busy_core(sorted(os.sched_getaffinity(0))[-1]):
         result["busy_all_cores"] = run_part("grpo", env={"RLVR_THREADS": str(cores)}, side="rlvr", **shape)
         result["busy_fitted"] = run_part("grpo", env=auto, side="rlvr", **shape)
-    finally:
-        load.kill()
-        load.wait()
     quiet = result["quiet"].get("s_per_step")
     for name in ("busy_all_cores", "busy_fitted"):
         side = result[name]
