@@ -366,15 +366,14 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr.runtime import keep_freed_memory  # not for --help, which exits in parse_args
 
     keep_freed_memory()  # malloc reuses freed memory instead of page-faulting it back in; see rlvr.runtime
-    if args.command in _LOADS_MODELS:
-        from rlvr import cores
-
-        cores.begin()  # torch's threads are fitted to the free cores (rlvr.cores): `train` as its run sets up
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rlvr").setLevel(logging.INFO)  # rlvr's own notes (e.g. the one-time model conversion)
     if args.command in _LOADS_MODELS:
         from transformers.utils import logging as hf_logging
 
+        from rlvr import cores
+
+        cores.begin()  # torch's threads are fitted to the free cores (rlvr.cores): `train` as its run sets up
         hf_logging.disable_progress_bar()  # weight-loading bars would bury rlvr's own progress
     try:
         if args.command in _LOADS_MODELS and args.command != "train" and (chose := cores.fit()):
