@@ -21,6 +21,12 @@ It is an attention function of transformers' own registry (`AttentionInterface`)
 that `load_model` sets (`widen_attention`) where the model's is SDPA; the mask is SDPA's. It is not
 saved with the model (transformers keeps the attention choice out of `config.json`).
 `RLVR_WIDE_ATTENTION=0` keeps the model's own attention; `=1` widens at every length, unmeasured.
+
+"sdpa_float64" (`exact_sdpa`, set by `exact_attention`) is attention for matched numerics
+(rlvr.rollout.matched): the forward on float64 copies, its output rounded once to the model's
+dtype, so that the learner's whole-sequence pass and the decoder's one-token steps, which sum
+their keys in different orders, still give the same bits (a float64 sum's error, ~1e-16 of it,
+almost never moves a bf16 rounding, ~4e-3 apart); the backward recomputes in float32.
 """
 
 from __future__ import annotations
@@ -74,9 +80,60 @@ AttentionInterface.register(WIDE, wide_sdpa)
 AttentionMaskInterface.register(WIDE, sdpa_mask)
 
 
+EXACT = "sdpa_float64"
+
+
+class _ExactSDPA(torch.autograd.Function):
+    """transformers' SDPA attention computed on float64 copies, the output rounded once to the
+    inputs' dtype; the backward is float32 SDPA's, recomputed (the forward keeps only its inputs)."""
+
+    @staticmethod
+    def forward(ctx: Any, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,  # type: ignore[override]
+                value: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict[str, Any]) -> torch.Tensor:
+        ctx.module, ctx.kwargs = module, kwargs
+        ctx.save_for_backward(query, key, value, attention_mask)
+        mask = attention_mask.double() if attention_mask is not None and attention_mask.is_floating_point() \
+            else attention_mask
+        out, _ = sdpa_attention_forward(module, query.double(), key.double(), value.double(), mask, **kwargs)
+        return out.to(query.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        query, key, value, attention_mask = ctx.saved_tensors
+        mask = attention_mask.float() if attention_mask is not None and attention_mask.is_floating_point() \
+            else attention_mask
+        inputs = (query, key, value)
+        needed = ctx.needs_input_grad[1:4]
+        with torch.enable_grad():
+            leaves = [t.detach().float().requires_grad_(need) for t, need in zip(inputs, needed)]
+            out, _ = sdpa_attention_forward(ctx.module, leaves[0], leaves[1], leaves[2], mask, **ctx.kwargs)
+            wanted = [t for t in leaves if t.requires_grad]
+            grads = iter(torch.autograd.grad(out, wanted, grad.float()) if wanted else ())
+        return (None, *(next(grads).to(t.dtype) if need else None for t, need in zip(inputs, needed)), None, None)
+
+
+def exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention with its forward on float64 copies (`_ExactSDPA`)."""
+    return _ExactSDPA.apply(module, query, key, value, attention_mask, kwargs), None
+
+
+AttentionInterface.register(EXACT, exact_sdpa)
+AttentionMaskInterface.register(EXACT, sdpa_mask)
+
+
+def exact_attention(model: PreTrainedModel) -> bool:
+    """Run `model`'s attention in float64 (`exact_sdpa`) where it is SDPA's (widened or not);
+    returns whether it does."""
+    if not is_sdpa(model):
+        return False
+    model.set_attn_implementation(EXACT)
+    return bool(model.config._attn_implementation == EXACT)
+
+
 def is_sdpa(model: PreTrainedModel) -> bool:
-    """Whether `model`'s attention is SDPA's, widened or not: it takes a boolean mask as it is."""
-    return getattr(model.config, "_attn_implementation", None) in ("sdpa", WIDE)
+    """Whether `model`'s attention is SDPA's, widened or exact or neither: it takes a boolean mask as it is."""
+    return getattr(model.config, "_attn_implementation", None) in ("sdpa", WIDE, EXACT)
 
 
 def widen_attention(model: PreTrainedModel) -> bool:

@@ -19,9 +19,10 @@ def make_engine(backend: str, tokenizer: PreTrainedTokenizerBase, *, eos_token_i
                 dtype: torch.dtype, model: PreTrainedModel | None = None, spec: str | None = None, seed: int = 0,
                 banned_token_ids: Iterable[int] = (), max_batch_size: int = 64,
                 decoder: Literal["auto", "static", "hf"] = "auto", weights: str = "model",
-                vllm_kwargs: dict[str, Any] | None = None) -> Engine:
+                vllm_kwargs: dict[str, Any] | None = None, numerics: Literal["fast", "matched"] = "fast") -> Engine:
     """An engine sampling in ``dtype``: ``"embedded"`` on ``model`` (``decoder``, ``weights``:
-    rlvr.rollout.weights), or ``"vllm"`` on the folder ``spec`` with ``vllm_kwargs`` for vllm.LLM."""
+    rlvr.rollout.weights; ``numerics``: rlvr.rollout.matched), or ``"vllm"`` on the folder ``spec``
+    with ``vllm_kwargs`` for vllm.LLM."""
     if backend == "vllm":
         if spec is None:
             raise ValueError("a vLLM engine loads the model itself: it needs the model's folder (spec)")
@@ -35,4 +36,5 @@ def make_engine(backend: str, tokenizer: PreTrainedTokenizerBase, *, eos_token_i
     if model is None:
         raise ValueError("the embedded engine samples from a model held here: it needs the model")
     return EmbeddedEngine(model, tokenizer, eos_token_ids=eos_token_ids, max_batch_size=max_batch_size, seed=seed,
-                          decoder=decoder, banned_token_ids=banned_token_ids, weights=weights)  # type: ignore[arg-type]
+                          decoder=decoder, banned_token_ids=banned_token_ids, weights=weights,  # type: ignore[arg-type]
+                          numerics=numerics)

@@ -38,9 +38,12 @@ from typing import Any, Literal, Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlvr.attention import exact_attention
 from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.errors import EngineOutOfMemory
 from rlvr.models import padded_rows, windowed_attention, with_cache
+from rlvr.rollout.matched import matched_plans
+from rlvr.rollout.plans import Plans
 from rlvr.rollout.prefixes import PrefixPlan, PrefixStore, Stored, plan_prefixes
 from rlvr.rollout.sampling import sample_tokens
 from rlvr.rollout.static_decode import StaticDecoder, StepGraphs, cache_tensors, unsupported_reason
@@ -159,6 +162,7 @@ class EmbeddedEngine:
         banned_token_ids: Iterable[int] = (),
         weights: str = "model",
         cuda_graphs: bool = True,
+        numerics: Literal["fast", "matched"] = "fast",
     ) -> None:
         """``banned_token_ids``: tokens never sampled (a VLM's image placeholders,
         rlvr.data.images.image_token_ids: a completion holding one would stand for an image
@@ -172,7 +176,13 @@ class EmbeddedEngine:
         rollout/training mismatch (`algo.offpolicy` corrects it).
 
         ``cuda_graphs``: on a CUDA device the static decoder replays each step as a CUDA graph
-        (rlvr.rollout.static_decode); False launches its kernels one by one."""
+        (rlvr.rollout.static_decode); False launches its kernels one by one.
+
+        ``numerics`` "matched" (a bf16 or float16 model on a CPU, its own weights): the engine
+        computes the learner's numbers bit for bit (rlvr.rollout.matched), so its log-probs are the
+        learner's; it sets the model's attention to float64 SDPA (`rlvr.attention.exact_sdpa`),
+        which the learner then runs too where it trains this same model. ValueError where
+        matching cannot run, saying why."""
         reason = unsupported_reason(model)
         if decoder == "static" and reason:
             raise ValueError(f"decoder='static' cannot run this model: {reason}; use decoder='hf'")
@@ -188,6 +198,17 @@ class EmbeddedEngine:
         why = _weights_problem(weights, self.decoder, reason, self.device)
         if why is not None:
             raise ValueError(why)
+        if numerics not in ("fast", "matched"):
+            raise ValueError(f"numerics must be 'fast' or 'matched', not {numerics!r}")
+        self.numerics = numerics
+        self._plans: Plans | None = None  # matched numerics' product plans
+        if numerics == "matched":
+            plans = matched_plans(model) if weights == "model" else \
+                f"engine.dtype = {weights!r} decodes on copies of the weights in another format"
+            if isinstance(plans, str):
+                raise ValueError(f"matched numerics cannot run here: {plans}")
+            self._plans = plans
+            exact_attention(model)
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(set(eos_token_ids))
@@ -300,7 +321,8 @@ class EmbeddedEngine:
             if self.cuda_graphs and self._graphs is None and self.device.type == "cuda":
                 self._graphs = StepGraphs(self.device)
             return StaticDecoder(self.model, self._fused_weights(), cache, mask_PT, n, new_tokens=new_tokens,
-                                 fixed_shapes=self.cuda_graphs, graphs=self._graphs if self.cuda_graphs else None)
+                                 fixed_shapes=self.cuda_graphs, graphs=self._graphs if self.cuda_graphs else None,
+                                 exact=self.numerics == "matched")
         return HFDecoder(self.model, cache, mask_PT, n, offsets_P)
 
     @torch.no_grad()
@@ -498,7 +520,7 @@ class EmbeddedEngine:
         versions = self._weights_key()
         if self._fused is None or self._fused[0] != versions:
             self._fused = None  # free the old copies before making new ones
-            self._fused = (versions, FusedWeights(self.model, self.weights))
+            self._fused = (versions, FusedWeights(self.model, self.weights, plans=self._plans))
         return self._fused[1]
 
     def _hit_stop(self, rows: torch.Tensor, tokens: list[list[int]], stop: tuple[str, ...], max_stop: int) -> torch.Tensor:

@@ -24,7 +24,9 @@ class Form(NamedTuple):
     float16's range (65504) becomes inf; the decoder checks such steps and runs one that
     overflowed again, and the rest of its call, without such forms (`StaticDecoder.step` in
     rlvr.rollout.static_decode). ``lazy``: it runs only while its `Dense`'s switch is on
-    (rlvr.rollout.weights: `LAZY_AFTER`), its copy made on the first product that runs it."""
+    (rlvr.rollout.weights: `LAZY_AFTER`), its copy made on the first product that runs it.
+    ``paired``: another form's product with a single row run as two (`_paired`), for matched
+    numerics only (rlvr.rollout.matched); the speed probe does not time it."""
 
     prepare: Callable[[torch.Tensor], Any]
     run: Callable[[Any, torch.Tensor], torch.Tensor]
@@ -32,6 +34,7 @@ class Form(NamedTuple):
     dtypes: frozenset[torch.dtype] | None = None
     in_fp16: bool = False
     lazy: bool = False
+    paired: bool = False
 
 
 PACK_ROWS = 8
@@ -73,6 +76,7 @@ FORMS: dict[str, Form] = {
                    copies=True),
     "half": Form(_half, _half_run, copies=True, dtypes=frozenset({torch.bfloat16}), in_fp16=True, lazy=True),
 }
+
 """The forms of one product. "linear": `nn.Linear`'s `x Wᵀ`; "left": `(W xᵀ)ᵀ`; "xw": `x @ W` on a
 contiguous [in, out] copy; "mkl" and "onednn": the weight reordered once into the library's
 blocked layout (`torch.ops.mkl._mkl_reorder_linear_weight`, `torch.ops.mkldnn.
@@ -89,7 +93,27 @@ product summed in another order, with the result rounded to float16 (2^-11 of it
 (2^-8). A smaller weight, activation or result is rounded to a multiple of 2^-24, by at most
 2^-25 (3e-8): under bf16's own rounding of any term or sum above 2^-16. A weight beyond 65504
 keeps the bf16 weight; an activation beyond it overflows, which the decoder catches
-(`Form.in_fp16`)."""
+(`Form.in_fp16`).
+
+"onednn_paired" and "linear_paired": those forms with a single row run as two (`_paired`),
+for matched numerics only."""
+
+
+def _paired(form: Form) -> Form:
+    """`form` with a one-row product run on the row twice, the first result kept: where a CPU's
+    kernel for one row sums in another order than for two or more (oneDNN's bf16 1536→576 product
+    on a Zen 5 EPYC: 13% of rows differ in some bit), every row count then gets the bits of the
+    learner's many-row product (rlvr.rollout.matched)."""
+
+    def run(kept: Any, x: torch.Tensor) -> torch.Tensor:
+        return form.run(kept, x.repeat(2, 1))[:1] if len(x) == 1 else form.run(kept, x)
+
+    return form._replace(run=run, paired=True)
+
+
+FORMS["onednn_paired"] = _paired(FORMS["onednn"])
+FORMS["linear_paired"] = _paired(FORMS["linear"])
+
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 """The row buckets of a `Plan`: rows r run in the form of the smallest bucket ≥ r (64 for more)."""

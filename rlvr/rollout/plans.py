@@ -201,7 +201,7 @@ def probe_plan(weights: Sequence[torch.Tensor], reps: int = 2, copies: int = 1) 
     dtype = weights[0].dtype
     times: dict[str, list[float]] = {}
     for name in FORMS:
-        if form_unavailable(name, dtype) is not None:
+        if FORMS[name].paired or form_unavailable(name, dtype) is not None:
             continue
         form = FORMS[name]
         kept = [form.prepare(w) for w in weights]

@@ -121,7 +121,7 @@ class StaticDecoder:
 
     def __init__(
         self, model: PreTrainedModel, weights: FusedWeights, cache: DynamicCache, mask_PT: torch.Tensor, n: int,
-        *, fixed_shapes: bool = False, graphs: StepGraphs | None = None, new_tokens: int = 0,
+        *, fixed_shapes: bool = False, graphs: StepGraphs | None = None, new_tokens: int = 0, exact: bool = False,
     ) -> None:
         """`cache` and `mask_PT` hold one row per prompt, shared by its n sample rows; ``new_tokens``:
         the most the call may sample (it decides when the weights' lazy forms start, `LAZY_AFTER`).
@@ -129,7 +129,12 @@ class StaticDecoder:
         ``fixed_shapes``: run each step in the fixed shapes a CUDA graph needs (`_fixed_forward`);
         ``graphs`` (on a CUDA device): capture it and replay it, with the captures of ``graphs``'
         other decoders sharing one memory pool. Fixed shapes without capture serve the tests: they
-        must give what the plain step gives."""
+        must give what the plain step gives.
+
+        ``exact``: attention in float64, as the model's own `rlvr.attention.exact_sdpa` (matched
+        numerics, rlvr.rollout.matched): the key/value buffers held in float64 (4 times the bytes
+        of bf16's), the queries not scaled in the rotation (the scores are, in float64), and each
+        step's attention output rounded once to the model's dtype."""
         config = model.config
         self.model, self.weights = model, weights
         self.fixed, self.graphs = fixed_shapes or graphs is not None, graphs
@@ -146,14 +151,16 @@ class StaticDecoder:
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         # attention's score scale 1/√D on the query heads' rows of the rotation (`_rotation`), made here:
-        # a captured step cannot copy a list to the device
-        self.head_scale = torch.tensor([self.head_dim**-0.5] * self.n_heads + [1.0] * self.n_kv,
+        # a captured step cannot copy a list to the device; exact: 1, and attention scales its scores
+        self.exact = exact
+        self.score_scale = self.head_dim**-0.5 if exact else 1.0
+        self.head_scale = torch.tensor([1.0 if exact else self.head_dim**-0.5] * self.n_heads + [1.0] * self.n_kv,
                                        device=mask_PT.device)[:, None]
         self.prompt_keys: list[torch.Tensor] = []  # _P,kv,W,D per layer; empty once joined
         self.prompt_values: list[torch.Tensor] = []
-        for keys, values in zip(*cache_tensors(cache)):
-            self.prompt_keys.append(keys.contiguous())  # a no-op for transformers' own caches today
-            self.prompt_values.append(values.contiguous())
+        for keys, values in zip(*cache_tensors(cache)):  # contiguous: a no-op for transformers' own caches today
+            self.prompt_keys.append(keys.to(torch.float64) if exact else keys.contiguous())
+            self.prompt_values.append(values.to(torch.float64) if exact else values.contiguous())
         # left padding: the dtype's lowest value on a prompt row's pad columns, added to its scores
         # before the softmax (once joined, the row covers all of its buffer's columns, zeros past the
         # prompt). Not -inf: a CPU SDPA kernel that splits the keys into blocks gave NaN for a block
@@ -396,20 +403,23 @@ class StaticDecoder:
                 # one fused op for scores, softmax and the weighted values (the queries are scaled
                 # already), as the model's own SDPA attention: the engine 1.12-1.17× faster at one
                 # row than with two batched products and a softmax, 1.11× at 8 (bf16, Zen 4; LOG)
-                attn_BH = F.scaled_dot_product_attention(q, keys[:, :, :upto], values[:, :, :upto], attn_mask=mask,
-                                                         scale=1.0).reshape(batch, q_dim)
+                attn_BH = F.scaled_dot_product_attention(q.to(keys.dtype), keys[:, :, :upto], values[:, :, :upto],
+                                                         attn_mask=mask, scale=self.score_scale)
+                attn_BH = attn_BH.to(h_B1H.dtype).reshape(batch, q_dim)
             else:  # shared: a prompt row's n·group queries of a kv head in one product on its prompt
                 keys, values = self.keys[i], self.values[i]  # _P,kv,n,T,D
                 _put(keys, 3, col, k.view(prompts, n, kv, 1, d).transpose(1, 2))
                 _put(values, 3, col, v.view(prompts, n, kv, 1, d).transpose(1, 2))
-                q_PKNGD = q.view(prompts, n, kv, group, d).transpose(1, 2)
+                q_PKNGD = q.view(prompts, n, kv, group, d).transpose(1, 2).to(keys.dtype)
+                if self.exact:  # the scores' scale, in float64
+                    q_PKNGD = q_PKNGD * self.score_scale
                 on_own = q_PKNGD @ keys[:, :, :, :upto].transpose(-1, -2) + ahead_T  # _P,kv,n,G,t
                 on_prompt = q_PKNGD.reshape(prompts, kv, n * group, d) @ self.prompt_keys[i].transpose(-1, -2)
                 on_prompt = on_prompt.view(prompts, kv, n, group, width) + neg
                 probs = torch.cat([on_prompt, on_own], dim=-1).softmax(-1)
                 out = probs[..., :width].reshape(prompts, kv, n * group, width) @ self.prompt_values[i]
                 out_PKNGD = out.view(prompts, kv, n, group, d) + probs[..., width:] @ values[:, :, :, :upto]
-                attn_BH = out_PKNGD.transpose(1, 2).reshape(batch, q_dim)
+                attn_BH = out_PKNGD.transpose(1, 2).reshape(batch, q_dim).to(h_B1H.dtype)
             h_B1H = h_B1H + self.weights.o[i](attn_BH)[:, None]
             x_BH = layer.post_attention_layernorm(h_B1H)[:, 0]
             gate, up = self.weights.gate_up[i](x_BH).chunk(2, dim=-1)
@@ -494,7 +504,7 @@ def _finite(*tensors: torch.Tensor) -> bool:
 def _put(buffer: torch.Tensor, dim: int, col: int | torch.Tensor, value: torch.Tensor) -> None:
     """Write `value` (size 1 along `dim`) at column `col` of `buffer`, in place."""
     if isinstance(col, torch.Tensor):
-        buffer.index_copy_(dim, col, value)
+        buffer.index_copy_(dim, col, value.to(buffer.dtype))
     else:
         buffer.narrow(dim, col, 1).copy_(value)
 

@@ -197,13 +197,15 @@ class FusedWeights:
     on a CPU in fp32 or bf16, else the head is left to the model); "float16" and "int8" store
     every projection and the output head in that format (`Float16`, `Int8`)."""
 
-    def __init__(self, model: PreTrainedModel, fmt: str = "model", *, fp16: bool = True) -> None:
-        """``fp16`` False: the plans without float16 forms (`without_fp16`)."""
+    def __init__(self, model: PreTrainedModel, fmt: str = "model", *, fp16: bool = True,
+                 plans: Plans | None = None) -> None:
+        """``fp16`` False: the plans without float16 forms (`without_fp16`); ``plans``: these plans
+        instead of `product_plans`' (matched numerics' own, rlvr.rollout.matched)."""
         self.model, self.fmt = model, fmt
         self.switch = LazySwitch(on=False)  # the lazy forms wait for the decoder (`LAZY_AFTER`)
         make: Callable[[list[torch.Tensor]], Projection]
         if fmt == "model":
-            plans = product_plans(model)
+            plans = plans or product_plans(model)
             if not fp16:
                 plans = Plans(without_fp16(plans.layers), without_fp16(plans.head))
             self.plans: Plans | None = plans
@@ -266,4 +268,4 @@ class FusedWeights:
         """These weights without float16 forms: for the rest of a decode call where a step
         overflowed float16's range and its float16 forms do not all wait for the switch (the
         engine's own weights stay as they are, so later calls do not depend on this one)."""
-        return FusedWeights(self.model, self.fmt, fp16=False)
+        return FusedWeights(self.model, self.fmt, fp16=False, plans=self.plans)

@@ -12,7 +12,7 @@ import logging
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -41,6 +41,7 @@ from rlvr.rewards.combine import RewardFn
 from rlvr.rollout import numerics
 from rlvr.rollout.build import make_engine
 from rlvr.rollout.engine import EmbeddedEngine, Engine
+from rlvr.rollout.matched import matched_plans
 from rlvr.rollout.numerics import Numerics
 from rlvr.rollout.plans import product_plans
 from rlvr.rollout.probe import probe_ids
@@ -92,12 +93,33 @@ def _policy(cfg: RunConfig, spec: str, resuming: bool, device: torch.device, dty
     engine = make_engine("vllm" if vllm else "embedded", tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
                          dtype=engine_dtype, model=engine_model, spec=resolve_model_path(spec) if vllm else None,
                          seed=cfg.seed, banned_token_ids=banned, max_batch_size=cfg.engine.max_batch_size,
-                         decoder=cfg.engine.decoder, weights=weights, vllm_kwargs=cfg.engine.vllm_kwargs)
+                         decoder=cfg.engine.decoder, weights=weights, vllm_kwargs=cfg.engine.vllm_kwargs,
+                         numerics=_numerics(cfg, engine_model, shared and weights == "model"))
     if isinstance(engine, EmbeddedEngine) and engine.decoder == "static" and weights == "model":
         # the decoder's product plans, decided now (measured once per machine, or the resumed
         # run's own), so that every checkpoint's `Numerics` holds them (rlvr.rollout.numerics)
         product_plans(engine_model)
     return model, engine, shared
+
+
+def _numerics(cfg: RunConfig, engine_model: PreTrainedModel, shared: bool) -> Literal["fast", "matched"]:
+    """`engine.numerics` resolved: "matched" where the engine samples from the learner's own model in
+    this process and `rlvr.rollout.matched` can match it on this CPU; "auto" is "fast" elsewhere,
+    and "matched" there is an error saying why."""
+    if cfg.engine.numerics == "fast":
+        return "fast"
+    why = None
+    if not shared or cfg.dist.rollout_workers or cfg.dist.learners > 1 or cfg.engine.backend != "embedded":
+        why = ("the engine must sample from the learner's own model in this process (its own weights, no LoRA, "
+               "engine.backend = \"embedded\", dist.learners = 1, no rollout workers)")
+    else:
+        plans = matched_plans(engine_model)
+        why = plans if isinstance(plans, str) else None
+    if why is None:
+        return "matched"
+    if cfg.engine.numerics == "matched":
+        raise ValueError(f"engine.numerics = \"matched\" cannot run here: {why}")
+    return "fast"
 
 
 def setup(cfg: RunConfig, run_dir: Path, model_spec: str | None = None, quiet: bool = True,
