@@ -201,7 +201,7 @@ def test_config_all_lists_every_open_tables_keys_for_each_choice(capsys: pytest.
     assert "dist.ray: address = None" in out
     assert not re.search(r"\]: (.*, )?x = ", out)  # a loss's or a correction's record is not a knob
     last = out.strip().splitlines()[-1]
-    assert last.startswith("# 104 declared keys; 19 open tables reach ")
+    assert last.startswith("# 105 declared keys; 19 open tables reach ")
     assert main(["config", "sft", "--all"]) == 0
     out = capsys.readouterr().out
     assert "algo.loss_kwargs" not in out and "rewards.kwargs" in out  # only the tables sft reads
@@ -247,11 +247,13 @@ def test_the_config_stays_small() -> None:
     Two since issue 56: task.transforms, the prompt builders (critique, budget, think mode, and a
     user's own; one key for all, their options its kwargs), and sampling.length_schedule, the
     sampling budget step by step (staged lengths), beside max_new_tokens as train.schedule is
-    beside lr. SCoRe's per-turn KL is the environment's (env.kwargs), not a key."""
+    beside lr. SCoRe's per-turn KL is the environment's (env.kwargs), not a key. A fifth since
+    issue 58: engine.numerics, whether a bf16 engine computes the learner's bits or runs its
+    fastest forms, a run-level trade of speed against on-policy data as engine.dtype is."""
     from rlvr.config import declared_keys
 
     keys = declared_keys("train")
-    assert len(keys) <= 104, len(keys)
+    assert len(keys) <= 105, len(keys)
     assert "algo.loss_kwargs" in keys and "algo.clip_high" not in keys and "dist.ray" in keys
     assert len(declared_keys("sft")) < len(keys) and len(declared_keys("dpo")) < len(keys)
 
