@@ -45,6 +45,7 @@ from rlvr.models import load_model, load_tokenizer
 from rlvr.rewards.reward_model import RewardModelScorer, rm_text
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.rollout.forms import ROWS
+from rlvr.rollout.matched import unmatched_reason
 from rlvr.rollout.plans import bf16_packing_unavailable, product_plans
 from rlvr.rollout.weights import LAZY_AFTER, weights_unavailable
 from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path
@@ -88,14 +89,17 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
         ids = prompt_ids(tokenizer, max(1, batch // group))
         params = SamplingParams(max_new_tokens=new_tokens, n=group)
         row: dict[str, Any] = {"batch": batch}
-        for name, decoder, weights in (("static", "static", "model"), ("static_float16", "static", "float16"),
-                                       ("static_int8", "static", "int8"), ("hf", "hf", "model")):
-            why = weights_unavailable(weights)
+        for name, decoder, weights, numerics in (
+                ("static", "static", "model", "fast"), ("static_matched", "static", "model", "matched"),
+                ("static_float16", "static", "float16", "fast"), ("static_int8", "static", "int8", "fast"),
+                ("hf", "hf", "model", "fast")):
+            why = weights_unavailable(weights) or (unmatched_reason(model) if numerics == "matched" else None)
             if why is not None:
                 row[f"rlvr_{name}_tok_s"] = why
                 continue
+            attention = model.config._attn_implementation  # a matched engine sets float64 attention
             engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch,  # no EOS: full length
-                                    decoder=decoder, weights=weights)  # type: ignore[arg-type]
+                                    decoder=decoder, weights=weights, numerics=numerics)  # type: ignore[arg-type]
             # warm: kernels made, and a one-row call's lazy weight copies (rlvr.rollout.weights.LAZY_AFTER)
             # bought, as when serving or evaluating on weights that do not change (training pays: part grpo)
             warm = LAZY_AFTER if (name, batch) == ("static", 1) else 2
@@ -103,6 +107,7 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
             start = time.perf_counter()
             engine.generate(ids, params)
             row[f"rlvr_{name}_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
+            model.set_attn_implementation(attention)
         tokenizer.padding_side = "left"
         padded = tokenizer.pad({"input_ids": [i for i in ids for _ in range(group)]}, return_tensors="pt")
         start = time.perf_counter()
