@@ -120,10 +120,16 @@ def test_where_only_one_row_rounds_otherwise_a_row_runs_as_two(monkeypatch: pyte
            form._replace(run=lambda kept, x, run=form.run: run(kept, x) * (1 + 2**-6) if len(x) == 1 else run(kept, x))
            for name, form in FORMS.items()}  # the paired forms keep the true kernels: they never run one row
     monkeypatch.setattr(matched, "FORMS", off)
-    plans = matched_plans(make_tiny_model(dtype=torch.bfloat16))
+    model = make_tiny_model(dtype=torch.bfloat16)
+    plans = matched_plans(model)
     assert not isinstance(plans, str), plans
     assert off[plans.layers[0]].paired and off[plans.head[0]].paired
     assert not any(off[name].paired for name in (*plans.layers[1:], *plans.head[1:]))
+    # the Hugging Face decoder runs the model's own one-row products: it cannot match there
+    monkeypatch.setattr("rlvr.rollout.engine.FORMS", off)
+    with pytest.raises(ValueError, match="a single row's product rounds otherwise"):
+        EmbeddedEngine(model, make_tiny_tokenizer(), eos_token_ids=[EOS_ID], decoder="hf", numerics="matched")
+    EmbeddedEngine(model, make_tiny_tokenizer(), eos_token_ids=[EOS_ID], decoder="static", numerics="matched")
 
 
 def test_matching_is_for_16_bit_models_on_a_cpu() -> None:

@@ -43,6 +43,7 @@ from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.errors import EngineOutOfMemory
 from rlvr.models import padded_rows, windowed_attention, with_cache
 from rlvr.rollout.matched import matched_plans
+from rlvr.rollout.forms import FORMS
 from rlvr.rollout.plans import Plans
 from rlvr.rollout.prefixes import PrefixPlan, PrefixStore, Stored, plan_prefixes
 from rlvr.rollout.sampling import sample_tokens
@@ -188,7 +189,7 @@ class EmbeddedEngine:
             raise ValueError(f"decoder='static' cannot run this model: {reason}; use decoder='hf'")
         if decoder not in ("auto", "static", "hf"):
             raise ValueError(f"decoder must be 'auto', 'static' or 'hf', not {decoder!r}")
-        self.decoder = "static" if decoder == "static" or (decoder == "auto" and reason is None) else "hf"
+        self.decoder = chosen_decoder(model, decoder)
         self.device = next(model.parameters()).device
         self.weights = weights
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
@@ -203,8 +204,7 @@ class EmbeddedEngine:
         self.numerics = numerics
         self._plans: Plans | None = None  # matched numerics' product plans
         if numerics == "matched":
-            plans = matched_plans(model) if weights == "model" else \
-                f"engine.dtype = {weights!r} decodes on copies of the weights in another format"
+            plans = engine_matched_plans(model, self.decoder, weights)
             if isinstance(plans, str):
                 raise ValueError(f"matched numerics cannot run here: {plans}")
             self._plans = plans
@@ -540,6 +540,28 @@ class EmbeddedEngine:
             text=str(self.tokenizer.decode(ids, skip_special_tokens=True)),
             policy_version=version, swapped_at=tuple(swapped_at),
         )
+
+
+def chosen_decoder(model: PreTrainedModel, decoder: str) -> str:
+    """The decoder an engine's ``decoder`` setting runs `model` with: "static" where asked, or
+    where "auto" and the static decoder can run it; else "hf"."""
+    return "static" if decoder == "static" or (decoder == "auto" and unsupported_reason(model) is None) else "hf"
+
+
+def engine_matched_plans(model: PreTrainedModel, decoder: str, weights: str) -> Plans | str:
+    """The product plans a matched engine runs `model` on (rlvr.rollout.matched), or why it cannot:
+    copies of the weights in another format; or the Hugging Face decoder where a single row's
+    product rounds otherwise on this CPU (its steps run the model's own products, which cannot
+    run one row as two)."""
+    if weights != "model":
+        return f"engine.dtype = {weights!r} decodes on copies of the weights in another format"
+    plans = matched_plans(model)
+    if isinstance(plans, str):
+        return plans
+    if chosen_decoder(model, decoder) == "hf" and any(FORMS[name].paired for name in (*plans.layers, *plans.head)):
+        return ("on this CPU a single row's product rounds otherwise than the learner's, and the Hugging Face "
+                "decoder's steps run the model's own products (the static decoder runs that row as two)")
+    return plans
 
 
 def _weights_problem(weights: str, decoder: str, reason: str | None, device: torch.device) -> str | None:
