@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from tests.tiny import make_tiny_model, make_tiny_tokenizer
+from tests.tiny import make_tiny_model, make_tiny_tokenizer, saved_with_tokenizer
 
 # Every Ray the tests start or join, without token authentication: Ray 2.60 turns it on for a
 # local Ray where ~/.ray/auth_token exists, and a process that once used it then fails to start
@@ -38,10 +38,7 @@ def tiny_model() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model and tokenizer saved as a Hugging Face folder, for `model = <path>` runs."""
-    path = tmp_path_factory.mktemp("tiny")
-    make_tiny_model().save_pretrained(path)
-    make_tiny_tokenizer().save_pretrained(path)
-    return path
+    return saved_with_tokenizer(make_tiny_model(), tmp_path_factory.mktemp("tiny"))  # type: ignore[no-any-return]
 
 
 @pytest.fixture(autouse=True, scope="session")

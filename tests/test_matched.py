@@ -25,9 +25,22 @@ from rlvr.train.logprobs import shared_prompt_logprobs
 from rlvr.train.setup import _numerics
 from rlvr.types import SamplingParams
 from tests.test_train import overrides, read_metrics
-from tests.tiny import EOS_ID, make_tiny_model, make_tiny_tokenizer
+from tests.tiny import EOS_ID, make_tiny_model, make_tiny_tokenizer, saved_with_tokenizer
 
 pytestmark = pytest.mark.dtype_independent  # every model here is pinned to bf16 (or fp32)
+
+
+def _model() -> torch.nn.Module:
+    """The tiny Llama, 128 wide (4 heads of 32, MLP 256) in bf16: oneDNN's products of its 32-wide
+    rows sum 1-4 rows in another order than many on a Zen 5 EPYC, which matching refuses; at 128
+    they do not."""
+    return make_tiny_model(dtype=torch.bfloat16, head_dim=32, hidden_size=128, intermediate_size=256)
+
+
+@pytest.fixture(scope="module")
+def wide_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`_model` and the tiny tokenizer saved as a model folder, for `rlvr train`."""
+    return saved_with_tokenizer(_model(), tmp_path_factory.mktemp("wide"))  # type: ignore[no-any-return]
 
 AFTER_ROUNDING = 1e-5
 """The most |engine − learner| a matched token's log-prob may show (the module docstring)."""
@@ -51,7 +64,11 @@ def test_exact_attention_is_float64_rounded_once_and_float32s_gradient(masked: b
         mask[1, :, :, 0] = False  # a left pad in the second row (no query row is left empty)
         mask[1, :, 0, 0] = True
     out, _ = exact_sdpa(_Attention(), q, k, v, mask, scaling=8**-0.5)
-    want, _ = sdpa_attention_forward(_Attention(), q.double(), k.double(), v.double(), mask, scaling=8**-0.5)
+    # by hand in float64: the grouped heads repeated, scores, the mask (causal where none), softmax
+    keys, values = k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
+    scores = q.double() @ keys.transpose(-1, -2) * 8**-0.5
+    allowed = mask if mask is not None else torch.ones(6, 6, dtype=torch.bool).tril()
+    want = (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ values).transpose(1, 2)
     assert out.dtype == torch.bfloat16 and torch.equal(out, want.to(torch.bfloat16))
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     got = torch.autograd.grad(out, (q, k, v), grad)
@@ -59,27 +76,40 @@ def test_exact_attention_is_float64_rounded_once_and_float32s_gradient(masked: b
     out32, _ = sdpa_attention_forward(_Attention(), *leaves, mask, scaling=8**-0.5)
     for g, w in zip(got, torch.autograd.grad(out32, leaves, grad.float())):
         assert g.dtype == torch.bfloat16 and torch.equal(g, w.to(torch.bfloat16))
+    # only the keys need a gradient (e.g. a frozen query path): the others get none
+    q2, v2 = q.detach(), v.detach()
+    out, _ = exact_sdpa(_Attention(), q2, k, v2, mask, scaling=8**-0.5)
+    (only,) = torch.autograd.grad(out, (k,), grad)
+    assert torch.equal(only, got[1])
 
 
-def _mismatch(numerics: str, decoder: str) -> torch.Tensor:
+STOPS = [EOS_ID, *range(100, 108)]
+"""Stop tokens enough that most rows finish within 40 tokens, at different steps: the decoder
+compacts its float64 buffers, and rows left alone run joined."""
+
+
+def _mismatch(numerics: str, decoder: str, engine: EmbeddedEngine | None = None) -> torch.Tensor:
     """|engine − learner| of every sampled token's log-prob: three prompts of other lengths, four
-    samples each, EOS on, so rows finish and the decoder compacts."""
-    tokenizer, model = make_tiny_tokenizer(), make_tiny_model(dtype=torch.bfloat16).eval()
-    engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[EOS_ID], seed=0, decoder=decoder,  # type: ignore[arg-type]
-                            numerics=numerics)  # type: ignore[arg-type]
+    samples each, rows finishing at different steps (`STOPS`)."""
+    tokenizer, model = make_tiny_tokenizer(), _model().eval()
+    if engine is None:
+        engine = EmbeddedEngine(model, tokenizer, eos_token_ids=STOPS, seed=0, decoder=decoder,  # type: ignore[arg-type]
+                                numerics=numerics)  # type: ignore[arg-type]
+    model = engine.model
     prompts = [tokenizer.encode("hello there, how are you " * k) for k in (1, 3, 5)]
     groups = engine.generate(prompts, SamplingParams(max_new_tokens=40, n=4))
     completions = [list(c.token_ids) for group in groups for c in group]
     sampled = torch.tensor([lp for group in groups for c in group for lp in c.logprobs], dtype=torch.float64)
     with torch.no_grad():
         learner, _ = shared_prompt_logprobs(model, prompts, completions, [i for i in range(3) for _ in range(4)], 0)
-    assert len(sampled) > 100
+    lengths = sorted(len(c) for c in completions)
+    assert len(sampled) > 100 and lengths[2] < lengths[-3], lengths  # rows finished at different steps
     return (learner.double() - sampled).abs()
 
 
 @pytest.mark.parametrize("decoder", ["static", "hf"])
 def test_matched_engine_samples_with_the_learners_logprobs(decoder: str) -> None:
-    model = make_tiny_model(dtype=torch.bfloat16)
+    model = _model()
     if isinstance(why := matched_plans(model), str):
         pytest.skip(f"matching is not available on this CPU: {why}")
     exact, fast = _mismatch("matched", decoder), _mismatch("fast", decoder)
@@ -88,7 +118,7 @@ def test_matched_engine_samples_with_the_learners_logprobs(decoder: str) -> None
 
 
 def test_matched_sets_the_models_attention_and_its_plans_have_no_float16_form() -> None:
-    model = make_tiny_model(dtype=torch.bfloat16)
+    model = _model()
     plans = matched_plans(model)
     if isinstance(plans, str):
         pytest.skip(f"matching is not available on this CPU: {plans}")
@@ -102,7 +132,7 @@ def test_where_no_form_gives_the_learners_bits_matching_says_so(monkeypatch: pyt
     off = {name: form._replace(run=lambda kept, x, run=form.run: run(kept, x) * (1 + 2**-6))
            for name, form in FORMS.items()}  # every form a bf16 step away from the learner's product
     monkeypatch.setattr(matched, "FORMS", off)
-    model = make_tiny_model(dtype=torch.bfloat16)
+    model = _model()
     why = matched_plans(model)
     assert isinstance(why, str) and "no product form gives the learner's bits at 1 rows" in why
     with pytest.raises(ValueError, match="matched numerics cannot run here: no product form"):
@@ -113,23 +143,78 @@ def test_where_no_form_gives_the_learners_bits_matching_says_so(monkeypatch: pyt
 def test_where_only_one_row_rounds_otherwise_a_row_runs_as_two(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU whose one-row kernel rounds differently (oneDNN's bf16 1536→576 product on a Zen 5:
     13% of single rows): the probe must notice it on some row, and run one row as two there."""
-    if isinstance(why := matched_plans(make_tiny_model(dtype=torch.bfloat16)), str):
+    if isinstance(why := matched_plans(_model()), str):
         pytest.skip(f"matching is not available on this CPU: {why}")
     monkeypatch.setattr(matched, "_CHOSEN", {})
     off = {name: form if form.paired else
            form._replace(run=lambda kept, x, run=form.run: run(kept, x) * (1 + 2**-6) if len(x) == 1 else run(kept, x))
            for name, form in FORMS.items()}  # the paired forms keep the true kernels: they never run one row
     monkeypatch.setattr(matched, "FORMS", off)
-    model = make_tiny_model(dtype=torch.bfloat16)
+    model = _model()
     plans = matched_plans(model)
     assert not isinstance(plans, str), plans
     assert off[plans.layers[0]].paired and off[plans.head[0]].paired
     assert not any(off[name].paired for name in (*plans.layers[1:], *plans.head[1:]))
-    # the Hugging Face decoder runs the model's own one-row products: it cannot match there
-    monkeypatch.setattr("rlvr.rollout.engine.FORMS", off)
-    with pytest.raises(ValueError, match="a single row's product rounds otherwise"):
+
+
+def test_the_hf_decoder_matches_only_where_the_models_own_products_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Hugging Face decoder's steps run the model's own `F.linear` at every count of running
+    rows: where one count rounds otherwise (here: a layer's single row), it cannot match, and the
+    static decoder (its products in checked forms) still can."""
+    model = _model()
+    if isinstance(why := matched_plans(model), str):
+        pytest.skip(f"matching is not available on this CPU: {why}")
+    monkeypatch.setattr(matched, "_CHOSEN", {})
+    vocab = model.config.vocab_size
+
+    class OffAtOneRow:  # torch.nn.functional, its linear a bf16 step off for one row of a layer's product
+        def __getattr__(self, name: str) -> object:
+            return getattr(torch.nn.functional, name)
+
+        @staticmethod
+        def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+            y = torch.nn.functional.linear(x, w, b)
+            return y * (1 + 2**-6) if len(x) == 1 and w.shape[0] != vocab else y
+
+    monkeypatch.setattr(matched, "F", OffAtOneRow())
+    with pytest.raises(ValueError, match="rounds 1 rows otherwise than the learner's, and the Hugging Face decoder"):
         EmbeddedEngine(model, make_tiny_tokenizer(), eos_token_ids=[EOS_ID], decoder="hf", numerics="matched")
     EmbeddedEngine(model, make_tiny_tokenizer(), eos_token_ids=[EOS_ID], decoder="static", numerics="matched")
+
+
+def test_after_the_thread_count_changes_the_forms_are_probed_again() -> None:
+    """rlvr.cores fits torch's threads to the free cores between steps, and oneDNN may split a
+    product otherwise at another count: a matched engine probes its forms again, and stays matched."""
+    model = _model()
+    if isinstance(why := matched_plans(model), str):
+        pytest.skip(f"matching is not available on this CPU: {why}")
+    engine = EmbeddedEngine(model, make_tiny_tokenizer(), eos_token_ids=STOPS, seed=0, numerics="matched")
+    before = torch.get_num_threads()
+    other = 1 if before > 1 else 2
+    torch.set_num_threads(other)
+    try:
+        assert float(_mismatch("matched", "static", engine).max()) < AFTER_ROUNDING
+        assert engine._plans_threads == other
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_models_whose_projections_have_biases_are_not_matched() -> None:
+    model = _model()
+    attn = model.model.layers[0].self_attn
+    attn.q_proj.bias = torch.nn.Parameter(torch.zeros(attn.q_proj.out_features, dtype=torch.bfloat16))
+    assert "have biases (Qwen2)" in (unmatched_reason(model) or "")
+
+
+def test_the_kl_reference_computes_as_the_matched_policy_does(wide_dir: Path, tmp_path: Path) -> None:
+    from rlvr.train.methods.kl import on_rank
+
+    policy = _model()
+    exact_attention(policy)
+    cfg = load_config(None, [*overrides(wide_dir, tmp_path, "kl"), "algo.kl_coef=0.1"])
+    extras = on_rank(cfg, policy, None)  # type: ignore[arg-type]
+    assert extras is not None and extras.ref_model is not None
+    assert extras.ref_model.config._attn_implementation == EXACT
 
 
 def test_matching_is_for_16_bit_models_on_a_cpu() -> None:
@@ -137,13 +222,13 @@ def test_matching_is_for_16_bit_models_on_a_cpu() -> None:
     assert "16-bit models" in (unmatched_reason(model) or "")
     with pytest.raises(ValueError, match="matched numerics cannot run here: the model is float32"):
         EmbeddedEngine(model, make_tiny_tokenizer(), eos_token_ids=[EOS_ID], numerics="matched")
-    eager = make_tiny_model(dtype=torch.bfloat16)
+    eager = _model()
     eager.set_attn_implementation("eager")
     assert "attention is 'eager'" in (unmatched_reason(eager) or "") and not exact_attention(eager)
 
 
 def test_auto_numerics_match_where_the_engine_shares_the_learners_model(tiny_dir: Path, tmp_path: Path) -> None:
-    model = make_tiny_model(dtype=torch.bfloat16)
+    model = _model()
     if isinstance(why := matched_plans(model), str):
         pytest.skip(f"matching is not available on this CPU: {why}")
 
@@ -161,15 +246,15 @@ def test_auto_numerics_match_where_the_engine_shares_the_learners_model(tiny_dir
         _numerics(cfg('engine.numerics="matched"'), make_tiny_model(), shared=True)
 
 
-def test_a_bf16_run_logs_no_mismatch_with_matched_numerics(tiny_dir: Path, tmp_path: Path) -> None:
+def test_a_bf16_run_logs_no_mismatch_with_matched_numerics(wide_dir: Path, tmp_path: Path) -> None:
     """Two GRPO steps in bf16 (the engine on the learner's weights), "auto" numerics and "fast": the
     logged sampler/learner log-ratio is rounding with matching, at step 2 too (after an update),
     and bf16's drift without."""
-    if isinstance(why := matched_plans(make_tiny_model(dtype=torch.bfloat16)), str):
+    if isinstance(why := matched_plans(_model()), str):
         pytest.skip(f"matching is not available on this CPU: {why}")
     logged = {}
     for numerics in ("auto", "fast"):
-        train(load_config(None, [*overrides(tiny_dir, tmp_path, numerics, sampling__max_new_tokens=24),
+        train(load_config(None, [*overrides(wide_dir, tmp_path, numerics, sampling__max_new_tokens=24),
                                  'train.precision="bf16"', 'engine.dtype="bfloat16"',
                                  f'engine.numerics="{numerics}"']), quiet=True)
         logged[numerics] = read_metrics(tmp_path / numerics)

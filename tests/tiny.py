@@ -44,12 +44,15 @@ def make_tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def make_tiny_model(
-    vocab_size: int = VOCAB_SIZE, seed: int = 0, dtype: torch.dtype = torch.float32, head_dim: int = 8
+    vocab_size: int = VOCAB_SIZE, seed: int = 0, dtype: torch.dtype = torch.float32, head_dim: int = 8,
+    hidden_size: int = 32, intermediate_size: int = 64,
 ) -> LlamaForCausalLM:
     """A random 2-layer Llama (hidden 32, 4 query / 2 KV heads, tied embeddings), ~27k parameters.
 
     ``head_dim`` 8 is hidden / heads; vLLM's CPU attention takes head sizes 32, 64, 80, 96, 128,
     … only, so the vLLM tests use ``VLLM_HEAD_DIM`` (q/k/v project 32 to 4 × 32, ~47k parameters).
+    ``hidden_size`` and ``intermediate_size``: wider, as tests/test_matched.py needs (oneDNN's
+    bf16 products of 32-wide rows sum a few rows in another order than many, on a Zen 5 EPYC).
 
     The same seed gives the same weights. Weights are drawn with std 0.2 (transformers' default
     is 0.02, whose near-uniform next-token distributions make greedy decoding repeat the last
@@ -57,8 +60,8 @@ def make_tiny_model(
     """
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -74,6 +77,13 @@ def make_tiny_model(
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return model.to(dtype).eval()
+
+
+def saved_with_tokenizer(model: Any, path: Any) -> Any:
+    """`model` and the tiny tokenizer saved in the folder `path`, for `model = <path>` runs; `path`."""
+    model.save_pretrained(path)
+    make_tiny_tokenizer().save_pretrained(path)
+    return path
 
 
 VLLM_HEAD_DIM = 32

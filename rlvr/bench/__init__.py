@@ -43,9 +43,8 @@ from rlvr.types import Completion, Group, Sample
 from rlvr.data import reasoning_gym_examples, render_prompt
 from rlvr.models import load_model, load_tokenizer
 from rlvr.rewards.reward_model import RewardModelScorer, rm_text
-from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.rollout.engine import EmbeddedEngine, engine_matched_plans
 from rlvr.rollout.forms import ROWS
-from rlvr.rollout.matched import unmatched_reason
 from rlvr.rollout.plans import bf16_packing_unavailable, product_plans
 from rlvr.rollout.weights import LAZY_AFTER, weights_unavailable
 from rlvr.models import load_tokenizer, resolve_dtype, resolve_model_path
@@ -93,21 +92,24 @@ def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = Tru
                 ("static", "static", "model", "fast"), ("static_matched", "static", "model", "matched"),
                 ("static_float16", "static", "float16", "fast"), ("static_int8", "static", "int8", "fast"),
                 ("hf", "hf", "model", "fast")):
-            why = weights_unavailable(weights) or (unmatched_reason(model) if numerics == "matched" else None)
+            plans = engine_matched_plans(model, decoder, weights) if numerics == "matched" else None
+            why = weights_unavailable(weights) or (plans if isinstance(plans, str) else None)
             if why is not None:
                 row[f"rlvr_{name}_tok_s"] = why
                 continue
             attention = model.config._attn_implementation  # a matched engine sets float64 attention
-            engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch,  # no EOS: full length
-                                    decoder=decoder, weights=weights, numerics=numerics)  # type: ignore[arg-type]
-            # warm: kernels made, and a one-row call's lazy weight copies (rlvr.rollout.weights.LAZY_AFTER)
-            # bought, as when serving or evaluating on weights that do not change (training pays: part grpo)
-            warm = LAZY_AFTER if (name, batch) == ("static", 1) else 2
-            engine.generate(ids[:1], SamplingParams(max_new_tokens=warm, n=1))
-            start = time.perf_counter()
-            engine.generate(ids, params)
-            row[f"rlvr_{name}_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
-            model.set_attn_implementation(attention)
+            try:
+                engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch,  # no EOS: full length
+                                        decoder=decoder, weights=weights, numerics=numerics)  # type: ignore[arg-type]
+                # warm: kernels made, and a one-row call's lazy weight copies (rlvr.rollout.weights.LAZY_AFTER)
+                # bought, as when serving or evaluating on weights that do not change (training pays: part grpo)
+                warm = LAZY_AFTER if (name, batch) == ("static", 1) else 2
+                engine.generate(ids[:1], SamplingParams(max_new_tokens=warm, n=1))
+                start = time.perf_counter()
+                engine.generate(ids, params)
+                row[f"rlvr_{name}_tok_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
+            finally:
+                model.set_attn_implementation(attention)
         tokenizer.padding_side = "left"
         padded = tokenizer.pad({"input_ids": [i for i in ids for _ in range(group)]}, return_tensors="pt")
         start = time.perf_counter()

@@ -30,6 +30,7 @@ policy that really produced it; `Completion.swapped_at` says where the weights c
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -42,14 +43,15 @@ from rlvr.attention import exact_attention
 from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.errors import EngineOutOfMemory
 from rlvr.models import padded_rows, windowed_attention, with_cache
-from rlvr.rollout.matched import matched_plans
-from rlvr.rollout.forms import FORMS
-from rlvr.rollout.plans import Plans
+from rlvr.rollout.matched import matched_plans, own_products_differ
+from rlvr.rollout.plans import Plans, product_plans
 from rlvr.rollout.prefixes import PrefixPlan, PrefixStore, Stored, plan_prefixes
 from rlvr.rollout.sampling import sample_tokens
 from rlvr.rollout.static_decode import StaticDecoder, StepGraphs, cache_tensors, unsupported_reason
 from rlvr.rollout.weights import FusedWeights, weights_unavailable
 from rlvr.types import Completion, FinishReason, PromptMedia, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 _CUDNN_LOCK = threading.Lock()
@@ -203,12 +205,14 @@ class EmbeddedEngine:
             raise ValueError(f"numerics must be 'fast' or 'matched', not {numerics!r}")
         self.numerics = numerics
         self._plans: Plans | None = None  # matched numerics' product plans
+        self._plans_threads = torch.get_num_threads()  # the thread count they were probed at
         if numerics == "matched":
             plans = engine_matched_plans(model, self.decoder, weights)
             if isinstance(plans, str):
                 raise ValueError(f"matched numerics cannot run here: {plans}")
             self._plans = plans
-            exact_attention(model)
+            if not exact_attention(model):
+                raise ValueError("matched numerics cannot run here: the model's class did not take float64 attention")
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(set(eos_token_ids))
@@ -317,6 +321,8 @@ class EmbeddedEngine:
 
     def _decoder(self, cache: DynamicCache, mask_PT: torch.Tensor, n: int,
                  offsets_P: torch.Tensor | None = None, new_tokens: int = 0) -> StaticDecoder | HFDecoder:
+        if self.numerics == "matched" and self._plans_threads != torch.get_num_threads():
+            self._rematch()
         if self.decoder == "static":
             if self.cuda_graphs and self._graphs is None and self.device.type == "cuda":
                 self._graphs = StepGraphs(self.device)
@@ -523,6 +529,22 @@ class EmbeddedEngine:
             self._fused = (versions, FusedWeights(self.model, self.weights, plans=self._plans))
         return self._fused[1]
 
+    def _rematch(self) -> None:
+        """Matched numerics after torch's thread count changed (rlvr.cores fits it to the free cores
+        between steps): the forms that give the learner's bits are probed again for the new count
+        (oneDNN may split a product otherwise); where none does, the decoder runs the fastest
+        forms until the count comes back, and says so."""
+        threads = torch.get_num_threads()
+        plans = engine_matched_plans(self.model, self.decoder, self.weights)
+        if isinstance(plans, str):
+            log.warning("matched numerics are off while torch runs %d threads: %s; the engine's log-probs now "
+                        "differ from the learner's by bf16 rounding (mismatch_logratio_abs says how much)",
+                        threads, plans)
+            plans = product_plans(self.model)
+        if plans != self._plans:
+            self._fused = None  # the decoder's weights in the new plans' forms
+        self._plans, self._plans_threads = plans, threads
+
     def _hit_stop(self, rows: torch.Tensor, tokens: list[list[int]], stop: tuple[str, ...], max_stop: int) -> torch.Tensor:
         # A token holds at least one byte of text (byte-level BPE splits a character across
         # tokens), so the last max_stop tokens, max_stop the longest stop string's UTF-8 length,
@@ -558,9 +580,9 @@ def engine_matched_plans(model: PreTrainedModel, decoder: str, weights: str) -> 
     plans = matched_plans(model)
     if isinstance(plans, str):
         return plans
-    if chosen_decoder(model, decoder) == "hf" and any(FORMS[name].paired for name in (*plans.layers, *plans.head)):
-        return ("on this CPU a single row's product rounds otherwise than the learner's, and the Hugging Face "
-                "decoder's steps run the model's own products (the static decoder runs that row as two)")
+    if chosen_decoder(model, decoder) == "hf" and (why := own_products_differ(model)):
+        return (f"{why}, and the Hugging Face decoder's steps run the model's own products at every count of "
+                "running rows (the static decoder runs its products in checked forms)")
     return plans
 
 

@@ -22,7 +22,10 @@ What matching takes, each checked here rather than assumed:
   at one row for some shapes only (its 1536→576 product rounded 13% of single rows otherwise). So
   every form the decoder runs is probed here against the learner's own product at many row
   counts (`matched_plans`), a form that differs at some count is not used there, and where none
-  matches one row, a single row runs as two (the "paired" forms, rlvr.rollout.forms);
+  matches one row, a single row runs as two (the "paired" forms, rlvr.rollout.forms). The probe
+  runs on inputs made to show a sum's order (`revealing`): on random ones, a kernel that sums in
+  another order differs only where a result lies near a bf16 rounding boundary, rarely enough to
+  pass a probe by luck, as the tiny test model's 32-wide products did;
 - everything else the two sides already share: the model's own norm, rotary and activation
   modules (elementwise or per-row), and a log-softmax of the same float32 logits.
 
@@ -32,6 +35,12 @@ mean |engine - learner| 7e-6 nats, no token outside the band, against 0.034 and 
 
 The cost: float64 attention (its keys and values, 4 times bf16's bytes, in the decoder's buffers)
 and no float16 copies at one row: docs/performance.md has the engine's and the learner's speed.
+
+Not matched: models whose q/k/v projections have biases (the static decoder adds them after its
+fused product; the learner inside each), attention dropout, remote-code models, and forwards of at
+most 3 tokens where so few rows round otherwise (`LEARNER_ROWS`). The KL reference model runs the
+policy's float64 attention too (rlvr.train.methods.kl), and after torch's thread count changes the
+engine probes again (`EmbeddedEngine._rematch`).
 """
 
 from __future__ import annotations
@@ -48,20 +57,29 @@ from rlvr.rollout.plans import Plans, product_plans
 
 log = logging.getLogger(__name__)
 
-LEARNER_ROWS = (2, 3, 100, 400)
+LEARNER_ROWS = (4, 7, 100, 400)
 """Row counts at which the learner's own product is checked against its product of `PROBE_ROWS`
-rows (it runs micro-batches of any size, and the engine's prefill a prompt batch of any size; a
-forward of a single token, which neither runs in practice, is not covered)."""
+rows (it runs micro-batches of any size, and the engine's prefill a prompt batch of any size). A
+forward of at most 3 tokens is not covered: the learner does not run one in practice, but the
+engine's prefill of one short prompt alone, or of a short suffix after a stored prefix (a
+multi-turn turn of 1-3 tokens, alone in its call), does, with the model's own products, which
+may round so few rows otherwise (oneDNN's 1536→576 bf16 product at one row, and the tiny test
+model's 32-wide products at 1-3 rows, on a Zen 5 EPYC)."""
 PROBE_ROWS = 512
 """Rows of the probe's input: the learner's product of these many rows is the reference."""
-SLICES, CHECKED_ROWS = 64, 128
+SLICES, CHECKED_ROWS = 16, 64
 """A row count is checked on up to `SLICES` different slices of the input, `CHECKED_ROWS` rows in
-all (at least two slices): a kernel that rounds one row in eight differently must not pass by
-luck (64 single rows: it would pass once in 5,000)."""
+all (at least two slices): on `revealing` inputs a kernel that sums in another order differs in
+most rows, so it cannot pass by luck."""
+EVERY_COUNT = 16
+"""Up to this many rows the probe checks every row count (a kernel blocked by 4, 8 or 16 rows
+shows there); beyond it each bucket's least and most."""
 CANDIDATES = ("onednn", "linear", "xw", "left", "mkl", "onednn_paired", "linear_paired")
 """The forms tried, in this order after the speed plan's own, for a row count where that one
 does not match; the paired ones (`forms._paired`) run a single row as two."""
 _CHOSEN: dict[str, Plans | str] = {}
+"""Per `_key`, the probe's plans or why there are none (and, under "own|...", `own_products_differ`'s
+answer, "" for none)."""
 
 
 def unmatched_reason(model: PreTrainedModel) -> str | None:
@@ -71,8 +89,15 @@ def unmatched_reason(model: PreTrainedModel) -> str | None:
         return f"the model is {str(dtype).removeprefix('torch.')}: matching is for 16-bit models (fp32 already agrees to ~1e-5)"
     if any(p.device.type != "cpu" for p in model.parameters()):
         return "the model is not on a CPU (a GPU's products are not checked to be row-invariant)"
-    if not is_sdpa(model):
-        return f"the model's attention is {model.config._attn_implementation!r}, not SDPA"
+    if not is_sdpa(model) or not type(model).__module__.startswith("transformers."):
+        return (f"the model's attention is {model.config._attn_implementation!r} in {type(model).__module__}, not "
+                "SDPA in a model class of transformers' own (remote code may call attention itself)")
+    if getattr(model.config, "attention_dropout", 0.0):
+        return "attention dropout is on (the float64 forward and its float32 backward would drop other weights)"
+    attn = model.model.layers[0].self_attn
+    if any(getattr(attn, name).bias is not None for name in ("q_proj", "k_proj", "v_proj")):
+        return ("the query/key/value projections have biases (Qwen2): the static decoder adds them after its fused "
+                "product, the learner inside each product, so they round differently; not matched yet")
     if getattr(model.config, "vision_config", None) is not None:
         return "a vision-language model's image encoder is not matched"
     return None
@@ -87,9 +112,7 @@ def matched_plans(model: PreTrainedModel) -> Plans | str:
     why = unmatched_reason(model)
     if why is not None:
         return why
-    head = model.lm_head.weight.detach()
-    layer_shapes = ",".join("x".join(map(str, p.shape)) for p in model.model.layers[0].parameters())
-    key = f"{head.dtype}|{layer_shapes}|{'x'.join(map(str, head.shape))}|{torch.get_num_threads()} threads"
+    key = _key(model)
     if key not in _CHOSEN:
         _CHOSEN[key] = _probe(model)
         if isinstance(_CHOSEN[key], str):
@@ -97,13 +120,46 @@ def matched_plans(model: PreTrainedModel) -> Plans | str:
     return _CHOSEN[key]
 
 
+def revealing(rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
+    """Inputs whose products' sums show the order they were summed in: small integers, with one
+    +2^24 and one -2^24 in each row. Against weights of ±1, a column where the two cancel sums to a
+    small integer, but only the small terms added while the partial sum was not near ±2^24 survive
+    (float32 keeps 24 bits), so another order of the sum gives another small integer, which bf16
+    shows. On random normal inputs a kernel that sums in another order differs only where a result
+    falls near a bf16 rounding boundary: ~20 of 1.3 million outputs for the tiny test model's
+    32-wide products, which a probe of random rows passed by luck; on these, 75-100% of the rows
+    differ (and a kernel that sums in the same order, none)."""
+    x = torch.randint(-3, 4, (rows, width), generator=gen).float()
+    at = torch.arange(rows)
+    plus = torch.randint(0, width, (rows,), generator=gen)
+    minus = (plus + 1 + torch.randint(0, width - 1, (rows,), generator=gen)) % width
+    x[at, plus], x[at, minus] = 2.0**24, -(2.0**24)
+    return x
+
+
+def _signs(shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
+    """Weights of ±1 in `shape`: 256 random rows, repeated (a kernel's order of summation depends on
+    the shapes, not on the values; an output head's 49,152 random rows took a third of a second)."""
+    block = torch.randint(0, 2, (min(256, shape[0]), shape[1]), generator=gen).float() * 2 - 1
+    return block.repeat(-(-shape[0] // len(block)), 1)[: shape[0]]
+
+
+def _key(model: PreTrainedModel) -> str:
+    """What the probe's answer depends on: the dtype, the shapes and torch's thread count now."""
+    head = model.lm_head.weight
+    layer_shapes = ",".join("x".join(map(str, p.shape)) for p in model.model.layers[0].parameters())
+    return f"{head.dtype}|{layer_shapes}|{'x'.join(map(str, head.shape))}|{torch.get_num_threads()} threads"
+
+
 class _Case:
-    """One product the learner runs: its weights (several where the decoder joins them), an input
-    of `PROBE_ROWS` rows, and the learner's product of the first rows of it."""
+    """One product the learner runs, in the shapes of its weights (several where the decoder joins
+    them) but on numbers made to show the order of its sums: weights of ±1, and inputs of
+    `revealing` rows; the learner's product of all `PROBE_ROWS` rows is the reference."""
 
     def __init__(self, parts: list[torch.Tensor], gen: torch.Generator, head: bool = False) -> None:
-        self.parts, self.weight = parts, joined(parts)
-        self.x = torch.randn(PROBE_ROWS, parts[0].shape[1], generator=gen).to(parts[0].dtype)
+        self.parts = [_signs(w.shape, gen).to(w.dtype) for w in parts]
+        self.weight = joined(self.parts)
+        self.x = revealing(PROBE_ROWS, parts[0].shape[1], gen).to(parts[0].dtype)
         self.head = head
         self.ref = self.learner(self.x)
 
@@ -138,6 +194,34 @@ def _probe(model: PreTrainedModel) -> Plans | str:
     return Plans(layer_plan, head_plan)  # type: ignore[arg-type]
 
 
+def bucket_counts(bucket: int) -> list[int]:
+    """The row counts the probe checks for bucket `bucket` of `ROWS`: every count it runs up to
+    `EVERY_COUNT`, and beyond that the least and the most (and 200 for the last bucket, which
+    runs any count above 32)."""
+    low, high = (ROWS[bucket - 1] + 1 if bucket else 1), ROWS[bucket]
+    counts = set(range(low, high + 1)) if high <= EVERY_COUNT else {low, high}
+    return sorted(counts | ({200} if bucket == len(ROWS) - 1 else set()))
+
+
+def own_products_differ(model: PreTrainedModel) -> str | None:
+    """Why the model's own products (the learner's: one `F.linear` a projection) give some row
+    count other bits than many rows, or None: the Hugging Face decoder's steps run them at every
+    count of running rows. Probed once per process, as `matched_plans`."""
+    key = f"own|{_key(model)}"
+    if key not in _CHOSEN:
+        gen = torch.Generator().manual_seed(0)
+        cases = [_Case(parts, gen) for parts in fused_parts(model.model.layers[0])]
+        cases.append(_Case([model.lm_head.weight.detach()], gen, head=True))
+
+        def own(case: _Case) -> Callable[[torch.Tensor], torch.Tensor]:  # the HF decoder's head is nn.Linear
+            return (lambda x: F.linear(x, case.weight)) if case.head else case.learner
+
+        _CHOSEN[key] = next((f"the model's own {case.shape()} product rounds {rows} rows otherwise than the learner's"
+                             for b in range(len(ROWS)) for rows in bucket_counts(b) for case in cases
+                             if not case.agrees(own(case), rows)), "")
+    return str(_CHOSEN[key]) or None
+
+
 def _plan(cases: list[_Case], speed: Plan) -> Plan | str:
     """Per bucket of `ROWS`, the first form (the speed plan's own, then `CANDIDATES`) whose product
     of that many rows equals the learner's in every case bit for bit; or why there is none."""
@@ -147,13 +231,14 @@ def _plan(cases: list[_Case], speed: Plan) -> Plan | str:
                 return (f"the learner's own {case.shape()} product gives other bits at {rows} rows than at "
                         f"{PROBE_ROWS}: its kernel is not row-invariant on this CPU")
     kept: dict[tuple[str, int], object] = {}
+    usable = {name: not FORMS[name].in_fp16 and form_unavailable(name, cases[0].weight.dtype) is None
+              for name in dict.fromkeys((*speed, *CANDIDATES))}
 
     def matches(name: str, bucket: int) -> bool:
         form = FORMS[name]
-        if form.in_fp16 or form_unavailable(name, cases[0].weight.dtype) is not None:
+        if not usable[name]:
             return False
-        # the bucket's own count, the least it runs, and for the last bucket a count beyond it
-        counts = sorted({ROWS[bucket], ROWS[bucket - 1] + 1 if bucket else 1, *((200,) if bucket == len(ROWS) - 1 else ())})
+        counts = bucket_counts(bucket)
         for i, case in enumerate(cases):
             if (name, i) not in kept:
                 kept[name, i] = form.prepare(case.weight)

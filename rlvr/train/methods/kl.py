@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from transformers import PreTrainedModel
 
 from rlvr.algos.kl import AdaptiveKL, KLController
+from rlvr.attention import EXACT, exact_attention
 from rlvr.models import load_policy
 from rlvr.train.methods.base import Extras, Method, Plan, RankInfo, SetupInfo
 
@@ -48,7 +49,10 @@ def on_rank(cfg: Any, policy: PreTrainedModel, info: RankInfo) -> Extras | None:
     if cfg.algo.kl_coef <= 0:
         return None
     weight = next(policy.parameters())
-    return Extras(ref_model=load_policy(cfg.model, weight.dtype, weight.device)[0].eval().requires_grad_(False))
+    ref = load_policy(cfg.model, weight.dtype, weight.device)[0].eval().requires_grad_(False)
+    if getattr(getattr(policy, "config", None), "_attn_implementation", None) == EXACT:
+        exact_attention(ref)  # matched numerics (rlvr.rollout.matched): the reference computes as the policy does
+    return Extras(ref_model=ref)
 
 
 def check(cfg: RunConfig) -> None:
