@@ -194,7 +194,11 @@ def test_rlvr_train_beside_a_busy_core_runs_one_thread_and_says_why(tiny_dir: Pa
     assert "torch runs 1 thread on 2 cores" in out.stderr, out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "busy" / "metrics.jsonl").read_text().splitlines()]
     assert [r["cpu_threads"] for r in rows] == [1.0, 1.0]
-    assert all(r["cpu_busy_elsewhere"] >= 0.5 for r in rows), rows
+    # a step of the tiny model is a fraction of a second, read in 10 ms ticks, and CI runs mypy
+    # beside the suite: the spinning core can read below half a core in a step (CI, session 38).
+    # The count stays at one while it reads at least 0.3, the hysteresis' floor (`fitted`)
+    busy = [r["cpu_busy_elsewhere"] for r in rows]
+    assert all(b >= 0.3 for b in busy), busy
 
 
 def test_under_a_cgroup_quota_the_cores_are_the_quota_and_busy_is_the_cgroup_s_usage(

@@ -107,7 +107,7 @@ def matched_plans(model: PreTrainedModel) -> Plans | str:
     """Plans for `FusedWeights` whose every form gives the learner's bits at its row counts, or a
     string saying why there are none: the learner's own product is not row-invariant here, or no
     form matches it at some row count. Probed once per process for each dtype, set of shapes and
-    thread count (~1.5 s for the bundled model, on its first layer and output head); not cached
+    thread count (~0.8 s for the bundled model, on its first layer and output head); not cached
     on disk, since it is what makes the numbers right."""
     why = unmatched_reason(model)
     if why is not None:
