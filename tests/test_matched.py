@@ -219,7 +219,7 @@ def test_the_kl_reference_computes_as_the_matched_policy_does(wide_dir: Path, tm
 
 def test_matching_is_for_16_bit_models_on_a_cpu() -> None:
     model = make_tiny_model()  # fp32
-    assert "16-bit models" in (unmatched_reason(model) or "")
+    assert "matching is for bfloat16 models" in (unmatched_reason(model) or "")
     with pytest.raises(ValueError, match="matched numerics cannot run here: the model is float32"):
         EmbeddedEngine(model, make_tiny_tokenizer(), eos_token_ids=[EOS_ID], numerics="matched")
     eager = _model()

@@ -181,7 +181,7 @@ class EmbeddedEngine:
         ``cuda_graphs``: on a CUDA device the static decoder replays each step as a CUDA graph
         (rlvr.rollout.static_decode); False launches its kernels one by one.
 
-        ``numerics`` "matched" (a bf16 or float16 model on a CPU, its own weights): the engine
+        ``numerics`` "matched" (a bf16 model on a CPU, its own weights): the engine
         computes the learner's numbers bit for bit (rlvr.rollout.matched), so its log-probs are the
         learner's; it sets the model's attention to float64 SDPA (`rlvr.attention.exact_sdpa`),
         which the learner then runs too where it trains this same model. ValueError where

@@ -1,4 +1,4 @@
-"""Matched numerics: the embedded engine computes a bf16 (or float16) model's numbers bit for bit as
+"""Matched numerics: the embedded engine computes a bf16 model's numbers bit for bit as
 the learner does, so the log-probs it samples with are the learner's own.
 
 Why: in bf16 the learner runs each sequence whole and the decoder one token at a time, and the two
@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
@@ -85,8 +86,9 @@ answer, "" for none)."""
 def unmatched_reason(model: PreTrainedModel) -> str | None:
     """Why matched numerics cannot run `model` (or None where they can, `matched_plans` aside)."""
     dtype = model.dtype
-    if dtype not in (torch.bfloat16, torch.float16):
-        return f"the model is {str(dtype).removeprefix('torch.')}: matching is for 16-bit models (fp32 already agrees to ~1e-5)"
+    if dtype != torch.bfloat16:
+        return (f"the model is {str(dtype).removeprefix('torch.')}: matching is for bfloat16 models (fp32 already "
+                "agrees to ~1e-5; float16's range cannot hold the probe's `revealing` inputs)")
     if any(p.device.type != "cpu" for p in model.parameters()):
         return "the model is not on a CPU (a GPU's products are not checked to be row-invariant)"
     if not is_sdpa(model) or not type(model).__module__.startswith("transformers."):
