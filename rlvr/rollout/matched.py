@@ -96,12 +96,15 @@ def unmatched_reason(model: PreTrainedModel) -> str | None:
                 "SDPA in a model class of transformers' own (remote code may call attention itself)")
     if getattr(model.config, "attention_dropout", 0.0):
         return "attention dropout is on (the float64 forward and its float32 backward would drop other weights)"
-    attn = model.model.layers[0].self_attn
+    if getattr(model.config, "vision_config", None) is not None:
+        return "a vision-language model's image encoder is not matched"
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    attn = getattr(layers[0], "self_attn", None) if layers else None
+    if attn is None or any(not hasattr(attn, name) for name in ("q_proj", "k_proj", "v_proj")):
+        return "the model's layers are not where the probe looks for them (model.layers[i].self_attn.q_proj, ...)"
     if any(getattr(attn, name).bias is not None for name in ("q_proj", "k_proj", "v_proj")):
         return ("the query/key/value projections have biases (Qwen2): the static decoder adds them after its fused "
                 "product, the learner inside each product, so they round differently; not matched yet")
-    if getattr(model.config, "vision_config", None) is not None:
-        return "a vision-language model's image encoder is not matched"
     return None
 
 
