@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from rlvr.bench import MODEL, prompt_ids
+from rlvr.bench import MODEL, grouped_prompts
 from rlvr.models import load_model, load_tokenizer
 from rlvr.rollout import static_decode
 from rlvr.rollout.engine import EmbeddedEngine
@@ -89,8 +89,8 @@ def tok_s(compiled: bool, batch: int, new_tokens: int) -> tuple[float, float]:
         return step
 
     engine._decoder = decoder  # type: ignore[method-assign,assignment]
-    group = min(8, batch)
-    ids, params = prompt_ids(tokenizer, max(1, batch // group)), SamplingParams(max_new_tokens=new_tokens, n=group)
+    ids, group = grouped_prompts(tokenizer, batch)
+    params = SamplingParams(max_new_tokens=new_tokens, n=group)
     start = time.perf_counter()
     engine.generate(ids, params)
     first = time.perf_counter() - start

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from rlvr.bench import MODEL, prompt_ids
+from rlvr.bench import MODEL, grouped_prompts
 from rlvr.models import cpu_description, load_model, load_tokenizer
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.rollout.weights import LAZY_AFTER, FusedWeights
@@ -46,8 +46,7 @@ def main() -> None:
     sides = {"fixed": fixed, "probed": probed}
     print("| batch | " + " | ".join(sides) + " | ratio |\n|---|---|---|---|")
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        group = min(8, batch)
-        ids = prompt_ids(tokenizer, max(1, batch // group))
+        ids, group = grouped_prompts(tokenizer, batch)
         engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch, decoder="static")
         best = dict.fromkeys(sides, 0.0)
         for round_ in range(args.rounds + 1):  # round 0 warms both up

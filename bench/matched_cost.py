@@ -11,7 +11,7 @@ import json
 import time
 
 from rlvr.attention import exact_attention
-from rlvr.bench import MODEL, fake_groups, prompt_ids
+from rlvr.bench import MODEL, fake_groups, grouped_prompts
 from rlvr.models import load_model, load_tokenizer
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.train.learner import Learner
@@ -22,8 +22,7 @@ from rlvr.types import SamplingParams
 def engine_tok_s(numerics: str, batch: int, new_tokens: int) -> float:
     tokenizer, model = load_tokenizer(MODEL), load_model(MODEL, "bfloat16")
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch, numerics=numerics)  # type: ignore[arg-type]
-    group = min(8, batch)
-    ids = prompt_ids(tokenizer, max(1, batch // group))
+    ids, group = grouped_prompts(tokenizer, batch)
     params = SamplingParams(max_new_tokens=new_tokens, n=group)
     engine.generate(ids, params)  # warm: kernels, and a one-row call's lazy copies
     start = time.perf_counter()

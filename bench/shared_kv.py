@@ -15,7 +15,7 @@ import json
 import time
 
 import rlvr
-from rlvr.bench import MODEL, prompt_ids
+from rlvr.bench import MODEL, grouped_prompts
 from rlvr.models import cpu_description, load_model, load_tokenizer
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.types import SamplingParams
@@ -33,8 +33,8 @@ def main() -> None:
     cpu = cpu_description()
     for extra in (int(x) for x in args.prompt_tokens.split(",")):
         for batch in (int(x) for x in args.batch_sizes.split(",")):
-            group = min(8, batch)
-            ids = [filler[:extra] + p for p in prompt_ids(tokenizer, max(1, batch // group))]
+            prompts, group = grouped_prompts(tokenizer, batch)
+            ids = [filler[:extra] + p for p in prompts]
             engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch, decoder="static")
             engine.generate(ids[:1], SamplingParams(max_new_tokens=2, n=1))
             rates = []

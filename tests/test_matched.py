@@ -165,6 +165,7 @@ def test_the_hf_decoder_matches_only_where_the_models_own_products_do(monkeypatc
     if isinstance(why := matched_plans(model), str):
         pytest.skip(f"matching is not available on this CPU: {why}")
     monkeypatch.setattr(matched, "_CHOSEN", {})
+    monkeypatch.setattr(matched, "_OWN", {})
     vocab = model.config.vocab_size
 
     class OffAtOneRow:  # torch.nn.functional, its linear a bf16 step off for one row of a layer's product

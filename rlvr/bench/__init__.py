@@ -43,7 +43,8 @@ from rlvr.types import Completion, Group, Sample
 from rlvr.data import reasoning_gym_examples, render_prompt
 from rlvr.models import load_model, load_tokenizer
 from rlvr.rewards.reward_model import RewardModelScorer, rm_text
-from rlvr.rollout.engine import EmbeddedEngine, engine_matched_plans
+from rlvr.rollout.engine import EmbeddedEngine
+from rlvr.rollout.matched import engine_matched_plans
 from rlvr.rollout.forms import ROWS
 from rlvr.rollout.plans import bf16_packing_unavailable, product_plans
 from rlvr.rollout.weights import LAZY_AFTER, weights_unavailable
@@ -80,12 +81,18 @@ def prompt_ids(tokenizer: Any, count: int) -> list[list[int]]:
     return [render_prompt(tokenizer, ex.prompt) for ex in examples]
 
 
+def grouped_prompts(tokenizer: Any, batch: int) -> tuple[list[list[int]], int]:
+    """A GRPO-shaped call of `batch` rows: (the prompts, the samples per prompt), 8 samples each
+    (fewer where the batch is smaller)."""
+    group = min(8, batch)
+    return prompt_ids(tokenizer, max(1, batch // group)), group
+
+
 def part_generate(batch_sizes: list[int], new_tokens: int, llama_cpp: bool = True, model_spec: str = MODEL) -> dict[str, Any]:
     tokenizer, model = load_tokenizer(model_spec), load_model(model_spec, "auto")
     rows = []
     for batch in batch_sizes:
-        group = min(8, batch)  # G samples per prompt, as in GRPO
-        ids = prompt_ids(tokenizer, max(1, batch // group))
+        ids, group = grouped_prompts(tokenizer, batch)
         params = SamplingParams(max_new_tokens=new_tokens, n=group)
         row: dict[str, Any] = {"batch": batch}
         for name, decoder, weights, numerics in (
@@ -159,8 +166,7 @@ def part_generate_vllm(batch_sizes: list[int], new_tokens: int, model_spec: str 
         llm = engine.llm  # type: ignore[attr-defined]
         engine.generate(prompt_ids(tokenizer, 1), SamplingParams(max_new_tokens=4, n=1))  # warm
         for batch in batch_sizes:
-            group = min(8, batch)
-            ids = prompt_ids(tokenizer, max(1, batch // group))
+            ids, group = grouped_prompts(tokenizer, batch)
             params = vllm.SamplingParams(n=group, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, logprobs=0)
             start = time.perf_counter()
             out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)

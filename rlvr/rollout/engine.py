@@ -43,7 +43,7 @@ from rlvr.attention import exact_attention
 from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.errors import EngineOutOfMemory
 from rlvr.models import padded_rows, windowed_attention, with_cache
-from rlvr.rollout.matched import matched_plans, own_products_differ
+from rlvr.rollout.matched import chosen_decoder, engine_matched_plans
 from rlvr.rollout.plans import Plans, product_plans
 from rlvr.rollout.prefixes import PrefixPlan, PrefixStore, Stored, plan_prefixes
 from rlvr.rollout.sampling import sample_tokens
@@ -562,28 +562,6 @@ class EmbeddedEngine:
             text=str(self.tokenizer.decode(ids, skip_special_tokens=True)),
             policy_version=version, swapped_at=tuple(swapped_at),
         )
-
-
-def chosen_decoder(model: PreTrainedModel, decoder: str) -> str:
-    """The decoder an engine's ``decoder`` setting runs `model` with: "static" where asked, or
-    where "auto" and the static decoder can run it; else "hf"."""
-    return "static" if decoder == "static" or (decoder == "auto" and unsupported_reason(model) is None) else "hf"
-
-
-def engine_matched_plans(model: PreTrainedModel, decoder: str, weights: str) -> Plans | str:
-    """The product plans a matched engine runs `model` on (rlvr.rollout.matched), or why it cannot:
-    copies of the weights in another format; or the Hugging Face decoder where a single row's
-    product rounds otherwise on this CPU (its steps run the model's own products, which cannot
-    run one row as two)."""
-    if weights != "model":
-        return f"engine.dtype = {weights!r} decodes on copies of the weights in another format"
-    plans = matched_plans(model)
-    if isinstance(plans, str):
-        return plans
-    if chosen_decoder(model, decoder) == "hf" and (why := own_products_differ(model)):
-        return (f"{why}, and the Hugging Face decoder's steps run the model's own products at every count of "
-                "running rows (the static decoder runs its products in checked forms)")
-    return plans
 
 
 def _weights_problem(weights: str, decoder: str, reason: str | None, device: torch.device) -> str | None:

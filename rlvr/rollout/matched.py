@@ -55,6 +55,7 @@ from transformers import PreTrainedModel
 from rlvr.attention import is_sdpa
 from rlvr.rollout.forms import FORMS, ROWS, Plan, form_unavailable, fused_parts, joined
 from rlvr.rollout.plans import Plans, product_plans
+from rlvr.rollout.static_decode import unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,9 @@ CANDIDATES = ("onednn", "linear", "xw", "left", "mkl", "onednn_paired", "linear_
 """The forms tried, in this order after the speed plan's own, for a row count where that one
 does not match; the paired ones (`forms._paired`) run a single row as two."""
 _CHOSEN: dict[str, Plans | str] = {}
-"""Per `_key`, the probe's plans or why there are none (and, under "own|...", `own_products_differ`'s
-answer, "" for none)."""
+"""Per `_key`, the probe's plans or why there are none."""
+_OWN: dict[str, str | None] = {}
+"""Per `_key`, `own_products_differ`'s answer."""
 
 
 def unmatched_reason(model: PreTrainedModel) -> str | None:
@@ -123,6 +125,28 @@ def matched_plans(model: PreTrainedModel) -> Plans | str:
         if isinstance(_CHOSEN[key], str):
             log.warning("matched numerics are not available here: %s", _CHOSEN[key])
     return _CHOSEN[key]
+
+
+def chosen_decoder(model: PreTrainedModel, decoder: str) -> str:
+    """The decoder an engine's ``decoder`` setting runs `model` with: "static" where asked, or
+    where "auto" and the static decoder can run it; else "hf"."""
+    return "static" if decoder == "static" or (decoder == "auto" and unsupported_reason(model) is None) else "hf"
+
+
+def engine_matched_plans(model: PreTrainedModel, decoder: str, weights: str) -> Plans | str:
+    """The product plans a matched engine runs `model` on (`matched_plans`), or why it cannot:
+    copies of the weights in another format; or the Hugging Face decoder where a single row's
+    product rounds otherwise on this CPU (its steps run the model's own products, which cannot
+    run one row as two)."""
+    if weights != "model":
+        return f"engine.dtype = {weights!r} decodes on copies of the weights in another format"
+    plans = matched_plans(model)
+    if isinstance(plans, str):
+        return plans
+    if chosen_decoder(model, decoder) == "hf" and (why := own_products_differ(model)):
+        return (f"{why}, and the Hugging Face decoder's steps run the model's own products at every count of "
+                "running rows (the static decoder runs its products in checked forms)")
+    return plans
 
 
 def revealing(rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
@@ -212,8 +236,8 @@ def own_products_differ(model: PreTrainedModel) -> str | None:
     """Why the model's own products (the learner's: one `F.linear` a projection) give some row
     count other bits than many rows, or None: the Hugging Face decoder's steps run them at every
     count of running rows. Probed once per process, as `matched_plans`."""
-    key = f"own|{_key(model)}"
-    if key not in _CHOSEN:
+    key = _key(model)
+    if key not in _OWN:
         gen = torch.Generator().manual_seed(0)
         cases = [_Case(parts, gen) for parts in fused_parts(model.model.layers[0])]
         cases.append(_Case([model.lm_head.weight.detach()], gen, head=True))
@@ -221,10 +245,10 @@ def own_products_differ(model: PreTrainedModel) -> str | None:
         def own(case: _Case) -> Callable[[torch.Tensor], torch.Tensor]:  # the HF decoder's head is nn.Linear
             return (lambda x: F.linear(x, case.weight)) if case.head else case.learner
 
-        _CHOSEN[key] = next((f"the model's own {case.shape()} product rounds {rows} rows otherwise than the learner's"
-                             for b in range(len(ROWS)) for rows in bucket_counts(b) for case in cases
-                             if not case.agrees(own(case), rows)), "")
-    return str(_CHOSEN[key]) or None
+        _OWN[key] = next((f"the model's own {case.shape()} product rounds {rows} rows otherwise than the learner's"
+                          for b in range(len(ROWS)) for rows in bucket_counts(b) for case in cases
+                          if not case.agrees(own(case), rows)), None)
+    return _OWN[key]
 
 
 def _plan(cases: list[_Case], speed: Plan) -> Plan | str:

@@ -40,7 +40,8 @@ from rlvr.rewards import build_rewards
 from rlvr.rewards.combine import RewardFn
 from rlvr.rollout import numerics
 from rlvr.rollout.build import make_engine
-from rlvr.rollout.engine import EmbeddedEngine, Engine, engine_matched_plans
+from rlvr.rollout.engine import EmbeddedEngine, Engine
+from rlvr.rollout.matched import engine_matched_plans
 from rlvr.rollout.numerics import Numerics
 from rlvr.rollout.plans import product_plans
 from rlvr.rollout.probe import probe_ids
@@ -112,7 +113,7 @@ def _numerics(cfg: RunConfig, engine_model: PreTrainedModel, shared: bool) -> Li
         why = ("the engine must sample from the learner's own model in this process (its own weights, no LoRA, "
                "engine.backend = \"embedded\", dist.learners = 1, no rollout workers)")
     else:
-        plans = engine_matched_plans(engine_model, cfg.engine.decoder, decode_weights(cfg.engine.dtype))
+        plans = engine_matched_plans(engine_model, cfg.engine.decoder, "model")  # `shared`: its own weights
         why = plans if isinstance(plans, str) else None
     if why is None:
         return "matched"
