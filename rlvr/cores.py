@@ -19,8 +19,8 @@ other programs keep busy, and runs one torch thread per free core:
   used half of it, and as free again when they use under 0.3 of it (so that a program near the
   line does not switch the count every step).
 - **when**: first over the time from the command's start to its model loading (`begin`, then
-  `fit`), so the choice costs no waiting; then over every training step (`ThreadWatch`), whose
-  readings are free. A run that slows because a program started is re-fitted at the next step
+  `fit`), so the choice costs no waiting; then over the training steps (`ThreadWatch`), whose
+  readings are free: each step, or as many short steps as make `WINDOW_S`. A run that slows because a program started is re-fitted at the next step
   boundary, and one whose cores came free gets its threads back. Each change is said in the
   run's log, and every step's row has `cpu_threads` and `cpu_busy_elsewhere` (cores).
 - **a user's setting wins**: `RLVR_THREADS=N`, or `OMP_NUM_THREADS` (torch's own), fixes the
@@ -54,6 +54,12 @@ FREED = 0.3
 """...and as free again only when they use less than this."""
 FIRST_WINDOW_S = 0.2
 """The shortest window the first fit measures over (it waits out the rest)."""
+WINDOW_S = 0.5
+"""The shortest window the watch decides on. The clocks count in ticks (10 ms at Linux's usual
+USER_HZ of 100), the cores' time and this process's apart, so over a window of w seconds a reading
+is off by up to two ticks, 0.02 / w cores: 0.04 over half a second, well inside the 0.2 between
+`FREED` and `TAKEN`. Over a tiny model's 15-50 ms steps, one busy core read as 0.45-1.7 cores and
+CI's run switched the count on that noise (session 39). Steps shorter than this are read together."""
 
 
 @dataclass(frozen=True)
@@ -224,8 +230,9 @@ def fit(set_threads: Callable[[int], None] | None = None, read: Callable[[], Rea
 
 
 class ThreadWatch:
-    """Re-fits the threads after every training step from what other programs used during it (see the
-    module docstring). ``after_step`` returns the step's metrics and a note when the count changed."""
+    """Re-fits the threads after a training step from what other programs used since the last fit, once
+    that window is `WINDOW_S` long (see the module docstring). ``after_step`` returns the step's
+    metrics (``cpu_busy_elsewhere`` where a window closed) and a note when the count changed."""
 
     def __init__(self, set_threads: Callable[[int], None] | None = None, get_threads: Callable[[], int] | None = None,
                  read: Callable[[], Reading] = read_clocks, usable: int | None = None) -> None:
@@ -237,8 +244,10 @@ class ThreadWatch:
 
     def after_step(self) -> tuple[dict[str, float], str | None]:
         now, reading = self.get_threads(), self.read()
-        busy, self.last = busy_elsewhere(self.last, reading), reading
         metrics = {"cpu_threads": float(now)}
+        if reading.wall - self.last.wall < WINDOW_S:
+            return metrics, None  # read with the next steps
+        busy, self.last = busy_elsewhere(self.last, reading), reading
         if busy is None:
             return metrics, None
         metrics["cpu_busy_elsewhere"] = round(busy, 2)
