@@ -57,8 +57,11 @@ def resolved(dense: Dense, rows: int) -> Any:
     if name in dense.lazy:  # make the lazy copy now, as the decoder would on its first one-row steps
         dense.switch.on = True
         dense._runs(name)
-    run, kept = OPAQUE.get(name, FORMS[name].run), dense.kept[name]
-    return lambda x: run(kept, x)
+    kept, bias = dense.kept[name], dense.bias
+    if name in OPAQUE:
+        assert bias is None, "the opaque ops take no bias (the bundled model has none)"
+        return lambda x: OPAQUE[name](kept, x)
+    return lambda x: FORMS[name].run(kept, x, bias)
 
 
 class Resolved:
@@ -69,7 +72,6 @@ class Resolved:
     def __init__(self, weights: FusedWeights, rows: int) -> None:
         for name in ("qkv", "o", "gate_up", "down"):
             setattr(self, name, [resolved(d, rows) for d in getattr(weights, name)])  # type: ignore[arg-type]
-        self.qkv_bias = weights.qkv_bias
         self.head = resolved(weights.head, rows)  # type: ignore[arg-type]
 
     def fp16_at(self, *rows: int) -> bool:

@@ -32,7 +32,6 @@ per product and the fastest variant per (shape, M); nothing here is a test.
 from __future__ import annotations
 
 import argparse
-import functools
 import time
 from collections.abc import Callable
 
@@ -85,7 +84,8 @@ def variants(w_io: torch.Tensor) -> tuple[dict[str, Callable[[torch.Tensor], tor
     w_oi = w_io.T.contiguous()
 
     def form(name: str) -> Callable[[torch.Tensor], torch.Tensor]:  # the decoder's own form (rlvr.rollout.forms.FORMS)
-        return functools.partial(FORMS[name].run, FORMS[name].prepare(w_oi))
+        run, kept = FORMS[name].run, FORMS[name].prepare(w_oi)
+        return lambda x: run(kept, x, None)
 
     out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "x@W": form("xw"),

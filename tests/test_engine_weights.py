@@ -48,6 +48,9 @@ def test_float16_weights_give_the_product_of_the_rounded_weight() -> None:
     assert ((y - rounded).abs() / scale).max() < 1e-5
     assert ((y - x.double() @ w_oi.double().T).abs() / scale).max() > 1e-5  # it did round the weight
     assert Float16(w_oi)(x.bfloat16()).dtype == torch.bfloat16  # a bf16 engine gets its own dtype back
+    # a bias (Qwen2's q/k/v) is added to the fp32 sums: one fp32 rounding of results of size ~1 apart
+    bias = torch.randn(96, generator=gen)
+    assert torch.allclose(Float16(w_oi, bias)(x), Float16(w_oi)(x) + bias, rtol=0, atol=1e-6)
 
 
 @torch.no_grad()
@@ -109,7 +112,7 @@ def test_a_plan_runs_each_row_count_in_its_buckets_form(monkeypatch: pytest.Monk
     ran: list[str] = []
     for name in ("linear", "xw"):
         form = FORMS[name]
-        monkeypatch.setitem(FORMS, name, form._replace(run=lambda k, x, run=form.run, name=name: ran.append(name) or run(k, x)))
+        monkeypatch.setitem(FORMS, name, form._replace(run=lambda k, x, b, run=form.run, name=name: ran.append(name) or run(k, x, b)))
     w = torch.randn(8, 4)
     dense = Dense(w, ("linear", "xw", "linear", "linear", "xw", "xw", "xw"))
     for rows in (1, 2, 3, 4, 9, 200):
@@ -329,12 +332,13 @@ def test_the_real_probe_times_every_available_form(tiny_model: LlamaForCausalLM,
     plan = plans_module.probe_plan(list(forms_module.fused(tiny_model.model.layers[0])), reps=1)
     assert len(plan) == len(ROWS) and set(plan) <= set(available_forms(torch.float32))
     assert sum(FORMS[name].copies for name in set(plan)) <= 1
-    wrong = FORMS["xw"]._replace(run=lambda w, x: torch.zeros(len(x), w.shape[1], dtype=x.dtype))
+    wrong = FORMS["xw"]._replace(run=lambda w, x, b: torch.zeros(len(x), w.shape[1], dtype=x.dtype))
     monkeypatch.setitem(FORMS, "xw", wrong)
     assert "gives a wrong product" in (forms_module.form_unavailable("xw", torch.float32) or "")
 
-    def float16_sum(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # "half" as a kernel summing in float16
-        terms, total = x.half()[:, None, :] * h[None], torch.zeros(len(x), len(h), dtype=torch.float16)
+    def float16_sum(h: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:  # "half" summing in float16
+        terms = x.half()[:, None, :] * h[None]
+        total = torch.zeros(len(x), len(h), dtype=torch.float16) if b is None else b.half().expand(len(x), -1).clone()
         for j in range(terms.shape[-1]):
             total += terms[..., j]
         return total.to(x.dtype)
@@ -454,6 +458,10 @@ def test_int8_weights_give_the_product_of_the_quantized_weight(dtype: torch.dtyp
     monkeypatch.setattr(Int8, "KERNEL_ROWS", 0)
     scale = x.double().abs() @ dequantized.abs().T
     assert ((int8(x).double() - through_kernel).abs() / scale).max() < 2**-8 + (2**-8 if dtype == torch.bfloat16 else 1e-5) + 2**-9
+    bias = torch.randn(96, generator=gen).to(dtype)  # a bias is added to the product, on both paths
+    for kernel_rows in (0, Int8.KERNEL_ROWS):
+        monkeypatch.setattr(Int8, "KERNEL_ROWS", kernel_rows)
+        assert torch.equal(Int8(w_oi, bias)(x), int8(x) + bias)
 
 
 @torch.no_grad()
@@ -545,7 +553,7 @@ def test_a_step_that_overflows_float16_runs_again_in_the_models_dtype(
     half = FORMS["half"]
     qkv, _, gate_up, _ = forms_module.fused(model.model.layers[0])
     weight = qkv if norm == "input_layernorm" else gate_up
-    assert not torch.isfinite(half.run(half.prepare(weight), x[0])).all()  # what the check must catch
+    assert not torch.isfinite(half.run(half.prepare(weight), x[0], None)).all()  # what the check must catch
     plans = {"half": Plans(("half",) * len(ROWS), ("half",) * len(ROWS)),
              "linear": Plans(("linear",) * len(ROWS), ("linear",) * len(ROWS))}
     built = {}

@@ -8,6 +8,7 @@ what is left is the last step, the sampler's float32 `log_softmax` against the l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -88,10 +89,29 @@ STOPS = [EOS_ID, *range(100, 108)]
 compacts its float64 buffers, and rows left alone run joined."""
 
 
-def _mismatch(numerics: str, decoder: str, engine: EmbeddedEngine | None = None) -> torch.Tensor:
+def _qwen2() -> torch.nn.Module:
+    """A tiny Qwen2 as wide as `_model`, in bf16, with q/k/v biases of the size of what they are
+    added to (Qwen2 initialises them at zero, where adding them after rounding changes nothing)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=259, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         initializer_range=0.2, use_sliding_window=False, tie_word_embeddings=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for name in ("q_proj", "k_proj", "v_proj"):
+                    getattr(layer.self_attn, name).bias.normal_(std=2.0)
+    return model.to(torch.bfloat16)
+
+
+def _mismatch(numerics: str, decoder: str, engine: EmbeddedEngine | None = None,
+              make: Callable[[], torch.nn.Module] = _model) -> torch.Tensor:
     """|engine − learner| of every sampled token's log-prob: three prompts of other lengths, four
     samples each, rows finishing at different steps (`STOPS`)."""
-    tokenizer, model = make_tiny_tokenizer(), _model().eval()
+    tokenizer, model = make_tiny_tokenizer(), make().eval()
     if engine is None:
         engine = EmbeddedEngine(model, tokenizer, eos_token_ids=STOPS, seed=0, decoder=decoder,  # type: ignore[arg-type]
                                 numerics=numerics)  # type: ignore[arg-type]
@@ -129,7 +149,7 @@ def test_matched_sets_the_models_attention_and_its_plans_have_no_float16_form() 
 
 def test_where_no_form_gives_the_learners_bits_matching_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(matched, "_CHOSEN", {})
-    off = {name: form._replace(run=lambda kept, x, run=form.run: run(kept, x) * (1 + 2**-6))
+    off = {name: form._replace(run=lambda kept, x, b, run=form.run: run(kept, x, b) * (1 + 2**-6))
            for name, form in FORMS.items()}  # every form a bf16 step away from the learner's product
     monkeypatch.setattr(matched, "FORMS", off)
     model = _model()
@@ -147,7 +167,7 @@ def test_where_only_one_row_rounds_otherwise_a_row_runs_as_two(monkeypatch: pyte
         pytest.skip(f"matching is not available on this CPU: {why}")
     monkeypatch.setattr(matched, "_CHOSEN", {})
     off = {name: form if form.paired else
-           form._replace(run=lambda kept, x, run=form.run: run(kept, x) * (1 + 2**-6) if len(x) == 1 else run(kept, x))
+           form._replace(run=lambda kept, x, b, run=form.run: run(kept, x, b) * (1 + 2**-6) if len(x) == 1 else run(kept, x, b))
            for name, form in FORMS.items()}  # the paired forms keep the true kernels: they never run one row
     monkeypatch.setattr(matched, "FORMS", off)
     model = _model()
@@ -200,11 +220,25 @@ def test_after_the_thread_count_changes_the_forms_are_probed_again() -> None:
         torch.set_num_threads(before)
 
 
-def test_models_whose_projections_have_biases_are_not_matched() -> None:
-    model = _model()
-    attn = model.model.layers[0].self_attn
-    attn.q_proj.bias = torch.nn.Parameter(torch.zeros(attn.q_proj.out_features, dtype=torch.bfloat16))
-    assert "have biases (Qwen2)" in (unmatched_reason(model) or "")
+@pytest.mark.parametrize("decoder", ["static", "hf"])
+def test_projections_with_biases_match_with_the_bias_inside_the_product(decoder: str) -> None:
+    # Qwen2's q/k/v biases: the decoder adds them inside its fused product, as nn.Linear does
+    if isinstance(why := matched_plans(_qwen2()), str):
+        pytest.skip(f"matching is not available on this CPU: {why}")
+    exact, fast = _mismatch("matched", decoder, make=_qwen2), _mismatch("fast", decoder, make=_qwen2)
+    assert float(exact.max()) < AFTER_ROUNDING
+    assert float(fast.mean()) > 10 * AFTER_ROUNDING
+
+
+def test_a_bias_added_to_the_rounded_product_is_not_matched(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the probe's normal inputs show where a bias is added: with every form adding it after rounding
+    # (as "left" does), no form gives nn.Linear's bits
+    monkeypatch.setattr(matched, "_CHOSEN", {})
+    for name in ("linear", "onednn", "xw", "mkl", "onednn_paired", "linear_paired"):
+        form = FORMS[name]
+        monkeypatch.setitem(FORMS, name, form._replace(run=lambda k, x, b, run=form.run: run(k, x, None) + b
+                                                       if b is not None else run(k, x, None)))
+    assert "no product form gives the learner's bits" in str(matched_plans(_qwen2()))
 
 
 def test_the_kl_reference_computes_as_the_matched_policy_does(wide_dir: Path, tmp_path: Path) -> None:

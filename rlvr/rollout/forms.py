@@ -17,9 +17,12 @@ import torch
 
 
 class Form(NamedTuple):
-    """One way to compute x Wᵀ from the [out, in] weight W: what it keeps of W (``prepare``), the
-    product on what it kept (``run``), and whether what it keeps is a copy of W (counted against
-    the memory budget) or W itself. ``dtypes``: the weight dtypes it gives the model's own
+    """One way to compute x Wᵀ + b from the [out, in] weight W: what it keeps of W (``prepare``), the
+    product on what it kept, with a bias b or None (``run``), and whether what it keeps is a copy of
+    W (counted against the memory budget) or W itself. Every form but "left" adds the bias inside
+    its kernel, to the float32 sums, and rounds once, as `nn.Linear` does; "left" adds it to the
+    rounded product (in bf16, 30% of a Qwen2 projection's outputs then differ from nn.Linear's
+    in the last bit; docs/LOG.md, session 39). ``dtypes``: the weight dtypes it gives the model's own
     product for (None: every dtype). ``in_fp16``: it computes in float16, where a value beyond
     float16's range (65504) becomes inf; the decoder checks such steps and runs one that
     overflowed again, and the rest of its call, without such forms (`StaticDecoder.step` in
@@ -29,7 +32,7 @@ class Form(NamedTuple):
     numerics only (rlvr.rollout.matched); the speed probe does not time it."""
 
     prepare: Callable[[torch.Tensor], Any]
-    run: Callable[[Any, torch.Tensor], torch.Tensor]
+    run: Callable[[Any, torch.Tensor, torch.Tensor | None], torch.Tensor]
     copies: bool
     dtypes: frozenset[torch.dtype] | None = None
     in_fp16: bool = False
@@ -45,9 +48,9 @@ def _mkl_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS), w
 
 
-def _mkl_run(state: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def _mkl_run(state: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     packed, w = state
-    return torch.ops.mkl._mkl_linear(x.contiguous(), packed, w, None, len(x))
+    return torch.ops.mkl._mkl_linear(x.contiguous(), packed, w, b, len(x))
 
 
 def _half(w: torch.Tensor) -> torch.Tensor:
@@ -62,17 +65,26 @@ def _half(w: torch.Tensor) -> torch.Tensor:
     return w.half() if -limit <= low and high <= limit else w
 
 
-def _half_run(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.linear(x.to(h.dtype), h).to(x.dtype)
+def _half_run(h: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return torch.nn.functional.linear(x.to(h.dtype), h, None if b is None else b.to(h.dtype)).to(x.dtype)
+
+
+def _left_run(w: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    y = (w @ x.T).T.contiguous()
+    return y if b is None else y + b
+
+
+def _xw_run(w: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return x @ w if b is None else torch.addmm(b, x, w)
 
 
 FORMS: dict[str, Form] = {
-    "linear": Form(lambda w: w, lambda w, x: torch.nn.functional.linear(x, w), copies=False),
-    "left": Form(lambda w: w, lambda w, x: (w @ x.T).T.contiguous(), copies=False),
-    "xw": Form(lambda w: w.T.contiguous(), lambda w, x: x @ w, copies=True),
+    "linear": Form(lambda w: w, lambda w, x, b: torch.nn.functional.linear(x, w, b), copies=False),
+    "left": Form(lambda w: w, _left_run, copies=False),
+    "xw": Form(lambda w: w.T.contiguous(), _xw_run, copies=True),
     "mkl": Form(_mkl_pack, _mkl_run, copies=True),  # MKL's packed sgemm (fp32), what inductor emits
     "onednn": Form(lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS),
-                   lambda p, x: torch.ops.mkldnn._linear_pointwise(x.contiguous(), p, None, "none", [], ""),
+                   lambda p, x, b: torch.ops.mkldnn._linear_pointwise(x.contiguous(), p, b, "none", [], ""),
                    copies=True),
     "half": Form(_half, _half_run, copies=True, dtypes=frozenset({torch.bfloat16}), in_fp16=True, lazy=True),
 }
@@ -105,8 +117,8 @@ def _paired(form: Form) -> Form:
     on a Zen 5 EPYC: 13% of rows differ in some bit), every row count then gets the bits of the
     learner's many-row product (rlvr.rollout.matched)."""
 
-    def run(kept: Any, x: torch.Tensor) -> torch.Tensor:
-        return form.run(kept, x.repeat(2, 1))[:1] if len(x) == 1 else form.run(kept, x)
+    def run(kept: Any, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        return form.run(kept, x.repeat(2, 1), b)[:1] if len(x) == 1 else form.run(kept, x, b)
 
     return form._replace(run=run, paired=True)
 
@@ -148,8 +160,9 @@ def eager_plan(plan: Plan) -> Plan:
 def form_unavailable(name: str, dtype: torch.dtype) -> str | None:
     """Why the form `name` cannot run a small weight of `dtype` here (a PyTorch built without MKL
     or oneDNN, a CPU the library has no kernel for), or gives it a wrong product (beyond bf16's
-    rounding, 2^-7 of Σ|x·w|, at 1, 3, 8 and 17 rows; or one that sums in fewer bits than fp32:
-    2048 plus a thousand ones, which a float16 or bf16 sum leaves at 2048), or None."""
+    rounding, 2^-7 of Σ|x·w| + |b|, at 1, 3, 8 and 17 rows, with and without a bias; or one that
+    sums in fewer bits than fp32: 2048 plus a thousand ones, which a float16 or bf16 sum leaves at
+    2048), or None."""
     dtypes = FORMS[name].dtypes
     if dtypes is not None and dtype not in dtypes:
         return f"the {name} form keeps a copy exact only for {' and '.join(map(str, sorted(dtypes, key=str)))} weights, not {dtype}"
@@ -158,17 +171,19 @@ def form_unavailable(name: str, dtype: torch.dtype) -> str | None:
     if name == "mkl" and not torch.backends.mkl.is_available():
         return "this PyTorch has no MKL"
     gen = torch.Generator().manual_seed(0)
-    w = torch.randn(24, 16, generator=gen).to(dtype)
+    w, bias = torch.randn(24, 16, generator=gen).to(dtype), torch.randn(24, generator=gen).to(dtype)
     ones = torch.ones(24, 1001, dtype=dtype)
     try:
         kept, kept_ones = FORMS[name].prepare(w), FORMS[name].prepare(ones)
         for rows in (1, 3, PACK_ROWS, 17):  # one row, a few, the packed count, more
-            for k, weight, x in ((kept, w, torch.randn(rows, 16, generator=gen).to(dtype)),
-                                 (kept_ones, ones, torch.ones(rows, 1001, dtype=dtype).index_fill_(1, torch.tensor([0]), 2048))):
-                y = FORMS[name].run(k, x).double()
-                exact = x.double() @ weight.double().T
-                if not ((y - exact).abs() <= 2**-7 * (x.double().abs() @ weight.double().abs().T)).all():
-                    return f"{name} gives a wrong product at {rows} rows here"
+            x = torch.randn(rows, 16, generator=gen).to(dtype)
+            for k, weight, x, b in ((kept, w, x, None), (kept, w, x, bias),
+                                    (kept_ones, ones, torch.ones(rows, 1001, dtype=dtype).index_fill_(1, torch.tensor([0]), 2048), None)):
+                y = FORMS[name].run(k, x, b).double()
+                added = torch.zeros((), dtype=torch.float64) if b is None else b.double()
+                exact = x.double() @ weight.double().T + added
+                if not ((y - exact).abs() <= 2**-7 * (x.double().abs() @ weight.double().abs().T + added.abs())).all():
+                    return f"{name} gives a wrong product at {rows} rows{' with a bias' * (b is not None)} here"
     except (AttributeError, RuntimeError, NotImplementedError) as e:
         return (str(e).splitlines() or [type(e).__name__])[0][:160]
     return None
@@ -188,6 +203,18 @@ def fused_parts(layer: Any) -> tuple[list[torch.Tensor], ...]:
             [attn.o_proj.weight.detach()],
             [mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()],
             [mlp.down_proj.weight.detach()])
+
+
+def fused_bias(layer: Any) -> torch.Tensor | None:
+    """The q/k/v projections' biases joined as `fused` joins their weights (Qwen2 has them), or None
+    where they have none."""
+    attn = layer.self_attn
+    biases = [getattr(attn, name).bias for name in ("q_proj", "k_proj", "v_proj")]
+    if all(b is None for b in biases):
+        return None
+    if any(b is None for b in biases):
+        raise ValueError(f"{type(attn).__name__}: the decoder fuses q/k/v, and only some of them have a bias")
+    return torch.cat([b.detach() for b in biases])
 
 
 def replaced(plan: Plan, unwanted: Callable[[Form], bool]) -> Plan:

@@ -26,6 +26,8 @@ What matching takes, each checked here rather than assumed:
   runs on inputs made to show a sum's order (`revealing`): on random ones, a kernel that sums in
   another order differs only where a result lies near a bf16 rounding boundary, rarely enough to
   pass a probe by luck, as the tiny test model's 32-wide products did;
+- q/k/v biases (Qwen2) added inside the product, to its float32 sums, as `nn.Linear` adds them
+  (rlvr.rollout.forms): added to the rounded product, 30% of the outputs differed in a bit;
 - everything else the two sides already share: the model's own norm, rotary and activation
   modules (elementwise or per-row), and a log-softmax of the same float32 logits.
 
@@ -36,9 +38,7 @@ mean |engine - learner| 7e-6 nats, no token outside the band, against 0.034 and 
 The cost: float64 attention (its keys and values, 4 times bf16's bytes, in the decoder's buffers)
 and no float16 copies at one row: docs/performance.md has the engine's and the learner's speed.
 
-Not matched: models whose q/k/v projections have biases (the static decoder adds them after its
-fused product; the learner inside each), attention dropout, remote-code models, and forwards of at
-most 3 tokens where so few rows round otherwise (`LEARNER_ROWS`). The KL reference model runs the
+Not matched: attention dropout, remote-code models, and forwards of at most 3 tokens where so few rows round otherwise (`LEARNER_ROWS`). The KL reference model runs the
 policy's float64 attention too (rlvr.train.methods.kl), and after torch's thread count changes the
 engine probes again (`EmbeddedEngine._rematch`).
 """
@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from rlvr.attention import is_sdpa
-from rlvr.rollout.forms import FORMS, ROWS, Plan, form_unavailable, fused_parts, joined
+from rlvr.rollout.forms import FORMS, ROWS, Plan, form_unavailable, fused_bias, fused_parts, joined
 from rlvr.rollout.plans import Plans, product_plans
 from rlvr.rollout.static_decode import unsupported_reason
 
@@ -104,9 +104,6 @@ def unmatched_reason(model: PreTrainedModel) -> str | None:
     attn = getattr(layers[0], "self_attn", None) if layers else None
     if attn is None or any(not hasattr(attn, name) for name in ("q_proj", "k_proj", "v_proj")):
         return "the model's layers are not where the probe looks for them (model.layers[i].self_attn.q_proj, ...)"
-    if any(getattr(attn, name).bias is not None for name in ("q_proj", "k_proj", "v_proj")):
-        return ("the query/key/value projections have biases (Qwen2): the static decoder adds them after its fused "
-                "product, the learner inside each product, so they round differently; not matched yet")
     return None
 
 
@@ -183,34 +180,53 @@ def _key(model: PreTrainedModel) -> str:
 class _Case:
     """One product the learner runs, in the shapes of its weights (several where the decoder joins
     them) but on numbers made to show the order of its sums: weights of ±1, and inputs of
-    `revealing` rows; the learner's product of all `PROBE_ROWS` rows is the reference."""
+    `revealing` rows; the learner's product of all `PROBE_ROWS` rows is the reference.
 
-    def __init__(self, parts: list[torch.Tensor], gen: torch.Generator, head: bool = False) -> None:
+    With ``bias`` (q/k/v in Qwen2), biases of the products' own size (±1 weights on unit inputs
+    sum to ~√width), and normal inputs too: where a bias is added shows only on sums that are not
+    small integers, and on normal ones adding it to the rounded product changed 30% of outputs."""
+
+    def __init__(self, parts: list[torch.Tensor], gen: torch.Generator, head: bool = False, bias: bool = False) -> None:
+        width, dtype = parts[0].shape[1], parts[0].dtype
         self.parts = [_signs(w.shape, gen).to(w.dtype) for w in parts]
         self.weight = joined(self.parts)
-        self.x = revealing(PROBE_ROWS, parts[0].shape[1], gen).to(parts[0].dtype)
+        self.biases = [(torch.randn(w.shape[0], generator=gen) * width**0.5).to(dtype) if bias else None for w in parts]
+        self.bias = torch.cat(self.biases) if bias else None  # type: ignore[arg-type]
+        self.inputs = [revealing(PROBE_ROWS, width, gen).to(dtype)]
+        if bias:
+            self.inputs.append(torch.randn(PROBE_ROWS, width, generator=gen).to(dtype))
         self.head = head
-        self.ref = self.learner(self.x)
+        self.refs = [self.learner(x) for x in self.inputs]
 
     def learner(self, x: torch.Tensor) -> torch.Tensor:
         """The learner's product of `x`: nn.Linear, one projection each; the head's as
         rlvr.train.logprobs._HeadLogprobs takes it."""
-        return x @ self.weight.T if self.head else torch.cat([F.linear(x, w) for w in self.parts], -1)
+        if self.head:
+            return x @ self.weight.T
+        return torch.cat([F.linear(x, w, b) for w, b in zip(self.parts, self.biases)], -1)
 
     def agrees(self, product: Callable[[torch.Tensor], torch.Tensor], rows: int) -> bool:
-        """Whether `product` of `rows` rows gives the reference's bits on `SLICES` slices of the input."""
+        """Whether `product` of `rows` rows gives the reference's bits on `SLICES` slices of each input."""
         slices = max(2, min(SLICES, CHECKED_ROWS // rows))
         starts = range(0, min(slices * rows, PROBE_ROWS - rows + 1), rows)
-        return all(torch.equal(product(self.x[i : i + rows]), self.ref[i : i + rows]) for i in starts)
+        return all(torch.equal(product(x[i : i + rows]), ref[i : i + rows])
+                   for x, ref in zip(self.inputs, self.refs) for i in starts)
 
     def shape(self) -> str:
         return f"{self.weight.shape[1]}→{self.weight.shape[0]}"
 
 
+def _layer_cases(model: PreTrainedModel, gen: torch.Generator) -> list[_Case]:
+    """The products of the model's first layer, as the decoder joins them (`fused_parts`)."""
+    layer = model.model.layers[0]
+    has_bias = (fused_bias(layer) is not None, False, False, False)
+    return [_Case(parts, gen, bias=b) for parts, b in zip(fused_parts(layer), has_bias)]
+
+
 def _probe(model: PreTrainedModel) -> Plans | str:
     speed = product_plans(model)
     gen = torch.Generator().manual_seed(0)
-    layers = [_Case(parts, gen) for parts in fused_parts(model.model.layers[0])]
+    layers = _layer_cases(model, gen)
     head = _Case([model.lm_head.weight.detach()], gen, head=True)
     for rows in (1, 3):  # the prefill's head: the first sampled token's logits, of one prompt or a few
         if not head.agrees(lambda x: F.linear(x, head.weight), rows):
@@ -239,7 +255,7 @@ def own_products_differ(model: PreTrainedModel) -> str | None:
     key = _key(model)
     if key not in _OWN:
         gen = torch.Generator().manual_seed(0)
-        cases = [_Case(parts, gen) for parts in fused_parts(model.model.layers[0])]
+        cases = _layer_cases(model, gen)
         cases.append(_Case([model.lm_head.weight.detach()], gen, head=True))
 
         def own(case: _Case) -> Callable[[torch.Tensor], torch.Tensor]:  # the HF decoder's head is nn.Linear
@@ -271,7 +287,7 @@ def _plan(cases: list[_Case], speed: Plan) -> Plan | str:
         for i, case in enumerate(cases):
             if (name, i) not in kept:
                 kept[name, i] = form.prepare(case.weight)
-            if not all(case.agrees(lambda x: form.run(kept[name, i], x), rows) for rows in counts):
+            if not all(case.agrees(lambda x: form.run(kept[name, i], x, case.bias), rows) for rows in counts):
                 return False
         return True
 

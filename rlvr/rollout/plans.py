@@ -213,7 +213,7 @@ def probe_plan(weights: Sequence[torch.Tensor], reps: int = 2, copies: int = 1) 
             for rep in range(reps + 1):
                 start = time.perf_counter()
                 for k, x in zip(kept, xs):
-                    form.run(k, x)
+                    form.run(k, x, None)
                 if rep:
                     best = min(best, time.perf_counter() - start)
             times[name].append(best)

@@ -387,9 +387,7 @@ class StaticDecoder:
         q_dim, kv_dim = self.n_heads * d, kv * d
         for i, layer in enumerate(model.layers):
             x_BH = layer.input_layernorm(h_B1H)[:, 0]
-            qkv, bias = self.weights.qkv[i](x_BH), self.weights.qkv_bias[i]
-            if bias is not None:
-                qkv += bias
+            qkv = self.weights.qkv[i](x_BH)  # with its bias, inside the product (`Form`)
             if self._qkv_seen is not None:  # a step with float16 products: checked in `step`
                 self._qkv_seen.append(qkv)
             qk = qkv[:, : q_dim + kv_dim].view(batch, self.n_heads + kv, d)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import PreTrainedModel
 
-from rlvr.rollout.forms import FORMS, Plan, bucket, eager_plan, fused_parts, joined, waiting, without_fp16
+from rlvr.rollout.forms import FORMS, Plan, bucket, eager_plan, fused_bias, fused_parts, joined, waiting, without_fp16
 from rlvr.rollout.plans import PROBED_DTYPES, Plans, fixed_plan, product_plans
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,14 @@ class Dense:
     runs only while ``switch`` is on (always, without one); its rows run in the plan's nearest
     other form (`eager_plan`) meanwhile. Its copy is made when it first runs, unless the weights
     changed since the others were made (their version counters moved): the copy would then hold
-    other numbers, so those rows keep to the other form."""
+    other numbers, so those rows keep to the other form.
+
+    ``bias``: added inside the product where the form can (`Form`), as `nn.Linear` adds it."""
 
     def __init__(self, weight: torch.Tensor | Sequence[torch.Tensor], plan: Plan | None = None,
-                 switch: LazySwitch | None = None) -> None:
+                 switch: LazySwitch | None = None, bias: torch.Tensor | None = None) -> None:
         parts = [weight.detach()] if isinstance(weight, torch.Tensor) else [w.detach() for w in weight]
+        self.bias = None if bias is None else bias.detach()
         self.plan = plan or fixed_plan(parts[0])
         self.lazy = waiting(self.plan)
         self.eager = eager_plan(self.plan) if self.lazy else self.plan
@@ -70,7 +73,7 @@ class Dense:
         name = self.plan[b]
         if name in self.lazy and not self._runs(name):
             name = self.eager[b]
-        return FORMS[name].run(self.kept[name], x)
+        return FORMS[name].run(self.kept[name], x, self.bias)
 
     def _runs(self, lazy: str) -> bool:
         """Whether lazy form `lazy` runs now; its copy made if this is its first product."""
@@ -92,13 +95,14 @@ class Float16:
     """The weight stored in float16 and multiplied in fp32 by fbgemm's fp16 GEMM: half the bytes
     to read per decoded token, and the weight packed once, not on every call (docs/performance.md).
     Activations and accumulation stay in fp32, so each row's result is its own, whatever else is
-    in the batch; the weight's rounding (relative 2^-11) is 8× finer than bfloat16's."""
+    in the batch; the weight's rounding (relative 2^-11) is 8× finer than bfloat16's. A bias is
+    added in fp32, inside the product."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         w = weight.detach().float()
         if w.abs().max() > torch.finfo(torch.float16).max:
             raise ValueError("engine.dtype = 'float16': a weight exceeds float16's range (65504); use float32 or bfloat16")
-        self.packed = torch.ops.quantized.linear_prepack_fp16(w.contiguous(), None)
+        self.packed = torch.ops.quantized.linear_prepack_fp16(w.contiguous(), None if bias is None else bias.detach().float())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed).to(x.dtype)
@@ -135,11 +139,12 @@ class Int8:
     from 2 rows and adds no mismatch, where int8 adds ~0.025 nats a token to bf16's ~0.04 on the
     bundled model.
     Unlike fbgemm's W8A8 dynamic quantization (dropped: 0.49 nats of mismatch on the bundled
-    model), nothing here rounds the activations to 8 bits."""
+    model), nothing here rounds the activations to 8 bits. A bias is added to the rounded product."""
 
     KERNEL_ROWS = 4
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.bias = None if bias is None else bias.detach()
         w = weight.detach().float().contiguous()
         scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
         scale = scale.bfloat16().float()  # the kernel takes bf16 scales: both paths use these
@@ -153,8 +158,10 @@ class Int8:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if len(x) <= self.KERNEL_ROWS:
-            return torch._weight_int8pack_mm(x.bfloat16().contiguous(), self.q, self.scale).to(x.dtype)
-        return self.rest(x) * self.scale_model
+            y = torch._weight_int8pack_mm(x.bfloat16().contiguous(), self.q, self.scale).to(x.dtype)
+        else:
+            y = self.rest(x) * self.scale_model
+        return y if self.bias is None else y + self.bias
 
     @staticmethod
     def unavailable() -> str | None:
@@ -203,7 +210,7 @@ class FusedWeights:
         instead of `product_plans`' (matched numerics' own, rlvr.rollout.matched)."""
         self.model, self.fmt = model, fmt
         self.switch = LazySwitch(on=False)  # the lazy forms wait for the decoder (`LAZY_AFTER`)
-        make: Callable[[list[torch.Tensor]], Projection]
+        make: Callable[..., Projection]  # (parts, bias=None)
         if fmt == "model":
             plans = plans or product_plans(model)
             if not fp16:
@@ -213,8 +220,8 @@ class FusedWeights:
         else:
             self.plans = None
 
-            def make(parts: list[torch.Tensor]) -> Projection:
-                return WEIGHTS[fmt](joined(parts))
+            def make(parts: list[torch.Tensor], bias: torch.Tensor | None = None) -> Projection:
+                return WEIGHTS[fmt](joined(parts), bias)
         # each plan's forms that wait for the switch (`waiting`); whether some rows can run a product
         # in float16 (`Form.in_fp16`: the decoder then checks those steps for an overflow), and
         # whether every such form waits for the switch
@@ -223,20 +230,16 @@ class FusedWeights:
         self.in_fp16 = any(FORMS[name].in_fp16 for plan in self._waiting for name in plan)
         self.fp16_waits = all(name in waits for plan, waits in self._waiting.items()
                               for name in plan if FORMS[name].in_fp16)
-        self.qkv: list[Projection] = []
-        self.qkv_bias: list[torch.Tensor | None] = []
+        self.qkv: list[Projection] = []  # with the q/k/v biases, where the model has them (Qwen2)
         self.o: list[Projection] = []
         self.gate_up: list[Projection] = []
         self.down: list[Projection] = []
         for layer in model.model.layers:
             qkv, o, gate_up, down = fused_parts(layer)
-            self.qkv.append(make(qkv))
+            self.qkv.append(make(qkv, bias=fused_bias(layer)))
             self.o.append(make(o))
             self.gate_up.append(make(gate_up))
             self.down.append(make(down))
-            attn = layer.self_attn
-            biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
-            self.qkv_bias.append(torch.cat(biases) if all(b is not None for b in biases) else None)
         head = model.lm_head.weight
         if fmt != "model":
             self.head: Projection | None = make([head])
