@@ -7,12 +7,13 @@ on one of two cores took 3.45x the quiet step on torch's two threads, and 1.44x 
 with AMX, `rlvr bench --parts busy`; issue 58 saw 74 s against 4-6 s on another machine;
 docs/performance.md). Every laptop runs other programs.
 
-So rlvr counts the cores it may use (its CPU affinity, capped by a cgroup CPU quota) and the cores
-other programs keep busy, and runs one torch thread per free core:
+So rlvr counts the cores it may use (its CPU affinity, capped by the lowest CPU quota of its cgroup
+and those above it, cgroup v2 or v1: a container, a systemd slice, a batch job) and the cores other
+programs keep busy, and runs one torch thread per free core:
 
 - **busy** is measured, not guessed from the load average (a one-minute mean that counts this
   process too): the CPU time the usable cores spent working over a window (/proc/stat; under a
-  quota, the cgroup's own usage), less this process's own and its descendants' (an engine in a
+  quota, the usage of the cgroup it binds), less this process's own and its descendants' (an engine in a
   spawned process, Ray's local workers, sandboxed programs), over the window's wall time. Not
   from timing products either: alone in a loop, a decode step's products ran no slower beside
   the busy core; only a whole step shows the loss. A core counts as taken once other programs
@@ -92,32 +93,95 @@ def explicit_threads() -> int | None:
     return None
 
 
-def _cgroup_dir() -> Path | None:
-    """This process's cgroup (v2) folder, where /sys/fs/cgroup has one."""
+@dataclass(frozen=True)
+class Cgroup:
+    """Where this process's cgroup keeps its CPU quota and usage: cgroup v2's one folder (cpu.max,
+    cpu.stat's usage_usec), or cgroup v1's cpu controller (cpu.cfs_quota_us, cpu.cfs_period_us)
+    and cpuacct controller (cpuacct.usage, in ns), often one folder mounted as cpu,cpuacct."""
+
+    cpu: Path
+    usage: Path
+    v1: bool = False
+
+    def quota(self) -> float | None:
+        """The CPU quota in cores ("200000 100000" is 2), None without one (or unreadable)."""
+        try:
+            if self.v1:
+                quota = int((self.cpu / "cpu.cfs_quota_us").read_text())
+                return None if quota < 0 else quota / int((self.cpu / "cpu.cfs_period_us").read_text())
+            limit, period = (self.cpu / "cpu.max").read_text().split()[:2]
+            return None if limit == "max" else int(limit) / int(period)
+        except (OSError, ValueError):
+            return None
+
+    def used_s(self) -> float:
+        """CPU seconds every process of the cgroup has used (raises OSError or ValueError where unreadable)."""
+        if self.v1:
+            return int((self.usage / "cpuacct.usage").read_text()) / 1e9
+        lines = (self.usage / "cpu.stat").read_text().splitlines()
+        usage = next((line.split()[1] for line in lines if line.startswith("usage_usec ")), None)
+        if usage is None:
+            raise ValueError("cpu.stat has no usage_usec")
+        return int(usage) / 1e6
+
+
+CGROUP_ROOT, PROC_CGROUP = Path("/sys/fs/cgroup"), Path("/proc/self/cgroup")
+"""Where cgroups are mounted, and where this process's are listed."""
+
+
+def cgroup_folders(proc_cgroup: str, controller: str, root: Path = CGROUP_ROOT) -> list[tuple[Path, bool]]:
+    """The folders of this process's cgroups that `controller` (e.g. "cpu", "memory") acts in, its
+    own first and then those above it, each with whether it is cgroup v1: from /proc/self/cgroup's
+    text (`proc_cgroup`) and the mounts under `root` (v2: one tree; v1: a mount per controller or
+    group of them, e.g. "cpu,cpuacct"). A limit set above a process binds it too, and a container
+    often mounts its own cgroup as the mount's root while /proc/self/cgroup names the host's path:
+    the mount's root is among those above."""
+    folders: list[tuple[Path, bool]] = []
+    for line in proc_cgroup.splitlines():
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and not controllers:  # v2: one tree for every controller
+            bases, v1 = [root], False
+        elif controller in controllers.split(","):
+            bases, v1 = [d for d in sorted(root.iterdir()) if controller in d.name.split(",")] if root.is_dir() else [], True
+        else:
+            continue
+        own = Path(path.lstrip("/"))
+        if ".." in own.parts:  # a cgroup outside this namespace's view: not under the mount
+            continue
+        folders += [(base / parent, v1) for base in bases for parent in (own, *own.parents)]
+    return folders
+
+
+def find_cgroup(proc_cgroup: str, root: Path = CGROUP_ROOT) -> Cgroup | None:
+    """The cgroup whose CPU quota binds this process (`cgroup_folders`: the lowest quota of its own
+    and those above it), or None where none has one. Under v1 its usage is read from the cpuacct
+    controller's folder at the same place (the same folder where the two are mounted together)."""
+    found = []
+    for folder, v1 in cgroup_folders(proc_cgroup, "cpu", root):
+        usage: Path | None = folder
+        if v1 and not (folder / "cpuacct.usage").exists():
+            place = folder.relative_to(root)
+            usage = next((d / Path(*place.parts[1:]) for d in (sorted(root.iterdir()) if root.is_dir() else [])
+                          if "cpuacct" in d.name.split(",") and (d / Path(*place.parts[1:]) / "cpuacct.usage").exists()),
+                         None)
+        if usage is not None and (quota := Cgroup(folder, usage, v1).quota()) is not None:
+            found.append((quota, Cgroup(folder, usage, v1)))
+    return min(found, key=lambda q: q[0])[1] if found else None
+
+
+def _cgroup() -> Cgroup | None:
+    """The cgroup whose CPU quota binds this process (`find_cgroup`), None where none has one."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        return find_cgroup(PROC_CGROUP.read_text())
     except OSError:
-        return None
-    path = next((line[3:] for line in lines if line.startswith("0::")), None)
-    folder = Path("/sys/fs/cgroup") / (path or "/").lstrip("/")
-    return folder if (folder / "cpu.max").exists() else None
-
-
-def _quota(cgroup: Path | None) -> float | None:
-    """The cgroup's CPU quota in cores (cpu.max: "200000 100000" is 2), None without one."""
-    if cgroup is None:
-        return None
-    try:
-        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
         return None
 
 
 def usable_cores() -> int:
     """The cores this process may run on: its affinity, capped by a cgroup CPU quota (rounded up)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    quota = _quota(_cgroup_dir())
+    cgroup = _cgroup()
+    quota = cgroup.quota() if cgroup else None
     return max(1, min(cores, math.ceil(quota))) if quota else cores
 
 
@@ -150,17 +214,14 @@ def _own_seconds() -> float:
 
 
 def read_clocks() -> Reading:
-    """The clocks now: under a CPU quota the cgroup's usage (cpu.stat), else the usable cores'
+    """The clocks now: under a CPU quota the cgroup's usage (`Cgroup.used_s`), else the usable cores'
     non-idle time in /proc/stat (user, nice, system, irq, softirq and steal: a hypervisor's steal
     is a core this process did not get)."""
     wall, own = time.monotonic(), _own_seconds()
-    cgroup = _cgroup_dir()
+    cgroup = _cgroup()
     try:
-        if _quota(cgroup) is not None:
-            assert cgroup is not None  # a quota was read from it
-            usage = next(line.split()[1] for line in (cgroup / "cpu.stat").read_text().splitlines()
-                         if line.startswith("usage_usec "))
-            return Reading(wall, int(usage) / 1e6, own)
+        if cgroup is not None and cgroup.quota() is not None:
+            return Reading(wall, cgroup.used_s(), own)
         cpus = {f"cpu{i}" for i in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ())}
         busy = 0
         for line in Path("/proc/stat").read_text().splitlines():
@@ -169,7 +230,7 @@ def read_clocks() -> Reading:
                 user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
                 busy += user + nice + system + irq + softirq + steal
         return Reading(wall, busy / os.sysconf("SC_CLK_TCK") if cpus else None, own)
-    except (OSError, ValueError, StopIteration, IndexError):
+    except (OSError, ValueError, IndexError):
         return Reading(wall, None, own)
 
 

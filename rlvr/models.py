@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlvr.cores import CGROUP_ROOT, PROC_CGROUP, cgroup_folders
 from rlvr.train.checkpoint import latest_checkpoint  # the checkpoint layout belongs to train
 
 log = logging.getLogger("rlvr.models")
@@ -133,10 +134,6 @@ def cpu_signature() -> str:
     return f"{d['model']} (family {d['family']} model {d['model_id']}) {' '.join(d['flags'])}"
 
 
-CGROUP_ROOT, PROC_CGROUP = Path("/sys/fs/cgroup"), Path("/proc/self/cgroup")
-"""Where cgroups are mounted, and where this process's are listed."""
-
-
 @functools.cache
 def machine_memory() -> int | None:
     """The bytes of memory this process may use: the machine's, or the lowest limit of its cgroup
@@ -160,23 +157,11 @@ def machine_memory() -> int | None:
 def _cgroup_limits() -> list[Path]:
     """The memory-limit files of this process's cgroups (`PROC_CGROUP`) and of those above them."""
     try:
-        lines = PROC_CGROUP.read_text().splitlines()
+        text = PROC_CGROUP.read_text()
     except OSError:
         return []
-    files = []
-    for line in lines:
-        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if hierarchy == "0" and not controllers:  # v2: one tree for every controller
-            base, name = CGROUP_ROOT, "memory.max"
-        elif "memory" in controllers.split(","):
-            base, name = CGROUP_ROOT / "memory", "memory.limit_in_bytes"
-        else:
-            continue
-        own = Path(path.lstrip("/"))
-        if ".." in own.parts:  # a cgroup outside this namespace's view: not under the mount
-            continue
-        files += [base / parent / name for parent in (own, *own.parents)]
-    return files
+    return [folder / ("memory.limit_in_bytes" if v1 else "memory.max")
+            for folder, v1 in cgroup_folders(text, "memory", CGROUP_ROOT)]
 
 
 SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",

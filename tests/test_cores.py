@@ -221,7 +221,7 @@ def test_under_a_cgroup_quota_the_cores_are_the_quota_and_busy_is_the_cgroup_s_u
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 cores: two threads may run
     (tmp_path / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
-    monkeypatch.setattr(cores, "_cgroup_dir", lambda: tmp_path)
+    monkeypatch.setattr(cores, "_cgroup", lambda: cores.Cgroup(tmp_path, tmp_path))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))  # a big host
     assert cores.usable_cores() == 2
     assert cores.read_clocks().busy == 2.5
@@ -230,3 +230,66 @@ def test_under_a_cgroup_quota_the_cores_are_the_quota_and_busy_is_the_cgroup_s_u
     (tmp_path / "cpu.max").write_text("150000 100000\n")
     (tmp_path / "cpu.stat").write_text("nr_periods 0\n")  # no usage line: unreadable, not a crash
     assert cores.read_clocks().busy is None
+
+
+def _v1(folder: Path, quota: int, usage_ns: int | None = None, period: int = 100000) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+    (folder / "cpu.cfs_period_us").write_text(f"{period}\n")
+    if usage_ns is not None:
+        (folder / "cpuacct.usage").write_text(f"{usage_ns}\n")
+
+
+def test_cgroup_v1_quota_and_usage(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # a cgroup v1 host (as Docker on older kernels): the cpu and cpuacct controllers mounted together
+    mount = tmp_path / "cpu,cpuacct"
+    folder = mount / "docker" / "abc"
+    _v1(folder, 250000, 3_500_000_000)
+    _v1(mount, -1, 9_000_000_000)  # the root: no quota
+    proc = "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n"
+    found = cores.find_cgroup(proc, tmp_path)
+    assert found == cores.Cgroup(folder, folder, v1=True)
+    assert found.quota() == 2.5 and found.used_s() == 3.5
+    monkeypatch.setattr(cores, "_cgroup", lambda: found)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert cores.usable_cores() == 3 and cores.read_clocks().busy == 3.5
+    # a lower quota above it binds (a systemd slice, a batch job's allocation): that one, and its usage
+    _v1(mount / "docker", 150000, 5_000_000_000)
+    assert cores.find_cgroup(proc, tmp_path) == cores.Cgroup(mount / "docker", mount / "docker", v1=True)
+    # no quota anywhere: none, and the affinity counts
+    _v1(folder, -1)
+    _v1(mount / "docker", -1)
+    assert cores.find_cgroup(proc, tmp_path) is None
+    # inside the container the mount's root is the container's own cgroup, while /proc/self/cgroup
+    # still names the host's path (not under the mount): the root is read
+    _v1(mount, 50000)
+    assert cores.find_cgroup("4:cpu,cpuacct:/host/path\n", tmp_path) == cores.Cgroup(mount, mount, v1=True)
+    # the controllers mounted apart: the usage from cpuacct's folder at the same place
+    root = tmp_path / "apart"
+    _v1(root / "cpu" / "job", 200000)
+    (root / "cpuacct" / "job").mkdir(parents=True)
+    (root / "cpuacct" / "job" / "cpuacct.usage").write_text("1000000000\n")
+    apart = cores.find_cgroup("3:cpuacct:/job\n2:cpu:/job\n", root)
+    assert apart == cores.Cgroup(root / "cpu" / "job", root / "cpuacct" / "job", v1=True)
+    assert apart.quota() == 2.0 and apart.used_s() == 1.0
+    # no cgroup mounts at all: none
+    assert cores.find_cgroup(proc, tmp_path / "none") is None
+
+
+def test_cgroup_v2_found_by_its_path_or_above_it(tmp_path: Path) -> None:
+    run = tmp_path / "user.slice" / "run"
+    run.mkdir(parents=True)
+    (run / "cpu.max").write_text("100000 100000\n")
+    (tmp_path / "user.slice" / "cpu.max").write_text("max 100000\n")
+    assert cores.find_cgroup("0::/user.slice/run\n", tmp_path) == cores.Cgroup(run, run)
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # the container's own, at the mount's root
+    assert cores.find_cgroup("0::/elsewhere\n", tmp_path) == cores.Cgroup(tmp_path, tmp_path)
+    assert cores.find_cgroup("0::/user.slice/run\n", tmp_path) == cores.Cgroup(tmp_path, tmp_path)  # the lower
+
+
+@pytest.mark.skipif(not Path("/proc/self/cgroup").exists(), reason="reads /proc")
+def test_this_machines_cgroup_is_read_without_error() -> None:
+    found = cores._cgroup()
+    if found is not None:  # v1 or v2: a quota and its usage, never a crash
+        assert (found.quota() or 0) > 0 and found.used_s() > 0
+    assert cores.usable_cores() >= 1
