@@ -93,10 +93,15 @@ demo: setup
 HALVES := $(shell $(PYTHON) -c 'import os; c = sorted(os.sched_getaffinity(0)); h = max(1, len(c) // 2); print(",".join(map(str, c[:h])), ",".join(map(str, c[h:] or c)))' 2>/dev/null)
 PIN    := $(if $(shell command -v taskset),$(if $(word 2,$(HALVES)),yes))
 
+# The main suite runs in pytest-xdist workers, one a usable core (at most 4; none with one core),
+# each on its share of torch's threads (tests/conftest.py): 590 s against ~900 in one process on 2
+# Zen 5 cores, much of the suite being one core's Python (docs/LOG.md, session 39).
+WORKERS := $(shell $(PYTHON) -c 'import os; n = min(4, len(os.sched_getaffinity(0))); print(n if n > 1 else 0)' 2>/dev/null || echo 0)
+
 test: setup
-	@echo "pytest -q -m 'not vllm', and mypy beside it"; \
+	@echo "pytest -q -n $(WORKERS) -m 'not vllm', and mypy beside it"; \
 	$(BIN)/python -m mypy > $(VENV)/mypy-report 2>&1 & typecheck=$$!; \
-	$(BIN)/python -m pytest -q -m "not vllm"; suite=$$?; \
+	$(BIN)/python -m pytest -q -n $(WORKERS) -m "not vllm"; suite=$$?; \
 	wait $$typecheck; typed=$$?; echo "mypy:"; cat $(VENV)/mypy-report; \
 	test $$suite = 0 && test $$typed = 0
 ifeq ($(OTHER_PRECISION),)

@@ -17,10 +17,21 @@ from tests.tiny import make_tiny_model, make_tiny_tokenizer, saved_with_tokenize
 # actors on the two-node cluster of tests/test_ray_nodes.py, which runs without (a node given an
 # explicit address does not take the token)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-# Runs in the tests keep torch's thread count, as a user's RLVR_THREADS would: rlvr fits it to the
-# cores other programs leave free (rlvr.cores), and a count that changed with the machine's load
-# would sum some products in another order from one test run to the next
-os.environ.setdefault("RLVR_THREADS", str(torch.get_num_threads()))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Runs in the tests keep torch's thread count, as a user's RLVR_THREADS would: rlvr fits it to
+    the cores other programs leave free (rlvr.cores), and a count that changed with the machine's
+    load would sum some products in another order from one test run to the next. Where
+    pytest-xdist runs the suite in several workers (`make test`), each takes its share of the
+    cores: two workers of two threads on two cores would each wait for the other's
+    (docs/performance.md). xdist's controller runs no test, and leaves the count to its workers."""
+    if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
+        return
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "RLVR_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+    os.environ.setdefault("RLVR_THREADS", str(torch.get_num_threads()))
 
 
 @pytest.fixture
