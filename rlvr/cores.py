@@ -13,17 +13,18 @@ programs keep busy, and runs one torch thread per free core:
 
 - **busy** is measured, not guessed from the load average (a one-minute mean that counts this
   process too): the CPU time the usable cores spent working over a window (/proc/stat; under a
-  quota, the usage of the cgroup it binds), less this process's own and its descendants' (an engine in a
-  spawned process, Ray's local workers, sandboxed programs), over the window's wall time. Not
-  from timing products either: alone in a loop, a decode step's products ran no slower beside
-  the busy core; only a whole step shows the loss. A core counts as taken once other programs
+  quota, the usage of the cgroup it binds), less this process's own and its descendants' (an
+  engine in a spawned process, Ray's local workers, sandboxed programs), over the window's wall
+  time. Not from timing products either: alone in a loop, a decode step's products ran no slower
+  beside the busy core; only a whole step shows the loss. A core counts as taken once other programs
   used half of it, and as free again when they use under 0.3 of it (so that a program near the
   line does not switch the count every step).
 - **when**: first over the time from the command's start to its model loading (`begin`, then
   `fit`), so the choice costs no waiting; then over the training steps (`ThreadWatch`), whose
-  readings are free: each step, or as many short steps as make `WINDOW_S`. A run that slows because a program started is re-fitted at the next step
-  boundary, and one whose cores came free gets its threads back. Each change is said in the
-  run's log, and every step's row has `cpu_threads` and `cpu_busy_elsewhere` (cores).
+  readings are free: each step, or as many short steps as make `WINDOW_S`. A run that slows
+  because a program started is re-fitted at the next step boundary, and one whose cores came
+  free gets its threads back. Each change is said in the run's log; every step's row has
+  `cpu_threads`, and each that closed a window `cpu_busy_elsewhere` (cores).
 - **a user's setting wins**: `RLVR_THREADS=N`, or `OMP_NUM_THREADS` (torch's own), fixes the
   count and nothing is measured; `RLVR_THREADS=auto` fits it even where OMP_NUM_THREADS is set.
   A fixed count is also what bit-for-bit reproducible runs want: a reduction split over another
@@ -142,7 +143,7 @@ def cgroup_folders(proc_cgroup: str, controller: str, root: Path = CGROUP_ROOT) 
         if hierarchy == "0" and not controllers:  # v2: one tree for every controller
             bases, v1 = [root], False
         elif controller in controllers.split(","):
-            bases, v1 = [d for d in sorted(root.iterdir()) if controller in d.name.split(",")] if root.is_dir() else [], True
+            bases, v1 = _mounts(root, controller), True
         else:
             continue
         own = Path(path.lstrip("/"))
@@ -154,19 +155,27 @@ def cgroup_folders(proc_cgroup: str, controller: str, root: Path = CGROUP_ROOT) 
 
 def find_cgroup(proc_cgroup: str, root: Path = CGROUP_ROOT) -> Cgroup | None:
     """The cgroup whose CPU quota binds this process (`cgroup_folders`: the lowest quota of its own
-    and those above it), or None where none has one. Under v1 its usage is read from the cpuacct
-    controller's folder at the same place (the same folder where the two are mounted together)."""
+    and those above it), or None where none has one."""
     found = []
     for folder, v1 in cgroup_folders(proc_cgroup, "cpu", root):
-        usage: Path | None = folder
-        if v1 and not (folder / "cpuacct.usage").exists():
-            place = folder.relative_to(root)
-            usage = next((d / Path(*place.parts[1:]) for d in (sorted(root.iterdir()) if root.is_dir() else [])
-                          if "cpuacct" in d.name.split(",") and (d / Path(*place.parts[1:]) / "cpuacct.usage").exists()),
-                         None)
+        usage = _v1_usage(folder, root) if v1 else folder
         if usage is not None and (quota := Cgroup(folder, usage, v1).quota()) is not None:
             found.append((quota, Cgroup(folder, usage, v1)))
     return min(found, key=lambda q: q[0])[1] if found else None
+
+
+def _mounts(root: Path, controller: str) -> list[Path]:
+    """The cgroup v1 mounts under `root` that `controller` is in ("cpu,cpuacct" holds two)."""
+    return [d for d in sorted(root.iterdir()) if controller in d.name.split(",")] if root.is_dir() else []
+
+
+def _v1_usage(cpu_folder: Path, root: Path) -> Path | None:
+    """The cpuacct folder at the place of the v1 cpu controller's `cpu_folder`: the folder itself
+    where the two are mounted together, else the same path under cpuacct's mount."""
+    if (cpu_folder / "cpuacct.usage").exists():
+        return cpu_folder
+    place = Path(*cpu_folder.relative_to(root).parts[1:])  # below the mount
+    return next((m / place for m in _mounts(root, "cpuacct") if (m / place / "cpuacct.usage").exists()), None)
 
 
 def _cgroup() -> Cgroup | None:
