@@ -93,6 +93,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     layer = model.model.layers[0]
     if layer.self_attn.o_proj.bias is not None or layer.mlp.down_proj.bias is not None:
         return "biases on the output or MLP projections are not implemented"
+    if len({getattr(layer.self_attn, name).bias is None for name in ("q_proj", "k_proj", "v_proj")}) > 1:
+        return "a bias on some of the query, key and value projections but not all is not implemented"
     if config.hidden_act not in ("silu", "swish", "gelu", "gelu_pytorch_tanh", "relu"):
         return f"activation {config.hidden_act!r} is not covered"
     return None
