@@ -55,7 +55,7 @@ from transformers import PreTrainedModel
 from rlvr.attention import is_sdpa
 from rlvr.rollout.forms import FORMS, ROWS, Plan, form_unavailable, fused_bias, fused_parts, joined
 from rlvr.rollout.plans import Plans, product_plans
-from rlvr.rollout.static_decode import unsupported_reason
+from rlvr.rollout.static_decode import partial_qkv_bias, unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,8 @@ def unmatched_reason(model: PreTrainedModel) -> str | None:
     attn = getattr(layers[0], "self_attn", None) if layers else None
     if attn is None or any(not hasattr(attn, name) for name in ("q_proj", "k_proj", "v_proj")):
         return "the model's layers are not where the probe looks for them (model.layers[i].self_attn.q_proj, ...)"
+    if partial_qkv_bias(model):
+        return "only some of the query/key/value projections have a bias, and the probe checks them fused"
     return None
 
 

@@ -79,6 +79,13 @@ def cache_tensors(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.T
     return keys, values
 
 
+def partial_qkv_bias(model: PreTrainedModel) -> bool:
+    """Whether some layer has a bias on some of its query, key and value projections but not all
+    (the decoder fuses the three into one product)."""
+    return any(len({getattr(layer.self_attn, name).bias is None for name in ("q_proj", "k_proj", "v_proj")}) > 1
+               for layer in model.model.layers)
+
+
 def unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why the static decoder cannot run `model`, or None when it can."""
     config = model.config
@@ -93,7 +100,7 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     layer = model.model.layers[0]
     if layer.self_attn.o_proj.bias is not None or layer.mlp.down_proj.bias is not None:
         return "biases on the output or MLP projections are not implemented"
-    if len({getattr(layer.self_attn, name).bias is None for name in ("q_proj", "k_proj", "v_proj")}) > 1:
+    if partial_qkv_bias(model):
         return "a bias on some of the query, key and value projections but not all is not implemented"
     if config.hidden_act not in ("silu", "swish", "gelu", "gelu_pytorch_tanh", "relu"):
         return f"activation {config.hidden_act!r} is not covered"
