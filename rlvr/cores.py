@@ -101,7 +101,7 @@ class Cgroup:
     and cpuacct controller (cpuacct.usage, in ns), often one folder mounted as cpu,cpuacct."""
 
     cpu: Path
-    usage: Path
+    usage: Path | None  # None: a v1 quota whose cpuacct usage was not found (busy is then unknown)
     v1: bool = False
 
     def quota(self) -> float | None:
@@ -117,6 +117,8 @@ class Cgroup:
 
     def used_s(self) -> float:
         """CPU seconds every process of the cgroup has used (raises OSError or ValueError where unreadable)."""
+        if self.usage is None:
+            raise OSError("no cpuacct controller at this cgroup's place")
         if self.v1:
             return int((self.usage / "cpuacct.usage").read_text()) / 1e9
         lines = (self.usage / "cpu.stat").read_text().splitlines()
@@ -158,15 +160,18 @@ def find_cgroup(proc_cgroup: str, root: Path = CGROUP_ROOT) -> Cgroup | None:
     and those above it), or None where none has one."""
     found = []
     for folder, v1 in cgroup_folders(proc_cgroup, "cpu", root):
-        usage = _v1_usage(folder, root) if v1 else folder
-        if usage is not None and (quota := Cgroup(folder, usage, v1).quota()) is not None:
-            found.append((quota, Cgroup(folder, usage, v1)))
+        cgroup = Cgroup(folder, _v1_usage(folder, root) if v1 else folder, v1)
+        if (quota := cgroup.quota()) is not None:
+            found.append((quota, cgroup))
     return min(found, key=lambda q: q[0])[1] if found else None
 
 
 def _mounts(root: Path, controller: str) -> list[Path]:
     """The cgroup v1 mounts under `root` that `controller` is in ("cpu,cpuacct" holds two)."""
-    return [d for d in sorted(root.iterdir()) if controller in d.name.split(",")] if root.is_dir() else []
+    try:
+        return [d for d in sorted(root.iterdir()) if controller in d.name.split(",")]
+    except OSError:  # no cgroup mounts, or none this process may list
+        return []
 
 
 def _v1_usage(cpu_folder: Path, root: Path) -> Path | None:
@@ -328,7 +333,7 @@ class ThreadWatch:
             return metrics, None
         self.set_threads(threads)
         metrics["cpu_threads"] = float(threads)
-        note = (f"other programs used {busy:.1f} of {self.usable} cores during the step: torch now runs "
+        note = (f"other programs used {busy:.1f} of {self.usable} cores since the last reading: torch now runs "
                 f"{threads} thread{'s' * (threads > 1)} (was {now}; OMP_NUM_THREADS or RLVR_THREADS fixes the count)")
         log.info(note)
         return metrics, note

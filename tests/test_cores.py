@@ -293,3 +293,19 @@ def test_this_machines_cgroup_is_read_without_error() -> None:
     if found is not None:  # v1 or v2: a quota and its usage, never a crash
         assert (found.quota() or 0) > 0 and found.used_s() > 0
     assert cores.usable_cores() >= 1
+
+
+def test_a_v1_quota_without_its_usage_still_caps_the_cores_and_unlistable_mounts_are_none(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _v1(tmp_path / "cpu" / "job", 200000)  # no cpuacct mounted anywhere
+    found = cores.find_cgroup("2:cpu:/job\n", tmp_path)
+    assert found == cores.Cgroup(tmp_path / "cpu" / "job", None, v1=True) and found.quota() == 2.0
+    monkeypatch.setattr(cores, "_cgroup", lambda: found)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert cores.usable_cores() == 2 and cores.read_clocks().busy is None  # the quota counts; busy is unknown
+
+    def unlistable(self: Path) -> Iterator[Path]:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "iterdir", unlistable)
+    assert cores.cgroup_folders("4:memory:/job\n", "memory", tmp_path) == []  # read as no cgroup, not a crash
