@@ -422,11 +422,19 @@ def cached_folder(target: Path, ready: Callable[[Path], bool], fill: Callable[[P
     if ready(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "a") as lock:
+    lock = None
+    try:  # read-only, made readable by all: another user's lock file serves too
+        lock = os.open(target.parent / f".{target.name}.lock", os.O_RDONLY | os.O_CREAT, 0o666)
         if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when it closes
+    except OSError as error:  # a file system without locks: made as before, without taking turns
+        log.debug("no lock for %s (%s): made without one", target, error)
+    try:
         if not ready(target):
             write_folder(target, fill)
+    finally:
+        if lock is not None:
+            os.close(lock)
     return target
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
+from rlvr.cores import usable_cores
 from tests.tiny import make_tiny_model, make_tiny_tokenizer, saved_with_tokenizer
 
 # Every Ray the tests start or join, without token authentication: Ray 2.60 turns it on for a
@@ -29,8 +30,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
         return
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1 and "RLVR_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+    if workers > 1 and "RLVR_THREADS" not in os.environ:  # the cores, a CPU quota counted (rlvr.cores)
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), usable_cores()) // workers))
     os.environ.setdefault("RLVR_THREADS", str(torch.get_num_threads()))
 
 

@@ -131,3 +131,18 @@ def test_a_cached_folder_asked_for_by_several_processes_at_once_is_made_once(tmp
     assert outs == ["ok"] * 3 and [run.returncode for run in runs] == [0] * 3
     assert log.read_text() == "made\n"  # one process made it; the others waited and found it
     assert sorted(p.name for p in target.parent.iterdir()) == [".m.lock", "m"]  # no half-made folder left
+
+
+@pytest.mark.dtype_independent
+def test_where_the_file_system_has_no_locks_the_cached_folder_is_made_without_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlvr import models
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(95, "Operation not supported")
+
+    if models.fcntl is None:
+        pytest.skip("no fcntl here: the folder is always made without a lock")
+    monkeypatch.setattr(models.fcntl, "flock", no_locks)
+    made = models.cached_folder(tmp_path / "m", lambda t: (t / "w").is_file(), lambda into: (into / "w").write_text("ok"))
+    assert (made / "w").read_text() == "ok"
