@@ -205,16 +205,26 @@ def fused_parts(layer: Any) -> tuple[list[torch.Tensor], ...]:
             [mlp.down_proj.weight.detach()])
 
 
+QKV = ("q_proj", "k_proj", "v_proj")
+"""The projections the decoder fuses into one product (`fused`)."""
+
+
 def fused_bias(layer: Any) -> torch.Tensor | None:
     """The q/k/v projections' biases joined as `fused` joins their weights (Qwen2 has them), or None
-    where they have none."""
+    where they have none (ValueError where only some have one: `partial_qkv_bias` screens it out)."""
     attn = layer.self_attn
-    biases = [getattr(attn, name).bias for name in ("q_proj", "k_proj", "v_proj")]
+    biases = [getattr(attn, name).bias for name in QKV]
     if all(b is None for b in biases):
         return None
     if any(b is None for b in biases):
         raise ValueError(f"{type(attn).__name__}: the decoder fuses q/k/v, and only some of them have a bias")
     return torch.cat([b.detach() for b in biases])
+
+
+def partial_qkv_bias(model: Any) -> bool:
+    """Whether some layer has a bias on some of its q/k/v projections but not all, which `fused_bias`
+    cannot join (the static decoder and the matched probe refuse such a model)."""
+    return any(len({getattr(layer.self_attn, name).bias is None for name in QKV}) > 1 for layer in model.model.layers)
 
 
 def replaced(plan: Plan, unwanted: Callable[[Form], bool]) -> Plan:

@@ -38,9 +38,10 @@ mean |engine - learner| 7e-6 nats, no token outside the band, against 0.034 and 
 The cost: float64 attention (its keys and values, 4 times bf16's bytes, in the decoder's buffers)
 and no float16 copies at one row: docs/performance.md has the engine's and the learner's speed.
 
-Not matched: attention dropout, remote-code models, and forwards of at most 3 tokens where so few rows round otherwise (`LEARNER_ROWS`). The KL reference model runs the
-policy's float64 attention too (rlvr.train.methods.kl), and after torch's thread count changes the
-engine probes again (`EmbeddedEngine._rematch`).
+Not matched: attention dropout, remote-code models, a bias on only some of q/k/v, and forwards of
+at most 3 tokens where so few rows round otherwise (`LEARNER_ROWS`). The KL reference model runs
+the policy's float64 attention too (rlvr.train.methods.kl), and after torch's thread count changes
+the engine probes again (`EmbeddedEngine._rematch`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from rlvr.attention import is_sdpa
-from rlvr.rollout.forms import FORMS, ROWS, Plan, form_unavailable, fused_bias, fused_parts, joined
+from rlvr.rollout.forms import (QKV, FORMS, ROWS, Plan, form_unavailable, fused_bias, fused_parts, joined,
+                                partial_qkv_bias)
 from rlvr.rollout.plans import Plans, product_plans
-from rlvr.rollout.static_decode import partial_qkv_bias, unsupported_reason
+from rlvr.rollout.static_decode import unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,7 @@ def unmatched_reason(model: PreTrainedModel) -> str | None:
         return "a vision-language model's image encoder is not matched"
     layers = getattr(getattr(model, "model", None), "layers", None)
     attn = getattr(layers[0], "self_attn", None) if layers else None
-    if attn is None or any(not hasattr(attn, name) for name in ("q_proj", "k_proj", "v_proj")):
+    if attn is None or any(not hasattr(attn, name) for name in QKV):
         return "the model's layers are not where the probe looks for them (model.layers[i].self_attn.q_proj, ...)"
     if partial_qkv_bias(model):
         return "only some of the query/key/value projections have a bias, and the probe checks them fused"

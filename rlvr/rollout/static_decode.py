@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 from transformers import DynamicCache, PreTrainedModel
 
+from rlvr.rollout.forms import partial_qkv_bias
 from rlvr.rollout.weights import LAZY_AFTER, FusedWeights
 
 log = logging.getLogger(__name__)
@@ -77,13 +78,6 @@ def cache_tensors(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.T
         keys.append(k)
         values.append(v)
     return keys, values
-
-
-def partial_qkv_bias(model: PreTrainedModel) -> bool:
-    """Whether some layer has a bias on some of its query, key and value projections but not all
-    (the decoder fuses the three into one product)."""
-    return any(len({getattr(layer.self_attn, name).bias is None for name in ("q_proj", "k_proj", "v_proj")}) > 1
-               for layer in model.model.layers)
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
