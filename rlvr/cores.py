@@ -160,9 +160,8 @@ def find_cgroup(proc_cgroup: str, root: Path = CGROUP_ROOT) -> Cgroup | None:
     and those above it), or None where none has one."""
     found = []
     for folder, v1 in cgroup_folders(proc_cgroup, "cpu", root):
-        cgroup = Cgroup(folder, _v1_usage(folder, root) if v1 else folder, v1)
-        if (quota := cgroup.quota()) is not None:
-            found.append((quota, cgroup))
+        if (quota := Cgroup(folder, None, v1).quota()) is not None:  # the usage looked for only where one binds
+            found.append((quota, Cgroup(folder, _v1_usage(folder, root) if v1 else folder, v1)))
     return min(found, key=lambda q: q[0])[1] if found else None
 
 
@@ -234,7 +233,7 @@ def read_clocks() -> Reading:
     wall, own = time.monotonic(), _own_seconds()
     cgroup = _cgroup()
     try:
-        if cgroup is not None and cgroup.quota() is not None:
+        if cgroup is not None:  # one with a quota (`find_cgroup`)
             return Reading(wall, cgroup.used_s(), own)
         cpus = {f"cpu{i}" for i in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ())}
         busy = 0
