@@ -22,15 +22,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-
-from rlvr.cores import CGROUP_ROOT, PROC_CGROUP, cgroup_folders
-
 try:
     import fcntl
 except ImportError:  # not a POSIX system: the cache is made without a lock
     fcntl = None  # type: ignore[assignment]
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from rlvr.cores import CGROUP_ROOT, PROC_CGROUP, cgroup_folders
 from rlvr.train.checkpoint import latest_checkpoint  # the checkpoint layout belongs to train
 
 log = logging.getLogger("rlvr.models")
