@@ -21,7 +21,7 @@ from rlvr.rollout import static_decode
 from rlvr.rollout.engine import EmbeddedEngine, without_cudnn_attention
 from rlvr.types import SamplingParams
 from tests.test_engine_contract import PROMPTS, encode, recompute_logprobs, reference_greedy
-from tests.tiny import EOS_ID, make_tiny_model
+from tests.tiny import EOS_ID, make_tiny_model, make_tiny_qwen2
 
 Model = LlamaForCausalLM
 Tokenizer = PreTrainedTokenizerFast
@@ -299,18 +299,7 @@ def test_generating_on_cuda_turns_cudnn_attention_off_and_back() -> None:
 
 def test_static_decoder_handles_qkv_bias(tiny_tokenizer: Tokenizer) -> None:
     """Qwen2 has biases on the query/key/value projections; the fused projection must add them."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, use_sliding_window=False,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.k_proj.bias.normal_(std=0.5)
-            layer.self_attn.q_proj.bias.normal_(std=0.5)
+    model = make_tiny_qwen2()
     prompts = [encode(tiny_tokenizer, p) for p in PROMPTS]
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
     static = EmbeddedEngine(model, tiny_tokenizer, eos_token_ids=[EOS_ID], decoder="static").generate(prompts, params)

@@ -26,7 +26,7 @@ from rlvr.train.logprobs import shared_prompt_logprobs
 from rlvr.train.setup import _numerics
 from rlvr.types import SamplingParams
 from tests.test_train import overrides, read_metrics
-from tests.tiny import EOS_ID, make_tiny_model, make_tiny_tokenizer, saved_with_tokenizer
+from tests.tiny import EOS_ID, make_tiny_model, make_tiny_qwen2, make_tiny_tokenizer, saved_with_tokenizer
 
 pytestmark = pytest.mark.dtype_independent  # every model here is pinned to bf16 (or fp32)
 
@@ -91,20 +91,8 @@ compacts its float64 buffers, and rows left alone run joined."""
 
 def _qwen2() -> torch.nn.Module:
     """A tiny Qwen2 as wide as `_model`, in bf16, with q/k/v biases of the size of what they are
-    added to (Qwen2 initialises them at zero, where adding them after rounding changes nothing)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(vocab_size=259, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         initializer_range=0.2, use_sliding_window=False, tie_word_embeddings=True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(config)
-        with torch.no_grad():
-            for layer in model.model.layers:
-                for name in ("q_proj", "k_proj", "v_proj"):
-                    getattr(layer.self_attn, name).bias.normal_(std=2.0)
-    return model.to(torch.bfloat16)
+    added to."""
+    return make_tiny_qwen2(hidden_size=128, intermediate_size=256, bias_std=2.0, dtype=torch.bfloat16)  # type: ignore[no-any-return]
 
 
 def _mismatch(numerics: str, decoder: str, engine: EmbeddedEngine | None = None,

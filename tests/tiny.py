@@ -79,6 +79,27 @@ def make_tiny_model(
     return model.to(dtype).eval()
 
 
+def make_tiny_qwen2(hidden_size: int = 32, intermediate_size: int = 64, bias_std: float = 0.5,
+                    dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
+    """A random 2-layer Qwen2 (4 query / 2 KV heads, tied embeddings, the tiny tokenizer's vocabulary)
+    with q/k/v biases drawn with std `bias_std`: Qwen2 initialises them at zero, where a decoder
+    that dropped them, or added them after rounding, would change nothing."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=VOCAB_SIZE, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, initializer_range=0.2, use_sliding_window=False,
+                         tie_word_embeddings=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for name in ("q_proj", "k_proj", "v_proj"):
+                    getattr(layer.self_attn, name).bias.normal_(std=bias_std)
+    return model.to(dtype).eval()
+
+
 def saved_with_tokenizer(model: Any, path: Any) -> Any:
     """`model` and the tiny tokenizer saved in the folder `path`, for `model = <path>` runs; `path`."""
     model.save_pretrained(path)
