@@ -88,14 +88,14 @@ def main() -> None:
     for repeat in range(repeats):
         for name, (share, cut) in variants.items():
             update.micro_batches = cut  # type: ignore[assignment]
-            logprobs.completion_lanes = batches.completion_lanes = unpacked if "unpacked" in name else lanes
+            logprobs.completion_lanes = unpacked if "unpacked" in name else lanes
             for groups, settings in caught:
                 start = time.perf_counter()
                 update.update_policy(learner, groups, dataclasses.replace(settings, share_prompts=share), pad_token_id=0)
                 if repeat:
                     seconds[name] += time.perf_counter() - start
     update.micro_batches = default  # type: ignore[assignment]
-    logprobs.completion_lanes = batches.completion_lanes = lanes
+    logprobs.completion_lanes = lanes
     base = seconds["whole rows"]
     for name, s in seconds.items():
         print(f"{name:>10}: {s:6.2f} s over {len(caught)} updates × {repeats - 1}, {base / s:.2f}× whole rows")

@@ -308,11 +308,29 @@ def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
     return _DTYPES[name]
 
 
-def padded_rows(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token ids, attention mask) of ``rows``, padded with ``pad_id`` to the longest: on the left
-    where the next token is read at the last column (sampling, a judge's verdict), on the right
-    where each token's position must stay put (a PRM's step labels)."""
-    width = max(len(r) for r in rows)
+FEWEST_ROWS = 4
+"""The fewest tokens a forward of the policy runs its products on (`product_width`): on some CPUs a
+bf16 product of 1-3 rows sums in another order than one of many (oneDNN's 1536→576 product at one
+row on a Zen 5 EPYC: 13% of rows differ in a bit; the tiny test model's 32-wide products at 1-3
+rows), so the same tokens alone in a tiny forward (a sample's 2-token completion alone in its
+micro-batch, a 1-token prompt alone in its prefill) would get other log-probs than in a larger
+one. Matched numerics (rlvr.rollout.matched) check the learner's products from this many rows
+up."""
+
+
+def product_width(rows: int, width: int) -> int:
+    """The padded width for ``rows`` rows of at most ``width`` tokens: ``width``, or wider where the
+    forward would run fewer than `FEWEST_ROWS` tokens in all."""
+    return max(width, -(-FEWEST_ROWS // max(rows, 1)))
+
+
+def padded_rows(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool,
+                width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids, attention mask) of ``rows``, padded with ``pad_id`` to the longest, or to
+    ``width`` where that is wider: on the left where the next token is read at the last column
+    (sampling, a judge's verdict), on the right where each token's position must stay put (a PRM's
+    step labels)."""
+    width = max([width, *(len(r) for r in rows)])
     ids_BT = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask_BT = torch.zeros_like(ids_BT)
     for i, row in enumerate(rows):

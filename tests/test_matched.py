@@ -17,12 +17,13 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from rlvr.attention import EXACT, exact_attention, exact_sdpa, is_sdpa
 from rlvr.config import load_config
+from rlvr.models import FEWEST_ROWS, product_width
 from rlvr.rollout import matched
 from rlvr.rollout.engine import EmbeddedEngine
 from rlvr.rollout.forms import FORMS
 from rlvr.rollout.matched import matched_plans, unmatched_reason
 from rlvr.train.loop import train
-from rlvr.train.logprobs import shared_prompt_logprobs
+from rlvr.train.logprobs import shared_prompt_logprobs, token_logprobs
 from rlvr.train.setup import _numerics
 from rlvr.types import SamplingParams
 from tests.test_train import overrides, read_metrics
@@ -293,3 +294,62 @@ def test_a_bf16_run_logs_no_mismatch_with_matched_numerics(wide_dir: Path, tmp_p
     for row in logged["auto"]:
         assert row["mismatch_logratio_abs"] < AFTER_ROUNDING and row["mismatch_outside_band"] == 0, row
     assert min(row["mismatch_logratio_abs"] for row in logged["fast"]) > 10 * AFTER_ROUNDING, logged["fast"]
+
+
+def _token_rows(model: torch.nn.Module, run: Callable[[], object]) -> list[int]:
+    """The token rows each of `model`'s layer projections (every `nn.Linear` but the output head)
+    runs in `run`."""
+    rows: list[int] = []
+    hooks = [module.register_forward_pre_hook(lambda _, args: rows.append(args[0].numel() // args[0].shape[-1]))
+             for module in model.modules() if isinstance(module, torch.nn.Linear) and module is not model.lm_head]
+    try:
+        run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert rows, "no projection ran"
+    return rows
+
+
+def test_tiny_forwards_run_their_products_on_at_least_four_tokens() -> None:
+    """A product of 1-3 rows may sum in another order than one of many (oneDNN's 1536→576 bf16
+    product on a Zen 5 EPYC): the bundled model's log-probs of a 2-token completion alone in its
+    forward differed from the engine's by up to 0.18 nats, 23 of 80 tokens beyond 1e-4 (docs/LOG.md,
+    session 40). So the learner's forwards and the engine's prefills run at least `FEWEST_ROWS`
+    tokens, padded where fewer."""
+    model = _model()
+    engine = EmbeddedEngine(model, make_tiny_tokenizer(), eos_token_ids=[], seed=0)
+    row = torch.tensor([[5, 6, 7]])
+    runs = {
+        "shared-prompt learner": lambda: shared_prompt_logprobs(model, [[5]], [[6, 7]], [0], 0),
+        "whole-row learner": lambda: token_logprobs(model, row, torch.ones_like(row), torch.tensor([[0, 1, 1]])),
+        "prefill of a one-token prompt": lambda: engine.generate([[5]], SamplingParams(max_new_tokens=2)),
+    }
+    with engine.reusing_prefixes():
+        stored = engine.generate([[5, 6, 7, 8, 9]], SamplingParams(max_new_tokens=1))[0][0].token_ids
+        runs["prefill of a one-token suffix"] = lambda: engine.generate([[5, 6, 7, 8, 9, *stored, 10]],
+                                                                        SamplingParams(max_new_tokens=1))
+        fewer = {name: min(_token_rows(model, run)) for name, run in runs.items()}
+    assert all(rows >= FEWEST_ROWS for rows in fewer.values()), fewer
+
+
+def test_padding_a_tiny_forward_changes_no_log_prob() -> None:
+    """The pad columns that widen a tiny forward are masked and come after the real tokens: in
+    float64 the log-probs equal those of the model's own forward on the tokens alone (up to a
+    float64 sum's order)."""
+    model = make_tiny_model(dtype=torch.float64)
+    tokens = [5, 6, 7]
+    with torch.no_grad():
+        own = model(torch.tensor([tokens])).logits[0].log_softmax(-1)
+        own_N = own[[0, 1], [6, 7]]
+        row = torch.tensor([tokens])
+        whole_BT, _ = token_logprobs(model, row, torch.ones_like(row), torch.tensor([[0, 1, 1]]))
+        shared_N, _ = shared_prompt_logprobs(model, [[5]], [[6, 7]], [0], 0)
+    assert whole_BT.shape == (1, 3)
+    torch.testing.assert_close(whole_BT[0, 1:], own_N, atol=1e-12, rtol=0)
+    torch.testing.assert_close(shared_N, own_N, atol=1e-12, rtol=0)
+
+
+def test_product_width() -> None:
+    assert [product_width(rows, 1) for rows in (1, 2, 3, 4, 9)] == [4, 2, 2, 1, 1]
+    assert product_width(1, 7) == 7 and product_width(2, 0) == 2

@@ -293,8 +293,9 @@ def test_the_prompt_runs_once_per_micro_batch() -> None:
     prompts = [len(g.samples[0].prompt_ids) for g in groups]
     completions = [[len(x.completion.token_ids) for x in g.samples] for g in groups]
     assert prompts == [3, 6] and completions == [[2, 4, 2, 5], [2, 1, 6, 5]]
-    # fed 1, 3, 1, 4 in lanes of 4: (4), (3 + 1), (1); fed 1, 0, 5, 4 in lanes of 5: (5), (4 + 1)
-    assert fed(True) == (3 + 3 * 4) + (6 + 2 * 5)
+    # fed 1, 3, 1, 4 in lanes of 4: (4), (3 + 1), (1); fed 1, 0, 5, 4 in lanes of 5: (5), (4 + 1);
+    # the 3-token prompt alone in its pass runs as 4 (rlvr.models.FEWEST_ROWS)
+    assert fed(True) == (4 + 3 * 4) + (6 + 2 * 5)
     samples = [x for g in groups for x in g.samples]
     shared = micro_batches(list(range(len(samples))), samples, 4, by_prompt=True)
     assert fed(True) == sum(shared_tokens([samples[i] for i in cut]) for cut in shared)  # the cost model counts it

@@ -42,7 +42,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from rlvr.attention import exact_attention
 from rlvr.data.images import batched_inputs, multimodal_positions
 from rlvr.errors import EngineOutOfMemory
-from rlvr.models import padded_rows, windowed_attention, with_cache
+from rlvr.models import padded_rows, product_width, windowed_attention, with_cache
 from rlvr.rollout.matched import chosen_decoder, engine_matched_plans
 from rlvr.rollout.plans import Plans, product_plans
 from rlvr.rollout.prefixes import PrefixPlan, PrefixStore, Stored, plan_prefixes
@@ -498,8 +498,11 @@ class EmbeddedEngine:
         return tuple((id(p), p._version, p.data_ptr(), p.dtype, p.device) for p in self.model.parameters())
 
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token ids and attention mask, left-padded to the longest prompt, on the device."""
-        ids_PT, mask_PT = padded_rows(prompts, self.pad_token_id, left=True)
+        """Token ids and attention mask, left-padded to the longest prompt, on the device; at least
+        `FEWEST_ROWS` tokens in all (one short prompt alone, a multi-turn turn's short suffix), so
+        the prefill's products round as the learner's do (`product_width`)."""
+        longest = max(map(len, prompts))
+        ids_PT, mask_PT = padded_rows(prompts, self.pad_token_id, left=True, width=product_width(len(prompts), longest))
         return ids_PT.to(self.device), mask_PT.to(self.device)
 
     def _prefill_whole(self, prompts: list[list[int]], media: Sequence[PromptMedia | None] | None = None,

@@ -38,8 +38,10 @@ mean |engine - learner| 7e-6 nats, no token outside the band, against 0.034 and 
 The cost: float64 attention (its keys and values, 4 times bf16's bytes, in the decoder's buffers)
 and no float16 copies at one row: docs/performance.md has the engine's and the learner's speed.
 
-Not matched: attention dropout, remote-code models, a bias on only some of q/k/v, and forwards of
-at most 3 tokens where so few rows round otherwise (`LEARNER_ROWS`). The KL reference model runs
+Not matched: attention dropout, remote-code models, and a bias on only some of q/k/v. Forwards of
+1-3 tokens (a 2-token completion alone in its micro-batch, a 1-token prompt alone in its prefill)
+are padded to `FEWEST_ROWS` on both sides, where so few rows could round otherwise
+(rlvr.models.product_width). The KL reference model runs
 the policy's float64 attention too (rlvr.train.methods.kl), and after torch's thread count changes
 the engine probes again (`EmbeddedEngine._rematch`).
 """
@@ -54,6 +56,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from rlvr.attention import is_sdpa
+from rlvr.models import FEWEST_ROWS
 from rlvr.rollout.forms import (QKV, FORMS, ROWS, Plan, form_unavailable, fused_bias, fused_parts, joined,
                                 partial_qkv_bias)
 from rlvr.rollout.plans import Plans, product_plans
@@ -61,14 +64,12 @@ from rlvr.rollout.static_decode import unsupported_reason
 
 log = logging.getLogger(__name__)
 
-LEARNER_ROWS = (4, 7, 100, 400)
+LEARNER_ROWS = (FEWEST_ROWS, 7, 100, 400)
 """Row counts at which the learner's own product is checked against its product of `PROBE_ROWS`
-rows (it runs micro-batches of any size, and the engine's prefill a prompt batch of any size). A
-forward of at most 3 tokens is not covered: the learner does not run one in practice, but the
-engine's prefill of one short prompt alone, or of a short suffix after a stored prefix (a
-multi-turn turn of 1-3 tokens, alone in its call), does, with the model's own products, which
-may round so few rows otherwise (oneDNN's 1536→576 bf16 product at one row, and the tiny test
-model's 32-wide products at 1-3 rows, on a Zen 5 EPYC)."""
+rows (it runs micro-batches of any size, and the engine's prefill a prompt batch of any size).
+Neither runs a forward of fewer than `FEWEST_ROWS` tokens (rlvr.models.product_width pads one),
+where so few rows may round otherwise (oneDNN's 1536→576 bf16 product at one row, and the tiny
+test model's 32-wide products at 1-3 rows, on a Zen 5 EPYC)."""
 PROBE_ROWS = 512
 """Rows of the probe's input: the learner's product of these many rows is the reference."""
 SLICES, CHECKED_ROWS = 16, 64

@@ -9,8 +9,8 @@ from transformers import PreTrainedModel
 
 from rlvr.data.images import batched_inputs, uses_multimodal_positions
 from rlvr.rewards.intrinsic import token_certainty
-from rlvr.models import windowed_attention
-from rlvr.train.logprobs import (can_share_prompts, completion_lanes, packs_completions, shared_prompt_logprobs,
+from rlvr.models import product_width, windowed_attention
+from rlvr.train.logprobs import (can_share_prompts, completion_layout, packs_completions, shared_prompt_logprobs,
                                  token_budget_batches, token_logprobs)
 from rlvr.train.parallel import sharded
 from rlvr.train.settings import UpdateSettings
@@ -112,13 +112,14 @@ def shared_tokens(rows: list[Sample], lanes: bool = True) -> int:
     """The tokens `sample_logprobs` runs for one micro-batch with its prompts shared: each
     distinct prompt once (padded to the longest), and each completion through its last trained
     token but for that token, padded to the longest; with ``lanes``, packed into rows as long as
-    the longest where that gives fewer rows (rlvr.train.logprobs.completion_lanes), else one
-    row each."""
+    the longest where that gives fewer rows, else one row each
+    (rlvr.train.logprobs.completion_layout). Either pass is padded wider where it would run
+    fewer than `FEWEST_ROWS` tokens (rlvr.models.product_width)."""
     prompts = {x.prompt_key: len(x.prompt_ids) for x in rows}
     index = {key: i for i, key in enumerate(prompts)}
     fed = [max(trained_through(x) - 1, 0) for x in rows]
-    packed = len(completion_lanes(fed, [index[x.prompt_key] for x in rows], max(fed))) if lanes else len(rows)
-    return len(prompts) * max(prompts.values()) + packed * max(fed)
+    packed, width = completion_layout(fed, [index[x.prompt_key] for x in rows], lanes)
+    return len(prompts) * product_width(len(prompts), max(prompts.values())) + len(packed or rows) * width
 
 
 def batches(samples: list[Sample], indices: list[int], pad_token_id: int, device: torch.device, size: int,

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from rlvr.attention import is_sdpa
 from rlvr.data.chat import Tokenized
 from rlvr.lora import causal_lm
-from rlvr.models import with_cache
+from rlvr.models import product_width, with_cache
 
 
 class _HeadLogprobs(torch.autograd.Function):
@@ -119,6 +119,17 @@ def token_logprobs(
     """
     if target_mask_BT[:, 0].any():
         raise ValueError("the first token of a row has no prediction; target_mask[:, 0] must be 0")
+    rows, width = input_ids_BT.shape
+    if product_width(rows, width) > width and attention_mask_BT.dim() == 2 and position_ids_BT is None:
+        # fewer than FEWEST_ROWS tokens: masked pad columns on the right, so the products run
+        # enough rows to round as in any larger batch (rlvr.models.product_width)
+        def wider(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, product_width(rows, width) - width))
+
+        logprobs_BT, entropy_BT = token_logprobs(model, wider(input_ids_BT), wider(attention_mask_BT),
+                                                 wider(target_mask_BT), temperature=temperature,
+                                                 chunk_size=chunk_size, media=media)
+        return logprobs_BT[:, :width], entropy_BT[:, :width]
     model = causal_lm(model)  # a LoRA policy: the wrapped model, adapters in its layers
     select_BT = target_mask_BT[:, 1:].bool()
     targets_N = input_ids_BT[:, 1:][select_BT]
@@ -217,7 +228,7 @@ def shared_prompt_logprobs(
     completions, flags = _through_last_scored(completions, flags)
     lm = causal_lm(model)
     device = next(lm.parameters()).device
-    width = max(len(p) for p in prompts)
+    width = product_width(len(prompts), max(len(p) for p in prompts))  # a 1-3-token prompt alone: wider
     ids_PL, mask_PL = _right_padded(prompts, width, pad_token_id, device)
     cache = DynamicCache()
     prompt_PLH = lm.base_model(input_ids=ids_PL, attention_mask=mask_PL, position_ids=torch.arange(
@@ -244,12 +255,11 @@ def _completion_states(model: Any, cache: Any, fed: list[list[int]], row_prompt:
     (`packs_completions`), else one right-padded row per sample."""
     lm = causal_lm(model)
     device = mask_PL.device
-    width_C = max(map(len, fed))
+    lanes, width_C = completion_layout([len(f) for f in fed], row_prompt, packs_completions(model))
     starts = [b * width_C for b in range(len(fed))]
     if width_C == 0:
         return [], starts
-    lanes = completion_lanes([len(f) for f in fed], row_prompt, width_C)
-    if len(lanes) < len(fed) and packs_completions(model):
+    if lanes is not None:
         # fewer rows than samples: a lane runs several completions of one prompt, each seeing
         # the prompt and itself only (a boolean mask, which only SDPA's attention takes as given)
         ids_LC, mask_LKC, positions_LC, starts = _lane_inputs(lanes, fed, row_prompt, prompts, mask_PL,
@@ -264,6 +274,21 @@ def _completion_states(model: Any, cache: Any, fed: list[list[int]], row_prompt:
     return [lm.base_model(input_ids=ids_BC, attention_mask=torch.cat([mask_PL[rows], mask_BC], dim=1),
                           position_ids=lengths_B[:, None] + torch.arange(width_C, device=device),
                           **with_cache(lm.base_model, cache)).last_hidden_state], starts
+
+
+def completion_layout(fed: list[int], row_prompt: list[int], packs: bool) -> tuple[list[list[int]] | None, int]:
+    """The completion pass's rows for samples that feed ``fed`` tokens each: its lanes
+    (`completion_lanes`) where the model ``packs`` them and that gives fewer rows, else None (a
+    row a sample); and its width, the longest feed, wider where the pass would run fewer than
+    `FEWEST_ROWS` tokens in all (rlvr.models.product_width)."""
+    width = max(fed, default=0)
+    if width == 0:
+        return None, 0
+    width = product_width(len(fed), width)
+    lanes = completion_lanes(fed, row_prompt, width) if packs else None
+    if lanes is None or len(lanes) >= len(fed) or product_width(len(lanes), width) > width:
+        return None, width
+    return lanes, width
 
 
 def completion_lanes(fed: list[int], row_prompt: list[int], width: int) -> list[list[int]]:
