@@ -1,7 +1,7 @@
 """Does compiling the static decoder's step pay on this CPU? The step in fixed shapes (the form a CUDA
 graph captures) run eagerly and through `torch.compile` (Inductor), side by side, at each batch.
 
-    python bench/compiled_step.py [--batches 1,8,64] [--new-tokens 64] [--cpp-wrapper]
+    python bench/compiled_step.py [--batches 1,8,64] [--new-tokens 64] [--cpp-wrapper] [--dynamic]
 
 Each product is resolved to the form the decoder's plan names for the step's row count before
 tracing (rlvr's `Dense` dispatch and its lazy float16 copy otherwise break the graph into one
@@ -78,16 +78,19 @@ class Resolved:
         return False
 
 
-def tok_s(compiled: bool, batch: int, new_tokens: int) -> tuple[float, float]:
+def tok_s(compiled: bool, batch: int, new_tokens: int, dynamic: bool = False, plain: bool = False) -> tuple[float, float]:
     tokenizer, model = load_tokenizer(MODEL), load_model(MODEL, "auto")
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=[], max_batch_size=batch)
 
     def decoder(cache: Any, mask: torch.Tensor, n: int, offsets: Any = None, new_tokens: int = 0) -> Any:
         step = static_decode.StaticDecoder(model, engine._fused_weights(), cache, mask, n, new_tokens=new_tokens,
-                                           fixed_shapes=True)
+                                           fixed_shapes=not plain)
         step.weights = Resolved(step.weights, len(step.pos_B))  # type: ignore[assignment]
         if compiled:
-            step._fixed_forward = torch.compile(step._fixed_forward, dynamic=False)  # type: ignore[method-assign]
+            if plain:
+                step._layers = torch.compile(step._layers, dynamic=dynamic)  # type: ignore[method-assign]
+            else:
+                step._fixed_forward = torch.compile(step._fixed_forward, dynamic=dynamic)  # type: ignore[method-assign]
         return step
 
     engine._decoder = decoder  # type: ignore[method-assign,assignment]
@@ -109,13 +112,15 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--cpp-wrapper", action="store_true", help="Inductor's C++ wrapper instead of its Python one")
+    parser.add_argument("--plain", action="store_true", help="the plain step (attention reads the columns written so far), not fixed shapes")
+    parser.add_argument("--dynamic", action="store_true", help="compile for any buffer width (one compilation, not one a shape)")
     args = parser.parse_args()
     if args.cpp_wrapper:
         import torch._inductor.config as inductor
 
         inductor.cpp_wrapper = True
     for batch in map(int, args.batches.split(",")):
-        (eager, _), (compiled, first) = tok_s(False, batch, args.new_tokens), tok_s(True, batch, args.new_tokens)
+        (eager, _), (compiled, first) = tok_s(False, batch, args.new_tokens, plain=args.plain), tok_s(True, batch, args.new_tokens, args.dynamic, args.plain)
         print(json.dumps({"batch": batch, "eager_fixed_tok_s": eager, "compiled_tok_s": compiled,
                           "compiled_vs_eager": round(compiled / eager, 2), "first_call_s": first}), flush=True)
 
