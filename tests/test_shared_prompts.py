@@ -520,3 +520,48 @@ def test_a_kl_in_the_reward_is_on_the_sampled_tokens_only() -> None:
                 k1 += sign * lp
             want.append(float(k1[torch.tensor(x.completion.loss_mask, dtype=torch.bool)].sum()))
     assert result.metrics["kl_reward"] == pytest.approx(sum(want) / len(want), rel=1e-6)
+
+
+def test_tiny_micro_batches_widened_to_four_tokens_give_each_rows_own_numbers() -> None:
+    """Micro-batches of a few short rows, whose passes are padded wider than their longest row
+    (rlvr.models.FEWEST_ROWS), lanes included: every scored token's log-prob, entropy and gradient
+    equal those of the model's own forward on its row alone (float64: up to summation order), and
+    the cost model counts the tokens fed, pads included. Seeded draws: 1-3 prompts of 1-4 tokens,
+    1-5 rows of 0-4 completion tokens, some with scored flags."""
+    from random import Random
+
+    from rlvr.types import Completion, Sample
+
+    model = exact_model()
+    fed = count_fed_tokens(model)
+    draw = Random(0)
+    for _ in range(40):
+        prompts = [tuple(draw.randint(3, 60) for _ in range(draw.randint(1, 4))) for _ in range(draw.randint(1, 3))]
+        rows = []
+        for _ in range(draw.randint(1, 5)):
+            p, n = draw.randrange(len(prompts)), draw.randint(0, 4)
+            flags = tuple(draw.randint(0, 1) for _ in range(n)) if draw.random() < 0.4 else None
+            completion = Completion(tuple(draw.randint(3, 60) for _ in range(n)), (-1.0,) * n, "stop", "", loss_mask=flags)
+            rows.append(Sample(prompts[p], completion, 0.0, {}, p))
+        order: dict[object, int] = {}
+        row_prompt = [order.setdefault(x.prompt_key, len(order)) for x in rows]
+        completions = [list(x.completion.token_ids) for x in rows]
+        scored = [list(x.completion.loss_mask or [1] * len(x.completion.token_ids)) for x in rows]
+        fed.clear()
+        lp_N, entropy_N = shared_prompt_logprobs(model, [list(key[0]) for key in order], completions, row_prompt,  # type: ignore[index]
+                                                 0, scored=scored)
+        assert sum(fed) == shared_tokens(rows), (prompts, completions)
+        grads = grads_of(model, (lp_N + entropy_N).sum()) if lp_N.numel() else {}
+        want_lp, want_entropy = [], []
+        for x, completion, flags in zip(rows, completions, scored):
+            logits = model(torch.tensor([list(x.prompt_ids) + completion])).logits[0, len(x.prompt_ids) - 1 : -1]
+            logp = logits.log_softmax(-1)
+            picked = torch.tensor(flags, dtype=torch.bool)
+            want_lp.append(logp[torch.arange(len(completion)), torch.tensor(completion, dtype=torch.long)][picked])
+            want_entropy.append(-(logp.exp() * logp).sum(-1)[picked])
+        want_N, want_entropy_N = torch.cat(want_lp), torch.cat(want_entropy)
+        torch.testing.assert_close(lp_N, want_N, atol=1e-10, rtol=0)
+        torch.testing.assert_close(entropy_N, want_entropy_N, atol=1e-10, rtol=0)
+        if want_N.numel():
+            for name, want in grads_of(model, (want_N + want_entropy_N).sum()).items():
+                torch.testing.assert_close(grads[name], want, atol=1e-10, rtol=0)

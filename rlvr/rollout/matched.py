@@ -67,9 +67,10 @@ log = logging.getLogger(__name__)
 LEARNER_ROWS = (FEWEST_ROWS, 7, 100, 400)
 """Row counts at which the learner's own product is checked against its product of `PROBE_ROWS`
 rows (it runs micro-batches of any size, and the engine's prefill a prompt batch of any size).
-Neither runs a forward of fewer than `FEWEST_ROWS` tokens (rlvr.models.product_width pads one),
-where so few rows may round otherwise (oneDNN's 1536→576 bf16 product at one row, and the tiny
-test model's 32-wide products at 1-3 rows, on a Zen 5 EPYC)."""
+Neither runs its layers on fewer than `FEWEST_ROWS` tokens (rlvr.models.product_width pads such
+a forward), where so few rows may round otherwise (oneDNN's 1536→576 bf16 product at one row, and
+the tiny test model's 32-wide products at 1-3 rows, on a Zen 5 EPYC). The output head does run
+1-3 rows (a prefill's last token, a chunk's last scored tokens): `_probe` checks it there."""
 PROBE_ROWS = 512
 """Rows of the probe's input: the learner's product of these many rows is the reference."""
 SLICES, CHECKED_ROWS = 16, 64
@@ -233,7 +234,9 @@ def _probe(model: PreTrainedModel) -> Plans | str:
     gen = torch.Generator().manual_seed(0)
     layers = _layer_cases(model, gen)
     head = _Case([model.lm_head.weight.detach()], gen, head=True)
-    for rows in (1, 3):  # the prefill's head: the first sampled token's logits, of one prompt or a few
+    # the head runs fewer than FEWEST_ROWS rows unpadded: the prefill's (one row a prompt), a learner
+    # chunk's last few scored tokens
+    for rows in range(1, FEWEST_ROWS):
         if not head.agrees(lambda x: F.linear(x, head.weight), rows):
             return (f"the model's output head gives other bits at {rows} rows than the learner's product of "
                     "many rows' hidden states")

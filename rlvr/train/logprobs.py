@@ -120,15 +120,16 @@ def token_logprobs(
     if target_mask_BT[:, 0].any():
         raise ValueError("the first token of a row has no prediction; target_mask[:, 0] must be 0")
     rows, width = input_ids_BT.shape
-    if product_width(rows, width) > width and attention_mask_BT.dim() == 2 and position_ids_BT is None:
+    if product_width(rows, width) > width and attention_mask_BT.dim() == 2 and position_ids_BT is None and not media:
         # fewer than FEWEST_ROWS tokens: masked pad columns on the right, so the products run
-        # enough rows to round as in any larger batch (rlvr.models.product_width)
+        # enough rows to round as in any larger batch (rlvr.models.product_width). Not with media,
+        # whose per-token inputs are as wide as the ids (an image alone is 4 tokens or more)
         def wider(t: torch.Tensor) -> torch.Tensor:
             return torch.nn.functional.pad(t, (0, product_width(rows, width) - width))
 
         logprobs_BT, entropy_BT = token_logprobs(model, wider(input_ids_BT), wider(attention_mask_BT),
                                                  wider(target_mask_BT), temperature=temperature,
-                                                 chunk_size=chunk_size, media=media)
+                                                 chunk_size=chunk_size)
         return logprobs_BT[:, :width], entropy_BT[:, :width]
     model = causal_lm(model)  # a LoRA policy: the wrapped model, adapters in its layers
     select_BT = target_mask_BT[:, 1:].bool()
