@@ -1,14 +1,15 @@
 """Does compiling the static decoder's step pay on this CPU? The step in fixed shapes (the form a CUDA
-graph captures) run eagerly and through `torch.compile` (Inductor), side by side, at each batch.
+graph captures), or with --plain the engine's own step, run eagerly and through `torch.compile`
+(Inductor), side by side, at each batch; with --dynamic compiled once for any buffer width.
 
-    python bench/compiled_step.py [--batches 1,8,64] [--new-tokens 64] [--cpp-wrapper] [--dynamic]
+    python bench/compiled_step.py [--batches 1,8,64] [--new-tokens 64] [--cpp-wrapper] [--dynamic] [--plain]
 
 Each product is resolved to the form the decoder's plan names for the step's row count before
 tracing (rlvr's `Dense` dispatch and its lazy float16 copy otherwise break the graph into one
 piece per product), and the packed oneDNN and float16 products are opaque ops to Inductor (it
 cannot lower a oneDNN-packed weight). So what Inductor fuses is everything between the products:
 norms, rotary, attention, activations, residual adds. Prints tok/s and the first call's time
-(compilation included). Findings: docs/performance.md (session 38)."""
+(compilation included). Findings: docs/performance.md (sessions 38 and 40)."""
 
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def main() -> None:
         inductor.cpp_wrapper = True
     for batch in map(int, args.batches.split(",")):
         (eager, _), (compiled, first) = tok_s(False, batch, args.new_tokens, plain=args.plain), tok_s(True, batch, args.new_tokens, args.dynamic, args.plain)
-        print(json.dumps({"batch": batch, "eager_fixed_tok_s": eager, "compiled_tok_s": compiled,
+        print(json.dumps({"batch": batch, "step": "plain" if args.plain else "fixed", "eager_tok_s": eager, "compiled_tok_s": compiled,
                           "compiled_vs_eager": round(compiled / eager, 2), "first_call_s": first}), flush=True)
 
 

@@ -41,9 +41,9 @@ and no float16 copies at one row: docs/performance.md has the engine's and the l
 Not matched: attention dropout, remote-code models, and a bias on only some of q/k/v. Forwards of
 1-3 tokens (a 2-token completion alone in its micro-batch, a 1-token prompt alone in its prefill)
 are padded to `FEWEST_ROWS` on both sides, where so few rows could round otherwise
-(rlvr.models.product_width). The KL reference model runs
-the policy's float64 attention too (rlvr.train.methods.kl), and after torch's thread count changes
-the engine probes again (`EmbeddedEngine._rematch`).
+(rlvr.models.product_width). The KL reference model runs the policy's float64 attention too
+(rlvr.train.methods.kl), and after torch's thread count changes the engine probes again
+(`EmbeddedEngine._rematch`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from rlvr.attention import is_sdpa
 from rlvr.data.chat import Tokenized
 from rlvr.lora import causal_lm
-from rlvr.models import product_width, with_cache
+from rlvr.models import padded_rows, product_width, with_cache
 
 
 class _HeadLogprobs(torch.autograd.Function):
@@ -120,12 +120,13 @@ def token_logprobs(
     if target_mask_BT[:, 0].any():
         raise ValueError("the first token of a row has no prediction; target_mask[:, 0] must be 0")
     rows, width = input_ids_BT.shape
-    if product_width(rows, width) > width and attention_mask_BT.dim() == 2 and position_ids_BT is None and not media:
+    wide = product_width(rows, width)
+    if wide > width and attention_mask_BT.dim() == 2 and position_ids_BT is None and not media:
         # fewer than FEWEST_ROWS tokens: masked pad columns on the right, so the products run
         # enough rows to round as in any larger batch (rlvr.models.product_width). Not with media,
         # whose per-token inputs are as wide as the ids (an image alone is 4 tokens or more)
         def wider(t: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(t, (0, product_width(rows, width) - width))
+            return torch.nn.functional.pad(t, (0, wide - width))
 
         logprobs_BT, entropy_BT = token_logprobs(model, wider(input_ids_BT), wider(attention_mask_BT),
                                                  wider(target_mask_BT), temperature=temperature,
@@ -372,12 +373,8 @@ def _through_last_scored(completions: list[list[int]], scored: Sequence[Sequence
 
 def _right_padded(seqs: list[list[int]], width: int, pad_token_id: int, device: torch.device,
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists as right-padded [len(seqs), width] ids and their 0/1 attention mask."""
-    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, seq in enumerate(seqs):
-        ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[i, : len(seq)] = 1
+    """Token lists as right-padded [len(seqs), width] ids and their 0/1 attention mask, on `device`."""
+    ids, mask = padded_rows(seqs, pad_token_id, left=False, width=width)
     return ids.to(device), mask.to(device)
 
 
